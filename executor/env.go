@@ -1,0 +1,142 @@
+package executor
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+)
+
+// EnvOptions are the inputs of [BuildEnv].
+type EnvOptions struct {
+	// Mode selects how much of Ambient passes; empty means AmbientScrub.
+	Mode AmbientMode
+	// Allowlist names the ambient variables passed in AmbientAllowlist mode.
+	Allowlist []string
+	// Ambient is the agent's environment as NAME=VALUE strings (os.Environ
+	// form); entries without '=' are ignored, a later duplicate wins.
+	Ambient []string
+	// Explicit is the task's own environment.
+	Explicit []EnvVar
+	// Managed are the managed facts, applied last.
+	Managed []EnvVar
+}
+
+// Fixed terminal settings (DESIGN.md section 5, step 3): commands run
+// without a terminal, so tools must neither colour nor page their output.
+var terminalEnv = []EnvVar{
+	{"NO_COLOR", "1"},
+	{"TERM", "dumb"},
+	{"PAGER", "cat"},
+	{"GIT_PAGER", "cat"},
+}
+
+// Shell start-up hooks: any of these makes bash run code of the agent's
+// environment before the command (BASH_ENV, ENV) or change how the command
+// is parsed (SHELLOPTS, BASHOPTS). BASH_FUNC_* carry exported functions that
+// can shadow commands.
+var shellHookNames = []string{"BASH_ENV", "ENV", "SHELLOPTS", "BASHOPTS"}
+
+// ManagedPrefix is the prefix of the names the agent manages; ambient
+// variables with it (in any case) are dropped by the scrub so a stale value
+// of the agent's own environment never looks like a managed fact.
+const ManagedPrefix = "BASHTASK_"
+
+// Scrubbed reports whether the scrub drops the ambient variable name:
+// names containing KEY, SECRET, TOKEN or PASSWORD (case-insensitive
+// substring), names starting with BASHTASK_ (case-insensitive) and the shell
+// start-up hooks. The rule is DESIGN.md section 5, step 2.
+func Scrubbed(name string) bool {
+	upper := strings.ToUpper(name)
+	for _, s := range []string{"KEY", "SECRET", "TOKEN", "PASSWORD"} {
+		if strings.Contains(upper, s) {
+			return true
+		}
+	}
+	if strings.HasPrefix(upper, ManagedPrefix) {
+		return true
+	}
+	return slices.Contains(shellHookNames, name) || strings.HasPrefix(name, "BASH_FUNC_")
+}
+
+// ValidateEnvVar checks one entry the way execve needs it. It returns
+// ErrEnvNameEmpty, ErrEnvNameEquals, ErrEnvNUL or ErrArgumentTooLong
+// (NAME=VALUE with its NUL over MaxArgStrlen), each in a [*StartError]
+// naming the variable.
+func ValidateEnvVar(v EnvVar) error {
+	switch {
+	case v.Name == "":
+		return startErr(ErrEnvNameEmpty, "", nil)
+	case strings.IndexByte(v.Name, 0) >= 0:
+		return startErr(ErrEnvNUL, fmt.Sprintf("name %q", v.Name), nil)
+	case strings.IndexByte(v.Name, '=') >= 0:
+		return startErr(ErrEnvNameEquals, fmt.Sprintf("%q", v.Name), nil)
+	case strings.IndexByte(v.Value, 0) >= 0:
+		return startErr(ErrEnvNUL, fmt.Sprintf("value of %s", v.Name), nil)
+	case len(v.Name)+1+len(v.Value)+1 > MaxArgStrlen:
+		return startErr(ErrArgumentTooLong, fmt.Sprintf("environment entry %s is %d bytes, limit %d", v.Name, len(v.Name)+1+len(v.Value), MaxArgStrlen-1), nil)
+	}
+	return nil
+}
+
+// BuildEnv returns a task's environment as NAME=VALUE strings sorted by
+// name, built in the order of DESIGN.md section 5 with later steps winning:
+// LANG=C.UTF-8 when the result would set neither LANG nor LC_ALL; the
+// ambient environment filtered by Mode; the fixed terminal settings; the
+// explicit entries; the managed entries. Explicit and managed entries are
+// validated with [ValidateEnvVar]; the first invalid one is returned as the
+// error. Ambient entries are passed as the agent received them.
+func BuildEnv(o EnvOptions) ([]string, error) {
+	for _, list := range [][]EnvVar{o.Explicit, o.Managed} {
+		for _, v := range list {
+			if err := ValidateEnvVar(v); err != nil {
+				return nil, err
+			}
+		}
+	}
+	var allowed func(string) bool
+	switch o.Mode {
+	case "", AmbientScrub:
+		allowed = func(name string) bool { return !Scrubbed(name) }
+	case AmbientAllowlist:
+		allowed = func(name string) bool { return slices.Contains(o.Allowlist, name) }
+	case AmbientInherit:
+		allowed = func(string) bool { return true }
+	default:
+		return nil, fmt.Errorf("%w: ambient env mode %q", ErrInvalidConfig, o.Mode)
+	}
+
+	env := make(map[string]string, len(o.Ambient)+len(terminalEnv)+len(o.Explicit)+len(o.Managed)+1)
+	for _, kv := range o.Ambient {
+		name, value, ok := strings.Cut(kv, "=")
+		// An entry without '=' or with an empty name cannot be passed on
+		// faithfully; the kernel would hand it to the child as is, and
+		// shells ignore it.
+		if !ok || name == "" || !allowed(name) {
+			continue
+		}
+		env[name] = value
+	}
+	for _, list := range [][]EnvVar{terminalEnv, o.Explicit, o.Managed} {
+		for _, v := range list {
+			env[v.Name] = v.Value
+		}
+	}
+	_, hasLang := env["LANG"]
+	_, hasLCAll := env["LC_ALL"]
+	if !hasLang && !hasLCAll {
+		// Step 1 comes first, so it only applies when nothing later set
+		// either variable.
+		env["LANG"] = "C.UTF-8"
+	}
+
+	names := make([]string, 0, len(env))
+	for name := range env {
+		names = append(names, name)
+	}
+	slices.Sort(names)
+	out := make([]string, len(names))
+	for i, name := range names {
+		out[i] = name + "=" + env[name]
+	}
+	return out, nil
+}

@@ -1,0 +1,388 @@
+package executor
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+)
+
+// CgroupMode says whether the executor uses cgroup v2.
+type CgroupMode string
+
+const (
+	// CgroupAuto uses a writable cgroup v2 hierarchy when one is found and
+	// falls back to process groups otherwise. The zero value means this.
+	CgroupAuto CgroupMode = "auto"
+	// CgroupOff never uses cgroups: process groups only.
+	CgroupOff CgroupMode = "off"
+	// CgroupRequired makes [New] fail with ErrNoCgroupV2 when no writable
+	// cgroup v2 hierarchy is found.
+	CgroupRequired CgroupMode = "required"
+)
+
+// DefaultCgroupParent is the name of the cgroup, under the detected root,
+// that holds the per-task cgroups.
+const DefaultCgroupParent = "bashtask"
+
+// Config is the executor's node-level configuration (agent flags).
+type Config struct {
+	// Shell is the absolute path of the shell run as `<Shell> -c
+	// <command>`; never looked up in PATH. Empty means DefaultShell.
+	Shell string
+	// AmbientEnv selects which part of AmbientEnviron reaches tasks; empty
+	// means AmbientScrub.
+	AmbientEnv AmbientMode
+	// AmbientAllowlist names the variables passed in AmbientAllowlist mode.
+	AmbientAllowlist []string
+	// AmbientEnviron is the agent environment tasks start from, as
+	// NAME=VALUE strings; nil means os.Environ() as of New.
+	AmbientEnviron []string
+	// Cgroups selects the cgroup mode; empty means CgroupAuto.
+	Cgroups CgroupMode
+	// CgroupRoot is the cgroup v2 directory under which CgroupParent is
+	// created. Empty means detected: the process's own cgroup in the first
+	// writable cgroup2 mount of /proc/self/mountinfo (/sys/fs/cgroup in a
+	// pod, /sys/fs/cgroup/unified on a hybrid host).
+	CgroupRoot string
+	// CgroupParent is the name of the parent cgroup of all tasks, a single
+	// path element; empty means DefaultCgroupParent. It is created if
+	// missing; the controllers it offers (memory, cpu, pids) are enabled for
+	// its children when the node delegates them.
+	CgroupParent string
+	// WorkDirRoot is where fresh per-task working directories are created
+	// when Spec.WorkingDir is empty; empty means os.TempDir().
+	WorkDirRoot string
+}
+
+// Executor runs tasks with one configuration. It is safe for concurrent
+// use.
+type Executor struct {
+	shell    string
+	envMode  AmbientMode
+	allow    []string
+	ambient  []string
+	workRoot string
+	cg       *cgroupParent // nil: process groups only
+}
+
+// cgroupParent is the parent cgroup of the executor's tasks.
+type cgroupParent struct {
+	path        string
+	created     bool     // New created it, so Close removes it
+	controllers []string // enabled for task cgroups (cgroup.subtree_control)
+}
+
+// New validates cfg, checks the shell and sets up the parent cgroup. It
+// returns an error wrapping ErrInvalidConfig, a [*StartError] with
+// ErrShellMissing (a node with a missing shell must report not ready), or
+// ErrNoCgroupV2 when cfg.Cgroups is CgroupRequired and no writable cgroup v2
+// is found.
+func New(cfg Config) (*Executor, error) {
+	e := &Executor{
+		shell:    cfg.Shell,
+		allow:    slices0(cfg.AmbientAllowlist),
+		ambient:  cfg.AmbientEnviron,
+		workRoot: cfg.WorkDirRoot,
+	}
+	if e.shell == "" {
+		e.shell = DefaultShell
+	}
+	if !filepath.IsAbs(e.shell) {
+		return nil, fmt.Errorf("%w: shell %q is not an absolute path", ErrInvalidConfig, e.shell)
+	}
+	mode, err := ParseAmbientMode(string(cfg.AmbientEnv))
+	if err != nil {
+		return nil, err
+	}
+	e.envMode = mode
+	if e.ambient == nil {
+		e.ambient = os.Environ()
+	}
+	if e.workRoot == "" {
+		e.workRoot = os.TempDir()
+	}
+	if err := checkShell(e.shell); err != nil {
+		return nil, err
+	}
+	parent := cfg.CgroupParent
+	if parent == "" {
+		parent = DefaultCgroupParent
+	}
+	if !validName.MatchString(parent) {
+		return nil, fmt.Errorf("%w: cgroup parent %q is not a single path element", ErrInvalidConfig, parent)
+	}
+	switch cfg.Cgroups {
+	case "", CgroupAuto, CgroupRequired:
+		cg, err := setupCgroupParent(cfg.CgroupRoot, parent)
+		if err != nil {
+			if cfg.Cgroups == CgroupRequired {
+				return nil, err
+			}
+			// Auto: process groups only; the Result of every task says so.
+			break
+		}
+		e.cg = cg
+	case CgroupOff:
+	default:
+		return nil, fmt.Errorf("%w: cgroup mode %q", ErrInvalidConfig, cfg.Cgroups)
+	}
+	return e, nil
+}
+
+func slices0(s []string) []string { return append([]string(nil), s...) }
+
+// Mechanism says how tasks of this executor are held: MechanismCgroup when
+// a writable cgroup v2 parent was set up, MechanismProcessGroup otherwise.
+func (e *Executor) Mechanism() Mechanism {
+	if e.cg != nil {
+		return MechanismCgroup
+	}
+	return MechanismProcessGroup
+}
+
+// CgroupPath is the absolute path of the parent cgroup directory of the
+// executor's tasks, empty without cgroups.
+func (e *Executor) CgroupPath() string {
+	if e.cg == nil {
+		return ""
+	}
+	return e.cg.path
+}
+
+// Controllers lists the cgroup controllers enabled for task cgroups
+// ("cpu", "memory", "pids", ...); a limit whose controller is missing is
+// reported in Result.LimitsNotEnforced instead of being applied.
+func (e *Executor) Controllers() []string {
+	if e.cg == nil {
+		return nil
+	}
+	return slices0(e.cg.controllers)
+}
+
+// AmbientMode is the ambient environment mode in effect (for the agent's
+// readiness info: AmbientInherit must be visible to the controller).
+func (e *Executor) AmbientMode() AmbientMode { return e.envMode }
+
+// Close removes the parent cgroup if New created it and it is empty. It
+// does not stop running tasks.
+func (e *Executor) Close() error {
+	if e.cg == nil || !e.cg.created {
+		return nil
+	}
+	return removeCgroup(e.cg.path)
+}
+
+// validName is what Spec.ID and Config.CgroupParent may look like: one path
+// element, not "." or "..", safe in cgroupfs.
+var validName = regexp.MustCompile(`^[A-Za-z0-9_][A-Za-z0-9_.-]{0,199}$`)
+
+// prepared is a Spec with defaults applied and checks passed.
+type prepared struct {
+	Spec
+	env        []string
+	ownWorkDir bool // WorkingDir was created for the task
+	ownSpill   bool // SpillDir was created for the task
+}
+
+// prepare applies defaults and runs the pre-start checks in a fixed order:
+// spec ranges, command, environment, shell, working directory, spill
+// directory. It creates nothing on disk except the spill directory and the
+// default working directory, and only after every check passed.
+func (e *Executor) prepare(spec Spec) (*prepared, error) {
+	p := &prepared{Spec: spec}
+	switch {
+	case p.Timeout < 0, p.KillGrace < 0, p.TailBytes < 0, p.SpillLimitBytes < 0,
+		p.Limits.MemoryBytes < 0, p.Limits.CPUMillis < 0, p.Limits.Pids < 0:
+		return nil, startErr(ErrInvalidSpec, "negative duration, size or limit", nil)
+	case p.TailBytes > MaxTailBytes:
+		return nil, startErr(ErrInvalidSpec, fmt.Sprintf("tail of %d bytes is over %d", p.TailBytes, MaxTailBytes), nil)
+	case p.ID != "" && !validName.MatchString(p.ID):
+		return nil, startErr(ErrInvalidSpec, fmt.Sprintf("id %q is not a single path element", p.ID), nil)
+	case p.WorkingDir != "" && !filepath.IsAbs(p.WorkingDir):
+		return nil, startErr(ErrInvalidSpec, fmt.Sprintf("working directory %q is not absolute", p.WorkingDir), nil)
+	}
+	if p.KillGrace == 0 {
+		p.KillGrace = DefaultKillGrace
+	}
+	if p.TailBytes == 0 {
+		p.TailBytes = DefaultTailBytes
+	}
+	if p.SpillLimitBytes == 0 {
+		p.SpillLimitBytes = DefaultSpillLimitBytes
+	}
+
+	if strings.IndexByte(p.Command, 0) >= 0 {
+		return nil, startErr(ErrCommandNUL, "", nil)
+	}
+	if len(p.Command)+1 > MaxArgStrlen {
+		return nil, startErr(ErrArgumentTooLong, fmt.Sprintf("command is %d bytes, limit %d", len(p.Command), MaxArgStrlen-1), nil)
+	}
+	env, err := BuildEnv(EnvOptions{Mode: e.envMode, Allowlist: e.allow, Ambient: e.ambient, Explicit: p.Env, Managed: p.ManagedEnv})
+	if err != nil {
+		return nil, err
+	}
+	p.env = env
+	if err := checkShell(e.shell); err != nil {
+		return nil, err
+	}
+	if p.WorkingDir != "" {
+		fi, err := os.Stat(p.WorkingDir)
+		switch {
+		case errors.Is(err, os.ErrNotExist):
+			return nil, startErr(ErrWorkingDirMissing, p.WorkingDir, nil)
+		case err != nil:
+			return nil, startErr(ErrWorkingDirMissing, p.WorkingDir, err)
+		case !fi.IsDir():
+			return nil, startErr(ErrWorkingDirNotDir, p.WorkingDir, nil)
+		}
+	}
+	if err := p.setupSpillDir(); err != nil {
+		return nil, err
+	}
+	if p.WorkingDir == "" {
+		if err := p.makeWorkDir(e.workRoot); err != nil {
+			p.cleanupDirs()
+			return nil, err
+		}
+	}
+	return p, nil
+}
+
+// setupSpillDir creates or checks the spill directory: 0700 so other
+// users on the node (and other tasks, which run as other users) cannot read
+// a task's output.
+func (p *prepared) setupSpillDir() error {
+	if p.SpillDir == "" {
+		dir, err := os.MkdirTemp("", "bashtask-spill-")
+		if err != nil {
+			return startErr(ErrSpillDir, os.TempDir(), err)
+		}
+		p.SpillDir, p.ownSpill = dir, true
+		return nil
+	}
+	err := os.Mkdir(p.SpillDir, 0o700)
+	if err == nil {
+		return nil
+	}
+	if !errors.Is(err, os.ErrExist) {
+		return startErr(ErrSpillDir, p.SpillDir, err)
+	}
+	fi, err := os.Lstat(p.SpillDir)
+	switch {
+	case err != nil:
+		return startErr(ErrSpillDir, p.SpillDir, err)
+	case !fi.IsDir():
+		return startErr(ErrSpillDir, p.SpillDir+" is not a directory", nil)
+	case fi.Mode().Perm()&0o077 != 0:
+		return startErr(ErrSpillDir, fmt.Sprintf("%s has mode %v, want no group or other access", p.SpillDir, fi.Mode().Perm()), nil)
+	}
+	return nil
+}
+
+// makeWorkDir creates a fresh working directory owned by the task's user.
+func (p *prepared) makeWorkDir(root string) error {
+	dir, err := os.MkdirTemp(root, "bashtask-work-")
+	if err != nil {
+		return startErr(ErrWorkingDirMissing, root, err)
+	}
+	if p.User != nil {
+		if err := os.Chown(dir, int(p.User.UID), int(p.User.GID)); err != nil {
+			os.Remove(dir)
+			return startErr(ErrProcessStart, "chown working directory "+dir, err)
+		}
+	}
+	p.WorkingDir, p.ownWorkDir = dir, true
+	return nil
+}
+
+// cleanupDirs removes what prepare created when the task cannot start.
+func (p *prepared) cleanupDirs() {
+	if p.ownWorkDir {
+		os.RemoveAll(p.WorkingDir)
+	}
+	if p.ownSpill {
+		os.RemoveAll(p.SpillDir)
+	}
+}
+
+// checkShell requires an executable regular file: execve would otherwise
+// fail only in the child, with an error that names the shell rather than
+// what the user got wrong.
+func checkShell(shell string) error {
+	fi, err := os.Stat(shell)
+	if err != nil {
+		return startErr(ErrShellMissing, shell, err)
+	}
+	if !fi.Mode().IsRegular() || fi.Mode().Perm()&0o111 == 0 {
+		return startErr(ErrShellMissing, shell+" is not an executable file", nil)
+	}
+	return nil
+}
+
+// Start runs the pre-start checks, creates the spill files and starts the
+// shell; it returns once the shell exists. The error is a [*StartError]
+// (reason StartFailed) and nothing of the command ran. The returned Task
+// ends on its own; Cancel stops it early.
+func (e *Executor) Start(spec Spec) (*Task, error) {
+	p, err := e.prepare(spec)
+	if err != nil {
+		return nil, err
+	}
+	t, err := e.start(p)
+	if err != nil {
+		p.cleanupDirs()
+		return nil, err
+	}
+	return t, nil
+}
+
+// Task is a running or finished task.
+type Task struct {
+	spec   *prepared
+	exec   *Executor
+	stdout *stream
+	stderr *stream
+
+	cancelOnce sync.Once
+	cancel     chan struct{}
+	done       chan struct{}
+	result     Result // written once before done is closed
+
+	sys taskSys // platform part
+}
+
+// Cancel asks the task to stop (SIGTERM, grace, SIGKILL). A task whose
+// shell already exited is not affected: its reason stays what it was.
+// Cancel is idempotent and does not wait; use Wait or Done.
+func (t *Task) Cancel() {
+	t.cancelOnce.Do(func() { close(t.cancel) })
+}
+
+// Done is closed when the task is over: every process stopped, all output
+// read, the cgroup removed.
+func (t *Task) Done() <-chan struct{} { return t.done }
+
+// Wait blocks until the task is over and returns its Result, or returns
+// ctx's error if ctx ends first (the task keeps running).
+func (t *Task) Wait(ctx context.Context) (Result, error) {
+	select {
+	case <-t.done:
+		return t.result, nil
+	case <-ctx.Done():
+		return Result{}, ctx.Err()
+	}
+}
+
+// Snapshot returns the output so far; it may be called at any time, also
+// after the task ended.
+func (t *Task) Snapshot() Snapshot {
+	return Snapshot{Stdout: t.stdout.snapshot(), Stderr: t.stderr.snapshot()}
+}
+
+// SpillDir is the directory holding the task's spill files.
+func (t *Task) SpillDir() string { return t.spec.SpillDir }

@@ -1,0 +1,23 @@
+//go:build !linux
+
+package executor
+
+// taskSys is empty where tasks cannot run.
+type taskSys struct{}
+
+// BecomeSubreaper returns ErrUnsupported outside Linux.
+func BecomeSubreaper() error { return ErrUnsupported }
+
+// IsSubreaper is always false outside Linux.
+func IsSubreaper() bool { return false }
+
+// OrphansReaped is always 0 outside Linux.
+func OrphansReaped() int64 { return 0 }
+
+func setupCgroupParent(root, name string) (*cgroupParent, error) { return nil, ErrNoCgroupV2 }
+
+func removeCgroup(path string) error { return nil }
+
+func (e *Executor) start(p *prepared) (*Task, error) {
+	return nil, startErr(ErrProcessStart, "", ErrUnsupported)
+}

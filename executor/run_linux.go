@@ -1,0 +1,525 @@
+//go:build linux
+
+package executor
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// Timing of the stop procedure.
+const (
+	// pollMin and pollMax bound the interval at which a stopping task is
+	// checked for being empty (backing off from fast to cheap).
+	pollMin = time.Millisecond
+	pollMax = 50 * time.Millisecond
+	// killWait bounds the wait for processes to disappear after SIGKILL;
+	// only a process stuck in the kernel (uninterruptible sleep) takes
+	// longer, and the task must still end.
+	killWait = 5 * time.Second
+	// drainTimeout is how long output is read after every process of the
+	// task is gone before the pipes are cut: only a process outside the
+	// task's reach (one that left the process group on a node without
+	// cgroups) can still hold them open.
+	drainTimeout = time.Second
+	// pipeSize is requested for the output pipes (F_SETPIPE_SZ) so a chatty
+	// task runs ahead of the reader by a megabyte, not 64 KiB; the default
+	// fs.pipe-max-size allows it. Best effort.
+	pipeSize = 1 << 20
+)
+
+// taskSys is the Linux part of a Task; only the supervisor goroutine
+// touches it after start.
+type taskSys struct {
+	proc        *os.Process
+	pid         int // shell pid, also its session and process group id
+	exitCh      <-chan exitStatus
+	cg          *taskCgroup // nil: process group only
+	notEnforced []string
+	groupGone   bool // the process group is known to be empty: never signal it again
+	startTime   time.Time
+
+	stdinW           *os.File // nil when stdin is /dev/null
+	stdoutR, stderrR *os.File
+	readersDone      chan struct{}
+}
+
+func (e *Executor) start(p *prepared) (t *Task, err error) {
+	t = &Task{spec: p, exec: e, cancel: make(chan struct{}), done: make(chan struct{})}
+	s := &t.sys
+
+	// Everything opened here is closed again on failure; the child's ends
+	// are closed in any case once the child has its copies.
+	var closers []func()
+	closeAll := func() {
+		for i := len(closers) - 1; i >= 0; i-- {
+			closers[i]()
+		}
+	}
+	defer func() {
+		if err != nil {
+			closeAll()
+		}
+	}()
+
+	if t.stdout, err = newStream(p.SpillDir, "stdout", p.TailBytes, p.SpillLimitBytes); err != nil {
+		return nil, err
+	}
+	closers = append(closers, func() { t.stdout.spill.Close(); os.Remove(t.stdout.path) })
+	if t.stderr, err = newStream(p.SpillDir, "stderr", p.TailBytes, p.SpillLimitBytes); err != nil {
+		return nil, err
+	}
+	closers = append(closers, func() { t.stderr.spill.Close(); os.Remove(t.stderr.path) })
+
+	var childFiles [3]*os.File
+	var childClosed bool
+	closeChild := func() {
+		if !childClosed {
+			childClosed = true
+			for _, f := range childFiles {
+				if f != nil {
+					f.Close()
+				}
+			}
+		}
+	}
+	closers = append(closers, closeChild)
+
+	// stdin: /dev/null is a character device, so `cat` sees EOF at once and
+	// `test -c /dev/stdin` holds; given bytes go through a pipe.
+	if p.Stdin == nil {
+		if childFiles[0], err = os.Open(os.DevNull); err != nil {
+			return nil, startErr(ErrProcessStart, "opening "+os.DevNull, err)
+		}
+	} else {
+		if childFiles[0], s.stdinW, err = os.Pipe(); err != nil {
+			return nil, startErr(ErrProcessStart, "creating stdin pipe", err)
+		}
+		closers = append(closers, func() { s.stdinW.Close() })
+	}
+	if s.stdoutR, childFiles[1], err = os.Pipe(); err != nil {
+		return nil, startErr(ErrProcessStart, "creating stdout pipe", err)
+	}
+	closers = append(closers, func() { s.stdoutR.Close() })
+	if s.stderrR, childFiles[2], err = os.Pipe(); err != nil {
+		return nil, startErr(ErrProcessStart, "creating stderr pipe", err)
+	}
+	closers = append(closers, func() { s.stderrR.Close() })
+	for _, f := range childFiles[1:] {
+		// Fd puts the child's end in blocking mode, which is what the
+		// child expects of its stdout anyway.
+		_, _ = unix.FcntlInt(f.Fd(), unix.F_SETPIPE_SZ, pipeSize)
+	}
+
+	if e.cg != nil {
+		name := p.ID
+		if name == "" {
+			name = "task-" + randomName()
+		}
+		s.cg, s.notEnforced, err = e.cg.create(name, p.Limits)
+		if err != nil {
+			return nil, startErr(ErrProcessStart, "", err)
+		}
+		closers = append(closers, func() { _ = s.cg.remove() })
+	} else {
+		s.notEnforced = requestedLimits(p.Limits)
+	}
+
+	sys := &syscall.SysProcAttr{
+		// A new session: its own process group, no controlling terminal,
+		// and a terminal's hang-up or ^C never reaches it.
+		Setsid: true,
+		// No Pdeathsig: it fires when the forking OS thread exits, not the
+		// agent, and would kill only the shell. A restarted agent finds and
+		// stops what is left of earlier tasks through their cgroups.
+	}
+	if s.cg != nil {
+		// clone3(CLONE_INTO_CGROUP): the shell is in the task's cgroup from
+		// its first instruction, so not even a fork racing the start can
+		// land outside it.
+		sys.UseCgroupFD = true
+		sys.CgroupFD = s.cg.fd
+	}
+	if u := p.User; u != nil {
+		groups := u.Groups
+		if groups == nil {
+			groups = []uint32{}
+		}
+		sys.Credential = &syscall.Credential{Uid: u.UID, Gid: u.GID, Groups: groups}
+	}
+	attr := &os.ProcAttr{Dir: p.WorkingDir, Env: p.env, Files: childFiles[:], Sys: sys}
+	argv := []string{e.shell, "-c", p.Command}
+	proc, exitCh, err := startWaited(func() (*os.Process, error) { return os.StartProcess(e.shell, argv, attr) })
+	s.startTime = time.Now()
+	closeChild()
+	if s.cg != nil {
+		s.cg.closeFD()
+	}
+	if err != nil {
+		if errors.Is(err, unix.E2BIG) {
+			return nil, startErr(ErrArgumentTooLong, "command and environment together", err)
+		}
+		return nil, startErr(ErrProcessStart, fmt.Sprintf("%s -c in %s", e.shell, p.WorkingDir), err)
+	}
+	s.proc, s.pid, s.exitCh = proc, proc.Pid, exitCh
+
+	// From here on the task owns everything; failure is no longer possible.
+	var readers sync.WaitGroup
+	readers.Add(2)
+	go func() { defer readers.Done(); t.stdout.readFrom(s.stdoutR) }()
+	go func() { defer readers.Done(); t.stderr.readFrom(s.stderrR) }()
+	s.readersDone = make(chan struct{})
+	go func() { readers.Wait(); close(s.readersDone) }()
+	if s.stdinW != nil {
+		go func() {
+			// EPIPE (the task exited without reading) and ErrClosed (the
+			// supervisor closed the pipe because the task ended) are not
+			// errors: stdin is offered, not forced.
+			_, _ = s.stdinW.Write(p.Stdin)
+			_ = s.stdinW.Close()
+		}()
+	}
+	go t.supervise()
+	return t, nil
+}
+
+func requestedLimits(l Limits) []string {
+	var out []string
+	if l.CPUMillis > 0 {
+		out = append(out, "cpu")
+	}
+	if l.MemoryBytes > 0 {
+		out = append(out, "memory")
+	}
+	if l.Pids > 0 {
+		out = append(out, "pids")
+	}
+	return out
+}
+
+// supervise runs for the life of the task: it waits for the shell, the
+// deadline or a cancel, stops what is left, collects the output and
+// publishes the Result.
+func (t *Task) supervise() {
+	s := &t.sys
+	var deadline <-chan time.Time
+	if t.spec.Timeout > 0 {
+		// time.Timer runs on the monotonic clock: a wall-clock step does
+		// not move the deadline.
+		timer := time.NewTimer(t.spec.Timeout)
+		defer timer.Stop()
+		deadline = timer.C
+	}
+
+	var cause Reason
+	var st exitStatus
+	leftovers := 0
+	select {
+	case st = <-s.exitCh:
+		// The shell's exit is the command's result; anything of the task
+		// still alive is stopped the same way as on a timeout.
+		leftovers = t.countLeftovers()
+		if leftovers > 0 {
+			t.terminate(nil)
+		}
+	case <-deadline:
+		cause = ReasonTimedOut
+		st = t.terminate(s.exitCh)
+	case <-t.cancel:
+		cause = ReasonCancelled
+		st = t.terminate(s.exitCh)
+	}
+
+	if s.stdinW != nil {
+		// Unblocks the stdin writer if nothing ever read.
+		_ = s.stdinW.Close()
+	}
+	t.drainOutput()
+
+	var problems []string
+	oom := false
+	if s.cg != nil {
+		oom = s.cg.oomKilled()
+		if err := s.cg.remove(); err != nil {
+			problems = append(problems, err.Error())
+		}
+	}
+	_ = s.proc.Release()
+	stdout, err := t.stdout.finish()
+	if err != nil {
+		problems = append(problems, err.Error())
+	}
+	stderr, err := t.stderr.finish()
+	if err != nil {
+		problems = append(problems, err.Error())
+	}
+	if t.spec.ownWorkDir {
+		if err := os.RemoveAll(t.spec.WorkingDir); err != nil {
+			problems = append(problems, err.Error())
+		}
+	}
+
+	res := Result{
+		PID:               s.pid,
+		StartTime:         s.startTime,
+		EndTime:           time.Now(),
+		LeftoverProcesses: leftovers,
+		LimitsNotEnforced: s.notEnforced,
+		Stdout:            stdout,
+		Stderr:            stderr,
+	}
+	if s.cg == nil {
+		res.Mechanism = MechanismProcessGroup
+	} else {
+		res.Mechanism = MechanismCgroup
+	}
+	res.Reason, res.ExitCode, res.Signal = classify(cause, oom, st)
+	res.Message = message(res, t.spec, st, problems)
+	t.result = res
+	close(t.done)
+}
+
+// classify applies DESIGN.md's order: deadline, cancel, OOM, signal, exit
+// code. The exit code of a signaled shell is 128+n.
+func classify(cause Reason, oom bool, st exitStatus) (reason Reason, exitCode int, signal string) {
+	exitCode = -1
+	switch {
+	case st.err != nil:
+	case st.status.Signaled():
+		exitCode = 128 + int(st.status.Signal())
+		signal = unix.SignalName(st.status.Signal())
+	default:
+		exitCode = st.status.ExitStatus()
+	}
+	switch {
+	case cause != "":
+		reason = cause
+	case oom:
+		reason = ReasonOOMKilled
+	case st.err != nil:
+		reason = ReasonNonZeroExit
+	case signal != "":
+		reason = ReasonSignaled
+	case exitCode == 0:
+		reason = ReasonSucceeded
+	default:
+		reason = ReasonNonZeroExit
+	}
+	return reason, exitCode, signal
+}
+
+func message(r Result, p *prepared, st exitStatus, problems []string) string {
+	var parts []string
+	switch r.Reason {
+	case ReasonTimedOut:
+		parts = append(parts, fmt.Sprintf("timed out after %v", p.Timeout))
+	case ReasonCancelled:
+		parts = append(parts, "cancelled")
+	case ReasonOOMKilled:
+		parts = append(parts, "killed by the OOM killer in the task's cgroup")
+	}
+	switch {
+	case st.err != nil:
+		parts = append(parts, "exit status lost: "+st.err.Error())
+	case r.Signal != "":
+		parts = append(parts, "shell killed by "+r.Signal)
+	default:
+		parts = append(parts, fmt.Sprintf("shell exited with status %d", r.ExitCode))
+	}
+	if r.LeftoverProcesses > 0 {
+		parts = append(parts, fmt.Sprintf("stopped %d leftover processes", r.LeftoverProcesses))
+	}
+	if len(r.LimitsNotEnforced) > 0 {
+		parts = append(parts, fmt.Sprintf("resource limits not enforced (%s): controller not available on this node", strings.Join(r.LimitsNotEnforced, ", ")))
+	}
+	parts = append(parts, problems...)
+	return strings.Join(parts, "; ")
+}
+
+// countLeftovers counts the live processes of the task other than the
+// reaped shell.
+func (t *Task) countLeftovers() int {
+	s := &t.sys
+	if s.cg != nil {
+		return len(s.cg.procs())
+	}
+	if t.groupEmpty() {
+		return 0
+	}
+	return len(sessionMembers(s.pid))
+}
+
+// groupEmpty probes the process group with signal 0 and remembers a
+// negative answer for good: once a group is empty its id may be reused.
+func (t *Task) groupEmpty() bool {
+	s := &t.sys
+	if !s.groupGone && errors.Is(unix.Kill(-s.pid, 0), unix.ESRCH) {
+		s.groupGone = true
+	}
+	return s.groupGone
+}
+
+// empty reports whether no process of the task is alive.
+func (t *Task) empty() bool {
+	s := &t.sys
+	if s.cg != nil {
+		if s.cg.populated() {
+			return false
+		}
+		// Every member of the process group was born in the cgroup, so
+		// the group is gone too.
+		s.groupGone = true
+		return true
+	}
+	return t.groupEmpty()
+}
+
+// signalAll sends sig to every process of the task: each process listed in
+// the cgroup (SIGKILL through cgroup.kill), the process group unless it is
+// known to be gone, and without a cgroup the session's members in other
+// process groups.
+func (t *Task) signalAll(sig unix.Signal) {
+	s := &t.sys
+	if s.cg != nil {
+		if sig == unix.SIGKILL {
+			s.cg.kill()
+		} else {
+			// There is no cgroup-wide SIGTERM; a process that exits and
+			// whose pid is reused between the read and the kill is the
+			// known, microsecond-wide gap of this approach.
+			for _, pid := range s.cg.procs() {
+				_ = unix.Kill(pid, sig)
+			}
+		}
+		if !s.cg.populated() {
+			s.groupGone = true
+		}
+	}
+	if !s.groupGone {
+		if errors.Is(unix.Kill(-s.pid, sig), unix.ESRCH) {
+			s.groupGone = true
+		}
+	}
+	if s.cg == nil {
+		for _, pid := range sessionMembers(s.pid) {
+			_ = unix.Kill(pid, sig)
+		}
+	}
+}
+
+// terminate stops the task: SIGTERM to everything, the grace period or
+// until all is gone, then SIGKILL, then wait for the processes to
+// disappear. exitCh is the shell's status channel while the shell is
+// alive (nil once it was reaped); terminate returns that status.
+func (t *Task) terminate(exitCh <-chan exitStatus) (st exitStatus) {
+	shellDone := exitCh == nil
+	waitGone := func(limit time.Duration) bool {
+		timer := time.NewTimer(limit)
+		defer timer.Stop()
+		interval := pollMin
+		for {
+			if shellDone && t.empty() {
+				return true
+			}
+			poll := time.NewTimer(interval)
+			select {
+			case st = <-exitCh:
+				shellDone, exitCh = true, nil
+			case <-timer.C:
+				poll.Stop()
+				return false
+			case <-poll.C:
+				interval = min(2*interval, pollMax)
+			}
+			poll.Stop()
+		}
+	}
+	t.signalAll(unix.SIGTERM)
+	if !waitGone(t.spec.KillGrace) {
+		t.signalAll(unix.SIGKILL)
+		waitGone(killWait)
+	}
+	if !shellDone {
+		// SIGKILLed; only a process stuck in the kernel delays this.
+		st = <-exitCh
+	}
+	return st
+}
+
+// drainOutput waits for both output readers. Normally they end at EOF as
+// soon as the last process of the task is gone; a process out of reach
+// holding a pipe gets drainTimeout before the read is cut with a deadline.
+func (t *Task) drainOutput() {
+	s := &t.sys
+	timer := time.NewTimer(drainTimeout)
+	defer timer.Stop()
+	select {
+	case <-s.readersDone:
+	case <-timer.C:
+		_ = s.stdoutR.SetReadDeadline(time.Now())
+		_ = s.stderrR.SetReadDeadline(time.Now())
+		<-s.readersDone
+	}
+	_ = s.stdoutR.Close()
+	_ = s.stderrR.Close()
+}
+
+// sessionMembers lists the live (not zombie) processes whose session or
+// process group is id, from /proc/<pid>/stat (proc(5)). It finds processes
+// of a task that moved to another process group of the task's session.
+func sessionMembers(id int) []int {
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil
+	}
+	var out []int
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || pid == id {
+			continue
+		}
+		st, ok := readProcStat(pid)
+		if ok && st.state != 'Z' && (st.pgrp == id || st.session == id) {
+			out = append(out, pid)
+		}
+	}
+	return out
+}
+
+type procStat struct {
+	state               byte
+	ppid, pgrp, session int
+}
+
+// readProcStat parses the fields after the command name, which may itself
+// contain spaces and parentheses, hence the last ')'.
+func readProcStat(pid int) (procStat, bool) {
+	b, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "stat"))
+	if err != nil {
+		return procStat{}, false
+	}
+	i := strings.LastIndexByte(string(b), ')')
+	if i < 0 {
+		return procStat{}, false
+	}
+	f := strings.Fields(string(b[i+1:]))
+	if len(f) < 4 || len(f[0]) != 1 {
+		return procStat{}, false
+	}
+	ppid, err1 := strconv.Atoi(f[1])
+	pgrp, err2 := strconv.Atoi(f[2])
+	sess, err3 := strconv.Atoi(f[3])
+	if err1 != nil || err2 != nil || err3 != nil {
+		return procStat{}, false
+	}
+	return procStat{state: f[0][0], ppid: ppid, pgrp: pgrp, session: sess}, true
+}

@@ -1,0 +1,255 @@
+package executor
+
+import (
+	"fmt"
+	"time"
+)
+
+// Reason is the single terminal cause of a task, from the closed set of
+// DESIGN.md section 4. The first cause wins: the deadline, then a cancel,
+// then an OOM kill in the task's cgroup, then death by signal, then the exit
+// code.
+type Reason string
+
+const (
+	// ReasonSucceeded: the shell exited with status 0.
+	ReasonSucceeded Reason = "Succeeded"
+	// ReasonNonZeroExit: the shell exited with a status other than 0.
+	ReasonNonZeroExit Reason = "NonZeroExit"
+	// ReasonSignaled: the shell was killed by a signal the executor did not
+	// send as part of a timeout or cancel (for example `kill -TERM $$`).
+	ReasonSignaled Reason = "Signaled"
+	// ReasonTimedOut: the task's deadline passed before the shell exited,
+	// whatever the exit status was afterwards (a command that traps TERM and
+	// exits 0 is still TimedOut).
+	ReasonTimedOut Reason = "TimedOut"
+	// ReasonCancelled: [Task.Cancel] was called before the shell exited.
+	ReasonCancelled Reason = "Cancelled"
+	// ReasonOOMKilled: the kernel's OOM killer killed a process of the
+	// task's cgroup (memory.events oom_kill > 0).
+	ReasonOOMKilled Reason = "OOMKilled"
+	// ReasonStartFailed: a pre-start check failed or the process could not be
+	// created; nothing of the command ran. See [StartError].
+	ReasonStartFailed Reason = "StartFailed"
+)
+
+// Mechanism says how the executor keeps hold of a task's processes.
+type Mechanism string
+
+const (
+	// MechanismCgroup: the task has its own cgroup v2; the shell was
+	// created inside it (CLONE_INTO_CGROUP), so every descendant, including
+	// one that left the session with setsid, is found and killed through it.
+	MechanismCgroup Mechanism = "cgroup"
+	// MechanismProcessGroup: no writable cgroup v2; the task is its own
+	// session and process group, and a process that leaves them escapes.
+	MechanismProcessGroup Mechanism = "processGroup"
+)
+
+// AmbientMode says which part of the agent's own environment reaches a task
+// (DESIGN.md section 5, `--ambient-env`).
+type AmbientMode string
+
+const (
+	// AmbientScrub passes the agent's environment minus credential-like
+	// names (containing KEY, SECRET, TOKEN or PASSWORD, case-insensitive),
+	// names starting with BASHTASK_ (case-insensitive) and the shell start-up
+	// hooks BASH_ENV, ENV, SHELLOPTS, BASHOPTS and BASH_FUNC_*. The default.
+	AmbientScrub AmbientMode = "scrub"
+	// AmbientAllowlist passes only the names listed in
+	// [Config.AmbientAllowlist] (exact, case-sensitive match).
+	AmbientAllowlist AmbientMode = "allowlist"
+	// AmbientInherit passes the whole environment without a scrub; meant for
+	// single-tenant nodes only.
+	AmbientInherit AmbientMode = "inherit"
+)
+
+// ParseAmbientMode converts a flag value to an [AmbientMode]. The empty
+// string selects [AmbientScrub]. It returns an error wrapping
+// [ErrInvalidConfig] for any other unknown value.
+func ParseAmbientMode(s string) (AmbientMode, error) {
+	switch m := AmbientMode(s); m {
+	case "":
+		return AmbientScrub, nil
+	case AmbientScrub, AmbientAllowlist, AmbientInherit:
+		return m, nil
+	}
+	return "", fmt.Errorf("%w: ambient env mode %q is not one of scrub, allowlist, inherit", ErrInvalidConfig, s)
+}
+
+const (
+	// MaxArgStrlen is the kernel's limit on one argv or envp string,
+	// including its terminating NUL: MAX_ARG_STRLEN = 32 pages of 4096
+	// bytes (include/uapi/linux/binfmts.h). execve fails with E2BIG above it,
+	// so a command may be at most MaxArgStrlen-1 bytes and an environment
+	// entry NAME=VALUE at most MaxArgStrlen-1 bytes.
+	MaxArgStrlen = 32 * 4096
+
+	// DefaultShell is the shell used when [Config.Shell] is empty.
+	DefaultShell = "/bin/bash"
+	// DefaultKillGrace is the time between SIGTERM and SIGKILL when
+	// [Spec.KillGrace] is zero (DESIGN.md: 3 seconds).
+	DefaultKillGrace = 3 * time.Second
+	// DefaultTailBytes is the per-stream tail size in bytes when
+	// [Spec.TailBytes] is zero.
+	DefaultTailBytes = 64000
+	// MaxTailBytes is the largest per-stream tail in bytes (DESIGN.md
+	// section 4, output.tailBytes).
+	MaxTailBytes = 262144
+	// DefaultSpillLimitBytes is the per-stream spill file cap in bytes when
+	// [Spec.SpillLimitBytes] is zero (64 MiB).
+	DefaultSpillLimitBytes = 64 << 20
+)
+
+// EnvVar is one environment entry. Name must be non-empty and contain
+// neither '=' nor NUL; Value must not contain NUL (execve takes C strings).
+type EnvVar struct {
+	Name  string
+	Value string
+}
+
+// Limits are the resource limits of one task, applied through its cgroup
+// when the matching controller is delegated to the executor's parent cgroup.
+// A zero field means no limit.
+type Limits struct {
+	// MemoryBytes is written to memory.max (bytes); memory.swap.max is set
+	// to 0 and memory.oom.group to 1 so the whole task is OOM-killed at once.
+	MemoryBytes int64
+	// CPUMillis is the CPU quota in thousandths of a CPU, written to
+	// cpu.max as a quota per 100 ms period.
+	CPUMillis int64
+	// Pids is the maximum number of processes and threads (pids.max).
+	Pids int64
+}
+
+// User is the identity a task runs as. The agent must run as root (or hold
+// CAP_SETUID/CAP_SETGID) to use it.
+type User struct {
+	// UID and GID are the numeric user and primary group ids.
+	UID, GID uint32
+	// Groups are the supplementary group ids; nil means none (the agent's
+	// own supplementary groups are always dropped).
+	Groups []uint32
+}
+
+// Spec describes one command to run. Zero values select the documented
+// defaults; negative durations and sizes are rejected with [ErrInvalidSpec].
+type Spec struct {
+	// ID names the task in the cgroup hierarchy (the cgroup is
+	// <parent>/<ID>) and must be a single path element of letters, digits,
+	// '-', '_' and '.'; empty means a random name.
+	ID string
+	// Command is the string given to `<shell> -c`; at most MaxArgStrlen-1
+	// bytes, no NUL.
+	Command string
+	// Stdin is written to fd 0 through a pipe that is then closed. nil means
+	// fd 0 is /dev/null; a non-nil empty slice means an empty pipe.
+	Stdin []byte
+	// Env is the task's explicit environment (step 4 of DESIGN.md section
+	// 5): it wins over the ambient environment, even for names that look
+	// like credentials.
+	Env []EnvVar
+	// ManagedEnv holds the managed facts (BASHTASK_NAME, ...), applied last
+	// so nothing can displace them.
+	ManagedEnv []EnvVar
+	// WorkingDir is the absolute directory the shell starts in. Empty means
+	// a fresh directory under [Config.WorkDirRoot], owned by the task's user,
+	// removed when the task ends.
+	WorkingDir string
+	// Timeout is measured on the monotonic clock from the start of the
+	// shell; zero means no deadline.
+	Timeout time.Duration
+	// KillGrace is the time between SIGTERM and SIGKILL; zero means
+	// DefaultKillGrace.
+	KillGrace time.Duration
+	// TailBytes is the size in bytes of the in-memory tail kept per stream;
+	// zero means DefaultTailBytes; at most MaxTailBytes.
+	TailBytes int
+	// SpillLimitBytes caps each stream's spill file in bytes; zero means
+	// DefaultSpillLimitBytes. Bytes past it are still counted and hashed.
+	SpillLimitBytes int64
+	// SpillDir is the directory that receives the files "stdout" and
+	// "stderr" (mode 0600, created exclusively). It is created with mode
+	// 0700 when missing; an existing one must be a directory with no group
+	// or other permission bits. Empty means a fresh directory under the
+	// system temporary directory, reported in [StreamResult.SpillPath]; the
+	// caller removes it.
+	SpillDir string
+	// Limits are the requested resource limits.
+	Limits Limits
+	// User is the identity to run as; nil means the agent's own.
+	User *User
+}
+
+// Result is everything known about a finished task.
+type Result struct {
+	// Reason is the terminal cause.
+	Reason Reason
+	// Message explains the reason in a sentence, and says when requested
+	// limits were not enforced.
+	Message string
+	// ExitCode is the shell's exit status, 128+n when it was killed by
+	// signal n (the container convention), or -1 when it never ran or its
+	// status was lost.
+	ExitCode int
+	// Signal is the name of the signal that killed the shell ("SIGKILL"),
+	// empty when it exited.
+	Signal string
+	// PID is the shell's process id, which is also its session and process
+	// group id; 0 when it never ran.
+	PID int
+	// StartTime and EndTime are wall-clock times of the start of the shell
+	// and of the end of the whole task (all processes stopped, output read).
+	StartTime, EndTime time.Time
+	// LeftoverProcesses counts the processes of the task, other than the
+	// shell, still alive when the shell's exit was observed; the executor
+	// stopped them.
+	LeftoverProcesses int
+	// Mechanism says whether the task had its own cgroup.
+	Mechanism Mechanism
+	// LimitsNotEnforced names each requested limit ("memory", "cpu",
+	// "pids") that could not be applied because the node does not delegate
+	// the controller; empty when everything requested was applied.
+	LimitsNotEnforced []string
+	// Stdout and Stderr describe the two output streams.
+	Stdout, Stderr StreamResult
+}
+
+// StreamResult describes one output stream of a finished task.
+type StreamResult struct {
+	// Tail is the end of the stream, at most the task's TailBytes bytes,
+	// starting on a UTF-8 boundary, with invalid UTF-8 replaced by U+FFFD.
+	Tail string
+	// TotalBytes counts every byte the task wrote to the stream.
+	TotalBytes int64
+	// Truncated is true when Tail is not the whole stream (a stream of
+	// exactly TailBytes valid bytes is not truncated).
+	Truncated bool
+	// Sanitized is true when invalid UTF-8 was replaced in Tail.
+	Sanitized bool
+	// SHA256 is the lower-case hex SHA-256 of every byte of the stream,
+	// including bytes past the spill limit.
+	SHA256 string
+	// SpillPath is the file holding the first SpillBytes bytes.
+	SpillPath string
+	// SpillBytes is the number of bytes in the spill file.
+	SpillBytes int64
+	// SpillComplete is true when the spill file holds the whole stream.
+	SpillComplete bool
+}
+
+// StreamSnapshot is the state of one stream of a running task.
+type StreamSnapshot struct {
+	// Tail is as in [StreamResult]; while the task runs a trailing
+	// incomplete UTF-8 sequence is held back rather than replaced.
+	Tail string
+	// TotalBytes counts the bytes read so far.
+	TotalBytes int64
+	// Truncated and Sanitized are as in [StreamResult], for the bytes so far.
+	Truncated, Sanitized bool
+}
+
+// Snapshot is the state of a running task's output.
+type Snapshot struct {
+	Stdout, Stderr StreamSnapshot
+}

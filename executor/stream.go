@@ -1,0 +1,145 @@
+package executor
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"hash"
+	"io"
+	"os"
+	"path/filepath"
+	"sync"
+	"syscall"
+)
+
+// Read buffer sizes. A task that prints little reads through a small
+// buffer; one that fills it switches to a large pooled buffer, so bulk
+// output costs few system calls without every short task paying for a
+// megabyte of zeroed memory.
+const (
+	smallReadBuf = 32 << 10
+	largeReadBuf = 1 << 20
+)
+
+var largeBufPool = sync.Pool{New: func() any { b := make([]byte, largeReadBuf); return &b }}
+
+// stream captures one output stream: every byte is hashed and counted, the
+// first limit bytes go to the spill file, the last tail bytes stay in
+// memory. Only the reader goroutine touches the hash and the spill file;
+// mu guards the tail, which snapshots read concurrently.
+type stream struct {
+	path       string
+	spill      *os.File
+	spillLimit int64
+	spillBytes int64
+	spillErr   error
+	hash       hash.Hash
+
+	mu   sync.Mutex
+	tail *tailBuffer
+}
+
+// newStream creates the spill file name in dir exclusively with mode
+// 0600: O_EXCL refuses a file (or symlink) planted in advance, O_NOFOLLOW
+// refuses to follow a symlink.
+func newStream(dir, name string, tailBytes int, spillLimit int64) (*stream, error) {
+	path := filepath.Join(dir, name)
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL|syscall.O_NOFOLLOW, 0o600)
+	if err != nil {
+		return nil, startErr(ErrSpillDir, path, err)
+	}
+	return &stream{
+		path:       path,
+		spill:      f,
+		spillLimit: spillLimit,
+		hash:       sha256.New(),
+		tail:       newTailBuffer(tailBytes),
+	}, nil
+}
+
+// write takes one chunk the task wrote.
+func (s *stream) write(p []byte) {
+	s.hash.Write(p)
+	if s.spillErr == nil && s.spillBytes < s.spillLimit {
+		n := int(min(int64(len(p)), s.spillLimit-s.spillBytes))
+		w, err := s.spill.Write(p[:n])
+		s.spillBytes += int64(w)
+		if err != nil {
+			// A full disk must not stop the task or the hash; the spill is
+			// reported incomplete instead.
+			s.spillErr = err
+		}
+	}
+	s.mu.Lock()
+	s.tail.Write(p)
+	s.mu.Unlock()
+}
+
+// readFrom copies r into the stream until EOF or until r is closed or its
+// read deadline passes (the executor's guard against a descendant that keeps
+// the pipe open).
+func (s *stream) readFrom(r io.Reader) {
+	small := make([]byte, smallReadBuf)
+	buf := small
+	var large *[]byte
+	defer func() {
+		if large != nil {
+			largeBufPool.Put(large)
+		}
+	}()
+	for {
+		n, err := r.Read(buf)
+		if n > 0 {
+			s.write(buf[:n])
+			if n == len(buf) && large == nil {
+				large = largeBufPool.Get().(*[]byte)
+				buf = *large
+			}
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+// snapshot returns the stream's state so far.
+func (s *stream) snapshot() StreamSnapshot {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	tail, truncated, sanitized := s.tail.snapshot(false)
+	return StreamSnapshot{Tail: tail, TotalBytes: s.tail.total, Truncated: truncated, Sanitized: sanitized}
+}
+
+// finish closes the spill file and returns the final description. It must
+// be called after readFrom returned.
+func (s *stream) finish() (StreamResult, error) {
+	closeErr := s.spill.Close()
+	s.mu.Lock()
+	tail, truncated, sanitized := s.tail.snapshot(true)
+	total := s.tail.total
+	s.mu.Unlock()
+	res := StreamResult{
+		Tail:          tail,
+		TotalBytes:    total,
+		Truncated:     truncated,
+		Sanitized:     sanitized,
+		SHA256:        hex.EncodeToString(s.hash.Sum(nil)),
+		SpillPath:     s.path,
+		SpillBytes:    s.spillBytes,
+		SpillComplete: s.spillErr == nil && closeErr == nil && s.spillBytes == total,
+	}
+	err := errors.Join(s.spillErr, closeErr)
+	if err != nil {
+		err = fmt.Errorf("writing spill file %s: %w", s.path, err)
+	}
+	return res, err
+}
+
+// tailCap is the capacity of the tail's memory in bytes (for tests of the
+// memory bound).
+func (s *stream) tailCap() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return cap(s.tail.buf)
+}
