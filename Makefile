@@ -1,0 +1,111 @@
+# bashtask-operator build and test entry points. `make help` lists them.
+
+SHELL := /usr/bin/env bash
+.SHELLFLAGS := -euo pipefail -c
+.DEFAULT_GOAL := help
+
+GO            ?= go
+LOCALBIN      := $(CURDIR)/bin
+# The control-plane binaries (kube-apiserver, etcd) built by hack/setup-envtest.sh.
+KUBEBUILDER_ASSETS := $(LOCALBIN)/k8s
+export KUBEBUILDER_ASSETS
+
+GOLANGCI_LINT_VERSION := v2.15.0
+GOLANGCI_LINT := $(LOCALBIN)/golangci-lint-$(GOLANGCI_LINT_VERSION)
+
+CONTROLLER_GEN := $(GO) tool controller-gen
+
+# Packages by kind of test: integration packages need a real kube-apiserver,
+# e2e packages need the whole local control plane.
+INTEGRATION_PKGS := ./test/integration/... ./controllers/...
+E2E_PKGS         := ./test/e2e/...
+UNIT_PKGS         = $(shell $(GO) list ./... | grep -v -e /test/integration -e /test/e2e -e /controllers)
+TEST_FLAGS       ?= -race -count=1
+# Go test timeouts sized for a 2-core machine.
+UNIT_TIMEOUT        ?= 10m
+INTEGRATION_TIMEOUT ?= 15m
+E2E_TIMEOUT         ?= 30m
+
+##@ General
+
+.PHONY: help
+help: ## Show this help.
+	@awk 'BEGIN {FS = ":.*##"; printf "Usage: make \033[36m<target>\033[0m\n"} \
+	  /^[a-zA-Z_0-9-]+:.*?##/ { printf "  \033[36m%-18s\033[0m %s\n", $$1, $$2 } \
+	  /^##@/ { printf "\n\033[1m%s\033[0m\n", substr($$0, 5) }' $(MAKEFILE_LIST)
+
+##@ Development
+
+.PHONY: generate
+generate: ## Generate code: deepcopy functions for the API types.
+	$(CONTROLLER_GEN) object paths=./api/...
+
+.PHONY: manifests
+manifests: ## Generate the CRD (config/crd/bases) and RBAC (config/rbac) from markers.
+	$(CONTROLLER_GEN) crd rbac:roleName=bashtask-controller paths=./... \
+	  output:crd:artifacts:config=config/crd/bases output:rbac:artifacts:config=config/rbac
+
+.PHONY: fmt
+fmt: ## Format the Go code.
+	$(GO) fmt ./...
+
+.PHONY: vet
+vet: ## Run go vet.
+	$(GO) vet ./...
+
+.PHONY: lint
+lint: $(GOLANGCI_LINT) ## Run golangci-lint with .golangci.yml.
+	$(GOLANGCI_LINT) run ./...
+
+.PHONY: verify
+verify: ## Regenerate everything and fail on any difference from the commit; then lint.
+	$(MAKE) generate manifests
+	@if [[ -n "$$(git status --porcelain -- api config)" ]]; then \
+	  echo "verify: generated files are out of date; run 'make generate manifests' and commit:" >&2; \
+	  git status --porcelain -- api config >&2; git diff --stat -- api config >&2; exit 1; \
+	fi
+	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { echo "verify: gofmt needed on:" >&2; gofmt -l $$(git ls-files '*.go') >&2; exit 1; }
+	$(MAKE) vet lint
+
+##@ Build
+
+.PHONY: build
+build: ## Build every binary into bin/.
+	$(GO) build ./...
+	@if [[ -n "$$($(GO) list ./cmd/... 2>/dev/null)" ]]; then $(GO) build -o $(LOCALBIN)/ ./cmd/...; fi
+
+##@ Test
+
+.PHONY: envtest
+envtest: ## Build kube-apiserver and etcd from the Go module proxy into bin/k8s (once).
+	hack/setup-envtest.sh >/dev/null
+
+.PHONY: test
+test: test-unit test-integration test-e2e ## Run unit, then integration (real API server), then e2e tests.
+
+.PHONY: test-unit
+test-unit: ## Unit tests (no control plane), with the race detector.
+	$(GO) test $(TEST_FLAGS) -timeout $(UNIT_TIMEOUT) $(UNIT_PKGS)
+
+.PHONY: test-integration
+test-integration: envtest ## Integration tests against a real kube-apiserver and etcd (envtest).
+	$(GO) test $(TEST_FLAGS) -timeout $(INTEGRATION_TIMEOUT) $(INTEGRATION_PKGS)
+
+.PHONY: test-e2e
+test-e2e: envtest ## End-to-end tests on a local control plane with controller and agents.
+	@if [[ -z "$$($(GO) list $(E2E_PKGS) 2>/dev/null)" ]]; then echo "test-e2e: no e2e packages yet"; \
+	else $(GO) test $(TEST_FLAGS) -timeout $(E2E_TIMEOUT) $(E2E_PKGS); fi
+
+##@ Benchmarks
+
+.PHONY: bench-executor
+bench-executor: ## Executor overhead, output throughput and memory, printed as a table.
+	mkdir -p _output
+	$(GO) run ./hack/bench-executor -json _output/bench-executor.json
+
+##@ Tools
+
+$(GOLANGCI_LINT):
+	mkdir -p $(LOCALBIN)
+	GOBIN=$(LOCALBIN) $(GO) install github.com/golangci/golangci-lint/v2/cmd/golangci-lint@$(GOLANGCI_LINT_VERSION)
+	mv -f $(LOCALBIN)/golangci-lint $@

@@ -1,0 +1,589 @@
+package v1alpha1
+
+import (
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// Limits of the BashTask API. Each is enforced by the CRD schema and repeated
+// here so that clients and the controller can check input before sending it.
+const (
+	// MaxCommandBytes is the largest spec.command in bytes. The command is one
+	// argument of execve(2); Linux caps a single argument at MAX_ARG_STRLEN,
+	// 131072 bytes including the terminating NUL.
+	MaxCommandBytes = 131071
+
+	// MaxStdinBytes is the largest inline spec.stdin in bytes (256 KiB).
+	MaxStdinBytes = 262144
+
+	// MaxEnvEntries is the largest number of spec.env entries.
+	MaxEnvEntries = 256
+
+	// MaxEnvValueBytes is the largest env value in bytes: an environment
+	// string "NAME=value" is bounded by MAX_ARG_STRLEN like an argument.
+	MaxEnvValueBytes = 131071
+
+	// MaxTailBytes is the largest spec.output.tailBytes: the tail of each
+	// stream kept in status, in bytes.
+	MaxTailBytes = 262144
+
+	// DefaultTailBytes is the tail kept per stream, in bytes, when
+	// spec.output.tailBytes is unset.
+	DefaultTailBytes = 64000
+
+	// DefaultSpillLimitBytes is the per-stream spill file cap, in bytes, when
+	// spec.output.spillLimitBytes is unset (64 MiB).
+	DefaultSpillLimitBytes = 64 << 20
+
+	// MaxSpillLimitBytes is the largest spec.output.spillLimitBytes (16 GiB):
+	// a stream larger than this belongs in a Job that writes to storage itself.
+	MaxSpillLimitBytes = 16 << 30
+
+	// DefaultTimeoutSeconds is spec.timeoutSeconds when unset.
+	DefaultTimeoutSeconds = 120
+
+	// DefaultKillGracePeriodSeconds is spec.killGracePeriodSeconds when unset.
+	DefaultKillGracePeriodSeconds = 3
+)
+
+// BashTaskSpec is what the user asks for: a command, its input, environment
+// and placement. Every field except cancelRequested, suspend and
+// ttlSecondsAfterFinished is immutable once the task exists.
+//
+// +kubebuilder:validation:XValidation:rule="!(has(self.stdin) && has(self.stdinFrom))",message="stdin and stdinFrom are mutually exclusive: set at most one"
+// +kubebuilder:validation:XValidation:rule="[has(self.stdin), has(self.stdinFrom), has(self.env), has(self.owner), has(self.workingDir), has(self.timeoutSeconds), has(self.killGracePeriodSeconds), has(self.output), has(self.nodeName), has(self.nodeSelector), has(self.resources)] == [has(oldSelf.stdin), has(oldSelf.stdinFrom), has(oldSelf.env), has(oldSelf.owner), has(oldSelf.workingDir), has(oldSelf.timeoutSeconds), has(oldSelf.killGracePeriodSeconds), has(oldSelf.output), has(oldSelf.nodeName), has(oldSelf.nodeSelector), has(oldSelf.resources)]",message="spec is immutable after creation: only cancelRequested, suspend and ttlSecondsAfterFinished may be added, changed or removed"
+// +kubebuilder:validation:XValidation:rule="!has(oldSelf.cancelRequested) || !oldSelf.cancelRequested || (has(self.cancelRequested) && self.cancelRequested)",message="cancelRequested cannot be unset once it is true: cancellation is one-way"
+type BashTaskSpec struct {
+	// command is the string given to `bash -c`, 1 to 131071 bytes (the
+	// kernel's per-argument limit, MAX_ARG_STRLEN less the NUL). It must not
+	// contain a NUL byte. Immutable.
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=131071
+	// +kubebuilder:validation:XValidation:rule="size(bytes(self)) <= 131071",message="command must be at most 131071 bytes (the kernel's per-argument limit)"
+	// +kubebuilder:validation:XValidation:rule="!self.contains('\\u0000')",message="command must not contain a NUL byte"
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="command is immutable"
+	Command string `json:"command"`
+
+	// stdin is written to the command's standard input, which is then closed.
+	// Unset: standard input is /dev/null. Empty string: an empty pipe. At most
+	// 262144 bytes of UTF-8 text. Exclusive with stdinFrom. Immutable.
+	// +optional
+	// +kubebuilder:validation:MaxLength=262144
+	// +kubebuilder:validation:XValidation:rule="size(bytes(self)) <= 262144",message="stdin must be at most 262144 bytes"
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="stdin is immutable"
+	Stdin *string `json:"stdin,omitempty"`
+
+	// stdinFrom takes standard input from a key of a Secret or ConfigMap in
+	// the task's namespace, resolved by the controller before dispatch.
+	// Exclusive with stdin. Immutable.
+	// +optional
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="stdinFrom is immutable"
+	StdinFrom *ValueSource `json:"stdinFrom,omitempty"`
+
+	// env lists environment variables for the command, the shape of a
+	// container's env. Explicit entries win over the agent's ambient
+	// environment, even when a name looks like a credential; names starting
+	// with BASHTASK_ are overridden by the values the operator manages.
+	// At most 256 entries with unique names. Immutable.
+	// +optional
+	// +listType=map
+	// +listMapKey=name
+	// +kubebuilder:validation:MaxItems=256
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="env is immutable"
+	Env []EnvVar `json:"env,omitempty"`
+
+	// owner is an opaque token naming who the task belongs to, such as an
+	// agent session or a pipeline run. The operator only interprets it for the
+	// per-owner concurrency limit. Selectable:
+	// `kubectl get bt --field-selector spec.owner=X`. 1 to 253 characters.
+	// Immutable.
+	// +optional
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="owner is immutable"
+	Owner string `json:"owner,omitempty"`
+
+	// workingDir is the absolute directory the command starts in. Unset: a
+	// fresh per-task directory owned by the task's user. At most 4095 bytes
+	// (PATH_MAX less the NUL). Immutable.
+	// +optional
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=4095
+	// +kubebuilder:validation:XValidation:rule="self.startsWith('/')",message="workingDir must be an absolute path (start with /)"
+	// +kubebuilder:validation:XValidation:rule="!self.contains('\\u0000')",message="workingDir must not contain a NUL byte"
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="workingDir is immutable"
+	WorkingDir string `json:"workingDir,omitempty"`
+
+	// timeoutSeconds is the wall-clock limit of the run in seconds, measured
+	// by the agent on a monotonic clock from the start of the process. The
+	// controller caps it at its --max-timeout-seconds. Default 120. Immutable.
+	// +optional
+	// +kubebuilder:default=120
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=604800
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="timeoutSeconds is immutable"
+	TimeoutSeconds *int32 `json:"timeoutSeconds,omitempty"`
+
+	// killGracePeriodSeconds is the time in seconds between SIGTERM and
+	// SIGKILL when the task is stopped (timeout, cancel, deletion, leftover
+	// processes). Default 3, at most 300. Immutable.
+	// +optional
+	// +kubebuilder:default=3
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=300
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="killGracePeriodSeconds is immutable"
+	KillGracePeriodSeconds *int32 `json:"killGracePeriodSeconds,omitempty"`
+
+	// output controls how much output is kept in status, on the node and in
+	// object storage. Immutable.
+	// +optional
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="output is immutable"
+	Output *OutputSpec `json:"output,omitempty"`
+
+	// nodeName runs the task on the agent of this node. Immutable.
+	// +optional
+	// +kubebuilder:validation:MaxLength=253
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="nodeName is immutable"
+	NodeName string `json:"nodeName,omitempty"`
+
+	// nodeSelector runs the task on an agent whose Node carries all of these
+	// labels. At most 32 entries. Immutable.
+	// +optional
+	// +kubebuilder:validation:MaxProperties=32
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="nodeSelector is immutable"
+	NodeSelector map[string]string `json:"nodeSelector,omitempty"`
+
+	// resources limits memory, CPU and process count through the task's
+	// cgroup, where the node delegates those controllers; status.isolation
+	// says whether they were enforced. Immutable.
+	// +optional
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="resources is immutable"
+	Resources *ResourceLimits `json:"resources,omitempty"`
+
+	// cancelRequested stops the task when set to true: SIGTERM, the grace
+	// period, then SIGKILL, and the reason Cancelled. It can only go from
+	// unset or false to true. Setting it on a finished task changes nothing.
+	// +optional
+	CancelRequested *bool `json:"cancelRequested,omitempty"`
+
+	// suspend keeps the task from being dispatched while true, so that a
+	// queueing system can gate it. It has no effect once the task has been
+	// dispatched.
+	// +optional
+	Suspend *bool `json:"suspend,omitempty"`
+
+	// ttlSecondsAfterFinished deletes the task this many seconds after it
+	// finished. Unset: the controller's default, if any; otherwise kept.
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	TTLSecondsAfterFinished *int32 `json:"ttlSecondsAfterFinished,omitempty"`
+}
+
+// EnvVar is one environment variable of the command: a literal value or a
+// reference to a Secret or ConfigMap key in the task's namespace.
+//
+// +kubebuilder:validation:XValidation:rule="has(self.value) != has(self.valueFrom)",message="an env entry must set exactly one of value and valueFrom"
+type EnvVar struct {
+	// name of the variable: 1 to 1024 characters, no '=' and no NUL byte
+	// (execve(2) splits NAME=value at the first '=' and ends it at a NUL).
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=1024
+	// +kubebuilder:validation:XValidation:rule="!self.contains('=')",message="env name must not contain '='"
+	// +kubebuilder:validation:XValidation:rule="!self.contains('\\u0000')",message="env name must not contain a NUL byte"
+	Name string `json:"name"`
+
+	// value of the variable, at most 131071 bytes (the kernel's per-string
+	// limit) and without NUL bytes. The NUL rule is a pattern rather than a
+	// CEL rule because CEL's cost budget, multiplied by 256 entries of this
+	// length, would exceed the API server's per-rule limit.
+	// +optional
+	// +kubebuilder:validation:MaxLength=131071
+	// +kubebuilder:validation:Pattern=`^[^\x00]*$`
+	Value *string `json:"value,omitempty"`
+
+	// valueFrom takes the value from a Secret or ConfigMap key in the task's
+	// namespace. The controller resolves it before dispatch and waits, with a
+	// condition, while the object or key does not exist.
+	// +optional
+	ValueFrom *ValueSource `json:"valueFrom,omitempty"`
+}
+
+// ValueSource names one key of a Secret or of a ConfigMap in the task's
+// namespace.
+//
+// +kubebuilder:validation:XValidation:rule="has(self.secretKeyRef) != has(self.configMapKeyRef)",message="set exactly one of secretKeyRef and configMapKeyRef"
+type ValueSource struct {
+	// secretKeyRef selects a key of a Secret.
+	// +optional
+	SecretKeyRef *KeySelector `json:"secretKeyRef,omitempty"`
+
+	// configMapKeyRef selects a key of a ConfigMap.
+	// +optional
+	ConfigMapKeyRef *KeySelector `json:"configMapKeyRef,omitempty"`
+}
+
+// KeySelector names a key of a Secret or ConfigMap in the task's namespace.
+type KeySelector struct {
+	// name of the Secret or ConfigMap, a DNS subdomain of at most 253
+	// characters.
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	Name string `json:"name"`
+
+	// key within the object's data, at most 253 characters of
+	// [-._a-zA-Z0-9] (the Secret and ConfigMap key rule).
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	// +kubebuilder:validation:Pattern=`^[-._a-zA-Z0-9]+$`
+	Key string `json:"key"`
+}
+
+// UploadPolicy says when a stream's spill file is uploaded to object storage.
+//
+// +kubebuilder:validation:Enum=WhenIncomplete;Always;Never
+type UploadPolicy string
+
+const (
+	// UploadWhenIncomplete uploads a stream only when the tail in status is
+	// not the whole stream.
+	UploadWhenIncomplete UploadPolicy = "WhenIncomplete"
+	// UploadAlways uploads every stream, even an empty one.
+	UploadAlways UploadPolicy = "Always"
+	// UploadNever keeps output on the node only until the task is forgotten.
+	UploadNever UploadPolicy = "Never"
+)
+
+// OutputSpec controls output retention for each of stdout and stderr.
+type OutputSpec struct {
+	// tailBytes is how many trailing bytes of each stream are kept in
+	// status, at most 262144. Unset: 64000.
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=262144
+	TailBytes *int32 `json:"tailBytes,omitempty"`
+
+	// spillLimitBytes caps the spill file of each stream on the node, in
+	// bytes, at most 17179869184 (16 GiB). Bytes past the limit still count in
+	// totalBytes and sha256. Unset: 67108864 (64 MiB).
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=17179869184
+	SpillLimitBytes *int64 `json:"spillLimitBytes,omitempty"`
+
+	// upload says when the spill file goes to object storage. Unset:
+	// WhenIncomplete.
+	// +optional
+	Upload UploadPolicy `json:"upload,omitempty"`
+}
+
+// ResourceLimits are the cgroup v2 limits of one task.
+type ResourceLimits struct {
+	// memory is the memory limit (memory.max), a positive quantity such as
+	// 64Mi. Exceeding it kills the whole task with the reason OOMKilled.
+	// +optional
+	// +kubebuilder:validation:XValidation:rule="quantity(string(self)).isGreaterThan(quantity('0'))",message="resources.memory must be greater than zero"
+	Memory *resource.Quantity `json:"memory,omitempty"`
+
+	// cpu is the CPU bandwidth limit (cpu.max), a positive quantity such as
+	// 500m.
+	// +optional
+	// +kubebuilder:validation:XValidation:rule="quantity(string(self)).isGreaterThan(quantity('0'))",message="resources.cpu must be greater than zero"
+	CPU *resource.Quantity `json:"cpu,omitempty"`
+
+	// pids is the largest number of processes and threads (pids.max), 1 to
+	// 4194304 (PID_MAX_LIMIT on 64-bit Linux).
+	// +optional
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=4194304
+	PIDs *int64 `json:"pids,omitempty"`
+}
+
+// Phase is a summary of where a task is in its life, mirroring its
+// conditions for printer columns and simple polling.
+//
+// +kubebuilder:validation:Enum=Pending;Running;Succeeded;Failed
+type Phase string
+
+const (
+	// PhasePending means the task has not started: it waits for placement,
+	// for referenced values, for the per-owner limit or for suspend to clear.
+	PhasePending Phase = "Pending"
+	// PhaseRunning means the agent started the command.
+	PhaseRunning Phase = "Running"
+	// PhaseSucceeded means the command exited 0 (reason Succeeded).
+	PhaseSucceeded Phase = "Succeeded"
+	// PhaseFailed means the task ended for any other reason.
+	PhaseFailed Phase = "Failed"
+)
+
+// Reason is the terminal reason of a task, from a closed set. Exactly one is
+// ever written; the first cause wins.
+//
+// +kubebuilder:validation:Enum=Succeeded;NonZeroExit;Signaled;TimedOut;Cancelled;OOMKilled;StartFailed;AgentRestarted;AgentLost;InvalidSpec
+type Reason string
+
+const (
+	// ReasonSucceeded means the shell exited 0.
+	ReasonSucceeded Reason = "Succeeded"
+	// ReasonNonZeroExit means the shell exited with a non-zero code.
+	ReasonNonZeroExit Reason = "NonZeroExit"
+	// ReasonSignaled means the shell was killed by a signal the operator did
+	// not send.
+	ReasonSignaled Reason = "Signaled"
+	// ReasonTimedOut means the agent's deadline passed, whatever the exit code.
+	ReasonTimedOut Reason = "TimedOut"
+	// ReasonCancelled means cancelRequested or deletion stopped the task.
+	ReasonCancelled Reason = "Cancelled"
+	// ReasonOOMKilled means the kernel killed the task for exceeding its
+	// memory limit.
+	ReasonOOMKilled Reason = "OOMKilled"
+	// ReasonStartFailed means the agent could not start the command (missing
+	// working directory or shell, argument too long, invalid environment).
+	ReasonStartFailed Reason = "StartFailed"
+	// ReasonAgentRestarted means the agent restarted while the task ran; the
+	// output captured until then is kept.
+	ReasonAgentRestarted Reason = "AgentRestarted"
+	// ReasonAgentLost means the task's agent was unreachable for longer than
+	// the controller's --agent-lost-after.
+	ReasonAgentLost Reason = "AgentLost"
+	// ReasonInvalidSpec means the controller rejected the spec for a rule the
+	// schema cannot express.
+	ReasonInvalidSpec Reason = "InvalidSpec"
+)
+
+// Condition types of a BashTask, in the Job vocabulary. Each condition is
+// stamped with the observedGeneration it was computed for.
+const (
+	// ConditionScheduled is True once the task is assigned to an agent and
+	// recorded (write-ahead) before dispatch; False with a reason while it
+	// waits for an agent, for referenced values or for the per-owner limit.
+	ConditionScheduled = "Scheduled"
+	// ConditionRunning is True while the command runs.
+	ConditionRunning = "Running"
+	// ConditionComplete is True when the command succeeded.
+	ConditionComplete = "Complete"
+	// ConditionFailed is True when the task ended with any reason other than
+	// Succeeded.
+	ConditionFailed = "Failed"
+	// ConditionOutputUploaded is True when every stream due for upload is in
+	// object storage, False while an upload is pending or retrying.
+	ConditionOutputUploaded = "OutputUploaded"
+)
+
+// IsolationMechanism names how the agent contained and killed the task.
+//
+// +kubebuilder:validation:Enum=cgroup;processGroup
+type IsolationMechanism string
+
+const (
+	// IsolationCgroup means a cgroup v2 per task: every descendant, even one
+	// that left the process group with setsid, is killed with the task.
+	IsolationCgroup IsolationMechanism = "cgroup"
+	// IsolationProcessGroup means the node offered no writable cgroup v2: the
+	// task was signalled through its process group only and resource limits
+	// were not enforced.
+	IsolationProcessGroup IsolationMechanism = "processGroup"
+)
+
+// BashTaskStatus is what the controller observed. Only the controller writes
+// it, through the status subresource.
+type BashTaskStatus struct {
+	// conditions are the Scheduled, Running, Complete, Failed and
+	// OutputUploaded conditions.
+	// +optional
+	// +listType=map
+	// +listMapKey=type
+	// +kubebuilder:validation:MaxItems=16
+	Conditions []metav1.Condition `json:"conditions,omitempty"`
+
+	// observedGeneration is the metadata.generation the status was computed
+	// for.
+	// +optional
+	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
+
+	// phase summarises the conditions: Pending, Running, Succeeded or Failed.
+	// +optional
+	Phase Phase `json:"phase,omitempty"`
+
+	// reason is the terminal reason, set once when the task finishes.
+	// +optional
+	Reason Reason `json:"reason,omitempty"`
+
+	// message is a human-readable explanation of the reason, at most 4096
+	// characters.
+	// +optional
+	// +kubebuilder:validation:MaxLength=4096
+	Message string `json:"message,omitempty"`
+
+	// exitCode is the shell's exit code; 128+n when it was killed by signal n
+	// (the container convention).
+	// +optional
+	ExitCode *int32 `json:"exitCode,omitempty"`
+
+	// signal is the name of the signal that killed the shell, such as SIGKILL.
+	// +optional
+	// +kubebuilder:validation:MaxLength=16
+	Signal string `json:"signal,omitempty"`
+
+	// nodeName is the node whose agent runs or ran the task. Written before
+	// dispatch, so a task is never started on two nodes.
+	// +optional
+	// +kubebuilder:validation:MaxLength=253
+	NodeName string `json:"nodeName,omitempty"`
+
+	// agent identifies the agent process the task was dispatched to.
+	// +optional
+	Agent *AgentRef `json:"agent,omitempty"`
+
+	// isolation says how the agent contained the task and whether
+	// spec.resources were enforced.
+	// +optional
+	Isolation *IsolationStatus `json:"isolation,omitempty"`
+
+	// startTime is when the agent started the command.
+	// +optional
+	StartTime *metav1.Time `json:"startTime,omitempty"`
+
+	// completionTime is when the task reached its terminal reason.
+	// +optional
+	CompletionTime *metav1.Time `json:"completionTime,omitempty"`
+
+	// stdout describes the command's standard output.
+	// +optional
+	Stdout *StreamStatus `json:"stdout,omitempty"`
+
+	// stderr describes the command's standard error.
+	// +optional
+	Stderr *StreamStatus `json:"stderr,omitempty"`
+
+	// leftoverProcesses is how many processes of the task were still alive
+	// when the shell exited and were then stopped.
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	LeftoverProcesses *int32 `json:"leftoverProcesses,omitempty"`
+}
+
+// AgentRef identifies one incarnation of a node's agent.
+type AgentRef struct {
+	// pod is the agent's pod name (or its process name outside a cluster).
+	// +optional
+	// +kubebuilder:validation:MaxLength=253
+	Pod string `json:"pod,omitempty"`
+
+	// incarnation is the id the agent generated when it started; a different
+	// id means the agent restarted.
+	// +optional
+	// +kubebuilder:validation:MaxLength=64
+	Incarnation string `json:"incarnation,omitempty"`
+}
+
+// IsolationStatus says how a task was contained on its node.
+type IsolationStatus struct {
+	// mechanism is cgroup or processGroup.
+	// +optional
+	Mechanism IsolationMechanism `json:"mechanism,omitempty"`
+
+	// limitsEnforced is false when spec.resources were requested but the
+	// node's cgroup does not delegate the needed controllers.
+	// +optional
+	LimitsEnforced *bool `json:"limitsEnforced,omitempty"`
+}
+
+// StreamStatus describes one output stream of the command.
+type StreamStatus struct {
+	// tail is the end of the stream as valid UTF-8: cut forward to a
+	// character boundary, invalid bytes replaced by U+FFFD, and shortened
+	// from the front when the status would exceed its size budget.
+	// +optional
+	// +kubebuilder:validation:MaxLength=262144
+	Tail string `json:"tail,omitempty"`
+
+	// totalBytes is the number of bytes the command wrote to the stream.
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	TotalBytes int64 `json:"totalBytes"`
+
+	// truncated is true when tail is not the whole stream.
+	// +optional
+	Truncated bool `json:"truncated,omitempty"`
+
+	// sanitized is true when tail had invalid UTF-8 replaced.
+	// +optional
+	Sanitized bool `json:"sanitized,omitempty"`
+
+	// sha256 is the lowercase hex SHA-256 of every byte of the stream, also
+	// those past the spill limit.
+	// +optional
+	// +kubebuilder:validation:MaxLength=64
+	SHA256 string `json:"sha256,omitempty"`
+
+	// spill references the full stream in object storage.
+	// +optional
+	Spill *SpillRef `json:"spill,omitempty"`
+}
+
+// SpillRef points at a stream's copy in object storage.
+type SpillRef struct {
+	// url of the object, a gocloud.dev blob URL with the key, such as
+	// s3://bucket/ns/name/uid/stdout.
+	// +optional
+	// +kubebuilder:validation:MaxLength=2048
+	URL string `json:"url,omitempty"`
+
+	// bytes is the size of the object.
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	Bytes int64 `json:"bytes"`
+
+	// complete is true when the object holds the whole stream, false when the
+	// stream went past spillLimitBytes.
+	// +optional
+	Complete bool `json:"complete,omitempty"`
+}
+
+// BashTask runs one shell command on a cluster node through the node's
+// bashtask agent and records its outcome and output in status.
+//
+// +kubebuilder:object:root=true
+// +kubebuilder:subresource:status
+// +kubebuilder:resource:shortName=bt
+// +kubebuilder:selectablefield:JSONPath=`.spec.owner`
+// +kubebuilder:selectablefield:JSONPath=`.status.phase`
+// +kubebuilder:printcolumn:name="Phase",type=string,JSONPath=`.status.phase`
+// +kubebuilder:printcolumn:name="Reason",type=string,JSONPath=`.status.reason`
+// +kubebuilder:printcolumn:name="Exit",type=integer,JSONPath=`.status.exitCode`
+// +kubebuilder:printcolumn:name="Node",type=string,JSONPath=`.status.nodeName`
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+// +kubebuilder:printcolumn:name="Start",type=date,JSONPath=`.status.startTime`,priority=10
+// +kubebuilder:printcolumn:name="Completion",type=date,JSONPath=`.status.completionTime`,priority=10
+type BashTask struct {
+	metav1.TypeMeta `json:",inline"`
+
+	// metadata is the standard object metadata.
+	// +optional
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	// spec is the command to run.
+	// +required
+	Spec BashTaskSpec `json:"spec"`
+
+	// status is what the controller observed.
+	// +optional
+	Status BashTaskStatus `json:"status,omitempty"`
+}
+
+// BashTaskList is a list of BashTasks.
+//
+// +kubebuilder:object:root=true
+type BashTaskList struct {
+	metav1.TypeMeta `json:",inline"`
+	// metadata is the standard list metadata.
+	// +optional
+	metav1.ListMeta `json:"metadata,omitempty"`
+	// items are the tasks.
+	Items []BashTask `json:"items"`
+}
