@@ -67,6 +67,12 @@ verify: ## Regenerate everything and fail on any difference from the commit; the
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { echo "verify: gofmt needed on:" >&2; gofmt -l $$(git ls-files '*.go') >&2; exit 1; }
 	$(MAKE) vet lint
 
+##@ Demo
+
+.PHONY: demo
+demo: ## Run example tasks through the node executor and print their results.
+	hack/demo.sh
+
 ##@ Build
 
 .PHONY: build
