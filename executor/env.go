@@ -109,9 +109,10 @@ func BuildEnv(o EnvOptions) ([]string, error) {
 	for _, kv := range o.Ambient {
 		name, value, ok := strings.Cut(kv, "=")
 		// An entry without '=' or with an empty name cannot be passed on
-		// faithfully; the kernel would hand it to the child as is, and
-		// shells ignore it.
-		if !ok || name == "" || !allowed(name) {
+		// faithfully (shells ignore it), and one with a NUL would make
+		// execve fail; the agent's own environment never has those, an
+		// injected one might.
+		if !ok || name == "" || strings.IndexByte(kv, 0) >= 0 || !allowed(name) {
 			continue
 		}
 		env[name] = value
