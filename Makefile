@@ -37,8 +37,30 @@ help: ## Show this help.
 ##@ Development
 
 .PHONY: generate
-generate: ## Generate code: deepcopy functions for the API types.
+generate: ## Generate code: deepcopy functions for the API types, agent protocol Go code.
 	$(CONTROLLER_GEN) object paths=./api/...
+	$(MAKE) generate-proto
+
+# The agent protocol's Go code, from api/agent/v1/agent.proto. protoc comes
+# from Debian's protobuf-compiler; the Go plugins are go.mod tools. The
+# generated header names the protoc version, so it is pinned to the version
+# the committed files were made with (Debian bookworm's) and `make verify`
+# stays stable when a different protoc produced the same code.
+PROTOC_VERSION := 3.21.12
+PROTO_DIR      := api/agent/v1
+
+.PHONY: generate-proto
+generate-proto: ## Generate the agent protocol's Go code (protoc + go tool protoc-gen-go[-grpc]).
+	@command -v protoc >/dev/null || { echo "generate-proto: protoc missing; apt-get install protobuf-compiler" >&2; exit 1; }
+	@v="$$(protoc --version | awk '{print $$2}')"; [[ "$$v" == "$(PROTOC_VERSION)" ]] || \
+	  echo "generate-proto: warning: protoc $$v, the committed files were generated with $(PROTOC_VERSION)" >&2
+	$(GO) build -o $(LOCALBIN)/protoc-gen-go google.golang.org/protobuf/cmd/protoc-gen-go
+	$(GO) build -o $(LOCALBIN)/protoc-gen-go-grpc google.golang.org/grpc/cmd/protoc-gen-go-grpc
+	protoc --plugin=protoc-gen-go=$(LOCALBIN)/protoc-gen-go --plugin=protoc-gen-go-grpc=$(LOCALBIN)/protoc-gen-go-grpc \
+	  -I $(PROTO_DIR) --go_out=$(PROTO_DIR) --go_opt=paths=source_relative \
+	  --go-grpc_out=$(PROTO_DIR) --go-grpc_opt=paths=source_relative $(PROTO_DIR)/agent.proto
+	sed -i -e 's|^// \tprotoc  *v.*$$|// \tprotoc        v$(PROTOC_VERSION)|' \
+	  -e 's|^// - protoc  *v.*$$|// - protoc             v$(PROTOC_VERSION)|' $(PROTO_DIR)/*.pb.go
 
 .PHONY: manifests
 manifests: ## Generate the CRD (config/crd/bases) and RBAC (config/rbac) from markers.
