@@ -3,7 +3,6 @@
 package api_test
 
 import (
-	"context"
 	"fmt"
 	"os"
 	"strings"
@@ -379,7 +378,7 @@ func TestFieldSelectors(t *testing.T) {
 
 func TestStatusSubresource(t *testing.T) {
 	ns := newNamespace(t)
-	ctx := context.Context(t.Context())
+	ctx := t.Context()
 	bt := task(ns, "status")
 	if err := env.Client.Create(ctx, bt); err != nil {
 		t.Fatal(err)
