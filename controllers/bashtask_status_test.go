@@ -1,0 +1,101 @@
+package controllers
+
+import (
+	"encoding/json"
+	"strings"
+	"testing"
+	"unicode/utf8"
+
+	bashtaskv1alpha1 "github.com/bashtask/bashtask-operator/api/v1alpha1"
+)
+
+func TestFitStatusBudget(t *testing.T) {
+	binary := make([]byte, 100000)
+	for i := range binary {
+		binary[i] = byte(i % 32) // control bytes: six bytes each once escaped
+	}
+	tests := map[string]struct {
+		stdout, stderr string
+		budget         int
+		wantTruncated  [2]bool
+	}{
+		"fits already":             {stdout: "hello\n", stderr: "err\n", budget: 4096},
+		"long text stdout":         {stdout: strings.Repeat("line of text\n", 30000), budget: 65536, wantTruncated: [2]bool{true, false}},
+		"control bytes":            {stdout: string(binary), budget: 65536, wantTruncated: [2]bool{true, false}},
+		"multi-byte runes":         {stdout: strings.Repeat("日本語€", 20000), budget: 10000, wantTruncated: [2]bool{true, false}},
+		"html-escaped characters":  {stdout: strings.Repeat("<&>", 40000), budget: 30000, wantTruncated: [2]bool{true, false}},
+		"both streams large":       {stdout: strings.Repeat("o", 200000), stderr: strings.Repeat("e", 150000), budget: 100000, wantTruncated: [2]bool{true, true}},
+		"one large one small kept": {stdout: strings.Repeat("o", 200000), stderr: "small\n", budget: 100000, wantTruncated: [2]bool{true, false}},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			st := &bashtaskv1alpha1.BashTaskStatus{
+				Phase:  bashtaskv1alpha1.PhaseSucceeded,
+				Stdout: &bashtaskv1alpha1.StreamStatus{Tail: tc.stdout, TotalBytes: int64(len(tc.stdout))},
+				Stderr: &bashtaskv1alpha1.StreamStatus{Tail: tc.stderr, TotalBytes: int64(len(tc.stderr))},
+			}
+			if err := FitStatusBudget(st, tc.budget); err != nil {
+				t.Fatal(err)
+			}
+			raw, err := json.Marshal(st)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(raw) > tc.budget {
+				t.Errorf("encoded status is %d bytes, over the budget of %d", len(raw), tc.budget)
+			}
+			for i, s := range []struct {
+				got  *bashtaskv1alpha1.StreamStatus
+				orig string
+			}{{st.Stdout, tc.stdout}, {st.Stderr, tc.stderr}} {
+				if !strings.HasSuffix(s.orig, s.got.Tail) {
+					t.Errorf("stream %d: tail is not a suffix of the output", i)
+				}
+				if !utf8.ValidString(s.got.Tail) {
+					t.Errorf("stream %d: tail is not valid UTF-8 after shortening", i)
+				}
+				if s.got.Truncated != tc.wantTruncated[i] {
+					t.Errorf("stream %d: truncated = %v, want %v", i, s.got.Truncated, tc.wantTruncated[i])
+				}
+			}
+			// Shortening must not throw away far more than needed: the
+			// result uses at least half the budget when it had to cut.
+			if tc.wantTruncated != [2]bool{} && len(raw) < tc.budget/2 {
+				t.Errorf("encoded status is %d bytes, less than half the budget of %d: cut too much", len(raw), tc.budget)
+			}
+		})
+	}
+}
+
+func TestFitStatusBudgetImpossible(t *testing.T) {
+	st := &bashtaskv1alpha1.BashTaskStatus{Message: strings.Repeat("m", 1000)}
+	if err := FitStatusBudget(st, 100); err == nil {
+		t.Fatal("want an error when the status cannot fit without tails")
+	}
+}
+
+func FuzzFitStatusBudget(f *testing.F) {
+	f.Add("hello\n", "world\n", 64)
+	f.Add("\x00\x01<>&\u2028", "日本", 40)
+	f.Fuzz(func(t *testing.T, out, errs string, budget int) {
+		if budget < 200 || budget > 1<<20 {
+			t.Skip()
+		}
+		out = strings.ToValidUTF8(out, "\uFFFD")
+		errs = strings.ToValidUTF8(errs, "\uFFFD")
+		st := &bashtaskv1alpha1.BashTaskStatus{
+			Stdout: &bashtaskv1alpha1.StreamStatus{Tail: out},
+			Stderr: &bashtaskv1alpha1.StreamStatus{Tail: errs},
+		}
+		if err := FitStatusBudget(st, budget); err != nil {
+			return // over budget with empty tails: nothing to check
+		}
+		raw, _ := json.Marshal(st)
+		if len(raw) > budget {
+			t.Fatalf("encoded %d bytes, budget %d", len(raw), budget)
+		}
+		if !strings.HasSuffix(out, st.Stdout.Tail) || !strings.HasSuffix(errs, st.Stderr.Tail) {
+			t.Fatal("tail is not a suffix")
+		}
+	})
+}
