@@ -378,6 +378,17 @@ func (t *Task) Wait(ctx context.Context) (Result, error) {
 	}
 }
 
+// Result returns the task's Result and true once the task is over, a zero
+// Result and false before.
+func (t *Task) Result() (Result, bool) {
+	select {
+	case <-t.done:
+		return t.result, true
+	default:
+		return Result{}, false
+	}
+}
+
 // Snapshot returns the output so far; it may be called at any time, also
 // after the task ended.
 func (t *Task) Snapshot() Snapshot {

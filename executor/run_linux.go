@@ -53,8 +53,10 @@ type taskSys struct {
 	readersDone      chan struct{}
 }
 
-func (e *Executor) start(p *prepared) (t *Task, err error) {
-	t = &Task{spec: p, exec: e, cancel: make(chan struct{}), done: make(chan struct{})}
+func (e *Executor) start(p *prepared) (_ *Task, err error) {
+	// t, not the named result, so the cleanup below still sees it after a
+	// failing return has set the result to nil.
+	t := &Task{spec: p, exec: e, cancel: make(chan struct{}), done: make(chan struct{})}
 	s := &t.sys
 
 	// Everything opened here is closed again on failure; the child's ends

@@ -1,0 +1,288 @@
+// Command bench-executor measures the executor against plain process
+// creation and a plain file write, and prints one table:
+//
+//   - the median wall time of `true` run as a task, against a plain
+//     fork/exec of the same `<shell> -c true`, without and with cgroups;
+//   - the throughput of 2 GB of stdout through the executor, against
+//     `head -c 2000000000 /dev/zero > file` on the same disk;
+//   - the peak RSS growth of a process running that 2 GB task.
+//
+// The 2 GB task runs in a child process of this program (re-executed with
+// -child), so its peak RSS (VmHWM) is measured without the rest of the
+// benchmark. With -json FILE the headline figures are also written as a
+// flat JSON object.
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/bashtask/bashtask-operator/executor"
+)
+
+const streamBytes = 2_000_000_000
+
+func main() {
+	var (
+		jsonOut = flag.String("json", "", "also write the figures to this JSON file")
+		iters   = flag.Int("n", 300, "tasks per start-overhead measurement")
+		dir     = flag.String("dir", "", "directory for spill files and the plain write (default: a temporary directory)")
+		shell   = flag.String("shell", executor.DefaultShell, "shell to run")
+		child   = flag.Bool("child", false, "internal: run the 2 GB task and report on stdout")
+	)
+	flag.Parse()
+	if *child {
+		if err := runChild(*dir, *shell); err != nil {
+			fmt.Fprintln(os.Stderr, "bench-executor child:", err)
+			os.Exit(1)
+		}
+		return
+	}
+	if err := run(*jsonOut, *iters, *dir, *shell); err != nil {
+		fmt.Fprintln(os.Stderr, "bench-executor:", err)
+		os.Exit(1)
+	}
+}
+
+func run(jsonOut string, iters int, dir, shell string) error {
+	if dir == "" {
+		d, err := os.MkdirTemp("", "bench-executor-")
+		if err != nil {
+			return err
+		}
+		defer os.RemoveAll(d)
+		dir = d
+	}
+	// The plain baseline uses os/exec, so this process does not become a
+	// subreaper (its reaper would take os/exec's statuses); the child that
+	// runs the 2 GB task does, like the agent.
+	noCg, err := executor.New(executor.Config{Shell: shell, Cgroups: executor.CgroupOff, WorkDirRoot: dir})
+	if err != nil {
+		return err
+	}
+	withCg, err := executor.New(executor.Config{Shell: shell, Cgroups: executor.CgroupAuto, CgroupParent: fmt.Sprintf("bashtask-bench-%d", os.Getpid()), WorkDirRoot: dir})
+	if err != nil {
+		return err
+	}
+	defer withCg.Close()
+
+	// The baseline gets the environment a task gets: bash starts measurably
+	// slower with LANG=C.UTF-8 (it loads the locale), and that is the
+	// shell's cost, not the executor's.
+	env, err := executor.BuildEnv(executor.EnvOptions{Ambient: os.Environ()})
+	if err != nil {
+		return err
+	}
+
+	// Interleave the three variants round by round so that drift in the
+	// machine's load affects them alike.
+	var plain, exNoCg, exCg []time.Duration
+	for i := range iters + 10 {
+		p, err := timePlain(shell, dir, env)
+		if err != nil {
+			return err
+		}
+		a, err := timeTask(noCg, dir, i)
+		if err != nil {
+			return err
+		}
+		b, err := timeTask(withCg, dir, i)
+		if err != nil {
+			return err
+		}
+		if i >= 10 { // warm-up
+			plain, exNoCg, exCg = append(plain, p), append(exNoCg, a), append(exCg, b)
+		}
+	}
+	mPlain, mNoCg, mCg := median(plain), median(exNoCg), median(exCg)
+
+	plainMBs, err := plainWrite(dir)
+	if err != nil {
+		return err
+	}
+	cr, err := childRun(dir, shell)
+	if err != nil {
+		return err
+	}
+	taskMBs := float64(streamBytes) / 1e6 / cr.Seconds
+	rssGrowthMB := float64(cr.HWMAfterKB-cr.HWMBeforeKB) / 1024
+
+	w := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintf(w, "measure\texecutor\tbaseline\tratio\ttarget\t\n")
+	fmt.Fprintf(w, "start `true`, process group (median of %d)\t%v\t%v\t%.2f\t<= 1.30\t\n", iters, mNoCg, mPlain, ratio(mNoCg, mPlain))
+	cgName := "cgroup"
+	if withCg.Mechanism() != executor.MechanismCgroup {
+		cgName = "cgroup UNAVAILABLE, process group"
+	}
+	fmt.Fprintf(w, "start `true`, %s (median of %d)\t%v\t%v\t%.2f\t<= 1.60\t\n", cgName, iters, mCg, mPlain, ratio(mCg, mPlain))
+	fmt.Fprintf(w, "2 GB stdout, MB/s\t%.0f\t%.0f\t%.2f\t>= 0.50\t\n", taskMBs, plainMBs, taskMBs/plainMBs)
+	fmt.Fprintf(w, "peak RSS growth during 2 GB, MiB\t%.1f\t\t\t< 32\t\n", rssGrowthMB)
+	if err := w.Flush(); err != nil {
+		return err
+	}
+	fmt.Printf("2 GB task: %s, %d bytes, sha256 %s, peak RSS %d KiB (before %d KiB)\n",
+		cr.Reason, cr.TotalBytes, cr.SHA256, cr.HWMAfterKB, cr.HWMBeforeKB)
+
+	if jsonOut != "" {
+		b, err := json.MarshalIndent(map[string]float64{
+			"executor.overhead_ratio":        round(ratio(mNoCg, mPlain)),
+			"executor.overhead_ratio_cgroup": round(ratio(mCg, mPlain)),
+			"executor.throughput_mb_s":       round(taskMBs),
+			"executor.plain_write_mb_s":      round(plainMBs),
+			"executor.rss_growth_mb":         round(rssGrowthMB),
+		}, "", "  ")
+		if err != nil {
+			return err
+		}
+		if err := os.WriteFile(jsonOut, append(b, '\n'), 0o644); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func timePlain(shell, dir string, env []string) (time.Duration, error) {
+	begin := time.Now()
+	cmd := exec.Command(shell, "-c", "true")
+	cmd.Dir, cmd.Env = dir, env
+	err := cmd.Run()
+	return time.Since(begin), err
+}
+
+func timeTask(ex *executor.Executor, dir string, i int) (time.Duration, error) {
+	spill := filepath.Join(dir, "spill-"+strconv.Itoa(i)+"-"+string(ex.Mechanism()))
+	begin := time.Now()
+	task, err := ex.Start(executor.Spec{Command: "true", WorkingDir: dir, SpillDir: spill})
+	if err != nil {
+		return 0, err
+	}
+	<-task.Done()
+	took := time.Since(begin)
+	res, _ := task.Result()
+	if res.Reason != executor.ReasonSucceeded {
+		return 0, fmt.Errorf("true through the executor: %s (%s)", res.Reason, res.Message)
+	}
+	return took, os.RemoveAll(spill)
+}
+
+// plainWrite times `head -c 2000000000 /dev/zero > file` and returns MB/s.
+func plainWrite(dir string) (float64, error) {
+	file := filepath.Join(dir, "plain")
+	defer os.Remove(file)
+	begin := time.Now()
+	out, err := exec.Command("/bin/sh", "-c", fmt.Sprintf("head -c %d /dev/zero > %s", streamBytes, file)).CombinedOutput()
+	if err != nil {
+		return 0, fmt.Errorf("plain write: %w: %s", err, out)
+	}
+	return float64(streamBytes) / 1e6 / time.Since(begin).Seconds(), nil
+}
+
+// childReport is what the child process prints.
+type childReport struct {
+	Reason      string
+	TotalBytes  int64
+	SHA256      string
+	Seconds     float64
+	HWMBeforeKB int64
+	HWMAfterKB  int64
+}
+
+func childRun(dir, shell string) (childReport, error) {
+	self, err := os.Executable()
+	if err != nil {
+		return childReport{}, err
+	}
+	out, err := exec.Command(self, "-child", "-dir", dir, "-shell", shell).Output()
+	if err != nil {
+		var ee *exec.ExitError
+		if errors.As(err, &ee) {
+			return childReport{}, fmt.Errorf("child: %w: %s", err, ee.Stderr)
+		}
+		return childReport{}, err
+	}
+	var r childReport
+	if err := json.Unmarshal(out, &r); err != nil {
+		return r, fmt.Errorf("child report %q: %w", out, err)
+	}
+	if r.TotalBytes != streamBytes {
+		return r, fmt.Errorf("2 GB task: %s with %d bytes", r.Reason, r.TotalBytes)
+	}
+	return r, nil
+}
+
+// runChild runs the 2 GB task as the agent would (subreaper, cgroup where
+// available, default tail and spill limit) and reports its figures.
+func runChild(dir, shell string) error {
+	if err := executor.BecomeSubreaper(); err != nil {
+		return err
+	}
+	ex, err := executor.New(executor.Config{Shell: shell, CgroupParent: fmt.Sprintf("bashtask-bench-%d", os.Getpid()), WorkDirRoot: dir})
+	if err != nil {
+		return err
+	}
+	defer ex.Close()
+	spill := filepath.Join(dir, "spill-2g")
+	defer os.RemoveAll(spill)
+	before, err := vmHWM()
+	if err != nil {
+		return err
+	}
+	begin := time.Now()
+	task, err := ex.Start(executor.Spec{
+		Command:    fmt.Sprintf("head -c %d /dev/zero", streamBytes),
+		WorkingDir: dir,
+		SpillDir:   spill,
+	})
+	if err != nil {
+		return err
+	}
+	<-task.Done()
+	took := time.Since(begin)
+	res, _ := task.Result()
+	after, err := vmHWM()
+	if err != nil {
+		return err
+	}
+	return json.NewEncoder(os.Stdout).Encode(childReport{
+		Reason:      string(res.Reason),
+		TotalBytes:  res.Stdout.TotalBytes,
+		SHA256:      res.Stdout.SHA256,
+		Seconds:     took.Seconds(),
+		HWMBeforeKB: before,
+		HWMAfterKB:  after,
+	})
+}
+
+// vmHWM reads the peak resident set size in KiB from /proc/self/status.
+func vmHWM() (int64, error) {
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return 0, err
+	}
+	for line := range strings.SplitSeq(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "VmHWM:"); ok {
+			return strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
+		}
+	}
+	return 0, errors.New("no VmHWM in /proc/self/status")
+}
+
+func median(d []time.Duration) time.Duration {
+	s := slices.Clone(d)
+	slices.Sort(s)
+	return s[len(s)/2]
+}
+
+func ratio(a, b time.Duration) float64 { return float64(a) / float64(b) }
+
+func round(f float64) float64 { return float64(int64(f*100+0.5)) / 100 }
