@@ -660,7 +660,7 @@ func TestC27_StartFailures(t *testing.T) {
 			if !errors.Is(err, tc.want) || !errors.As(err, &se) {
 				t.Fatalf("Start error %v, want a *StartError with %v", err, tc.want)
 			}
-			if !strings.Contains(err.Error(), tc.wantMessage) || (tc.want == ErrWorkingDirMissing && strings.Contains(err.Error(), "bash")) {
+			if !strings.Contains(err.Error(), tc.wantMessage) || (errors.Is(tc.want, ErrWorkingDirMissing) && strings.Contains(err.Error(), "bash")) {
 				t.Errorf("message %q should name %q and not the shell", err, tc.wantMessage)
 			}
 			if res := StartFailedResult(err); res.Reason != ReasonStartFailed || res.ExitCode != -1 {

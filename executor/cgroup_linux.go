@@ -216,7 +216,9 @@ func (p *cgroupParent) create(name string, l Limits) (cg *taskCgroup, notEnforce
 	}
 	for _, s := range settings {
 		err := os.WriteFile(filepath.Join(path, s.file), []byte(s.value), 0)
-		if err != nil && !(s.file == "memory.swap.max" && errors.Is(err, os.ErrNotExist)) {
+		// memory.swap.max exists only with swap accounting; without it there
+		// is no swap to forbid.
+		if err != nil && (s.file != "memory.swap.max" || !errors.Is(err, os.ErrNotExist)) {
 			return nil, nil, fmt.Errorf("setting %s of task cgroup: %w", s.file, err)
 		}
 	}

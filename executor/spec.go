@@ -12,24 +12,25 @@ import (
 type Reason string
 
 const (
-	// ReasonSucceeded: the shell exited with status 0.
+	// ReasonSucceeded means the shell exited with status 0.
 	ReasonSucceeded Reason = "Succeeded"
-	// ReasonNonZeroExit: the shell exited with a status other than 0.
+	// ReasonNonZeroExit means the shell exited with a status other than 0.
 	ReasonNonZeroExit Reason = "NonZeroExit"
-	// ReasonSignaled: the shell was killed by a signal the executor did not
-	// send as part of a timeout or cancel (for example `kill -TERM $$`).
+	// ReasonSignaled means the shell was killed by a signal the executor
+	// did not send as part of a timeout or cancel (for example
+	// `kill -TERM $$`).
 	ReasonSignaled Reason = "Signaled"
-	// ReasonTimedOut: the task's deadline passed before the shell exited,
-	// whatever the exit status was afterwards (a command that traps TERM and
-	// exits 0 is still TimedOut).
+	// ReasonTimedOut means the task's deadline passed before the shell
+	// exited, whatever the exit status was afterwards (a command that traps
+	// TERM and exits 0 is still TimedOut).
 	ReasonTimedOut Reason = "TimedOut"
-	// ReasonCancelled: [Task.Cancel] was called before the shell exited.
+	// ReasonCancelled means [Task.Cancel] was called before the shell exited.
 	ReasonCancelled Reason = "Cancelled"
-	// ReasonOOMKilled: the kernel's OOM killer killed a process of the
+	// ReasonOOMKilled means the kernel's OOM killer killed a process of the
 	// task's cgroup (memory.events oom_kill > 0).
 	ReasonOOMKilled Reason = "OOMKilled"
-	// ReasonStartFailed: a pre-start check failed or the process could not be
-	// created; nothing of the command ran. See [StartError].
+	// ReasonStartFailed means a pre-start check failed or the process could
+	// not be created; nothing of the command ran. See [StartError].
 	ReasonStartFailed Reason = "StartFailed"
 )
 
@@ -37,12 +38,13 @@ const (
 type Mechanism string
 
 const (
-	// MechanismCgroup: the task has its own cgroup v2; the shell was
+	// MechanismCgroup means the task has its own cgroup v2; the shell was
 	// created inside it (CLONE_INTO_CGROUP), so every descendant, including
 	// one that left the session with setsid, is found and killed through it.
 	MechanismCgroup Mechanism = "cgroup"
-	// MechanismProcessGroup: no writable cgroup v2; the task is its own
-	// session and process group, and a process that leaves them escapes.
+	// MechanismProcessGroup means no writable cgroup v2 was found; the task
+	// is its own session and process group, and a process that leaves them
+	// escapes.
 	MechanismProcessGroup Mechanism = "processGroup"
 )
 
