@@ -1,0 +1,164 @@
+package agent
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"unicode/utf8"
+
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	agentv1 "github.com/bashtask/bashtask-operator/api/agent/v1"
+	"github.com/bashtask/bashtask-operator/executor"
+)
+
+// ReasonAgentRestarted is the terminal reason of a task that was running
+// when the agent process ended; the next incarnation stopped what was left
+// of it (DESIGN.md sections 4 and 6).
+const ReasonAgentRestarted = "AgentRestarted"
+
+// Managed environment names the agent sets for every task (DESIGN.md
+// section 5, step 5).
+const (
+	EnvName      = executor.ManagedPrefix + "NAME"
+	EnvNamespace = executor.ManagedPrefix + "NAMESPACE"
+	EnvUID       = executor.ManagedPrefix + "UID"
+	EnvNode      = executor.ManagedPrefix + "NODE"
+)
+
+// streamNames are the streams in the order of record.LastTotals.
+var streamNames = [2]string{"stdout", "stderr"}
+
+// toExecSpec translates a validated TaskSpec into an executor.Spec.
+func (s *Server) toExecSpec(spec *agentv1.TaskSpec) executor.Spec {
+	ref := spec.GetRef()
+	es := executor.Spec{
+		ID:              ref.GetUid(),
+		Command:         spec.GetCommand(),
+		WorkingDir:      spec.GetWorkingDir(),
+		Timeout:         spec.GetTimeout().AsDuration(),
+		KillGrace:       spec.GetKillGrace().AsDuration(),
+		TailBytes:       int(spec.GetOutput().GetTailBytes()),
+		SpillLimitBytes: spec.GetOutput().GetSpillLimitBytes(),
+		SpillDir:        s.store.outputDir(ref.GetUid()),
+		Limits: executor.Limits{
+			MemoryBytes: spec.GetResources().GetMemoryBytes(),
+			CPUMillis:   spec.GetResources().GetCpuMillis(),
+			Pids:        spec.GetResources().GetPids(),
+		},
+		User: s.cfg.RunAs,
+	}
+	if in := spec.GetStdin(); in != nil {
+		es.Stdin = append([]byte{}, in.GetData()...) // non-nil: a pipe, even when empty
+	}
+	for _, e := range spec.GetEnv() {
+		es.Env = append(es.Env, executor.EnvVar{Name: e.GetName(), Value: e.GetValue()})
+	}
+	for _, e := range spec.GetManagedEnv() {
+		es.ManagedEnv = append(es.ManagedEnv, executor.EnvVar{Name: e.GetName(), Value: e.GetValue()})
+	}
+	es.ManagedEnv = append(es.ManagedEnv,
+		executor.EnvVar{Name: EnvName, Value: ref.GetName()},
+		executor.EnvVar{Name: EnvNamespace, Value: ref.GetNamespace()},
+		executor.EnvVar{Name: EnvUID, Value: ref.GetUid()},
+		executor.EnvVar{Name: EnvNode, Value: s.cfg.NodeName},
+	)
+	return es
+}
+
+// applyResult writes a finished task's Result into status.
+func applyResult(status *agentv1.TaskStatus, r executor.Result) {
+	status.State = agentv1.TaskState_TASK_STATE_FINISHED
+	status.Reason = string(r.Reason)
+	status.Message = r.Message
+	status.ExitCode = int32(r.ExitCode)
+	status.Signal = r.Signal
+	if !r.StartTime.IsZero() {
+		status.StartTime = timestamppb.New(r.StartTime)
+	}
+	if !r.EndTime.IsZero() {
+		status.CompletionTime = timestamppb.New(r.EndTime)
+	}
+	status.LeftoverProcesses = int32(r.LeftoverProcesses)
+	status.Mechanism = string(r.Mechanism)
+	status.LimitsNotEnforced = append([]string(nil), r.LimitsNotEnforced...)
+	status.Stdout = streamStatus(r.Stdout)
+	status.Stderr = streamStatus(r.Stderr)
+}
+
+func streamStatus(s executor.StreamResult) *agentv1.StreamStatus {
+	ss := &agentv1.StreamStatus{
+		Tail:       s.Tail,
+		TotalBytes: s.TotalBytes,
+		Truncated:  s.Truncated,
+		Sanitized:  s.Sanitized,
+		Sha256:     s.SHA256,
+	}
+	if s.SpillPath != "" {
+		ss.Spill = &agentv1.Spill{Bytes: s.SpillBytes, Complete: s.SpillComplete}
+	}
+	return ss
+}
+
+// applySnapshot writes a running task's output so far into status.
+func applySnapshot(status *agentv1.TaskStatus, snap executor.Snapshot) {
+	for i, s := range []executor.StreamSnapshot{snap.Stdout, snap.Stderr} {
+		ss := &agentv1.StreamStatus{Tail: s.Tail, TotalBytes: s.TotalBytes, Truncated: s.Truncated, Sanitized: s.Sanitized}
+		if i == 0 {
+			status.Stdout = ss
+		} else {
+			status.Stderr = ss
+		}
+	}
+}
+
+// recoverStream rebuilds a stream's status from its spill file after an
+// agent restart. The file holds the bytes the earlier incarnation read
+// before it died (what was still in the pipe is lost with it). The stream
+// is known complete only when the file is shorter than the spill limit and
+// not shorter than the last reported byte count; otherwise the checksum of
+// the whole stream is unknown and left empty.
+func recoverStream(path string, tailBytes int, spillLimit, lastTotal int64) (*agentv1.StreamStatus, error) {
+	f, err := os.Open(path)
+	if os.IsNotExist(err) {
+		return &agentv1.StreamStatus{TotalBytes: lastTotal, Truncated: lastTotal > 0}, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("reading spill file: %w", err)
+	}
+	defer f.Close()
+	h := sha256.New()
+	size, err := io.Copy(h, f)
+	if err != nil {
+		return nil, fmt.Errorf("reading spill file %s: %w", path, err)
+	}
+	complete := size < spillLimit && size >= lastTotal
+	ss := &agentv1.StreamStatus{
+		TotalBytes: max(size, lastTotal),
+		Spill:      &agentv1.Spill{Bytes: size, Complete: complete},
+	}
+	if complete {
+		ss.Sha256 = hex.EncodeToString(h.Sum(nil))
+	}
+	n := min(size, int64(tailBytes))
+	buf := make([]byte, n)
+	if _, err := f.ReadAt(buf, size-n); err != nil && err != io.EOF {
+		return nil, fmt.Errorf("reading spill file %s: %w", path, err)
+	}
+	if n < size {
+		// Start on a UTF-8 boundary: skip at most three continuation bytes.
+		for i := 0; i < 3 && len(buf) > 0 && !utf8.RuneStart(buf[0]); i++ {
+			buf = buf[1:]
+		}
+	}
+	ss.Tail = string(buf)
+	if !utf8.ValidString(ss.Tail) {
+		ss.Tail = strings.ToValidUTF8(ss.Tail, "\uFFFD")
+		ss.Sanitized = true
+	}
+	ss.Truncated = int64(len(buf)) < ss.TotalBytes
+	return ss, nil
+}

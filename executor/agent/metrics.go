@@ -1,0 +1,52 @@
+package agent
+
+import "github.com/prometheus/client_golang/prometheus"
+
+// Metrics are the agent's Prometheus metrics (DESIGN.md section 7 and the
+// agent issue): running tasks, tasks finished by reason, output bytes by
+// stream, leftover processes killed, uploads by result and the upload retry
+// backlog.
+type Metrics struct {
+	// Running is the number of tasks running now.
+	Running prometheus.Gauge
+	// Finished counts finished tasks by reason.
+	Finished *prometheus.CounterVec
+	// OutputBytes counts the output bytes of finished tasks by stream
+	// ("stdout", "stderr").
+	OutputBytes *prometheus.CounterVec
+	// LeftoverKilled counts processes killed after their task's shell
+	// exited, or found alive from an earlier incarnation.
+	LeftoverKilled prometheus.Counter
+	// Uploads counts upload attempts by result ("success", "failure").
+	Uploads *prometheus.CounterVec
+	// UploadBacklog is the number of streams waiting for a (re)try.
+	UploadBacklog prometheus.Gauge
+}
+
+// NewMetrics creates the metrics and registers them with reg (nil: not
+// registered, as in tests). It fails when a metric is already registered.
+func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
+	const ns, sub = "bashtask", "agent"
+	m := &Metrics{
+		Running: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub,
+			Name: "running_tasks", Help: "Number of tasks running now."}),
+		Finished: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
+			Name: "tasks_finished_total", Help: "Tasks finished, by terminal reason."}, []string{"reason"}),
+		OutputBytes: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
+			Name: "output_bytes_total", Help: "Bytes written by finished tasks, by stream."}, []string{"stream"}),
+		LeftoverKilled: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
+			Name: "leftover_processes_killed_total", Help: "Processes killed after their task's shell exited or after an agent restart."}),
+		Uploads: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
+			Name: "uploads_total", Help: "Spill file upload attempts, by result."}, []string{"result"}),
+		UploadBacklog: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub,
+			Name: "upload_backlog", Help: "Streams whose upload has not succeeded yet."}),
+	}
+	if reg != nil {
+		for _, c := range []prometheus.Collector{m.Running, m.Finished, m.OutputBytes, m.LeftoverKilled, m.Uploads, m.UploadBacklog} {
+			if err := reg.Register(c); err != nil {
+				return nil, err
+			}
+		}
+	}
+	return m, nil
+}

@@ -1,0 +1,204 @@
+//go:build linux
+
+package agent
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// procStat is the part of /proc/<pid>/stat the agent needs.
+type procStat struct {
+	ppid, pgid int
+	state      byte
+	startTicks uint64
+}
+
+// readStat parses /proc/<pid>/stat. The command name (field 2) may contain
+// spaces and parentheses, so parsing starts after its last ')'.
+func readStat(pid int) (procStat, error) {
+	b, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "stat"))
+	if err != nil {
+		return procStat{}, err
+	}
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 || i+2 >= len(b) {
+		return procStat{}, fmt.Errorf("malformed /proc/%d/stat", pid)
+	}
+	f := strings.Fields(string(b[i+2:]))
+	// f[0] is field 3 (state); field n is f[n-3].
+	if len(f) < 20 {
+		return procStat{}, fmt.Errorf("malformed /proc/%d/stat", pid)
+	}
+	ppid, err1 := strconv.Atoi(f[1])
+	pgid, err2 := strconv.Atoi(f[2])
+	start, err3 := strconv.ParseUint(f[19], 10, 64)
+	if err := errors.Join(err1, err2, err3); err != nil {
+		return procStat{}, fmt.Errorf("malformed /proc/%d/stat: %w", pid, err)
+	}
+	return procStat{ppid: ppid, pgid: pgid, state: f[0][0], startTicks: start}, nil
+}
+
+// pids lists the process ids in /proc.
+func pids() []int {
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil
+	}
+	var out []int
+	for _, e := range entries {
+		if pid, err := strconv.Atoi(e.Name()); err == nil {
+			out = append(out, pid)
+		}
+	}
+	return out
+}
+
+// hasEnv reports whether the environment of pid contains the exact entry
+// kv ("NAME=VALUE"). Reading another user's environ needs root or
+// CAP_SYS_PTRACE, which an agent that runs tasks as other users has.
+func hasEnv(pid int, kv string) bool {
+	b, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "environ"))
+	if err != nil {
+		return false
+	}
+	for _, e := range bytes.Split(b, []byte{0}) {
+		if string(e) == kv {
+			return true
+		}
+	}
+	return false
+}
+
+// findShell returns the pid and start ticks of this process's child whose
+// environment carries marker (BASHTASK_UID=<uid>): the task's shell.
+// The executor does not expose the pid of a running task, and the agent
+// needs it on disk before the task ends. 0 when the shell already exited.
+func findShell(marker string) (int, uint64) {
+	self := os.Getpid()
+	for _, pid := range pids() {
+		st, err := readStat(pid)
+		if err != nil || st.ppid != self || st.state == 'Z' {
+			continue
+		}
+		if hasEnv(pid, marker) {
+			return pid, st.startTicks
+		}
+	}
+	return 0, 0
+}
+
+// bootID identifies the running kernel boot.
+func bootID() string {
+	b, err := os.ReadFile("/proc/sys/kernel/random/boot_id")
+	if err != nil {
+		return ""
+	}
+	return strings.TrimSpace(string(b))
+}
+
+// stopLeftovers kills whatever is left of a task of an earlier incarnation
+// and returns how many processes it killed. It uses, in order: the task's
+// cgroup (cgroup.kill, which also reaches processes that left the session),
+// the recorded process group when its leader is provably the same process
+// (same start time; a pid is never signalled on a guess, since ids get
+// reused), and finally any process whose environment still carries the
+// task's marker. Processes are killed with SIGKILL at once: their output
+// pipes died with the earlier agent, so a grace period would only give them
+// time to be killed by SIGPIPE.
+func stopLeftovers(p processRecord, marker string) (int, error) {
+	if p.BootID != "" && p.BootID != bootID() {
+		return 0, nil // the node rebooted: nothing of the task is left
+	}
+	victims := map[int]bool{}
+	var errs []error
+	if p.Cgroup != "" {
+		n, err := killCgroup(p.Cgroup)
+		if err != nil {
+			errs = append(errs, err)
+		}
+		for _, pid := range n {
+			victims[pid] = true
+		}
+	}
+	if p.PID > 0 {
+		if st, err := readStat(p.PID); err == nil && st.startTicks == p.StartTicks && st.pgid == p.PID {
+			for _, pid := range pids() {
+				if s, err := readStat(pid); err == nil && s.pgid == p.PID && s.state != 'Z' {
+					victims[pid] = true
+				}
+			}
+			if err := unix.Kill(-p.PID, unix.SIGKILL); err != nil && !errors.Is(err, unix.ESRCH) {
+				errs = append(errs, fmt.Errorf("killing process group %d: %w", p.PID, err))
+			}
+		}
+	}
+	for _, pid := range pids() {
+		if pid == os.Getpid() || victims[pid] {
+			continue
+		}
+		if st, err := readStat(pid); err == nil && st.state != 'Z' && hasEnv(pid, marker) {
+			if err := unix.Kill(pid, unix.SIGKILL); err == nil {
+				victims[pid] = true
+			}
+		}
+	}
+	return len(victims), errors.Join(errs...)
+}
+
+// killCgroup kills every process of the cgroup at path, waits up to two
+// seconds for it to empty and removes it; it returns the pids it found.
+func killCgroup(path string) ([]int, error) {
+	procs, err := cgroupProcs(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("reading cgroup %s: %w", path, err)
+	}
+	if len(procs) > 0 {
+		if err := os.WriteFile(filepath.Join(path, "cgroup.kill"), []byte("1"), 0); err != nil {
+			// Kernels before 5.14 have no cgroup.kill: one pass of kill(2).
+			for _, pid := range procs {
+				_ = unix.Kill(pid, unix.SIGKILL)
+			}
+		}
+	}
+	deadline := time.Now().Add(2 * time.Second)
+	for {
+		left, err := cgroupProcs(path)
+		if err != nil || len(left) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			return procs, fmt.Errorf("cgroup %s still has %d processes after SIGKILL", path, len(left))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err := unix.Rmdir(path); err != nil && !errors.Is(err, unix.ENOENT) {
+		return procs, fmt.Errorf("removing cgroup %s: %w", path, err)
+	}
+	return procs, nil
+}
+
+func cgroupProcs(path string) ([]int, error) {
+	b, err := os.ReadFile(filepath.Join(path, "cgroup.procs"))
+	if err != nil {
+		return nil, err
+	}
+	var out []int
+	for _, f := range strings.Fields(string(b)) {
+		if pid, err := strconv.Atoi(f); err == nil {
+			out = append(out, pid)
+		}
+	}
+	return out, nil
+}

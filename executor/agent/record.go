@@ -1,0 +1,234 @@
+package agent
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
+
+	agentv1 "github.com/bashtask/bashtask-operator/api/agent/v1"
+)
+
+// recordVersion is the version of the record.json format.
+const recordVersion = 1
+
+// Record states. A record is written in stateStarting before the process is
+// created, so an agent killed between the two still finds the task (by its
+// cgroup or environment) when it comes back.
+const (
+	stateStarting = "starting"
+	stateRunning  = "running"
+	stateFinished = "finished"
+)
+
+// validUID is what a task UID may look like: it becomes a directory name and
+// a cgroup name, so it must be one safe path element. Kubernetes UIDs are
+// RFC 4122 UUIDs, well inside this.
+var validUID = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$`)
+
+// record is a task's durable state, record.json in the task's directory. It
+// deliberately holds neither the command nor stdin nor the environment:
+// those may carry secrets resolved by the controller, and the spec digest is
+// enough to recognise a repeated Start.
+type record struct {
+	Version int `json:"version"`
+	// State is stateStarting, stateRunning or stateFinished.
+	State string `json:"state"`
+	// Upload is the task's upload policy.
+	Upload agentv1.UploadPolicy `json:"upload"`
+	// TailBytes and SpillLimitBytes are the effective output bounds, needed
+	// to rebuild the streams of a task recovered after a restart.
+	TailBytes       int   `json:"tailBytes"`
+	SpillLimitBytes int64 `json:"spillLimitBytes"`
+	// Process identifies the task's processes for a later incarnation.
+	Process processRecord `json:"process"`
+	// LastTotals are the stream byte counts of the last progress event
+	// (stdout, stderr): a recovered stream longer than its spill file is
+	// known to be incomplete.
+	LastTotals [2]int64 `json:"lastTotals"`
+	// Status is the TaskStatus in protojson form.
+	Status json.RawMessage `json:"status"`
+}
+
+// processRecord identifies a running task's processes.
+type processRecord struct {
+	// PID is the shell's process id, also its process group id (the
+	// executor starts it with setsid); 0 when unknown.
+	PID int `json:"pid,omitempty"`
+	// StartTicks is field 22 of /proc/<pid>/stat (start time in clock
+	// ticks after boot); with the pid it tells the shell from a later
+	// process that reused its id.
+	StartTicks uint64 `json:"startTicks,omitempty"`
+	// Cgroup is the absolute path of the task's cgroup, empty without one.
+	Cgroup string `json:"cgroup,omitempty"`
+	// BootID is /proc/sys/kernel/random/boot_id at start: after a reboot
+	// no process of the task can be left.
+	BootID string `json:"bootID,omitempty"`
+}
+
+// store is the on-disk side of the task table.
+type store struct {
+	dir string // <state-dir>/tasks
+}
+
+func (st *store) taskDir(uid string) string   { return filepath.Join(st.dir, uid) }
+func (st *store) outputDir(uid string) string { return filepath.Join(st.dir, uid, "output") }
+func (st *store) recordPath(uid string) string {
+	return filepath.Join(st.dir, uid, "record.json")
+}
+
+// write stores rec atomically (temporary file and rename). sync adds an
+// fsync of the file and the directory, used for transitions that must
+// survive a crash (start, finish, upload, forget); progress updates skip it
+// because losing one only makes a recovered byte count older.
+func (st *store) write(uid string, rec *record, status *agentv1.TaskStatus, sync bool) error {
+	js, err := protojson.Marshal(status)
+	if err != nil {
+		return fmt.Errorf("encoding status of task %s: %w", uid, err)
+	}
+	rec.Version = recordVersion
+	rec.Status = js
+	data, err := json.Marshal(rec)
+	if err != nil {
+		return fmt.Errorf("encoding record of task %s: %w", uid, err)
+	}
+	dir := st.taskDir(uid)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("creating directory of task %s: %w", uid, err)
+	}
+	tmp, err := os.CreateTemp(dir, ".record-*.json")
+	if err != nil {
+		return fmt.Errorf("writing record of task %s: %w", uid, err)
+	}
+	defer os.Remove(tmp.Name()) // no-op after the rename
+	_, err = tmp.Write(data)
+	if err == nil && sync {
+		err = tmp.Sync()
+	}
+	if cerr := tmp.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp.Name(), st.recordPath(uid))
+	}
+	if err == nil && sync {
+		err = syncDir(dir)
+	}
+	if err != nil {
+		return fmt.Errorf("writing record of task %s: %w", uid, err)
+	}
+	return nil
+}
+
+// read loads one task's record and status.
+func (st *store) read(uid string) (*record, *agentv1.TaskStatus, error) {
+	data, err := os.ReadFile(st.recordPath(uid))
+	if err != nil {
+		return nil, nil, fmt.Errorf("reading record of task %s: %w", uid, err)
+	}
+	rec := &record{}
+	if err := json.Unmarshal(data, rec); err != nil {
+		return nil, nil, fmt.Errorf("decoding record of task %s: %w", uid, err)
+	}
+	if rec.Version != recordVersion {
+		return nil, nil, fmt.Errorf("record of task %s has version %d, want %d", uid, rec.Version, recordVersion)
+	}
+	status := &agentv1.TaskStatus{}
+	if err := protojson.Unmarshal(rec.Status, status); err != nil {
+		return nil, nil, fmt.Errorf("decoding status of task %s: %w", uid, err)
+	}
+	return rec, status, nil
+}
+
+// list returns the UIDs that have a directory in the store.
+func (st *store) list() ([]string, error) {
+	entries, err := os.ReadDir(st.dir)
+	if err != nil {
+		return nil, fmt.Errorf("listing task records: %w", err)
+	}
+	var uids []string
+	for _, e := range entries {
+		if e.IsDir() && validUID.MatchString(e.Name()) {
+			uids = append(uids, e.Name())
+		}
+	}
+	return uids, nil
+}
+
+// remove deletes a task's directory: record and output.
+func (st *store) remove(uid string) error {
+	if err := os.RemoveAll(st.taskDir(uid)); err != nil {
+		return fmt.Errorf("removing files of task %s: %w", uid, err)
+	}
+	return syncDir(st.dir)
+}
+
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	if err := d.Sync(); err != nil && !errors.Is(err, os.ErrInvalid) {
+		return err
+	}
+	return nil
+}
+
+// prepareStateDir creates dir and dir/tasks with mode 0700 and refuses an
+// existing directory that group or others can access: records and output
+// are the tasks' data.
+func prepareStateDir(dir string) error {
+	if !filepath.IsAbs(dir) {
+		return fmt.Errorf("state directory %q is not absolute", dir)
+	}
+	for _, d := range []string{dir, filepath.Join(dir, "tasks")} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			return fmt.Errorf("creating state directory: %w", err)
+		}
+		st, err := os.Stat(d)
+		if err != nil {
+			return fmt.Errorf("checking state directory: %w", err)
+		}
+		if !st.IsDir() {
+			return fmt.Errorf("state directory %s is not a directory", d)
+		}
+		if st.Mode().Perm()&0o077 != 0 {
+			return fmt.Errorf("state directory %s has mode %v, want no group or other permissions (0700)", d, st.Mode().Perm())
+		}
+	}
+	return nil
+}
+
+// checkWritable creates and removes a probe file in dir (readiness).
+func checkWritable(dir string) error {
+	f, err := os.CreateTemp(dir, ".probe-*")
+	if err != nil {
+		return fmt.Errorf("state directory not writable: %w", err)
+	}
+	name := f.Name()
+	f.Close()
+	if err := os.Remove(name); err != nil {
+		return fmt.Errorf("state directory not writable: %w", err)
+	}
+	return nil
+}
+
+// specDigest is the hex SHA-256 of spec's deterministic protobuf encoding.
+// It identifies a spec within one agent build; a repeated Start with a
+// different digest is refused.
+func specDigest(spec *agentv1.TaskSpec) (string, error) {
+	b, err := proto.MarshalOptions{Deterministic: true}.Marshal(spec)
+	if err != nil {
+		return "", fmt.Errorf("encoding spec: %w", err)
+	}
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:]), nil
+}

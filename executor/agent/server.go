@@ -1,0 +1,764 @@
+package agent
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/url"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"gocloud.dev/blob"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	agentv1 "github.com/bashtask/bashtask-operator/api/agent/v1"
+	"github.com/bashtask/bashtask-operator/executor"
+)
+
+// Defaults of Config fields left zero.
+const (
+	// DefaultMaxConcurrent is the default number of tasks run at once.
+	DefaultMaxConcurrent = 16
+	// DefaultProgressInterval is the default minimum time between two
+	// progress events of one task (DESIGN.md: --progress-interval, 2 s).
+	DefaultProgressInterval = 2 * time.Second
+	// DefaultUploadBackoffInitial is the wait after the first failed
+	// upload attempt; each further failure doubles it.
+	DefaultUploadBackoffInitial = time.Second
+	// DefaultUploadBackoffMax caps the wait between upload attempts.
+	DefaultUploadBackoffMax = 5 * time.Minute
+	// DefaultUploadTimeout bounds one upload attempt.
+	DefaultUploadTimeout = 10 * time.Minute
+	// DefaultReadinessInterval is how often readiness is re-evaluated.
+	DefaultReadinessInterval = 5 * time.Second
+	// DefaultWatchBuffer is how many events a watcher may lag behind
+	// before it is disconnected.
+	DefaultWatchBuffer = 1024
+	// ServiceName is the gRPC service name, also the health service key.
+	ServiceName = "bashtask.agent.v1.Executor"
+)
+
+// Config is the agent server's configuration (the agent's flags).
+type Config struct {
+	// NodeName is the node the agent runs on; required. It is reported on
+	// Watch and given to tasks as BASHTASK_NODE.
+	NodeName string
+	// PodName is the agent's pod, reported on Watch.
+	PodName string
+	// StateDir is the absolute directory of task records and output; it
+	// is created with mode 0700 and must not be accessible to group or
+	// others.
+	StateDir string
+	// BucketURL is the gocloud.dev/blob URL uploads go to; the driver must
+	// be linked into the binary. Empty means file://<StateDir>/uploads.
+	BucketURL string
+	// MaxConcurrent is the maximum number of tasks running at once;
+	// zero means DefaultMaxConcurrent.
+	MaxConcurrent int
+	// ProgressInterval is the minimum time between two progress events
+	// of one task; zero means DefaultProgressInterval.
+	ProgressInterval time.Duration
+	// Executor configures the executor (shell, ambient env, cgroups).
+	Executor executor.Config
+	// RunAs is the identity tasks run as; nil means the agent's own.
+	RunAs *executor.User
+	// UploadBackoffInitial and UploadBackoffMax shape the capped
+	// exponential backoff between upload attempts; zero means the
+	// defaults.
+	UploadBackoffInitial, UploadBackoffMax time.Duration
+	// UploadTimeout bounds one upload attempt; zero means
+	// DefaultUploadTimeout.
+	UploadTimeout time.Duration
+	// ReadinessInterval is how often readiness is re-evaluated; zero
+	// means DefaultReadinessInterval.
+	ReadinessInterval time.Duration
+	// CertCheck, when set, reports whether the serving certificates are
+	// usable at the given time; its error makes the agent not ready.
+	CertCheck func(time.Time) error
+	// WatchBuffer is how many events a watcher may lag behind; zero
+	// means DefaultWatchBuffer.
+	WatchBuffer int
+	// Logger receives the server's logs; nil means slog.Default().
+	Logger *slog.Logger
+	// Metrics receives the server's metrics; nil means unregistered ones.
+	Metrics *Metrics
+}
+
+// Server serves the Executor protocol. Create it with New, start its
+// background work with Run, register it on a gRPC server with Register,
+// and Close it after Run returned.
+type Server struct {
+	agentv1.UnimplementedExecutorServer
+
+	cfg         Config
+	log         *slog.Logger
+	store       store
+	incarnation string
+	bucket      *blob.Bucket
+	bucketBase  string // bucket URL without query, for object URLs
+	metrics     *Metrics
+	health      *health.Server
+	wake        chan struct{} // wakes the uploader; capacity 1
+	stopCh      chan struct{} // closed when Run begins to shut down
+	tasksWG     sync.WaitGroup
+
+	mu       sync.Mutex
+	ex       *executor.Executor // nil while executor.New fails (missing shell)
+	tasks    map[string]*entry
+	running  int
+	watchers map[*watcher]struct{}
+	problems []string
+	stopping bool
+}
+
+// entry is one task in the table. Guarded by Server.mu.
+type entry struct {
+	rec    *record
+	status *agentv1.TaskStatus
+	// task is the executor's handle; nil for a task that never started or
+	// that an earlier incarnation ran.
+	task *executor.Task
+	// stopByAgent is set when the agent's shutdown cancelled the task.
+	stopByAgent bool
+	// uploads are the streams still to upload (stdout, stderr).
+	uploads [2]*uploadJob
+}
+
+type uploadJob struct {
+	next     time.Time
+	inFlight bool
+}
+
+type watcher struct {
+	ch chan *agentv1.WatchResponse
+}
+
+// New prepares the state directory, opens the bucket, recovers the tasks of
+// an earlier incarnation (stopping their leftover processes) and creates the
+// executor. A missing shell is not an error here: the agent then serves,
+// reports not ready and retries at each readiness check (case C28). It
+// returns an error for a bad configuration, an unusable state directory or a
+// bucket URL that cannot be opened.
+func New(ctx context.Context, cfg Config) (*Server, error) {
+	if cfg.NodeName == "" {
+		return nil, errors.New("agent: node name is required")
+	}
+	if err := prepareStateDir(cfg.StateDir); err != nil {
+		return nil, err
+	}
+	setDefaults(&cfg)
+	s := &Server{
+		cfg:      cfg,
+		log:      cfg.Logger,
+		store:    store{dir: filepath.Join(cfg.StateDir, "tasks")},
+		metrics:  cfg.Metrics,
+		health:   health.NewServer(),
+		wake:     make(chan struct{}, 1),
+		stopCh:   make(chan struct{}),
+		tasks:    map[string]*entry{},
+		watchers: map[*watcher]struct{}{},
+	}
+	var id [8]byte
+	_, _ = rand.Read(id[:])
+	s.incarnation = hex.EncodeToString(id[:])
+	if s.cfg.Executor.AmbientEnv == executor.AmbientInherit {
+		s.log.Warn("ambient environment mode inherit: tasks receive this agent's whole environment without the credential scrub",
+			"ambientEnv", string(executor.AmbientInherit))
+	}
+
+	bucketURL := cfg.BucketURL
+	if bucketURL == "" {
+		dir := filepath.Join(cfg.StateDir, "uploads")
+		if err := os.MkdirAll(dir, 0o700); err != nil {
+			return nil, fmt.Errorf("creating default upload directory: %w", err)
+		}
+		// Temporary files next to the objects: the state directory is
+		// usually a hostPath on another file system than /tmp, and
+		// fileblob renames them into place.
+		bucketURL = "file://" + dir + "?no_tmp_dir=true"
+		s.cfg.BucketURL = bucketURL
+	}
+	u, err := url.Parse(bucketURL)
+	if err != nil {
+		return nil, fmt.Errorf("parsing bucket URL: %w", err)
+	}
+	u.RawQuery, u.Fragment = "", ""
+	s.bucketBase = strings.TrimSuffix(u.String(), "/")
+	if s.bucket, err = blob.OpenBucket(ctx, bucketURL); err != nil {
+		return nil, fmt.Errorf("opening bucket %s: %w", s.bucketBase, err)
+	}
+
+	// Recovery runs before the executor exists, so the earlier
+	// incarnation's cgroups are gone before the new one sets up its parent.
+	s.recoverTasks()
+	s.mu.Lock()
+	s.updateReadinessLocked()
+	s.mu.Unlock()
+	return s, nil
+}
+
+func setDefaults(cfg *Config) {
+	if cfg.MaxConcurrent <= 0 {
+		cfg.MaxConcurrent = DefaultMaxConcurrent
+	}
+	if cfg.ProgressInterval <= 0 {
+		cfg.ProgressInterval = DefaultProgressInterval
+	}
+	if cfg.UploadBackoffInitial <= 0 {
+		cfg.UploadBackoffInitial = DefaultUploadBackoffInitial
+	}
+	if cfg.UploadBackoffMax <= 0 {
+		cfg.UploadBackoffMax = DefaultUploadBackoffMax
+	}
+	if cfg.UploadTimeout <= 0 {
+		cfg.UploadTimeout = DefaultUploadTimeout
+	}
+	if cfg.ReadinessInterval <= 0 {
+		cfg.ReadinessInterval = DefaultReadinessInterval
+	}
+	if cfg.WatchBuffer <= 0 {
+		cfg.WatchBuffer = DefaultWatchBuffer
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.Metrics == nil {
+		cfg.Metrics, _ = NewMetrics(nil) // unregistered: cannot fail
+	}
+	if cfg.Executor.Shell == "" {
+		cfg.Executor.Shell = executor.DefaultShell
+	}
+	if cfg.Executor.AmbientEnv == "" {
+		cfg.Executor.AmbientEnv = executor.AmbientScrub
+	}
+}
+
+// IncarnationID is the random id of this agent process, new at every start.
+func (s *Server) IncarnationID() string { return s.incarnation }
+
+// BucketURL is the bucket URL uploads go to (the default filled in).
+func (s *Server) BucketURL() string { return s.cfg.BucketURL }
+
+// Health is the gRPC health service; Register adds it to a gRPC server.
+func (s *Server) Health() *health.Server { return s.health }
+
+// Readiness reports whether the agent accepts tasks and, if not, why.
+func (s *Server) Readiness() (bool, []string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.problems) == 0, slices.Clone(s.problems)
+}
+
+// Run does the server's background work until ctx ends: progress events,
+// uploads and readiness checks. When ctx ends it stops accepting tasks,
+// ends every Watch stream, cancels the running tasks (TERM, grace, KILL;
+// they finish with reason AgentRestarted) and returns once they are
+// recorded. Uploads still pending are retried by the next incarnation.
+func (s *Server) Run(ctx context.Context) error {
+	var wg sync.WaitGroup
+	loopCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	wg.Go(func() { s.progressLoop(loopCtx) })
+	wg.Go(func() { s.uploadLoop(loopCtx) })
+	wg.Go(func() { s.readinessLoop(loopCtx) })
+	<-ctx.Done()
+
+	s.mu.Lock()
+	s.stopping = true
+	close(s.stopCh)
+	s.health.Shutdown()
+	n := 0
+	for _, e := range s.tasks {
+		if e.task != nil && e.status.State == agentv1.TaskState_TASK_STATE_RUNNING {
+			e.stopByAgent = true
+			e.task.Cancel()
+			n++
+		}
+	}
+	s.mu.Unlock()
+	if n > 0 {
+		s.log.Info("stopping running tasks for shutdown", "tasks", n)
+	}
+	s.tasksWG.Wait()
+	cancel()
+	wg.Wait()
+	return nil
+}
+
+// Close releases the bucket and the executor's parent cgroup. Call it after
+// Run returned.
+func (s *Server) Close() error {
+	var errs []error
+	if err := s.bucket.Close(); err != nil {
+		errs = append(errs, fmt.Errorf("closing bucket: %w", err))
+	}
+	s.mu.Lock()
+	ex := s.ex
+	s.mu.Unlock()
+	if ex != nil {
+		if err := ex.Close(); err != nil {
+			errs = append(errs, fmt.Errorf("closing executor: %w", err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Register adds the Executor service and the health service to g.
+func (s *Server) Register(g grpc.ServiceRegistrar) {
+	agentv1.RegisterExecutorServer(g, s)
+	healthpb.RegisterHealthServer(g, s.health)
+}
+
+// Start implements the Start RPC.
+func (s *Server) Start(_ context.Context, req *agentv1.StartRequest) (*agentv1.StartResponse, error) {
+	spec := req.GetSpec()
+	if err := validateSpec(spec); err != nil {
+		return nil, status.Error(codes.InvalidArgument, err.Error())
+	}
+	digest, err := specDigest(spec)
+	if err != nil {
+		return nil, status.Error(codes.InvalidArgument, err.Error())
+	}
+	uid := spec.GetRef().GetUid()
+	log := s.log.With("uid", uid, "namespace", spec.GetRef().GetNamespace(), "name", spec.GetRef().GetName())
+
+	// The whole start runs under the lock: it makes Start atomic per UID
+	// (idempotency) and against the capacity, and the executor returns as
+	// soon as the shell exists, so the lock is held for milliseconds.
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if e, ok := s.tasks[uid]; ok {
+		if e.status.GetSpecDigest() != digest {
+			return nil, status.Errorf(codes.FailedPrecondition, "task %s is known with a different spec", uid)
+		}
+		return &agentv1.StartResponse{Status: clone(e.status), AlreadyKnown: true}, nil
+	}
+	switch {
+	case s.stopping:
+		return nil, status.Error(codes.Unavailable, "agent is shutting down")
+	case s.ex == nil || len(s.problems) > 0:
+		return nil, status.Errorf(codes.Unavailable, "agent is not ready: %s", strings.Join(s.problems, "; "))
+	case s.running >= s.cfg.MaxConcurrent:
+		return nil, status.Errorf(codes.ResourceExhausted, "agent runs its maximum of %d tasks", s.cfg.MaxConcurrent)
+	}
+	if _, err := os.Stat(s.store.taskDir(uid)); err == nil {
+		// Files without a readable record: recovery logged why. Running
+		// anything over them could mix two tasks' output.
+		return nil, status.Errorf(codes.FailedPrecondition, "task %s has leftover files in the state directory", uid)
+	}
+
+	es := s.toExecSpec(spec)
+	st := &agentv1.TaskStatus{
+		Ref:           proto.CloneOf(spec.GetRef()),
+		State:         agentv1.TaskState_TASK_STATE_RUNNING,
+		ExitCode:      -1,
+		Mechanism:     string(s.ex.Mechanism()),
+		IncarnationId: s.incarnation,
+		SpecDigest:    digest,
+	}
+	rec := &record{
+		State:           stateStarting,
+		Upload:          spec.GetOutput().GetUpload(),
+		TailBytes:       cmpOr(es.TailBytes, executor.DefaultTailBytes),
+		SpillLimitBytes: cmpOr(es.SpillLimitBytes, executor.DefaultSpillLimitBytes),
+		Process:         processRecord{BootID: bootID()},
+	}
+	if s.ex.Mechanism() == executor.MechanismCgroup {
+		rec.Process.Cgroup = filepath.Join(s.ex.CgroupPath(), uid)
+	}
+	if err := s.store.write(uid, rec, st, true); err != nil {
+		return nil, status.Error(codes.Internal, err.Error())
+	}
+	e := &entry{rec: rec, status: st}
+	s.tasks[uid] = e
+
+	task, err := s.ex.Start(es)
+	if err != nil {
+		// Nothing of the command ran: a finished task, not an RPC error.
+		log.Info("task did not start", "err", err)
+		s.finishLocked(e, executor.StartFailedResult(err))
+		return &agentv1.StartResponse{Status: clone(e.status)}, nil
+	}
+	e.task = task
+	rec.State = stateRunning
+	rec.Process.PID, rec.Process.StartTicks = findShell(EnvUID + "=" + uid)
+	st.StartTime = timestamppb.Now()
+	if err := s.store.write(uid, rec, st, true); err != nil {
+		// The task runs; a later record write may succeed. Recovery still
+		// finds it through its cgroup and environment.
+		log.Error("recording started task", "err", err)
+	}
+	s.running++
+	s.metrics.Running.Set(float64(s.running))
+	s.broadcastLocked(taskEvent(agentv1.EventType_EVENT_TYPE_STARTED, st))
+	log.Info("task started", "pid", rec.Process.PID)
+	s.tasksWG.Add(1)
+	go s.waitTask(e)
+	return &agentv1.StartResponse{Status: clone(st)}, nil
+}
+
+func cmpOr[T int | int64](v, def T) T {
+	if v == 0 {
+		return def
+	}
+	return v
+}
+
+// validateSpec checks what the agent itself relies on: the reference, which
+// becomes a directory name, a cgroup name and an object key. Everything
+// about the command is checked by the executor and reported as StartFailed.
+func validateSpec(spec *agentv1.TaskSpec) error {
+	ref := spec.GetRef()
+	switch {
+	case spec == nil:
+		return errors.New("spec is required")
+	case !validUID.MatchString(ref.GetUid()):
+		return fmt.Errorf("ref.uid %q must be 1 to 128 letters, digits, '-', '_' or '.'", ref.GetUid())
+	case !validObjectName(ref.GetNamespace()):
+		return fmt.Errorf("ref.namespace %q must be a non-empty name without '/'", ref.GetNamespace())
+	case !validObjectName(ref.GetName()):
+		return fmt.Errorf("ref.name %q must be a non-empty name without '/'", ref.GetName())
+	}
+	return nil
+}
+
+func validObjectName(n string) bool {
+	return n != "" && len(n) <= 253 && !strings.ContainsAny(n, "/\x00") && n != "." && n != ".."
+}
+
+// waitTask waits for a task's end and records it.
+func (s *Server) waitTask(e *entry) {
+	defer s.tasksWG.Done()
+	res, _ := e.task.Wait(context.Background()) // cannot fail without a deadline
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.running--
+	s.metrics.Running.Set(float64(s.running))
+	if e.stopByAgent && res.Reason == executor.ReasonCancelled {
+		// Not the user's cancel: the agent stopped it to shut down.
+		res.Reason = ReasonAgentRestarted
+		res.Message = "the agent shut down while the task ran; the task was stopped"
+	}
+	s.metrics.LeftoverKilled.Add(float64(res.LeftoverProcesses))
+	s.metrics.OutputBytes.WithLabelValues("stdout").Add(float64(res.Stdout.TotalBytes))
+	s.metrics.OutputBytes.WithLabelValues("stderr").Add(float64(res.Stderr.TotalBytes))
+	s.finishLocked(e, res)
+}
+
+// finishLocked records a task's result, decides its uploads and sends the
+// terminal event at once: uploads never hold it back.
+func (s *Server) finishLocked(e *entry, res executor.Result) {
+	uid := e.status.GetRef().GetUid()
+	applyResult(e.status, res)
+	s.planUploadsLocked(e, false)
+	e.rec.State = stateFinished
+	if err := s.store.write(uid, e.rec, e.status, true); err != nil {
+		s.log.Error("recording finished task", "uid", uid, "err", err)
+	}
+	s.metrics.Finished.WithLabelValues(e.status.Reason).Inc()
+	s.broadcastLocked(taskEvent(agentv1.EventType_EVENT_TYPE_FINISHED, e.status))
+	s.log.Info("task finished", "uid", uid, "reason", e.status.Reason, "exitCode", e.status.ExitCode)
+	s.kickUploader()
+}
+
+// Cancel implements the Cancel RPC.
+func (s *Server) Cancel(_ context.Context, req *agentv1.CancelRequest) (*agentv1.CancelResponse, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e, ok := s.tasks[req.GetUid()]
+	if !ok {
+		return nil, status.Errorf(codes.NotFound, "task %s is not known", req.GetUid())
+	}
+	if e.task != nil && e.status.State == agentv1.TaskState_TASK_STATE_RUNNING {
+		e.task.Cancel() // idempotent; no effect once the shell exited
+	}
+	return &agentv1.CancelResponse{Status: clone(e.status)}, nil
+}
+
+// Get implements the Get RPC.
+func (s *Server) Get(_ context.Context, req *agentv1.GetRequest) (*agentv1.GetResponse, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e, ok := s.tasks[req.GetUid()]
+	if !ok {
+		return nil, status.Errorf(codes.NotFound, "task %s is not known", req.GetUid())
+	}
+	s.refreshLocked(e)
+	return &agentv1.GetResponse{Status: clone(e.status)}, nil
+}
+
+// List implements the List RPC.
+func (s *Server) List(context.Context, *agentv1.ListRequest) (*agentv1.ListResponse, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	resp := &agentv1.ListResponse{}
+	for _, uid := range s.sortedUIDsLocked() {
+		e := s.tasks[uid]
+		s.refreshLocked(e)
+		resp.Tasks = append(resp.Tasks, clone(e.status))
+	}
+	return resp, nil
+}
+
+// Forget implements the Forget RPC.
+func (s *Server) Forget(_ context.Context, req *agentv1.ForgetRequest) (*agentv1.ForgetResponse, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	uid := req.GetUid()
+	e, ok := s.tasks[uid]
+	if !ok {
+		return &agentv1.ForgetResponse{Forgotten: true}, nil
+	}
+	if e.status.State != agentv1.TaskState_TASK_STATE_FINISHED {
+		return nil, status.Errorf(codes.FailedPrecondition, "task %s is still running", uid)
+	}
+	e.status.ForgetRequested = true
+	if e.pendingUploads() > 0 {
+		if err := s.store.write(uid, e.rec, e.status, true); err != nil {
+			return nil, status.Error(codes.Internal, err.Error())
+		}
+		return &agentv1.ForgetResponse{Forgotten: false}, nil
+	}
+	if err := s.forgetLocked(e); err != nil {
+		return nil, status.Error(codes.Internal, err.Error())
+	}
+	return &agentv1.ForgetResponse{Forgotten: true}, nil
+}
+
+// forgetLocked deletes a finished task whose uploads are done.
+func (s *Server) forgetLocked(e *entry) error {
+	uid := e.status.GetRef().GetUid()
+	if err := s.store.remove(uid); err != nil {
+		return err
+	}
+	delete(s.tasks, uid)
+	s.broadcastLocked(taskEvent(agentv1.EventType_EVENT_TYPE_FORGOTTEN, e.status))
+	s.log.Info("task forgotten", "uid", uid)
+	return nil
+}
+
+// Watch implements the Watch RPC.
+func (s *Server) Watch(_ *agentv1.WatchRequest, stream agentv1.Executor_WatchServer) error {
+	s.mu.Lock()
+	if s.stopping {
+		s.mu.Unlock()
+		return status.Error(codes.Unavailable, "agent is shutting down")
+	}
+	// Subscribing and taking the current state under one lock means no
+	// event falls between the two.
+	w := &watcher{ch: make(chan *agentv1.WatchResponse, s.cfg.WatchBuffer)}
+	s.watchers[w] = struct{}{}
+	first := []*agentv1.WatchResponse{{Event: &agentv1.WatchResponse_Agent{Agent: s.agentInfoLocked()}}}
+	for _, uid := range s.sortedUIDsLocked() {
+		e := s.tasks[uid]
+		s.refreshLocked(e)
+		first = append(first, taskEvent(agentv1.EventType_EVENT_TYPE_CURRENT, e.status))
+	}
+	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		delete(s.watchers, w)
+		s.mu.Unlock()
+	}()
+
+	for _, m := range first {
+		if err := stream.Send(m); err != nil {
+			return err
+		}
+	}
+	for {
+		select {
+		case <-stream.Context().Done():
+			return nil
+		case <-s.stopCh:
+			return status.Error(codes.Unavailable, "agent is shutting down")
+		case m, ok := <-w.ch:
+			if !ok {
+				return status.Errorf(codes.ResourceExhausted, "watcher fell more than %d events behind; watch again", s.cfg.WatchBuffer)
+			}
+			if err := stream.Send(m); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+// broadcastLocked queues m for every watcher; a watcher whose buffer is full
+// is dropped (its channel closed) rather than blocking the agent.
+func (s *Server) broadcastLocked(m *agentv1.WatchResponse) {
+	for w := range s.watchers {
+		select {
+		case w.ch <- m:
+		default:
+			close(w.ch)
+			delete(s.watchers, w)
+		}
+	}
+}
+
+func (s *Server) sortedUIDsLocked() []string {
+	uids := make([]string, 0, len(s.tasks))
+	for uid := range s.tasks {
+		uids = append(uids, uid)
+	}
+	slices.Sort(uids)
+	return uids
+}
+
+// refreshLocked brings a running task's output into its status.
+func (s *Server) refreshLocked(e *entry) {
+	if e.task != nil && e.status.State == agentv1.TaskState_TASK_STATE_RUNNING {
+		applySnapshot(e.status, e.task.Snapshot())
+	}
+}
+
+func (s *Server) agentInfoLocked() *agentv1.AgentInfo {
+	r := &agentv1.Readiness{
+		Ready:      len(s.problems) == 0,
+		Problems:   slices.Clone(s.problems),
+		AmbientEnv: string(s.cfg.Executor.AmbientEnv),
+		Shell:      s.cfg.Executor.Shell,
+	}
+	if s.ex != nil {
+		r.AmbientEnv = string(s.ex.AmbientMode())
+		r.Mechanism = string(s.ex.Mechanism())
+		r.CgroupControllers = s.ex.Controllers()
+	}
+	return &agentv1.AgentInfo{
+		NodeName:      s.cfg.NodeName,
+		PodName:       s.cfg.PodName,
+		IncarnationId: s.incarnation,
+		Capacity:      int32(s.cfg.MaxConcurrent),
+		Running:       int32(s.running),
+		Readiness:     r,
+	}
+}
+
+// progressLoop sends a progress event for each running task whose output
+// changed since its last event, at most once per ProgressInterval.
+func (s *Server) progressLoop(ctx context.Context) {
+	t := time.NewTicker(s.cfg.ProgressInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		s.mu.Lock()
+		for _, uid := range s.sortedUIDsLocked() {
+			e := s.tasks[uid]
+			if e.task == nil || e.status.State != agentv1.TaskState_TASK_STATE_RUNNING {
+				continue
+			}
+			snap := e.task.Snapshot()
+			totals := [2]int64{snap.Stdout.TotalBytes, snap.Stderr.TotalBytes}
+			if totals == e.rec.LastTotals {
+				continue
+			}
+			applySnapshot(e.status, snap)
+			e.rec.LastTotals = totals
+			if err := s.store.write(uid, e.rec, e.status, false); err != nil {
+				s.log.Error("recording progress", "uid", uid, "err", err)
+			}
+			s.broadcastLocked(taskEvent(agentv1.EventType_EVENT_TYPE_PROGRESS, e.status))
+		}
+		s.mu.Unlock()
+	}
+}
+
+// readinessLoop re-evaluates readiness periodically and tells watchers when
+// it changed.
+func (s *Server) readinessLoop(ctx context.Context) {
+	t := time.NewTicker(s.cfg.ReadinessInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		s.mu.Lock()
+		if !s.stopping {
+			s.updateReadinessLocked()
+		}
+		s.mu.Unlock()
+	}
+}
+
+// updateReadinessLocked checks the shell (creating the executor when it was
+// missing), the state directory and the certificates, sets the health
+// service's status and sends a new AgentInfo to watchers on a change.
+func (s *Server) updateReadinessLocked() {
+	var problems []string
+	if s.ex == nil {
+		ex, err := executor.New(s.cfg.Executor)
+		if err != nil {
+			problems = append(problems, fmt.Sprintf("executor: %v", err))
+		} else {
+			s.ex = ex
+			s.log.Info("executor ready", "shell", s.cfg.Executor.Shell, "mechanism", string(ex.Mechanism()),
+				"cgroup", ex.CgroupPath(), "controllers", ex.Controllers(), "ambientEnv", string(ex.AmbientMode()))
+		}
+	}
+	if s.ex != nil {
+		if err := checkShell(s.cfg.Executor.Shell); err != nil {
+			problems = append(problems, err.Error())
+		}
+	}
+	if err := checkWritable(s.store.dir); err != nil {
+		problems = append(problems, err.Error())
+	}
+	if s.cfg.CertCheck != nil {
+		if err := s.cfg.CertCheck(time.Now()); err != nil {
+			problems = append(problems, fmt.Sprintf("certificates: %v", err))
+		}
+	}
+	changed := !slices.Equal(problems, s.problems)
+	s.problems = problems
+	st := healthpb.HealthCheckResponse_SERVING
+	if len(problems) > 0 {
+		st = healthpb.HealthCheckResponse_NOT_SERVING
+	}
+	s.health.SetServingStatus("", st)
+	s.health.SetServingStatus(ServiceName, st)
+	if changed {
+		if len(problems) > 0 {
+			s.log.Warn("agent not ready", "problems", problems)
+		} else {
+			s.log.Info("agent ready")
+		}
+		s.broadcastLocked(&agentv1.WatchResponse{Event: &agentv1.WatchResponse_Agent{Agent: s.agentInfoLocked()}})
+	}
+}
+
+// checkShell reports a shell that disappeared after the executor was
+// created (executor.New checked it once).
+func checkShell(path string) error {
+	st, err := os.Stat(path)
+	if err != nil {
+		return fmt.Errorf("shell %s: %w", path, err)
+	}
+	if !st.Mode().IsRegular() || st.Mode().Perm()&0o111 == 0 {
+		return fmt.Errorf("shell %s is not an executable file", path)
+	}
+	return nil
+}
+
+func taskEvent(t agentv1.EventType, st *agentv1.TaskStatus) *agentv1.WatchResponse {
+	return &agentv1.WatchResponse{Event: &agentv1.WatchResponse_Task{Task: &agentv1.TaskEvent{Type: t, Status: clone(st)}}}
+}
+
+func clone(st *agentv1.TaskStatus) *agentv1.TaskStatus { return proto.CloneOf(st) }

@@ -1,0 +1,566 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"gocloud.dev/blob"
+	_ "gocloud.dev/blob/fileblob"
+	"go.uber.org/goleak"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/testing/protocmp"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	agentv1 "github.com/bashtask/bashtask-operator/api/agent/v1"
+	"github.com/bashtask/bashtask-operator/executor"
+	"github.com/bashtask/bashtask-operator/internal/tlsutil"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// testCgroupParent keeps this package's task cgroups apart from those of
+// the executor's tests, which may run at the same time.
+const testCgroupParent = "bashtask-agent-test"
+
+// rig is one agent server on loopback with mTLS, and a client for it.
+type rig struct {
+	t      *testing.T
+	srv    *Server
+	addr   string
+	ca     *tlsutil.CA
+	dir    string
+	client agentv1.ExecutorClient
+	health healthpb.HealthClient
+}
+
+type rigOption func(*Config)
+
+func newRig(t *testing.T, opts ...rigOption) *rig {
+	t.Helper()
+	dir := t.TempDir()
+	ca, err := tlsutil.NewCA("test-ca", time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	caFile := filepath.Join(dir, "ca.crt")
+	if err := tlsutil.WriteFileAtomic(caFile, ca.CertPEM, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	kp, err := ca.Issue(tlsutil.LeafOptions{CommonName: "agent", IPs: []net.IP{net.IPv4(127, 0, 0, 1)}, Server: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cf, kf, err := kp.WriteFiles(dir, "server")
+	if err != nil {
+		t.Fatal(err)
+	}
+	files, err := tlsutil.NewFiles(cf, kf, caFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := Config{
+		NodeName:         "node-a",
+		PodName:          "agent-a",
+		StateDir:         filepath.Join(dir, "state"),
+		ProgressInterval: 50 * time.Millisecond,
+		Executor:         executor.Config{CgroupParent: testCgroupParent, WorkDirRoot: dir},
+		CertCheck:        files.Check,
+		Logger:           slog.New(slog.NewTextHandler(t.Output(), nil)),
+	}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	srv, err := New(t.Context(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tlsCfg, err := tlsutil.ServerConfig(files, "bashtask-controller")
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := grpc.NewServer(grpc.Creds(credentials.NewTLS(tlsCfg)))
+	srv.Register(g)
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	runDone := make(chan error, 1)
+	go func() { runDone <- srv.Run(ctx) }()
+	serveDone := make(chan error, 1)
+	go func() { serveDone <- g.Serve(lis) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-runDone; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+		g.Stop()
+		<-serveDone
+		if err := srv.Close(); err != nil {
+			t.Errorf("Close: %v", err)
+		}
+	})
+	r := &rig{t: t, srv: srv, addr: lis.Addr().String(), ca: ca, dir: dir}
+	conn := r.dial(ca, tlsutil.LeafOptions{CommonName: "bashtask-controller", Client: true})
+	r.client = agentv1.NewExecutorClient(conn)
+	r.health = healthpb.NewHealthClient(conn)
+	return r
+}
+
+// dial connects with a client certificate issued by ca.
+func (r *rig) dial(ca *tlsutil.CA, leaf tlsutil.LeafOptions) *grpc.ClientConn {
+	r.t.Helper()
+	kp, err := ca.Issue(leaf)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	dir := r.t.TempDir()
+	cf, kf, err := kp.WriteFiles(dir, "client")
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	// The client always trusts the agent's real CA: only its own
+	// certificate varies.
+	caFile := filepath.Join(dir, "ca.crt")
+	if err := tlsutil.WriteFileAtomic(caFile, r.ca.CertPEM, 0o600); err != nil {
+		r.t.Fatal(err)
+	}
+	files, err := tlsutil.NewFiles(cf, kf, caFile)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	cfg, err := tlsutil.ClientConfig(files, "127.0.0.1")
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	conn, err := grpc.NewClient(r.addr, grpc.WithTransportCredentials(credentials.NewTLS(cfg)))
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	r.t.Cleanup(func() { conn.Close() })
+	return conn
+}
+
+// watch opens a Watch stream and returns its first message (the agent
+// info) and a function that returns the next task event, failing the test
+// after 20 s.
+func (r *rig) watch() (*agentv1.AgentInfo, func() *agentv1.TaskEvent) {
+	r.t.Helper()
+	ctx, cancel := context.WithCancel(r.t.Context())
+	r.t.Cleanup(cancel)
+	stream, err := r.client.Watch(ctx, &agentv1.WatchRequest{})
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	first, err := stream.Recv()
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	events := make(chan *agentv1.TaskEvent, 1024)
+	go func() {
+		defer close(events)
+		for {
+			m, err := stream.Recv()
+			if err != nil {
+				return
+			}
+			if ev := m.GetTask(); ev != nil {
+				events <- ev
+			}
+		}
+	}()
+	next := func() *agentv1.TaskEvent {
+		r.t.Helper()
+		select {
+		case ev, ok := <-events:
+			if !ok {
+				r.t.Fatal("watch stream ended")
+			}
+			return ev
+		case <-time.After(20 * time.Second):
+			r.t.Fatal("no task event within 20 s")
+		}
+		return nil
+	}
+	return first.GetAgent(), next
+}
+
+// until returns the first event of type typ, skipping others.
+func until(t *testing.T, next func() *agentv1.TaskEvent, typ agentv1.EventType) *agentv1.TaskEvent {
+	t.Helper()
+	for {
+		if ev := next(); ev.GetType() == typ {
+			return ev
+		}
+	}
+}
+
+func taskSpec(uid, command string) *agentv1.TaskSpec {
+	return &agentv1.TaskSpec{
+		Ref:       &agentv1.TaskRef{Namespace: "ns", Name: "task-" + uid, Uid: uid},
+		Command:   command,
+		Timeout:   durationpb.New(60 * time.Second),
+		KillGrace: durationpb.New(time.Second),
+	}
+}
+
+func TestRoundTrip(t *testing.T) {
+	r := newRig(t)
+	info, next := r.watch()
+	wantInfo := &agentv1.AgentInfo{
+		NodeName: "node-a", PodName: "agent-a", IncarnationId: r.srv.IncarnationID(),
+		Capacity: DefaultMaxConcurrent, Running: 0,
+		Readiness: &agentv1.Readiness{Ready: true, AmbientEnv: "scrub", Shell: executor.DefaultShell},
+	}
+	if diff := cmp.Diff(wantInfo, info, protocmp.Transform(),
+		protocmp.IgnoreFields(&agentv1.Readiness{}, "mechanism", "cgroup_controllers")); diff != "" {
+		t.Errorf("agent info (-want +got):\n%s", diff)
+	}
+
+	ctx := t.Context()
+	resp, err := r.client.Start(ctx, &agentv1.StartRequest{Spec: taskSpec("uid-1", `echo "hello $BASHTASK_NAMESPACE/$BASHTASK_NAME on $BASHTASK_NODE"; sleep 30`)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.GetAlreadyKnown() || resp.GetStatus().GetState() != agentv1.TaskState_TASK_STATE_RUNNING {
+		t.Fatalf("Start returned %v, want a running new task", resp)
+	}
+	if ev := next(); ev.GetType() != agentv1.EventType_EVENT_TYPE_STARTED {
+		t.Fatalf("first event %v, want STARTED", ev.GetType())
+	}
+	progress := until(t, next, agentv1.EventType_EVENT_TYPE_PROGRESS)
+	if got, want := progress.GetStatus().GetStdout().GetTail(), "hello ns/task-uid-1 on node-a\n"; got != want {
+		t.Errorf("progress stdout %q, want %q", got, want)
+	}
+	got, err := r.client.Get(ctx, &agentv1.GetRequest{Uid: "uid-1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.GetStatus().GetState() != agentv1.TaskState_TASK_STATE_RUNNING {
+		t.Errorf("Get state %v, want RUNNING", got.GetStatus().GetState())
+	}
+	// Forget refuses a running task.
+	if _, err := r.client.Forget(ctx, &agentv1.ForgetRequest{Uid: "uid-1"}); status.Code(err) != codes.FailedPrecondition {
+		t.Errorf("Forget of a running task: %v, want FailedPrecondition", err)
+	}
+
+	if _, err := r.client.Cancel(ctx, &agentv1.CancelRequest{Uid: "uid-1"}); err != nil {
+		t.Fatal(err)
+	}
+	fin := until(t, next, agentv1.EventType_EVENT_TYPE_FINISHED).GetStatus()
+	wantFin := &agentv1.TaskStatus{
+		Ref:   &agentv1.TaskRef{Namespace: "ns", Name: "task-uid-1", Uid: "uid-1"},
+		State: agentv1.TaskState_TASK_STATE_FINISHED, Reason: "Cancelled", ExitCode: 143, Signal: "SIGTERM",
+		Stdout: &agentv1.StreamStatus{Tail: "hello ns/task-uid-1 on node-a\n", TotalBytes: 30,
+			Spill: &agentv1.Spill{Bytes: 30, Complete: true, UploadState: agentv1.UploadState_UPLOAD_STATE_NOT_NEEDED}},
+		Stderr:        &agentv1.StreamStatus{Spill: &agentv1.Spill{Complete: true, UploadState: agentv1.UploadState_UPLOAD_STATE_NOT_NEEDED}},
+		IncarnationId: r.srv.IncarnationID(),
+	}
+	if diff := cmp.Diff(wantFin, fin, protocmp.Transform(),
+		protocmp.IgnoreFields(&agentv1.TaskStatus{}, "start_time", "completion_time", "message", "mechanism", "spec_digest", "leftover_processes"),
+		protocmp.IgnoreFields(&agentv1.StreamStatus{}, "sha256")); diff != "" {
+		t.Errorf("terminal status (-want +got):\n%s", diff)
+	}
+	// Cancel of a finished task changes nothing (C10).
+	if c, err := r.client.Cancel(ctx, &agentv1.CancelRequest{Uid: "uid-1"}); err != nil || c.GetStatus().GetReason() != "Cancelled" {
+		t.Errorf("second Cancel: %v, %v", c, err)
+	}
+
+	f, err := r.client.Forget(ctx, &agentv1.ForgetRequest{Uid: "uid-1"})
+	if err != nil || !f.GetForgotten() {
+		t.Fatalf("Forget: %v, %v; want forgotten", f, err)
+	}
+	until(t, next, agentv1.EventType_EVENT_TYPE_FORGOTTEN)
+	if _, err := r.client.Get(ctx, &agentv1.GetRequest{Uid: "uid-1"}); status.Code(err) != codes.NotFound {
+		t.Errorf("Get after Forget: %v, want NotFound", err)
+	}
+	if l, err := r.client.List(ctx, &agentv1.ListRequest{}); err != nil || len(l.GetTasks()) != 0 {
+		t.Errorf("List after Forget: %v, %v; want empty", l, err)
+	}
+	if _, err := os.Stat(filepath.Join(r.dir, "state", "tasks", "uid-1")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("task directory after Forget: %v, want it gone", err)
+	}
+}
+
+func TestStartIdempotent(t *testing.T) {
+	r := newRig(t)
+	_, next := r.watch()
+	ctx := t.Context()
+	count := filepath.Join(r.dir, "count")
+	spec := taskSpec("uid-2", "echo x >> "+count)
+	first, err := r.client.Start(ctx, &agentv1.StartRequest{Spec: spec})
+	if err != nil {
+		t.Fatal(err)
+	}
+	until(t, next, agentv1.EventType_EVENT_TYPE_FINISHED)
+	again, err := r.client.Start(ctx, &agentv1.StartRequest{Spec: spec})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !again.GetAlreadyKnown() || again.GetStatus().GetReason() != "Succeeded" ||
+		again.GetStatus().GetSpecDigest() != first.GetStatus().GetSpecDigest() {
+		t.Errorf("repeated Start returned %v, want the known finished task", again)
+	}
+	b, err := os.ReadFile(count)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(b) != "x\n" {
+		t.Errorf("the command ran %d times, want once", strings.Count(string(b), "x"))
+	}
+	other := taskSpec("uid-2", "echo different")
+	if _, err := r.client.Start(ctx, &agentv1.StartRequest{Spec: other}); status.Code(err) != codes.FailedPrecondition {
+		t.Errorf("Start of a known UID with another spec: %v, want FailedPrecondition", err)
+	}
+}
+
+func TestStartRejects(t *testing.T) {
+	r := newRig(t, func(c *Config) { c.MaxConcurrent = 1 })
+	ctx := t.Context()
+	if _, err := r.client.Start(ctx, &agentv1.StartRequest{Spec: taskSpec("busy", "sleep 30")}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _, _ = r.client.Cancel(context.Background(), &agentv1.CancelRequest{Uid: "busy"}) })
+	tests := map[string]struct {
+		spec *agentv1.TaskSpec
+		want codes.Code
+	}{
+		"no spec":         {spec: nil, want: codes.InvalidArgument},
+		"uid with slash":  {spec: taskSpec("../x", "true"), want: codes.InvalidArgument},
+		"empty namespace": {spec: &agentv1.TaskSpec{Ref: &agentv1.TaskRef{Name: "n", Uid: "u"}, Command: "true"}, want: codes.InvalidArgument},
+		"over capacity":   {spec: taskSpec("second", "true"), want: codes.ResourceExhausted},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			_, err := r.client.Start(ctx, &agentv1.StartRequest{Spec: tc.spec})
+			if diff := cmp.Diff(tc.want, status.Code(err)); diff != "" {
+				t.Errorf("code (-want +got):\n%s\nerror: %v", diff, err)
+			}
+		})
+	}
+}
+
+func TestStartFailedIsATerminalStatus(t *testing.T) {
+	r := newRig(t)
+	spec := taskSpec("uid-wd", "true")
+	spec.WorkingDir = "/does/not/exist"
+	resp, err := r.client.Start(t.Context(), &agentv1.StartRequest{Spec: spec})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := resp.GetStatus()
+	if st.GetReason() != "StartFailed" || !strings.Contains(st.GetMessage(), "/does/not/exist") {
+		t.Errorf("status %v, want StartFailed naming the directory (C27)", st)
+	}
+}
+
+func TestRefusedClients(t *testing.T) {
+	r := newRig(t)
+	other, err := tlsutil.NewCA("other-ca", time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tests := map[string]struct {
+		ca   *tlsutil.CA
+		leaf tlsutil.LeafOptions
+	}{
+		"certificate from another CA": {ca: other, leaf: tlsutil.LeafOptions{CommonName: "bashtask-controller", Client: true}},
+		"wrong identity":              {ca: r.ca, leaf: tlsutil.LeafOptions{CommonName: "intruder", Client: true}},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			c := agentv1.NewExecutorClient(r.dial(tc.ca, tc.leaf))
+			_, err := c.Start(t.Context(), &agentv1.StartRequest{Spec: taskSpec("refused", "touch "+filepath.Join(r.dir, "ran"))})
+			if status.Code(err) != codes.Unavailable {
+				t.Errorf("Start with a refused certificate: %v, want Unavailable (handshake refused)", err)
+			}
+		})
+	}
+	// Nothing reached a handler: no task, no file.
+	l, err := r.client.List(t.Context(), &agentv1.ListRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(l.GetTasks()) != 0 {
+		t.Errorf("tasks after refused clients: %v, want none", l.GetTasks())
+	}
+	if _, err := os.Stat(filepath.Join(r.dir, "ran")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the refused task's command ran: %v", err)
+	}
+}
+
+func TestProgressOnlyWhenOutputChanged(t *testing.T) {
+	r := newRig(t)
+	_, next := r.watch()
+	// Output changes twice, with quiet periods of many progress intervals.
+	if _, err := r.client.Start(t.Context(), &agentv1.StartRequest{Spec: taskSpec("uid-p", "echo a; sleep 0.4; echo b; sleep 0.4")}); err != nil {
+		t.Fatal(err)
+	}
+	var totals []int64
+	for {
+		ev := next()
+		if ev.GetType() == agentv1.EventType_EVENT_TYPE_FINISHED {
+			break
+		}
+		if ev.GetType() == agentv1.EventType_EVENT_TYPE_PROGRESS {
+			totals = append(totals, ev.GetStatus().GetStdout().GetTotalBytes())
+		}
+	}
+	// Each progress event reports new output: at most one per change.
+	if diff := cmp.Diff([]int64{2, 4}, totals); diff != "" {
+		t.Errorf("stdout totals of progress events (-want +got):\n%s", diff)
+	}
+}
+
+func TestReadiness(t *testing.T) {
+	tests := map[string]struct {
+		opt        rigOption
+		want       *agentv1.Readiness
+		wantHealth healthpb.HealthCheckResponse_ServingStatus
+		startCode  codes.Code
+	}{
+		"inherit is named": {
+			opt:        func(c *Config) { c.Executor.AmbientEnv = executor.AmbientInherit },
+			want:       &agentv1.Readiness{Ready: true, AmbientEnv: "inherit", Shell: executor.DefaultShell},
+			wantHealth: healthpb.HealthCheckResponse_SERVING,
+			startCode:  codes.OK,
+		},
+		"missing shell (C28)": {
+			opt: func(c *Config) { c.Executor.Shell = "/does/not/exist/bash" },
+			want: &agentv1.Readiness{Ready: false, AmbientEnv: "scrub", Shell: "/does/not/exist/bash",
+				Problems: []string{"executor: shell not found or not executable: /does/not/exist/bash: stat /does/not/exist/bash: no such file or directory"}},
+			wantHealth: healthpb.HealthCheckResponse_NOT_SERVING,
+			startCode:  codes.Unavailable,
+		},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			r := newRig(t, tc.opt)
+			info, _ := r.watch()
+			if diff := cmp.Diff(tc.want, info.GetReadiness(), protocmp.Transform(),
+				protocmp.IgnoreFields(&agentv1.Readiness{}, "mechanism", "cgroup_controllers")); diff != "" {
+				t.Errorf("readiness (-want +got):\n%s", diff)
+			}
+			h, err := r.health.Check(t.Context(), &healthpb.HealthCheckRequest{Service: ServiceName})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if h.GetStatus() != tc.wantHealth {
+				t.Errorf("health %v, want %v", h.GetStatus(), tc.wantHealth)
+			}
+			_, err = r.client.Start(t.Context(), &agentv1.StartRequest{Spec: taskSpec("uid-r", "true")})
+			if status.Code(err) != tc.startCode {
+				t.Errorf("Start: %v, want code %v", err, tc.startCode)
+			}
+		})
+	}
+}
+
+func TestUploadFailureThenRecovery(t *testing.T) {
+	bucketDir := filepath.Join(t.TempDir(), "bucket")
+	if err := os.Mkdir(bucketDir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	r := newRig(t, func(c *Config) {
+		c.BucketURL = "file://" + bucketDir + "?no_tmp_dir=true"
+		c.UploadBackoffInitial = 20 * time.Millisecond
+		c.UploadBackoffMax = 100 * time.Millisecond
+	})
+	_, next := r.watch()
+	// The bucket's directory becomes a plain file: every write fails.
+	if err := os.Remove(bucketDir); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(bucketDir, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	spec := taskSpec("uid-u", "seq -f 'line-%04g' 1 20000")
+	if _, err := r.client.Start(t.Context(), &agentv1.StartRequest{Spec: spec}); err != nil {
+		t.Fatal(err)
+	}
+	// The terminal event is not held back by the failing upload.
+	fin := until(t, next, agentv1.EventType_EVENT_TYPE_FINISHED).GetStatus()
+	if sp := fin.GetStdout().GetSpill(); sp.GetUploadState() != agentv1.UploadState_UPLOAD_STATE_PENDING {
+		t.Fatalf("stdout spill at finish %v, want PENDING", sp)
+	}
+	// Forget while the upload is pending keeps the files.
+	f, err := r.client.Forget(t.Context(), &agentv1.ForgetRequest{Uid: "uid-u"})
+	if err != nil || f.GetForgotten() {
+		t.Fatalf("Forget with a pending upload: %v, %v; want not forgotten yet", f, err)
+	}
+	spill := filepath.Join(r.dir, "state", "tasks", "uid-u", "output", "stdout")
+	// Wait for some failed attempts, then repair the bucket.
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		g, err := r.client.Get(t.Context(), &agentv1.GetRequest{Uid: "uid-u"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if g.GetStatus().GetStdout().GetSpill().GetUploadAttempts() >= 2 {
+			if g.GetStatus().GetStdout().GetSpill().GetUploadError() == "" {
+				t.Error("failed attempts without an upload error")
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no failed upload attempts within 20 s")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if _, err := os.Stat(spill); err != nil {
+		t.Fatalf("spill file during failing uploads: %v", err)
+	}
+	if err := os.Remove(bucketDir); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(bucketDir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	up := until(t, next, agentv1.EventType_EVENT_TYPE_UPLOADED).GetStatus()
+	until(t, next, agentv1.EventType_EVENT_TYPE_FORGOTTEN)
+	if _, err := os.Stat(spill); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("spill file after upload and Forget: %v, want it gone", err)
+	}
+
+	b, err := blob.OpenBucket(t.Context(), "file://"+bucketDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	rd, err := b.NewReader(t.Context(), "ns/task-uid-u/uid-u/stdout", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rd.Close()
+	data, err := io.ReadAll(rd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	attrs, err := b.Attributes(t.Context(), "ns/task-uid-u/uid-u/stdout")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ss := up.GetStdout()
+	got := map[string]string{"len": itoa(len(data)), "sha": sha256hex(data), "meta-sha": attrs.Metadata[MetaSHA256], "meta-bytes": attrs.Metadata[MetaBytes]}
+	// seq prints 9999 lines of 10 bytes and 10001 of 11: 210001 bytes.
+	want := map[string]string{"len": "210001", "sha": ss.GetSha256(), "meta-sha": ss.GetSha256(), "meta-bytes": "210001"}
+	if ss.GetTotalBytes() != 210001 || !ss.GetTruncated() || !strings.HasSuffix(ss.GetTail(), "line-20000\n") {
+		t.Errorf("stdout status total %d truncated %v, want 210001 bytes, truncated, ending in line-20000", ss.GetTotalBytes(), ss.GetTruncated())
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("uploaded object (-want +got):\n%s", diff)
+	}
+}

@@ -1,0 +1,261 @@
+package agent
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"os"
+	"path"
+	"path/filepath"
+	"strconv"
+	"time"
+
+	"gocloud.dev/blob"
+
+	agentv1 "github.com/bashtask/bashtask-operator/api/agent/v1"
+)
+
+// Object metadata keys set on every upload.
+const (
+	// MetaSHA256 is the hex SHA-256 of the object's bytes.
+	MetaSHA256 = "sha256"
+	// MetaBytes is the object's size in bytes.
+	MetaBytes = "bytes"
+	// MetaStreamBytes is the stream's total size in bytes; larger than
+	// MetaBytes when the spill file hit its limit.
+	MetaStreamBytes = "stream-bytes"
+	// MetaComplete is "true" when the object holds the whole stream.
+	MetaComplete = "complete"
+)
+
+// ObjectKey is the key of a task's stream in the bucket (DESIGN.md section
+// 5): <namespace>/<name>/<uid>/<stream>.
+func ObjectKey(ref *agentv1.TaskRef, stream string) string {
+	return path.Join(ref.GetNamespace(), ref.GetName(), ref.GetUid(), stream)
+}
+
+func (e *entry) stream(i int) *agentv1.StreamStatus {
+	if i == 0 {
+		return e.status.GetStdout()
+	}
+	return e.status.GetStderr()
+}
+
+func (e *entry) pendingUploads() int {
+	n := 0
+	for _, j := range e.uploads {
+		if j != nil {
+			n++
+		}
+	}
+	return n
+}
+
+// planUploadsLocked decides which streams of a finished task go to the
+// bucket: under WHEN_INCOMPLETE those whose tail is not the exact stream
+// (truncated, sanitized or beyond the spill file), every stream under
+// ALWAYS, none under NEVER. A task recovered after a restart uploads every
+// non-empty stream unless the policy is NEVER: its tail was rebuilt from
+// disk and what was still in the pipe is lost, so the object is the
+// authoritative record of what survived.
+func (s *Server) planUploadsLocked(e *entry, recovered bool) {
+	policy := e.rec.Upload
+	for i := range 2 {
+		ss := e.stream(i)
+		if ss == nil || ss.Spill == nil {
+			continue
+		}
+		var need bool
+		switch policy {
+		case agentv1.UploadPolicy_UPLOAD_POLICY_NEVER:
+		case agentv1.UploadPolicy_UPLOAD_POLICY_ALWAYS:
+			need = true
+		default:
+			if recovered {
+				need = ss.Spill.Bytes > 0
+			} else {
+				need = ss.Truncated || ss.Sanitized || !ss.Spill.Complete
+			}
+		}
+		if !need {
+			ss.Spill.UploadState = agentv1.UploadState_UPLOAD_STATE_NOT_NEEDED
+			continue
+		}
+		ss.Spill.UploadState = agentv1.UploadState_UPLOAD_STATE_PENDING
+		ss.Spill.Url = s.bucketBase + "/" + ObjectKey(e.status.GetRef(), streamNames[i])
+		e.uploads[i] = &uploadJob{next: time.Now()}
+	}
+	s.updateBacklogLocked()
+}
+
+func (s *Server) updateBacklogLocked() {
+	n := 0
+	for _, e := range s.tasks {
+		n += e.pendingUploads()
+	}
+	s.metrics.UploadBacklog.Set(float64(n))
+}
+
+func (s *Server) kickUploader() {
+	select {
+	case s.wake <- struct{}{}:
+	default:
+	}
+}
+
+// backoff is the wait after the n-th consecutive failure (n >= 1):
+// initial·2^(n-1), capped, with up to 10% jitter so agents that lost the
+// same bucket do not retry in step.
+func (s *Server) backoff(n int) time.Duration {
+	d := s.cfg.UploadBackoffInitial
+	for i := 1; i < n && d < s.cfg.UploadBackoffMax; i++ {
+		d *= 2
+	}
+	d = min(d, s.cfg.UploadBackoffMax)
+	return d + time.Duration(rand.Int64N(int64(d)/10+1))
+}
+
+// uploadLoop uploads pending streams one at a time, each when its backoff
+// has passed, until ctx ends. One at a time keeps the agent's disk and
+// network use bounded next to the tasks it runs.
+func (s *Server) uploadLoop(ctx context.Context) {
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	for {
+		e, i, wait := s.nextUpload()
+		if e != nil {
+			s.uploadOne(ctx, e, i)
+			continue
+		}
+		timer.Reset(wait)
+		select {
+		case <-ctx.Done():
+			return
+		case <-s.wake:
+		case <-timer.C:
+		}
+	}
+}
+
+// nextUpload returns a due upload (marked in flight), or how long to wait
+// for the next one.
+func (s *Server) nextUpload() (*entry, int, time.Duration) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := time.Now()
+	wait := time.Hour
+	for _, uid := range s.sortedUIDsLocked() {
+		e := s.tasks[uid]
+		for i, j := range e.uploads {
+			if j == nil || j.inFlight {
+				continue
+			}
+			if !j.next.After(now) {
+				j.inFlight = true
+				return e, i, 0
+			}
+			wait = min(wait, j.next.Sub(now))
+		}
+	}
+	return nil, 0, wait
+}
+
+// uploadOne makes one attempt and records its outcome.
+func (s *Server) uploadOne(ctx context.Context, e *entry, i int) {
+	s.mu.Lock()
+	uid := e.status.GetRef().GetUid()
+	key := ObjectKey(e.status.GetRef(), streamNames[i])
+	ss := clone(e.status)
+	s.mu.Unlock()
+	streamStatus := ss.GetStdout()
+	if i == 1 {
+		streamStatus = ss.GetStderr()
+	}
+	file := filepath.Join(s.store.outputDir(uid), streamNames[i])
+
+	actx, cancel := context.WithTimeout(ctx, s.cfg.UploadTimeout)
+	err := s.put(actx, file, key, streamStatus)
+	cancel()
+
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	j := e.uploads[i]
+	j.inFlight = false
+	sp := e.stream(i).GetSpill()
+	if err != nil {
+		if ctx.Err() != nil {
+			return // shutting down: the next incarnation retries
+		}
+		sp.UploadAttempts++
+		sp.UploadError = err.Error()
+		j.next = time.Now().Add(s.backoff(int(sp.UploadAttempts)))
+		s.metrics.Uploads.WithLabelValues("failure").Inc()
+		s.log.Warn("upload failed; keeping the local file", "uid", uid, "key", key, "attempt", sp.UploadAttempts,
+			"retryIn", time.Until(j.next).Round(time.Millisecond), "err", err)
+		if werr := s.store.write(uid, e.rec, e.status, false); werr != nil {
+			s.log.Error("recording upload failure", "uid", uid, "err", werr)
+		}
+		return
+	}
+	e.uploads[i] = nil
+	sp.UploadState = agentv1.UploadState_UPLOAD_STATE_UPLOADED
+	sp.UploadError = ""
+	s.metrics.Uploads.WithLabelValues("success").Inc()
+	s.updateBacklogLocked()
+	s.log.Info("uploaded", "uid", uid, "key", key, "bytes", sp.Bytes)
+	if werr := s.store.write(uid, e.rec, e.status, true); werr != nil {
+		s.log.Error("recording upload", "uid", uid, "err", werr)
+	}
+	s.broadcastLocked(taskEvent(agentv1.EventType_EVENT_TYPE_UPLOADED, e.status))
+	if e.status.ForgetRequested && e.pendingUploads() == 0 {
+		if err := s.forgetLocked(e); err != nil {
+			s.log.Error("forgetting task after upload", "uid", uid, "err", err)
+		}
+	}
+}
+
+// put copies the file to key with its checksum and sizes as metadata. The
+// file is read twice, first for the checksum, because metadata must be
+// known before the first byte is written.
+func (s *Server) put(ctx context.Context, file, key string, ss *agentv1.StreamStatus) error {
+	f, err := os.Open(file)
+	if err != nil {
+		return fmt.Errorf("opening spill file: %w", err)
+	}
+	defer f.Close()
+	h := sha256.New()
+	n, err := io.Copy(h, f)
+	if err != nil {
+		return fmt.Errorf("reading spill file %s: %w", file, err)
+	}
+	if _, err := f.Seek(0, io.SeekStart); err != nil {
+		return fmt.Errorf("reading spill file %s: %w", file, err)
+	}
+	opts := &blob.WriterOptions{
+		ContentType: "application/octet-stream",
+		Metadata: map[string]string{
+			MetaSHA256:      hex.EncodeToString(h.Sum(nil)),
+			MetaBytes:       strconv.FormatInt(n, 10),
+			MetaStreamBytes: strconv.FormatInt(ss.GetTotalBytes(), 10),
+			MetaComplete:    strconv.FormatBool(ss.GetSpill().GetComplete()),
+		},
+	}
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	w, err := s.bucket.NewWriter(wctx, key, opts)
+	if err != nil {
+		return fmt.Errorf("uploading %s: %w", key, err)
+	}
+	if _, err := io.Copy(w, f); err != nil {
+		cancel() // aborts the write: no partial object
+		return errors.Join(fmt.Errorf("uploading %s: %w", key, err), w.Close())
+	}
+	if err := w.Close(); err != nil {
+		return fmt.Errorf("uploading %s: %w", key, err)
+	}
+	return nil
+}
