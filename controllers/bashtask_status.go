@@ -3,8 +3,15 @@ package controllers
 import (
 	"encoding/json"
 	"fmt"
+	"strings"
+	"time"
 	"unicode/utf8"
 
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	agentv1 "github.com/bashtask/bashtask-operator/api/agent/v1"
 	bashtaskv1alpha1 "github.com/bashtask/bashtask-operator/api/v1alpha1"
 )
 
@@ -84,4 +91,215 @@ func escapedLen(r rune, rest string) int {
 	default:
 		return utf8.RuneLen(r)
 	}
+}
+
+// setCondition sets one condition, stamped with the task's generation.
+func setCondition(bt *bashtaskv1alpha1.BashTask, typ string, status bool, reason, message string) {
+	s := metav1.ConditionFalse
+	if status {
+		s = metav1.ConditionTrue
+	}
+	meta.SetStatusCondition(&bt.Status.Conditions, metav1.Condition{
+		Type: typ, Status: s, Reason: reason, Message: truncateMessage(message), ObservedGeneration: bt.Generation,
+	})
+}
+
+// conditionChanged reports whether a condition's status, reason or message
+// differs between old and bt.
+func conditionChanged(old *bashtaskv1alpha1.BashTaskStatus, bt *bashtaskv1alpha1.BashTask, typ string) bool {
+	a := meta.FindStatusCondition(old.Conditions, typ)
+	b := meta.FindStatusCondition(bt.Status.Conditions, typ)
+	if a == nil || b == nil {
+		return a != b
+	}
+	return a.Status != b.Status || a.Reason != b.Reason || a.Message != b.Message
+}
+
+// setPending records why a task waits before dispatch.
+func setPending(bt *bashtaskv1alpha1.BashTask, reason, message string) {
+	bt.Status.Phase = bashtaskv1alpha1.PhasePending
+	setCondition(bt, bashtaskv1alpha1.ConditionScheduled, false, reason, message)
+}
+
+// setTerminal records the task's one terminal reason. A task that already
+// has a reason keeps it: the first cause wins.
+func setTerminal(bt *bashtaskv1alpha1.BashTask, reason bashtaskv1alpha1.Reason, message string, now time.Time) {
+	if isTerminal(bt) {
+		return
+	}
+	st := &bt.Status
+	st.Reason = reason
+	st.Message = truncateMessage(message)
+	if st.CompletionTime == nil {
+		t := metav1.NewTime(now)
+		st.CompletionTime = &t
+	}
+	if meta.FindStatusCondition(st.Conditions, bashtaskv1alpha1.ConditionRunning) != nil {
+		setCondition(bt, bashtaskv1alpha1.ConditionRunning, false, ReasonFinished, "the command is not running")
+	}
+	if reason == bashtaskv1alpha1.ReasonSucceeded {
+		st.Phase = bashtaskv1alpha1.PhaseSucceeded
+		setCondition(bt, bashtaskv1alpha1.ConditionComplete, true, string(reason), message)
+		return
+	}
+	st.Phase = bashtaskv1alpha1.PhaseFailed
+	setCondition(bt, bashtaskv1alpha1.ConditionFailed, true, string(reason), message)
+}
+
+// maxMessage is status.message's schema limit, in characters.
+const maxMessage = 4096
+
+func truncateMessage(m string) string {
+	if utf8.RuneCountInString(m) <= maxMessage {
+		return m
+	}
+	r := []rune(m)
+	return string(r[:maxMessage-1]) + "…"
+}
+
+// terminalReasons is the closed set of reasons an agent may report.
+var terminalReasons = map[string]bashtaskv1alpha1.Reason{
+	string(bashtaskv1alpha1.ReasonSucceeded):      bashtaskv1alpha1.ReasonSucceeded,
+	string(bashtaskv1alpha1.ReasonNonZeroExit):    bashtaskv1alpha1.ReasonNonZeroExit,
+	string(bashtaskv1alpha1.ReasonSignaled):       bashtaskv1alpha1.ReasonSignaled,
+	string(bashtaskv1alpha1.ReasonTimedOut):       bashtaskv1alpha1.ReasonTimedOut,
+	string(bashtaskv1alpha1.ReasonCancelled):      bashtaskv1alpha1.ReasonCancelled,
+	string(bashtaskv1alpha1.ReasonOOMKilled):      bashtaskv1alpha1.ReasonOOMKilled,
+	string(bashtaskv1alpha1.ReasonStartFailed):    bashtaskv1alpha1.ReasonStartFailed,
+	string(bashtaskv1alpha1.ReasonAgentRestarted): bashtaskv1alpha1.ReasonAgentRestarted,
+}
+
+// applyTaskStatus copies an agent's report of a task into bt's status. A
+// terminal task only takes upload progress: its reason never changes.
+func (r *BashTaskReconciler) applyTaskStatus(bt *bashtaskv1alpha1.BashTask, ts *agentv1.TaskStatus) {
+	if ts == nil {
+		return
+	}
+	if isTerminal(bt) {
+		applyUploads(bt, ts)
+		return
+	}
+	st := &bt.Status
+	if t := ts.GetStartTime(); t != nil && st.StartTime == nil {
+		mt := metav1.NewTime(t.AsTime())
+		st.StartTime = &mt
+	}
+	st.Stdout = streamStatus(ts.GetStdout())
+	st.Stderr = streamStatus(ts.GetStderr())
+	if m := ts.GetMechanism(); m != "" {
+		iso := &bashtaskv1alpha1.IsolationStatus{Mechanism: bashtaskv1alpha1.IsolationMechanism(m)}
+		if bt.Spec.Resources != nil {
+			enforced := len(ts.GetLimitsNotEnforced()) == 0
+			iso.LimitsEnforced = &enforced
+		}
+		st.Isolation = iso
+	}
+
+	if ts.GetState() != agentv1.TaskState_TASK_STATE_FINISHED {
+		st.Phase = bashtaskv1alpha1.PhaseRunning
+		setCondition(bt, bashtaskv1alpha1.ConditionRunning, true, ReasonStarted, "the command is running on node "+st.NodeName)
+		return
+	}
+
+	reason, known := terminalReasons[ts.GetReason()]
+	message := ts.GetMessage()
+	if !known {
+		reason = bashtaskv1alpha1.ReasonSignaled
+		message = fmt.Sprintf("the agent reported the unknown reason %q: %s", ts.GetReason(), message)
+	}
+	// The agent reports -1 for a command that never ran or whose exit it
+	// could not observe (a restart): no exit code then.
+	if code := ts.GetExitCode(); code >= 0 && reason != bashtaskv1alpha1.ReasonStartFailed {
+		st.ExitCode = &code
+	}
+	st.Signal = ts.GetSignal()
+	n := ts.GetLeftoverProcesses()
+	st.LeftoverProcesses = &n
+	if t := ts.GetCompletionTime(); t != nil {
+		mt := metav1.NewTime(t.AsTime())
+		st.CompletionTime = &mt
+	}
+	if message == "" {
+		message = defaultMessage(reason, st)
+	}
+	setTerminal(bt, reason, message, r.clock.Now())
+	applyUploads(bt, ts)
+}
+
+func defaultMessage(reason bashtaskv1alpha1.Reason, st *bashtaskv1alpha1.BashTaskStatus) string {
+	switch {
+	case st.Signal != "":
+		return fmt.Sprintf("%s: the shell ended by %s", reason, st.Signal)
+	case st.ExitCode != nil:
+		return fmt.Sprintf("%s: the shell exited with code %d", reason, *st.ExitCode)
+	}
+	return string(reason)
+}
+
+// streamStatus converts an agent's stream report, without the spill
+// reference, which applyUploads sets once the object exists.
+func streamStatus(s *agentv1.StreamStatus) *bashtaskv1alpha1.StreamStatus {
+	if s == nil {
+		return nil
+	}
+	return &bashtaskv1alpha1.StreamStatus{
+		Tail:       s.GetTail(),
+		TotalBytes: s.GetTotalBytes(),
+		Truncated:  s.GetTruncated(),
+		Sanitized:  s.GetSanitized(),
+		SHA256:     s.GetSha256(),
+	}
+}
+
+// applyUploads records the spill references and the OutputUploaded
+// condition of a finished task.
+func applyUploads(bt *bashtaskv1alpha1.BashTask, ts *agentv1.TaskStatus) {
+	pending, uploaded := []string{}, 0
+	for _, s := range []struct {
+		name string
+		in   *agentv1.StreamStatus
+		out  *bashtaskv1alpha1.StreamStatus
+	}{{"stdout", ts.GetStdout(), bt.Status.Stdout}, {"stderr", ts.GetStderr(), bt.Status.Stderr}} {
+		sp := s.in.GetSpill()
+		switch sp.GetUploadState() {
+		case agentv1.UploadState_UPLOAD_STATE_UPLOADED:
+			uploaded++
+			if s.out != nil {
+				s.out.Spill = &bashtaskv1alpha1.SpillRef{URL: sp.GetUrl(), Bytes: sp.GetBytes(), Complete: sp.GetComplete()}
+			}
+		case agentv1.UploadState_UPLOAD_STATE_PENDING:
+			msg := s.name
+			if e := sp.GetUploadError(); e != "" {
+				msg = fmt.Sprintf("%s (attempt %d: %s)", s.name, sp.GetUploadAttempts(), e)
+			}
+			pending = append(pending, msg)
+		}
+	}
+	switch {
+	case len(pending) > 0:
+		setCondition(bt, bashtaskv1alpha1.ConditionOutputUploaded, false, ReasonUploadPending,
+			"upload to object storage pending for "+strings.Join(pending, ", ")+"; the agent retries and keeps the local copy")
+	case uploaded > 0:
+		setCondition(bt, bashtaskv1alpha1.ConditionOutputUploaded, true, ReasonUploaded, "the full output is in object storage")
+	default:
+		setCondition(bt, bashtaskv1alpha1.ConditionOutputUploaded, true, ReasonNotNeeded, "the tails in status hold the whole output")
+	}
+}
+
+// uploadPending reports whether an output upload is still outstanding.
+func uploadPending(bt *bashtaskv1alpha1.BashTask) bool {
+	return meta.IsStatusConditionFalse(bt.Status.Conditions, bashtaskv1alpha1.ConditionOutputUploaded)
+}
+
+// eventType is Normal for a success and Warning for any other ending.
+func eventType(bt *bashtaskv1alpha1.BashTask) string {
+	if bt.Status.Reason == bashtaskv1alpha1.ReasonSucceeded {
+		return corev1.EventTypeNormal
+	}
+	return corev1.EventTypeWarning
+}
+
+// finishNote is the event text of a task's end.
+func finishNote(bt *bashtaskv1alpha1.BashTask) string {
+	return truncateMessage(bt.Status.Message)
 }

@@ -1,0 +1,505 @@
+package controllers
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"net"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/go-logr/logr"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/keepalive"
+	"google.golang.org/grpc/status"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/utils/clock"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+
+	agentv1 "github.com/bashtask/bashtask-operator/api/agent/v1"
+	bashtaskv1alpha1 "github.com/bashtask/bashtask-operator/api/v1alpha1"
+)
+
+// ErrAgentUnavailable is returned by [AgentRegistry] calls for a node that
+// has no connected agent.
+var ErrAgentUnavailable = errors.New("no connected agent on the node")
+
+// ErrTaskUnknown is returned by [AgentRegistry.Get] and
+// [AgentRegistry.Cancel] when the agent does not know the task's UID.
+var ErrTaskUnknown = errors.New("agent does not know the task")
+
+// AgentState is what the registry knows of the agent of one node.
+type AgentState struct {
+	// Node is the node name from the agent's EndpointSlice entry.
+	Node string
+	// Pod is the agent's pod name, as the agent reports it.
+	Pod string
+	// Incarnation is the id the agent process generated at its start.
+	Incarnation string
+	// Capacity is the agent's maximum number of concurrent tasks.
+	Capacity int
+	// Running is the number of tasks the agent runs, as last reported,
+	// plus tasks started since.
+	Running int
+	// Ready is true when the agent's Watch stream works and the agent
+	// reports itself ready (shell present, state dir writable, certificates
+	// usable).
+	Ready bool
+	// Connected is true while the agent's Watch stream works.
+	Connected bool
+	// UnreachableFor is how long, on the controller's monotonic clock, the
+	// agent has been without a working stream; zero while connected.
+	UnreachableFor time.Duration
+	// AmbientEnv is the agent's --ambient-env mode.
+	AmbientEnv string
+}
+
+// AgentRegistryOptions configures an [AgentRegistry].
+type AgentRegistryOptions struct {
+	// Reader lists the agents' EndpointSlices, normally the manager's cache.
+	Reader client.Reader
+	// ServiceNamespace and ServiceName name the agents' headless Service;
+	// its EndpointSlices carry the label kubernetes.io/service-name.
+	ServiceNamespace, ServiceName string
+	// PortName selects the EndpointSlice port; empty takes the first port.
+	PortName string
+	// TLS is the client configuration (certificate, CA, server name) used
+	// to dial every agent. Required: there is no plaintext mode.
+	TLS *tls.Config
+	// Clock measures unreachability; it must be monotonic (a real clock, or
+	// a fake one in tests).
+	Clock clock.PassiveClock
+	// Notify receives one event per task event an agent reports, naming the
+	// task, so that it is reconciled.
+	Notify chan<- event.TypedGenericEvent[*bashtaskv1alpha1.BashTask]
+	// Log is the registry's logger.
+	Log logr.Logger
+}
+
+// AgentRegistry keeps one mTLS gRPC connection and one Watch stream per
+// ready agent endpoint, keyed by node name, and relays task events as
+// reconcile triggers. It implements manager.Runnable.
+type AgentRegistry struct {
+	opts    AgentRegistryOptions
+	started time.Time
+
+	mu     sync.Mutex
+	agents map[string]*agentConn // by node name
+	resync chan struct{}
+}
+
+// NewAgentRegistry returns a registry; call Start (through the manager) to
+// begin following the EndpointSlices.
+func NewAgentRegistry(opts AgentRegistryOptions) (*AgentRegistry, error) {
+	if opts.TLS == nil {
+		return nil, errors.New("agent registry: a TLS client configuration is required")
+	}
+	if opts.Reader == nil || opts.ServiceName == "" || opts.ServiceNamespace == "" {
+		return nil, errors.New("agent registry: the EndpointSlice reader and the agents' Service name and namespace are required")
+	}
+	if opts.Clock == nil {
+		opts.Clock = clock.RealClock{}
+	}
+	return &AgentRegistry{
+		opts:    opts,
+		started: opts.Clock.Now(),
+		agents:  map[string]*agentConn{},
+		resync:  make(chan struct{}, 1),
+	}, nil
+}
+
+// Trigger asks the registry to re-read the EndpointSlices soon. Calls
+// coalesce.
+func (r *AgentRegistry) Trigger() {
+	select {
+	case r.resync <- struct{}{}:
+	default:
+	}
+}
+
+// Start follows the EndpointSlices until ctx ends, then closes every
+// connection. It re-reads them on Trigger and every few seconds, so a
+// missed notification only delays a change.
+func (r *AgentRegistry) Start(ctx context.Context) error {
+	tick := time.NewTicker(5 * time.Second)
+	defer tick.Stop()
+	defer r.closeAll()
+	for {
+		if err := r.sync(ctx); err != nil {
+			r.opts.Log.Error(err, "Reading the agents' EndpointSlices")
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-r.resync:
+		case <-tick.C:
+		}
+	}
+}
+
+// sync reconciles the set of connections with the ready endpoints.
+func (r *AgentRegistry) sync(ctx context.Context) error {
+	var slices discoveryv1.EndpointSliceList
+	if err := r.opts.Reader.List(ctx, &slices, client.InNamespace(r.opts.ServiceNamespace),
+		client.MatchingLabels{discoveryv1.LabelServiceName: r.opts.ServiceName}); err != nil {
+		return fmt.Errorf("listing EndpointSlices of service %s/%s: %w", r.opts.ServiceNamespace, r.opts.ServiceName, err)
+	}
+	want := map[string]string{} // node -> host:port
+	for i := range slices.Items {
+		s := &slices.Items[i]
+		port := r.pickPort(s)
+		if port == 0 {
+			continue
+		}
+		for _, ep := range s.Endpoints {
+			if ep.NodeName == nil || *ep.NodeName == "" || len(ep.Addresses) == 0 {
+				continue
+			}
+			if ep.Conditions.Ready != nil && !*ep.Conditions.Ready {
+				continue
+			}
+			want[*ep.NodeName] = net.JoinHostPort(ep.Addresses[0], strconv.Itoa(int(port)))
+		}
+	}
+
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for node, addr := range want {
+		a := r.agents[node]
+		if a != nil && a.addr == addr && !a.closed() {
+			continue
+		}
+		if a != nil {
+			a.close()
+		}
+		na, err := r.dial(ctx, node, addr)
+		if err != nil {
+			r.opts.Log.Error(err, "Dialing agent", "node", node, "address", addr)
+			continue
+		}
+		if a != nil {
+			// Unreachability is measured across address changes: a new
+			// pod on the node does not reset the clock until it answers.
+			na.unreachableSince = a.unreachableSinceLocked(r.opts.Clock.Now())
+		}
+		r.agents[node] = na
+	}
+	for node, a := range r.agents {
+		if _, ok := want[node]; !ok && !a.closed() {
+			// Gone from the endpoints: keep the entry so that its
+			// unreachable time keeps counting towards AgentLost.
+			a.close()
+		}
+	}
+	return nil
+}
+
+func (r *AgentRegistry) pickPort(s *discoveryv1.EndpointSlice) int32 {
+	for _, p := range s.Ports {
+		if p.Port == nil {
+			continue
+		}
+		if r.opts.PortName == "" || (p.Name != nil && *p.Name == r.opts.PortName) {
+			return *p.Port
+		}
+	}
+	return 0
+}
+
+func (r *AgentRegistry) dial(ctx context.Context, node, addr string) (*agentConn, error) {
+	cc, err := grpc.NewClient(addr,
+		grpc.WithTransportCredentials(credentials.NewTLS(r.opts.TLS.Clone())),
+		// Pings find a dead peer behind a silent stream; the agent's
+		// enforcement policy permits this interval.
+		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 10 * time.Second, Timeout: 5 * time.Second, PermitWithoutStream: true}),
+	)
+	if err != nil {
+		return nil, fmt.Errorf("creating a gRPC client for %s: %w", addr, err)
+	}
+	wctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	a := &agentConn{
+		node:             node,
+		addr:             addr,
+		cc:               cc,
+		client:           agentv1.NewExecutorClient(cc),
+		cancel:           cancel,
+		done:             make(chan struct{}),
+		running:          map[string]bool{},
+		unreachableSince: r.opts.Clock.Now(),
+	}
+	go a.watchLoop(wctx, r)
+	return a, nil
+}
+
+func (r *AgentRegistry) closeAll() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, a := range r.agents {
+		a.close()
+	}
+}
+
+// Agents returns the state of every agent the registry knows, sorted by
+// nothing in particular.
+func (r *AgentRegistry) Agents() []AgentState {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	now := r.opts.Clock.Now()
+	out := make([]AgentState, 0, len(r.agents))
+	for _, a := range r.agents {
+		out = append(out, a.state(now))
+	}
+	return out
+}
+
+// Agent returns the state of the node's agent. For a node the registry has
+// never seen, the agent counts as unreachable since the registry started:
+// after a controller restart, an agent that never comes back is lost
+// --agent-lost-after later, not never.
+func (r *AgentRegistry) Agent(node string) AgentState {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	now := r.opts.Clock.Now()
+	if a := r.agents[node]; a != nil {
+		return a.state(now)
+	}
+	return AgentState{Node: node, UnreachableFor: now.Sub(r.started)}
+}
+
+func (r *AgentRegistry) conn(node string) (*agentConn, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	a := r.agents[node]
+	if a == nil || a.closed() {
+		return nil, fmt.Errorf("node %q: %w", node, ErrAgentUnavailable)
+	}
+	return a, nil
+}
+
+// StartTask sends the task to the node's agent. The agent makes Start
+// idempotent on the task UID, so a repeat after a lost reply starts
+// nothing twice.
+func (r *AgentRegistry) StartTask(ctx context.Context, node string, spec *agentv1.TaskSpec) (*agentv1.TaskStatus, error) {
+	a, err := r.conn(node)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := a.client.Start(ctx, &agentv1.StartRequest{Spec: spec})
+	if err != nil {
+		return nil, fmt.Errorf("starting task on node %q: %w", node, err)
+	}
+	a.observe(resp.GetStatus())
+	return resp.GetStatus(), nil
+}
+
+// GetTask returns the task's current status from the node's agent, or an error
+// wrapping ErrTaskUnknown.
+func (r *AgentRegistry) GetTask(ctx context.Context, node, uid string) (*agentv1.TaskStatus, error) {
+	a, err := r.conn(node)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := a.client.Get(ctx, &agentv1.GetRequest{Uid: uid})
+	if status.Code(err) == codes.NotFound {
+		return nil, fmt.Errorf("task %s on node %q: %w", uid, node, ErrTaskUnknown)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("getting task %s from node %q: %w", uid, node, err)
+	}
+	return resp.GetStatus(), nil
+}
+
+// CancelTask asks the node's agent to stop the task (SIGTERM, grace, SIGKILL).
+// It is idempotent; an unknown UID returns an error wrapping ErrTaskUnknown.
+func (r *AgentRegistry) CancelTask(ctx context.Context, node, uid string) (*agentv1.TaskStatus, error) {
+	a, err := r.conn(node)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := a.client.Cancel(ctx, &agentv1.CancelRequest{Uid: uid})
+	if status.Code(err) == codes.NotFound {
+		return nil, fmt.Errorf("task %s on node %q: %w", uid, node, ErrTaskUnknown)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("cancelling task %s on node %q: %w", uid, node, err)
+	}
+	return resp.GetStatus(), nil
+}
+
+// ForgetTask tells the node's agent that the terminal status is recorded. It
+// returns true when the agent dropped the task now, false when it will once
+// its uploads finish.
+func (r *AgentRegistry) ForgetTask(ctx context.Context, node, uid string) (bool, error) {
+	a, err := r.conn(node)
+	if err != nil {
+		return false, err
+	}
+	resp, err := a.client.Forget(ctx, &agentv1.ForgetRequest{Uid: uid})
+	if err != nil {
+		return false, fmt.Errorf("forgetting task %s on node %q: %w", uid, node, err)
+	}
+	return resp.GetForgotten(), nil
+}
+
+// agentConn is the connection to one agent and the state its Watch stream
+// reported.
+type agentConn struct {
+	node, addr string
+	cc         *grpc.ClientConn
+	client     agentv1.ExecutorClient
+	cancel     context.CancelFunc
+	done       chan struct{}
+
+	mu               sync.Mutex
+	info             *agentv1.AgentInfo
+	connected        bool
+	unreachableSince time.Time // zero while connected
+	running          map[string]bool
+	isClosed         bool
+}
+
+func (a *agentConn) close() {
+	a.mu.Lock()
+	if a.isClosed {
+		a.mu.Unlock()
+		return
+	}
+	a.isClosed = true
+	a.mu.Unlock()
+	a.cancel()
+	_ = a.cc.Close()
+}
+
+func (a *agentConn) closed() bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.isClosed
+}
+
+func (a *agentConn) unreachableSinceLocked(now time.Time) time.Time {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.connected {
+		return now
+	}
+	return a.unreachableSince
+}
+
+func (a *agentConn) state(now time.Time) AgentState {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	s := AgentState{Node: a.node, Connected: a.connected && !a.isClosed, Running: len(a.running)}
+	if a.info != nil {
+		s.Pod = a.info.GetPodName()
+		s.Incarnation = a.info.GetIncarnationId()
+		s.Capacity = int(a.info.GetCapacity())
+		s.AmbientEnv = a.info.GetReadiness().GetAmbientEnv()
+		s.Ready = s.Connected && a.info.GetReadiness().GetReady()
+	}
+	if !s.Connected && !a.unreachableSince.IsZero() {
+		s.UnreachableFor = now.Sub(a.unreachableSince)
+	}
+	return s
+}
+
+// observe records a task's running state from a reply or an event.
+func (a *agentConn) observe(ts *agentv1.TaskStatus) {
+	if ts == nil {
+		return
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if ts.GetState() == agentv1.TaskState_TASK_STATE_RUNNING {
+		a.running[ts.GetRef().GetUid()] = true
+	} else {
+		delete(a.running, ts.GetRef().GetUid())
+	}
+}
+
+func (a *agentConn) watchLoop(ctx context.Context, r *AgentRegistry) {
+	defer close(a.done)
+	backoff := wait.Backoff{Duration: 100 * time.Millisecond, Factor: 2, Jitter: 0.2, Steps: 1 << 30, Cap: 5 * time.Second}
+	for ctx.Err() == nil {
+		healthy, err := a.watchOnce(ctx, r)
+		a.mu.Lock()
+		if a.connected {
+			a.unreachableSince = r.opts.Clock.Now()
+		}
+		a.connected = false
+		a.mu.Unlock()
+		if ctx.Err() != nil {
+			return
+		}
+		if healthy {
+			backoff = wait.Backoff{Duration: 100 * time.Millisecond, Factor: 2, Jitter: 0.2, Steps: 1 << 30, Cap: 5 * time.Second}
+		}
+		r.opts.Log.V(1).Info("Agent watch ended; reconnecting", "node", a.node, "address", a.addr, "err", err)
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(backoff.Step()):
+		}
+	}
+}
+
+// watchOnce runs one Watch stream until it fails. healthy reports whether
+// the stream got as far as the agent's info.
+func (a *agentConn) watchOnce(ctx context.Context, r *AgentRegistry) (healthy bool, err error) {
+	stream, err := a.client.Watch(ctx, &agentv1.WatchRequest{})
+	if err != nil {
+		return false, err
+	}
+	first, err := stream.Recv()
+	if err != nil {
+		return false, err
+	}
+	info := first.GetAgent()
+	if info == nil {
+		return false, errors.New("the agent's first Watch message is not its info")
+	}
+	if info.GetNodeName() != "" && info.GetNodeName() != a.node {
+		return false, fmt.Errorf("agent at %s says it runs on node %q, its EndpointSlice says %q", a.addr, info.GetNodeName(), a.node)
+	}
+	a.mu.Lock()
+	if a.info != nil && a.info.GetIncarnationId() != info.GetIncarnationId() {
+		a.running = map[string]bool{}
+	}
+	a.info = info
+	a.connected = true
+	a.unreachableSince = time.Time{}
+	a.mu.Unlock()
+	r.opts.Log.Info("Agent connected", "node", a.node, "pod", info.GetPodName(), "incarnation", info.GetIncarnationId(),
+		"capacity", info.GetCapacity(), "ready", info.GetReadiness().GetReady(), "ambientEnv", info.GetReadiness().GetAmbientEnv())
+	for {
+		msg, err := stream.Recv()
+		if err != nil {
+			return true, err
+		}
+		ev := msg.GetTask()
+		if ev == nil {
+			continue
+		}
+		ts := ev.GetStatus()
+		a.observe(ts)
+		if ev.GetType() == agentv1.EventType_EVENT_TYPE_FORGOTTEN {
+			continue
+		}
+		ref := ts.GetRef()
+		if r.opts.Notify != nil && ref.GetName() != "" {
+			bt := &bashtaskv1alpha1.BashTask{}
+			bt.Namespace, bt.Name, bt.UID = ref.GetNamespace(), ref.GetName(), types.UID(ref.GetUid())
+			select {
+			case r.opts.Notify <- event.TypedGenericEvent[*bashtaskv1alpha1.BashTask]{Object: bt}:
+			case <-ctx.Done():
+				return true, ctx.Err()
+			}
+		}
+	}
+}

@@ -1,0 +1,482 @@
+package controllers
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/events"
+	"k8s.io/klog/v2"
+	"k8s.io/utils/clock"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	"sigs.k8s.io/controller-runtime/pkg/source"
+
+	agentv1 "github.com/bashtask/bashtask-operator/api/agent/v1"
+	bashtaskv1alpha1 "github.com/bashtask/bashtask-operator/api/v1alpha1"
+)
+
+// Agents is what the reconciler needs from the node agents. AgentRegistry
+// implements it over mTLS gRPC.
+type Agents interface {
+	// Agents returns the state of every known agent.
+	Agents() []AgentState
+	// Agent returns the state of one node's agent.
+	Agent(node string) AgentState
+	// StartTask starts a task; idempotent on the task UID.
+	StartTask(ctx context.Context, node string, spec *agentv1.TaskSpec) (*agentv1.TaskStatus, error)
+	// GetTask returns a task's status or an error wrapping ErrTaskUnknown.
+	GetTask(ctx context.Context, node, uid string) (*agentv1.TaskStatus, error)
+	// CancelTask stops a task; idempotent.
+	CancelTask(ctx context.Context, node, uid string) (*agentv1.TaskStatus, error)
+	// ForgetTask lets the agent drop a finished task once uploaded.
+	ForgetTask(ctx context.Context, node, uid string) (bool, error)
+}
+
+// Options are the reconciler's tunables; each is a flag of
+// bashtask-controller.
+type Options struct {
+	// MaxRunningPerOwner caps the running tasks of one spec.owner; 0 means
+	// no cap.
+	MaxRunningPerOwner int
+	// ProgressInterval is the shortest time between two tail refreshes of a
+	// running task's status.
+	ProgressInterval time.Duration
+	// AgentLostAfter is how long an agent may be without a working stream,
+	// on the controller's monotonic clock, before its running tasks become
+	// AgentLost.
+	AgentLostAfter time.Duration
+	// StatusBudgetBytes caps the JSON encoding of a task's status.
+	StatusBudgetBytes int
+	// MaxTimeoutSeconds caps spec.timeoutSeconds.
+	MaxTimeoutSeconds int32
+	// DefaultTTLSecondsAfterFinished applies when a task sets no
+	// ttlSecondsAfterFinished; nil keeps such tasks.
+	DefaultTTLSecondsAfterFinished *int32
+	// RetryInterval is how soon a task waiting for a reference, an agent or
+	// an owner slot is looked at again.
+	RetryInterval time.Duration
+}
+
+// DefaultOptions returns the flag defaults of bashtask-controller.
+func DefaultOptions() Options {
+	return Options{
+		ProgressInterval:  5 * time.Second,
+		AgentLostAfter:    60 * time.Second,
+		StatusBudgetBytes: DefaultStatusBudgetBytes,
+		MaxTimeoutSeconds: 600,
+		RetryInterval:     2 * time.Second,
+	}
+}
+
+// BashTaskReconciler reconciles BashTasks through the node agents: it
+// resolves references, applies the per-owner limit, places each task,
+// records the placement before dispatch (write-ahead), starts it, and
+// follows the agent's reports into status until the task is terminal.
+type BashTaskReconciler struct {
+	client    client.Client
+	apiReader client.Reader
+	agents    Agents
+	recorder  events.EventRecorder
+	clock     clock.PassiveClock
+	opts      Options
+	metrics   *Metrics
+
+	ownerMu  sync.Mutex
+	reserved map[string]map[types.UID]bool // owner -> tasks admitted, not yet dispatched in the cache
+
+	progressMu sync.Mutex
+	progress   map[types.UID]time.Time // last progress write per running task
+}
+
+// NewBashTaskReconciler returns a reconciler. c is the manager's cached
+// client; apiReader reads Secrets and ConfigMaps uncached (the controller
+// may get them, not list them); m may be nil.
+func NewBashTaskReconciler(c client.Client, apiReader client.Reader, agents Agents, recorder events.EventRecorder, clk clock.PassiveClock, opts Options, m *Metrics) *BashTaskReconciler {
+	return &BashTaskReconciler{
+		client: c, apiReader: apiReader, agents: agents, recorder: recorder, clock: clk, opts: opts, metrics: m,
+		reserved: map[string]map[types.UID]bool{},
+		progress: map[types.UID]time.Time{},
+	}
+}
+
+// SetupWithManager registers the reconciler, its cache index and its event
+// sources: BashTask changes, agent task events (agentEvents) and the
+// release of an owner slot.
+func (r *BashTaskReconciler) SetupWithManager(mgr ctrl.Manager, agentEvents <-chan event.TypedGenericEvent[*bashtaskv1alpha1.BashTask], workers int) error {
+	if err := mgr.GetFieldIndexer().IndexField(context.Background(), &bashtaskv1alpha1.BashTask{}, IndexOwner,
+		func(o client.Object) []string {
+			if owner := o.(*bashtaskv1alpha1.BashTask).Spec.Owner; owner != "" {
+				return []string{owner}
+			}
+			return nil
+		}); err != nil {
+		return fmt.Errorf("indexing BashTasks by %s: %w", IndexOwner, err)
+	}
+	b := ctrl.NewControllerManagedBy(mgr).
+		For(&bashtaskv1alpha1.BashTask{}).
+		Named("bashtask").
+		WithOptions(controller.Options{MaxConcurrentReconciles: workers}).
+		Watches(&bashtaskv1alpha1.BashTask{}, handler.EnqueueRequestsFromMapFunc(r.waitingForOwnerSlot))
+	if agentEvents != nil {
+		b = b.WatchesRawSource(source.Channel(agentEvents, &handler.TypedEnqueueRequestForObject[*bashtaskv1alpha1.BashTask]{}))
+	}
+	return b.Complete(r)
+}
+
+// waitingForOwnerSlot maps a task that no longer occupies an owner slot to
+// the same owner's tasks waiting for one.
+func (r *BashTaskReconciler) waitingForOwnerSlot(ctx context.Context, o client.Object) []reconcile.Request {
+	bt, ok := o.(*bashtaskv1alpha1.BashTask)
+	if !ok || r.opts.MaxRunningPerOwner <= 0 || bt.Spec.Owner == "" || !isTerminal(bt) {
+		return nil
+	}
+	var list bashtaskv1alpha1.BashTaskList
+	if err := r.client.List(ctx, &list, client.InNamespace(bt.Namespace), client.MatchingFields{IndexOwner: bt.Spec.Owner}); err != nil {
+		return nil
+	}
+	var reqs []reconcile.Request
+	for i := range list.Items {
+		if t := &list.Items[i]; !isDispatched(t) && !isTerminal(t) {
+			reqs = append(reqs, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(t)})
+		}
+	}
+	return reqs
+}
+
+// Reconcile moves one task one step towards its terminal state.
+func (r *BashTaskReconciler) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
+	bt := &bashtaskv1alpha1.BashTask{}
+	if err := r.client.Get(ctx, req.NamespacedName, bt); err != nil {
+		if apierrors.IsNotFound(err) {
+			r.forgetProgress(types.UID(""))
+		}
+		return reconcile.Result{}, client.IgnoreNotFound(err)
+	}
+	switch {
+	case isTerminal(bt):
+		return r.reconcileFinished(ctx, bt)
+	case isDispatched(bt):
+		return r.reconcileDispatched(ctx, bt)
+	default:
+		return r.reconcilePending(ctx, bt)
+	}
+}
+
+// isTerminal reports whether the task has its terminal reason.
+func isTerminal(bt *bashtaskv1alpha1.BashTask) bool { return bt.Status.Reason != "" }
+
+// isDispatched reports whether the task was recorded on an agent.
+func isDispatched(bt *bashtaskv1alpha1.BashTask) bool {
+	return bt.Status.NodeName != "" && bt.Status.Agent != nil
+}
+
+// reconcilePending handles a task not yet dispatched.
+func (r *BashTaskReconciler) reconcilePending(ctx context.Context, bt *bashtaskv1alpha1.BashTask) (reconcile.Result, error) {
+	if !bt.DeletionTimestamp.IsZero() {
+		return reconcile.Result{}, r.removeFinalizer(ctx, bt)
+	}
+	old := bt.Status.DeepCopy()
+	now := r.clock.Now()
+	if isTrue(bt.Spec.CancelRequested) {
+		setTerminal(bt, bashtaskv1alpha1.ReasonCancelled, "cancelled before it was dispatched", now)
+		return reconcile.Result{}, r.writeStatus(ctx, bt, old, "terminal")
+	}
+	if isTrue(bt.Spec.Suspend) {
+		setPending(bt, ReasonSuspended, "spec.suspend is true; the task is not dispatched")
+		return reconcile.Result{}, r.writeStatus(ctx, bt, old, "pending")
+	}
+
+	resolved, err := r.resolve(ctx, bt)
+	var missing *missingReferenceError
+	var invalid *invalidValueError
+	switch {
+	case errors.As(err, &missing):
+		setPending(bt, ReasonMissingReference, missing.Error())
+		if werr := r.writeStatus(ctx, bt, old, "pending"); werr != nil {
+			return reconcile.Result{}, werr
+		}
+		if conditionChanged(old, bt, bashtaskv1alpha1.ConditionScheduled) {
+			r.recorder.Eventf(bt, nil, corev1.EventTypeWarning, ReasonMissingReference, "Resolve", "%s", missing.Error())
+		}
+		return reconcile.Result{RequeueAfter: r.opts.RetryInterval}, nil
+	case errors.As(err, &invalid):
+		setTerminal(bt, bashtaskv1alpha1.ReasonInvalidSpec, invalid.Error(), now)
+		return reconcile.Result{}, r.writeStatus(ctx, bt, old, "terminal")
+	case err != nil:
+		return reconcile.Result{}, err
+	}
+
+	release, admitted, err := r.admitOwner(ctx, bt)
+	if err != nil {
+		return reconcile.Result{}, err
+	}
+	if !admitted {
+		setPending(bt, ReasonOwnerLimit, fmt.Sprintf("owner %q already runs %d tasks, the --max-running-per-owner limit", bt.Spec.Owner, r.opts.MaxRunningPerOwner))
+		return reconcile.Result{RequeueAfter: r.opts.RetryInterval}, r.writeStatus(ctx, bt, old, "pending")
+	}
+
+	agent, why := r.place(ctx, bt)
+	if agent == nil {
+		release()
+		setPending(bt, ReasonNoAgent, why)
+		return reconcile.Result{RequeueAfter: r.opts.RetryInterval}, r.writeStatus(ctx, bt, old, "pending")
+	}
+
+	if !controllerutil.ContainsFinalizer(bt, Finalizer) {
+		controllerutil.AddFinalizer(bt, Finalizer)
+		if err := r.client.Update(ctx, bt); err != nil {
+			release()
+			return reconcile.Result{}, fmt.Errorf("adding finalizer to %s: %w", klog.KObj(bt), err)
+		}
+	}
+
+	// Write ahead: the placement is recorded before Start is called, and the
+	// write is conditional on the resourceVersion we read. A stale cache or
+	// a second controller loses the race here with a conflict instead of
+	// starting the task elsewhere, which makes dispatch at-most-once.
+	bt.Status.NodeName = agent.Node
+	bt.Status.Agent = &bashtaskv1alpha1.AgentRef{Pod: agent.Pod, Incarnation: agent.Incarnation}
+	bt.Status.Phase = bashtaskv1alpha1.PhasePending
+	setCondition(bt, bashtaskv1alpha1.ConditionScheduled, true, ReasonDispatched, fmt.Sprintf("dispatched to the agent on node %s", agent.Node))
+	if err := r.writeStatus(ctx, bt, old, "dispatch"); err != nil {
+		release()
+		return reconcile.Result{}, err
+	}
+	r.recorder.Eventf(bt, nil, corev1.EventTypeNormal, ReasonDispatched, "Dispatch", "Dispatched to node %s", agent.Node)
+	return r.start(ctx, bt, resolved)
+}
+
+// start sends a written-ahead task to its agent and records the reply.
+func (r *BashTaskReconciler) start(ctx context.Context, bt *bashtaskv1alpha1.BashTask, resolved *resolvedInput) (reconcile.Result, error) {
+	if resolved == nil {
+		var err error
+		if resolved, err = r.resolve(ctx, bt); err != nil {
+			// The values existed at dispatch; one removed since then cannot
+			// be waited for on an assigned node.
+			old := bt.Status.DeepCopy()
+			setTerminal(bt, bashtaskv1alpha1.ReasonInvalidSpec, fmt.Sprintf("resolving values for dispatch: %v", err), r.clock.Now())
+			return reconcile.Result{}, r.writeStatus(ctx, bt, old, "terminal")
+		}
+	}
+	spec := r.taskSpec(bt, resolved)
+	ts, err := r.agents.StartTask(ctx, bt.Status.NodeName, spec)
+	if err != nil {
+		// The task stays assigned to this agent: Start is idempotent on the
+		// UID, so retrying there can never run it twice.
+		return reconcile.Result{}, fmt.Errorf("dispatching %s: %w", klog.KObj(bt), err)
+	}
+	if r.metrics != nil {
+		r.metrics.observeDispatch(bt, r.clock.Now())
+	}
+	old := bt.Status.DeepCopy()
+	r.applyTaskStatus(bt, ts)
+	return r.afterApply(ctx, bt, old)
+}
+
+// reconcileDispatched follows a dispatched task on its agent.
+func (r *BashTaskReconciler) reconcileDispatched(ctx context.Context, bt *bashtaskv1alpha1.BashTask) (reconcile.Result, error) {
+	old := bt.Status.DeepCopy()
+	node := bt.Status.NodeName
+	agent := r.agents.Agent(node)
+	if !agent.Connected {
+		if agent.UnreachableFor >= r.opts.AgentLostAfter {
+			setTerminal(bt, bashtaskv1alpha1.ReasonAgentLost,
+				fmt.Sprintf("the agent on node %s was unreachable for %s (--agent-lost-after %s)", node, agent.UnreachableFor.Round(time.Second), r.opts.AgentLostAfter), r.clock.Now())
+			if err := r.writeStatus(ctx, bt, old, "terminal"); err != nil {
+				return reconcile.Result{}, err
+			}
+			r.recorder.Eventf(bt, nil, corev1.EventTypeWarning, string(bashtaskv1alpha1.ReasonAgentLost), "Follow", "Agent on node %s lost", node)
+			return r.reconcileFinished(ctx, bt)
+		}
+		return reconcile.Result{RequeueAfter: r.opts.AgentLostAfter - agent.UnreachableFor}, nil
+	}
+
+	uid := string(bt.UID)
+	ts, err := r.agents.GetTask(ctx, node, uid)
+	switch {
+	case errors.Is(err, ErrTaskUnknown) && agent.Incarnation == bt.Status.Agent.Incarnation:
+		// Written ahead but never received by this incarnation (the
+		// controller stopped between the two steps, or the reply was lost):
+		// starting it now is the first start.
+		if !bt.DeletionTimestamp.IsZero() || isTrue(bt.Spec.CancelRequested) {
+			setTerminal(bt, bashtaskv1alpha1.ReasonCancelled, "cancelled before the agent started it", r.clock.Now())
+			if err := r.writeStatus(ctx, bt, old, "terminal"); err != nil {
+				return reconcile.Result{}, err
+			}
+			return r.reconcileFinished(ctx, bt)
+		}
+		return r.start(ctx, bt, nil)
+	case errors.Is(err, ErrTaskUnknown):
+		setTerminal(bt, bashtaskv1alpha1.ReasonAgentRestarted,
+			fmt.Sprintf("the agent on node %s restarted (incarnation %s, was %s) and has no record of the task", node, agent.Incarnation, bt.Status.Agent.Incarnation), r.clock.Now())
+		if err := r.writeStatus(ctx, bt, old, "terminal"); err != nil {
+			return reconcile.Result{}, err
+		}
+		return r.reconcileFinished(ctx, bt)
+	case err != nil:
+		return reconcile.Result{}, err
+	}
+
+	if ts.GetState() == agentv1.TaskState_TASK_STATE_RUNNING && (!bt.DeletionTimestamp.IsZero() || isTrue(bt.Spec.CancelRequested)) {
+		if ts, err = r.agents.CancelTask(ctx, node, uid); err != nil {
+			return reconcile.Result{}, err
+		}
+	}
+	r.applyTaskStatus(bt, ts)
+	return r.afterApply(ctx, bt, old)
+}
+
+// afterApply writes the status an agent report produced, throttling
+// progress-only changes, and finishes a terminal task.
+func (r *BashTaskReconciler) afterApply(ctx context.Context, bt *bashtaskv1alpha1.BashTask, old *bashtaskv1alpha1.BashTaskStatus) (reconcile.Result, error) {
+	if isTerminal(bt) {
+		if err := r.writeStatus(ctx, bt, old, "terminal"); err != nil {
+			return reconcile.Result{}, err
+		}
+		r.recorder.Eventf(bt, nil, eventType(bt), string(bt.Status.Reason), "Finish", "%s", finishNote(bt))
+		if r.metrics != nil {
+			r.metrics.observeFinish(bt)
+		}
+		return r.reconcileFinished(ctx, bt)
+	}
+	kind := "running"
+	if old.Phase == bashtaskv1alpha1.PhaseRunning {
+		// Only the tail and byte counts changed: at most one write per
+		// progress interval.
+		kind = "progress"
+		now := r.clock.Now()
+		r.progressMu.Lock()
+		last, seen := r.progress[bt.UID]
+		r.progressMu.Unlock()
+		if seen && now.Sub(last) < r.opts.ProgressInterval {
+			return reconcile.Result{RequeueAfter: r.opts.ProgressInterval - now.Sub(last)}, nil
+		}
+	}
+	if equality.Semantic.DeepEqual(old, &bt.Status) {
+		return reconcile.Result{}, nil
+	}
+	if err := r.writeStatus(ctx, bt, old, kind); err != nil {
+		return reconcile.Result{}, err
+	}
+	r.progressMu.Lock()
+	r.progress[bt.UID] = r.clock.Now()
+	r.progressMu.Unlock()
+	if old.Phase != bashtaskv1alpha1.PhaseRunning && bt.Status.Phase == bashtaskv1alpha1.PhaseRunning {
+		r.recorder.Eventf(bt, nil, corev1.EventTypeNormal, ReasonStarted, "Start", "Started on node %s", bt.Status.NodeName)
+	}
+	return reconcile.Result{}, nil
+}
+
+// reconcileFinished handles a terminal task: pending uploads, Forget, the
+// finalizer and the TTL.
+func (r *BashTaskReconciler) reconcileFinished(ctx context.Context, bt *bashtaskv1alpha1.BashTask) (reconcile.Result, error) {
+	r.forgetProgress(bt.UID)
+	node := bt.Status.NodeName
+	agent := AgentState{}
+	if isDispatched(bt) {
+		agent = r.agents.Agent(node)
+	}
+	sameAgent := agent.Connected && bt.Status.Agent != nil && agent.Incarnation == bt.Status.Agent.Incarnation
+
+	if sameAgent && uploadPending(bt) {
+		// Uploads finish after the terminal report; follow them into the
+		// spill references. The terminal reason never changes here.
+		if ts, err := r.agents.GetTask(ctx, node, string(bt.UID)); err == nil {
+			old := bt.Status.DeepCopy()
+			applyUploads(bt, ts)
+			if err := r.writeStatus(ctx, bt, old, "upload"); err != nil {
+				return reconcile.Result{}, err
+			}
+		} else if !errors.Is(err, ErrTaskUnknown) {
+			return reconcile.Result{}, err
+		}
+	}
+
+	if controllerutil.ContainsFinalizer(bt, Finalizer) {
+		if sameAgent {
+			// The agent drops its copy once uploads are done; asking now is
+			// safe whatever their state.
+			if _, err := r.agents.ForgetTask(ctx, node, string(bt.UID)); err != nil {
+				return reconcile.Result{}, err
+			}
+		}
+		if err := r.removeFinalizer(ctx, bt); err != nil {
+			return reconcile.Result{}, err
+		}
+	}
+	if !bt.DeletionTimestamp.IsZero() {
+		return reconcile.Result{}, nil
+	}
+
+	ttl := bt.Spec.TTLSecondsAfterFinished
+	if ttl == nil {
+		ttl = r.opts.DefaultTTLSecondsAfterFinished
+	}
+	if ttl == nil || bt.Status.CompletionTime == nil {
+		return reconcile.Result{}, nil
+	}
+	due := bt.Status.CompletionTime.Add(time.Duration(*ttl) * time.Second)
+	if wait := due.Sub(r.clock.Now()); wait > 0 {
+		return reconcile.Result{RequeueAfter: wait}, nil
+	}
+	// The UID precondition keeps a task recreated under the same name safe.
+	uid := bt.UID
+	if err := r.client.Delete(ctx, bt, client.Preconditions{UID: &uid}); err != nil && !apierrors.IsNotFound(err) {
+		return reconcile.Result{}, fmt.Errorf("deleting %s after its TTL: %w", klog.KObj(bt), err)
+	}
+	return reconcile.Result{}, nil
+}
+
+func (r *BashTaskReconciler) removeFinalizer(ctx context.Context, bt *bashtaskv1alpha1.BashTask) error {
+	if !controllerutil.ContainsFinalizer(bt, Finalizer) {
+		return nil
+	}
+	controllerutil.RemoveFinalizer(bt, Finalizer)
+	if err := r.client.Update(ctx, bt); err != nil && !apierrors.IsNotFound(err) {
+		return fmt.Errorf("removing finalizer from %s: %w", klog.KObj(bt), err)
+	}
+	return nil
+}
+
+// writeStatus writes bt's status through the status subresource when it
+// differs from old, after fitting it into the status budget. kind labels
+// the write in metrics.
+func (r *BashTaskReconciler) writeStatus(ctx context.Context, bt *bashtaskv1alpha1.BashTask, old *bashtaskv1alpha1.BashTaskStatus, kind string) error {
+	bt.Status.ObservedGeneration = bt.Generation
+	if equality.Semantic.DeepEqual(old, &bt.Status) {
+		return nil
+	}
+	if err := FitStatusBudget(&bt.Status, r.opts.StatusBudgetBytes); err != nil {
+		return fmt.Errorf("fitting the status of %s into %d bytes: %w", klog.KObj(bt), r.opts.StatusBudgetBytes, err)
+	}
+	if err := r.client.Status().Update(ctx, bt); err != nil {
+		return fmt.Errorf("writing %s status of %s: %w", kind, klog.KObj(bt), err)
+	}
+	if r.metrics != nil {
+		r.metrics.StatusWrites.WithLabelValues(kind).Inc()
+	}
+	return nil
+}
+
+func (r *BashTaskReconciler) forgetProgress(uid types.UID) {
+	if uid == "" {
+		return
+	}
+	r.progressMu.Lock()
+	delete(r.progress, uid)
+	r.progressMu.Unlock()
+}
+
+func isTrue(b *bool) bool { return b != nil && *b }

@@ -1,0 +1,52 @@
+package controllers
+
+// Keys the controller puts on objects, and names of cache indexes. Every
+// label, annotation, finalizer and index key of the controller is here.
+const (
+	// Finalizer keeps a dispatched task's object until its process is
+	// stopped and the agent has forgotten it, so that deleting a running task
+	// cancels it and never leaves an orphan on a node.
+	Finalizer = "bashtask.dev/finalizer"
+
+	// IndexOwner indexes BashTasks by spec.owner, for the per-owner limit.
+	IndexOwner = "spec.owner"
+
+	// IndexActive indexes BashTasks by whether they occupy an owner slot:
+	// "true" from write-ahead (dispatch) until terminal.
+	IndexActive = "bashtask.dev/active"
+
+	// ManagedEnvName and the others below are the managed facts given to
+	// every command, last in its environment so nothing displaces them
+	// (DESIGN.md section 5).
+	ManagedEnvName      = "BASHTASK_NAME"
+	ManagedEnvNamespace = "BASHTASK_NAMESPACE"
+	ManagedEnvUID       = "BASHTASK_UID"
+	ManagedEnvNode      = "BASHTASK_NODE"
+)
+
+// Condition reasons the controller writes. Terminal reasons are the
+// api/v1alpha1 Reason values; these explain the non-terminal states.
+const (
+	// ReasonSuspended: spec.suspend is true and the task was not dispatched.
+	ReasonSuspended = "Suspended"
+	// ReasonMissingReference: a referenced Secret, ConfigMap or key does not
+	// exist yet; the controller retries, like a Pod's config error.
+	ReasonMissingReference = "MissingReference"
+	// ReasonOwnerLimit: the owner already has --max-running-per-owner tasks
+	// running.
+	ReasonOwnerLimit = "OwnerLimit"
+	// ReasonNoAgent: no ready agent matches the placement or has capacity.
+	ReasonNoAgent = "NoAgent"
+	// ReasonDispatched: the task is recorded on an agent (write-ahead).
+	ReasonDispatched = "Dispatched"
+	// ReasonStarted: the agent reported the command started.
+	ReasonStarted = "Started"
+	// ReasonFinished: the command is no longer running.
+	ReasonFinished = "Finished"
+	// ReasonUploadPending: an output stream is not yet in object storage.
+	ReasonUploadPending = "UploadPending"
+	// ReasonUploaded: every stream due for upload is stored.
+	ReasonUploaded = "Uploaded"
+	// ReasonNotNeeded: no stream needed uploading.
+	ReasonNotNeeded = "NotNeeded"
+)

@@ -1,0 +1,298 @@
+package controllers
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	"google.golang.org/protobuf/types/known/durationpb"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	agentv1 "github.com/bashtask/bashtask-operator/api/agent/v1"
+	bashtaskv1alpha1 "github.com/bashtask/bashtask-operator/api/v1alpha1"
+)
+
+// maxStdinFromBytes caps stdin taken from a Secret or ConfigMap. Those
+// objects are at most 1 MiB (the API server's limit), so this only guards
+// against a future larger limit.
+const maxStdinFromBytes = 1 << 20
+
+// resolvedInput is a task's input with every reference resolved.
+type resolvedInput struct {
+	env   []*agentv1.EnvVar
+	stdin *agentv1.Stdin
+}
+
+// missingReferenceError names a Secret, ConfigMap or key that does not
+// exist yet. The task waits for it.
+type missingReferenceError struct {
+	field, kind, name, key string
+	objectMissing          bool
+}
+
+func (e *missingReferenceError) Error() string {
+	if e.objectMissing {
+		return fmt.Sprintf("%s: %s %q not found; waiting for it to be created", e.field, e.kind, e.name)
+	}
+	return fmt.Sprintf("%s: key %q not found in %s %q; waiting for it to be added", e.field, e.key, e.kind, e.name)
+}
+
+// invalidValueError is a resolved value that breaks a rule the schema could
+// not check, so waiting will not help.
+type invalidValueError struct{ msg string }
+
+func (e *invalidValueError) Error() string { return e.msg }
+
+// resolve reads every valueFrom and stdinFrom reference. Nothing is
+// dispatched before every value exists.
+func (r *BashTaskReconciler) resolve(ctx context.Context, bt *bashtaskv1alpha1.BashTask) (*resolvedInput, error) {
+	out := &resolvedInput{}
+	for i, e := range bt.Spec.Env {
+		field := fmt.Sprintf("spec.env[%d] (%s)", i, e.Name)
+		var value string
+		if e.ValueFrom != nil {
+			raw, err := r.lookup(ctx, bt.Namespace, field, e.ValueFrom)
+			if err != nil {
+				return nil, err
+			}
+			if strings.IndexByte(string(raw), 0) >= 0 {
+				return nil, &invalidValueError{fmt.Sprintf("%s: the referenced value contains a NUL byte, which an environment variable cannot hold", field)}
+			}
+			if len(raw) > bashtaskv1alpha1.MaxEnvValueBytes {
+				return nil, &invalidValueError{fmt.Sprintf("%s: the referenced value is %d bytes, over the kernel's limit of %d bytes per environment string", field, len(raw), bashtaskv1alpha1.MaxEnvValueBytes)}
+			}
+			value = string(raw)
+		} else if e.Value != nil {
+			value = *e.Value
+		}
+		out.env = append(out.env, &agentv1.EnvVar{Name: e.Name, Value: value})
+	}
+	switch {
+	case bt.Spec.Stdin != nil:
+		out.stdin = &agentv1.Stdin{Data: []byte(*bt.Spec.Stdin)}
+	case bt.Spec.StdinFrom != nil:
+		raw, err := r.lookup(ctx, bt.Namespace, "spec.stdinFrom", bt.Spec.StdinFrom)
+		if err != nil {
+			return nil, err
+		}
+		if len(raw) > maxStdinFromBytes {
+			return nil, &invalidValueError{fmt.Sprintf("spec.stdinFrom: the referenced value is %d bytes, over the limit of %d", len(raw), maxStdinFromBytes)}
+		}
+		out.stdin = &agentv1.Stdin{Data: raw}
+	}
+	return out, nil
+}
+
+// lookup returns the bytes of one Secret or ConfigMap key.
+func (r *BashTaskReconciler) lookup(ctx context.Context, ns, field string, src *bashtaskv1alpha1.ValueSource) ([]byte, error) {
+	switch {
+	case src.SecretKeyRef != nil:
+		ref := src.SecretKeyRef
+		var s corev1.Secret
+		if err := r.apiReader.Get(ctx, types.NamespacedName{Namespace: ns, Name: ref.Name}, &s); err != nil {
+			if apierrors.IsNotFound(err) {
+				return nil, &missingReferenceError{field: field, kind: "Secret", name: ref.Name, key: ref.Key, objectMissing: true}
+			}
+			return nil, fmt.Errorf("%s: reading Secret %s/%s: %w", field, ns, ref.Name, err)
+		}
+		v, ok := s.Data[ref.Key]
+		if !ok {
+			return nil, &missingReferenceError{field: field, kind: "Secret", name: ref.Name, key: ref.Key}
+		}
+		return v, nil
+	case src.ConfigMapKeyRef != nil:
+		ref := src.ConfigMapKeyRef
+		var cm corev1.ConfigMap
+		if err := r.apiReader.Get(ctx, types.NamespacedName{Namespace: ns, Name: ref.Name}, &cm); err != nil {
+			if apierrors.IsNotFound(err) {
+				return nil, &missingReferenceError{field: field, kind: "ConfigMap", name: ref.Name, key: ref.Key, objectMissing: true}
+			}
+			return nil, fmt.Errorf("%s: reading ConfigMap %s/%s: %w", field, ns, ref.Name, err)
+		}
+		if v, ok := cm.Data[ref.Key]; ok {
+			return []byte(v), nil
+		}
+		if v, ok := cm.BinaryData[ref.Key]; ok {
+			return v, nil
+		}
+		return nil, &missingReferenceError{field: field, kind: "ConfigMap", name: ref.Name, key: ref.Key}
+	}
+	return nil, &invalidValueError{field + ": no secretKeyRef or configMapKeyRef"}
+}
+
+// admitOwner applies --max-running-per-owner. It returns admitted=false
+// when the owner is at its limit. An admitted task holds a reservation
+// until the cache shows it dispatched, so that concurrent workers cannot
+// admit more than the limit between a count and a write; release drops the
+// reservation when dispatch did not happen.
+func (r *BashTaskReconciler) admitOwner(ctx context.Context, bt *bashtaskv1alpha1.BashTask) (release func(), admitted bool, err error) {
+	noop := func() {}
+	owner := bt.Spec.Owner
+	if r.opts.MaxRunningPerOwner <= 0 || owner == "" {
+		return noop, true, nil
+	}
+	r.ownerMu.Lock()
+	defer r.ownerMu.Unlock()
+	var list bashtaskv1alpha1.BashTaskList
+	if err := r.client.List(ctx, &list, client.MatchingFields{IndexOwner: owner}); err != nil {
+		return noop, false, fmt.Errorf("listing tasks of owner %q: %w", owner, err)
+	}
+	res := r.reserved[owner]
+	if res == nil {
+		res = map[types.UID]bool{}
+		r.reserved[owner] = res
+	}
+	seen := map[types.UID]bool{}
+	active := 0
+	for i := range list.Items {
+		t := &list.Items[i]
+		seen[t.UID] = true
+		if isDispatched(t) || isTerminal(t) {
+			delete(res, t.UID) // the cache caught up with the reservation
+		}
+		if isDispatched(t) && !isTerminal(t) {
+			active++
+		}
+	}
+	for uid := range res {
+		if uid == bt.UID {
+			continue
+		}
+		if seen[uid] {
+			active++
+		} else {
+			delete(res, uid) // deleted before it was dispatched
+		}
+	}
+	if active >= r.opts.MaxRunningPerOwner {
+		return noop, false, nil
+	}
+	res[bt.UID] = true
+	return func() {
+		r.ownerMu.Lock()
+		delete(r.reserved[owner], bt.UID)
+		r.ownerMu.Unlock()
+	}, true, nil
+}
+
+// place chooses the agent for a task: spec.nodeName, else the agents whose
+// Node matches spec.nodeSelector, else every agent; among those, a ready
+// one with free capacity and the fewest running tasks. It returns nil and a
+// reason when none fits.
+func (r *BashTaskReconciler) place(ctx context.Context, bt *bashtaskv1alpha1.BashTask) (*AgentState, string) {
+	var candidates []AgentState
+	if bt.Spec.NodeName != "" {
+		candidates = []AgentState{r.agents.Agent(bt.Spec.NodeName)}
+	} else {
+		candidates = r.agents.Agents()
+	}
+	if len(bt.Spec.NodeSelector) > 0 {
+		sel := labels.SelectorFromSet(bt.Spec.NodeSelector)
+		kept := candidates[:0:0]
+		for _, a := range candidates {
+			var n corev1.Node
+			if err := r.client.Get(ctx, types.NamespacedName{Name: a.Node}, &n); err != nil {
+				continue
+			}
+			if sel.Matches(labels.Set(n.Labels)) {
+				kept = append(kept, a)
+			}
+		}
+		candidates = kept
+	}
+	var best *AgentState
+	notReady, full := 0, 0
+	for i := range candidates {
+		a := &candidates[i]
+		switch {
+		case !a.Ready:
+			notReady++
+			continue
+		case a.Capacity > 0 && a.Running >= a.Capacity:
+			full++
+			continue
+		}
+		if best == nil || a.Running < best.Running || (a.Running == best.Running && a.Node < best.Node) {
+			best = a
+		}
+	}
+	if best != nil {
+		return best, ""
+	}
+	where := "any node"
+	switch {
+	case bt.Spec.NodeName != "":
+		where = "node " + bt.Spec.NodeName
+	case len(bt.Spec.NodeSelector) > 0:
+		where = "nodes matching " + labels.SelectorFromSet(bt.Spec.NodeSelector).String()
+	}
+	return nil, fmt.Sprintf("no ready agent with free capacity on %s (%d matching, %d not ready, %d at capacity); retrying", where, len(candidates), notReady, full)
+}
+
+// taskSpec builds the agent request: everything resolved, defaults applied.
+func (r *BashTaskReconciler) taskSpec(bt *bashtaskv1alpha1.BashTask, in *resolvedInput) *agentv1.TaskSpec {
+	timeout := int32(bashtaskv1alpha1.DefaultTimeoutSeconds)
+	if bt.Spec.TimeoutSeconds != nil {
+		timeout = *bt.Spec.TimeoutSeconds
+	}
+	if r.opts.MaxTimeoutSeconds > 0 && timeout > r.opts.MaxTimeoutSeconds {
+		timeout = r.opts.MaxTimeoutSeconds
+	}
+	grace := int32(bashtaskv1alpha1.DefaultKillGracePeriodSeconds)
+	if bt.Spec.KillGracePeriodSeconds != nil {
+		grace = *bt.Spec.KillGracePeriodSeconds
+	}
+	out := &agentv1.OutputSettings{
+		TailBytes:       bashtaskv1alpha1.DefaultTailBytes,
+		SpillLimitBytes: bashtaskv1alpha1.DefaultSpillLimitBytes,
+		Upload:          agentv1.UploadPolicy_UPLOAD_POLICY_WHEN_INCOMPLETE,
+	}
+	if o := bt.Spec.Output; o != nil {
+		if o.TailBytes != nil {
+			out.TailBytes = *o.TailBytes
+		}
+		if o.SpillLimitBytes != nil {
+			out.SpillLimitBytes = *o.SpillLimitBytes
+		}
+		switch o.Upload {
+		case bashtaskv1alpha1.UploadAlways:
+			out.Upload = agentv1.UploadPolicy_UPLOAD_POLICY_ALWAYS
+		case bashtaskv1alpha1.UploadNever:
+			out.Upload = agentv1.UploadPolicy_UPLOAD_POLICY_NEVER
+		}
+	}
+	spec := &agentv1.TaskSpec{
+		Ref:        &agentv1.TaskRef{Namespace: bt.Namespace, Name: bt.Name, Uid: string(bt.UID)},
+		Command:    bt.Spec.Command,
+		Stdin:      in.stdin,
+		Env:        in.env,
+		WorkingDir: bt.Spec.WorkingDir,
+		Timeout:    durationpb.New(time.Duration(timeout) * time.Second),
+		KillGrace:  durationpb.New(time.Duration(grace) * time.Second),
+		Output:     out,
+		ManagedEnv: []*agentv1.EnvVar{
+			{Name: ManagedEnvName, Value: bt.Name},
+			{Name: ManagedEnvNamespace, Value: bt.Namespace},
+			{Name: ManagedEnvUID, Value: string(bt.UID)},
+			{Name: ManagedEnvNode, Value: bt.Status.NodeName},
+		},
+	}
+	if res := bt.Spec.Resources; res != nil {
+		spec.Resources = &agentv1.Resources{}
+		if res.Memory != nil {
+			spec.Resources.MemoryBytes = res.Memory.Value()
+		}
+		if res.CPU != nil {
+			spec.Resources.CpuMillis = res.CPU.MilliValue()
+		}
+		if res.PIDs != nil {
+			spec.Resources.Pids = *res.PIDs
+		}
+	}
+	return spec
+}

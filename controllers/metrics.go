@@ -1,0 +1,82 @@
+package controllers
+
+import (
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	bashtaskv1alpha1 "github.com/bashtask/bashtask-operator/api/v1alpha1"
+)
+
+// Metrics are the controller's Prometheus metrics, registered on the
+// controller-runtime metrics registry by the binary.
+type Metrics struct {
+	// DispatchLatency is seconds from a task's creation to the agent's
+	// acknowledgement of Start.
+	DispatchLatency prometheus.Histogram
+	// RunDuration is seconds from a task's start to its completion, as the
+	// agent measured them.
+	RunDuration prometheus.Histogram
+	// Finished counts terminal tasks by reason.
+	Finished *prometheus.CounterVec
+	// StatusWrites counts status writes by kind: pending, dispatch,
+	// running, progress, terminal, upload.
+	StatusWrites *prometheus.CounterVec
+	// AgentsConnected is the number of agents with a working Watch stream.
+	AgentsConnected prometheus.GaugeFunc
+}
+
+// NewMetrics creates the metrics; agents reports the connected agents for
+// the gauge and may be nil.
+func NewMetrics(agents func() []AgentState) *Metrics {
+	buckets := []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 300}
+	return &Metrics{
+		DispatchLatency: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "bashtask_dispatch_latency_seconds", Help: "Seconds from a BashTask's creation to its start on an agent.", Buckets: buckets,
+		}),
+		RunDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "bashtask_run_duration_seconds", Help: "Seconds from a BashTask's start to its completion.", Buckets: buckets,
+		}),
+		Finished: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "bashtask_finished_total", Help: "BashTasks that reached a terminal reason, by reason.",
+		}, []string{"reason"}),
+		StatusWrites: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "bashtask_status_writes_total", Help: "BashTask status writes by kind.",
+		}, []string{"kind"}),
+		AgentsConnected: prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "bashtask_agents_connected", Help: "Agents with a working Watch stream.",
+		}, func() float64 {
+			if agents == nil {
+				return 0
+			}
+			n := 0
+			for _, a := range agents() {
+				if a.Connected {
+					n++
+				}
+			}
+			return float64(n)
+		}),
+	}
+}
+
+// Register adds every metric to reg.
+func (m *Metrics) Register(reg prometheus.Registerer) error {
+	for _, c := range []prometheus.Collector{m.DispatchLatency, m.RunDuration, m.Finished, m.StatusWrites, m.AgentsConnected} {
+		if err := reg.Register(c); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (m *Metrics) observeDispatch(bt *bashtaskv1alpha1.BashTask, now time.Time) {
+	m.DispatchLatency.Observe(now.Sub(bt.CreationTimestamp.Time).Seconds())
+}
+
+func (m *Metrics) observeFinish(bt *bashtaskv1alpha1.BashTask) {
+	m.Finished.WithLabelValues(string(bt.Status.Reason)).Inc()
+	if s, c := bt.Status.StartTime, bt.Status.CompletionTime; s != nil && c != nil {
+		m.RunDuration.Observe(c.Sub(s.Time).Seconds())
+	}
+}
