@@ -12,5 +12,6 @@ func newRootCommand() *cobra.Command {
 		SilenceErrors: true,
 	}
 	root.AddCommand(newExecCommand())
+	addServe(root)
 	return root
 }

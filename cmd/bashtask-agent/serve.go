@@ -1,0 +1,325 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+	// Bucket drivers for --output-bucket-url: file:// and s3:// (also
+	// S3-compatible servers through ?endpoint=).
+	_ "gocloud.dev/blob/fileblob"
+	_ "gocloud.dev/blob/s3blob"
+	"golang.org/x/sys/unix"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/keepalive"
+
+	"github.com/bashtask/bashtask-operator/executor"
+	"github.com/bashtask/bashtask-operator/executor/agent"
+	"github.com/bashtask/bashtask-operator/internal/tlsutil"
+)
+
+// serveOptions are the flags of the agent server.
+type serveOptions struct {
+	listen             string
+	nodeName           string
+	podName            string
+	stateDir           string
+	bucketURL          string
+	maxConcurrent      int
+	progressInterval   time.Duration
+	controllerIdentity string
+	certFile           string
+	keyFile            string
+	caFile             string
+	metricsAddr        string
+	healthAddr         string
+	shell              string
+	ambientEnv         string
+	ambientAllow       []string
+	cgroups            string
+	cgroupRoot         string
+	cgroupParent       string
+	workDirRoot        string
+	runAsUser          string
+	backoffInitial     time.Duration
+	backoffMax         time.Duration
+	uploadTimeout      time.Duration
+	shutdownTimeout    time.Duration
+	logFormat          string
+	logLevel           string
+}
+
+// addServe makes root run the agent server (DESIGN.md sections 5 and 6)
+// with the server's flags, and adds the same as the `serve` subcommand for
+// explicitness in manifests.
+func addServe(root *cobra.Command) {
+	o := &serveOptions{}
+	long := `Serve the bashtask.agent.v1.Executor gRPC protocol over mutual TLS: run
+BashTask commands on this node for the controller, keep their records and
+output under --state-dir, recover tasks of an earlier agent process as
+AgentRestarted, upload spill files to --output-bucket-url, and serve
+Prometheus metrics and health probes.
+
+Environment: NODE_NAME and POD_NAME are the defaults of --node-name and
+--pod-name (set them from the downward API). Bucket credentials come from
+the driver's usual sources (for s3://, AWS_ACCESS_KEY_ID and
+AWS_SECRET_ACCESS_KEY); the ambient-env scrub keeps them from tasks.`
+	root.Long = long
+	root.RunE = func(cmd *cobra.Command, _ []string) error { return runServe(cmd.Context(), o) }
+	root.Args = cobra.NoArgs
+	bindServeFlags(root.Flags(), o)
+
+	serve := &cobra.Command{
+		Use:   "serve",
+		Short: "Serve the executor over gRPC (the same as running bashtask-agent without a subcommand)",
+		Long:  long,
+		Args:  cobra.NoArgs,
+		RunE:  func(cmd *cobra.Command, _ []string) error { return runServe(cmd.Context(), o) },
+	}
+	bindServeFlags(serve.Flags(), o)
+	root.AddCommand(serve)
+}
+
+func bindServeFlags(f *pflag.FlagSet, o *serveOptions) {
+	f.StringVar(&o.listen, "listen", ":9443", "address of the gRPC (mTLS) server")
+	f.StringVar(&o.nodeName, "node-name", os.Getenv("NODE_NAME"), "name of this node, reported to the controller and given to tasks as BASHTASK_NODE (default $NODE_NAME, else the host name)")
+	f.StringVar(&o.podName, "pod-name", os.Getenv("POD_NAME"), "name of the agent's pod, reported to the controller (default $POD_NAME)")
+	f.StringVar(&o.stateDir, "state-dir", "/var/lib/bashtask-agent", "directory of task records and output files, created 0700")
+	f.StringVar(&o.bucketURL, "output-bucket-url", "", "gocloud.dev/blob bucket URL for full output streams (file:// or s3://); empty means file://<state-dir>/uploads")
+	f.IntVar(&o.maxConcurrent, "max-concurrent-tasks", agent.DefaultMaxConcurrent, "maximum number of tasks running at once")
+	f.DurationVar(&o.progressInterval, "progress-interval", agent.DefaultProgressInterval, "minimum time between two progress events of a task")
+	f.StringVar(&o.controllerIdentity, "controller-identity", "bashtask-controller", "identity (common name, DNS or URI SAN) a client certificate must carry")
+	f.StringVar(&o.certFile, "tls-cert-file", "/etc/bashtask-agent/tls/tls.crt", "server certificate chain (PEM), re-read when it changes")
+	f.StringVar(&o.keyFile, "tls-key-file", "/etc/bashtask-agent/tls/tls.key", "server private key (PEM), re-read when it changes")
+	f.StringVar(&o.caFile, "tls-ca-file", "/etc/bashtask-agent/tls/ca.crt", "CA bundle (PEM) client certificates must chain to, re-read when it changes")
+	f.StringVar(&o.metricsAddr, "metrics-address", ":9090", "address of the Prometheus /metrics endpoint (plain HTTP); empty disables it")
+	f.StringVar(&o.healthAddr, "health-probe-address", ":8081", "address of the /healthz and /readyz probe endpoints (plain HTTP); empty disables them")
+	f.StringVar(&o.shell, "shell", executor.DefaultShell, "absolute path of the shell run as <shell> -c <command>")
+	f.StringVar(&o.ambientEnv, "ambient-env", string(executor.AmbientScrub), "which part of the agent's environment tasks get: scrub, allowlist or inherit")
+	f.StringSliceVar(&o.ambientAllow, "ambient-allow", nil, "names passed from the agent's environment with --ambient-env=allowlist")
+	f.StringVar(&o.cgroups, "cgroups", string(executor.CgroupAuto), "cgroup v2 use: auto, off or required")
+	f.StringVar(&o.cgroupRoot, "cgroup-root", "", "cgroup v2 directory under which the tasks' parent cgroup is created; empty means detected")
+	f.StringVar(&o.cgroupParent, "cgroup-parent", executor.DefaultCgroupParent, "name of the parent cgroup of tasks")
+	f.StringVar(&o.workDirRoot, "work-dir-root", "", "where fresh per-task working directories are created; empty means the system temporary directory")
+	f.StringVar(&o.runAsUser, "run-as-user", "", "numeric UID[:GID] tasks run as; empty means the agent's own user")
+	f.DurationVar(&o.backoffInitial, "upload-backoff-initial", agent.DefaultUploadBackoffInitial, "wait after the first failed upload; doubled after each further failure")
+	f.DurationVar(&o.backoffMax, "upload-backoff-max", agent.DefaultUploadBackoffMax, "maximum wait between upload attempts")
+	f.DurationVar(&o.uploadTimeout, "upload-timeout", agent.DefaultUploadTimeout, "time limit of one upload attempt")
+	f.DurationVar(&o.shutdownTimeout, "shutdown-timeout", 30*time.Second, "time given to open RPCs after the running tasks were stopped on SIGTERM")
+	f.StringVar(&o.logFormat, "log-format", "json", "log format: json or text")
+	f.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn or error")
+}
+
+func runServe(ctx context.Context, o *serveOptions) error {
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	log, err := newLogger(o.logFormat, o.logLevel)
+	if err != nil {
+		return err
+	}
+	cfg, err := o.agentConfig(log)
+	if err != nil {
+		return err
+	}
+	files, err := tlsutil.NewFiles(o.certFile, o.keyFile, o.caFile)
+	if err != nil {
+		return fmt.Errorf("loading TLS files: %w", err)
+	}
+	cfg.CertCheck = files.Check
+	tlsCfg, err := tlsutil.ServerConfig(files, o.controllerIdentity)
+	if err != nil {
+		return err
+	}
+
+	// Before the executor exists: orphans of tasks are re-parented to the
+	// agent and reaped.
+	if err := executor.BecomeSubreaper(); err != nil && !errors.Is(err, executor.ErrUnsupported) {
+		return fmt.Errorf("becoming a child subreaper: %w", err)
+	}
+
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	if cfg.Metrics, err = agent.NewMetrics(reg); err != nil {
+		return fmt.Errorf("registering metrics: %w", err)
+	}
+
+	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, unix.SIGTERM)
+	defer stop()
+	srv, err := agent.New(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if err := srv.Close(); err != nil {
+			log.Error("closing the agent", "err", err)
+		}
+	}()
+
+	g := grpc.NewServer(
+		grpc.Creds(credentials.NewTLS(tlsCfg)),
+		// The controller keeps one Watch stream open per agent; pings
+		// find a dead peer behind a silent network.
+		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 10 * time.Second}),
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
+	)
+	srv.Register(g)
+	lis, err := net.Listen("tcp", o.listen)
+	if err != nil {
+		return fmt.Errorf("listening for gRPC: %w", err)
+	}
+
+	var httpServers []*http.Server
+	errc := make(chan error, 3)
+	if o.metricsAddr != "" {
+		mux := http.NewServeMux()
+		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+		httpServers = append(httpServers, listenHTTP(o.metricsAddr, mux, errc))
+	}
+	if o.healthAddr != "" {
+		mux := http.NewServeMux()
+		mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
+		mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
+			if ready, problems := srv.Readiness(); !ready {
+				http.Error(w, strings.Join(problems, "\n"), http.StatusServiceUnavailable)
+				return
+			}
+			fmt.Fprintln(w, "ok")
+		})
+		httpServers = append(httpServers, listenHTTP(o.healthAddr, mux, errc))
+	}
+	go func() { errc <- g.Serve(lis) }()
+	log.Info("agent serving", "listen", lis.Addr().String(), "node", cfg.NodeName, "incarnation", srv.IncarnationID(),
+		"stateDir", cfg.StateDir, "bucket", srv.BucketURL(), "controllerIdentity", o.controllerIdentity)
+
+	runCtx, cancelRun := context.WithCancel(ctx)
+	runDone := make(chan error, 1)
+	go func() { runDone <- srv.Run(runCtx) }()
+	var serveErr error
+	select {
+	case <-ctx.Done():
+		log.Info("shutting down")
+	case serveErr = <-errc:
+		log.Error("server failed; shutting down", "err", serveErr)
+	}
+	// Run stops the running tasks and ends the Watch streams first, so the
+	// controller sees the terminal events; then open RPCs get a bounded
+	// time.
+	cancelRun()
+	if err := <-runDone; err != nil {
+		serveErr = errors.Join(serveErr, err)
+	}
+	stopped := make(chan struct{})
+	go func() { g.GracefulStop(); close(stopped) }()
+	select {
+	case <-stopped:
+	case <-time.After(o.shutdownTimeout):
+		g.Stop()
+	}
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	for _, hs := range httpServers {
+		_ = hs.Shutdown(sctx)
+	}
+	return serveErr
+}
+
+func listenHTTP(addr string, h http.Handler, errc chan<- error) *http.Server {
+	hs := &http.Server{Addr: addr, Handler: h, ReadHeaderTimeout: 10 * time.Second}
+	go func() {
+		if err := hs.ListenAndServe(); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			errc <- fmt.Errorf("serving %s: %w", addr, err)
+		}
+	}()
+	return hs
+}
+
+func (o *serveOptions) agentConfig(log *slog.Logger) (agent.Config, error) {
+	mode, err := executor.ParseAmbientMode(o.ambientEnv)
+	if err != nil {
+		return agent.Config{}, fmt.Errorf("--ambient-env: %w", err)
+	}
+	node := o.nodeName
+	if node == "" {
+		if node, err = os.Hostname(); err != nil {
+			return agent.Config{}, fmt.Errorf("--node-name not set and no host name: %w", err)
+		}
+	}
+	user, err := parseUser(o.runAsUser)
+	if err != nil {
+		return agent.Config{}, err
+	}
+	return agent.Config{
+		NodeName:         node,
+		PodName:          o.podName,
+		StateDir:         o.stateDir,
+		BucketURL:        o.bucketURL,
+		MaxConcurrent:    o.maxConcurrent,
+		ProgressInterval: o.progressInterval,
+		Executor: executor.Config{
+			Shell:            o.shell,
+			AmbientEnv:       mode,
+			AmbientAllowlist: o.ambientAllow,
+			Cgroups:          executor.CgroupMode(o.cgroups),
+			CgroupRoot:       o.cgroupRoot,
+			CgroupParent:     o.cgroupParent,
+			WorkDirRoot:      o.workDirRoot,
+		},
+		RunAs:                user,
+		UploadBackoffInitial: o.backoffInitial,
+		UploadBackoffMax:     o.backoffMax,
+		UploadTimeout:        o.uploadTimeout,
+		Logger:               log,
+	}, nil
+}
+
+// parseUser reads "UID" or "UID:GID" (numeric; a bare UID uses the same
+// number as GID).
+func parseUser(s string) (*executor.User, error) {
+	if s == "" {
+		return nil, nil
+	}
+	us, gs, ok := strings.Cut(s, ":")
+	if !ok {
+		gs = us
+	}
+	uid, err := strconv.ParseUint(us, 10, 32)
+	if err != nil {
+		return nil, fmt.Errorf("--run-as-user %q: want numeric UID[:GID]", s)
+	}
+	gid, err := strconv.ParseUint(gs, 10, 32)
+	if err != nil {
+		return nil, fmt.Errorf("--run-as-user %q: want numeric UID[:GID]", s)
+	}
+	return &executor.User{UID: uint32(uid), GID: uint32(gid)}, nil
+}
+
+func newLogger(format, level string) (*slog.Logger, error) {
+	var lv slog.Level
+	if err := lv.UnmarshalText([]byte(level)); err != nil {
+		return nil, fmt.Errorf("--log-level: %w", err)
+	}
+	opts := &slog.HandlerOptions{Level: lv}
+	switch format {
+	case "json":
+		return slog.New(slog.NewJSONHandler(os.Stderr, opts)), nil
+	case "text":
+		return slog.New(slog.NewTextHandler(os.Stderr, opts)), nil
+	default:
+		return nil, fmt.Errorf("--log-format %q: want json or text", format)
+	}
+}
