@@ -19,7 +19,9 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
+	toolscache "k8s.io/client-go/tools/cache"
 	"k8s.io/utils/clock"
+	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 
@@ -113,6 +115,24 @@ func NewAgentRegistry(opts AgentRegistryOptions) (*AgentRegistry, error) {
 		agents:  map[string]*agentConn{},
 		resync:  make(chan struct{}, 1),
 	}, nil
+}
+
+// SetupWithManager runs the registry with the manager (on the leader only)
+// and re-reads the EndpointSlices whenever the cache sees one change.
+func (r *AgentRegistry) SetupWithManager(mgr ctrl.Manager) error {
+	inf, err := mgr.GetCache().GetInformer(context.Background(), &discoveryv1.EndpointSlice{})
+	if err != nil {
+		return fmt.Errorf("watching EndpointSlices: %w", err)
+	}
+	trigger := func(any) { r.Trigger() }
+	if _, err := inf.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
+		AddFunc:    trigger,
+		UpdateFunc: func(_, n any) { trigger(n) },
+		DeleteFunc: trigger,
+	}); err != nil {
+		return fmt.Errorf("watching EndpointSlices: %w", err)
+	}
+	return mgr.Add(r)
 }
 
 // Trigger asks the registry to re-read the EndpointSlices soon. Calls

@@ -1,0 +1,199 @@
+// Command bashtask-controller reconciles BashTask resources: it schedules
+// each task onto a node's bashtask-agent over mutually authenticated gRPC and
+// writes the outcome back into the task's status.
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/spf13/cobra"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/utils/clock"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/healthz"
+	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+	"sigs.k8s.io/controller-runtime/pkg/metrics"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+
+	bashtaskv1alpha1 "github.com/bashtask/bashtask-operator/api/v1alpha1"
+	"github.com/bashtask/bashtask-operator/controllers"
+	"github.com/bashtask/bashtask-operator/internal/tlsutil"
+)
+
+// options are the command's flags.
+type options struct {
+	metricsAddr, probeAddr         string
+	leaderElect                    bool
+	leaderElectionNamespace        string
+	agentService, agentNamespace   string
+	agentPortName, agentServerName string
+	certFile, keyFile, caFile      string
+	workers                        int
+	qps                            float32
+	burst                          int
+	maxRunningPerOwner             int
+	progressInterval, agentLost    time.Duration
+	statusBudget                   int
+	maxTimeout                     int32
+	defaultTTL                     int32
+	zapOpts                        zap.Options
+}
+
+func main() {
+	if err := newCommand().ExecuteContext(ctrl.SetupSignalHandler()); err != nil {
+		fmt.Fprintln(os.Stderr, "bashtask-controller:", err)
+		os.Exit(1)
+	}
+}
+
+func newCommand() *cobra.Command {
+	o := &options{}
+	d := controllers.DefaultOptions()
+	cmd := &cobra.Command{
+		Use:           "bashtask-controller",
+		Short:         "Reconcile BashTask resources through the node agents",
+		Args:          cobra.NoArgs,
+		SilenceUsage:  true,
+		SilenceErrors: true,
+		RunE:          func(cmd *cobra.Command, _ []string) error { return run(cmd, o) },
+	}
+	f := cmd.Flags()
+	f.StringVar(&o.metricsAddr, "metrics-bind-address", ":8080", "address of the Prometheus metrics endpoint; 0 disables it")
+	f.StringVar(&o.probeAddr, "health-probe-bind-address", ":8081", "address of the /healthz and /readyz endpoints")
+	f.BoolVar(&o.leaderElect, "leader-elect", true, "elect one active replica through a Lease, so several replicas can run")
+	f.StringVar(&o.leaderElectionNamespace, "leader-election-namespace", "", "namespace of the leader-election Lease; empty means the namespace the controller runs in")
+	f.StringVar(&o.agentService, "agent-service", "bashtask-agent", "name of the agents' headless Service, whose EndpointSlices list the agents")
+	f.StringVar(&o.agentNamespace, "agent-namespace", "bashtask-system", "namespace of the agents' Service")
+	f.StringVar(&o.agentPortName, "agent-port-name", "grpc", "name of the agents' gRPC port in the EndpointSlices; empty takes the first port")
+	f.StringVar(&o.agentServerName, "agent-server-name", "", "name the agents' serving certificates must be valid for; empty means <agent-service>.<agent-namespace>.svc")
+	f.StringVar(&o.certFile, "tls-cert-file", "/etc/bashtask/tls/tls.crt", "client certificate presented to the agents (re-read when it changes)")
+	f.StringVar(&o.keyFile, "tls-key-file", "/etc/bashtask/tls/tls.key", "private key of --tls-cert-file")
+	f.StringVar(&o.caFile, "tls-ca-file", "/etc/bashtask/tls/ca.crt", "CA bundle the agents' certificates must chain to")
+	f.IntVar(&o.workers, "workers", 8, "BashTasks reconciled concurrently")
+	f.Float32Var(&o.qps, "kube-api-qps", 100, "sustained requests per second to the API server")
+	f.IntVar(&o.burst, "kube-api-burst", 200, "burst of requests to the API server")
+	f.IntVar(&o.maxRunningPerOwner, "max-running-per-owner", 0, "running tasks allowed per spec.owner; 0 means no limit")
+	f.DurationVar(&o.progressInterval, "progress-interval", d.ProgressInterval, "shortest time between two output-tail refreshes of a running task's status")
+	f.DurationVar(&o.agentLost, "agent-lost-after", d.AgentLostAfter, "time an agent may be unreachable before its running tasks become AgentLost")
+	f.IntVar(&o.statusBudget, "status-budget-bytes", d.StatusBudgetBytes, "largest JSON encoding of a task's status, in bytes; tails are shortened from the front to fit")
+	f.Int32Var(&o.maxTimeout, "max-timeout-seconds", d.MaxTimeoutSeconds, "cap on spec.timeoutSeconds, in seconds")
+	f.Int32Var(&o.defaultTTL, "default-ttl-seconds-after-finished", -1, "seconds after which finished tasks without spec.ttlSecondsAfterFinished are deleted; negative keeps them")
+	zapFlags := flag.NewFlagSet("zap", flag.ContinueOnError)
+	o.zapOpts.BindFlags(zapFlags)
+	f.AddGoFlagSet(zapFlags)
+	return cmd
+}
+
+func run(cmd *cobra.Command, o *options) error {
+	ctrl.SetLogger(zap.New(zap.UseFlagOptions(&o.zapOpts)))
+	log := ctrl.Log.WithName("setup")
+
+	scheme := runtime.NewScheme()
+	if err := clientgoscheme.AddToScheme(scheme); err != nil {
+		return err
+	}
+	if err := bashtaskv1alpha1.AddToScheme(scheme); err != nil {
+		return err
+	}
+
+	serverName := o.agentServerName
+	if serverName == "" {
+		serverName = fmt.Sprintf("%s.%s.svc", o.agentService, o.agentNamespace)
+	}
+	files, err := tlsutil.NewFiles(o.certFile, o.keyFile, o.caFile)
+	if err != nil {
+		return fmt.Errorf("loading the client certificate for the agents: %w", err)
+	}
+	tlsCfg, err := tlsutil.ClientConfig(files, serverName)
+	if err != nil {
+		return fmt.Errorf("building the TLS configuration for the agents: %w", err)
+	}
+
+	restCfg, err := ctrl.GetConfig()
+	if err != nil {
+		return fmt.Errorf("loading the kubeconfig: %w", err)
+	}
+	restCfg.QPS, restCfg.Burst = o.qps, o.burst
+
+	mgr, err := ctrl.NewManager(restCfg, ctrl.Options{
+		Scheme:                  scheme,
+		Metrics:                 metricsserver.Options{BindAddress: o.metricsAddr},
+		HealthProbeBindAddress:  o.probeAddr,
+		LeaderElection:          o.leaderElect,
+		LeaderElectionID:        "bashtask-controller.bashtask.dev",
+		LeaderElectionNamespace: o.leaderElectionNamespace,
+		Cache: cache.Options{ByObject: map[client.Object]cache.ByObject{
+			// Only the agents' EndpointSlices are cached, not the cluster's.
+			&discoveryv1.EndpointSlice{}: {
+				Namespaces: map[string]cache.Config{o.agentNamespace: {}},
+				Label:      labels.SelectorFromSet(labels.Set{discoveryv1.LabelServiceName: o.agentService}),
+				Field:      fields.Everything(),
+			},
+		}},
+	})
+	if err != nil {
+		return fmt.Errorf("creating the manager: %w", err)
+	}
+
+	agentEvents := make(chan event.TypedGenericEvent[*bashtaskv1alpha1.BashTask], 1024)
+	registry, err := controllers.NewAgentRegistry(controllers.AgentRegistryOptions{
+		Reader:           mgr.GetClient(),
+		ServiceNamespace: o.agentNamespace,
+		ServiceName:      o.agentService,
+		PortName:         o.agentPortName,
+		TLS:              tlsCfg,
+		Clock:            clock.RealClock{},
+		Notify:           agentEvents,
+		Log:              ctrl.Log.WithName("agents"),
+	})
+	if err != nil {
+		return err
+	}
+	if err := registry.SetupWithManager(mgr); err != nil {
+		return err
+	}
+
+	m := controllers.NewMetrics(registry.Agents)
+	if err := m.Register(metrics.Registry); err != nil {
+		return fmt.Errorf("registering metrics: %w", err)
+	}
+	ropts := controllers.DefaultOptions()
+	ropts.MaxRunningPerOwner = o.maxRunningPerOwner
+	ropts.ProgressInterval = o.progressInterval
+	ropts.AgentLostAfter = o.agentLost
+	ropts.StatusBudgetBytes = o.statusBudget
+	ropts.MaxTimeoutSeconds = o.maxTimeout
+	if o.defaultTTL >= 0 {
+		ttl := o.defaultTTL
+		ropts.DefaultTTLSecondsAfterFinished = &ttl
+	}
+	r := controllers.NewBashTaskReconciler(mgr.GetClient(), mgr.GetAPIReader(), registry,
+		mgr.GetEventRecorder("bashtask-controller"), clock.RealClock{}, ropts, m)
+	if err := r.SetupWithManager(mgr, agentEvents, o.workers); err != nil {
+		return fmt.Errorf("setting up the BashTask controller: %w", err)
+	}
+	if err := mgr.AddHealthzCheck("healthz", healthz.Ping); err != nil {
+		return err
+	}
+	if err := mgr.AddReadyzCheck("readyz", healthz.Ping); err != nil {
+		return err
+	}
+
+	log.Info("Starting", "agentService", o.agentNamespace+"/"+o.agentService, "agentServerName", serverName,
+		"maxRunningPerOwner", o.maxRunningPerOwner, "agentLostAfter", o.agentLost)
+	if err := mgr.Start(cmd.Context()); err != nil && !errors.Is(err, cmd.Context().Err()) {
+		return fmt.Errorf("running the manager: %w", err)
+	}
+	return nil
+}
