@@ -104,6 +104,10 @@ build: ## Build every binary into bin/.
 
 ##@ Test
 
+.PHONY: setup-s3
+setup-s3: ## Build versitygw (S3 server for tests) from the Go module proxy into bin/ (once).
+	hack/setup-s3.sh >/dev/null
+
 .PHONY: envtest
 envtest: ## Build kube-apiserver and etcd from the Go module proxy into bin/k8s (once).
 	hack/setup-envtest.sh >/dev/null
@@ -116,7 +120,7 @@ test-unit: ## Unit tests (no control plane), with the race detector.
 	$(GO) test $(TEST_FLAGS) -timeout $(UNIT_TIMEOUT) $(UNIT_PKGS)
 
 .PHONY: test-integration
-test-integration: envtest ## Integration tests against a real kube-apiserver and etcd (envtest).
+test-integration: envtest setup-s3 ## Integration tests against a real kube-apiserver and etcd (envtest), and the agent against versitygw.
 	$(GO) test $(TEST_FLAGS) -timeout $(INTEGRATION_TIMEOUT) $(INTEGRATION_PKGS)
 
 .PHONY: test-e2e
