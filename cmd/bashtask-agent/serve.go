@@ -18,6 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
+
 	// Bucket drivers for --output-bucket-url: file:// and s3:// (also
 	// S3-compatible servers through ?endpoint=).
 	_ "gocloud.dev/blob/fileblob"

@@ -108,7 +108,9 @@ func newRig(t *testing.T, opts ...rigOption) *rig {
 			t.Errorf("Run: %v", err)
 		}
 		g.Stop()
-		<-serveDone
+		if err := <-serveDone; err != nil {
+			t.Errorf("Serve: %v", err)
+		}
 		if err := srv.Close(); err != nil {
 			t.Errorf("Close: %v", err)
 		}
@@ -277,6 +279,13 @@ func TestRoundTrip(t *testing.T) {
 	// Cancel of a finished task changes nothing (C10).
 	if c, err := r.client.Cancel(ctx, &agentv1.CancelRequest{Uid: "uid-1"}); err != nil || c.GetStatus().GetReason() != "Cancelled" {
 		t.Errorf("second Cancel: %v, %v", c, err)
+	}
+
+	if got := metricValue(t, r.srv.metrics.Finished.WithLabelValues("Cancelled")); got != 1 {
+		t.Errorf("tasks_finished_total{reason=Cancelled} = %v, want 1", got)
+	}
+	if got := metricValue(t, r.srv.metrics.Running); got != 0 {
+		t.Errorf("running_tasks = %v, want 0", got)
 	}
 
 	f, err := r.client.Forget(ctx, &agentv1.ForgetRequest{Uid: "uid-1"})

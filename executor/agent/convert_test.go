@@ -1,0 +1,88 @@
+package agent
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	"google.golang.org/protobuf/testing/protocmp"
+
+	agentv1 "github.com/bashtask/bashtask-operator/api/agent/v1"
+)
+
+func TestRecoverStream(t *testing.T) {
+	tests := map[string]struct {
+		content    *string // nil: no spill file
+		tailBytes  int
+		spillLimit int64
+		lastTotal  int64
+		want       *agentv1.StreamStatus
+	}{
+		"whole stream in the tail": {
+			content: ptr("before\n"), tailBytes: 64000, spillLimit: 1 << 20,
+			want: &agentv1.StreamStatus{Tail: "before\n", TotalBytes: 7, Sha256: sha256hex([]byte("before\n")),
+				Spill: &agentv1.Spill{Bytes: 7, Complete: true}},
+		},
+		"longer than the tail": {
+			content: ptr("abcdefghij"), tailBytes: 4, spillLimit: 1 << 20,
+			want: &agentv1.StreamStatus{Tail: "ghij", TotalBytes: 10, Truncated: true, Sha256: sha256hex([]byte("abcdefghij")),
+				Spill: &agentv1.Spill{Bytes: 10, Complete: true}},
+		},
+		"tail starts on a rune boundary": {
+			content: ptr("aé€"), tailBytes: 4, spillLimit: 1 << 20,
+			want: &agentv1.StreamStatus{Tail: "€", TotalBytes: 6, Truncated: true, Sha256: sha256hex([]byte("aé€")),
+				Spill: &agentv1.Spill{Bytes: 6, Complete: true}},
+		},
+		"invalid UTF-8 is replaced": {
+			content: ptr("\xffok"), tailBytes: 64000, spillLimit: 1 << 20,
+			want: &agentv1.StreamStatus{Tail: "\uFFFDok", TotalBytes: 3, Sanitized: true, Sha256: sha256hex([]byte("\xffok")),
+				Spill: &agentv1.Spill{Bytes: 3, Complete: true}},
+		},
+		"spill limit reached: no checksum": {
+			content: ptr("0123456789"), tailBytes: 64000, spillLimit: 10, lastTotal: 25,
+			want: &agentv1.StreamStatus{Tail: "0123456789", TotalBytes: 25, Truncated: true,
+				Spill: &agentv1.Spill{Bytes: 10}},
+		},
+		"progress saw more than the file holds": {
+			content: ptr("abc"), tailBytes: 64000, spillLimit: 1 << 20, lastTotal: 5,
+			want: &agentv1.StreamStatus{Tail: "abc", TotalBytes: 5, Truncated: true, Spill: &agentv1.Spill{Bytes: 3}},
+		},
+		"no spill file": {
+			tailBytes: 64000, spillLimit: 1 << 20, lastTotal: 4,
+			want: &agentv1.StreamStatus{TotalBytes: 4, Truncated: true},
+		},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "stdout")
+			if tc.content != nil {
+				if err := os.WriteFile(path, []byte(*tc.content), 0o600); err != nil {
+					t.Fatal(err)
+				}
+			}
+			got, err := recoverStream(path, tc.tailBytes, tc.spillLimit, tc.lastTotal)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if diff := cmp.Diff(tc.want, got, protocmp.Transform()); diff != "" {
+				t.Errorf("recovered stream (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+func TestBackoff(t *testing.T) {
+	s := &Server{cfg: Config{UploadBackoffInitial: 100e6, UploadBackoffMax: 1e9}} // 100 ms, 1 s
+	var got []bool
+	for n, base := range []int64{100e6, 200e6, 400e6, 800e6, 1e9, 1e9} {
+		d := int64(s.backoff(n + 1))
+		// Within the base and its 10% jitter.
+		got = append(got, d >= base && d <= base+base/10)
+	}
+	if diff := cmp.Diff([]bool{true, true, true, true, true, true}, got); diff != "" {
+		t.Errorf("backoff within [base, base+10%%] per attempt (-want +got):\n%s", diff)
+	}
+}
+
+func ptr[T any](v T) *T { return &v }
