@@ -86,3 +86,30 @@ func TestBackoff(t *testing.T) {
 }
 
 func ptr[T any](v T) *T { return &v }
+
+func TestPrepareStateDirNarrowsMode(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "state")
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(dir, 0o755); err != nil { // whatever the umask did
+		t.Fatal(err)
+	}
+	if err := prepareStateDir(dir); err != nil {
+		t.Fatal(err)
+	}
+	var got []os.FileMode
+	for _, d := range []string{dir, filepath.Join(dir, "tasks")} {
+		st, err := os.Stat(d)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, st.Mode().Perm())
+	}
+	if diff := cmp.Diff([]os.FileMode{0o700, 0o700}, got); diff != "" {
+		t.Errorf("modes (-want +got):\n%s", diff)
+	}
+	if err := prepareStateDir("relative/state"); err == nil {
+		t.Error("prepareStateDir accepted a relative path")
+	}
+}

@@ -182,9 +182,11 @@ func syncDir(dir string) error {
 	return nil
 }
 
-// prepareStateDir creates dir and dir/tasks with mode 0700 and refuses an
-// existing directory that group or others can access: records and output
-// are the tasks' data.
+// prepareStateDir creates dir and dir/tasks with mode 0700. An existing
+// directory that group or others can access is narrowed to 0700 (a
+// Kubernetes hostPath with DirectoryOrCreate is created 0755): records and
+// output are the tasks' data, and tasks run as other users must not read
+// each other's output through it.
 func prepareStateDir(dir string) error {
 	if !filepath.IsAbs(dir) {
 		return fmt.Errorf("state directory %q is not absolute", dir)
@@ -201,7 +203,9 @@ func prepareStateDir(dir string) error {
 			return fmt.Errorf("state directory %s is not a directory", d)
 		}
 		if st.Mode().Perm()&0o077 != 0 {
-			return fmt.Errorf("state directory %s has mode %v, want no group or other permissions (0700)", d, st.Mode().Perm())
+			if err := os.Chmod(d, 0o700); err != nil {
+				return fmt.Errorf("state directory %s has mode %v and cannot be narrowed to 0700: %w", d, st.Mode().Perm(), err)
+			}
 		}
 	}
 	return nil
