@@ -264,9 +264,10 @@ func (s *Server) Readiness() (bool, []string) {
 
 // Run does the server's background work until ctx ends: progress events,
 // uploads and readiness checks. When ctx ends it stops accepting tasks,
-// ends every Watch stream, cancels the running tasks (TERM, grace, KILL;
-// they finish with reason AgentRestarted) and returns once they are
-// recorded. Uploads still pending are retried by the next incarnation.
+// cancels the running tasks (TERM, grace, KILL; they finish with reason
+// AgentRestarted), and once they are recorded and their terminal events
+// sent, ends every Watch stream and returns. Uploads still pending are
+// retried by the next incarnation.
 func (s *Server) Run(ctx context.Context) error {
 	var wg sync.WaitGroup
 	loopCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
@@ -277,7 +278,6 @@ func (s *Server) Run(ctx context.Context) error {
 
 	s.mu.Lock()
 	s.stopping = true
-	close(s.stopCh)
 	s.health.Shutdown()
 	n := 0
 	for _, e := range s.tasks {
@@ -292,6 +292,8 @@ func (s *Server) Run(ctx context.Context) error {
 		s.log.Info("stopping running tasks for shutdown", "tasks", n)
 	}
 	s.tasksWG.Wait()
+	// Only now: watchers have received the terminal events.
+	close(s.stopCh)
 	cancel()
 	wg.Wait()
 	return nil

@@ -573,3 +573,92 @@ func TestUploadFailureThenRecovery(t *testing.T) {
 		t.Errorf("uploaded object (-want +got):\n%s", diff)
 	}
 }
+
+func TestShellAppearsLater(t *testing.T) {
+	shell := filepath.Join(t.TempDir(), "bash")
+	r := newRig(t, func(c *Config) {
+		c.Executor.Shell = shell
+		c.ReadinessInterval = 50 * time.Millisecond
+	})
+	stream, err := r.client.Watch(t.Context(), &agentv1.WatchRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	first, err := stream.Recv()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if first.GetAgent().GetReadiness().GetReady() {
+		t.Fatal("agent ready without its shell")
+	}
+	bash, err := os.ReadFile(executor.DefaultShell)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(shell, bash, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	// The next AgentInfo on the stream says ready.
+	for {
+		m, err := stream.Recv()
+		if err != nil {
+			t.Fatalf("watch ended before the agent became ready: %v", err)
+		}
+		if info := m.GetAgent(); info != nil {
+			if !info.GetReadiness().GetReady() {
+				t.Fatalf("readiness changed to %v, want ready", info.GetReadiness())
+			}
+			break
+		}
+	}
+	if _, err := r.client.Start(t.Context(), &agentv1.StartRequest{Spec: taskSpec("uid-late", "true")}); err != nil {
+		t.Errorf("Start once the shell exists: %v", err)
+	}
+}
+
+func TestWatcherDroppedWhenBehind(t *testing.T) {
+	s := &Server{watchers: map[*watcher]struct{}{}}
+	slow := &watcher{ch: make(chan *agentv1.WatchResponse, 1)}
+	s.watchers[slow] = struct{}{}
+	m := taskEvent(agentv1.EventType_EVENT_TYPE_PROGRESS, &agentv1.TaskStatus{})
+	s.broadcastLocked(m)
+	s.broadcastLocked(m) // buffer full: the watcher is dropped
+	_, first := <-slow.ch
+	_, second := <-slow.ch
+	if diff := cmp.Diff([]bool{true, false, false}, []bool{first, second, len(s.watchers) > 0}); diff != "" {
+		t.Errorf("[first event delivered, channel open after, still subscribed] (-want +got):\n%s", diff)
+	}
+}
+
+func TestCertificateRotation(t *testing.T) {
+	r := newRig(t)
+	oldCA := r.ca
+	newCA, err := tlsutil.NewCA("rotated-ca", time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kp, err := newCA.Issue(tlsutil.LeafOptions{CommonName: "agent", IPs: []net.IP{net.IPv4(127, 0, 0, 1)}, Server: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := kp.WriteFiles(r.dir, "server"); err != nil {
+		t.Fatal(err)
+	}
+	if err := tlsutil.WriteFileAtomic(filepath.Join(r.dir, "ca.crt"), newCA.CertPEM, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	// A modification time surely different from the first files'.
+	later := time.Now().Add(2 * time.Second)
+	for _, f := range []string{"server.crt", "server.key", "ca.crt"} {
+		if err := os.Chtimes(filepath.Join(r.dir, f), later, later); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r.ca = newCA // clients now trust the rotated server certificate
+	ctrl := tlsutil.LeafOptions{CommonName: "bashtask-controller", Client: true}
+	_, errOld := agentv1.NewExecutorClient(r.dial(oldCA, ctrl)).List(t.Context(), &agentv1.ListRequest{})
+	_, errNew := agentv1.NewExecutorClient(r.dial(newCA, ctrl)).List(t.Context(), &agentv1.ListRequest{})
+	if diff := cmp.Diff([]codes.Code{codes.Unavailable, codes.OK}, []codes.Code{status.Code(errOld), status.Code(errNew)}); diff != "" {
+		t.Errorf("codes for a client of the old CA and of the rotated CA (-want +got):\n%s\nerrors: %v, %v", diff, errOld, errNew)
+	}
+}

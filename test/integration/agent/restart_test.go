@@ -107,3 +107,46 @@ func testRestartRecovery(t *testing.T, cgroups string) {
 		t.Errorf("Forget after upload: %v, %v; want forgotten", f, err)
 	}
 }
+
+// TestShutdownStopsTasks: on SIGTERM the agent stops its running task, sends
+// its terminal event (AgentRestarted) before ending the stream, and the
+// next agent process reports the same recorded status.
+func TestShutdownStopsTasks(t *testing.T) {
+	p := newPKI(t)
+	stateDir := filepath.Join(t.TempDir(), "state")
+	bucketURL := "file://" + t.TempDir()
+	const uid = "shutdown-1"
+
+	first := startAgent(t, p, stateDir, bucketURL, nil)
+	c1 := first.client(t, p)
+	w1 := watch(t, c1)
+	_, err := c1.Start(t.Context(), &agentv1.StartRequest{Spec: &agentv1.TaskSpec{
+		Ref:       &agentv1.TaskRef{Namespace: "ns", Name: "shutdown", Uid: uid},
+		Command:   "echo up; sleep 60",
+		KillGrace: durationpb.New(time.Second),
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w1.until(uid, 20*time.Second, "output", func(ev *agentv1.TaskEvent) bool {
+		return ev.GetStatus().GetStdout().GetTail() == "up\n"
+	})
+	leftovers := tasksWithMarker(uid)
+	first.stop(t)
+	fin := w1.until(uid, 5*time.Second, "terminal event", isType(agentv1.EventType_EVENT_TYPE_FINISHED)).GetStatus()
+	if fin.GetReason() != "AgentRestarted" || fin.GetStdout().GetTail() != "up\n" {
+		t.Errorf("terminal status on shutdown: reason %q stdout %q, want AgentRestarted with %q", fin.GetReason(), fin.GetStdout().GetTail(), "up\n")
+	}
+	for _, pid := range leftovers {
+		if alive(pid) {
+			t.Errorf("process %d of the task alive after the agent shut down", pid)
+		}
+	}
+
+	second := startAgent(t, p, stateDir, bucketURL, nil)
+	w2 := watch(t, second.client(t, p))
+	cur := w2.until(uid, 20*time.Second, "current state", isType(agentv1.EventType_EVENT_TYPE_CURRENT)).GetStatus()
+	if cur.GetReason() != "AgentRestarted" || cur.GetIncarnationId() != w1.info.GetIncarnationId() {
+		t.Errorf("status after restart: reason %q incarnation %q, want AgentRestarted from %q", cur.GetReason(), cur.GetIncarnationId(), w1.info.GetIncarnationId())
+	}
+}
