@@ -428,9 +428,16 @@ func TestProgressOnlyWhenOutputChanged(t *testing.T) {
 			totals = append(totals, ev.GetStatus().GetStdout().GetTotalBytes())
 		}
 	}
-	// Each progress event reports new output: at most one per change.
-	if diff := cmp.Diff([]int64{2, 4}, totals); diff != "" {
-		t.Errorf("stdout totals of progress events (-want +got):\n%s", diff)
+	// Each progress event reports new output: the totals strictly grow and
+	// are among the two states the output passes through. (A heavily
+	// loaded machine may merge the two changes into one event, so the
+	// exact count is not asserted.)
+	ok := len(totals) > 0
+	for i, n := range totals {
+		ok = ok && (n == 2 || n == 4) && (i == 0 || n > totals[i-1])
+	}
+	if !ok {
+		t.Errorf("stdout totals of progress events %v, want a strictly growing subsequence of [2 4]", totals)
 	}
 }
 
