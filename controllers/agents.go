@@ -238,7 +238,7 @@ func (r *AgentRegistry) dial(ctx context.Context, node, addr string) (*agentConn
 		grpc.WithTransportCredentials(credentials.NewTLS(r.opts.TLS.Clone())),
 		// Pings find a dead peer behind a silent stream; the agent's
 		// enforcement policy permits this interval.
-		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 10 * time.Second, Timeout: 5 * time.Second, PermitWithoutStream: true}),
+		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 20 * time.Second, Timeout: 10 * time.Second, PermitWithoutStream: true}),
 	)
 	if err != nil {
 		return nil, fmt.Errorf("creating a gRPC client for %s: %w", addr, err)

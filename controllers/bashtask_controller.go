@@ -164,14 +164,23 @@ func (r *BashTaskReconciler) Reconcile(ctx context.Context, req reconcile.Reques
 		}
 		return reconcile.Result{}, client.IgnoreNotFound(err)
 	}
+	var res reconcile.Result
+	var err error
 	switch {
 	case isTerminal(bt):
-		return r.reconcileFinished(ctx, bt)
+		res, err = r.reconcileFinished(ctx, bt)
 	case isDispatched(bt):
-		return r.reconcileDispatched(ctx, bt)
+		res, err = r.reconcileDispatched(ctx, bt)
 	default:
-		return r.reconcilePending(ctx, bt)
+		res, err = r.reconcilePending(ctx, bt)
 	}
+	if apierrors.IsConflict(err) {
+		// The cache was behind the object. The watch event of the newer
+		// version triggers the next pass, which starts from fresh state.
+		ctrl.LoggerFrom(ctx).V(1).Info("Stale object; waiting for the newer version", "err", err)
+		return reconcile.Result{}, nil
+	}
+	return res, err
 }
 
 // isTerminal reports whether the task has its terminal reason.

@@ -1,0 +1,439 @@
+package controllers_test
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"strings"
+	"testing"
+	"time"
+	"unicode/utf8"
+
+	. "github.com/onsi/gomega"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	v1 "github.com/bashtask/bashtask-operator/api/v1alpha1"
+	"github.com/bashtask/bashtask-operator/controllers"
+)
+
+const waitLong = 30 * time.Second
+
+func newNamespace(t *testing.T) string {
+	t.Helper()
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "ctrl-"}}
+	if err := k8s.Create(t.Context(), ns); err != nil {
+		t.Fatal(err)
+	}
+	return ns.Name
+}
+
+func newTask(ns, name, command string, mutate ...func(*v1.BashTask)) *v1.BashTask {
+	bt := &v1.BashTask{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+		Spec:       v1.BashTaskSpec{Command: command, TimeoutSeconds: ptr.To[int32](30), KillGracePeriodSeconds: ptr.To[int32](1)},
+	}
+	for _, m := range mutate {
+		m(bt)
+	}
+	return bt
+}
+
+func create(t *testing.T, bt *v1.BashTask) {
+	t.Helper()
+	if err := k8s.Create(t.Context(), bt); err != nil {
+		t.Fatalf("creating %s: %v", bt.Name, err)
+	}
+}
+
+func get(g Gomega, bt *v1.BashTask) *v1.BashTask {
+	out := &v1.BashTask{}
+	g.Expect(k8s.Get(ctxBackground(), client.ObjectKeyFromObject(bt), out)).To(Succeed())
+	return out
+}
+
+// waitTerminal waits for the task's terminal reason and returns the task.
+func waitTerminal(t *testing.T, bt *v1.BashTask) *v1.BashTask {
+	t.Helper()
+	g := NewWithT(t)
+	var got *v1.BashTask
+	g.Eventually(func(g Gomega) {
+		got = get(g, bt)
+		g.Expect(got.Status.Reason).NotTo(BeEmpty(), "status: %+v", got.Status)
+	}).WithTimeout(waitLong).WithPolling(50 * time.Millisecond).Should(Succeed())
+	return got
+}
+
+func TestOutcomes(t *testing.T) {
+	ns := newNamespace(t)
+	tests := map[string]struct {
+		command    string
+		mutate     func(*v1.BashTask)
+		wantReason v1.Reason
+		wantPhase  v1.Phase
+		wantExit   *int32
+		wantSignal string
+		wantStdout string
+		wantStderr string
+	}{
+		"hello": {
+			command: "echo hello", wantReason: v1.ReasonSucceeded, wantPhase: v1.PhaseSucceeded, wantExit: ptr.To[int32](0), wantStdout: "hello\n",
+		},
+		"C06 exit 42": {
+			command: "exit 42", wantReason: v1.ReasonNonZeroExit, wantPhase: v1.PhaseFailed, wantExit: ptr.To[int32](42),
+		},
+		"C04 kill itself": {
+			command: "kill -TERM $$", wantReason: v1.ReasonSignaled, wantPhase: v1.PhaseFailed, wantExit: ptr.To[int32](143), wantSignal: "SIGTERM",
+		},
+		"C01 timeout": {
+			command: "echo -n foo; sleep 30; true", mutate: func(bt *v1.BashTask) { bt.Spec.TimeoutSeconds = ptr.To[int32](1) },
+			wantReason: v1.ReasonTimedOut, wantPhase: v1.PhaseFailed, wantExit: ptr.To[int32](143), wantSignal: "SIGTERM", wantStdout: "foo",
+		},
+		"C26 streams apart": {
+			command: "echo out; echo err >&2", wantReason: v1.ReasonSucceeded, wantPhase: v1.PhaseSucceeded, wantExit: ptr.To[int32](0), wantStdout: "out\n", wantStderr: "err\n",
+		},
+		"C27 working dir missing": {
+			command: "true", mutate: func(bt *v1.BashTask) { bt.Spec.WorkingDir = "/does/not/exist" },
+			wantReason: v1.ReasonStartFailed, wantPhase: v1.PhaseFailed,
+		},
+		"stdin given": {
+			command: "wc -c", mutate: func(bt *v1.BashTask) { bt.Spec.Stdin = ptr.To(strings.Repeat("x", 200000)) },
+			wantReason: v1.ReasonSucceeded, wantPhase: v1.PhaseSucceeded, wantExit: ptr.To[int32](0), wantStdout: "200000\n",
+		},
+		"C17 managed env wins": {
+			command: `echo "$BASHTASK_NAME $BASHTASK_NAMESPACE"`,
+			mutate: func(bt *v1.BashTask) {
+				bt.Spec.Env = []v1.EnvVar{{Name: "BASHTASK_NAME", Value: ptr.To("spoof")}}
+			},
+			wantReason: v1.ReasonSucceeded, wantPhase: v1.PhaseSucceeded, wantExit: ptr.To[int32](0),
+		},
+	}
+	i := 0
+	for name, tc := range tests {
+		i++
+		taskName := fmt.Sprintf("o%d", i)
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			bt := newTask(ns, taskName, tc.command)
+			if tc.mutate != nil {
+				tc.mutate(bt)
+			}
+			create(t, bt)
+			got := waitTerminal(t, bt)
+			st := got.Status
+			if st.Reason != tc.wantReason || st.Phase != tc.wantPhase {
+				t.Fatalf("reason/phase = %s/%s, want %s/%s; message %q", st.Reason, st.Phase, tc.wantReason, tc.wantPhase, st.Message)
+			}
+			if tc.wantExit == nil && st.ExitCode != nil || tc.wantExit != nil && (st.ExitCode == nil || *st.ExitCode != *tc.wantExit) {
+				t.Errorf("exitCode = %v, want %v", ptr.Deref(st.ExitCode, -1000), ptr.Deref(tc.wantExit, -1000))
+			}
+			if st.Signal != tc.wantSignal {
+				t.Errorf("signal = %q, want %q", st.Signal, tc.wantSignal)
+			}
+			if name == "C17 managed env wins" {
+				tc.wantStdout = bt.Name + " " + ns + "\n"
+			}
+			if tc.wantStdout != "" && (st.Stdout == nil || st.Stdout.Tail != tc.wantStdout) {
+				t.Errorf("stdout = %+v, want tail %q", st.Stdout, tc.wantStdout)
+			}
+			if tc.wantStderr != "" && (st.Stderr == nil || st.Stderr.Tail != tc.wantStderr) {
+				t.Errorf("stderr = %+v, want tail %q", st.Stderr, tc.wantStderr)
+			}
+			if st.NodeName == "" || st.Agent == nil || st.Agent.Incarnation == "" {
+				t.Errorf("placement not recorded: node %q agent %+v", st.NodeName, st.Agent)
+			}
+			if st.CompletionTime == nil {
+				t.Error("completionTime not set")
+			}
+			want := v1.ConditionFailed
+			if tc.wantReason == v1.ReasonSucceeded {
+				want = v1.ConditionComplete
+			}
+			if c := meta.FindStatusCondition(st.Conditions, want); c == nil || c.Status != metav1.ConditionTrue || c.Reason != string(tc.wantReason) {
+				t.Errorf("condition %s = %+v, want True/%s", want, c, tc.wantReason)
+			}
+			if c := meta.FindStatusCondition(st.Conditions, v1.ConditionScheduled); c == nil || c.Status != metav1.ConditionTrue {
+				t.Errorf("condition Scheduled = %+v, want True", c)
+			}
+			if tc.wantReason == v1.ReasonStartFailed && !strings.Contains(st.Message, "/does/not/exist") {
+				t.Errorf("StartFailed message %q does not name the directory", st.Message)
+			}
+			// The finalizer is gone once the agent has been told to forget.
+			NewWithT(t).Eventually(func(g Gomega) {
+				g.Expect(get(g, bt).Finalizers).NotTo(ContainElement(controllers.Finalizer))
+			}).WithTimeout(waitLong).Should(Succeed())
+		})
+	}
+}
+
+func TestLargeAndBinaryOutput(t *testing.T) {
+	ns := newNamespace(t)
+	t.Run("C23 tail truncated, spill uploaded and identical", func(t *testing.T) {
+		t.Parallel()
+		bt := newTask(ns, "seq", "seq -f 'line-%04g' 1 20000")
+		create(t, bt)
+		got := waitTerminal(t, bt)
+		out := got.Status.Stdout
+		if got.Status.Reason != v1.ReasonSucceeded || out == nil {
+			t.Fatalf("status %+v", got.Status)
+		}
+		var full strings.Builder
+		for i := 1; i <= 20000; i++ {
+			fmt.Fprintf(&full, "line-%04d\n", i)
+		}
+		sum := sha256.Sum256([]byte(full.String()))
+		if !strings.HasSuffix(out.Tail, "line-20000\n") || strings.Contains(out.Tail, "line-0001\n") || !out.Truncated {
+			t.Errorf("tail: truncated=%v, ends with line-20000: %v, has line-0001: %v", out.Truncated, strings.HasSuffix(out.Tail, "line-20000\n"), strings.Contains(out.Tail, "line-0001\n"))
+		}
+		if out.TotalBytes != int64(full.Len()) || out.SHA256 != hex.EncodeToString(sum[:]) {
+			t.Errorf("totalBytes %d sha256 %s, want %d %x", out.TotalBytes, out.SHA256, full.Len(), sum)
+		}
+		NewWithT(t).Eventually(func(g Gomega) {
+			st := get(g, bt).Status
+			g.Expect(meta.IsStatusConditionTrue(st.Conditions, v1.ConditionOutputUploaded)).To(BeTrue(), "conditions %+v", st.Conditions)
+			g.Expect(st.Stdout.Spill).NotTo(BeNil())
+			g.Expect(st.Stdout.Spill.Complete).To(BeTrue())
+			g.Expect(st.Stdout.Spill.Bytes).To(Equal(int64(full.Len())))
+			path, ok := strings.CutPrefix(st.Stdout.Spill.URL, "file://")
+			g.Expect(ok).To(BeTrue(), "spill URL %q", st.Stdout.Spill.URL)
+			data, err := os.ReadFile(path)
+			g.Expect(err).NotTo(HaveOccurred())
+			g.Expect(sha256.Sum256(data)).To(Equal(sum))
+		}).WithTimeout(waitLong).Should(Succeed())
+	})
+	t.Run("C22 exact tail is not truncated", func(t *testing.T) {
+		t.Parallel()
+		bt := newTask(ns, "exact", `head -c 64000 /dev/zero | tr '\0' a`)
+		create(t, bt)
+		got := waitTerminal(t, bt)
+		out := got.Status.Stdout
+		if out == nil || out.Truncated || len(out.Tail) != 64000 || out.Spill != nil {
+			t.Fatalf("stdout: truncated=%v len=%d spill=%+v", out.Truncated, len(out.Tail), out.Spill)
+		}
+		if c := meta.FindStatusCondition(got.Status.Conditions, v1.ConditionOutputUploaded); c == nil || c.Reason != controllers.ReasonNotNeeded {
+			t.Errorf("OutputUploaded = %+v, want NotNeeded", c)
+		}
+	})
+	t.Run("C24 binary output fits the status budget", func(t *testing.T) {
+		t.Parallel()
+		bt := newTask(ns, "binary", "head -c 300000 /dev/urandom", func(bt *v1.BashTask) {
+			bt.Spec.Output = &v1.OutputSpec{TailBytes: ptr.To[int32](v1.MaxTailBytes)}
+		})
+		create(t, bt)
+		got := waitTerminal(t, bt)
+		out := got.Status.Stdout
+		if got.Status.Reason != v1.ReasonSucceeded || out == nil {
+			t.Fatalf("status %+v", got.Status)
+		}
+		if !out.Sanitized || !out.Truncated || !utf8.ValidString(out.Tail) || out.TotalBytes != 300000 {
+			t.Errorf("stdout sanitized=%v truncated=%v valid=%v total=%d", out.Sanitized, out.Truncated, utf8.ValidString(out.Tail), out.TotalBytes)
+		}
+	})
+}
+
+func TestMissingReferenceWaitsThenRuns(t *testing.T) { // C21
+	ns := newNamespace(t)
+	bt := newTask(ns, "from-secret", `echo "$GREETING"`, func(bt *v1.BashTask) {
+		bt.Spec.Env = []v1.EnvVar{{Name: "GREETING", ValueFrom: &v1.ValueSource{SecretKeyRef: &v1.KeySelector{Name: "greeting", Key: "text"}}}}
+	})
+	create(t, bt)
+	g := NewWithT(t)
+	g.Eventually(func(g Gomega) {
+		st := get(g, bt).Status
+		c := meta.FindStatusCondition(st.Conditions, v1.ConditionScheduled)
+		g.Expect(c).NotTo(BeNil())
+		g.Expect(c.Reason).To(Equal(controllers.ReasonMissingReference))
+		g.Expect(c.Message).To(ContainSubstring(`"greeting"`))
+	}).WithTimeout(waitLong).Should(Succeed())
+
+	// The Secret exists but lacks the key: the condition names the key.
+	secret := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "greeting"}, Data: map[string][]byte{"other": []byte("x")}}
+	g.Expect(k8s.Create(t.Context(), secret)).To(Succeed())
+	g.Eventually(func(g Gomega) {
+		c := meta.FindStatusCondition(get(g, bt).Status.Conditions, v1.ConditionScheduled)
+		g.Expect(c.Message).To(ContainSubstring(`key "text"`))
+	}).WithTimeout(waitLong).Should(Succeed())
+	g.Consistently(func(g Gomega) {
+		g.Expect(get(g, bt).Status.NodeName).To(BeEmpty(), "dispatched before the value existed")
+	}).WithTimeout(time.Second).Should(Succeed())
+
+	secret.Data["text"] = []byte("hello from a secret")
+	g.Expect(k8s.Update(t.Context(), secret)).To(Succeed())
+	got := waitTerminal(t, bt)
+	g.Expect(got.Status.Reason).To(Equal(v1.ReasonSucceeded))
+	g.Expect(got.Status.Stdout.Tail).To(Equal("hello from a secret\n"))
+}
+
+func TestCancel(t *testing.T) {
+	ns := newNamespace(t)
+	g := NewWithT(t)
+	t.Run("C03 running task ignoring TERM", func(t *testing.T) {
+		bt := newTask(ns, "cancel-running", "trap '' TERM; echo armed; sleep 60")
+		create(t, bt)
+		g.Eventually(func(g Gomega) {
+			st := get(g, bt).Status
+			g.Expect(st.Phase).To(Equal(v1.PhaseRunning))
+			g.Expect(st.Stdout).NotTo(BeNil())
+			g.Expect(st.Stdout.Tail).To(Equal("armed\n"))
+		}).WithTimeout(waitLong).Should(Succeed())
+		cancelTask(t, bt)
+		got := waitTerminal(t, bt)
+		g.Expect(got.Status.Reason).To(Equal(v1.ReasonCancelled))
+		g.Expect(got.Status.Signal).To(Equal("SIGKILL"))
+		g.Expect(*got.Status.ExitCode).To(Equal(int32(137)))
+	})
+	t.Run("C10 finished task is unchanged", func(t *testing.T) {
+		bt := newTask(ns, "cancel-finished", "echo done")
+		create(t, bt)
+		before := waitTerminal(t, bt)
+		cancelTask(t, bt)
+		g.Consistently(func(g Gomega) {
+			after := get(g, bt)
+			g.Expect(after.Status).To(Equal(before.Status))
+		}).WithTimeout(2 * time.Second).Should(Succeed())
+	})
+	t.Run("before dispatch", func(t *testing.T) {
+		bt := newTask(ns, "cancel-suspended", "echo never", func(bt *v1.BashTask) { bt.Spec.Suspend = ptr.To(true) })
+		create(t, bt)
+		g.Eventually(func(g Gomega) {
+			c := meta.FindStatusCondition(get(g, bt).Status.Conditions, v1.ConditionScheduled)
+			g.Expect(c).NotTo(BeNil())
+			g.Expect(c.Reason).To(Equal(controllers.ReasonSuspended))
+		}).WithTimeout(waitLong).Should(Succeed())
+		cancelTask(t, bt)
+		got := waitTerminal(t, bt)
+		g.Expect(got.Status.Reason).To(Equal(v1.ReasonCancelled))
+		g.Expect(got.Status.NodeName).To(BeEmpty())
+	})
+}
+
+func cancelTask(t *testing.T, bt *v1.BashTask) {
+	t.Helper()
+	patch := client.RawPatch("application/merge-patch+json", []byte(`{"spec":{"cancelRequested":true}}`))
+	if err := k8s.Patch(t.Context(), &v1.BashTask{ObjectMeta: metav1.ObjectMeta{Namespace: bt.Namespace, Name: bt.Name}}, patch); err != nil {
+		t.Fatalf("requesting cancel: %v", err)
+	}
+}
+
+func TestDeleteRunningTaskStopsIt(t *testing.T) {
+	ns := newNamespace(t)
+	g := NewWithT(t)
+	bt := newTask(ns, "delete-running", "echo pid=$$; sleep 60")
+	create(t, bt)
+	g.Eventually(func(g Gomega) {
+		got := get(g, bt)
+		g.Expect(got.Status.Phase).To(Equal(v1.PhaseRunning))
+		g.Expect(got.Finalizers).To(ContainElement(controllers.Finalizer))
+		g.Expect(got.Status.Stdout).NotTo(BeNil())
+		g.Expect(got.Status.Stdout.Tail).To(HavePrefix("pid="))
+	}).WithTimeout(waitLong).Should(Succeed())
+	pid := strings.TrimSpace(strings.TrimPrefix(get(g, bt).Status.Stdout.Tail, "pid="))
+	g.Expect(k8s.Delete(t.Context(), bt)).To(Succeed())
+	g.Eventually(func() bool {
+		return apierrors.IsNotFound(k8s.Get(t.Context(), client.ObjectKeyFromObject(bt), &v1.BashTask{}))
+	}).WithTimeout(waitLong).Should(BeTrue())
+	// The shell is gone too, not just the object.
+	g.Eventually(func() bool {
+		_, err := os.Stat("/proc/" + pid)
+		return os.IsNotExist(err)
+	}).WithTimeout(5 * time.Second).Should(BeTrue())
+}
+
+func TestTTLAfterFinished(t *testing.T) { // C32
+	ns := newNamespace(t)
+	bt := newTask(ns, "ttl", "true", func(bt *v1.BashTask) { bt.Spec.TTLSecondsAfterFinished = ptr.To[int32](2) })
+	create(t, bt)
+	got := waitTerminal(t, bt)
+	finished := got.Status.CompletionTime.Time
+	g := NewWithT(t)
+	g.Eventually(func() bool {
+		return apierrors.IsNotFound(k8s.Get(t.Context(), client.ObjectKeyFromObject(bt), &v1.BashTask{}))
+	}).WithTimeout(waitLong).WithPolling(100 * time.Millisecond).Should(BeTrue())
+	if gone := time.Since(finished); gone < 2*time.Second-time.Second {
+		t.Errorf("deleted %s after finishing, before its TTL of 2s", gone)
+	}
+}
+
+func TestPlacement(t *testing.T) {
+	ns := newNamespace(t)
+	tests := map[string]struct {
+		mutate   func(*v1.BashTask)
+		wantNode string
+	}{
+		"nodeName":     {func(bt *v1.BashTask) { bt.Spec.NodeName = "node-b" }, "node-b"},
+		"nodeSelector": {func(bt *v1.BashTask) { bt.Spec.NodeSelector = map[string]string{"zone": "a"} }, "node-a"},
+	}
+	i := 0
+	for name, tc := range tests {
+		i++
+		taskName := fmt.Sprintf("p%d", i)
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			bt := newTask(ns, taskName, `echo "$BASHTASK_NODE"`, tc.mutate)
+			create(t, bt)
+			got := waitTerminal(t, bt)
+			if got.Status.NodeName != tc.wantNode || got.Status.Stdout == nil || got.Status.Stdout.Tail != tc.wantNode+"\n" {
+				t.Errorf("ran on %q printing %+v, want %q", got.Status.NodeName, got.Status.Stdout, tc.wantNode)
+			}
+		})
+	}
+	t.Run("no matching node waits", func(t *testing.T) {
+		bt := newTask(ns, "nowhere", "true", func(bt *v1.BashTask) { bt.Spec.NodeSelector = map[string]string{"zone": "mars"} })
+		create(t, bt)
+		NewWithT(t).Eventually(func(g Gomega) {
+			c := meta.FindStatusCondition(get(g, bt).Status.Conditions, v1.ConditionScheduled)
+			g.Expect(c).NotTo(BeNil())
+			g.Expect(c.Reason).To(Equal(controllers.ReasonNoAgent))
+			g.Expect(c.Message).To(ContainSubstring("zone=mars"))
+		}).WithTimeout(waitLong).Should(Succeed())
+	})
+}
+
+func TestOwnerLimit(t *testing.T) {
+	ns := newNamespace(t)
+	g := NewWithT(t)
+	first := newTask(ns, "first", "sleep 2", func(bt *v1.BashTask) { bt.Spec.Owner = "session-1" })
+	create(t, first)
+	g.Eventually(func(g Gomega) { g.Expect(get(g, first).Status.NodeName).NotTo(BeEmpty()) }).WithTimeout(waitLong).Should(Succeed())
+	second := newTask(ns, "second", "true", func(bt *v1.BashTask) { bt.Spec.Owner = "session-1" })
+	other := newTask(ns, "other-owner", "true", func(bt *v1.BashTask) { bt.Spec.Owner = "session-2" })
+	create(t, second)
+	create(t, other)
+	g.Eventually(func(g Gomega) {
+		c := meta.FindStatusCondition(get(g, second).Status.Conditions, v1.ConditionScheduled)
+		g.Expect(c).NotTo(BeNil())
+		g.Expect(c.Reason).To(Equal(controllers.ReasonOwnerLimit))
+	}).WithTimeout(waitLong).Should(Succeed())
+	g.Expect(waitTerminal(t, other).Status.Reason).To(Equal(v1.ReasonSucceeded), "another owner is not held back")
+	a, b := waitTerminal(t, first), waitTerminal(t, second)
+	g.Expect(b.Status.Reason).To(Equal(v1.ReasonSucceeded))
+	g.Expect(b.Status.StartTime.Time).NotTo(BeTemporally("<", a.Status.CompletionTime.Time), "second started before first finished")
+}
+
+func TestAgentLost(t *testing.T) { // C30, agent gone
+	ns := newNamespace(t)
+	bt := newTask(ns, "lost", "echo before; sleep 60", func(bt *v1.BashTask) { bt.Spec.NodeName = "node-c" })
+	create(t, bt)
+	g := NewWithT(t)
+	g.Eventually(func(g Gomega) {
+		st := get(g, bt).Status
+		g.Expect(st.Phase).To(Equal(v1.PhaseRunning))
+		g.Expect(st.Stdout).NotTo(BeNil())
+		g.Expect(st.Stdout.Tail).To(Equal("before\n"))
+	}).WithTimeout(waitLong).Should(Succeed())
+	a := agents["node-c"]
+	a.grpc.Stop() // the agent vanishes from the network, its task with it
+	stoppedAt := time.Now()
+	got := waitTerminal(t, bt)
+	g.Expect(got.Status.Reason).To(Equal(v1.ReasonAgentLost))
+	g.Expect(got.Status.Stdout.Tail).To(Equal("before\n"), "output captured before the loss is kept")
+	g.Expect(time.Since(stoppedAt)).To(BeNumerically(">=", agentLostAfter-500*time.Millisecond))
+	g.Eventually(func(g Gomega) {
+		g.Expect(get(g, bt).Finalizers).NotTo(ContainElement(controllers.Finalizer))
+	}).WithTimeout(waitLong).Should(Succeed())
+}
