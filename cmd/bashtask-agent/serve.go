@@ -33,6 +33,9 @@ import (
 	"github.com/bashtask/bashtask-operator/internal/tlsutil"
 )
 
+// maxStartMessageBytes bounds one request message (a Start) in bytes.
+const maxStartMessageBytes = 64 << 20
+
 // serveOptions are the flags of the agent server.
 type serveOptions struct {
 	listen             string
@@ -173,6 +176,10 @@ func runServe(ctx context.Context, o *serveOptions) error {
 
 	g := grpc.NewServer(
 		grpc.Creds(credentials.NewTLS(tlsCfg)),
+		// A Start may carry a 128 KiB command, 256 KiB of stdin and up to
+		// 256 environment entries resolved from Secrets; gRPC's 4 MiB
+		// default would refuse specs the API accepts.
+		grpc.MaxRecvMsgSize(maxStartMessageBytes),
 		// The controller keeps one Watch stream open per agent; pings
 		// find a dead peer behind a silent network.
 		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 10 * time.Second}),

@@ -381,6 +381,10 @@ func (s *Server) Start(_ context.Context, req *agentv1.StartRequest) (*agentv1.S
 		rec.Process.Cgroup = filepath.Join(s.ex.CgroupPath(), uid)
 	}
 	if err := s.store.write(uid, rec, st, true); err != nil {
+		// Nothing ran; leave no directory that would block a retry.
+		if rerr := s.store.remove(uid); rerr != nil {
+			log.Error("removing the directory of a task that did not start", "err", rerr)
+		}
 		return nil, status.Error(codes.Internal, err.Error())
 	}
 	e := &entry{rec: rec, status: st}
