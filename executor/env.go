@@ -93,16 +93,9 @@ func BuildEnv(o EnvOptions) ([]string, error) {
 			}
 		}
 	}
-	var allowed func(string) bool
-	switch o.Mode {
-	case "", AmbientScrub:
-		allowed = func(name string) bool { return !Scrubbed(name) }
-	case AmbientAllowlist:
-		allowed = func(name string) bool { return slices.Contains(o.Allowlist, name) }
-	case AmbientInherit:
-		allowed = func(string) bool { return true }
-	default:
-		return nil, fmt.Errorf("%w: ambient env mode %q", ErrInvalidConfig, o.Mode)
+	allowed, err := ambientFilter(o.Mode, o.Allowlist)
+	if err != nil {
+		return nil, err
 	}
 
 	env := make(map[string]string, len(o.Ambient)+len(terminalEnv)+len(o.Explicit)+len(o.Managed)+1)
@@ -138,6 +131,37 @@ func BuildEnv(o EnvOptions) ([]string, error) {
 	out := make([]string, len(names))
 	for i, name := range names {
 		out[i] = name + "=" + env[name]
+	}
+	return out, nil
+}
+
+// ambientFilter returns the test an ambient variable name must pass in
+// mode.
+func ambientFilter(mode AmbientMode, allowlist []string) (func(string) bool, error) {
+	switch mode {
+	case "", AmbientScrub:
+		return func(name string) bool { return !Scrubbed(name) }, nil
+	case AmbientAllowlist:
+		return func(name string) bool { return slices.Contains(allowlist, name) }, nil
+	case AmbientInherit:
+		return func(string) bool { return true }, nil
+	}
+	return nil, fmt.Errorf("%w: ambient env mode %q", ErrInvalidConfig, mode)
+}
+
+// filterAmbient keeps the entries of ambient whose name mode lets through,
+// in their order, so that BuildEnv in AmbientInherit mode over the result
+// gives what BuildEnv in mode gives over ambient.
+func filterAmbient(mode AmbientMode, allowlist, ambient []string) ([]string, error) {
+	allowed, err := ambientFilter(mode, allowlist)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]string, 0, len(ambient))
+	for _, kv := range ambient {
+		if name, _, ok := strings.Cut(kv, "="); ok && allowed(name) {
+			out = append(out, kv)
+		}
 	}
 	return out, nil
 }

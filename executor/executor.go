@@ -65,7 +65,7 @@ type Executor struct {
 	shell    string
 	envMode  AmbientMode
 	allow    []string
-	ambient  []string
+	ambient  []string // the agent's environment passed through envMode's filter
 	workRoot string
 	cg       *cgroupParent // nil: process groups only
 }
@@ -86,7 +86,6 @@ func New(cfg Config) (*Executor, error) {
 	e := &Executor{
 		shell:    cfg.Shell,
 		allow:    slices0(cfg.AmbientAllowlist),
-		ambient:  cfg.AmbientEnviron,
 		workRoot: cfg.WorkDirRoot,
 	}
 	if e.shell == "" {
@@ -100,8 +99,15 @@ func New(cfg Config) (*Executor, error) {
 		return nil, err
 	}
 	e.envMode = mode
-	if e.ambient == nil {
-		e.ambient = os.Environ()
+	ambient := cfg.AmbientEnviron
+	if ambient == nil {
+		ambient = os.Environ()
+	}
+	// The ambient environment is fixed as of New, so the mode's filter
+	// (an upper-casing scan of every name in scrub mode) runs once here
+	// instead of in every Start.
+	if e.ambient, err = filterAmbient(e.envMode, e.allow, ambient); err != nil {
+		return nil, err
 	}
 	if e.workRoot == "" {
 		e.workRoot = os.TempDir()
@@ -222,7 +228,7 @@ func (e *Executor) prepare(spec Spec) (*prepared, error) {
 	if len(p.Command)+1 > MaxArgStrlen {
 		return nil, startErr(ErrArgumentTooLong, fmt.Sprintf("command is %d bytes, limit %d", len(p.Command), MaxArgStrlen-1), nil)
 	}
-	env, err := BuildEnv(EnvOptions{Mode: e.envMode, Allowlist: e.allow, Ambient: e.ambient, Explicit: p.Env, Managed: p.ManagedEnv})
+	env, err := BuildEnv(EnvOptions{Mode: AmbientInherit, Ambient: e.ambient, Explicit: p.Env, Managed: p.ManagedEnv})
 	if err != nil {
 		return nil, err
 	}

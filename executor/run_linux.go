@@ -9,7 +9,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -99,28 +99,25 @@ func (e *Executor) start(p *prepared) (_ *Task, err error) {
 	// stdin: /dev/null is a character device, so `cat` sees EOF at once and
 	// `test -c /dev/stdin` holds; given bytes go through a pipe.
 	if p.Stdin == nil {
-		if childFiles[0], err = os.Open(os.DevNull); err != nil {
+		fd, err := unix.Open(os.DevNull, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+		if err != nil {
 			return nil, startErr(ErrProcessStart, "opening "+os.DevNull, err)
 		}
+		childFiles[0] = os.NewFile(uintptr(fd), os.DevNull)
 	} else {
-		if childFiles[0], s.stdinW, err = os.Pipe(); err != nil {
+		if s.stdinW, childFiles[0], err = childPipe(false); err != nil {
 			return nil, startErr(ErrProcessStart, "creating stdin pipe", err)
 		}
 		closers = append(closers, func() { s.stdinW.Close() })
 	}
-	if s.stdoutR, childFiles[1], err = os.Pipe(); err != nil {
+	if s.stdoutR, childFiles[1], err = childPipe(true); err != nil {
 		return nil, startErr(ErrProcessStart, "creating stdout pipe", err)
 	}
 	closers = append(closers, func() { s.stdoutR.Close() })
-	if s.stderrR, childFiles[2], err = os.Pipe(); err != nil {
+	if s.stderrR, childFiles[2], err = childPipe(true); err != nil {
 		return nil, startErr(ErrProcessStart, "creating stderr pipe", err)
 	}
 	closers = append(closers, func() { s.stderrR.Close() })
-	for _, f := range childFiles[1:] {
-		// Fd puts the child's end in blocking mode, which is what the
-		// child expects of its stdout anyway.
-		_, _ = unix.FcntlInt(f.Fd(), unix.F_SETPIPE_SZ, pipeSize)
-	}
 
 	if e.cg != nil {
 		name := p.ID
@@ -175,12 +172,19 @@ func (e *Executor) start(p *prepared) (_ *Task, err error) {
 	s.proc, s.pid, s.exitCh = proc, proc.Pid, exitCh
 
 	// From here on the task owns everything; failure is no longer possible.
-	var readers sync.WaitGroup
-	readers.Add(2)
-	go func() { defer readers.Done(); t.stdout.readFrom(s.stdoutR) }()
-	go func() { defer readers.Done(); t.stderr.readFrom(s.stderrR) }()
+	// The last reader to finish closes readersDone itself, so no goroutine
+	// sits between the readers and the supervisor.
 	s.readersDone = make(chan struct{})
-	go func() { readers.Wait(); close(s.readersDone) }()
+	var readers atomic.Int32
+	readers.Store(2)
+	read := func(st *stream, r *os.File) {
+		st.readFrom(r)
+		if readers.Add(-1) == 0 {
+			close(s.readersDone)
+		}
+	}
+	go read(t.stdout, s.stdoutR)
+	go read(t.stderr, s.stderrR)
 	if s.stdinW != nil {
 		go func() {
 			// EPIPE (the task exited without reading) and ErrClosed (the
@@ -192,6 +196,38 @@ func (e *Executor) start(p *prepared) (_ *Task, err error) {
 	}
 	go t.supervise()
 	return t, nil
+}
+
+// childPipe creates a pipe whose one end goes to the child and whose other
+// end stays with the executor. The child's end is a plain blocking
+// descriptor, as a program expects of its standard streams, and never
+// enters the runtime's poller; only the executor's end does, so the reader
+// can be cut with a deadline. os.Pipe would register both ends and switch
+// the child's back to blocking mode in os.StartProcess: a dozen system
+// calls per task that only delay the fork. childWrites says which end is
+// the child's: the write end for stdout and stderr, the read end for stdin.
+func childPipe(childWrites bool) (own, child *os.File, err error) {
+	var p [2]int
+	if err := unix.Pipe2(p[:], unix.O_CLOEXEC); err != nil {
+		return nil, nil, err
+	}
+	ownFD, childFD := p[0], p[1]
+	if !childWrites {
+		ownFD, childFD = p[1], p[0]
+	}
+	if childWrites {
+		// A chatty task runs ahead of the reader by pipeSize instead of
+		// 64 KiB. Best effort: fs.pipe-max-size may be lower.
+		_, _ = unix.FcntlInt(uintptr(childFD), unix.F_SETPIPE_SZ, pipeSize)
+	}
+	// os.NewFile puts a non-blocking descriptor into the poller. A new
+	// pipe has no other status flags to keep.
+	if _, err := unix.FcntlInt(uintptr(ownFD), unix.F_SETFL, unix.O_NONBLOCK); err != nil {
+		unix.Close(ownFD)
+		unix.Close(childFD)
+		return nil, nil, err
+	}
+	return os.NewFile(uintptr(ownFD), "|executor"), os.NewFile(uintptr(childFD), "|child"), nil
 }
 
 func requestedLimits(l Limits) []string {
