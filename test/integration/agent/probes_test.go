@@ -34,24 +34,26 @@ func TestProbesAndMetrics(t *testing.T) {
 
 	get := func(url string) (int, string) {
 		t.Helper()
-		var resp *http.Response
+		var code int
+		var body string
 		err := poll(10*time.Second, func() error {
-			var err error
-			resp, err = http.Get(url) //nolint:noctx // a test against loopback
+			req, err := http.NewRequestWithContext(t.Context(), http.MethodGet, url, nil)
+			if err != nil {
+				return err
+			}
+			resp, err := http.DefaultClient.Do(req)
 			if err != nil {
 				return fmt.Errorf("%w: %w", errNotYet, err)
 			}
-			return nil
+			defer resp.Body.Close()
+			b, err := io.ReadAll(resp.Body)
+			code, body = resp.StatusCode, string(b)
+			return err
 		})
 		if err != nil {
 			t.Fatal(err)
 		}
-		defer resp.Body.Close()
-		b, err := io.ReadAll(resp.Body)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return resp.StatusCode, string(b)
+		return code, body
 	}
 	healthz, _ := get("http://" + health + "/healthz")
 	readyz, _ := get("http://" + health + "/readyz")
