@@ -426,8 +426,7 @@ func TestAgentLost(t *testing.T) { // C30, agent gone
 		g.Expect(st.Stdout).NotTo(BeNil())
 		g.Expect(st.Stdout.Tail).To(Equal("before\n"))
 	}).WithTimeout(waitLong).Should(Succeed())
-	a := agents["node-c"]
-	a.grpc.Stop() // the agent vanishes from the network, its task with it
+	rig.Agents["node-c"].Disconnect() // the agent vanishes from the network
 	stoppedAt := time.Now()
 	got := waitTerminal(t, bt)
 	g.Expect(got.Status.Reason).To(Equal(v1.ReasonAgentLost))

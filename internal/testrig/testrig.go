@@ -1,0 +1,255 @@
+// Package testrig runs a whole BashTask system inside one test process: a
+// real kube-apiserver and etcd (envtest), real agent servers on loopback
+// addresses over mTLS, and the controller's manager. Tests use it to check
+// behaviour end to end without separate processes; the e2e suite runs the
+// same components as processes through bashtask-local.
+package testrig
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"strconv"
+	"time"
+
+	"go.uber.org/zap/zapcore"
+	// The agents upload to file:// buckets.
+	_ "gocloud.dev/blob/fileblob"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/keepalive"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	"k8s.io/utils/clock"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+
+	bashtaskv1alpha1 "github.com/bashtask/bashtask-operator/api/v1alpha1"
+	"github.com/bashtask/bashtask-operator/controllers"
+	"github.com/bashtask/bashtask-operator/executor"
+	"github.com/bashtask/bashtask-operator/executor/agent"
+	"github.com/bashtask/bashtask-operator/internal/localcluster"
+	"github.com/bashtask/bashtask-operator/internal/testenv"
+	"github.com/bashtask/bashtask-operator/internal/tlsutil"
+)
+
+// Options shape a rig.
+type Options struct {
+	// Agents to run; nil means localcluster.LoopbackAgents(2).
+	Agents []localcluster.Agent
+	// Controller are the reconciler options; the zero value means
+	// controllers.DefaultOptions with a 500 ms retry interval.
+	Controller *controllers.Options
+	// Workers is the number of concurrent reconciles; zero means 4.
+	Workers int
+}
+
+// Rig is a running control plane, agents and controller.
+type Rig struct {
+	// Env is the API server; Env.Config reaches it as an administrator.
+	Env *testenv.Env
+	// Client is an uncached client.
+	Client client.Client
+	// Agents are the running agents, by node name.
+	Agents map[string]*Agent
+	// Registry is the controller's view of the agents.
+	Registry *controllers.AgentRegistry
+	// Dir holds certificates and the agents' state directories.
+	Dir string
+
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+// Agent is one in-process agent server.
+type Agent struct {
+	// Node is the agent's node name; Addr its host:port.
+	Node, Addr string
+	// Server is the agent.
+	Server *agent.Server
+	// StateDir is the agent's --state-dir.
+	StateDir string
+
+	grpc   *grpc.Server
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+// Disconnect stops serving gRPC, as if the agent vanished from the network;
+// its tasks keep running until Stop.
+func (a *Agent) Disconnect() { a.grpc.Stop() }
+
+// Stop ends the agent: its running tasks are stopped, its server closed.
+func (a *Agent) Stop() {
+	a.cancel()
+	<-a.done
+	a.grpc.Stop()
+	_ = a.Server.Close()
+}
+
+// Start launches the rig. Stop it with Stop.
+func Start(opts Options) (rig *Rig, err error) {
+	if opts.Agents == nil {
+		opts.Agents = localcluster.LoopbackAgents(2)
+	}
+	copts := controllers.DefaultOptions()
+	copts.RetryInterval = 500 * time.Millisecond
+	if opts.Controller != nil {
+		copts = *opts.Controller
+	}
+	if opts.Workers == 0 {
+		opts.Workers = 4
+	}
+	env, err := testenv.Start()
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	r := &Rig{Env: env, Client: env.Client, Agents: map[string]*Agent{}, cancel: cancel, done: make(chan struct{})}
+	defer func() {
+		if err != nil {
+			r.Stop()
+		}
+	}()
+	if r.Dir, err = os.MkdirTemp("", "bashtask-rig-"); err != nil {
+		return nil, err
+	}
+	certs, err := localcluster.IssueCerts(r.Dir+"/certs", localcluster.AgentServerName, time.Hour)
+	if err != nil {
+		return nil, err
+	}
+	port, err := localcluster.FreePort(opts.Agents[0].IP)
+	if err != nil {
+		return nil, err
+	}
+	for _, a := range opts.Agents {
+		ag, err := startAgent(ctx, a.Node, net.JoinHostPort(a.IP, strconv.Itoa(port)), r.Dir+"/"+a.Node, certs.Agent)
+		if err != nil {
+			return nil, fmt.Errorf("starting the agent of %s: %w", a.Node, err)
+		}
+		r.Agents[a.Node] = ag
+	}
+	if err := localcluster.CreateAgentObjects(ctx, r.Client, opts.Agents, port); err != nil {
+		return nil, err
+	}
+	if err := r.startController(ctx, certs.Controller, copts, opts.Workers); err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+// Stop ends the controller, the agents and the control plane, and removes
+// the rig's files.
+func (r *Rig) Stop() {
+	r.cancel()
+	for _, a := range r.Agents {
+		a.Stop()
+	}
+	if r.Registry != nil {
+		<-r.done
+	}
+	_ = r.Env.Stop()
+	if r.Dir != "" {
+		_ = os.RemoveAll(r.Dir)
+	}
+}
+
+func startAgent(ctx context.Context, node, addr, stateDir string, files *tlsutil.Files) (*Agent, error) {
+	tlsCfg, err := tlsutil.ServerConfig(files, localcluster.ControllerIdentity)
+	if err != nil {
+		return nil, err
+	}
+	srv, err := agent.New(ctx, agent.Config{
+		NodeName:         node,
+		PodName:          "bashtask-agent-" + node,
+		StateDir:         stateDir,
+		MaxConcurrent:    16,
+		ProgressInterval: 200 * time.Millisecond,
+		Executor:         executor.Config{Shell: "/bin/bash"},
+	})
+	if err != nil {
+		return nil, err
+	}
+	g := grpc.NewServer(grpc.Creds(credentials.NewTLS(tlsCfg)),
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}))
+	srv.Register(g)
+	lis, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, errors.Join(err, srv.Close())
+	}
+	go func() { _ = g.Serve(lis) }()
+	runCtx, cancel := context.WithCancel(ctx)
+	a := &Agent{Node: node, Addr: addr, Server: srv, StateDir: stateDir, grpc: g, cancel: cancel, done: make(chan struct{})}
+	go func() { defer close(a.done); _ = srv.Run(runCtx) }()
+	return a, nil
+}
+
+func (r *Rig) startController(ctx context.Context, files *tlsutil.Files, opts controllers.Options, workers int) error {
+	ctrl.SetLogger(zap.New(zap.WriteTo(os.Stderr), zap.Level(logLevel())))
+	tlsCfg, err := tlsutil.ClientConfig(files, localcluster.AgentServerName)
+	if err != nil {
+		return err
+	}
+	mgr, err := ctrl.NewManager(r.Env.Config, ctrl.Options{
+		Scheme:                 r.Env.Scheme,
+		Metrics:                metricsserver.Options{BindAddress: "0"},
+		HealthProbeBindAddress: "0",
+		Cache: cache.Options{ByObject: map[client.Object]cache.ByObject{
+			&discoveryv1.EndpointSlice{}: {Namespaces: map[string]cache.Config{localcluster.AgentNamespace: {}}},
+		}},
+	})
+	if err != nil {
+		return err
+	}
+	events := make(chan event.TypedGenericEvent[*bashtaskv1alpha1.BashTask], 1024)
+	registry, err := controllers.NewAgentRegistry(controllers.AgentRegistryOptions{
+		Reader: mgr.GetClient(), ServiceNamespace: localcluster.AgentNamespace, ServiceName: localcluster.AgentService,
+		PortName: localcluster.AgentPortName, TLS: tlsCfg, Clock: clock.RealClock{}, Notify: events, Log: ctrl.Log.WithName("agents"),
+	})
+	if err != nil {
+		return err
+	}
+	if err := registry.SetupWithManager(mgr); err != nil {
+		return err
+	}
+	rec := controllers.NewBashTaskReconciler(mgr.GetClient(), mgr.GetAPIReader(), registry,
+		mgr.GetEventRecorder("bashtask-controller"), clock.RealClock{}, opts, controllers.NewMetrics(registry.Agents))
+	if err := rec.SetupWithManager(mgr, events, workers); err != nil {
+		return err
+	}
+	r.Registry = registry
+	go func() {
+		defer close(r.done)
+		if err := mgr.Start(ctx); err != nil {
+			fmt.Fprintln(os.Stderr, "testrig: manager:", err)
+		}
+	}()
+	// Start from a steady state: every agent connected and ready.
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) {
+		ready := 0
+		for _, a := range registry.Agents() {
+			if a.Ready {
+				ready++
+			}
+		}
+		if ready == len(r.Agents) {
+			return nil
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return fmt.Errorf("agents not all ready after 30s: %+v", registry.Agents())
+}
+
+// logLevel keeps test output to errors unless BASHTASK_TEST_VERBOSE is set.
+func logLevel() zapcore.Level {
+	if os.Getenv("BASHTASK_TEST_VERBOSE") != "" {
+		return zapcore.Level(-2)
+	}
+	return zapcore.ErrorLevel
+}
