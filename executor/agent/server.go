@@ -131,8 +131,9 @@ type entry struct {
 	// task is the executor's handle; nil for a task that never started or
 	// that an earlier incarnation ran.
 	task *executor.Task
-	// stopByAgent is set when the agent's shutdown cancelled the task.
-	stopByAgent bool
+	// cancelled is set by the Cancel RPC; stopByAgent when the agent's
+	// shutdown cancelled the task and no Cancel came before.
+	cancelled, stopByAgent bool
 	// uploads are the streams still to upload (stdout, stderr).
 	uploads [2]*uploadJob
 }
@@ -195,7 +196,9 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("parsing bucket URL: %w", err)
 	}
-	u.RawQuery, u.Fragment = "", ""
+	// Object URLs in statuses name the bucket and key only: no query
+	// parameters or user information that might hold credentials.
+	u.RawQuery, u.Fragment, u.User = "", "", nil
 	s.bucketBase = strings.TrimSuffix(u.String(), "/")
 	if s.bucket, err = blob.OpenBucket(ctx, bucketURL); err != nil {
 		return nil, fmt.Errorf("opening bucket %s: %w", s.bucketBase, err)
@@ -282,7 +285,7 @@ func (s *Server) Run(ctx context.Context) error {
 	n := 0
 	for _, e := range s.tasks {
 		if e.task != nil && e.status.State == agentv1.TaskState_TASK_STATE_RUNNING {
-			e.stopByAgent = true
+			e.stopByAgent = !e.cancelled
 			e.task.Cancel()
 			n++
 		}
@@ -488,6 +491,7 @@ func (s *Server) Cancel(_ context.Context, req *agentv1.CancelRequest) (*agentv1
 		return nil, status.Errorf(codes.NotFound, "task %s is not known", req.GetUid())
 	}
 	if e.task != nil && e.status.State == agentv1.TaskState_TASK_STATE_RUNNING {
+		e.cancelled = true
 		e.task.Cancel() // idempotent; no effect once the shell exited
 	}
 	return &agentv1.CancelResponse{Status: clone(e.status)}, nil
