@@ -669,3 +669,39 @@ func TestCertificateRotation(t *testing.T) {
 		t.Errorf("codes for a client of the old CA and of the rotated CA (-want +got):\n%s\nerrors: %v, %v", diff, errOld, errNew)
 	}
 }
+
+func TestStateDirUnwritable(t *testing.T) {
+	r := newRig(t, func(c *Config) { c.ReadinessInterval = 50 * time.Millisecond })
+	stream, err := r.client.Watch(t.Context(), &agentv1.WatchRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	nextInfo := func() *agentv1.AgentInfo {
+		t.Helper()
+		for {
+			m, err := stream.Recv()
+			if err != nil {
+				t.Fatalf("watch ended: %v", err)
+			}
+			if info := m.GetAgent(); info != nil {
+				return info
+			}
+		}
+	}
+	if !nextInfo().GetReadiness().GetReady() {
+		t.Fatal("agent not ready at start")
+	}
+	tasks := filepath.Join(r.dir, "state", "tasks")
+	if err := os.Remove(tasks); err != nil {
+		t.Fatal(err)
+	}
+	down := nextInfo().GetReadiness()
+	if err := os.Mkdir(tasks, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	up := nextInfo().GetReadiness()
+	got := []any{down.GetReady(), len(down.GetProblems()) == 1 && strings.Contains(down.GetProblems()[0], "state directory not writable"), up.GetReady()}
+	if diff := cmp.Diff([]any{false, true, true}, got); diff != "" {
+		t.Errorf("[ready without the directory, problem names it, ready again] (-want +got):\n%s\nproblems: %v", diff, down.GetProblems())
+	}
+}
