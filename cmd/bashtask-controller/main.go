@@ -92,6 +92,9 @@ func newCommand() *cobra.Command {
 	zapFlags := flag.NewFlagSet("zap", flag.ContinueOnError)
 	o.zapOpts.BindFlags(zapFlags)
 	f.AddGoFlagSet(zapFlags)
+	// --kubeconfig, registered by controller-runtime on the standard flag
+	// set; in a pod the in-cluster configuration is used instead.
+	f.AddGoFlagSet(flag.CommandLine)
 	return cmd
 }
 

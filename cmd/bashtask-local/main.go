@@ -1,0 +1,140 @@
+// Command bashtask-local runs a whole BashTask system on one machine: etcd
+// and kube-apiserver, the CRDs, the controller and several agents on
+// loopback addresses with generated certificates, and an object store. It
+// is what `make demo` and the end-to-end tests run on.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"runtime"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/bashtask/bashtask-operator/internal/localcluster"
+)
+
+func main() {
+	// Children are started from this thread and die with it
+	// (PR_SET_PDEATHSIG), so it must live as long as the process.
+	runtime.LockOSThread()
+	if err := newRootCommand().Execute(); err != nil {
+		fmt.Fprintln(os.Stderr, "bashtask-local:", err)
+		os.Exit(1)
+	}
+}
+
+func newRootCommand() *cobra.Command {
+	root := &cobra.Command{
+		Use:           "bashtask-local",
+		Short:         "Run a local BashTask cluster: control plane, controller and agents",
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	root.AddCommand(newUpCommand(), newDownCommand())
+	return root
+}
+
+func newUpCommand() *cobra.Command {
+	o := localcluster.LauncherOptions{}
+	cmd := &cobra.Command{
+		Use:   "up",
+		Short: "Start a local cluster and run it until interrupted",
+		Long: `Start etcd and kube-apiserver (from bin/k8s, built by hack/setup-envtest.sh),
+install the BashTask CRD, create the agents' Service, EndpointSlice and Nodes,
+start --agents agents on 127.0.0.2, 127.0.0.3, ... and the controller, with
+certificates generated for this run, and write an administrator's kubeconfig
+to <dir>/kubeconfig. Logs of every component go to <dir>/logs/.
+
+Runs until SIGINT or SIGTERM (Ctrl-C, or 'bashtask-local down'), then stops
+everything it started. Only one cluster runs per directory.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error { return up(cmd, o) },
+	}
+	f := cmd.Flags()
+	f.StringVar(&o.Dir, "dir", ".bashtask", "directory of the kubeconfig, certificates, logs and agent state")
+	f.StringVar(&o.BinDir, "bin-dir", "bin", "directory holding bashtask-controller, bashtask-agent and versitygw")
+	f.StringVar(&o.AssetsDir, "assets-dir", envOr("KUBEBUILDER_ASSETS", filepath.Join("bin", "k8s")), "directory holding kube-apiserver and etcd (default $KUBEBUILDER_ASSETS, else bin/k8s)")
+	f.StringVar(&o.CRDDir, "crd-dir", filepath.Join("config", "crd", "bases"), "directory of the CRD manifests")
+	f.IntVar(&o.Agents, "agents", 2, "number of agents, each with a node of its own")
+	f.BoolVar(&o.S3, "s3", false, "store output in a local S3 server (versitygw, built by hack/setup-s3.sh) instead of a file:// bucket")
+	f.StringArrayVar(&o.AgentEnv, "agent-env", nil, "NAME=VALUE added to the agents' own environment (repeatable); the credential scrub applies to it")
+	f.StringArrayVar(&o.ControllerArgs, "controller-arg", nil, "extra flag for bashtask-controller (repeatable), such as --controller-arg=--max-running-per-owner=2")
+	return cmd
+}
+
+func up(cmd *cobra.Command, o localcluster.LauncherOptions) error {
+	o.Log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	start := time.Now()
+	c, err := localcluster.Up(ctx, o)
+	if err != nil {
+		return err
+	}
+	defer c.Down()
+	out := cmd.OutOrStdout()
+	fmt.Fprintf(out, "\nbashtask-local is up in %s with %d agents; objects go to %s\n\n", time.Since(start).Round(100*time.Millisecond), len(c.Agents), c.BucketURL)
+	fmt.Fprintf(out, "  export KUBECONFIG=%s\n", abs(c.Kubeconfig))
+	for _, e := range c.S3Env {
+		fmt.Fprintf(out, "  export %s\n", e)
+	}
+	fmt.Fprintf(out, "  kubectl apply -f examples/hello.yaml\n")
+	fmt.Fprintf(out, "  kubectl get bt\n")
+	fmt.Fprintf(out, "  bin/kubectl-bashtask run -- uname -a\n\n")
+	fmt.Fprintf(out, "Logs are in %s. Stop with Ctrl-C or 'bashtask-local down'.\n", filepath.Join(o.Dir, "logs"))
+	<-ctx.Done()
+	fmt.Fprintln(out, "\nbashtask-local: stopping")
+	return nil
+}
+
+func newDownCommand() *cobra.Command {
+	var dir string
+	var timeout time.Duration
+	cmd := &cobra.Command{
+		Use:   "down",
+		Short: "Stop the local cluster running in --dir and wait until it is gone",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			pid, err := localcluster.Signal(dir, syscall.SIGTERM)
+			if err != nil {
+				return err
+			}
+			ctx, cancel := context.WithTimeout(cmd.Context(), timeout)
+			defer cancel()
+			for syscall.Kill(pid, 0) == nil {
+				select {
+				case <-ctx.Done():
+					return errors.New("the launcher did not stop in time")
+				case <-time.After(100 * time.Millisecond):
+				}
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "bashtask-local (pid %d) stopped\n", pid)
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&dir, "dir", ".bashtask", "directory of the running cluster")
+	cmd.Flags().DurationVar(&timeout, "timeout", 2*time.Minute, "how long to wait for the cluster to stop")
+	return cmd
+}
+
+func envOr(name, def string) string {
+	if v := os.Getenv(name); v != "" {
+		return v
+	}
+	return def
+}
+
+func abs(p string) string {
+	if a, err := filepath.Abs(p); err == nil {
+		return a
+	}
+	return p
+}

@@ -1,0 +1,418 @@
+package localcluster
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/credentials"
+	"github.com/aws/aws-sdk-go-v2/service/s3"
+	"golang.org/x/sys/unix"
+	"k8s.io/apimachinery/pkg/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+
+	bashtaskv1alpha1 "github.com/bashtask/bashtask-operator/api/v1alpha1"
+)
+
+// LauncherOptions configure a local cluster.
+type LauncherOptions struct {
+	// Dir holds the lock, kubeconfig, certificates, logs and the agents'
+	// state, normally .bashtask.
+	Dir string
+	// BinDir holds bashtask-controller, bashtask-agent and, with S3,
+	// versitygw.
+	BinDir string
+	// AssetsDir holds kube-apiserver and etcd (hack/setup-envtest.sh).
+	AssetsDir string
+	// CRDDir holds the CRD manifests to install.
+	CRDDir string
+	// Agents is the number of agents, each on a node of its own.
+	Agents int
+	// S3 stores output in a versitygw S3 server instead of a file:// bucket.
+	S3 bool
+	// AgentEnv are extra NAME=VALUE entries of the agents' environment,
+	// which the ambient-env scrub applies to like any other.
+	AgentEnv []string
+	// ControllerArgs are extra flags for bashtask-controller.
+	ControllerArgs []string
+	// Log receives progress messages.
+	Log *slog.Logger
+}
+
+// Cluster is a running local cluster.
+type Cluster struct {
+	// Kubeconfig is the path of an administrator's kubeconfig.
+	Kubeconfig string
+	// Agents are the agents and their nodes.
+	Agents []Agent
+	// BucketURL is where agents upload output.
+	BucketURL string
+	// S3Env holds the AWS_* variables a client needs for BucketURL with S3.
+	S3Env []string
+
+	opts  LauncherOptions
+	lock  *os.File
+	env   *envtest.Environment
+	procs []*process // in start order
+}
+
+// process is one child the launcher started.
+type process struct {
+	name string
+	cmd  *exec.Cmd
+	log  *os.File
+	done chan struct{}
+}
+
+// ErrAlreadyRunning means another launcher holds the directory's lock.
+var ErrAlreadyRunning = errors.New("a local cluster is already running in this directory")
+
+// Up starts etcd and kube-apiserver, installs the CRDs, creates the agents'
+// Nodes, Service and EndpointSlice, and starts the object store, the agents
+// and the controller, waiting until each is ready. On error everything
+// started so far is stopped. Call Down to stop the cluster.
+//
+// The caller's goroutine must stay locked to its OS thread for the
+// cluster's life (runtime.LockOSThread in main): children get SIGKILL when
+// the thread that started them ends (PR_SET_PDEATHSIG), so a launcher that
+// is killed leaves no agent or controller behind.
+func Up(ctx context.Context, o LauncherOptions) (*Cluster, error) {
+	if o.Agents < 1 || o.Agents > 250 {
+		return nil, fmt.Errorf("--agents must be between 1 and 250 (one loopback address each), got %d", o.Agents)
+	}
+	if o.Log == nil {
+		o.Log = slog.Default()
+	}
+	for _, d := range []string{o.Dir, filepath.Join(o.Dir, "logs")} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			return nil, fmt.Errorf("creating %s: %w", d, err)
+		}
+	}
+	c := &Cluster{opts: o, Kubeconfig: filepath.Join(o.Dir, "kubeconfig")}
+	var err error
+	if c.lock, err = lockDir(o.Dir); err != nil {
+		return nil, err
+	}
+	if err := c.up(ctx); err != nil {
+		c.Down()
+		return nil, err
+	}
+	return c, nil
+}
+
+func (c *Cluster) up(ctx context.Context) error {
+	o := c.opts
+	for _, bin := range []string{filepath.Join(o.AssetsDir, "kube-apiserver"), filepath.Join(o.AssetsDir, "etcd"),
+		filepath.Join(o.BinDir, "bashtask-controller"), filepath.Join(o.BinDir, "bashtask-agent")} {
+		if _, err := os.Stat(bin); err != nil {
+			return fmt.Errorf("%s is missing (build it with `make build envtest`): %w", bin, err)
+		}
+	}
+
+	o.Log.Info("Starting etcd and kube-apiserver", "assets", o.AssetsDir)
+	scheme := runtime.NewScheme()
+	if err := clientgoscheme.AddToScheme(scheme); err != nil {
+		return err
+	}
+	if err := bashtaskv1alpha1.AddToScheme(scheme); err != nil {
+		return err
+	}
+	c.env = &envtest.Environment{
+		BinaryAssetsDirectory: o.AssetsDir,
+		CRDDirectoryPaths:     []string{o.CRDDir},
+		ErrorIfCRDPathMissing: true,
+		Scheme:                scheme,
+	}
+	cfg, err := c.env.Start()
+	if err != nil {
+		c.env = nil
+		return fmt.Errorf("starting the control plane: %w", err)
+	}
+	user, err := c.env.AddUser(envtest.User{Name: "bashtask-admin", Groups: []string{"system:masters"}}, cfg)
+	if err != nil {
+		return fmt.Errorf("creating the administrator: %w", err)
+	}
+	kubeconfig, err := user.KubeConfig()
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(c.Kubeconfig, kubeconfig, 0o600); err != nil {
+		return fmt.Errorf("writing the kubeconfig: %w", err)
+	}
+	k8s, err := client.New(cfg, client.Options{Scheme: scheme})
+	if err != nil {
+		return err
+	}
+
+	certs, err := IssueCerts(filepath.Join(o.Dir, "certs"), AgentServerName, 30*24*time.Hour)
+	if err != nil {
+		return fmt.Errorf("issuing certificates: %w", err)
+	}
+	c.Agents = LoopbackAgents(o.Agents)
+	port, err := FreePort(c.Agents[0].IP)
+	if err != nil {
+		return err
+	}
+	if err := CreateAgentObjects(ctx, k8s, c.Agents, port); err != nil {
+		return err
+	}
+
+	var bucketEnv []string
+	if o.S3 {
+		if bucketEnv, err = c.startS3(ctx); err != nil {
+			return err
+		}
+	}
+
+	if !o.S3 {
+		// One bucket directory for every agent, as one object store serves
+		// a cluster. Temporary files go next to the objects, so fileblob's
+		// rename stays on one file system.
+		objects := absPath(filepath.Join(o.Dir, "objects"))
+		if err := os.MkdirAll(objects, 0o700); err != nil {
+			return err
+		}
+		c.BucketURL = "file://" + objects + "?no_tmp_dir=true"
+	}
+	for _, a := range c.Agents {
+		stateDir := absPath(filepath.Join(o.Dir, "agents", a.Node))
+		bucket := c.BucketURL
+		args := []string{"serve",
+			"--node-name", a.Node, "--pod-name", "bashtask-agent-" + a.Node,
+			"--listen", net.JoinHostPort(a.IP, strconv.Itoa(port)),
+			"--health-probe-address", net.JoinHostPort(a.IP, strconv.Itoa(port+1)),
+			"--metrics-address", net.JoinHostPort(a.IP, strconv.Itoa(port+2)),
+			"--state-dir", stateDir, "--output-bucket-url", bucket,
+			"--tls-cert-file", certs.AgentCertFile, "--tls-key-file", certs.AgentKeyFile, "--tls-ca-file", certs.CAFile,
+			"--progress-interval", "500ms", "--log-format", "text",
+		}
+		env := append(append(os.Environ(), bucketEnv...), o.AgentEnv...)
+		if err := c.start("agent-"+a.Node, filepath.Join(o.BinDir, "bashtask-agent"), args, env); err != nil {
+			return err
+		}
+		if err := c.waitHTTP(ctx, "agent "+a.Node, "http://"+net.JoinHostPort(a.IP, strconv.Itoa(port+1))+"/readyz"); err != nil {
+			return err
+		}
+	}
+	c.S3Env = bucketEnv
+
+	ctrlHealth, err := FreePort("127.0.0.1")
+	if err != nil {
+		return err
+	}
+	ctrlMetrics, err := FreePort("127.0.0.1")
+	if err != nil {
+		return err
+	}
+	args := append([]string{
+		"--kubeconfig", absPath(c.Kubeconfig),
+		"--leader-elect=false",
+		"--agent-namespace", AgentNamespace, "--agent-service", AgentService, "--agent-port-name", AgentPortName,
+		"--tls-cert-file", certs.ControllerCertFile, "--tls-key-file", certs.ControllerKeyFile, "--tls-ca-file", certs.CAFile,
+		"--health-probe-bind-address", net.JoinHostPort("127.0.0.1", strconv.Itoa(ctrlHealth)),
+		"--metrics-bind-address", net.JoinHostPort("127.0.0.1", strconv.Itoa(ctrlMetrics)),
+		"--zap-log-level", "info",
+	}, o.ControllerArgs...)
+	if err := c.start("controller", filepath.Join(o.BinDir, "bashtask-controller"), args, os.Environ()); err != nil {
+		return err
+	}
+	if err := c.waitHTTP(ctx, "controller", "http://"+net.JoinHostPort("127.0.0.1", strconv.Itoa(ctrlHealth))+"/readyz"); err != nil {
+		return err
+	}
+	return nil
+}
+
+// startS3 runs versitygw with a posix backend on loopback, with credentials
+// made for this run, and creates the outputs bucket.
+func (c *Cluster) startS3(ctx context.Context) ([]string, error) {
+	bin := filepath.Join(c.opts.BinDir, "versitygw")
+	if _, err := os.Stat(bin); err != nil {
+		return nil, fmt.Errorf("%s is missing (build it with hack/setup-s3.sh): %w", bin, err)
+	}
+	root := filepath.Join(c.opts.Dir, "s3")
+	if err := os.MkdirAll(root, 0o700); err != nil {
+		return nil, err
+	}
+	port, err := FreePort("127.0.0.1")
+	if err != nil {
+		return nil, err
+	}
+	access, secret := "local"+randomHex(6), randomHex(20)
+	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+	if err := c.start("versitygw", bin, []string{"--port", addr, "--access", access, "--secret", secret, "--region", "us-east-1", "posix", root},
+		os.Environ()); err != nil {
+		return nil, err
+	}
+	client := s3.New(s3.Options{
+		Region: "us-east-1", BaseEndpoint: aws.String("http://" + addr), UsePathStyle: true,
+		Credentials: credentials.NewStaticCredentialsProvider(access, secret, ""),
+	})
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		_, err := client.CreateBucket(ctx, &s3.CreateBucketInput{Bucket: aws.String("bashtask-outputs")})
+		if err == nil || strings.Contains(err.Error(), "BucketAlreadyOwnedByYou") || strings.Contains(err.Error(), "BucketAlreadyExists") {
+			break
+		}
+		if time.Now().After(deadline) {
+			return nil, fmt.Errorf("creating the outputs bucket in versitygw at %s: %w", addr, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	c.BucketURL = fmt.Sprintf("s3://bashtask-outputs?endpoint=http://%s&region=us-east-1&use_path_style=true", addr)
+	return []string{"AWS_ACCESS_KEY_ID=" + access, "AWS_SECRET_ACCESS_KEY=" + secret, "AWS_REGION=us-east-1"}, nil
+}
+
+// start runs a child with its output in logs/<name>.log.
+func (c *Cluster) start(name, bin string, args, env []string) error {
+	logPath := filepath.Join(c.opts.Dir, "logs", name+".log")
+	logf, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o600)
+	if err != nil {
+		return fmt.Errorf("opening %s: %w", logPath, err)
+	}
+	cmd := exec.Command(bin, args...)
+	cmd.Env = env
+	cmd.Stdout, cmd.Stderr = logf, logf
+	// A process group of its own keeps a terminal's Ctrl-C from reaching
+	// the child before the launcher stops it in order; PDEATHSIG kills it
+	// if the launcher dies without stopping it.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		_ = logf.Close()
+		return fmt.Errorf("starting %s: %w", name, err)
+	}
+	p := &process{name: name, cmd: cmd, log: logf, done: make(chan struct{})}
+	go func() { _ = cmd.Wait(); close(p.done) }()
+	c.procs = append(c.procs, p)
+	c.opts.Log.Info("Started", "component", name, "pid", cmd.Process.Pid, "log", logPath)
+	return nil
+}
+
+// waitHTTP waits until url answers 200, or a child exits, or 60 s pass.
+func (c *Cluster) waitHTTP(ctx context.Context, what, url string) error {
+	deadline := time.Now().Add(60 * time.Second)
+	hc := &http.Client{Timeout: time.Second}
+	last := c.procs[len(c.procs)-1]
+	for {
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+		if err != nil {
+			return err
+		}
+		resp, err := hc.Do(req)
+		if err == nil {
+			_, _ = io.Copy(io.Discard, resp.Body)
+			_ = resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return nil
+			}
+		}
+		select {
+		case <-last.done:
+			return fmt.Errorf("%s exited while starting; see %s", what, last.log.Name())
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%s not ready after 60 s at %s; see %s", what, url, last.log.Name())
+		}
+	}
+}
+
+// Down stops the controller first, then the agents (which stop their
+// tasks), the object store and the control plane, and releases the lock.
+// Each child gets SIGTERM and, 15 s later, SIGKILL.
+func (c *Cluster) Down() {
+	for i := len(c.procs) - 1; i >= 0; i-- {
+		p := c.procs[i]
+		_ = p.cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-p.done:
+		case <-time.After(15 * time.Second):
+			c.opts.Log.Warn("Did not stop in 15 s; killing", "component", p.name)
+			_ = p.cmd.Process.Kill()
+			<-p.done
+		}
+		_ = p.log.Close()
+		c.opts.Log.Info("Stopped", "component", p.name)
+	}
+	c.procs = nil
+	if c.env != nil {
+		if err := c.env.Stop(); err != nil {
+			c.opts.Log.Error("Stopping the control plane", "err", err)
+		}
+		c.env = nil
+	}
+	if c.lock != nil {
+		_ = os.Remove(filepath.Join(c.opts.Dir, "launcher.pid"))
+		_ = c.lock.Close()
+		c.lock = nil
+	}
+}
+
+// lockDir takes the directory's launcher lock and records this process's
+// pid, or returns ErrAlreadyRunning naming the holder.
+func lockDir(dir string) (*os.File, error) {
+	f, err := os.OpenFile(filepath.Join(dir, "launcher.lock"), os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		_ = f.Close()
+		pid, _ := os.ReadFile(filepath.Join(dir, "launcher.pid"))
+		return nil, fmt.Errorf("%w (pid %s, kubeconfig %s); stop it with Ctrl-C or `bashtask-local down`",
+			ErrAlreadyRunning, strings.TrimSpace(string(pid)), filepath.Join(dir, "kubeconfig"))
+	}
+	if err := os.WriteFile(filepath.Join(dir, "launcher.pid"), []byte(strconv.Itoa(os.Getpid())+"\n"), 0o600); err != nil {
+		_ = f.Close()
+		return nil, err
+	}
+	return f, nil
+}
+
+// Signal sends sig to the launcher running in dir, for `down`. It returns
+// an error when none runs.
+func Signal(dir string, sig syscall.Signal) (int, error) {
+	raw, err := os.ReadFile(filepath.Join(dir, "launcher.pid"))
+	if err != nil {
+		return 0, fmt.Errorf("no local cluster runs in %s: %w", dir, err)
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(raw)))
+	if err != nil {
+		return 0, fmt.Errorf("reading %s: %w", filepath.Join(dir, "launcher.pid"), err)
+	}
+	if err := syscall.Kill(pid, sig); err != nil {
+		return pid, fmt.Errorf("signalling the launcher (pid %d): %w", pid, err)
+	}
+	return pid, nil
+}
+
+func absPath(p string) string {
+	if a, err := filepath.Abs(p); err == nil {
+		return a
+	}
+	return p
+}
+
+func randomHex(n int) string {
+	b := make([]byte, n)
+	if _, err := rand.Read(b); err != nil {
+		panic(err) // crypto/rand does not fail on Linux
+	}
+	return hex.EncodeToString(b)
+}
