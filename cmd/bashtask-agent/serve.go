@@ -19,9 +19,12 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
-	// Bucket drivers for --output-bucket-url: file:// and s3:// (also
-	// S3-compatible servers through ?endpoint=).
+	// Bucket drivers for --output-bucket-url (DESIGN.md section 5):
+	// azblob://, file://, gs:// and s3:// (also S3-compatible servers
+	// through ?endpoint=).
+	_ "gocloud.dev/blob/azureblob"
 	_ "gocloud.dev/blob/fileblob"
+	_ "gocloud.dev/blob/gcsblob"
 	_ "gocloud.dev/blob/s3blob"
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc"
@@ -103,7 +106,7 @@ func bindServeFlags(f *pflag.FlagSet, o *serveOptions) {
 	f.StringVar(&o.nodeName, "node-name", os.Getenv("NODE_NAME"), "name of this node, reported to the controller and given to tasks as BASHTASK_NODE (default $NODE_NAME, else the host name)")
 	f.StringVar(&o.podName, "pod-name", os.Getenv("POD_NAME"), "name of the agent's pod, reported to the controller (default $POD_NAME)")
 	f.StringVar(&o.stateDir, "state-dir", "/var/lib/bashtask-agent", "directory of task records and output files, created 0700")
-	f.StringVar(&o.bucketURL, "output-bucket-url", "", "gocloud.dev/blob bucket URL for full output streams (file:// or s3://); empty means file://<state-dir>/uploads")
+	f.StringVar(&o.bucketURL, "output-bucket-url", "", "gocloud.dev/blob bucket URL for full output streams (file://, s3://, gs:// or azblob://); empty means file://<state-dir>/uploads")
 	f.IntVar(&o.maxConcurrent, "max-concurrent-tasks", agent.DefaultMaxConcurrent, "maximum number of tasks running at once")
 	f.DurationVar(&o.progressInterval, "progress-interval", agent.DefaultProgressInterval, "minimum time between two progress events of a task")
 	f.StringVar(&o.controllerIdentity, "controller-identity", "bashtask-controller", "identity (common name, DNS or URI SAN) a client certificate must carry")
