@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # setup-envtest.sh builds the control-plane binaries that envtest, the e2e
 # suite and bashtask-local run against: kube-apiserver and etcd, from the Go
-# module proxy, into bin/k8s/.
+# module proxy, into bin/k8s/, with a kubectl of the same release for the
+# demo and for users of the local cluster.
 #
 # kube-apiserver comes from k8s.io/kubernetes at the release that matches the
 # k8s.io/* libraries in go.mod (v0.X.Y -> v1.X.Y). k8s.io/kubernetes requires
@@ -43,7 +44,7 @@ K8S_VERSION="v1.${K8S_MINOR}.${BASH_REMATCH[2]}"
 GO_VERSION="$("${GO}" env GOVERSION)"
 
 STAMP="${OUT}/.versions"
-if [[ -x "${OUT}/kube-apiserver" && -x "${OUT}/etcd" && -f "${STAMP}" ]] \
+if [[ -x "${OUT}/kube-apiserver" && -x "${OUT}/kubectl" && -x "${OUT}/etcd" && -f "${STAMP}" ]] \
    && grep -qx "kubernetes=${K8S_VERSION} go=${GO_VERSION}" "${STAMP}"; then
   log "kube-apiserver ${K8S_VERSION} and etcd already in ${OUT}; nothing to do"
   echo "${OUT}"
@@ -73,18 +74,20 @@ ETCD_VERSION="$(awk '$1 == "go.etcd.io/etcd/server/v3" {print $2; exit}' "${KMOD
   echo
   for m in "${STAGING[@]}"; do echo "replace ${m} => ${m} ${LIB_VERSION}"; done
 } > "${WORK}/kube/go.mod"
-printf 'package tools\n\nimport _ "k8s.io/kubernetes/cmd/kube-apiserver"\n' > "${WORK}/kube/tools.go"
+printf 'package tools\n\nimport (\n\t_ "k8s.io/kubernetes/cmd/kube-apiserver"\n\t_ "k8s.io/kubernetes/cmd/kubectl"\n)\n' > "${WORK}/kube/tools.go"
 
 VPKG="k8s.io/component-base/version"
 BUILD_DATE="$(date -u +%Y-%m-%dT%H:%M:%SZ)"
 KUBE_LDFLAGS="-s -w -X ${VPKG}.gitVersion=${K8S_VERSION} -X ${VPKG}.gitMajor=1 -X ${VPKG}.gitMinor=${K8S_MINOR} -X ${VPKG}.gitTreeState=clean -X ${VPKG}.buildDate=${BUILD_DATE}"
 
-log "building kube-apiserver ${K8S_VERSION} (${#STAGING[@]} staging modules mapped to ${LIB_VERSION}); the first build takes several minutes"
+log "building kube-apiserver and kubectl ${K8S_VERSION} (${#STAGING[@]} staging modules mapped to ${LIB_VERSION}); the first build takes several minutes"
 (
   cd "${WORK}/kube"
   "${GO}" mod tidy >"${WORK}/kube.log" 2>&1 || { cat "${WORK}/kube.log" >&2; exit 1; }
   CGO_ENABLED=0 "${GO}" build -trimpath -ldflags "${KUBE_LDFLAGS}" -o "${OUT}/kube-apiserver.new" k8s.io/kubernetes/cmd/kube-apiserver
-) || die "building kube-apiserver ${K8S_VERSION} failed (see the output above)"
+  # kubectl reads its version from client-go's copy of the version package.
+  CGO_ENABLED=0 "${GO}" build -trimpath -ldflags "${KUBE_LDFLAGS} ${KUBE_LDFLAGS//k8s.io\/component-base\/version/k8s.io\/client-go\/pkg\/version}" -o "${OUT}/kubectl.new" k8s.io/kubernetes/cmd/kubectl
+) || die "building kube-apiserver and kubectl ${K8S_VERSION} failed (see the output above)"
 
 log "building etcd ${ETCD_VERSION}"
 {
@@ -106,6 +109,7 @@ printf 'package tools\n\nimport _ "go.etcd.io/etcd/server/v3"\n' > "${WORK}/etcd
 ) || die "building etcd ${ETCD_VERSION} failed (see the output above)"
 
 mv -f "${OUT}/kube-apiserver.new" "${OUT}/kube-apiserver"
+mv -f "${OUT}/kubectl.new" "${OUT}/kubectl"
 mv -f "${OUT}/etcd.new" "${OUT}/etcd"
 echo "kubernetes=${K8S_VERSION} go=${GO_VERSION}" > "${STAMP}"
 echo "etcd=${ETCD_VERSION}" >> "${STAMP}"

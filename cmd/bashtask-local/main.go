@@ -12,7 +12,6 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
-	"runtime"
 	"syscall"
 	"time"
 
@@ -22,9 +21,6 @@ import (
 )
 
 func main() {
-	// Children are started from this thread and die with it
-	// (PR_SET_PDEATHSIG), so it must live as long as the process.
-	runtime.LockOSThread()
 	if err := newRootCommand().Execute(); err != nil {
 		fmt.Fprintln(os.Stderr, "bashtask-local:", err)
 		os.Exit(1)

@@ -13,8 +13,10 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	goruntime "runtime"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -72,12 +74,21 @@ type Cluster struct {
 	procs []*process // in start order
 }
 
-// process is one child the launcher started.
+// process is one component the launcher supervises. Like a kubelet, the
+// launcher starts it again when it exits while the cluster runs, so tests
+// can kill a controller or an agent and watch it come back.
 type process struct {
-	name string
-	cmd  *exec.Cmd
-	log  *os.File
-	done chan struct{}
+	name, bin string
+	args, env []string
+	logPath   string
+
+	mu       sync.Mutex
+	cmd      *exec.Cmd // the current run
+	stopping bool
+	restarts int
+
+	firstExit chan struct{} // closed when the first run ends
+	done      chan struct{} // closed when the supervisor returns
 }
 
 // ErrAlreadyRunning means another launcher holds the directory's lock.
@@ -88,10 +99,10 @@ var ErrAlreadyRunning = errors.New("a local cluster is already running in this d
 // and the controller, waiting until each is ready. On error everything
 // started so far is stopped. Call Down to stop the cluster.
 //
-// The caller's goroutine must stay locked to its OS thread for the
-// cluster's life (runtime.LockOSThread in main): children get SIGKILL when
-// the thread that started them ends (PR_SET_PDEATHSIG), so a launcher that
-// is killed leaves no agent or controller behind.
+// The controller, agents and object store are supervised: one that exits
+// is started again, as a kubelet restarts a pod's container, and each gets
+// SIGKILL if the launcher dies (PR_SET_PDEATHSIG), so a killed launcher
+// leaves none of them behind.
 func Up(ctx context.Context, o LauncherOptions) (*Cluster, error) {
 	if o.Agents < 1 || o.Agents > 250 {
 		return nil, fmt.Errorf("--agents must be between 1 and 250 (one loopback address each), got %d", o.Agents)
@@ -278,29 +289,127 @@ func (c *Cluster) startS3(ctx context.Context) ([]string, error) {
 	return []string{"AWS_ACCESS_KEY_ID=" + access, "AWS_SECRET_ACCESS_KEY=" + secret, "AWS_REGION=us-east-1"}, nil
 }
 
-// start runs a child with its output in logs/<name>.log.
+// start runs a supervised child with its output appended to
+// logs/<name>.log and its pid in pids/<name>. It returns once the first run
+// started.
 func (c *Cluster) start(name, bin string, args, env []string) error {
-	logPath := filepath.Join(c.opts.Dir, "logs", name+".log")
-	logf, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o600)
-	if err != nil {
-		return fmt.Errorf("opening %s: %w", logPath, err)
+	p := &process{
+		name: name, bin: bin, args: args, env: env,
+		logPath:   filepath.Join(c.opts.Dir, "logs", name+".log"),
+		firstExit: make(chan struct{}),
+		done:      make(chan struct{}),
 	}
-	cmd := exec.Command(bin, args...)
-	cmd.Env = env
+	if err := os.MkdirAll(filepath.Join(c.opts.Dir, "pids"), 0o700); err != nil {
+		return err
+	}
+	_ = os.Remove(p.logPath)
+	started := make(chan error, 1)
+	go c.supervise(p, started)
+	if err := <-started; err != nil {
+		return err
+	}
+	c.procs = append(c.procs, p)
+	return nil
+}
+
+// supervise runs p until the cluster stops, restarting it after a second
+// whenever it exits. It runs on an OS thread of its own, locked for its
+// whole life, because PR_SET_PDEATHSIG ties each child to the thread that
+// forked it: the child is killed when this goroutine (and so its thread)
+// ends, or when the whole launcher dies.
+func (c *Cluster) supervise(p *process, started chan<- error) {
+	goruntime.LockOSThread()
+	defer close(p.done)
+	first := true
+	for {
+		cmd, err := p.run(c.opts.Dir)
+		if first {
+			started <- err
+			first = false
+			if err != nil {
+				return
+			}
+			c.opts.Log.Info("Started", "component", p.name, "pid", cmd.Process.Pid, "log", p.logPath)
+		} else if err != nil {
+			c.opts.Log.Error("Restarting failed", "component", p.name, "err", err)
+		} else {
+			c.opts.Log.Warn("Restarted", "component", p.name, "pid", cmd.Process.Pid, "restarts", p.restarts)
+		}
+		if cmd != nil {
+			werr := cmd.Wait()
+			if f, ok := cmd.Stdout.(*os.File); ok {
+				_ = f.Close()
+			}
+			select {
+			case <-p.firstExit:
+			default:
+				close(p.firstExit)
+			}
+			p.mu.Lock()
+			stopping := p.stopping
+			p.mu.Unlock()
+			if stopping {
+				return
+			}
+			c.opts.Log.Warn("Exited; restarting in 1s", "component", p.name, "status", werr)
+		}
+		time.Sleep(time.Second)
+		p.mu.Lock()
+		stopping := p.stopping
+		p.restarts++
+		p.mu.Unlock()
+		if stopping {
+			return
+		}
+	}
+}
+
+// run starts one run of p.
+func (p *process) run(dir string) (*exec.Cmd, error) {
+	logf, err := os.OpenFile(p.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("opening %s: %w", p.logPath, err)
+	}
+	cmd := exec.Command(p.bin, p.args...)
+	cmd.Env = p.env
 	cmd.Stdout, cmd.Stderr = logf, logf
 	// A process group of its own keeps a terminal's Ctrl-C from reaching
-	// the child before the launcher stops it in order; PDEATHSIG kills it
-	// if the launcher dies without stopping it.
+	// the child before the launcher stops it in order.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.stopping {
+		_ = logf.Close()
+		return nil, errors.New("stopping")
+	}
 	if err := cmd.Start(); err != nil {
 		_ = logf.Close()
-		return fmt.Errorf("starting %s: %w", name, err)
+		return nil, fmt.Errorf("starting %s: %w", p.name, err)
 	}
-	p := &process{name: name, cmd: cmd, log: logf, done: make(chan struct{})}
-	go func() { _ = cmd.Wait(); close(p.done) }()
-	c.procs = append(c.procs, p)
-	c.opts.Log.Info("Started", "component", name, "pid", cmd.Process.Pid, "log", logPath)
-	return nil
+	p.cmd = cmd
+	_ = os.WriteFile(filepath.Join(dir, "pids", p.name), []byte(strconv.Itoa(cmd.Process.Pid)+"\n"), 0o600)
+	return cmd, nil
+}
+
+// stop ends p's supervision: SIGTERM, then SIGKILL after grace.
+func (p *process) stop(grace time.Duration) (killed bool) {
+	p.mu.Lock()
+	p.stopping = true
+	cmd := p.cmd
+	p.mu.Unlock()
+	if cmd != nil {
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+	}
+	select {
+	case <-p.done:
+		return false
+	case <-time.After(grace):
+	}
+	if cmd != nil {
+		_ = cmd.Process.Kill()
+	}
+	<-p.done
+	return true
 }
 
 // waitHTTP waits until url answers 200, or a child exits, or 60 s pass.
@@ -322,14 +431,14 @@ func (c *Cluster) waitHTTP(ctx context.Context, what, url string) error {
 			}
 		}
 		select {
-		case <-last.done:
-			return fmt.Errorf("%s exited while starting; see %s", what, last.log.Name())
+		case <-last.firstExit:
+			return fmt.Errorf("%s exited while starting; see %s", what, last.logPath)
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-time.After(100 * time.Millisecond):
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("%s not ready after 60 s at %s; see %s", what, url, last.log.Name())
+			return fmt.Errorf("%s not ready after 60 s at %s; see %s", what, url, last.logPath)
 		}
 	}
 }
@@ -340,15 +449,10 @@ func (c *Cluster) waitHTTP(ctx context.Context, what, url string) error {
 func (c *Cluster) Down() {
 	for i := len(c.procs) - 1; i >= 0; i-- {
 		p := c.procs[i]
-		_ = p.cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-p.done:
-		case <-time.After(15 * time.Second):
-			c.opts.Log.Warn("Did not stop in 15 s; killing", "component", p.name)
-			_ = p.cmd.Process.Kill()
-			<-p.done
+		if p.stop(15 * time.Second) {
+			c.opts.Log.Warn("Did not stop in 15 s; killed", "component", p.name)
 		}
-		_ = p.log.Close()
+		_ = os.Remove(filepath.Join(c.opts.Dir, "pids", p.name))
 		c.opts.Log.Info("Stopped", "component", p.name)
 	}
 	c.procs = nil
