@@ -92,7 +92,7 @@ verify: ## Regenerate everything and fail on any difference from the commit; the
 ##@ Demo
 
 .PHONY: demo
-demo: ## Run example tasks through the node executor and print their results.
+demo: ## Start a local cluster, run every example in examples/, check the outcomes, stop.
 	hack/demo.sh
 
 ##@ Build

@@ -1,53 +1,102 @@
 #!/usr/bin/env bash
-# demo.sh runs example tasks through the node executor (`bashtask-agent
-# exec`), the code path the agent uses for every BashTask, and prints each
-# result. It needs only Go and bash.
+# demo.sh is `make demo`: it builds what it needs, starts a local cluster
+# (bashtask-local: kube-apiserver, etcd, the controller and two agents),
+# applies every manifest in examples/, cancels the long-running one, waits
+# for all to finish, prints what happened, fetches the 2 MB output from
+# object storage and checks its SHA-256 against the status, and shuts the
+# cluster down. It fails when a task ends differently from its
+# bashtask.dev/expect-reason annotation.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-BIN="${ROOT}/bin/bashtask-agent"
-WORK="$(mktemp -d "${TMPDIR:-/tmp}/bashtask-demo.XXXXXX")"
-trap 'rm -rf "${WORK}"' EXIT
+cd "${ROOT}"
+DIR=".bashtask/demo"
+KUBECTL="${ROOT}/bin/k8s/kubectl"
+PLUGIN="${ROOT}/bin/kubectl-bashtask"
 
-echo "demo: building bashtask-agent"
-(cd "${ROOT}" && go build -o "${BIN}" ./cmd/bashtask-agent)
+say() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
+die() { printf 'demo: error: %s\n' "$*" >&2; exit 1; }
 
-n=0
-run() {
-  local title="$1"; shift
-  n=$((n + 1))
-  printf '\n\033[1m%d. %s\033[0m\n$ bashtask-agent exec %s\n' "${n}" "${title}" "$*"
-  "${BIN}" exec --spill-dir "${WORK}/spill-${n}" "$@" | pretty
+say "Building the binaries and the control plane (the first time takes several minutes)"
+hack/setup-envtest.sh >/dev/null
+go build -o bin/ ./cmd/...
+
+mkdir -p "${DIR}"
+bin/bashtask-local up --dir "${DIR}" --agents 2 --agent-env DEMO_API_KEY=agent-only-secret >"${DIR}/launcher.log" 2>&1 &
+launcher=$!
+cleanup() {
+  say "Stopping the local cluster"
+  kill -TERM "${launcher}" 2>/dev/null || true
+  wait "${launcher}" 2>/dev/null || true
 }
+trap cleanup EXIT
 
-# pretty indents the JSON result when python3 is there to do it.
-pretty() {
-  if command -v python3 >/dev/null; then python3 -m json.tool; else cat; echo; fi
-}
+say "Starting the local cluster"
+for _ in $(seq 1200); do
+  grep -q "is up" "${DIR}/launcher.log" && break
+  kill -0 "${launcher}" 2>/dev/null || { cat "${DIR}/launcher.log" >&2; die "bashtask-local exited"; }
+  sleep 0.1
+done
+grep -q "is up" "${DIR}/launcher.log" || { cat "${DIR}/launcher.log" >&2; die "bashtask-local did not come up in 120 s"; }
+sed -n '/is up/,$p' "${DIR}/launcher.log"
+export KUBECONFIG="${ROOT}/${DIR}/kubeconfig"
 
-run "Hello" -- 'echo "hello from $(uname -n)"'
+say "kubectl apply -f examples/"
+"${KUBECTL}" apply -f examples/
 
-LICENSE=/usr/share/common-licenses/GPL-3
-[[ -r "${LICENSE}" ]] || LICENSE=/usr/share/common-licenses/Apache-2.0
-run "Word frequencies of a licence text the OS ships" -- \
-  "tr -cs 'A-Za-z' '\\n' < ${LICENSE} | tr 'A-Z' 'a-z' | sort | uniq -c | sort -rn | head -5"
+say "Cancelling long-running once it runs"
+for _ in $(seq 300); do
+  [[ "$("${KUBECTL}" get bt long-running -o jsonpath='{.status.phase}')" == Running ]] && break
+  sleep 0.1
+done
+"${PLUGIN}" cancel long-running
 
-printf '{"user":"ada","langs":["go","c"]}' > "${WORK}/payload.json"
-run "A JSON payload on stdin, transformed" --stdin-file "${WORK}/payload.json" -- \
-  "sed -e 's/\"user\"/\"name\"/' -e 's/}\$/,\"seen\":true}/'"
+say "Waiting for every task to finish"
+names=$("${KUBECTL}" get bt -o jsonpath='{range .items[*]}{.metadata.name}{"\n"}{end}')
+pending() { "${KUBECTL}" get bt -o jsonpath='{range .items[*]}{.status.reason}{"\n"}{end}' | grep -c '^$' || true; }
+for _ in $(seq 1200); do
+  [[ "$(pending)" == 0 ]] && break
+  sleep 0.1
+done
+[[ "$(pending)" == 0 ]] || { "${KUBECTL}" get bt >&2; die "tasks still unfinished after 120 s"; }
 
-# The agent's own DEMO_API_KEY is scrubbed; an explicit task entry is passed.
-DEMO_API_KEY=agent-secret run "Credential scrub: the agent's DEMO_API_KEY is not visible, an explicit entry is" \
-  --env GITHUB_TOKEN=given-by-the-task -- \
-  'echo "DEMO_API_KEY=${DEMO_API_KEY:-<unset>} GITHUB_TOKEN=${GITHUB_TOKEN} TERM=${TERM}"'
+say "Tasks"
+"${PLUGIN}" get
 
-run "A failing command" -- 'echo "about to fail" >&2; exit 3'
+say "Output tails"
+for n in ${names}; do
+  if [[ "$("${KUBECTL}" get bt "${n}" -o jsonpath='{.status.stdout.truncated}')" == true ]]; then
+    printf -- '--- %s (stdout, truncated: the last lines of the tail)\n' "${n}"
+    "${KUBECTL}" get bt "${n}" -o jsonpath='{.status.stdout.tail}' | tail -n 4
+  else
+    printf -- '--- %s (stdout)\n' "${n}"
+    "${KUBECTL}" get bt "${n}" -o jsonpath='{.status.stdout.tail}' | head -n 10
+  fi
+  err=$("${KUBECTL}" get bt "${n}" -o jsonpath='{.status.stderr.tail}')
+  [[ -n "${err}" ]] && printf -- '--- %s (stderr)\n%s\n' "${n}" "$(tail -n 3 <<<"${err}")"
+done
 
-run "A timeout that also kills the command's children" --timeout 1s --grace 1s -- \
-  'sleep 300 & (sleep 300 &); echo started; sleep 300'
+say "kubectl get bt --field-selector spec.owner=batch-42"
+"${KUBECTL}" get bt --field-selector spec.owner=batch-42
 
-run "2 MB of output: a 300-byte tail, the complete stream in the spill file" --tail-bytes 300 -- \
-  'seq -f "line-%07g" 1 166667'
-spill="${WORK}/spill-${n}"
-echo "spill file checksum (compare with sha256 above):"
-find "${spill}" -type f -name 'stdout*' -exec sha256sum {} \;
+say "The full 2 MB stream of large-output, from object storage"
+want=$("${KUBECTL}" get bt large-output -o jsonpath='{.status.stdout.sha256}')
+total=$("${KUBECTL}" get bt large-output -o jsonpath='{.status.stdout.totalBytes}')
+got=$("${PLUGIN}" logs --full large-output | sha256sum | cut -d' ' -f1)
+bytes=$("${PLUGIN}" logs --full large-output | wc -c)
+echo "status: ${total} bytes, sha256 ${want}"
+echo "object: ${bytes} bytes, sha256 ${got}"
+[[ "${got}" == "${want}" && "${bytes}" == "${total}" ]] || die "the stored stream does not match the status"
+
+say "Checking outcomes against bashtask.dev/expect-reason"
+failed=0
+while read -r name expect reason; do
+  if [[ "${expect}" == "${reason}" ]]; then
+    printf '  ok    %-18s %s\n' "${name}" "${reason}"
+  else
+    printf '  FAIL  %-18s got %s, expected %s\n' "${name}" "${reason:-<none>}" "${expect}"
+    failed=1
+  fi
+done < <("${KUBECTL}" get bt -o jsonpath='{range .items[*]}{.metadata.name}{" "}{.metadata.annotations.bashtask\.dev/expect-reason}{" "}{.status.reason}{"\n"}{end}')
+[[ "${failed}" == 0 ]] || die "some examples ended differently from what they expect"
+say "All examples ended as expected"
