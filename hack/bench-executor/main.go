@@ -2,7 +2,12 @@
 // creation and a plain file write, and prints one table:
 //
 //   - the median wall time of `true` run as a task, against a plain
-//     fork/exec of the same `<shell> -c true`, without and with cgroups;
+//     fork/exec of the same `<shell> -c true` with the same environment
+//     through os/exec, without and with cgroups; both sides start the
+//     shell, wait for its exit and read its stdout and stderr to EOF;
+//   - for reference, the same plain fork/exec in a new session, the one
+//     process attribute of a task whose cost is the kernel's scheduler's
+//     and not the executor's;
 //   - the throughput of 2 GB of stdout through the executor, against
 //     `head -c 2000000000 /dev/zero > file` on the same disk;
 //   - the peak RSS growth of a process running that 2 GB task.
