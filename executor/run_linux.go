@@ -202,10 +202,11 @@ func (e *Executor) start(p *prepared) (_ *Task, err error) {
 // end stays with the executor. The child's end is a plain blocking
 // descriptor, as a program expects of its standard streams, and never
 // enters the runtime's poller; only the executor's end does, so the reader
-// can be cut with a deadline. os.Pipe would register both ends and switch
-// the child's back to blocking mode in os.StartProcess: a dozen system
-// calls per task that only delay the fork. childWrites says which end is
-// the child's: the write end for stdout and stderr, the read end for stdin.
+// can be cut with a deadline. os.Pipe would register both ends and
+// os.StartProcess would switch the child's back to blocking mode: about
+// five system calls more per pipe, all of them before the fork.
+// childWrites says which end is the child's: the write end for stdout and
+// stderr, the read end for stdin.
 func childPipe(childWrites bool) (own, child *os.File, err error) {
 	var p [2]int
 	if err := unix.Pipe2(p[:], unix.O_CLOEXEC); err != nil {
