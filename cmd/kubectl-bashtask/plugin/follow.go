@@ -1,0 +1,168 @@
+package plugin
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/watch"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	bashtaskv1alpha1 "github.com/bashtask/bashtask-operator/api/v1alpha1"
+)
+
+// uploadWait bounds how long run and logs wait, after the task ended, for
+// the agent to upload a stream whose tail is not the whole of it. An agent
+// retries failed uploads for much longer; past this the tail is written
+// with a note, and `logs --full` can be run later.
+const uploadWait = 30 * time.Second
+
+// errTaskDeleted means the task vanished while it was followed.
+var errTaskDeleted = errors.New("the task was deleted before it ended")
+
+// observeFunc sees the task's latest state and reports whether following
+// is done.
+type observeFunc func(bt *bashtaskv1alpha1.BashTask) (done bool, err error)
+
+// interruptFunc handles an interrupt while a task is followed; an error
+// ends the following.
+type interruptFunc func(ctx context.Context) error
+
+// watchTask calls observe with the task's state now and after each change
+// until observe is done or fails, ctx ends, or the task is deleted.
+// Whenever a watch ends (the API server closes watches after a while, and
+// an expired resourceVersion cannot be resumed) it reads the task again and
+// watches from there: observe always sees the latest state, if not every
+// intermediate one, which is all that following a status needs. interrupts
+// may be nil.
+func watchTask(ctx context.Context, c client.WithWatch, key types.NamespacedName, interrupts <-chan os.Signal, onInterrupt interruptFunc, observe observeFunc) error {
+	backoff := 100 * time.Millisecond
+	seen := false
+	for {
+		bt := &bashtaskv1alpha1.BashTask{}
+		if err := c.Get(ctx, key, bt); err != nil {
+			if seen && apierrors.IsNotFound(err) {
+				return fmt.Errorf("task %s: %w", key, errTaskDeleted)
+			}
+			return fmt.Errorf("reading task %s: %w", key, err)
+		}
+		seen = true
+		if done, err := observe(bt); done || err != nil {
+			return err
+		}
+		w, err := c.Watch(ctx, &bashtaskv1alpha1.BashTaskList{}, &client.ListOptions{
+			Namespace:     key.Namespace,
+			FieldSelector: fields.OneTermEqualSelector("metadata.name", key.Name),
+			Raw:           &metav1.ListOptions{ResourceVersion: bt.ResourceVersion},
+		})
+		if err != nil {
+			return fmt.Errorf("watching task %s: %w", key, err)
+		}
+		done, err := drainWatch(ctx, w, interrupts, onInterrupt, observe)
+		w.Stop()
+		if done || err != nil {
+			return err
+		}
+		// The watch ended early: read again, without spinning when the
+		// server keeps closing watches at once.
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, 2*time.Second)
+	}
+}
+
+// drainWatch feeds one watch's events to observe until it is done, the
+// watch ends (done false, no error) or something fails.
+func drainWatch(ctx context.Context, w watch.Interface, interrupts <-chan os.Signal, onInterrupt interruptFunc, observe observeFunc) (bool, error) {
+	for {
+		select {
+		case <-ctx.Done():
+			return false, ctx.Err()
+		case <-interrupts:
+			if err := onInterrupt(ctx); err != nil {
+				return false, err
+			}
+		case ev, ok := <-w.ResultChan():
+			if !ok {
+				return false, nil
+			}
+			switch ev.Type {
+			case watch.Added, watch.Modified:
+				bt, ok := ev.Object.(*bashtaskv1alpha1.BashTask)
+				if !ok {
+					continue
+				}
+				if done, err := observe(bt); done || err != nil {
+					return done, err
+				}
+			case watch.Deleted:
+				return false, errTaskDeleted
+			case watch.Error:
+				// Usually 410 Gone: the caller starts over from a fresh read.
+				return false, nil
+			}
+		}
+	}
+}
+
+// isFinished reports whether the task reached its terminal phase.
+func isFinished(bt *bashtaskv1alpha1.BashTask) bool {
+	return bt.Status.Phase == bashtaskv1alpha1.PhaseSucceeded || bt.Status.Phase == bashtaskv1alpha1.PhaseFailed
+}
+
+// uploadPending reports whether the agent is still uploading output.
+func uploadPending(bt *bashtaskv1alpha1.BashTask) bool {
+	return meta.IsStatusConditionFalse(bt.Status.Conditions, bashtaskv1alpha1.ConditionOutputUploaded)
+}
+
+// missingReason says why a stream has no stored object, for notes.
+func missingReason(bt *bashtaskv1alpha1.BashTask) string {
+	if c := meta.FindStatusCondition(bt.Status.Conditions, bashtaskv1alpha1.ConditionOutputUploaded); c != nil && c.Status == metav1.ConditionFalse {
+		return "OutputUploaded is False: " + c.Message
+	}
+	if o := bt.Spec.Output; o != nil && o.Upload == bashtaskv1alpha1.UploadNever {
+		return "spec.output.upload is Never"
+	}
+	return "no stored object in status"
+}
+
+// taskExit maps a finished task to the plugin's exit status, and to a
+// message for every ending other than success or a plain non-zero exit.
+func taskExit(bt *bashtaskv1alpha1.BashTask) (int, string) {
+	st := bt.Status
+	if st.Reason == bashtaskv1alpha1.ReasonSucceeded {
+		return ExitOK, ""
+	}
+	code := ExitFailure
+	// A task can have an exit code and still not have ended by exiting:
+	// a command that traps SIGTERM on timeout and exits 0 is TimedOut.
+	// Such a 0 must not read as success.
+	if st.ExitCode != nil && *st.ExitCode > 0 && *st.ExitCode <= 255 {
+		code = int(*st.ExitCode)
+	}
+	if st.Reason == bashtaskv1alpha1.ReasonNonZeroExit && code == int(ptrValue(st.ExitCode)) {
+		return code, ""
+	}
+	msg := fmt.Sprintf("task %s/%s ended %s", bt.Namespace, bt.Name, st.Reason)
+	if st.Message != "" {
+		msg += ": " + st.Message
+	}
+	return code, msg
+}
+
+func ptrValue(p *int32) int32 {
+	if p == nil {
+		return 0
+	}
+	return *p
+}

@@ -1,0 +1,200 @@
+// Package plugin implements kubectl-bashtask, the kubectl plugin for
+// BashTask resources: run, logs, cancel, wait and get. The command tree lives
+// here rather than in package main so that tests can run it in-process
+// against a real API server, with their own streams and interrupts.
+package plugin
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/spf13/cobra"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/cli-runtime/pkg/genericclioptions"
+	"k8s.io/cli-runtime/pkg/genericiooptions"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	bashtaskv1alpha1 "github.com/bashtask/bashtask-operator/api/v1alpha1"
+)
+
+// Exit statuses of kubectl-bashtask. run and wait pass the task's own exit
+// code through, so the plugin's own outcomes use codes a shell command
+// rarely chooses, as `docker run` and timeout(1) do.
+const (
+	// ExitOK: the task succeeded, or get, logs or cancel did their work.
+	ExitOK = 0
+	// ExitFailure: the task ended without a non-zero exit code to pass on
+	// (TimedOut, Cancelled, StartFailed, AgentLost, ...), with a message on
+	// stderr; or get, logs or cancel failed.
+	ExitFailure = 1
+	// ExitWaitTimeout: wait --timeout passed before the task ended.
+	ExitWaitTimeout = 124
+	// ExitPluginError: run or wait could not do their work: invalid
+	// arguments, an input over an API limit, an unreachable or refusing API
+	// server, or a task deleted while it was followed.
+	ExitPluginError = 125
+	// ExitInterrupted: run was interrupted a second time and stopped
+	// waiting for the cancelled task to end.
+	ExitInterrupted = 130
+)
+
+// exitStatusHelp documents the exit statuses in the root command's help.
+const exitStatusHelp = `Exit status of run and wait:
+  0        the task succeeded
+  1-255    the task's exit code when it exited non-zero (128+n when signal n killed it)
+  1        the task ended without such a code (TimedOut, Cancelled, StartFailed,
+           AgentLost, ...); a message on stderr names the reason
+  124      wait --timeout passed before the task ended
+  125      the plugin failed: invalid arguments, an input over an API limit,
+           an API error, or the task was deleted while followed
+  130      run was interrupted twice and stopped waiting
+Exit status of get, logs and cancel: 0 on success, 1 on any error.`
+
+// Options are the process-level dependencies of the command tree.
+type Options struct {
+	// IOStreams are the local standard streams.
+	IOStreams genericiooptions.IOStreams
+	// Interrupts delivers the user's Ctrl-C. run answers the first by
+	// requesting cancellation of its task and keeps waiting for the end;
+	// the second makes it stop waiting. The other commands stop at the
+	// first. Nil: never interrupted.
+	Interrupts <-chan os.Signal
+	// Now is the clock for ages and durations; nil means time.Now.
+	Now func() time.Time
+}
+
+// exitError carries an exit status out of a command. A nil err means the
+// command already said everything it had to say.
+type exitError struct {
+	code int
+	err  error
+}
+
+func (e *exitError) Error() string {
+	if e.err == nil {
+		return fmt.Sprintf("exit status %d", e.code)
+	}
+	return e.err.Error()
+}
+
+func (e *exitError) Unwrap() error { return e.err }
+
+// app is the state the subcommands share.
+type app struct {
+	opts  Options
+	flags *genericclioptions.ConfigFlags
+}
+
+// Main runs the command tree with args (without the program name) and
+// returns the process exit status.
+func Main(ctx context.Context, opts Options, args []string) int {
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	a := &app{opts: opts, flags: genericclioptions.NewConfigFlags(true)}
+	root := a.rootCommand()
+	root.SetArgs(args)
+	root.SetIn(opts.IOStreams.In)
+	root.SetOut(opts.IOStreams.Out)
+	root.SetErr(opts.IOStreams.ErrOut)
+	cmd, err := root.ExecuteContextC(ctx)
+	if err == nil {
+		return ExitOK
+	}
+	var ee *exitError
+	if errors.As(err, &ee) {
+		if ee.err != nil {
+			fmt.Fprintln(opts.IOStreams.ErrOut, "kubectl-bashtask:", ee.err)
+		}
+		return ee.code
+	}
+	fmt.Fprintln(opts.IOStreams.ErrOut, "kubectl-bashtask:", err)
+	if cmd != nil && (cmd.Name() == "run" || cmd.Name() == "wait") {
+		return ExitPluginError
+	}
+	return ExitFailure
+}
+
+func (a *app) rootCommand() *cobra.Command {
+	root := &cobra.Command{
+		Use:   "kubectl-bashtask",
+		Short: "Run shell commands as BashTask resources and read their results",
+		Long: `kubectl-bashtask runs shell commands on cluster nodes as BashTask resources
+(bashtask.dev/v1alpha1) and reads their outcome and output. Installed on the
+PATH, it is also "kubectl bashtask". The standard kubectl flags select the
+cluster, user and namespace.
+
+` + exitStatusHelp,
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	a.flags.AddFlags(root.PersistentFlags())
+	root.AddCommand(a.runCommand(), a.logsCommand(), a.cancelCommand(), a.waitCommand(), a.getCommand())
+	return root
+}
+
+// scheme knows Secrets (for --env-from-secret) and BashTasks.
+var scheme = func() *runtime.Scheme {
+	s := runtime.NewScheme()
+	if err := clientgoscheme.AddToScheme(s); err != nil {
+		panic(err)
+	}
+	if err := bashtaskv1alpha1.AddToScheme(s); err != nil {
+		panic(err)
+	}
+	return s
+}()
+
+// client returns an API client with the user's credentials and the
+// namespace that -n or the kubeconfig context selects.
+func (a *app) client() (client.WithWatch, string, error) {
+	cfg, err := a.flags.ToRESTConfig()
+	if err != nil {
+		return nil, "", fmt.Errorf("loading the kubeconfig: %w", err)
+	}
+	cfg = rest.CopyConfig(cfg)
+	cfg.UserAgent = "kubectl-bashtask"
+	// API warnings (deprecations, validation hints) go to the user, as
+	// kubectl shows them.
+	cfg.WarningHandler = rest.NewWarningWriter(a.opts.IOStreams.ErrOut, rest.WarningWriterOptions{Deduplicate: true})
+	ns, _, err := a.flags.ToRawKubeConfigLoader().Namespace()
+	if err != nil {
+		return nil, "", fmt.Errorf("finding the namespace: %w", err)
+	}
+	c, err := client.NewWithWatch(cfg, client.Options{Scheme: scheme})
+	if err != nil {
+		return nil, "", fmt.Errorf("creating the API client: %w", err)
+	}
+	return c, ns, nil
+}
+
+// note writes one of the plugin's own messages to the local stderr, where
+// the task's stderr goes too; the prefix tells them apart.
+func (a *app) note(format string, args ...any) {
+	fmt.Fprintf(a.opts.IOStreams.ErrOut, "kubectl-bashtask: "+format+"\n", args...)
+}
+
+// cancelOnInterrupt returns a context that ends at the first interrupt,
+// for the commands that do not own a task and simply stop; call stop when
+// done.
+func (a *app) cancelOnInterrupt(ctx context.Context) (context.Context, func()) {
+	ctx, cancel := context.WithCancel(ctx)
+	if a.opts.Interrupts == nil {
+		return ctx, cancel
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		select {
+		case <-a.opts.Interrupts:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	return ctx, func() { cancel(); <-done }
+}

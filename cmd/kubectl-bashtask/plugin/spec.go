@@ -1,0 +1,177 @@
+package plugin
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+
+	bashtaskv1alpha1 "github.com/bashtask/bashtask-operator/api/v1alpha1"
+)
+
+// Limits the schema enforces that api/v1alpha1 has no constant for; they are
+// checked here too so that a mistake is reported before anything is sent,
+// naming the flag and the field.
+const (
+	maxEnvNameChars    = 1024
+	maxOwnerChars      = 253
+	maxNodeNameChars   = 253
+	maxTimeoutSeconds  = 604800
+	generateNamePrefix = "run-"
+)
+
+// runFlags are the flags of run that shape the task.
+type runFlags struct {
+	stdin          bool
+	env            []string
+	envFromSecrets []string
+	timeout        time.Duration
+	owner          string
+	node           string
+	name           string
+	rm             bool
+}
+
+// commandFromArgs joins the words after `--` with spaces into the string
+// given to `bash -c`, as ssh does with its command words: `run -- ls -l
+// '$HOME'` runs `ls -l $HOME`, and a single quoted word is a whole script.
+func commandFromArgs(args []string) (string, error) {
+	cmd := strings.Join(args, " ")
+	switch {
+	case strings.TrimSpace(cmd) == "":
+		return "", errors.New("spec.command: a command is required after --, as in: kubectl bashtask run -- uname -a")
+	case len(cmd) > bashtaskv1alpha1.MaxCommandBytes:
+		return "", fmt.Errorf("spec.command: %d bytes exceed the limit of %d bytes (the kernel's per-argument limit); pass a long script with -i on stdin, e.g. run -i -- bash < script.sh",
+			len(cmd), bashtaskv1alpha1.MaxCommandBytes)
+	}
+	return cmd, nil
+}
+
+// parseEnv turns --env NAME=VALUE flags into env entries, in order.
+func parseEnv(flags []string) ([]bashtaskv1alpha1.EnvVar, error) {
+	var out []bashtaskv1alpha1.EnvVar
+	seen := map[string]bool{}
+	for _, f := range flags {
+		name, value, ok := strings.Cut(f, "=")
+		switch {
+		case !ok:
+			return nil, fmt.Errorf("--env %q: want NAME=VALUE", f)
+		case name == "":
+			return nil, fmt.Errorf("--env %q: spec.env[].name must not be empty", f)
+		case len([]rune(name)) > maxEnvNameChars:
+			return nil, fmt.Errorf("--env %.20q...: spec.env[].name is %d characters, over the limit of %d", name, len([]rune(name)), maxEnvNameChars)
+		case len(value) > bashtaskv1alpha1.MaxEnvValueBytes:
+			return nil, fmt.Errorf("--env %s: spec.env[].value is %d bytes, over the limit of %d bytes (the kernel's per-string limit)", name, len(value), bashtaskv1alpha1.MaxEnvValueBytes)
+		case strings.ContainsRune(value, 0):
+			return nil, fmt.Errorf("--env %s: spec.env[].value must not contain a NUL byte", name)
+		case seen[name]:
+			return nil, fmt.Errorf("--env %s given twice: spec.env names must be unique", name)
+		}
+		seen[name] = true
+		out = append(out, bashtaskv1alpha1.EnvVar{Name: name, Value: ptr.To(value)})
+	}
+	return out, nil
+}
+
+// secretEnv lists one env entry per key of each Secret, each a reference the
+// controller resolves, so the values never pass through this process. As in
+// a container's envFrom, an explicit --env wins over a Secret's key and a
+// later Secret over an earlier one. keys holds each Secret's keys, sorted.
+func secretEnv(explicit []bashtaskv1alpha1.EnvVar, secrets []string, keys map[string][]string) []bashtaskv1alpha1.EnvVar {
+	taken := map[string]bool{}
+	for _, e := range explicit {
+		taken[e.Name] = true
+	}
+	var out []bashtaskv1alpha1.EnvVar
+	for i := len(secrets) - 1; i >= 0; i-- {
+		var fromThis []bashtaskv1alpha1.EnvVar
+		for _, k := range keys[secrets[i]] {
+			if taken[k] {
+				continue
+			}
+			taken[k] = true
+			fromThis = append(fromThis, bashtaskv1alpha1.EnvVar{Name: k, ValueFrom: &bashtaskv1alpha1.ValueSource{
+				SecretKeyRef: &bashtaskv1alpha1.KeySelector{Name: secrets[i], Key: k},
+			}})
+		}
+		out = append(fromThis, out...)
+	}
+	return out
+}
+
+// timeoutSeconds converts --timeout to spec.timeoutSeconds, rounding up to
+// whole seconds so the task never gets less time than asked for.
+func timeoutSeconds(d time.Duration) (*int32, error) {
+	if d <= 0 {
+		return nil, fmt.Errorf("--timeout %s: spec.timeoutSeconds must be at least 1 second", d)
+	}
+	s := (d + time.Second - 1) / time.Second
+	if s > maxTimeoutSeconds {
+		return nil, fmt.Errorf("--timeout %s: spec.timeoutSeconds is at most %d (7 days)", d, maxTimeoutSeconds)
+	}
+	return ptr.To(int32(s)), nil
+}
+
+// readStdin reads the local standard input for -i whole. spec.stdin is a
+// JSON string, so it must be UTF-8 text within the API's size limit.
+func readStdin(r io.Reader) (string, error) {
+	b, err := io.ReadAll(io.LimitReader(r, bashtaskv1alpha1.MaxStdinBytes+1))
+	if err != nil {
+		return "", fmt.Errorf("reading stdin for -i: %w", err)
+	}
+	if len(b) > bashtaskv1alpha1.MaxStdinBytes {
+		return "", fmt.Errorf("-i: stdin is more than %d bytes, the limit of spec.stdin; store larger input in a Secret or ConfigMap and reference it with spec.stdinFrom",
+			bashtaskv1alpha1.MaxStdinBytes)
+	}
+	if !utf8.Valid(b) {
+		return "", errors.New("-i: stdin is not valid UTF-8: spec.stdin holds text only; encode binary input (base64) and decode it in the command")
+	}
+	return string(b), nil
+}
+
+// buildTask returns the task run creates. stdin is nil without -i;
+// secretKeys holds the keys of each --env-from-secret Secret.
+func buildTask(ns string, f runFlags, timeoutSet bool, args []string, stdin *string, secretKeys map[string][]string) (*bashtaskv1alpha1.BashTask, error) {
+	cmd, err := commandFromArgs(args)
+	if err != nil {
+		return nil, err
+	}
+	env, err := parseEnv(f.env)
+	if err != nil {
+		return nil, err
+	}
+	env = append(env, secretEnv(env, f.envFromSecrets, secretKeys)...)
+	if len(env) > bashtaskv1alpha1.MaxEnvEntries {
+		return nil, fmt.Errorf("spec.env: %d entries (from --env and --env-from-secret) exceed the limit of %d", len(env), bashtaskv1alpha1.MaxEnvEntries)
+	}
+	if n := len([]rune(f.owner)); n > maxOwnerChars {
+		return nil, fmt.Errorf("--owner: spec.owner is %d characters, over the limit of %d", n, maxOwnerChars)
+	}
+	if n := len([]rune(f.node)); n > maxNodeNameChars {
+		return nil, fmt.Errorf("--node: spec.nodeName is %d characters, over the limit of %d", n, maxNodeNameChars)
+	}
+	bt := &bashtaskv1alpha1.BashTask{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: f.name},
+		Spec: bashtaskv1alpha1.BashTaskSpec{
+			Command:  cmd,
+			Stdin:    stdin,
+			Env:      env,
+			Owner:    f.owner,
+			NodeName: f.node,
+		},
+	}
+	if f.name == "" {
+		bt.GenerateName = generateNamePrefix
+	}
+	if timeoutSet {
+		if bt.Spec.TimeoutSeconds, err = timeoutSeconds(f.timeout); err != nil {
+			return nil, err
+		}
+	}
+	return bt, nil
+}

@@ -1,0 +1,156 @@
+package plugin
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"hash"
+	"io"
+
+	bashtaskv1alpha1 "github.com/bashtask/bashtask-operator/api/v1alpha1"
+)
+
+// fetchFunc opens a stream's stored object at a byte offset.
+type fetchFunc func(ctx context.Context, spill *bashtaskv1alpha1.SpillRef, offset int64) (io.ReadCloser, error)
+
+// streamWriter writes one output stream of a task to a local writer as
+// successive statuses reveal it. A status holds only the stream's last
+// bytes (tail) and how many were written in all (totalBytes), so the tail
+// of a snapshot covers stream offsets [totalBytes-len(tail), totalBytes);
+// the writer remembers the offset it has written up to and writes what is
+// new.
+//
+// When the stream grew by more than a tail between two snapshots, the bytes
+// in between are in no status. In complete mode (run, logs --full) the
+// writer then stops writing live and, when the task has ended, takes the
+// rest from the stored object, so the local output is the exact stream and
+// can be checked against status sha256. Otherwise (logs, logs -f) it says
+// how many bytes it skipped and goes on with the tail.
+type streamWriter struct {
+	name     string // "stdout" or "stderr", for notes and field names
+	out      io.Writer
+	note     func(format string, args ...any)
+	complete bool
+
+	written  int64 // stream offset up to which bytes went to out
+	deferred bool  // complete mode: live writing stopped at a gap
+	inexact  bool  // something other than the stream's bytes was written or skipped
+	hash     hash.Hash
+}
+
+func newStreamWriter(name string, out io.Writer, note func(string, ...any), complete bool) *streamWriter {
+	return &streamWriter{name: name, out: out, note: note, complete: complete, hash: sha256.New()}
+}
+
+func (w *streamWriter) write(p []byte, end int64) error {
+	if _, err := w.out.Write(p); err != nil {
+		return fmt.Errorf("writing %s: %w", w.name, err)
+	}
+	w.hash.Write(p)
+	w.written = end
+	return nil
+}
+
+// update writes what a status snapshot shows beyond what was written.
+func (w *streamWriter) update(s *bashtaskv1alpha1.StreamStatus) error {
+	if s == nil || w.deferred || s.TotalBytes <= w.written {
+		return nil
+	}
+	start := s.TotalBytes - int64(len(s.Tail))
+	// A sanitized tail has U+FFFD where the stream had other bytes, so its
+	// offsets do not match the stream's; complete mode waits for the raw
+	// bytes in storage instead.
+	if w.complete && (start > w.written || s.Sanitized) {
+		w.deferred = true
+		if start > w.written {
+			w.note("%s: %d bytes went past the status tail before they could be shown; the rest of %s is written when the task ends, from storage",
+				w.name, start-w.written, w.name)
+		} else {
+			w.note("%s is not valid UTF-8; it is written when the task ends, from storage", w.name)
+		}
+		return nil
+	}
+	if start > w.written {
+		w.note("%s: %d bytes not shown (they went past the tail kept in status)", w.name, start-w.written)
+		w.inexact = true
+		w.written = start
+	}
+	if s.Sanitized {
+		w.inexact = true
+	}
+	return w.write([]byte(s.Tail[w.written-start:]), s.TotalBytes)
+}
+
+// finish writes the rest of the stream of a task that has ended: from the
+// stored object where the tail does not cover it (complete mode), else from
+// the tail. missing says why there is no object, for the note when bytes
+// cannot be shown.
+func (w *streamWriter) finish(ctx context.Context, s *bashtaskv1alpha1.StreamStatus, fetch fetchFunc, missing string) error {
+	if s == nil {
+		return nil
+	}
+	start := s.TotalBytes - int64(len(s.Tail))
+	if w.complete && w.needsObject(s) && s.Spill != nil && s.Spill.URL != "" && w.written < s.Spill.Bytes {
+		if err := w.copyObject(ctx, s.Spill, fetch); err != nil {
+			return err
+		}
+	}
+	if w.written < s.TotalBytes {
+		if start > w.written {
+			why := missing
+			if s.Spill != nil && s.Spill.URL != "" && !s.Spill.Complete {
+				why = "the stored object ends where the stream passed spec.output.spillLimitBytes"
+			}
+			w.note("%s: bytes %d to %d of %d are not available (%s); the last %d bytes follow",
+				w.name, w.written, start, s.TotalBytes, why, len(s.Tail))
+			w.inexact = true
+			w.written = start
+		}
+		if s.Sanitized {
+			w.note("%s: the tail in status has invalid UTF-8 replaced by U+FFFD", w.name)
+			w.inexact = true
+		}
+		if err := w.write([]byte(s.Tail[w.written-start:]), s.TotalBytes); err != nil {
+			return err
+		}
+	}
+	return w.verify(s)
+}
+
+// needsObject reports whether the tail cannot supply the exact rest.
+func (w *streamWriter) needsObject(s *bashtaskv1alpha1.StreamStatus) bool {
+	start := s.TotalBytes - int64(len(s.Tail))
+	return w.written < s.TotalBytes && (w.deferred || start > w.written || s.Sanitized)
+}
+
+func (w *streamWriter) copyObject(ctx context.Context, spill *bashtaskv1alpha1.SpillRef, fetch fetchFunc) error {
+	r, err := fetch(ctx, spill, w.written)
+	if err != nil {
+		return fmt.Errorf("reading the stored %s at %s: %w", w.name, spill.URL, err)
+	}
+	defer func() { _ = r.Close() }()
+	from := w.written
+	n, err := io.Copy(io.MultiWriter(w.out, w.hash), r)
+	w.written += n
+	if err != nil {
+		return fmt.Errorf("reading the stored %s at %s (after %d bytes): %w", w.name, spill.URL, from+n, err)
+	}
+	if w.written != spill.Bytes {
+		return fmt.Errorf("the stored %s at %s ends after %d bytes; status.%s.spill.bytes says %d", w.name, spill.URL, w.written, w.name, spill.Bytes)
+	}
+	w.deferred = false
+	return nil
+}
+
+// verify checks the bytes written against the stream's SHA-256 when they
+// are meant to be the exact stream.
+func (w *streamWriter) verify(s *bashtaskv1alpha1.StreamStatus) error {
+	if !w.complete || w.inexact || s.SHA256 == "" || w.written != s.TotalBytes {
+		return nil
+	}
+	if got := hex.EncodeToString(w.hash.Sum(nil)); got != s.SHA256 {
+		return fmt.Errorf("%s: the %d bytes written have SHA-256 %s, but status.%s.sha256 is %s", w.name, w.written, got, w.name, s.SHA256)
+	}
+	return nil
+}

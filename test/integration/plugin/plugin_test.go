@@ -1,0 +1,283 @@
+package plugin_test
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"os"
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	bashtaskv1alpha1 "github.com/bashtask/bashtask-operator/api/v1alpha1"
+	"github.com/bashtask/bashtask-operator/cmd/kubectl-bashtask/plugin"
+)
+
+func TestRunExitCodeAndStreams(t *testing.T) {
+	t.Parallel()
+	ns := newNamespace(t)
+	tests := []struct {
+		name string
+		args []string
+		want result
+	}{{
+		name: "non-zero exit passes through, streams apart",
+		args: []string{"--", "echo out; echo err >&2; exit 3"},
+		want: result{code: 3, stdout: "out\n", stderr: "err\n"},
+	}, {
+		name: "words joined into one command",
+		args: []string{"--", "printf", "'%s-%s'", "a", "b"},
+		want: result{code: 0, stdout: "a-b"},
+	}, {
+		name: "output written over time",
+		args: []string{"--", "for i in 1 2 3; do echo $i; sleep 0.3; done"},
+		want: result{code: 0, stdout: "1\n2\n3\n"},
+	}}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			got := kubectlBashtask(t, ns, append([]string{"run"}, tc.args...)...)
+			if diff := cmp.Diff(tc.want, got, cmp.AllowUnexported(result{})); diff != "" {
+				t.Errorf("run %q (-want +got):\n%s", tc.args, diff)
+			}
+		})
+	}
+}
+
+func TestRunEndingWithoutExitIsOneWithReason(t *testing.T) {
+	t.Parallel()
+	ns := newNamespace(t)
+	got := kubectlBashtask(t, ns, "run", "--name", "slow", "--timeout", "1s", "--", "sleep 30")
+	bt := getTask(t, ns, "slow")
+	if bt.Status.Reason != bashtaskv1alpha1.ReasonTimedOut {
+		t.Fatalf("reason %q, want TimedOut", bt.Status.Reason)
+	}
+	if want := exitOf(bt); got.code != want || !strings.Contains(got.stderr, "ended TimedOut") {
+		t.Errorf("run of a timed-out task: exit %d, stderr %q; want exit %d and a message naming TimedOut", got.code, got.stderr, want)
+	}
+}
+
+func TestRunStdin(t *testing.T) {
+	t.Parallel()
+	ns := newNamespace(t)
+	got := invocation{stdin: strings.NewReader("hello\nworld\n")}.run(t, ns, "run", "-i", "--", "tr a-z A-Z")
+	if diff := cmp.Diff(result{stdout: "HELLO\nWORLD\n"}, got, cmp.AllowUnexported(result{})); diff != "" {
+		t.Errorf("run -i (-want +got):\n%s", diff)
+	}
+
+	big := strings.NewReader(strings.Repeat("x", bashtaskv1alpha1.MaxStdinBytes+1))
+	got = invocation{stdin: big}.run(t, ns, "run", "-i", "--", "wc -c")
+	if got.code != plugin.ExitPluginError || !strings.Contains(got.stderr, "262144") || !strings.Contains(got.stderr, "spec.stdin") {
+		t.Errorf("run -i with too much stdin: exit %d, stderr %q; want %d and the limit of spec.stdin", got.code, got.stderr, plugin.ExitPluginError)
+	}
+}
+
+func TestRunEnv(t *testing.T) {
+	t.Parallel()
+	ns := newNamespace(t)
+	secret := &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "creds"},
+		Data:       map[string][]byte{"API_TOKEN": []byte("s3cr3t"), "MODE": []byte("from-secret")},
+	}
+	if err := rig.Client.Create(t.Context(), secret); err != nil {
+		t.Fatal(err)
+	}
+	got := kubectlBashtask(t, ns, "run", "--name", "env", "--env", "MODE=explicit", "--env", "PAIR=a=b",
+		"--env-from-secret", "creds", "--", `echo "$MODE $PAIR $API_TOKEN"`)
+	if diff := cmp.Diff(result{stdout: "explicit a=b s3cr3t\n"}, got, cmp.AllowUnexported(result{})); diff != "" {
+		t.Errorf("run --env --env-from-secret (-want +got):\n%s", diff)
+	}
+	// The Secret's value travels as a reference, never in the task.
+	wantEnv := []bashtaskv1alpha1.EnvVar{
+		{Name: "MODE", Value: new("explicit")},
+		{Name: "PAIR", Value: new("a=b")},
+		{Name: "API_TOKEN", ValueFrom: &bashtaskv1alpha1.ValueSource{SecretKeyRef: &bashtaskv1alpha1.KeySelector{Name: "creds", Key: "API_TOKEN"}}},
+	}
+	if diff := cmp.Diff(wantEnv, getTask(t, ns, "env").Spec.Env); diff != "" {
+		t.Errorf("spec.env (-want +got):\n%s", diff)
+	}
+}
+
+func TestLargeOutputRunAndLogsFull(t *testing.T) {
+	t.Parallel()
+	ns := newNamespace(t)
+	const size = 2 << 20
+	// Random bytes: not UTF-8, so the tails are sanitized and only the
+	// stored object has the stream; and far more than a tail.
+	got := kubectlBashtask(t, ns, "run", "--name", "big", "--", "head -c 2097152 /dev/urandom; echo done >&2")
+	if got.code != 0 || taskLines(got.stderr) != "done\n" {
+		t.Fatalf("run: exit %d, stderr %q", got.code, got.stderr)
+	}
+	bt := getTask(t, ns, "big")
+	out := bt.Status.Stdout
+	if out == nil || out.TotalBytes != size || !out.Truncated || out.Spill == nil {
+		t.Fatalf("status.stdout %+v: want %d bytes, truncated, stored", out, size)
+	}
+	if sum := sha256hex(got.stdout); len(got.stdout) != size || sum != out.SHA256 {
+		t.Errorf("run wrote %d bytes with sha256 %s; status has %d bytes, %s", len(got.stdout), sum, out.TotalBytes, out.SHA256)
+	}
+
+	full := kubectlBashtask(t, ns, "logs", "big", "--full")
+	if sum := sha256hex(full.stdout); full.code != 0 || len(full.stdout) != size || sum != out.SHA256 {
+		t.Errorf("logs --full: exit %d, %d bytes, sha256 %s, stderr %q; want %d bytes, sha256 %s", full.code, len(full.stdout), sum, full.stderr, size, out.SHA256)
+	}
+	tail := kubectlBashtask(t, ns, "logs", "big")
+	if tail.code != 0 || tail.stdout != out.Tail || !strings.Contains(tail.stderr, "--full") {
+		t.Errorf("logs: exit %d, %d bytes, stderr %q; want the %d-byte tail and a hint at --full", tail.code, len(tail.stdout), tail.stderr, len(out.Tail))
+	}
+	errLogs := kubectlBashtask(t, ns, "logs", "big", "--stderr", "--full")
+	if diff := cmp.Diff(result{stdout: "done\n"}, errLogs, cmp.AllowUnexported(result{})); diff != "" {
+		t.Errorf("logs --stderr --full (-want +got):\n%s", diff)
+	}
+}
+
+func TestLogsFollow(t *testing.T) {
+	t.Parallel()
+	ns := newNamespace(t)
+	bt := &bashtaskv1alpha1.BashTask{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "ticks"},
+		Spec:       bashtaskv1alpha1.BashTaskSpec{Command: "for i in 1 2 3 4; do echo tick$i; sleep 0.3; done"},
+	}
+	if err := rig.Client.Create(t.Context(), bt); err != nil {
+		t.Fatal(err)
+	}
+	got := kubectlBashtask(t, ns, "logs", "ticks", "-f")
+	if diff := cmp.Diff(result{stdout: "tick1\ntick2\ntick3\ntick4\n"}, got, cmp.AllowUnexported(result{})); diff != "" {
+		t.Errorf("logs -f (-want +got):\n%s", diff)
+	}
+}
+
+func TestCancelAndWait(t *testing.T) {
+	t.Parallel()
+	ns := newNamespace(t)
+	bt := &bashtaskv1alpha1.BashTask{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "long"},
+		Spec:       bashtaskv1alpha1.BashTaskSpec{Command: "sleep 60"},
+	}
+	if err := rig.Client.Create(t.Context(), bt); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the task runs", func() bool { return getTask(t, ns, "long").Status.Phase == bashtaskv1alpha1.PhaseRunning })
+
+	if got := kubectlBashtask(t, ns, "wait", "long", "--timeout", "500ms"); got.code != plugin.ExitWaitTimeout || !strings.Contains(got.stderr, "still Running") {
+		t.Errorf("wait --timeout on a running task: exit %d, stderr %q; want %d", got.code, got.stderr, plugin.ExitWaitTimeout)
+	}
+	want := result{stdout: "bashtask.bashtask.dev/long cancel requested\n"}
+	if diff := cmp.Diff(want, kubectlBashtask(t, ns, "cancel", "long"), cmp.AllowUnexported(result{})); diff != "" {
+		t.Errorf("cancel (-want +got):\n%s", diff)
+	}
+	got := kubectlBashtask(t, ns, "wait", "long")
+	if got.code != exitOf(getTask(t, ns, "long")) || !strings.HasPrefix(got.stdout, "bashtask.bashtask.dev/long Cancelled") || !strings.Contains(got.stderr, "ended Cancelled") {
+		t.Errorf("wait on a cancelled task: %+v; want the exit code and Cancelled", got)
+	}
+	// Cancel is idempotent.
+	want = result{stdout: "bashtask.bashtask.dev/long already ended (Cancelled)\n"}
+	if diff := cmp.Diff(want, kubectlBashtask(t, ns, "cancel", "long"), cmp.AllowUnexported(result{})); diff != "" {
+		t.Errorf("second cancel (-want +got):\n%s", diff)
+	}
+
+	if got := kubectlBashtask(t, ns, "run", "--name", "five", "--", "exit 5"); got.code != 5 {
+		t.Fatalf("run exit 5: %+v", got)
+	}
+	want = result{code: 5, stdout: "bashtask.bashtask.dev/five NonZeroExit (exit code 5)\n"}
+	if diff := cmp.Diff(want, kubectlBashtask(t, ns, "wait", "five"), cmp.AllowUnexported(result{})); diff != "" {
+		t.Errorf("wait on an exit-5 task (-want +got):\n%s", diff)
+	}
+	if got := kubectlBashtask(t, ns, "wait", "nosuch"); got.code != plugin.ExitPluginError || !strings.Contains(got.stderr, "not found") {
+		t.Errorf("wait on a missing task: %+v; want %d and not found", got, plugin.ExitPluginError)
+	}
+}
+
+func TestRunInterruptCancelsTheTask(t *testing.T) {
+	t.Parallel()
+	ns := newNamespace(t)
+	interrupts := make(chan os.Signal, 2)
+	done := make(chan result, 1)
+	go func() {
+		done <- invocation{interrupts: interrupts}.run(t, ns, "run", "--name", "intr", "--", "echo started; sleep 60")
+	}()
+	eventually(t, "the task runs", func() bool {
+		bt := &bashtaskv1alpha1.BashTask{}
+		return rig.Client.Get(t.Context(), objectKey(ns, "intr"), bt) == nil && bt.Status.Phase == bashtaskv1alpha1.PhaseRunning
+	})
+	interrupts <- os.Interrupt
+	got := <-done
+	if got.code != exitOf(getTask(t, ns, "intr")) || got.stdout != "started\n" || !strings.Contains(got.stderr, "cancelling task") || !strings.Contains(got.stderr, "ended Cancelled") {
+		t.Errorf("run interrupted once: %+v; want the exit code, the output so far and Cancelled", got)
+	}
+	if bt := getTask(t, ns, "intr"); bt.Spec.CancelRequested == nil || !*bt.Spec.CancelRequested {
+		t.Errorf("spec.cancelRequested is not set after an interrupt")
+	}
+}
+
+func TestRunRm(t *testing.T) {
+	t.Parallel()
+	ns := newNamespace(t)
+	if got := kubectlBashtask(t, ns, "run", "--rm", "--name", "gone", "--", "echo hi"); got.code != 0 || got.stdout != "hi\n" {
+		t.Fatalf("run --rm: %+v", got)
+	}
+	eventually(t, "the task is deleted", func() bool {
+		err := rig.Client.Get(t.Context(), objectKey(ns, "gone"), &bashtaskv1alpha1.BashTask{})
+		return apierrors.IsNotFound(err)
+	})
+}
+
+func TestGetOwner(t *testing.T) {
+	t.Parallel()
+	ns := newNamespace(t)
+	for _, owner := range []string{"alice", "alice", "bob"} {
+		if got := kubectlBashtask(t, ns, "run", "--owner", owner, "--", "exit 2"); got.code != 2 {
+			t.Fatalf("run --owner %s: %+v", owner, got)
+		}
+	}
+	got := kubectlBashtask(t, ns, "get", "--owner", "alice")
+	if got.code != 0 {
+		t.Fatalf("get --owner: %+v", got)
+	}
+	lines := strings.Split(strings.TrimSpace(got.stdout), "\n")
+	header := []string{"NAME", "PHASE", "REASON", "EXIT", "NODE", "OWNER", "DURATION", "AGE"}
+	if diff := cmp.Diff(header, strings.Fields(lines[0])); diff != "" {
+		t.Errorf("header (-want +got):\n%s", diff)
+	}
+	if len(lines) != 3 {
+		t.Fatalf("get --owner alice printed %d rows, want 2:\n%s", len(lines)-1, got.stdout)
+	}
+	for _, l := range lines[1:] {
+		f := strings.Fields(l)
+		if diff := cmp.Diff([]string{"Failed", "NonZeroExit", "2", "alice"}, []string{f[1], f[2], f[3], f[5]}); diff != "" {
+			t.Errorf("row %q (-want +got):\n%s", l, diff)
+		}
+	}
+	if got := kubectlBashtask(t, ns, "get", "--owner", "carol"); got.code != 0 || got.stdout != "" || !strings.Contains(got.stderr, "no tasks found") {
+		t.Errorf("get --owner with no match: %+v", got)
+	}
+}
+
+func sha256hex(s string) string {
+	h := sha256.Sum256([]byte(s))
+	return hex.EncodeToString(h[:])
+}
+
+// exitOf is the exit status run and wait give for a task that did not end
+// by exiting: its exit code when it has one (143 after SIGTERM), else 1.
+func exitOf(bt *bashtaskv1alpha1.BashTask) int {
+	if bt.Status.ExitCode != nil && *bt.Status.ExitCode > 0 {
+		return int(*bt.Status.ExitCode)
+	}
+	return plugin.ExitFailure
+}
+
+// taskLines drops the plugin's own notes from a local stderr, leaving what
+// the task wrote.
+func taskLines(stderr string) string {
+	var b strings.Builder
+	for _, l := range strings.SplitAfter(stderr, "\n") {
+		if !strings.HasPrefix(l, "kubectl-bashtask: ") {
+			b.WriteString(l)
+		}
+	}
+	return b.String()
+}
