@@ -91,31 +91,30 @@ func run(jsonOut string, iters int, dir, shell string) error {
 		return err
 	}
 
-	// Interleave the variants round by round so that drift in the
-	// machine's load affects them alike.
-	var plain, plainSid, exNoCg, exCg []time.Duration
+	// Interleave the variants round by round, each round in another
+	// order, so that drift in the machine's load and whatever one run
+	// leaves behind for the next (page cache, the scheduler's state)
+	// affect them alike.
+	variants := []func(i int) (time.Duration, error){
+		func(int) (time.Duration, error) { return timePlain(shell, dir, env, false) },
+		func(int) (time.Duration, error) { return timePlain(shell, dir, env, true) },
+		func(i int) (time.Duration, error) { return timeTask(noCg, dir, i) },
+		func(i int) (time.Duration, error) { return timeTask(withCg, dir, i) },
+	}
+	times := make([][]time.Duration, len(variants))
 	for i := range iters + 10 {
-		p, err := timePlain(shell, dir, env, false)
-		if err != nil {
-			return err
-		}
-		ps, err := timePlain(shell, dir, env, true)
-		if err != nil {
-			return err
-		}
-		a, err := timeTask(noCg, dir, i)
-		if err != nil {
-			return err
-		}
-		b, err := timeTask(withCg, dir, i)
-		if err != nil {
-			return err
-		}
-		if i >= 10 { // warm-up
-			plain, plainSid = append(plain, p), append(plainSid, ps)
-			exNoCg, exCg = append(exNoCg, a), append(exCg, b)
+		for k := range variants {
+			v := (i + k) % len(variants)
+			d, err := variants[v](i)
+			if err != nil {
+				return err
+			}
+			if i >= 10 { // warm-up
+				times[v] = append(times[v], d)
+			}
 		}
 	}
+	plain, plainSid, exNoCg, exCg := times[0], times[1], times[2], times[3]
 	mPlain, mPlainSid, mNoCg, mCg := median(plain), median(plainSid), median(exNoCg), median(exCg)
 
 	plainMBs, err := plainWrite(dir)
