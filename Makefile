@@ -66,6 +66,8 @@ generate-proto: ## Generate the agent protocol's Go code (protoc + go tool proto
 manifests: ## Generate the CRD (config/crd/bases) and RBAC (config/rbac) from markers.
 	$(CONTROLLER_GEN) crd rbac:roleName=bashtask-controller paths=./... \
 	  output:crd:artifacts:config=config/crd/bases output:rbac:artifacts:config=config/rbac
+	cp config/crd/bases/*.yaml charts/bashtask/crds/
+	cp config/rbac/role.yaml charts/bashtask/files/controller-role.yaml
 
 .PHONY: fmt
 fmt: ## Format the Go code.
@@ -86,6 +88,9 @@ verify: ## Regenerate everything and fail on any difference from the commit; the
 	  echo "verify: generated files are out of date; run 'make generate manifests' and commit:" >&2; \
 	  git status --porcelain -- api config >&2; git diff --stat -- api config >&2; exit 1; \
 	fi
+	@if [[ -n "$$(git status --porcelain -- charts/bashtask/crds charts/bashtask/files)" ]]; then \
+	  echo "verify: the chart's CRDs or RBAC differ from config/; run 'make manifests' and commit" >&2; exit 1; fi
+	$(MAKE) helm-lint
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { echo "verify: gofmt needed on:" >&2; gofmt -l $$(git ls-files '*.go') >&2; exit 1; }
 	$(MAKE) vet lint
 
@@ -124,9 +129,38 @@ test-integration: envtest setup-s3 ## Integration tests against a real kube-apis
 	$(GO) test $(TEST_FLAGS) -timeout $(INTEGRATION_TIMEOUT) $(INTEGRATION_PKGS)
 
 .PHONY: test-e2e
-test-e2e: envtest ## End-to-end tests on a local control plane with controller and agents.
+test-e2e: envtest setup-s3 build ## End-to-end tests: bashtask-local with the controller, two agents and S3, as processes.
 	@if [[ -z "$$($(GO) list $(E2E_PKGS) 2>/dev/null)" ]]; then echo "test-e2e: no e2e packages yet"; \
 	else $(GO) test $(TEST_FLAGS) -timeout $(E2E_TIMEOUT) $(E2E_PKGS); fi
+
+# The packaging tests (test/integration/packaging) run helm, kustomize and
+# kubeconform from bin/.
+test-integration: tools
+
+##@ Packaging
+
+# Images: `make docker-build` needs a container engine (docker or podman).
+CONTAINER_TOOL ?= docker
+IMG_REGISTRY   ?= ghcr.io/bashtask
+IMG_TAG        ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+
+.PHONY: docker-build
+docker-build: ## Build the controller and agent images (Dockerfile targets) with version labels.
+	for target in controller agent; do \
+	  $(CONTAINER_TOOL) build --target "$$target" \
+	    --build-arg VERSION=$(IMG_TAG) --build-arg REVISION="$$(git rev-parse HEAD)" \
+	    --build-arg CREATED="$$(date -u +%Y-%m-%dT%H:%M:%SZ)" \
+	    -t $(IMG_REGISTRY)/bashtask-$$target:$(IMG_TAG) . ; \
+	done
+
+.PHONY: helm-lint
+helm-lint: $(HELM) ## Lint the Helm chart with its default values and the cert-manager variant.
+	$(HELM) lint --strict charts/bashtask
+	$(HELM) lint --strict charts/bashtask --set certificates.source=cert-manager --set serviceMonitor.enabled=true
+
+.PHONY: test-packaging
+test-packaging: envtest tools ## Render the chart and config/default, validate them and dry-run them on a real API server.
+	$(GO) test -count=1 -timeout $(INTEGRATION_TIMEOUT) ./test/integration/packaging/...
 
 ##@ Benchmarks
 
@@ -136,6 +170,34 @@ bench-executor: ## Executor overhead, output throughput and memory, printed as a
 	$(GO) run ./hack/bench-executor -json _output/bench-executor.json
 
 ##@ Tools
+
+TOOLS_MOD   := hack/tools/go.mod
+HELM        := $(LOCALBIN)/helm
+KUSTOMIZE   := $(LOCALBIN)/kustomize
+KUBECONFORM := $(LOCALBIN)/kubeconform
+
+.PHONY: tools
+tools: $(HELM) $(KUSTOMIZE) $(KUBECONFORM) ## Build helm, kustomize and kubeconform (pinned in hack/tools/go.mod) into bin/.
+
+# helm is stamped with its version and the Kubernetes minor version of its
+# client libraries, as its own release build does (otherwise it assumes 1.20).
+$(HELM): $(TOOLS_MOD)
+	mkdir -p $(LOCALBIN)
+	cd hack/tools && v="$$($(GO) list -m -f '{{.Version}}' helm.sh/helm/v3)" && \
+	  k="$$($(GO) list -m -f '{{.Version}}' k8s.io/client-go)" && minor="$${k#v0.}" && minor="$${minor%%.*}" && \
+	  $(GO) build -trimpath -o $@ -ldflags "-X helm.sh/helm/v3/internal/version.version=$$v \
+	    -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMajor=1 -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMinor=$$minor \
+	    -X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMajor=1 -X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMinor=$$minor" \
+	    helm.sh/helm/v3/cmd/helm
+
+$(KUSTOMIZE): $(TOOLS_MOD)
+	mkdir -p $(LOCALBIN)
+	cd hack/tools && v="$$($(GO) list -m -f '{{.Version}}' sigs.k8s.io/kustomize/kustomize/v5)" && \
+	  $(GO) build -trimpath -o $@ -ldflags "-X sigs.k8s.io/kustomize/api/provenance.version=$$v" sigs.k8s.io/kustomize/kustomize/v5
+
+$(KUBECONFORM): $(TOOLS_MOD)
+	mkdir -p $(LOCALBIN)
+	cd hack/tools && $(GO) build -trimpath -o $@ github.com/yannh/kubeconform/cmd/kubeconform
 
 $(GOLANGCI_LINT):
 	mkdir -p $(LOCALBIN)

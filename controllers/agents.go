@@ -502,6 +502,13 @@ func (a *agentConn) watchOnce(ctx context.Context, r *AgentRegistry) (healthy bo
 		if err != nil {
 			return true, err
 		}
+		if info := msg.GetAgent(); info != nil {
+			// The agent repeats its info when its readiness changes.
+			a.mu.Lock()
+			a.info = info
+			a.mu.Unlock()
+			continue
+		}
 		ev := msg.GetTask()
 		if ev == nil {
 			continue

@@ -7,6 +7,8 @@ import (
 	"sync"
 	"time"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -281,6 +283,12 @@ func (r *BashTaskReconciler) start(ctx context.Context, bt *bashtaskv1alpha1.Bas
 	}
 	spec := r.taskSpec(bt, resolved)
 	ts, err := r.agents.StartTask(ctx, bt.Status.NodeName, spec)
+	if status.Code(err) == codes.ResourceExhausted {
+		// The agent runs its maximum and started nothing; the task waits
+		// for a slot on the node it is recorded on.
+		ctrl.LoggerFrom(ctx).V(1).Info("Agent at capacity; retrying", "node", bt.Status.NodeName)
+		return reconcile.Result{RequeueAfter: r.opts.RetryInterval / 4}, nil
+	}
 	if err != nil {
 		// The task stays assigned to this agent: Start is idempotent on the
 		// UID, so retrying there can never run it twice.

@@ -67,6 +67,10 @@ type Cluster struct {
 	BucketURL string
 	// S3Env holds the AWS_* variables a client needs for BucketURL with S3.
 	S3Env []string
+	// BucketQuery is what a client adds to an object URL from status to
+	// reach the local S3 server (kubectl bashtask --bucket-query); empty
+	// for a file:// bucket.
+	BucketQuery string
 
 	opts  LauncherOptions
 	lock  *os.File
@@ -285,7 +289,8 @@ func (c *Cluster) startS3(ctx context.Context) ([]string, error) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	c.BucketURL = fmt.Sprintf("s3://bashtask-outputs?endpoint=http://%s&region=us-east-1&use_path_style=true", addr)
+	c.BucketQuery = fmt.Sprintf("endpoint=http://%s&region=us-east-1&use_path_style=true", addr)
+	c.BucketURL = "s3://bashtask-outputs?" + c.BucketQuery
 	return []string{"AWS_ACCESS_KEY_ID=" + access, "AWS_SECRET_ACCESS_KEY=" + secret, "AWS_REGION=us-east-1"}, nil
 }
 

@@ -1,0 +1,308 @@
+package e2e
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	v1 "github.com/bashtask/bashtask-operator/api/v1alpha1"
+)
+
+// TestExamples applies every manifest in examples/, cancels the long one,
+// and checks each task's reason against its bashtask.dev/expect-reason.
+func TestExamples(t *testing.T) {
+	ns := newNamespace(t)
+	files, err := filepath.Glob(filepath.Join(root, "examples", "*.yaml"))
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no examples found: %v", err)
+	}
+	expect := map[string]string{}
+	for _, f := range files {
+		data, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		dec := utilyaml.NewYAMLOrJSONDecoder(strings.NewReader(string(data)), 4096)
+		for {
+			u := &unstructured.Unstructured{}
+			if err := dec.Decode(&u.Object); err != nil {
+				break
+			}
+			if len(u.Object) == 0 {
+				continue
+			}
+			u.SetNamespace(ns)
+			if err := k8s.Create(t.Context(), u); err != nil {
+				t.Fatalf("%s: creating %s %s: %v", filepath.Base(f), u.GetKind(), u.GetName(), err)
+			}
+			if u.GetKind() == "BashTask" {
+				expect[u.GetName()] = u.GetAnnotations()["bashtask.dev/expect-reason"]
+			}
+		}
+	}
+	if len(expect) < 9 {
+		t.Fatalf("found %d example tasks, want at least 9", len(expect))
+	}
+	// The cancel example runs until cancelled.
+	waitPhase(t, ns, "long-running", v1.PhaseRunning)
+	if _, errOut, code := plugin(t.Context(), "", "-n", ns, "cancel", "long-running"); code != 0 {
+		t.Fatalf("kubectl bashtask cancel: exit %d: %s", code, errOut)
+	}
+	var names []string
+	for n := range expect {
+		names = append(names, n)
+	}
+	done := waitTerminal(t, ns, names, 3*time.Minute)
+	for name, want := range expect {
+		if got := string(done[name].Status.Reason); got != want {
+			t.Errorf("%s ended %s (%s), its manifest expects %s", name, got, done[name].Status.Message, want)
+		}
+	}
+	secret := done["secret-env"].Status.Stdout
+	if secret == nil || !strings.Contains(secret.Tail, "DEMO_API_KEY is not visible") || !strings.Contains(secret.Tail, "s3cr3t") {
+		t.Errorf("secret-env stdout = %+v", secret)
+	}
+
+	// The 2 MB output is truncated in status and whole in S3.
+	large := done["large-output"].Status.Stdout
+	if large == nil || !large.Truncated || large.Spill == nil || !strings.HasPrefix(large.Spill.URL, "s3://") {
+		t.Fatalf("large-output stdout = %+v", large)
+	}
+	full, errOut, code := plugin(t.Context(), "", "-n", ns, "logs", "--full", "--bucket-query", bucketQuery, "large-output")
+	if code != 0 {
+		t.Fatalf("kubectl bashtask logs --full: exit %d: %s", code, errOut)
+	}
+	sum := sha256.Sum256([]byte(full))
+	if int64(len(full)) != large.TotalBytes || hex.EncodeToString(sum[:]) != large.SHA256 {
+		t.Errorf("stored stream: %d bytes sha256 %x; status: %d bytes sha256 %s", len(full), sum, large.TotalBytes, large.SHA256)
+	}
+}
+
+func waitPhase(t *testing.T, ns, name string, phase v1.Phase) *v1.BashTask {
+	t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for {
+		bt := &v1.BashTask{}
+		if err := k8s.Get(t.Context(), client.ObjectKey{Namespace: ns, Name: name}, bt); err == nil && bt.Status.Phase == phase {
+			return bt
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s/%s not %s after a minute", ns, name, phase)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// TestPlugin drives kubectl-bashtask run, wait and cancel as a user would.
+func TestPlugin(t *testing.T) {
+	ns := newNamespace(t)
+	t.Run("run: exit code, stdout and stderr apart", func(t *testing.T) {
+		out, errOut, code := plugin(t.Context(), "", "-n", ns, "run", "--", "echo out; echo err >&2; exit 7")
+		if code != 7 || out != "out\n" || !strings.Contains(errOut, "err\n") {
+			t.Errorf("exit %d, stdout %q, stderr %q", code, out, errOut)
+		}
+	})
+	t.Run("run -i: stdin", func(t *testing.T) {
+		out, errOut, code := plugin(t.Context(), "hello stdin\n", "-n", ns, "run", "-i", "--", "tr a-z A-Z")
+		if code != 0 || out != "HELLO STDIN\n" {
+			t.Errorf("exit %d, stdout %q, stderr %q", code, out, errOut)
+		}
+	})
+	t.Run("run: large output is complete", func(t *testing.T) {
+		out, errOut, code := plugin(t.Context(), "", "-n", ns, "run", "--bucket-query", bucketQuery, "--", "seq 1 200000")
+		lines := strings.Split(strings.TrimSuffix(out, "\n"), "\n")
+		if code != 0 || len(lines) != 200000 || lines[0] != "1" || lines[199999] != "200000" {
+			t.Errorf("exit %d, %d lines, stderr %q", code, len(lines), errOut)
+		}
+	})
+	t.Run("wait and cancel", func(t *testing.T) {
+		bt := &v1.BashTask{}
+		bt.Namespace, bt.Name = ns, "to-cancel"
+		bt.Spec.Command = "sleep 300"
+		bt.Spec.KillGracePeriodSeconds = ptr.To[int32](1)
+		if err := k8s.Create(t.Context(), bt); err != nil {
+			t.Fatal(err)
+		}
+		waitPhase(t, ns, "to-cancel", v1.PhaseRunning)
+		if _, errOut, code := plugin(t.Context(), "", "-n", ns, "cancel", "to-cancel"); code != 0 {
+			t.Fatalf("cancel: exit %d: %s", code, errOut)
+		}
+		_, errOut, code := plugin(t.Context(), "", "-n", ns, "wait", "--timeout", "30s", "to-cancel")
+		if code == 0 || code == 124 || !strings.Contains(errOut, "Cancelled") {
+			t.Errorf("wait: exit %d, stderr %q; want a failure naming Cancelled", code, errOut)
+		}
+	})
+}
+
+// TestControllerRestartRunsOnce is C29: the controller is killed right
+// after dispatch, and again in the middle of a batch; every command runs
+// exactly once and every task ends Succeeded.
+func TestControllerRestartRunsOnce(t *testing.T) {
+	ns := newNamespace(t)
+	one := &v1.BashTask{}
+	one.Namespace, one.Name = ns, "once"
+	one.Spec.Command = countingCommand("sleep 1")
+	if err := k8s.Create(t.Context(), one); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(time.Minute)
+	for {
+		bt := &v1.BashTask{}
+		if err := k8s.Get(t.Context(), client.ObjectKeyFromObject(one), bt); err == nil && bt.Status.NodeName != "" {
+			one = bt
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("not dispatched after a minute")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	killComponent(t, "controller")
+
+	var names []string
+	for i := range 60 {
+		bt := &v1.BashTask{}
+		bt.Namespace, bt.Name = ns, fmt.Sprintf("batch-%02d", i)
+		bt.Spec.Command = countingCommand("true")
+		if err := k8s.Create(t.Context(), bt); err != nil {
+			t.Fatal(err)
+		}
+		names = append(names, bt.Name)
+		if i == 30 {
+			killComponent(t, "controller")
+		}
+	}
+	done := waitTerminal(t, ns, append(names, "once"), 3*time.Minute)
+	runs := countRuns(t)
+	for name, bt := range done {
+		if bt.Status.Reason != v1.ReasonSucceeded {
+			t.Errorf("%s ended %s: %s", name, bt.Status.Reason, bt.Status.Message)
+		}
+		if n := runs[string(bt.UID)]; n != 1 {
+			t.Errorf("%s ran %d times, want exactly once", name, n)
+		}
+	}
+}
+
+// TestAgentKilledDuringTask is C30 with the agent back: the task ends
+// AgentRestarted and keeps the output written before the kill.
+func TestAgentKilledDuringTask(t *testing.T) {
+	ns := newNamespace(t)
+	bt := &v1.BashTask{}
+	bt.Namespace, bt.Name = ns, "agent-killed"
+	bt.Spec.Command = "echo before; sleep 60"
+	bt.Spec.NodeName = "node-2"
+	if err := k8s.Create(t.Context(), bt); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(time.Minute)
+	for {
+		got := &v1.BashTask{}
+		if err := k8s.Get(t.Context(), client.ObjectKeyFromObject(bt), got); err == nil && got.Status.Stdout != nil && got.Status.Stdout.Tail == "before\n" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("task did not print before in a minute")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	start := time.Now()
+	killComponent(t, "agent-node-2")
+	done := waitTerminal(t, ns, []string{"agent-killed"}, 2*time.Minute)["agent-killed"]
+	if done.Status.Reason != v1.ReasonAgentRestarted {
+		t.Fatalf("reason %s (%s), want AgentRestarted", done.Status.Reason, done.Status.Message)
+	}
+	if done.Status.Stdout == nil || done.Status.Stdout.Tail != "before\n" {
+		t.Errorf("stdout %+v, want before\\n kept", done.Status.Stdout)
+	}
+	if took := time.Since(start); took > 30*time.Second {
+		t.Errorf("AgentRestarted after %s", took)
+	}
+}
+
+// TestThousandTasks is C31: 1000 tasks created at once across two agents
+// all end, none twice, none lost.
+func TestThousandTasks(t *testing.T) {
+	ns := newNamespace(t)
+	const n = 1000
+	names := make([]string, n)
+	var wg sync.WaitGroup
+	errs := make(chan error, n)
+	work := make(chan int)
+	for range 16 {
+		wg.Go(func() {
+			for i := range work {
+				bt := &v1.BashTask{}
+				bt.Namespace, bt.Name = ns, fmt.Sprintf("t-%04d", i)
+				bt.Spec.Command = countingCommand("true")
+				if err := k8s.Create(t.Context(), bt); err != nil {
+					errs <- err
+				}
+			}
+		})
+	}
+	for i := range n {
+		names[i] = fmt.Sprintf("t-%04d", i)
+		work <- i
+	}
+	close(work)
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	done := waitTerminal(t, ns, names, 5*time.Minute)
+	runs := countRuns(t)
+	nodes := map[string]int{}
+	for name, bt := range done {
+		if bt.Status.Reason != v1.ReasonSucceeded {
+			t.Errorf("%s ended %s: %s", name, bt.Status.Reason, bt.Status.Message)
+		}
+		if c := runs[string(bt.UID)]; c != 1 {
+			t.Errorf("%s ran %d times", name, c)
+		}
+		nodes[bt.Status.NodeName]++
+	}
+	if len(nodes) != 2 {
+		t.Errorf("tasks per node %v, want both agents used", nodes)
+	}
+}
+
+// TestTTL is C32: the task is gone about 5 s after it finished.
+func TestTTL(t *testing.T) {
+	ns := newNamespace(t)
+	bt := &v1.BashTask{}
+	bt.Namespace, bt.Name = ns, "ttl"
+	bt.Spec.Command = "true"
+	bt.Spec.TTLSecondsAfterFinished = ptr.To[int32](5)
+	if err := k8s.Create(t.Context(), bt); err != nil {
+		t.Fatal(err)
+	}
+	done := waitTerminal(t, ns, []string{"ttl"}, time.Minute)["ttl"]
+	finished := done.Status.CompletionTime.Time
+	deadline := time.Now().Add(time.Minute)
+	for {
+		err := k8s.Get(t.Context(), client.ObjectKeyFromObject(bt), &v1.BashTask{})
+		if client.IgnoreNotFound(err) == nil && err != nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("task still there a minute after finishing")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if gone := time.Since(finished); gone < 4*time.Second || gone > 12*time.Second {
+		t.Errorf("deleted %s after finishing, want about 5 s", gone.Round(100*time.Millisecond))
+	}
+}

@@ -1,0 +1,278 @@
+// Package e2e runs the whole system as separate processes, the way users
+// run it: bashtask-local starts etcd, kube-apiserver, the controller, two
+// agents and a versitygw S3 server; the tests drive it through the API and
+// the kubectl plugin, and kill components to check what survives.
+package e2e
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/tools/clientcmd"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	v1 "github.com/bashtask/bashtask-operator/api/v1alpha1"
+	"github.com/bashtask/bashtask-operator/internal/testenv"
+)
+
+var (
+	root, clusterDir, binDir string
+	k8s                      client.Client
+	// bucketQuery lets the plugin reach the local S3 server.
+	bucketQuery string
+	// s3Env holds the S3 credentials the plugin needs.
+	s3Env []string
+	// countDir collects one line per run of the commands that count their
+	// executions; the agents run as root on this machine, like the test.
+	countDir string
+)
+
+func TestMain(m *testing.M) {
+	os.Exit(run(m))
+}
+
+func run(m *testing.M) int {
+	var err error
+	if root, err = testenv.RepoRoot(); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	binDir = filepath.Join(root, "bin")
+	for _, b := range []string{"bashtask-local", "bashtask-controller", "bashtask-agent", "kubectl-bashtask", "versitygw", "k8s/kube-apiserver", "k8s/etcd"} {
+		if _, err := os.Stat(filepath.Join(binDir, b)); err != nil {
+			fmt.Fprintf(os.Stderr, "e2e: %s is missing; run the suite through `make test-e2e`, which builds it: %v\n", filepath.Join(binDir, b), err)
+			return 1
+		}
+	}
+	tmp, err := os.MkdirTemp("", "bashtask-e2e-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer func() { _ = os.RemoveAll(tmp) }()
+	clusterDir = filepath.Join(tmp, "cluster")
+	countDir = filepath.Join(tmp, "counts")
+	if err := os.MkdirAll(countDir, 0o777); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+
+	launcher := exec.Command(filepath.Join(binDir, "bashtask-local"), "up", "--dir", clusterDir, "--bin-dir", binDir,
+		"--assets-dir", filepath.Join(binDir, "k8s"), "--crd-dir", filepath.Join(root, "config", "crd", "bases"),
+		"--agents", "2", "--s3", "--agent-env", "DEMO_API_KEY=agent-only-secret",
+		"--controller-arg=--agent-lost-after=20s", "--controller-arg=--progress-interval=500ms",
+		"--controller-arg=--workers=16", "--controller-arg=--kube-api-qps=500", "--controller-arg=--kube-api-burst=1000")
+	var out bytes.Buffer
+	launcher.Stdout, launcher.Stderr = &out, &out
+	if err := launcher.Start(); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	exited := make(chan struct{})
+	go func() { _ = launcher.Wait(); close(exited) }()
+	defer func() {
+		_ = launcher.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-exited:
+		case <-time.After(60 * time.Second):
+			_ = launcher.Process.Kill()
+			<-exited
+		}
+	}()
+	deadline := time.Now().Add(3 * time.Minute)
+	for !strings.Contains(out.String(), "is up") {
+		select {
+		case <-exited:
+			fmt.Fprintf(os.Stderr, "e2e: bashtask-local exited:\n%s", out.String())
+			return 1
+		case <-time.After(100 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			fmt.Fprintf(os.Stderr, "e2e: bashtask-local not up after 3 minutes:\n%s", out.String())
+			return 1
+		}
+	}
+	for _, line := range strings.Split(out.String(), "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "export AWS_"); ok {
+			s3Env = append(s3Env, "AWS_"+v)
+		}
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "bucket query: "); ok {
+			bucketQuery = v
+		}
+	}
+
+	cfg, err := clientcmd.BuildConfigFromFlags("", filepath.Join(clusterDir, "kubeconfig"))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	cfg.QPS, cfg.Burst = 500, 1000
+	scheme := runtime.NewScheme()
+	_ = clientgoscheme.AddToScheme(scheme)
+	_ = v1.AddToScheme(scheme)
+	if k8s, err = client.New(cfg, client.Options{Scheme: scheme}); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	code := m.Run()
+	if code != 0 {
+		dumpLogs()
+	}
+	return code
+}
+
+// dumpLogs prints the tail of every component's log after a failure.
+func dumpLogs() {
+	logs, _ := filepath.Glob(filepath.Join(clusterDir, "logs", "*.log"))
+	for _, l := range logs {
+		data, _ := os.ReadFile(l)
+		lines := strings.Split(string(data), "\n")
+		if len(lines) > 40 {
+			lines = lines[len(lines)-40:]
+		}
+		fmt.Fprintf(os.Stderr, "==== %s (last lines)\n%s\n", l, strings.Join(lines, "\n"))
+	}
+}
+
+func newNamespace(t *testing.T) string {
+	t.Helper()
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "e2e-"}}
+	if err := k8s.Create(t.Context(), ns); err != nil {
+		t.Fatal(err)
+	}
+	return ns.Name
+}
+
+// waitTerminal polls until every named task has a terminal reason.
+func waitTerminal(t *testing.T, ns string, names []string, timeout time.Duration) map[string]*v1.BashTask {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	got := map[string]*v1.BashTask{}
+	for {
+		var list v1.BashTaskList
+		if err := k8s.List(t.Context(), &list, client.InNamespace(ns)); err != nil {
+			t.Fatal(err)
+		}
+		for i := range list.Items {
+			if bt := &list.Items[i]; bt.Status.Reason != "" {
+				got[bt.Name] = bt
+			}
+		}
+		missing := 0
+		for _, n := range names {
+			if got[n] == nil {
+				missing++
+			}
+		}
+		if missing == 0 {
+			return got
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of %d tasks not terminal after %s", missing, len(names), timeout)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// componentPid returns the current pid of a supervised component.
+func componentPid(t *testing.T, name string) int {
+	t.Helper()
+	raw, err := os.ReadFile(filepath.Join(clusterDir, "pids", name))
+	if err != nil {
+		t.Fatalf("pid of %s: %v", name, err)
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(raw)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pid
+}
+
+// killComponent sends SIGKILL to a component and waits until the launcher
+// has started it again and it is serving.
+func killComponent(t *testing.T, name string) {
+	t.Helper()
+	pid := componentPid(t, name)
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		t.Fatalf("killing %s (pid %d): %v", name, pid, err)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for componentPidOrZero(name) == pid || componentPidOrZero(name) == 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s was not restarted", name)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func componentPidOrZero(name string) int {
+	raw, err := os.ReadFile(filepath.Join(clusterDir, "pids", name))
+	if err != nil {
+		return 0
+	}
+	pid, _ := strconv.Atoi(strings.TrimSpace(string(raw)))
+	return pid
+}
+
+// countRuns returns how many times each task UID's counting command ran.
+func countRuns(t *testing.T) map[string]int {
+	t.Helper()
+	entries, err := os.ReadDir(countDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]int{}
+	for _, e := range entries {
+		f, err := os.Open(filepath.Join(countDir, e.Name()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := 0
+		for s := bufio.NewScanner(f); s.Scan(); {
+			n++
+		}
+		_ = f.Close()
+		out[strings.TrimPrefix(e.Name(), "count-")] = n
+	}
+	return out
+}
+
+// countingCommand appends one line per execution to a file named after the
+// task's UID, then runs rest.
+func countingCommand(rest string) string {
+	return fmt.Sprintf("echo x >> %s/count-$BASHTASK_UID; %s", countDir, rest)
+}
+
+// plugin runs kubectl-bashtask against the local cluster.
+func plugin(ctx context.Context, stdin string, args ...string) (stdout, stderr string, code int) {
+	cmd := exec.CommandContext(ctx, filepath.Join(binDir, "kubectl-bashtask"), append([]string{"--kubeconfig", filepath.Join(clusterDir, "kubeconfig")}, args...)...)
+	cmd.Env = append(os.Environ(), s3Env...)
+	var o, e bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &o, &e
+	if stdin != "" {
+		cmd.Stdin = strings.NewReader(stdin)
+	}
+	err := cmd.Run()
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		return o.String(), e.String(), ee.ExitCode()
+	} else if err != nil {
+		return o.String(), e.String() + err.Error(), -1
+	}
+	return o.String(), e.String(), 0
+}
