@@ -144,6 +144,13 @@ CONTAINER_TOOL ?= docker
 IMG_REGISTRY   ?= ghcr.io/bashtask
 IMG_TAG        ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 
+# Tools built from hack/tools (rules in the Tools section); defined before
+# the rules that name them as prerequisites.
+TOOLS_MOD   := hack/tools/go.mod
+HELM        := $(LOCALBIN)/helm
+KUSTOMIZE   := $(LOCALBIN)/kustomize
+KUBECONFORM := $(LOCALBIN)/kubeconform
+
 .PHONY: docker-build
 docker-build: ## Build the controller and agent images (Dockerfile targets) with version labels.
 	for target in controller agent; do \
@@ -170,11 +177,6 @@ bench-executor: ## Executor overhead, output throughput and memory, printed as a
 	$(GO) run ./hack/bench-executor -json _output/bench-executor.json
 
 ##@ Tools
-
-TOOLS_MOD   := hack/tools/go.mod
-HELM        := $(LOCALBIN)/helm
-KUSTOMIZE   := $(LOCALBIN)/kustomize
-KUBECONFORM := $(LOCALBIN)/kubeconform
 
 .PHONY: tools
 tools: $(HELM) $(KUSTOMIZE) $(KUBECONFORM) ## Build helm, kustomize and kubeconform (pinned in hack/tools/go.mod) into bin/.

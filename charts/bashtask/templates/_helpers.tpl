@@ -1,0 +1,65 @@
+{{/* Name of the chart, or nameOverride. */}}
+{{- define "bashtask.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* Prefix of every object name: fullnameOverride, else release name (with the chart name unless it contains it). */}}
+{{- define "bashtask.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 50 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 50 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 50 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "bashtask.controller.fullname" -}}{{ include "bashtask.fullname" . }}-controller{{- end -}}
+{{- define "bashtask.agent.fullname" -}}{{ include "bashtask.fullname" . }}-agent{{- end -}}
+
+{{/* The agents' headless Service; the controller finds agents through its EndpointSlices. */}}
+{{- define "bashtask.agent.serviceName" -}}{{ include "bashtask.agent.fullname" . }}{{- end -}}
+
+{{/* The name the agents' serving certificate is valid for: the controller's default --agent-server-name. */}}
+{{- define "bashtask.agent.serverName" -}}{{ include "bashtask.agent.serviceName" . }}.{{ .Release.Namespace }}.svc{{- end -}}
+
+{{- define "bashtask.controller.serviceAccountName" -}}
+{{- default (include "bashtask.controller.fullname" .) .Values.controller.serviceAccount.name -}}
+{{- end -}}
+{{- define "bashtask.agent.serviceAccountName" -}}
+{{- default (include "bashtask.agent.fullname" .) .Values.agent.serviceAccount.name -}}
+{{- end -}}
+
+{{- define "bashtask.controller.tlsSecret" -}}{{ include "bashtask.controller.fullname" . }}-tls{{- end -}}
+{{- define "bashtask.agent.tlsSecret" -}}{{ include "bashtask.agent.fullname" . }}-tls{{- end -}}
+
+{{- define "bashtask.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+app.kubernetes.io/name: {{ include "bashtask.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: bashtask
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{/* Selector labels of one component: include with (dict "ctx" $ "component" "controller"). */}}
+{{- define "bashtask.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "bashtask.name" .ctx }}
+app.kubernetes.io/instance: {{ .ctx.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end -}}
+
+{{- define "bashtask.componentLabels" -}}
+{{ include "bashtask.labels" .ctx }}
+app.kubernetes.io/component: {{ .component }}
+{{- end -}}
+
+{{- define "bashtask.image" -}}
+{{- printf "%s:%s" .image.repository (default .ctx.Chart.AppVersion .image.tag) -}}
+{{- end -}}
