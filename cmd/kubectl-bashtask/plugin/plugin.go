@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/cli-runtime/pkg/genericclioptions"
 	"k8s.io/cli-runtime/pkg/genericiooptions"
@@ -112,6 +113,9 @@ func Main(ctx context.Context, opts Options, args []string) int {
 			fmt.Fprintln(opts.IOStreams.ErrOut, "kubectl-bashtask:", ee.err)
 		}
 		return ee.code
+	}
+	if meta.IsNoMatchError(err) {
+		err = fmt.Errorf("%w: the cluster does not serve bashtask.dev/v1alpha1; install the BashTask CRD (config/crd) first", err)
 	}
 	fmt.Fprintln(opts.IOStreams.ErrOut, "kubectl-bashtask:", err)
 	if cmd != nil && (cmd.Name() == "run" || cmd.Name() == "wait") {

@@ -75,6 +75,11 @@ waiting for it to end; a second Ctrl-C stops waiting.
 }
 
 func (a *app) run(ctx context.Context, f runFlags, timeoutSet bool, args []string, bucketQuery string) error {
+	// Mistakes in the arguments are reported before anything is read or
+	// sent; the Secrets' keys and stdin only add entries checked again below.
+	if _, err := buildTask("", f, timeoutSet, args, nil, nil); err != nil {
+		return err
+	}
 	c, ns, err := a.client()
 	if err != nil {
 		return err

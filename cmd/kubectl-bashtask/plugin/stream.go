@@ -97,6 +97,11 @@ func (w *streamWriter) finish(ctx context.Context, s *bashtaskv1alpha1.StreamSta
 		}
 	}
 	if w.written < s.TotalBytes {
+		if start > w.written && !w.complete {
+			w.note("%s: %d bytes not shown (they went past the tail kept in status)", w.name, start-w.written)
+			w.inexact = true
+			w.written = start
+		}
 		if start > w.written {
 			why := missing
 			if s.Spill != nil && s.Spill.URL != "" && !s.Spill.Complete {
