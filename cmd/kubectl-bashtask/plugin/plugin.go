@@ -30,8 +30,8 @@ const (
 	// ExitOK: the task succeeded, or get, logs or cancel did their work.
 	ExitOK = 0
 	// ExitFailure: the task ended without a non-zero exit code to pass on
-	// (TimedOut, Cancelled, StartFailed, AgentLost, ...), with a message on
-	// stderr; or get, logs or cancel failed.
+	// (StartFailed, AgentLost, ...), with a message on stderr; or get, logs
+	// or cancel failed.
 	ExitFailure = 1
 	// ExitWaitTimeout: wait --timeout passed before the task ended.
 	ExitWaitTimeout = 124
@@ -47,9 +47,11 @@ const (
 // exitStatusHelp documents the exit statuses in the root command's help.
 const exitStatusHelp = `Exit status of run and wait:
   0        the task succeeded
-  1-255    the task's exit code when it exited non-zero (128+n when signal n killed it)
-  1        the task ended without such a code (TimedOut, Cancelled, StartFailed,
-           AgentLost, ...); a message on stderr names the reason
+  1-255    the task's exit code when it is non-zero, whatever the reason (128+n when
+           signal n killed it: 143 for a task cancelled or timed out by SIGTERM);
+           a message on stderr names any reason other than NonZeroExit
+  1        the task ended without a non-zero exit code (StartFailed, AgentLost,
+           InvalidSpec, ...); a message on stderr names the reason
   124      wait --timeout passed before the task ended
   125      the plugin failed: invalid arguments, an input over an API limit,
            an API error, or the task was deleted while followed
