@@ -252,6 +252,7 @@ func (r *AgentRegistry) dial(ctx context.Context, node, addr string) (*agentConn
 		cancel:           cancel,
 		done:             make(chan struct{}),
 		running:          map[string]bool{},
+		known:            map[string]bool{},
 		unreachableSince: r.opts.Clock.Now(),
 	}
 	go a.watchLoop(wctx, r)
@@ -315,7 +316,7 @@ func (r *AgentRegistry) StartTask(ctx context.Context, node string, spec *agentv
 	if err != nil {
 		return nil, fmt.Errorf("starting task on node %q: %w", node, err)
 	}
-	a.observe(resp.GetStatus())
+	a.observe(resp.GetStatus(), false)
 	return resp.GetStatus(), nil
 }
 
@@ -353,6 +354,19 @@ func (r *AgentRegistry) CancelTask(ctx context.Context, node, uid string) (*agen
 	return resp.GetStatus(), nil
 }
 
+// Holds reports whether the node's agent, as last reported on its Watch
+// stream, still keeps the task (finished tasks stay until forgotten and
+// uploaded). It is false for an unreachable agent.
+func (r *AgentRegistry) Holds(node, uid string) bool {
+	a, err := r.conn(node)
+	if err != nil {
+		return false
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.connected && a.known[uid]
+}
+
 // ForgetTask tells the node's agent that the terminal status is recorded. It
 // returns true when the agent dropped the task now, false when it will once
 // its uploads finish.
@@ -382,6 +396,7 @@ type agentConn struct {
 	connected        bool
 	unreachableSince time.Time // zero while connected
 	running          map[string]bool
+	known            map[string]bool // every UID the agent reported and has not forgotten
 	isClosed         bool
 }
 
@@ -429,17 +444,24 @@ func (a *agentConn) state(now time.Time) AgentState {
 	return s
 }
 
-// observe records a task's running state from a reply or an event.
-func (a *agentConn) observe(ts *agentv1.TaskStatus) {
+// observe records a task's state from a reply or an event; forgotten
+// marks a task the agent dropped.
+func (a *agentConn) observe(ts *agentv1.TaskStatus, forgotten bool) {
 	if ts == nil {
 		return
 	}
+	uid := ts.GetRef().GetUid()
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if ts.GetState() == agentv1.TaskState_TASK_STATE_RUNNING {
-		a.running[ts.GetRef().GetUid()] = true
+	if forgotten {
+		delete(a.known, uid)
 	} else {
-		delete(a.running, ts.GetRef().GetUid())
+		a.known[uid] = true
+	}
+	if ts.GetState() == agentv1.TaskState_TASK_STATE_RUNNING && !forgotten {
+		a.running[uid] = true
+	} else {
+		delete(a.running, uid)
 	}
 }
 
@@ -488,9 +510,10 @@ func (a *agentConn) watchOnce(ctx context.Context, r *AgentRegistry) (healthy bo
 		return false, fmt.Errorf("agent at %s says it runs on node %q, its EndpointSlice says %q", a.addr, info.GetNodeName(), a.node)
 	}
 	a.mu.Lock()
-	if a.info != nil && a.info.GetIncarnationId() != info.GetIncarnationId() {
-		a.running = map[string]bool{}
-	}
+	// A new stream replays every task the agent holds (CURRENT events);
+	// start from nothing so tasks it no longer holds are not remembered.
+	a.running = map[string]bool{}
+	a.known = map[string]bool{}
 	a.info = info
 	a.connected = true
 	a.unreachableSince = time.Time{}
@@ -514,8 +537,9 @@ func (a *agentConn) watchOnce(ctx context.Context, r *AgentRegistry) (healthy bo
 			continue
 		}
 		ts := ev.GetStatus()
-		a.observe(ts)
-		if ev.GetType() == agentv1.EventType_EVENT_TYPE_FORGOTTEN {
+		forgotten := ev.GetType() == agentv1.EventType_EVENT_TYPE_FORGOTTEN
+		a.observe(ts, forgotten)
+		if forgotten {
 			continue
 		}
 		ref := ts.GetRef()

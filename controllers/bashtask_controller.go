@@ -44,6 +44,8 @@ type Agents interface {
 	CancelTask(ctx context.Context, node, uid string) (*agentv1.TaskStatus, error)
 	// ForgetTask lets the agent drop a finished task once uploaded.
 	ForgetTask(ctx context.Context, node, uid string) (bool, error)
+	// Holds reports whether the node's agent still keeps the task.
+	Holds(node, uid string) bool
 }
 
 // Options are the reconciler's tunables; each is a flag of
@@ -69,16 +71,21 @@ type Options struct {
 	// RetryInterval is how soon a task waiting for a reference, an agent or
 	// an owner slot is looked at again.
 	RetryInterval time.Duration
+	// RunningStatusDelay holds back the first Running status write of a
+	// task for this long after dispatch: a task that finishes sooner gets
+	// its terminal status directly, one write instead of two.
+	RunningStatusDelay time.Duration
 }
 
 // DefaultOptions returns the flag defaults of bashtask-controller.
 func DefaultOptions() Options {
 	return Options{
-		ProgressInterval:  5 * time.Second,
-		AgentLostAfter:    60 * time.Second,
-		StatusBudgetBytes: DefaultStatusBudgetBytes,
-		MaxTimeoutSeconds: 600,
-		RetryInterval:     2 * time.Second,
+		ProgressInterval:   5 * time.Second,
+		AgentLostAfter:     60 * time.Second,
+		StatusBudgetBytes:  DefaultStatusBudgetBytes,
+		MaxTimeoutSeconds:  600,
+		RetryInterval:      2 * time.Second,
+		RunningStatusDelay: 500 * time.Millisecond,
 	}
 }
 
@@ -100,6 +107,7 @@ type BashTaskReconciler struct {
 
 	progressMu sync.Mutex
 	progress   map[types.UID]time.Time // last progress write per running task
+	started    map[types.UID]time.Time // when this process dispatched the task
 }
 
 // NewBashTaskReconciler returns a reconciler. c is the manager's cached
@@ -110,6 +118,7 @@ func NewBashTaskReconciler(c client.Client, apiReader client.Reader, agents Agen
 		client: c, apiReader: apiReader, agents: agents, recorder: recorder, clock: clk, opts: opts, metrics: m,
 		reserved: map[string]map[types.UID]bool{},
 		progress: map[types.UID]time.Time{},
+		started:  map[types.UID]time.Time{},
 	}
 }
 
@@ -161,9 +170,6 @@ func (r *BashTaskReconciler) waitingForOwnerSlot(ctx context.Context, o client.O
 func (r *BashTaskReconciler) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
 	bt := &bashtaskv1alpha1.BashTask{}
 	if err := r.client.Get(ctx, req.NamespacedName, bt); err != nil {
-		if apierrors.IsNotFound(err) {
-			r.forgetProgress(types.UID(""))
-		}
 		return reconcile.Result{}, client.IgnoreNotFound(err)
 	}
 	var res reconcile.Result
@@ -294,9 +300,13 @@ func (r *BashTaskReconciler) start(ctx context.Context, bt *bashtaskv1alpha1.Bas
 		// UID, so retrying there can never run it twice.
 		return reconcile.Result{}, fmt.Errorf("dispatching %s: %w", klog.KObj(bt), err)
 	}
+	now := r.clock.Now()
 	if r.metrics != nil {
-		r.metrics.observeDispatch(bt, r.clock.Now())
+		r.metrics.observeDispatch(bt, now)
 	}
+	r.progressMu.Lock()
+	r.started[bt.UID] = now
+	r.progressMu.Unlock()
 	old := bt.Status.DeepCopy()
 	r.applyTaskStatus(bt, ts)
 	return r.afterApply(ctx, bt, old)
@@ -324,9 +334,19 @@ func (r *BashTaskReconciler) reconcileDispatched(ctx context.Context, bt *bashta
 	ts, err := r.agents.GetTask(ctx, node, uid)
 	switch {
 	case errors.Is(err, ErrTaskUnknown) && agent.Incarnation == bt.Status.Agent.Incarnation:
-		// Written ahead but never received by this incarnation (the
-		// controller stopped between the two steps, or the reply was lost):
-		// starting it now is the first start.
+		// Either Start never reached this incarnation (the controller
+		// stopped between the write-ahead and Start, or the reply was
+		// lost), or the task finished, its terminal status was written and
+		// the agent forgot it, and the cache has not caught up. Only a live
+		// read tells them apart; starting in the second case would run the
+		// command twice.
+		fresh := &bashtaskv1alpha1.BashTask{}
+		if err := r.apiReader.Get(ctx, client.ObjectKeyFromObject(bt), fresh); err != nil {
+			return reconcile.Result{}, client.IgnoreNotFound(err)
+		}
+		if fresh.ResourceVersion != bt.ResourceVersion || isTerminal(fresh) {
+			return reconcile.Result{}, nil // the watch event of the newer version follows
+		}
 		if !bt.DeletionTimestamp.IsZero() || isTrue(bt.Spec.CancelRequested) {
 			setTerminal(bt, bashtaskv1alpha1.ReasonCancelled, "cancelled before the agent started it", r.clock.Now())
 			if err := r.writeStatus(ctx, bt, old, "terminal"); err != nil {
@@ -369,6 +389,16 @@ func (r *BashTaskReconciler) afterApply(ctx context.Context, bt *bashtaskv1alpha
 		return r.reconcileFinished(ctx, bt)
 	}
 	kind := "running"
+	if old.Phase != bashtaskv1alpha1.PhaseRunning {
+		r.progressMu.Lock()
+		since, ok := r.started[bt.UID]
+		r.progressMu.Unlock()
+		if wait := r.opts.RunningStatusDelay - r.clock.Since(since); ok && wait > 0 {
+			// Most tasks are short: their terminal status will replace
+			// this write. A task still running then is written Running.
+			return reconcile.Result{RequeueAfter: wait}, nil
+		}
+	}
 	if old.Phase == bashtaskv1alpha1.PhaseRunning {
 		// Only the tail and byte counts changed: at most one write per
 		// progress interval.
@@ -421,20 +451,18 @@ func (r *BashTaskReconciler) reconcileFinished(ctx context.Context, bt *bashtask
 		}
 	}
 
-	if controllerutil.ContainsFinalizer(bt, Finalizer) {
-		if sameAgent {
-			// The agent drops its copy once uploads are done; asking now is
-			// safe whatever their state.
-			if _, err := r.agents.ForgetTask(ctx, node, string(bt.UID)); err != nil {
-				return reconcile.Result{}, err
-			}
-		}
-		if err := r.removeFinalizer(ctx, bt); err != nil {
+	if sameAgent && !uploadPending(bt) && r.agents.Holds(node, string(bt.UID)) {
+		// The terminal status and the object references are recorded: the
+		// agent may drop its copy. Not earlier: an agent that forgot a task
+		// can no longer tell where its output went.
+		if _, err := r.agents.ForgetTask(ctx, node, string(bt.UID)); err != nil {
 			return reconcile.Result{}, err
 		}
 	}
 	if !bt.DeletionTimestamp.IsZero() {
-		return reconcile.Result{}, nil
+		// The finalizer stays on a finished task until it is deleted:
+		// removing it earlier would cost every task one more write.
+		return reconcile.Result{}, r.removeFinalizer(ctx, bt)
 	}
 
 	ttl := bt.Spec.TTLSecondsAfterFinished
@@ -488,11 +516,9 @@ func (r *BashTaskReconciler) writeStatus(ctx context.Context, bt *bashtaskv1alph
 }
 
 func (r *BashTaskReconciler) forgetProgress(uid types.UID) {
-	if uid == "" {
-		return
-	}
 	r.progressMu.Lock()
 	delete(r.progress, uid)
+	delete(r.started, uid)
 	r.progressMu.Unlock()
 }
 

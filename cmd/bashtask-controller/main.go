@@ -44,6 +44,7 @@ type options struct {
 	burst                          int
 	maxRunningPerOwner             int
 	progressInterval, agentLost    time.Duration
+	runningDelay                   time.Duration
 	statusBudget                   int
 	maxTimeout                     int32
 	defaultTTL                     int32
@@ -85,6 +86,7 @@ func newCommand() *cobra.Command {
 	f.IntVar(&o.burst, "kube-api-burst", 200, "burst of requests to the API server")
 	f.IntVar(&o.maxRunningPerOwner, "max-running-per-owner", 0, "running tasks allowed per spec.owner; 0 means no limit")
 	f.DurationVar(&o.progressInterval, "progress-interval", d.ProgressInterval, "shortest time between two output-tail refreshes of a running task's status")
+	f.DurationVar(&o.runningDelay, "running-status-delay", d.RunningStatusDelay, "how long after dispatch the first Running status is held back; a task that ends sooner is written once, terminal")
 	f.DurationVar(&o.agentLost, "agent-lost-after", d.AgentLostAfter, "time an agent may be unreachable before its running tasks become AgentLost")
 	f.IntVar(&o.statusBudget, "status-budget-bytes", d.StatusBudgetBytes, "largest JSON encoding of a task's status, in bytes; tails are shortened from the front to fit")
 	f.Int32Var(&o.maxTimeout, "max-timeout-seconds", d.MaxTimeoutSeconds, "cap on spec.timeoutSeconds, in seconds")
@@ -175,6 +177,7 @@ func run(cmd *cobra.Command, o *options) error {
 	ropts.MaxRunningPerOwner = o.maxRunningPerOwner
 	ropts.ProgressInterval = o.progressInterval
 	ropts.AgentLostAfter = o.agentLost
+	ropts.RunningStatusDelay = o.runningDelay
 	ropts.StatusBudgetBytes = o.statusBudget
 	ropts.MaxTimeoutSeconds = o.maxTimeout
 	if o.defaultTTL >= 0 {

@@ -59,6 +59,7 @@ everything it started. Only one cluster runs per directory.`,
 	f.StringVar(&o.BinDir, "bin-dir", "bin", "directory holding bashtask-controller, bashtask-agent and versitygw")
 	f.StringVar(&o.AssetsDir, "assets-dir", envOr("KUBEBUILDER_ASSETS", filepath.Join("bin", "k8s")), "directory holding kube-apiserver and etcd (default $KUBEBUILDER_ASSETS, else bin/k8s)")
 	f.StringVar(&o.CRDDir, "crd-dir", filepath.Join("config", "crd", "bases"), "directory of the CRD manifests")
+	f.StringVar(&o.AdmissionDir, "admission-dir", filepath.Join("config", "admission"), "directory of the admission policies to install; empty installs none")
 	f.IntVar(&o.Agents, "agents", 2, "number of agents, each with a node of its own")
 	f.BoolVar(&o.S3, "s3", false, "store output in a local S3 server (versitygw, built by hack/setup-s3.sh) instead of a file:// bucket")
 	f.StringArrayVar(&o.AgentEnv, "agent-env", nil, "NAME=VALUE added to the agents' own environment (repeatable); the credential scrub applies to it")

@@ -25,7 +25,9 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/s3"
 	"golang.org/x/sys/unix"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/discovery"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
@@ -44,6 +46,9 @@ type LauncherOptions struct {
 	AssetsDir string
 	// CRDDir holds the CRD manifests to install.
 	CRDDir string
+	// AdmissionDir holds the admission policies to install; empty installs
+	// none.
+	AdmissionDir string
 	// Agents is the number of agents, each on a node of its own.
 	Agents int
 	// S3 stores output in a versitygw S3 server instead of a file:// bucket.
@@ -172,6 +177,14 @@ func (c *Cluster) up(ctx context.Context) error {
 	}
 	k8s, err := client.New(cfg, client.Options{Scheme: scheme})
 	if err != nil {
+		return err
+	}
+	if o.AdmissionDir != "" {
+		if err := InstallManifests(ctx, k8s, o.AdmissionDir); err != nil {
+			return fmt.Errorf("installing the admission policies: %w", err)
+		}
+	}
+	if err := waitServed(ctx, cfg); err != nil {
 		return err
 	}
 
@@ -524,4 +537,35 @@ func randomHex(n int) string {
 		panic(err) // crypto/rand does not fail on Linux
 	}
 	return hex.EncodeToString(b)
+}
+
+// waitServed waits until discovery lists bashtasks. The CRD is established
+// when the control plane starts, but aggregated discovery, which kubectl and
+// every client's REST mapper read, can lag behind on a loaded machine; a
+// cluster that says it is up must already serve the kind to new clients.
+func waitServed(ctx context.Context, cfg *rest.Config) error {
+	dc, err := discovery.NewDiscoveryClientForConfig(cfg)
+	if err != nil {
+		return err
+	}
+	gv := bashtaskv1alpha1.GroupVersion.String()
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		list, err := dc.ServerResourcesForGroupVersion(gv)
+		if err == nil {
+			for _, r := range list.APIResources {
+				if r.Name == "bashtasks" {
+					return nil
+				}
+			}
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("the API server does not serve %s bashtasks 60 s after the CRD was installed: %w", gv, err)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
 }

@@ -8,10 +8,12 @@
 package testenv
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
+	"time"
 
 	"k8s.io/apimachinery/pkg/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
@@ -20,6 +22,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	bashtaskv1alpha1 "github.com/bashtask/bashtask-operator/api/v1alpha1"
+	"github.com/bashtask/bashtask-operator/internal/localcluster"
 )
 
 // Env is a running control plane: a kube-apiserver and its etcd.
@@ -73,6 +76,25 @@ func Start() (*Env, error) {
 	c, err := client.New(cfg, client.Options{Scheme: scheme})
 	if err != nil {
 		return nil, errors.Join(fmt.Errorf("creating client: %w", err), env.Stop())
+	}
+	// The admission policies ship with the CRD; tests see the API as a
+	// cluster with the operator installed has it.
+	if err := localcluster.InstallManifests(context.Background(), c, filepath.Join(root, "config", "admission")); err != nil {
+		return nil, errors.Join(fmt.Errorf("installing admission policies: %w", err), env.Stop())
+	}
+	// The CRD is established before Start returns, but the API server's
+	// aggregated discovery, which the client's REST mapper reads, may lag
+	// behind on a busy machine; wait until the client resolves the kind.
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		err := c.List(context.Background(), &bashtaskv1alpha1.BashTaskList{}, client.Limit(1))
+		if err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			return nil, errors.Join(fmt.Errorf("BashTask kind not served 30 s after start: %w", err), env.Stop())
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
 	return &Env{Config: cfg, Client: c, Scheme: scheme, env: env}, nil
 }

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/utils/ptr"
@@ -74,8 +75,24 @@ func TestExamples(t *testing.T) {
 		t.Errorf("secret-env stdout = %+v", secret)
 	}
 
-	// The 2 MB output is truncated in status and whole in S3.
-	large := done["large-output"].Status.Stdout
+	// The 2 MB output is truncated in status and whole in S3, once the
+	// upload that follows the terminal status is recorded.
+	var large *v1.StreamStatus
+	deadline := time.Now().Add(time.Minute)
+	for {
+		bt := &v1.BashTask{}
+		if err := k8s.Get(t.Context(), client.ObjectKey{Namespace: ns, Name: "large-output"}, bt); err != nil {
+			t.Fatal(err)
+		}
+		if meta.IsStatusConditionTrue(bt.Status.Conditions, v1.ConditionOutputUploaded) {
+			large = bt.Status.Stdout
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("large-output not uploaded after a minute: %+v", bt.Status.Conditions)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 	if large == nil || !large.Truncated || large.Spill == nil || !strings.HasPrefix(large.Spill.URL, "s3://") {
 		t.Fatalf("large-output stdout = %+v", large)
 	}

@@ -73,7 +73,7 @@ func run(m *testing.M) int {
 	}
 
 	launcher := exec.Command(filepath.Join(binDir, "bashtask-local"), "up", "--dir", clusterDir, "--bin-dir", binDir,
-		"--assets-dir", filepath.Join(binDir, "k8s"), "--crd-dir", filepath.Join(root, "config", "crd", "bases"),
+		"--assets-dir", filepath.Join(binDir, "k8s"), "--crd-dir", filepath.Join(root, "config", "crd", "bases"), "--admission-dir", filepath.Join(root, "config", "admission"),
 		"--agents", "2", "--s3", "--agent-env", "DEMO_API_KEY=agent-only-secret",
 		"--controller-arg=--agent-lost-after=20s", "--controller-arg=--progress-interval=500ms",
 		"--controller-arg=--workers=16", "--controller-arg=--kube-api-qps=500", "--controller-arg=--kube-api-burst=1000")
@@ -128,6 +128,19 @@ func run(m *testing.M) int {
 	if k8s, err = client.New(cfg, client.Options{Scheme: scheme}); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
+	}
+	// Even once the kind is served, a client's REST mapper may read an older
+	// discovery document on a loaded machine; start when it resolves.
+	for deadline := time.Now().Add(time.Minute); ; {
+		err := k8s.List(context.Background(), &v1.BashTaskList{}, client.Limit(1))
+		if err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			fmt.Fprintln(os.Stderr, "e2e: BashTasks not served:", err)
+			return 1
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
 	code := m.Run()
 	if code != 0 {

@@ -259,6 +259,9 @@ func TestDefaults(t *testing.T) {
 	if err := env.Client.Get(t.Context(), client.ObjectKeyFromObject(bt), got); err != nil {
 		t.Fatal(err)
 	}
+	if diff := cmp.Diff([]string{"bashtask.dev/finalizer"}, got.Finalizers); diff != "" {
+		t.Errorf("finalizers added by the admission policy (-want +got):\n%s", diff)
+	}
 	want := v1.BashTaskSpec{
 		Command:                "echo hello",
 		TimeoutSeconds:         ptr.To[int32](v1.DefaultTimeoutSeconds),
