@@ -68,6 +68,7 @@ manifests: ## Generate the CRD (config/crd/bases) and RBAC (config/rbac) from ma
 	  output:crd:artifacts:config=config/crd/bases output:rbac:artifacts:config=config/rbac
 	cp config/crd/bases/*.yaml charts/bashtask/crds/
 	cp config/rbac/role.yaml charts/bashtask/files/controller-role.yaml
+	cp config/admission/finalizer-policy.yaml charts/bashtask/files/finalizer-policy.yaml
 
 .PHONY: fmt
 fmt: ## Format the Go code.

@@ -53,6 +53,7 @@ func renderings() []rendering {
 	base := map[string]int{
 		"CustomResourceDefinition": 1, "ServiceAccount": 2, "ClusterRole": 1, "ClusterRoleBinding": 1,
 		"Service": 2, "Deployment": 1, "DaemonSet": 1,
+		"MutatingAdmissionPolicy": 1, "MutatingAdmissionPolicyBinding": 1,
 	}
 	with := func(extra map[string]int) map[string]int {
 		m := map[string]int{}
