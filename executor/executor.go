@@ -403,3 +403,8 @@ func (t *Task) Snapshot() Snapshot {
 
 // SpillDir is the directory holding the task's spill files.
 func (t *Task) SpillDir() string { return t.spec.SpillDir }
+
+// WorkingDir is the directory the shell started in: [Spec.WorkingDir], or
+// when that was empty the fresh directory the executor created under
+// [Config.WorkDirRoot] and removes when the task ends.
+func (t *Task) WorkingDir() string { return t.spec.WorkingDir }

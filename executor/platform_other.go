@@ -14,6 +14,18 @@ func IsSubreaper() bool { return false }
 // OrphansReaped is always 0 outside Linux.
 func OrphansReaped() int64 { return 0 }
 
+// PID is the shell's process id; always 0 outside Linux, where no task
+// starts.
+func (t *Task) PID() int { return 0 }
+
+// ProcessStart is the shell's start time in clock ticks after boot; always
+// 0 outside Linux.
+func (t *Task) ProcessStart() uint64 { return 0 }
+
+// CgroupPath is the task's own cgroup directory; always empty outside
+// Linux.
+func (t *Task) CgroupPath() string { return "" }
+
 func setupCgroupParent(root, name string) (*cgroupParent, error) { return nil, ErrNoCgroupV2 }
 
 func removeCgroup(path string) error { return nil }

@@ -140,10 +140,13 @@ func (r *reaper) reapAll() {
 	}
 }
 
-// startWaited starts a process with start and returns a channel that
-// receives its exit status exactly once: from the reaper when the process
-// is a subreaper, from a pidfd wait otherwise.
-func startWaited(start func() (*os.Process, error)) (*os.Process, <-chan exitStatus, error) {
+// startWaited starts a process with start and returns its start time in
+// clock ticks after boot (0 if unknown) and a channel that receives its exit
+// status exactly once: from the reaper when the process is a subreaper, from
+// a pidfd wait otherwise. The start time is read while the process cannot
+// have been reaped yet (a zombie keeps its /proc/<pid>/stat), so it belongs
+// to the process started here and not to a later one that reused the pid.
+func startWaited(start func() (*os.Process, error)) (*os.Process, uint64, <-chan exitStatus, error) {
 	modeMu.Lock()
 	r := activeReaper
 	if r == nil {
@@ -157,10 +160,10 @@ func startWaited(start func() (*os.Process, error)) (*os.Process, <-chan exitSta
 		defer r.mu.Unlock()
 		p, err := start()
 		if err != nil {
-			return nil, nil, err
+			return nil, 0, nil, err
 		}
 		r.waiters[p.Pid] = ch
-		return p, ch, nil
+		return p, startTicksOf(p.Pid), ch, nil
 	}
 
 	doneDirect := func() {
@@ -171,8 +174,10 @@ func startWaited(start func() (*os.Process, error)) (*os.Process, <-chan exitSta
 	p, err := start()
 	if err != nil {
 		doneDirect()
-		return nil, nil, err
+		return nil, 0, nil, err
 	}
+	// Before the waiter below exists nothing can reap the process.
+	ticks := startTicksOf(p.Pid)
 	go func() {
 		ps, err := p.Wait()
 		doneDirect()
@@ -187,5 +192,14 @@ func startWaited(start func() (*os.Process, error)) (*os.Process, <-chan exitSta
 		}
 		ch <- exitStatus{status: unix.WaitStatus(ws)}
 	}()
-	return p, ch, nil
+	return p, ticks, ch, nil
+}
+
+// startTicksOf reads the start time of pid, 0 when it cannot be read.
+func startTicksOf(pid int) uint64 {
+	st, ok := readProcStat(pid)
+	if !ok {
+		return 0
+	}
+	return st.startTicks
 }

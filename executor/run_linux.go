@@ -41,7 +41,8 @@ const (
 // touches it after start.
 type taskSys struct {
 	proc        *os.Process
-	pid         int // shell pid, also its session and process group id
+	pid         int    // shell pid, also its session and process group id
+	startTicks  uint64 // the shell's start time, /proc/<pid>/stat field 22; 0 if unknown
 	exitCh      <-chan exitStatus
 	cg          *taskCgroup // nil: process group only
 	notEnforced []string
@@ -157,7 +158,7 @@ func (e *Executor) start(p *prepared) (_ *Task, err error) {
 	}
 	attr := &os.ProcAttr{Dir: p.WorkingDir, Env: p.env, Files: childFiles[:], Sys: sys}
 	argv := []string{e.shell, "-c", p.Command}
-	proc, exitCh, err := startWaited(func() (*os.Process, error) { return os.StartProcess(e.shell, argv, attr) })
+	proc, startTicks, exitCh, err := startWaited(func() (*os.Process, error) { return os.StartProcess(e.shell, argv, attr) })
 	s.startTime = time.Now()
 	closeChild()
 	if s.cg != nil {
@@ -169,7 +170,7 @@ func (e *Executor) start(p *prepared) (_ *Task, err error) {
 		}
 		return nil, startErr(ErrProcessStart, fmt.Sprintf("%s -c in %s", e.shell, p.WorkingDir), err)
 	}
-	s.proc, s.pid, s.exitCh = proc, proc.Pid, exitCh
+	s.proc, s.pid, s.startTicks, s.exitCh = proc, proc.Pid, startTicks, exitCh
 
 	// From here on the task owns everything; failure is no longer possible.
 	// The last reader to finish closes readersDone itself, so no goroutine
@@ -196,6 +197,30 @@ func (e *Executor) start(p *prepared) (_ *Task, err error) {
 	}
 	go t.supervise()
 	return t, nil
+}
+
+// PID is the shell's process id, which is also the id of the task's session
+// and process group. It stays valid after the task ended, when the id may
+// already name another process: check [Task.ProcessStart] before using it
+// on a live system.
+func (t *Task) PID() int { return t.sys.pid }
+
+// ProcessStart is the shell's start time in clock ticks after boot
+// (sysconf(_SC_CLK_TCK), field 22 "starttime" of /proc/<pid>/stat). A pid
+// and its start time together name one process for the life of the boot;
+// a later process that reuses the pid has a different start time. It is 0
+// when the shell exited and was reaped before the executor could read it
+// (a command that ends at once), since the pid may then be reused.
+func (t *Task) ProcessStart() uint64 { return t.sys.startTicks }
+
+// CgroupPath is the absolute path of the task's own cgroup directory, empty
+// when the task has none (MechanismProcessGroup). The executor removes the
+// directory when the task ends.
+func (t *Task) CgroupPath() string {
+	if t.sys.cg == nil {
+		return ""
+	}
+	return t.sys.cg.path
 }
 
 // childPipe creates a pipe whose one end goes to the child and whose other
@@ -537,6 +562,7 @@ func sessionMembers(id int) []int {
 type procStat struct {
 	state               byte
 	ppid, pgrp, session int
+	startTicks          uint64 // field 22, starttime: clock ticks after boot
 }
 
 // readProcStat parses the fields after the command name, which may itself
@@ -550,15 +576,17 @@ func readProcStat(pid int) (procStat, bool) {
 	if i < 0 {
 		return procStat{}, false
 	}
+	// f[0] is field 3 (state), so field n is f[n-3].
 	f := strings.Fields(string(b[i+1:]))
-	if len(f) < 4 || len(f[0]) != 1 {
+	if len(f) < 20 || len(f[0]) != 1 {
 		return procStat{}, false
 	}
 	ppid, err1 := strconv.Atoi(f[1])
 	pgrp, err2 := strconv.Atoi(f[2])
 	sess, err3 := strconv.Atoi(f[3])
-	if err1 != nil || err2 != nil || err3 != nil {
+	start, err4 := strconv.ParseUint(f[19], 10, 64)
+	if err1 != nil || err2 != nil || err3 != nil || err4 != nil {
 		return procStat{}, false
 	}
-	return procStat{state: f[0][0], ppid: ppid, pgrp: pgrp, session: sess}, true
+	return procStat{state: f[0][0], ppid: ppid, pgrp: pgrp, session: sess, startTicks: start}, true
 }

@@ -72,7 +72,7 @@ func (t *tailBuffer) bytes() []byte {
 // snapshot renders the kept bytes as a tail. When final is false (the
 // stream is still being written) a trailing incomplete UTF-8 sequence is
 // held back instead of being replaced, since its remaining bytes may still
-// come.
+// come. The final rendering is the one TailOf documents.
 func (t *tailBuffer) snapshot(final bool) (tail string, truncated, sanitized bool) {
 	data := t.bytes()
 	truncated = t.total > int64(len(data))
@@ -80,6 +80,28 @@ func (t *tailBuffer) snapshot(final bool) (tail string, truncated, sanitized boo
 		data = trimIncompleteSuffix(data)
 	}
 	return renderTail(data, truncated, t.max)
+}
+
+// TailOf returns the tail the executor reports for a finished stream whose
+// bytes are b, with a tail size of n bytes ([Spec.TailBytes]; n <= 0 keeps
+// nothing). It is the rule of [StreamResult]: the last n bytes, cut forward
+// to the next UTF-8 boundary when the stream is longer than n, every byte
+// that does not start a valid UTF-8 sequence replaced by U+FFFD
+// (sanitized), and whole characters dropped from the front if the
+// replacements made it longer than n bytes. truncated reports that tail is
+// not the whole stream.
+//
+// The result depends only on the last n bytes of b and on whether b is
+// longer than n, so a caller holding a long stream in a file may pass just
+// its last n+1 bytes (or all of it when it is not longer than n).
+func TailOf(b []byte, n int) (tail string, sanitized, truncated bool) {
+	n = max(n, 0)
+	data := b
+	if len(data) > n {
+		data = data[len(data)-n:]
+	}
+	tail, truncated, sanitized = renderTail(data, len(b) > n, n)
+	return tail, sanitized, truncated
 }
 
 // renderTail turns the last bytes of a stream into a tail: when cut (the

@@ -15,14 +15,11 @@ type tailOut struct {
 	Truncated, Sanitized bool
 }
 
-// referenceTail renders a whole stream's tail the slow, obvious way, as the
-// contract states it; the ring buffer must agree with it for any chunking.
+// referenceTail renders a whole stream's tail through the exported TailOf,
+// the rule the agent's recovery uses too; the ring buffer must agree with
+// it for any chunking, so a recovered tail and a live one never differ.
 func referenceTail(stream []byte, max int) tailOut {
-	data := stream
-	if len(data) > max {
-		data = data[len(data)-max:]
-	}
-	tail, truncated, sanitized := renderTail(bytes.Clone(data), len(stream) > len(data), max)
+	tail, sanitized, truncated := TailOf(bytes.Clone(stream), max)
 	return tailOut{tail, int64(len(stream)), truncated, sanitized}
 }
 
@@ -154,6 +151,57 @@ func FuzzTail(f *testing.F) {
 		}
 		if !got.Truncated && !got.Sanitized && got.Tail != string(stream) {
 			t.Fatalf("not truncated, not sanitized, but tail %q != stream %q", got.Tail, stream)
+		}
+	})
+}
+
+func TestTailOf(t *testing.T) {
+	type out struct {
+		Tail                 string
+		Sanitized, Truncated bool
+	}
+	tests := map[string]struct {
+		stream string
+		n      int
+		want   out
+	}{
+		"empty":                            {"", 4, out{"", false, false}},
+		"whole stream":                     {"abcd", 4, out{"abcd", false, false}},
+		"cut":                              {"abcde", 4, out{"bcde", false, true}},
+		"cut inside a character":           {"a€bc", 4, out{"bc", false, true}},
+		"each invalid byte is replaced":    {"\xff\xfeok", 8, out{"\uFFFD\uFFFDok", true, false}},
+		"replacements stay within n":       {"\xff\xff", 4, out{"\uFFFD", true, true}},
+		"zero keeps nothing":               {"abc", 0, out{"", false, true}},
+		"negative is zero":                 {"abc", -1, out{"", false, true}},
+		"zero of an empty stream is whole": {"", 0, out{"", false, false}},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			var got out
+			got.Tail, got.Sanitized, got.Truncated = TailOf([]byte(tc.stream), tc.n)
+			if diff := cmp.Diff(tc.want, got); diff != "" {
+				t.Errorf("TailOf(%q, %d) (-want +got):\n%s", tc.stream, tc.n, diff)
+			}
+		})
+	}
+}
+
+// FuzzTailOfSuffix checks the promise of TailOf's doc: the last n+1 bytes
+// of a stream give the same tail as the whole stream, which is what the
+// agent's recovery reads from a spill file.
+func FuzzTailOfSuffix(f *testing.F) {
+	f.Add([]byte("hello, world"), uint16(5))
+	f.Add([]byte("a€b€c€"), uint16(4))
+	f.Add([]byte("\xff\xfe\xe2\x82\xac\xf0\x9f\x98"), uint16(3))
+	f.Fuzz(func(t *testing.T, stream []byte, max uint16) {
+		n := int(max % 512)
+		if len(stream) <= n {
+			return
+		}
+		wt, ws, wc := TailOf(stream, n)
+		gt, gs, gc := TailOf(stream[len(stream)-n-1:], n)
+		if wt != gt || ws != gs || wc != gc {
+			t.Fatalf("TailOf(whole, %d) = %q %v %v, TailOf(last n+1 bytes) = %q %v %v", n, wt, ws, wc, gt, gs, gc)
 		}
 	})
 }

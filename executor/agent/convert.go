@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"strings"
-	"unicode/utf8"
 
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -143,22 +141,16 @@ func recoverStream(path string, tailBytes int, spillLimit, lastTotal int64) (*ag
 	if complete {
 		ss.Sha256 = hex.EncodeToString(h.Sum(nil))
 	}
-	n := min(size, int64(tailBytes))
+	// The executor's tail rule needs the last tailBytes bytes and whether
+	// anything precedes them: one byte more says so.
+	n := min(size, int64(max(tailBytes, 0))+1)
 	buf := make([]byte, n)
 	if _, err := f.ReadAt(buf, size-n); err != nil && err != io.EOF {
 		return nil, fmt.Errorf("reading spill file %s: %w", path, err)
 	}
-	if n < size {
-		// Start on a UTF-8 boundary: skip at most three continuation bytes.
-		for i := 0; i < 3 && len(buf) > 0 && !utf8.RuneStart(buf[0]); i++ {
-			buf = buf[1:]
-		}
-	}
-	ss.Tail = string(buf)
-	if !utf8.ValidString(ss.Tail) {
-		ss.Tail = strings.ToValidUTF8(ss.Tail, "\uFFFD")
-		ss.Sanitized = true
-	}
-	ss.Truncated = int64(len(buf)) < ss.TotalBytes
+	var truncated bool
+	ss.Tail, ss.Sanitized, truncated = executor.TailOf(buf, tailBytes)
+	// A spill file shorter than the stream holds only its beginning.
+	ss.Truncated = truncated || size < ss.TotalBytes
 	return ss, nil
 }

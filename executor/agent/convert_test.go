@@ -3,12 +3,14 @@ package agent
 import (
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
 	"google.golang.org/protobuf/testing/protocmp"
 
 	agentv1 "github.com/bashtask/bashtask-operator/api/agent/v1"
+	"github.com/bashtask/bashtask-operator/executor"
 )
 
 func TestRecoverStream(t *testing.T) {
@@ -48,6 +50,16 @@ func TestRecoverStream(t *testing.T) {
 			content: ptr("abc"), tailBytes: 64000, spillLimit: 1 << 20, lastTotal: 5,
 			want: &agentv1.StreamStatus{Tail: "abc", TotalBytes: 5, Truncated: true, Spill: &agentv1.Spill{Bytes: 3}},
 		},
+		"each invalid byte is replaced, as in the executor": {
+			content: ptr("\xff\xfeok"), tailBytes: 64000, spillLimit: 1 << 20,
+			want: &agentv1.StreamStatus{Tail: "\uFFFD\uFFFDok", TotalBytes: 4, Sanitized: true, Sha256: sha256hex([]byte("\xff\xfeok")),
+				Spill: &agentv1.Spill{Bytes: 4, Complete: true}},
+		},
+		"replacements stay within the tail size": {
+			content: ptr("\xff\xff"), tailBytes: 4, spillLimit: 1 << 20,
+			want: &agentv1.StreamStatus{Tail: "\uFFFD", TotalBytes: 2, Truncated: true, Sanitized: true, Sha256: sha256hex([]byte("\xff\xff")),
+				Spill: &agentv1.Spill{Bytes: 2, Complete: true}},
+		},
 		"no spill file": {
 			tailBytes: 64000, spillLimit: 1 << 20, lastTotal: 4,
 			want: &agentv1.StreamStatus{TotalBytes: 4, Truncated: true},
@@ -69,6 +81,29 @@ func TestRecoverStream(t *testing.T) {
 				t.Errorf("recovered stream (-want +got):\n%s", diff)
 			}
 		})
+	}
+}
+
+// A recovered tail is the tail the executor would have reported for the
+// same complete stream, whatever the stream and the tail size.
+func TestRecoverStreamAgreesWithExecutor(t *testing.T) {
+	streams := []string{"", "abc", "a€b€c€", "\xff\xfe\xe2\x82\xac\xf0\x9f\x98\x80x", strings.Repeat("é\xff", 40)}
+	for _, stream := range streams {
+		for n := range 12 {
+			path := filepath.Join(t.TempDir(), "stdout")
+			if err := os.WriteFile(path, []byte(stream), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			got, err := recoverStream(path, n, 1<<20, int64(len(stream)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			tail, sanitized, truncated := executor.TailOf([]byte(stream), n)
+			if got.GetTail() != tail || got.GetSanitized() != sanitized || got.GetTruncated() != truncated {
+				t.Errorf("stream %q, tail size %d: recovered %q sanitized %v truncated %v; executor %q %v %v",
+					stream, n, got.GetTail(), got.GetSanitized(), got.GetTruncated(), tail, sanitized, truncated)
+			}
+		}
 	}
 }
 

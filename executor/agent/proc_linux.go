@@ -78,24 +78,6 @@ func hasEnv(pid int, kv string) bool {
 	return false
 }
 
-// findShell returns the pid and start ticks of this process's child whose
-// environment carries marker (BASHTASK_UID=<uid>): the task's shell.
-// The executor does not expose the pid of a running task, and the agent
-// needs it on disk before the task ends. 0 when the shell already exited.
-func findShell(marker string) (int, uint64) {
-	self := os.Getpid()
-	for _, pid := range pids() {
-		st, err := readStat(pid)
-		if err != nil || st.ppid != self || st.state == 'Z' {
-			continue
-		}
-		if hasEnv(pid, marker) {
-			return pid, st.startTicks
-		}
-	}
-	return 0, 0
-}
-
 // bootID identifies the running kernel boot.
 func bootID() string {
 	b, err := os.ReadFile("/proc/sys/kernel/random/boot_id")
@@ -106,30 +88,40 @@ func bootID() string {
 }
 
 // stopLeftovers kills whatever is left of a task of an earlier incarnation
-// and returns how many processes it killed. It uses, in order: the task's
-// cgroup (cgroup.kill, which also reaches processes that left the session),
-// the recorded process group when its leader is provably the same process
-// (same start time; a pid is never signalled on a guess, since ids get
-// reused), and finally any process whose environment still carries the
-// task's marker. Processes are killed with SIGKILL at once: their output
-// pipes died with the earlier agent, so a grace period would only give them
-// time to be killed by SIGPIPE.
+// and returns how many processes it killed.
+//
+//   - With a cgroup (recorded before the shell was created, so known even if
+//     the agent died during the start): when it exists, cgroup.kill takes
+//     every process of the task, also one that left the session, and
+//     nothing else is needed. A missing cgroup means no process of the task
+//     is left: every one was born in it, and the executor removes it only
+//     once it is empty; the next step then finds nothing to signal.
+//   - Otherwise the recorded process group, only when its leader is
+//     provably the recorded shell (same start time): a pid is never
+//     signalled on a guess, since ids get reused.
+//   - Without a cgroup, last, any process whose environment still carries
+//     the task's marker. Only this finds what a process group cannot: the
+//     shell of a task whose pid never reached the record (the agent died
+//     during the start), descendants left in the group after the shell
+//     exited (the group id is then not provably the task's), and processes
+//     that left the group with setsid.
+//
+// Processes are killed with SIGKILL at once: their output pipes died with
+// the earlier agent, so a grace period would only give them time to be
+// killed by SIGPIPE.
 func stopLeftovers(p processRecord, marker string) (int, error) {
 	if p.BootID != "" && p.BootID != bootID() {
 		return 0, nil // the node rebooted: nothing of the task is left
 	}
-	victims := map[int]bool{}
-	var errs []error
 	if p.Cgroup != "" {
-		n, err := killCgroup(p.Cgroup)
-		if err != nil {
-			errs = append(errs, err)
-		}
-		for _, pid := range n {
-			victims[pid] = true
+		if _, err := os.Stat(p.Cgroup); err == nil {
+			victims, err := killCgroup(p.Cgroup)
+			return len(victims), err
 		}
 	}
-	if p.PID > 0 {
+	victims := map[int]bool{}
+	var errs []error
+	if p.PID > 0 && p.StartTicks != 0 {
 		if st, err := readStat(p.PID); err == nil && st.startTicks == p.StartTicks && st.pgid == p.PID {
 			for _, pid := range pids() {
 				if s, err := readStat(pid); err == nil && s.pgid == p.PID && s.state != 'Z' {
@@ -141,13 +133,15 @@ func stopLeftovers(p processRecord, marker string) (int, error) {
 			}
 		}
 	}
-	for _, pid := range pids() {
-		if pid == os.Getpid() || victims[pid] {
-			continue
-		}
-		if st, err := readStat(pid); err == nil && st.state != 'Z' && hasEnv(pid, marker) {
-			if err := unix.Kill(pid, unix.SIGKILL); err == nil {
-				victims[pid] = true
+	if p.Cgroup == "" {
+		for _, pid := range pids() {
+			if pid == os.Getpid() || victims[pid] {
+				continue
+			}
+			if st, err := readStat(pid); err == nil && st.state != 'Z' && hasEnv(pid, marker) {
+				if err := unix.Kill(pid, unix.SIGKILL); err == nil {
+					victims[pid] = true
+				}
 			}
 		}
 	}

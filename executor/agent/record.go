@@ -21,7 +21,8 @@ const recordVersion = 1
 
 // Record states. A record is written in stateStarting before the process is
 // created, so an agent killed between the two still finds the task (by its
-// cgroup or environment) when it comes back.
+// cgroup or environment) when it comes back; it moves to stateRunning, with
+// the process's identity, as soon as the executor started the shell.
 const (
 	stateStarting = "starting"
 	stateRunning  = "running"
@@ -63,11 +64,16 @@ type processRecord struct {
 	// executor starts it with setsid); 0 when unknown.
 	PID int `json:"pid,omitempty"`
 	// StartTicks is field 22 of /proc/<pid>/stat (start time in clock
-	// ticks after boot); with the pid it tells the shell from a later
-	// process that reused its id.
+	// ticks after boot, executor.Task.ProcessStart); with the pid it tells
+	// the shell from a later process that reused its id. 0 when unknown: the
+	// process group is then never signalled.
 	StartTicks uint64 `json:"startTicks,omitempty"`
 	// Cgroup is the absolute path of the task's cgroup, empty without one.
 	Cgroup string `json:"cgroup,omitempty"`
+	// WorkDir is the fresh working directory the executor created for the
+	// task (the spec named none); a later incarnation removes it. Empty when
+	// the spec named a directory, which is never removed.
+	WorkDir string `json:"workDir,omitempty"`
 	// BootID is /proc/sys/kernel/random/boot_id at start: after a reboot
 	// no process of the task can be left.
 	BootID string `json:"bootID,omitempty"`

@@ -2,6 +2,7 @@ package agent
 
 import (
 	"fmt"
+	"os"
 	"path/filepath"
 	"time"
 
@@ -61,6 +62,13 @@ func (s *Server) recoverRunning(e *entry) {
 		s.log.Error("stopping processes of an earlier incarnation", "uid", uid, "err", err)
 	}
 	s.metrics.LeftoverKilled.Add(float64(killed))
+	if dir := e.rec.Process.WorkDir; dir != "" {
+		// The executor removes a fresh working directory when the task
+		// ends; the earlier incarnation died before it could.
+		if rerr := os.RemoveAll(dir); rerr != nil {
+			s.log.Error("removing the working directory of an earlier incarnation's task", "uid", uid, "dir", dir, "err", rerr)
+		}
+	}
 
 	st := e.status
 	st.State = agentv1.TaskState_TASK_STATE_FINISHED

@@ -17,8 +17,9 @@ import (
 
 // TestRecoverRecords starts a server on a state directory an earlier
 // incarnation left: a finished task with a pending upload, a finished and
-// forgotten task, a task recorded as starting whose process never ran, and
-// an unreadable record.
+// forgotten task, a task recorded as starting whose process never ran, a
+// running task whose fresh working directory is left, and an unreadable
+// record.
 func TestRecoverRecords(t *testing.T) {
 	stateDir := filepath.Join(t.TempDir(), "state")
 	bucketDir := t.TempDir()
@@ -53,6 +54,14 @@ func TestRecoverRecords(t *testing.T) {
 	write("forgotten", &record{State: stateFinished}, forgotten)
 	write("starting", &record{State: stateStarting, TailBytes: 64000, SpillLimitBytes: 1 << 20},
 		&agentv1.TaskStatus{Ref: ref("starting"), State: agentv1.TaskState_TASK_STATE_RUNNING, IncarnationId: "earlier"})
+	// A task that ran in a fresh working directory: its process is long
+	// gone (pid 0), the directory is left.
+	workDir := filepath.Join(t.TempDir(), "bashtask-work-1")
+	if err := os.MkdirAll(filepath.Join(workDir, "sub"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	write("running", &record{State: stateRunning, TailBytes: 64000, SpillLimitBytes: 1 << 20, Process: processRecord{WorkDir: workDir}},
+		&agentv1.TaskStatus{Ref: ref("running"), State: agentv1.TaskState_TASK_STATE_RUNNING, IncarnationId: "earlier"})
 	if err := os.MkdirAll(st.taskDir("broken"), 0o700); err != nil {
 		t.Fatal(err)
 	}
@@ -89,12 +98,16 @@ func TestRecoverRecords(t *testing.T) {
 	want := map[string]string{
 		"pending":  "Succeeded UPLOAD_STATE_UPLOADED",
 		"starting": "AgentRestarted UPLOAD_STATE_UNSPECIFIED",
+		"running":  "AgentRestarted UPLOAD_STATE_UNSPECIFIED",
 	}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("recovered tasks: reason and stdout upload state (-want +got):\n%s", diff)
 	}
 	if _, err := os.Stat(st.taskDir("forgotten")); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("directory of a forgotten task after recovery: %v, want it gone", err)
+	}
+	if _, err := os.Stat(workDir); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("working directory of a recovered task: %v, want it removed", err)
 	}
 	if _, err := os.Stat(st.recordPath("broken")); err != nil {
 		t.Errorf("unreadable record after recovery: %v, want it left alone", err)

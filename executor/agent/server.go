@@ -402,7 +402,11 @@ func (s *Server) Start(_ context.Context, req *agentv1.StartRequest) (*agentv1.S
 	}
 	e.task = task
 	rec.State = stateRunning
-	rec.Process.PID, rec.Process.StartTicks = findShell(EnvUID + "=" + uid)
+	rec.Process.PID, rec.Process.StartTicks = task.PID(), task.ProcessStart()
+	rec.Process.Cgroup = task.CgroupPath()
+	if es.WorkingDir == "" {
+		rec.Process.WorkDir = task.WorkingDir()
+	}
 	st.StartTime = timestamppb.Now()
 	if err := s.store.write(uid, rec, st, true); err != nil {
 		// The task runs; a later record write may succeed. Recovery still

@@ -1,0 +1,158 @@
+//go:build linux
+
+package agent
+
+import (
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	agentv1 "github.com/bashtask/bashtask-operator/api/agent/v1"
+	"github.com/bashtask/bashtask-operator/executor"
+)
+
+// startGroup starts `sh -c command` as the leader of a new session and
+// process group with env added, and returns it with its start time. The
+// caller waits for it.
+func startGroup(t *testing.T, command string, env ...string) (*exec.Cmd, uint64) {
+	t.Helper()
+	cmd := exec.Command("/bin/sh", "-c", command)
+	cmd.Env = append(os.Environ(), env...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		// Only a group that still has members: the kernel does not hand
+		// out a pid still in use as a process group id.
+		if groupSize(cmd.Process.Pid) > 0 {
+			_ = unix.Kill(-cmd.Process.Pid, unix.SIGKILL)
+		}
+	})
+	st, err := readStat(cmd.Process.Pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cmd, st.startTicks
+}
+
+// groupSize counts the live processes of process group pgid.
+func groupSize(pgid int) int {
+	n := 0
+	for _, pid := range pids() {
+		if st, err := readStat(pid); err == nil && st.pgid == pgid && st.state != 'Z' {
+			n++
+		}
+	}
+	return n
+}
+
+func waitGroupSize(t *testing.T, pgid, want int) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for groupSize(pgid) != want {
+		if time.Now().After(deadline) {
+			t.Fatalf("process group %d has %d live processes, want %d", pgid, groupSize(pgid), want)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// A recorded process group is killed only while its leader is provably the
+// recorded shell.
+func TestStopLeftoversProcessGroup(t *testing.T) {
+	t.Parallel()
+	cmd, ticks := startGroup(t, "sleep 60 & wait")
+	pid := cmd.Process.Pid
+	waitGroupSize(t, pid, 2)
+
+	n, err := stopLeftovers(processRecord{PID: pid, StartTicks: ticks + 1}, EnvUID+"=not-this-one")
+	if err != nil || n != 0 || groupSize(pid) != 2 {
+		t.Fatalf("start time differs: killed %d (err %v), group has %d; want nothing signalled", n, err, groupSize(pid))
+	}
+	n, err = stopLeftovers(processRecord{PID: pid}, EnvUID+"=not-this-one")
+	if err != nil || n != 0 || groupSize(pid) != 2 {
+		t.Fatalf("start time unknown: killed %d (err %v), group has %d; want nothing signalled", n, err, groupSize(pid))
+	}
+	n, err = stopLeftovers(processRecord{PID: pid, StartTicks: ticks}, EnvUID+"=not-this-one")
+	if err != nil || n != 2 {
+		t.Errorf("start time matches: killed %d (err %v), want 2", n, err)
+	}
+	var ee *exec.ExitError
+	if err := cmd.Wait(); !errors.As(err, &ee) || ee.Sys().(syscall.WaitStatus).Signal() != syscall.SIGKILL {
+		t.Errorf("shell ended with %v, want SIGKILL", err)
+	}
+	waitGroupSize(t, pid, 0)
+}
+
+// Without a cgroup, processes the group check cannot prove to be the
+// task's (here: the shell exited, its child lives on in the group) are
+// found by the task's marker in their environment. With a cgroup recorded
+// the marker is not looked for: the cgroup alone decides.
+func TestStopLeftoversMarkerFallback(t *testing.T) {
+	t.Parallel()
+	marker := EnvUID + "=marker-" + itoa(os.Getpid())
+	cmd, ticks := startGroup(t, "sleep 60 & exit 0", marker)
+	pid := cmd.Process.Pid
+	if err := cmd.Wait(); err != nil {
+		t.Fatal(err)
+	}
+	waitGroupSize(t, pid, 1) // the orphaned sleep
+
+	n, err := stopLeftovers(processRecord{PID: pid, StartTicks: ticks, Cgroup: "/nonexistent/cgroup"}, marker)
+	if err != nil || n != 0 || groupSize(pid) != 1 {
+		t.Fatalf("missing cgroup recorded: killed %d (err %v), group has %d; want nothing signalled", n, err, groupSize(pid))
+	}
+	n, err = stopLeftovers(processRecord{PID: pid, StartTicks: ticks}, marker)
+	if err != nil || n != 1 {
+		t.Errorf("process group mode: killed %d (err %v), want the orphaned sleep", n, err)
+	}
+	waitGroupSize(t, pid, 0)
+}
+
+// Right after Start the durable record names the shell (pid and start
+// time), the task's cgroup and its fresh working directory, which is what
+// a later incarnation needs to stop and clean up the task.
+func TestStartRecordsProcessIdentity(t *testing.T) {
+	r := newRig(t)
+	_, next := r.watch()
+	const uid = "uid-identity"
+	if _, err := r.client.Start(t.Context(), &agentv1.StartRequest{Spec: taskSpec(uid, "exec sleep 60")}); err != nil {
+		t.Fatal(err)
+	}
+	rec, _, err := r.srv.store.read(uid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := rec.Process
+	st, err := readStat(p.PID)
+	if rec.State != stateRunning || err != nil || p.StartTicks == 0 || st.startTicks != p.StartTicks || st.pgid != p.PID {
+		t.Errorf("record %+v state %s; /proc stat %+v (err %v): want the running shell's pid and start time", p, rec.State, st, err)
+	}
+	r.srv.mu.Lock()
+	ex := r.srv.ex
+	r.srv.mu.Unlock()
+	if ex.Mechanism() == executor.MechanismCgroup {
+		if p.Cgroup != filepath.Join(ex.CgroupPath(), uid) {
+			t.Errorf("recorded cgroup %q, want %q", p.Cgroup, filepath.Join(ex.CgroupPath(), uid))
+		}
+	} else if p.Cgroup != "" {
+		t.Errorf("recorded cgroup %q without cgroups, want none", p.Cgroup)
+	}
+	if fi, err := os.Stat(p.WorkDir); err != nil || !fi.IsDir() {
+		t.Errorf("recorded working directory %q: %v, want the task's fresh directory", p.WorkDir, err)
+	}
+	if _, err := r.client.Cancel(t.Context(), &agentv1.CancelRequest{Uid: uid}); err != nil {
+		t.Fatal(err)
+	}
+	until(t, next, agentv1.EventType_EVENT_TYPE_FINISHED)
+	if _, err := os.Stat(p.WorkDir); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("working directory after the end: %v, want it removed", err)
+	}
+}
