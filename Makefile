@@ -177,6 +177,20 @@ bench-executor: ## Executor overhead, output throughput and memory, printed as a
 	mkdir -p _output
 	$(GO) run ./hack/bench-executor -json _output/bench-executor.json
 
+# `make bench` runs the executor bench, then the whole system on the local
+# cluster (hack/bench; docs/performance.md). BENCH_SKIP_EXECUTOR=1 skips the
+# executor part for quick iterations; BENCH_ARGS passes flags to hack/bench,
+# e.g. BENCH_ARGS='-controller-arg=--workers=16 -rss-tasks=0'.
+BENCH_SKIP_EXECUTOR ?=
+BENCH_ARGS          ?=
+BENCH_EXECUTOR      := $(if $(filter 1 true yes,$(BENCH_SKIP_EXECUTOR)),,1)
+
+.PHONY: bench
+bench: build envtest ## Latency, throughput, writes per task, raw API limit and controller RSS on the local cluster (+ the executor bench); writes _output/bench.json.
+	mkdir -p _output
+	$(if $(BENCH_EXECUTOR),$(GO) run ./hack/bench-executor -json _output/bench-executor.json,@echo "bench: executor part skipped (BENCH_SKIP_EXECUTOR)")
+	$(GO) run ./hack/bench -json _output/bench.json $(if $(BENCH_EXECUTOR),-executor-json _output/bench-executor.json) $(BENCH_ARGS)
+
 ##@ Tools
 
 .PHONY: tools

@@ -1,0 +1,1386 @@
+// Command bench measures the whole system the way users run it and prints
+// one table, each figure next to its target:
+//
+//   - e2e latency: 500 `true` tasks created at 10 per second; per task, the
+//     time from the return of the create call to the first watch event
+//     whose status carries a terminal reason; p50 and p99;
+//   - e2e throughput: 2000 `true` tasks created as fast as 16 client
+//     workers can; tasks divided by the time from the first create call to
+//     the last terminal watch event;
+//   - writes per task: the API server's own apiserver_request_total for
+//     bashtasks (every subresource) and the write verbs, read from its
+//     /metrics before and after the throughput phase, divided by the
+//     number of tasks, with the breakdown per verb, subresource and code;
+//   - controller RSS: VmRSS of the controller process once 10000 tasks in
+//     total have finished;
+//   - raw API figure: on a separate control plane started here with no
+//     controller and no agent (same binaries, CRD and admission policies),
+//     the same client and 16 workers doing per task only the create and
+//     the status writes the controller did per short task in the
+//     throughput phase; tasks/s by the same definition as the throughput.
+//
+// The system runs as `bashtask-local up --agents 2` (a child process, file://
+// bucket, loopback only), stopped with SIGTERM at the end, on error and on
+// Ctrl-C. With -json FILE the figures are written as a flat JSON object;
+// -executor-json merges the executor figures of hack/bench-executor.
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"cmp"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"math"
+	"net/http"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"text/tabwriter"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	k8sruntime "k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/kubernetes"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+
+	v1 "github.com/bashtask/bashtask-operator/api/v1alpha1"
+	"github.com/bashtask/bashtask-operator/internal/localcluster"
+)
+
+// namespace holds every task of a run.
+const namespace = "bench"
+
+type options struct {
+	jsonOut, executorJSON   string
+	binDir, assetsDir       string
+	crdDir, admissionDir    string
+	agents                  int
+	controllerArgs          []string
+	latencyTasks            int
+	latencyRate             float64
+	throughputTasks         int
+	workers                 int
+	rssTotal                int
+	rssSettle               time.Duration
+	phaseTimeout            time.Duration
+	stall                   time.Duration
+	qps                     float32
+	burst                   int
+	keep, strict, skipRaw   bool
+	rawStatusWritesOverride int
+}
+
+func main() {
+	// The launcher is started from this goroutine, locked to the main
+	// thread, so its parent-death signal fires only when this process
+	// ends, not when some other thread of the runtime does.
+	runtime.LockOSThread()
+	var o options
+	flag.StringVar(&o.jsonOut, "json", "", "write the figures to this JSON file")
+	flag.StringVar(&o.executorJSON, "executor-json", "", "JSON file of hack/bench-executor whose headline figures are merged in (empty: none)")
+	flag.StringVar(&o.binDir, "bin-dir", "bin", "directory of bashtask-local, bashtask-controller and bashtask-agent")
+	flag.StringVar(&o.assetsDir, "assets-dir", envOr("KUBEBUILDER_ASSETS", filepath.Join("bin", "k8s")), "directory of kube-apiserver and etcd")
+	flag.StringVar(&o.crdDir, "crd-dir", filepath.Join("config", "crd", "bases"), "CRD manifests")
+	flag.StringVar(&o.admissionDir, "admission-dir", filepath.Join("config", "admission"), "admission policies")
+	flag.IntVar(&o.agents, "agents", 2, "agents of the local cluster")
+	flag.Func("controller-arg", "extra flag for bashtask-controller, passed to bashtask-local (repeatable), e.g. -controller-arg=--workers=16", func(s string) error {
+		o.controllerArgs = append(o.controllerArgs, s)
+		return nil
+	})
+	flag.IntVar(&o.latencyTasks, "latency-tasks", 500, "tasks of the latency phase")
+	flag.Float64Var(&o.latencyRate, "latency-rate", 10, "tasks created per second in the latency phase")
+	flag.IntVar(&o.throughputTasks, "throughput-tasks", 2000, "tasks of the throughput and raw API phases")
+	flag.IntVar(&o.workers, "workers", 16, "client workers of the throughput, raw API and fill phases")
+	flag.IntVar(&o.rssTotal, "rss-tasks", 10000, "finished tasks in total before the controller's RSS is read (0 skips the phase)")
+	flag.DurationVar(&o.rssSettle, "rss-settle", 5*time.Second, "wait between the last terminal task and the RSS reading")
+	flag.DurationVar(&o.phaseTimeout, "phase-timeout", 10*time.Minute, "limit of each phase")
+	flag.DurationVar(&o.stall, "stall-timeout", 2*time.Minute, "fail a phase when none of its missing tasks became terminal for this long")
+	flag.Func("qps", "client QPS (default 1000)", func(s string) error {
+		f, err := strconv.ParseFloat(s, 32)
+		o.qps = float32(f)
+		return err
+	})
+	flag.IntVar(&o.burst, "burst", 2000, "client burst")
+	flag.BoolVar(&o.keep, "keep", false, "keep the cluster directory (logs, agent state) after a successful run")
+	flag.BoolVar(&o.strict, "strict", false, "exit 1 when a figure misses its target")
+	flag.BoolVar(&o.skipRaw, "skip-raw", false, "skip the raw API phase (and the ratio)")
+	flag.IntVar(&o.rawStatusWritesOverride, "raw-status-writes", -1, "status writes per task in the raw API phase (default: as measured in the throughput phase)")
+	flag.Parse()
+	if o.qps == 0 {
+		o.qps = 1000
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code := 0
+	if err := run(ctx, o); err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		code = 1
+	}
+	stop()
+	os.Exit(code)
+}
+
+var errMiss = errors.New("a figure missed its target")
+
+// figures are the results of one run; a NaN is a figure not measured.
+type figures struct {
+	latP50, latP99   float64
+	throughput       float64
+	raw              float64
+	writesPerTask    float64
+	rssMB            float64
+	executor         map[string]float64
+	loadStart, loadE string
+}
+
+func run(ctx context.Context, o options) (err error) {
+	f := figures{latP50: math.NaN(), latP99: math.NaN(), throughput: math.NaN(), raw: math.NaN(), writesPerTask: math.NaN(), rssMB: math.NaN()}
+	f.loadStart = loadAvg()
+	if o.executorJSON != "" {
+		raw, err := os.ReadFile(o.executorJSON)
+		if err != nil {
+			return fmt.Errorf("reading the executor figures: %w", err)
+		}
+		if err := json.Unmarshal(raw, &f.executor); err != nil {
+			return fmt.Errorf("reading %s: %w", o.executorJSON, err)
+		}
+	}
+	fmt.Printf("machine: %d CPUs, load average %s\n", runtime.NumCPU(), f.loadStart)
+
+	tmp, err := os.MkdirTemp("", "bashtask-bench-")
+	if err != nil {
+		return err
+	}
+	dir := filepath.Join(tmp, "cluster")
+	keep := o.keep
+	defer func() {
+		if err != nil || keep {
+			fmt.Fprintf(os.Stderr, "bench: logs and state kept in %s\n", dir)
+			return
+		}
+		_ = os.RemoveAll(tmp)
+	}()
+
+	// A failed phase ends the run, but the table still shows what was
+	// measured before it; no JSON is written then, and an older one is
+	// removed so that it is not taken for this run's.
+	sample, breakdown, phaseErr := runCluster(ctx, o, dir, &f)
+	if phaseErr != nil {
+		dumpLogs(dir)
+	} else if !o.skipRaw {
+		statusWrites := o.rawStatusWritesOverride
+		if statusWrites < 0 {
+			statusWrites = int(math.Round(breakdown.perTask(isStatusWrite)))
+		}
+		fmt.Printf("\n== raw API: %d tasks, %d workers, create + %d status writes each, no controller or agent\n", o.throughputTasks, o.workers, statusWrites)
+		raw, err := rawPhase(ctx, o, sample, statusWrites)
+		if err != nil {
+			phaseErr = fmt.Errorf("raw API phase: %w", err)
+		} else {
+			f.raw = raw
+			fmt.Printf("raw API: %.1f tasks/s\n", f.raw)
+		}
+	}
+	f.loadE = loadAvg()
+	miss := report(o, f)
+	if phaseErr != nil {
+		if o.jsonOut != "" {
+			_ = os.Remove(o.jsonOut)
+		}
+		return phaseErr
+	}
+	if o.jsonOut != "" {
+		if err := writeJSON(o.jsonOut, f); err != nil {
+			return err
+		}
+		fmt.Printf("figures written to %s\n", o.jsonOut)
+	}
+	if miss && o.strict {
+		return errMiss
+	}
+	return nil
+}
+
+// runCluster starts bashtask-local, runs the latency, throughput and RSS
+// phases on it and stops it, whatever happens.
+func runCluster(ctx context.Context, o options, dir string, f *figures) (sample []v1.BashTaskStatus, breakdown writeCounts, err error) {
+	lc, err := startLocal(ctx, o, dir)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer func() {
+		out := lc.stop()
+		for _, line := range strings.Split(out, "\n") {
+			if strings.Contains(line, "Restart") || strings.Contains(line, "Exited") || strings.Contains(line, "level=ERROR") {
+				fmt.Printf("launcher: %s\n", line)
+			}
+		}
+		reportLogErrors(dir)
+	}()
+
+	cfg, err := clientcmd.BuildConfigFromFlags("", filepath.Join(dir, "kubeconfig"))
+	if err != nil {
+		return nil, nil, err
+	}
+	b, err := newBench(ctx, cfg, o)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer b.close()
+	ctrlMetrics := controllerMetricsURL(dir)
+
+	// Latency.
+	fmt.Printf("\n== latency: %d tasks at %.0f per second\n", o.latencyTasks, o.latencyRate)
+	lat, err := b.latencyPhase(ctx, o)
+	if err != nil {
+		return nil, nil, fmt.Errorf("latency phase: %w", err)
+	}
+	f.latP50, f.latP99 = percentile(lat, 0.50), percentile(lat, 0.99)
+	fmt.Printf("latency: p50 %.1f ms, p90 %.1f ms, p99 %.1f ms, max %.1f ms\n", f.latP50, percentile(lat, 0.90), f.latP99, percentile(lat, 1))
+	b.printReasons("lat-")
+
+	// Throughput and writes per task.
+	time.Sleep(2 * time.Second) // trailing writes of the latency phase
+	before, err := b.apiWrites(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	ctrlBefore := scrapeControllerWrites(ctx, ctrlMetrics)
+	fmt.Printf("\n== throughput: %d tasks, %d workers\n", o.throughputTasks, o.workers)
+	tp, err := b.throughputPhase(ctx, o, "tp-", o.throughputTasks, "throughput")
+	if err != nil {
+		return nil, nil, fmt.Errorf("throughput phase: %w", err)
+	}
+	f.throughput = tp
+	fmt.Printf("throughput: %.1f tasks/s\n", f.throughput)
+	b.printReasons("tp-")
+	time.Sleep(3 * time.Second) // writes after the terminal one (uploads, if any)
+	after, err := b.apiWrites(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	breakdown = after.minus(before)
+	breakdown.setN(o.throughputTasks)
+	f.writesPerTask = breakdown.perTask(func(writeKey) bool { return true })
+	breakdown.print()
+	if ctrlBefore != nil {
+		if ctrlAfter := scrapeControllerWrites(ctx, ctrlMetrics); ctrlAfter != nil {
+			fmt.Println("controller's bashtask_status_writes_total in the throughput phase, per task:")
+			for _, k := range sortedKeys(ctrlAfter) {
+				if d := ctrlAfter[k] - ctrlBefore[k]; d > 0 {
+					fmt.Printf("  %-12s %6.0f  %.3f\n", k, d, d/float64(o.throughputTasks))
+				}
+			}
+		}
+	}
+	sample = b.sampleStatuses()
+
+	// Controller memory with many finished tasks.
+	if o.rssTotal > 0 {
+		done := b.terminalCount()
+		fill := o.rssTotal - done
+		fmt.Printf("\n== controller RSS: %d more tasks, to %d finished\n", max(fill, 0), o.rssTotal)
+		if fill > 0 {
+			if _, err := b.throughputPhase(ctx, o, "fill-", fill, "fill"); err != nil {
+				return nil, nil, fmt.Errorf("RSS phase: %w", err)
+			}
+			b.printReasons("fill-")
+		}
+		select {
+		case <-ctx.Done():
+			return nil, nil, ctx.Err()
+		case <-time.After(o.rssSettle):
+		}
+		rss, hwm, pid, err := controllerRSS(dir)
+		if err != nil {
+			return nil, nil, fmt.Errorf("RSS phase: %w", err)
+		}
+		f.rssMB = rss
+		fmt.Printf("controller (pid %d): VmRSS %.1f MiB, VmHWM %.1f MiB, with %d finished tasks\n", pid, rss, hwm, b.terminalCount())
+	}
+	return sample, breakdown, nil
+}
+
+// localCluster is the bashtask-local child.
+type localCluster struct {
+	cmd    *exec.Cmd
+	out    *syncBuffer
+	exited chan struct{}
+}
+
+func startLocal(ctx context.Context, o options, dir string) (*localCluster, error) {
+	args := []string{"up", "--dir", dir, "--bin-dir", o.binDir, "--assets-dir", o.assetsDir,
+		"--crd-dir", o.crdDir, "--admission-dir", o.admissionDir, "--agents", strconv.Itoa(o.agents)}
+	for _, a := range o.controllerArgs {
+		args = append(args, "--controller-arg="+a)
+	}
+	fmt.Printf("starting bashtask-local %s\n", strings.Join(args, " "))
+	cmd := exec.Command(filepath.Join(o.binDir, "bashtask-local"), args...)
+	out := &syncBuffer{}
+	cmd.Stdout, cmd.Stderr = out, out
+	// A process group of its own: Ctrl-C reaches this program, which stops
+	// the launcher in order. SIGTERM if this program dies without doing so.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGTERM}
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	lc := &localCluster{cmd: cmd, out: out, exited: make(chan struct{})}
+	go func() { _ = cmd.Wait(); close(lc.exited) }()
+	deadline := time.After(5 * time.Minute)
+	for !strings.Contains(out.String(), "is up") {
+		select {
+		case <-lc.exited:
+			return nil, fmt.Errorf("bashtask-local exited while starting:\n%s", out.String())
+		case <-ctx.Done():
+			lc.stop()
+			return nil, ctx.Err()
+		case <-deadline:
+			lc.stop()
+			return nil, fmt.Errorf("bashtask-local not up after 5 minutes:\n%s", out.String())
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	for _, line := range strings.Split(out.String(), "\n") {
+		if strings.Contains(line, "is up") {
+			fmt.Println(strings.TrimSpace(line))
+		}
+	}
+	return lc, nil
+}
+
+// stop sends SIGTERM and waits (SIGKILL after 2 minutes); it returns the
+// launcher's output.
+func (lc *localCluster) stop() string {
+	_ = lc.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-lc.exited:
+	case <-time.After(2 * time.Minute):
+		fmt.Fprintln(os.Stderr, "bench: bashtask-local did not stop in 2 minutes; killing it")
+		_ = lc.cmd.Process.Kill()
+		<-lc.exited
+	}
+	return lc.out.String()
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// bench is a client of one control plane with a watch on the namespace.
+type bench struct {
+	c       client.WithWatch
+	cs      *kubernetes.Clientset
+	cancel  context.CancelFunc
+	watchWG sync.WaitGroup
+
+	mu       sync.Mutex
+	created  map[string]time.Time // when the create call returned
+	terminal map[string]time.Time // when the first terminal event arrived
+	reasons  map[string]v1.Reason
+	samples  map[string][]v1.BashTaskStatus // status sequences of a few throughput tasks
+	last     map[string]string              // the last status seen, in short
+	stall    time.Duration
+	watchErr error
+}
+
+func newBench(ctx context.Context, cfg *rest.Config, o options) (*bench, error) {
+	cfg = rest.CopyConfig(cfg)
+	cfg.QPS, cfg.Burst = o.qps, o.burst
+	scheme := k8sruntime.NewScheme()
+	if err := clientgoscheme.AddToScheme(scheme); err != nil {
+		return nil, err
+	}
+	if err := v1.AddToScheme(scheme); err != nil {
+		return nil, err
+	}
+	// A fixed REST mapper: the lazy one reads discovery, which lags behind
+	// on a loaded machine and made creates fail mid-phase with "no matches
+	// for kind" although the kind was served.
+	mapper := meta.NewDefaultRESTMapper(nil)
+	mapper.Add(v1.GroupVersion.WithKind("BashTask"), meta.RESTScopeNamespace)
+	mapper.Add(corev1.SchemeGroupVersion.WithKind("Namespace"), meta.RESTScopeRoot)
+	c, err := client.NewWithWatch(cfg, client.Options{Scheme: scheme, Mapper: mapper})
+	if err != nil {
+		return nil, err
+	}
+	cs, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return nil, err
+	}
+	// A client's REST mapper may read an older discovery document on a
+	// loaded machine; start once it resolves the kind.
+	deadline := time.Now().Add(time.Minute)
+	for {
+		err := c.List(ctx, &v1.BashTaskList{}, client.Limit(1))
+		if err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			return nil, fmt.Errorf("BashTasks not served: %w", err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if err := c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: namespace}}); err != nil && !apierrors.IsAlreadyExists(err) {
+		return nil, fmt.Errorf("creating namespace %s: %w", namespace, err)
+	}
+	if err := waitAdmission(ctx, c); err != nil {
+		return nil, err
+	}
+	b := &bench{c: c, cs: cs,
+		created: map[string]time.Time{}, terminal: map[string]time.Time{},
+		reasons: map[string]v1.Reason{}, samples: map[string][]v1.BashTaskStatus{},
+		last: map[string]string{}, stall: o.stall}
+	wctx, cancel := context.WithCancel(ctx)
+	b.cancel = cancel
+	ready := make(chan struct{})
+	b.watchWG.Add(1)
+	go b.watch(wctx, ready)
+	select {
+	case <-ready:
+	case <-time.After(time.Minute):
+		b.close()
+		return nil, errors.New("the watch on BashTasks did not start in a minute")
+	}
+	return b, nil
+}
+
+// waitAdmission waits until the API server applies the finalizer policy
+// to new BashTasks, probing with dry-run creates. The API server loads a
+// MutatingAdmissionPolicy some seconds after it is created; until then
+// creates pass without the finalizer (costing the controller a write), and
+// for a moment after, fail with 503 "Resource kind ... not found" while
+// the policy's type converter for the CRD is built.
+func waitAdmission(ctx context.Context, c client.Client) error {
+	deadline := time.Now().Add(2 * time.Minute)
+	good := 0
+	var last error
+	for good < 3 {
+		probe := &v1.BashTask{ObjectMeta: metav1.ObjectMeta{Name: "admission-probe", Namespace: namespace}, Spec: v1.BashTaskSpec{Command: "true"}}
+		err := c.Create(ctx, probe, client.DryRunAll)
+		switch {
+		case err != nil:
+			good, last = 0, err
+		case len(probe.Finalizers) == 0:
+			good, last = 0, errors.New("created without the finalizer")
+		default:
+			good++
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("the finalizer admission policy is not in effect after 2 minutes: %w", last)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+	return nil
+}
+
+func (b *bench) close() {
+	b.cancel()
+	b.watchWG.Wait()
+}
+
+// watch follows every BashTask of the namespace until ctx ends, resuming
+// from the last resourceVersion seen when the server closes the watch and
+// listing again when that version is gone.
+func (b *bench) watch(ctx context.Context, ready chan struct{}) {
+	defer b.watchWG.Done()
+	rv := ""
+	first := true
+	for ctx.Err() == nil {
+		if rv == "" {
+			var list v1.BashTaskList
+			if err := b.c.List(ctx, &list, client.InNamespace(namespace)); err != nil {
+				b.setWatchErr(err)
+				time.Sleep(time.Second)
+				continue
+			}
+			now := time.Now()
+			for i := range list.Items {
+				b.observe(&list.Items[i], now)
+			}
+			rv = list.ResourceVersion
+		}
+		w, err := b.c.Watch(ctx, &v1.BashTaskList{}, client.InNamespace(namespace),
+			&client.ListOptions{Raw: &metav1.ListOptions{ResourceVersion: rv, AllowWatchBookmarks: true}})
+		if err != nil {
+			if apierrors.IsResourceExpired(err) || apierrors.IsGone(err) {
+				rv = ""
+			}
+			b.setWatchErr(err)
+			time.Sleep(time.Second)
+			continue
+		}
+		if first {
+			close(ready)
+			first = false
+		}
+		for ev := range w.ResultChan() {
+			now := time.Now()
+			if ev.Type == watch.Error {
+				if st, ok := ev.Object.(*metav1.Status); ok && (st.Code == 410) {
+					rv = ""
+				}
+				b.setWatchErr(fmt.Errorf("watch error: %v", ev.Object))
+				break
+			}
+			bt, ok := ev.Object.(*v1.BashTask)
+			if !ok {
+				continue
+			}
+			rv = bt.ResourceVersion
+			if ev.Type != watch.Bookmark && ev.Type != watch.Deleted {
+				b.observe(bt, now)
+			}
+		}
+		w.Stop()
+	}
+}
+
+func (b *bench) setWatchErr(err error) {
+	b.mu.Lock()
+	b.watchErr = err
+	b.mu.Unlock()
+}
+
+// observe records the first terminal status of a task, and the sequence
+// of statuses of the first few throughput tasks.
+func (b *bench) observe(bt *v1.BashTask, now time.Time) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if strings.HasPrefix(bt.Name, "tp-0000") || strings.HasPrefix(bt.Name, "raw-") {
+		if bt.Status.NodeName != "" || bt.Status.Reason != "" {
+			seq := b.samples[bt.Name]
+			if len(seq) < 8 && (len(seq) == 0 || !statusEqual(seq[len(seq)-1], bt.Status)) && b.terminal[bt.Name].IsZero() {
+				b.samples[bt.Name] = append(seq, *bt.Status.DeepCopy())
+			}
+		}
+	}
+	b.last[bt.Name] = fmt.Sprintf("phase %q, node %q, reason %q, resourceVersion %s",
+		bt.Status.Phase, bt.Status.NodeName, bt.Status.Reason, bt.ResourceVersion)
+	if bt.Status.Reason == "" {
+		return
+	}
+	if _, ok := b.terminal[bt.Name]; !ok {
+		b.terminal[bt.Name] = now
+		b.reasons[bt.Name] = bt.Status.Reason
+	}
+}
+
+func statusEqual(a, b v1.BashTaskStatus) bool {
+	ja, _ := json.Marshal(a)
+	jb, _ := json.Marshal(b)
+	return bytes.Equal(ja, jb)
+}
+
+func (b *bench) terminalCount() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return len(b.terminal)
+}
+
+// sampleStatuses returns the status sequence the watch saw for one
+// throughput task, the one with the most statuses among the sampled.
+func (b *bench) sampleStatuses() []v1.BashTaskStatus {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	var best []v1.BashTaskStatus
+	for _, name := range sortedKeys(b.samples) {
+		seq := b.samples[name]
+		if len(seq) > 0 && seq[len(seq)-1].Reason != "" && len(seq) > len(best) {
+			best = seq
+		}
+	}
+	return best
+}
+
+func (b *bench) create(ctx context.Context, name string) error {
+	bt := &v1.BashTask{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace}, Spec: v1.BashTaskSpec{Command: "true"}}
+	if err := b.c.Create(ctx, bt); err != nil {
+		return fmt.Errorf("creating %s: %w", name, err)
+	}
+	now := time.Now()
+	b.mu.Lock()
+	b.created[name] = now
+	b.mu.Unlock()
+	return nil
+}
+
+// waitTerminal waits until every named task has had a terminal event. It
+// fails at the deadline, or earlier when no task of the phase became
+// terminal for the stall limit, naming some of the missing tasks and the
+// last status the watch saw for each.
+func (b *bench) waitTerminal(ctx context.Context, names []string, deadline time.Time, phase string) error {
+	lastDone, lastProgress := -1, time.Now()
+	for {
+		b.mu.Lock()
+		var missing []string
+		for _, n := range names {
+			if _, ok := b.terminal[n]; !ok {
+				missing = append(missing, n)
+			}
+		}
+		werr := b.watchErr
+		var detail []string
+		now := time.Now()
+		stalled := now.Sub(lastProgress) > b.stall
+		if len(missing) > 0 && (now.After(deadline) || stalled) {
+			for _, n := range missing[:min(len(missing), 10)] {
+				detail = append(detail, fmt.Sprintf("%s (%s)", n, cmp.Or(b.last[n], "never seen by the watch")))
+			}
+		}
+		b.mu.Unlock()
+		if len(missing) == 0 {
+			return nil
+		}
+		if done := len(names) - len(missing); done != lastDone {
+			lastDone, lastProgress = done, now
+		}
+		if detail != nil {
+			why := "within the phase limit"
+			if stalled {
+				why = fmt.Sprintf("and none became terminal for %s", b.stall)
+			}
+			msg := fmt.Sprintf("%d of %d tasks of the %s phase not terminal %s; among them: %s",
+				len(missing), len(names), phase, why, strings.Join(detail, ", "))
+			if werr != nil {
+				msg += fmt.Sprintf(" (last watch error: %v)", werr)
+			}
+			return errors.New(msg)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// latencyPhase creates tasks on a ticker, each create in its own goroutine
+// so a slow call does not delay the next, and returns the latencies in ms.
+func (b *bench) latencyPhase(ctx context.Context, o options) ([]float64, error) {
+	deadline := time.Now().Add(o.phaseTimeout)
+	names := make([]string, o.latencyTasks)
+	for i := range names {
+		names[i] = fmt.Sprintf("lat-%05d", i)
+	}
+	tick := time.NewTicker(time.Duration(float64(time.Second) / o.latencyRate))
+	defer tick.Stop()
+	var wg sync.WaitGroup
+	var firstErr atomic.Value
+	for i, name := range names {
+		if i > 0 {
+			select {
+			case <-ctx.Done():
+				wg.Wait()
+				return nil, ctx.Err()
+			case <-tick.C:
+			}
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := b.create(ctx, name); err != nil {
+				firstErr.CompareAndSwap(nil, err)
+			}
+		}()
+	}
+	wg.Wait()
+	if err, _ := firstErr.Load().(error); err != nil {
+		return nil, err
+	}
+	if err := b.waitTerminal(ctx, names, deadline, "latency"); err != nil {
+		return nil, err
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	lat := make([]float64, 0, len(names))
+	for _, n := range names {
+		d := b.terminal[n].Sub(b.created[n])
+		lat = append(lat, max(float64(d)/float64(time.Millisecond), 0))
+	}
+	return lat, nil
+}
+
+// throughputPhase creates n tasks with the workers as fast as they go and
+// returns n divided by the time from the first create call to the last
+// terminal event.
+func (b *bench) throughputPhase(ctx context.Context, o options, prefix string, n int, phase string) (float64, error) {
+	deadline := time.Now().Add(o.phaseTimeout)
+	names := make([]string, n)
+	for i := range names {
+		names[i] = fmt.Sprintf("%s%05d", prefix, i)
+	}
+	start := time.Now()
+	if err := runWorkers(ctx, o.workers, names, func(ctx context.Context, name string) error { return b.create(ctx, name) }); err != nil {
+		return 0, err
+	}
+	created := time.Since(start)
+	if err := b.waitTerminal(ctx, names, deadline, phase); err != nil {
+		return 0, err
+	}
+	end := b.lastTerminal(names)
+	fmt.Printf("%s: %d creates in %s, last terminal %s after the first create\n", phase, n, created.Round(time.Millisecond), end.Sub(start).Round(time.Millisecond))
+	return float64(n) / end.Sub(start).Seconds(), nil
+}
+
+func (b *bench) lastTerminal(names []string) time.Time {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	var end time.Time
+	for _, n := range names {
+		if t := b.terminal[n]; t.After(end) {
+			end = t
+		}
+	}
+	return end
+}
+
+// printReasons prints the terminal reasons of a phase's tasks when any is
+// not Succeeded: a figure of failed tasks measures something else.
+func (b *bench) printReasons(prefix string) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	counts := map[string]int{}
+	for n, r := range b.reasons {
+		if strings.HasPrefix(n, prefix) {
+			counts[string(r)]++
+		}
+	}
+	if len(counts) == 1 && counts[string(v1.ReasonSucceeded)] > 0 {
+		return
+	}
+	fmt.Printf("WARNING: terminal reasons of %s tasks: %v\n", strings.TrimSuffix(prefix, "-"), counts)
+}
+
+// runWorkers calls fn for every name from n goroutines and returns the
+// first error; after an error the remaining names are skipped.
+func runWorkers(ctx context.Context, n int, names []string, fn func(context.Context, string) error) error {
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for ctx.Err() == nil {
+				i := int(next.Add(1)) - 1
+				if i >= len(names) {
+					return
+				}
+				if err := fn(ctx, names[i]); err != nil {
+					cancel(err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if err := context.Cause(ctx); err != nil && !errors.Is(err, context.Canceled) {
+		return err
+	}
+	return ctx.Err()
+}
+
+// writeKey is one series of apiserver_request_total for bashtasks.
+type writeKey struct{ verb, subresource, code string }
+
+// writeCounts are request counts per series, over n tasks.
+type writeCounts map[writeKey]float64
+
+// writeVerbs are the verb label values of write requests. The API server
+// labels a request with its HTTP method (POST, PUT, PATCH, DELETE), and
+// server-side apply as APPLY; the admission-style names are accepted too.
+var writeVerbs = map[string]bool{"POST": true, "PUT": true, "PATCH": true, "DELETE": true, "DELETECOLLECTION": true,
+	"APPLY": true, "CREATE": true, "UPDATE": true}
+
+func isStatusWrite(k writeKey) bool { return k.subresource == "status" }
+
+// apiWrites reads the API server's write requests on bashtasks.
+func (b *bench) apiWrites(ctx context.Context) (writeCounts, error) {
+	raw, err := b.cs.Discovery().RESTClient().Get().AbsPath("/metrics").DoRaw(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("reading the API server's /metrics: %w", err)
+	}
+	wc := writeCounts{}
+	seen := false
+	for _, s := range parseMetric(raw, "apiserver_request_total") {
+		if s.labels["resource"] != "bashtasks" || s.labels["group"] != v1.GroupVersion.Group {
+			continue
+		}
+		seen = true
+		if writeVerbs[s.labels["verb"]] {
+			wc[writeKey{s.labels["verb"], s.labels["subresource"], s.labels["code"]}] += s.value
+		}
+	}
+	if !seen {
+		return nil, errors.New("the API server's /metrics has no apiserver_request_total series for bashtasks")
+	}
+	return wc, nil
+}
+
+func (w writeCounts) minus(before writeCounts) writeCounts {
+	d := writeCounts{}
+	for k, v := range w {
+		if v-before[k] > 0 {
+			d[k] = v - before[k]
+		}
+	}
+	return d
+}
+
+// perTask sums the matching series and divides by the number of tasks
+// (setN).
+func (w writeCounts) perTask(match func(writeKey) bool) float64 {
+	n := w[writeKey{verb: "#tasks"}]
+	var sum float64
+	for k, v := range w {
+		if k.verb != "#tasks" && match(k) {
+			sum += v
+		}
+	}
+	if n == 0 {
+		return math.NaN()
+	}
+	return sum / n
+}
+
+// setN records the number of tasks under a key no series has.
+func (w writeCounts) setN(n int) { w[writeKey{verb: "#tasks"}] = float64(n) }
+
+func (w writeCounts) print() {
+	n := w[writeKey{verb: "#tasks"}]
+	fmt.Printf("API writes on bashtasks in the throughput phase (apiserver_request_total), %0.f tasks:\n", n)
+	keys := make([]writeKey, 0, len(w))
+	for k := range w {
+		if k.verb != "#tasks" {
+			keys = append(keys, k)
+		}
+	}
+	slices.SortFunc(keys, func(a, b writeKey) int {
+		return cmp.Or(cmp.Compare(a.verb, b.verb), cmp.Compare(a.subresource, b.subresource), cmp.Compare(a.code, b.code))
+	})
+	tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
+	fmt.Fprintf(tw, "  verb\tsubresource\tcode\trequests\tper task\n")
+	for _, k := range keys {
+		sub := k.subresource
+		if sub == "" {
+			sub = "(object)"
+		}
+		fmt.Fprintf(tw, "  %s\t%s\t%s\t%.0f\t%.3f\n", k.verb, sub, k.code, w[k], w[k]/n)
+	}
+	fmt.Fprintf(tw, "  all\t\t\t\t%.3f\n", w.perTask(func(writeKey) bool { return true }))
+	_ = tw.Flush()
+}
+
+type sample struct {
+	labels map[string]string
+	value  float64
+}
+
+// parseMetric reads the samples of one metric from Prometheus text.
+func parseMetric(raw []byte, name string) []sample {
+	var out []sample
+	sc := bufio.NewScanner(bytes.NewReader(raw))
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		rest, ok := strings.CutPrefix(line, name)
+		if !ok || (rest != "" && rest[0] != '{' && rest[0] != ' ') {
+			continue
+		}
+		s := sample{labels: map[string]string{}}
+		if strings.HasPrefix(rest, "{") {
+			var ok bool
+			rest, ok = parseLabels(rest[1:], s.labels)
+			if !ok {
+				continue
+			}
+		}
+		fields := strings.Fields(rest)
+		if len(fields) == 0 {
+			continue
+		}
+		v, err := strconv.ParseFloat(fields[0], 64)
+		if err != nil {
+			continue
+		}
+		s.value = v
+		out = append(out, s)
+	}
+	return out
+}
+
+// parseLabels reads `a="x",b="y"}` into m and returns what follows.
+func parseLabels(s string, m map[string]string) (string, bool) {
+	for {
+		s = strings.TrimLeft(s, " ,")
+		if strings.HasPrefix(s, "}") {
+			return s[1:], true
+		}
+		eq := strings.IndexByte(s, '=')
+		if eq < 0 || len(s) < eq+2 || s[eq+1] != '"' {
+			return "", false
+		}
+		key := s[:eq]
+		s = s[eq+2:]
+		var val strings.Builder
+		i := 0
+		for ; i < len(s) && s[i] != '"'; i++ {
+			if s[i] == '\\' && i+1 < len(s) {
+				i++
+				switch s[i] {
+				case 'n':
+					val.WriteByte('\n')
+				default:
+					val.WriteByte(s[i])
+				}
+				continue
+			}
+			val.WriteByte(s[i])
+		}
+		if i >= len(s) {
+			return "", false
+		}
+		m[key] = val.String()
+		s = s[i+1:]
+	}
+}
+
+// controllerMetricsURL finds the controller's metrics address in its
+// command line; empty when it cannot.
+func controllerMetricsURL(dir string) string {
+	raw, err := os.ReadFile(filepath.Join(dir, "pids", "controller"))
+	if err != nil {
+		return ""
+	}
+	cmdline, err := os.ReadFile(filepath.Join("/proc", strings.TrimSpace(string(raw)), "cmdline"))
+	if err != nil {
+		return ""
+	}
+	args := strings.Split(string(cmdline), "\x00")
+	addr := ""
+	for i, a := range args {
+		if v, ok := strings.CutPrefix(a, "--metrics-bind-address="); ok {
+			addr = v
+		} else if a == "--metrics-bind-address" && i+1 < len(args) {
+			addr = args[i+1]
+		}
+	}
+	if addr == "" || addr == "0" {
+		return ""
+	}
+	return "http://" + addr + "/metrics"
+}
+
+// scrapeControllerWrites returns bashtask_status_writes_total per kind, or
+// nil when the controller's metrics cannot be read.
+func scrapeControllerWrites(ctx context.Context, url string) map[string]float64 {
+	if url == "" {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	raw, err := httpGet(ctx, url)
+	if err != nil {
+		return nil
+	}
+	out := map[string]float64{}
+	for _, s := range parseMetric(raw, "bashtask_status_writes_total") {
+		out[s.labels["kind"]] += s.value
+	}
+	return out
+}
+
+func httpGet(ctx context.Context, url string) ([]byte, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer func() { _ = resp.Body.Close() }()
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("%s: %s", url, resp.Status)
+	}
+	return io.ReadAll(resp.Body)
+}
+
+// controllerRSS reads VmRSS and VmHWM of the controller in MiB.
+func controllerRSS(dir string) (rss, hwm float64, pid int, err error) {
+	raw, err := os.ReadFile(filepath.Join(dir, "pids", "controller"))
+	if err != nil {
+		return 0, 0, 0, fmt.Errorf("reading the controller's pid: %w", err)
+	}
+	pid, err = strconv.Atoi(strings.TrimSpace(string(raw)))
+	if err != nil {
+		return 0, 0, 0, fmt.Errorf("reading the controller's pid: %w", err)
+	}
+	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0, 0, pid, fmt.Errorf("reading the controller's memory: %w", err)
+	}
+	var gotRSS bool
+	for _, line := range strings.Split(string(status), "\n") {
+		fields := strings.Fields(line)
+		if len(fields) < 2 {
+			continue
+		}
+		kb, perr := strconv.ParseFloat(fields[1], 64)
+		if perr != nil {
+			continue
+		}
+		switch fields[0] {
+		case "VmRSS:":
+			rss, gotRSS = kb/1024, true
+		case "VmHWM:":
+			hwm = kb / 1024
+		}
+	}
+	if !gotRSS {
+		return 0, 0, pid, fmt.Errorf("no VmRSS in /proc/%d/status", pid)
+	}
+	return rss, hwm, pid, nil
+}
+
+// rawPhase starts a separate control plane with the same binaries, CRD
+// and admission policies and no controller, and runs per task the create
+// and statusWrites status updates, each conditional on the version the
+// previous write returned.
+func rawPhase(ctx context.Context, o options, sample []v1.BashTaskStatus, statusWrites int) (float64, error) {
+	scheme := k8sruntime.NewScheme()
+	if err := clientgoscheme.AddToScheme(scheme); err != nil {
+		return 0, err
+	}
+	if err := v1.AddToScheme(scheme); err != nil {
+		return 0, err
+	}
+	env := &envtest.Environment{
+		BinaryAssetsDirectory: o.assetsDir,
+		CRDDirectoryPaths:     []string{o.crdDir},
+		ErrorIfCRDPathMissing: true,
+		Scheme:                scheme,
+	}
+	cfg, err := env.Start()
+	if err != nil {
+		return 0, fmt.Errorf("starting the control plane: %w", err)
+	}
+	defer func() {
+		if err := env.Stop(); err != nil {
+			fmt.Fprintln(os.Stderr, "bench: stopping the raw control plane:", err)
+		}
+	}()
+	admin, err := client.New(cfg, client.Options{Scheme: scheme})
+	if err != nil {
+		return 0, err
+	}
+	if o.admissionDir != "" {
+		if err := localcluster.InstallManifests(ctx, admin, o.admissionDir); err != nil {
+			return 0, fmt.Errorf("installing the admission policies: %w", err)
+		}
+	}
+	b, err := newBench(ctx, cfg, o)
+	if err != nil {
+		return 0, err
+	}
+	defer b.close()
+
+	templates := statusTemplates(sample, statusWrites)
+	names := make([]string, o.throughputTasks)
+	for i := range names {
+		names[i] = fmt.Sprintf("raw-%05d", i)
+	}
+	deadline := time.Now().Add(o.phaseTimeout)
+	start := time.Now()
+	err = runWorkers(ctx, o.workers, names, func(ctx context.Context, name string) error {
+		bt := &v1.BashTask{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace}, Spec: v1.BashTaskSpec{Command: "true"}}
+		if err := b.c.Create(ctx, bt); err != nil {
+			return fmt.Errorf("creating %s: %w", name, err)
+		}
+		for _, t := range templates {
+			bt.Status = stamp(t, bt.Generation)
+			if err := b.c.Status().Update(ctx, bt); err != nil {
+				return fmt.Errorf("writing the status of %s: %w", name, err)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return 0, err
+	}
+	if len(templates) == 0 || templates[len(templates)-1].Reason == "" {
+		// Nothing terminal to watch for: the phase ends with the last write.
+		return float64(len(names)) / time.Since(start).Seconds(), nil
+	}
+	if err := b.waitTerminal(ctx, names, deadline, "raw API"); err != nil {
+		return 0, err
+	}
+	return float64(len(names)) / b.lastTerminal(names).Sub(start).Seconds(), nil
+}
+
+// statusTemplates returns n statuses to write in order: the write-ahead
+// first and the terminal status last, as the controller wrote them for a
+// sampled task, or made up alike when no sample was seen.
+func statusTemplates(sample []v1.BashTaskStatus, n int) []v1.BashTaskStatus {
+	if n <= 0 {
+		return nil
+	}
+	if len(sample) == 0 || sample[len(sample)-1].Reason == "" {
+		sample = madeUpStatuses()
+	}
+	out := make([]v1.BashTaskStatus, n)
+	for i := range out {
+		switch {
+		case i == n-1:
+			out[i] = sample[len(sample)-1]
+		case len(sample) >= 2:
+			out[i] = sample[min(i, len(sample)-2)]
+		default:
+			out[i] = madeUpStatuses()[0]
+		}
+	}
+	return out
+}
+
+// stamp copies a template status with its times set to now.
+func stamp(t v1.BashTaskStatus, generation int64) v1.BashTaskStatus {
+	s := *t.DeepCopy()
+	now := metav1.NewTime(time.Now().Truncate(time.Second))
+	s.ObservedGeneration = generation
+	if s.StartTime != nil {
+		s.StartTime = &now
+	}
+	if s.CompletionTime != nil {
+		s.CompletionTime = &now
+	}
+	for i := range s.Conditions {
+		s.Conditions[i].LastTransitionTime = now
+		s.Conditions[i].ObservedGeneration = generation
+	}
+	return s
+}
+
+// madeUpStatuses are a write-ahead and a terminal status of a `true` task
+// shaped like the controller's.
+func madeUpStatuses() []v1.BashTaskStatus {
+	now := metav1.NewTime(time.Now().Truncate(time.Second))
+	zero := int32(0)
+	enforced := true
+	agent := &v1.AgentRef{Pod: "bashtask-agent-node-1", Incarnation: "0f6c2b8e-3a51-4d7e-9a0c-5b1e2d3f4a5b"}
+	scheduled := metav1.Condition{Type: v1.ConditionScheduled, Status: metav1.ConditionTrue, Reason: "Dispatched",
+		Message: "dispatched to the agent on node node-1", LastTransitionTime: now}
+	ahead := v1.BashTaskStatus{Phase: v1.PhasePending, NodeName: "node-1", Agent: agent, Conditions: []metav1.Condition{scheduled}}
+	empty := "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
+	done := v1.BashTaskStatus{
+		Phase: v1.PhaseSucceeded, Reason: v1.ReasonSucceeded, Message: "the command exited with status 0",
+		ExitCode: &zero, NodeName: "node-1", Agent: agent,
+		Isolation: &v1.IsolationStatus{Mechanism: v1.IsolationCgroup, LimitsEnforced: &enforced},
+		StartTime: &now, CompletionTime: &now,
+		Stdout: &v1.StreamStatus{SHA256: empty}, Stderr: &v1.StreamStatus{SHA256: empty},
+		LeftoverProcesses: &zero,
+		Conditions: []metav1.Condition{scheduled,
+			{Type: v1.ConditionRunning, Status: metav1.ConditionFalse, Reason: "Exited", Message: "the command exited", LastTransitionTime: now},
+			{Type: v1.ConditionComplete, Status: metav1.ConditionTrue, Reason: "Succeeded", Message: "the command exited with status 0", LastTransitionTime: now}},
+	}
+	return []v1.BashTaskStatus{ahead, done}
+}
+
+// report prints the table and returns whether a figure missed its target.
+func report(o options, f figures) bool {
+	type row struct {
+		measure, figure, target string
+		ok                      bool
+		measured                bool
+	}
+	var rows []row
+	num := func(v float64, format string) string {
+		if math.IsNaN(v) {
+			return "not measured"
+		}
+		return fmt.Sprintf(format, v)
+	}
+	add := func(measure string, v float64, format, target string, ok bool) {
+		rows = append(rows, row{measure, num(v, format), target, ok, !math.IsNaN(v)})
+	}
+	if f.executor != nil {
+		plain := f.executor["executor.plain_write_mb_s"]
+		add("executor.overhead_ratio", f.executor["executor.overhead_ratio"], "%.2f", "<= 1.30", f.executor["executor.overhead_ratio"] <= 1.30)
+		add("executor.throughput_mb_s", f.executor["executor.throughput_mb_s"], "%.0f",
+			fmt.Sprintf(">= 0.50 x plain write (%.0f)", plain), f.executor["executor.throughput_mb_s"] >= 0.5*plain)
+		add("executor.rss_growth_mb", f.executor["executor.rss_growth_mb"], "%.1f", "< 32", f.executor["executor.rss_growth_mb"] < 32)
+	}
+	add("e2e.latency_p50_ms", f.latP50, "%.1f", "<= 30", f.latP50 <= 30)
+	add("e2e.latency_p99_ms", f.latP99, "%.1f", "<= 150", f.latP99 <= 150)
+	add("e2e.throughput_tasks_s", f.throughput, "%.1f", ">= 200", f.throughput >= 200)
+	add("e2e.raw_api_tasks_s", f.raw, "%.1f", "(reference)", true)
+	ratio := f.throughput / f.raw
+	add("e2e.ratio_to_raw", ratio, "%.2f", ">= 0.60", ratio >= 0.6)
+	add("e2e.writes_per_task", f.writesPerTask, "%.2f", "<= 3", f.writesPerTask <= 3)
+	add("controller.rss_mb_10k", f.rssMB, "%.1f", fmt.Sprintf("< 300 (%d tasks)", o.rssTotal), f.rssMB < 300)
+
+	fmt.Printf("\n== bashtask benchmark: %d CPUs, load average %s at start, %s at end\n", runtime.NumCPU(), f.loadStart, f.loadE)
+	tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
+	fmt.Fprintf(tw, "measure\tfigure\ttarget\t\n")
+	miss := false
+	for _, r := range rows {
+		verdict := "ok"
+		switch {
+		case !r.measured:
+			verdict = "-"
+		case !r.ok:
+			verdict, miss = "MISS", true
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", r.measure, r.figure, r.target, verdict)
+	}
+	_ = tw.Flush()
+	return miss
+}
+
+func writeJSON(path string, f figures) error {
+	m := map[string]float64{}
+	if f.executor != nil {
+		for _, k := range []string{"executor.overhead_ratio", "executor.throughput_mb_s", "executor.rss_growth_mb"} {
+			if v, ok := f.executor[k]; ok {
+				m[k] = v
+			}
+		}
+	}
+	put := func(k string, v float64) {
+		if !math.IsNaN(v) && !math.IsInf(v, 0) {
+			m[k] = math.Round(v*100) / 100
+		}
+	}
+	put("e2e.latency_p50_ms", f.latP50)
+	put("e2e.latency_p99_ms", f.latP99)
+	put("e2e.throughput_tasks_s", f.throughput)
+	put("e2e.raw_api_tasks_s", f.raw)
+	put("e2e.ratio_to_raw", f.throughput/f.raw)
+	put("e2e.writes_per_task", f.writesPerTask)
+	put("controller.rss_mb_10k", f.rssMB)
+	b, err := json.MarshalIndent(m, "", "  ")
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return err
+	}
+	return os.WriteFile(path, append(b, '\n'), 0o644)
+}
+
+// percentile returns the p-quantile (nearest rank) of xs.
+func percentile(xs []float64, p float64) float64 {
+	if len(xs) == 0 {
+		return math.NaN()
+	}
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	i := int(math.Ceil(p*float64(len(s)))) - 1
+	return s[min(max(i, 0), len(s)-1)]
+}
+
+func loadAvg() string {
+	raw, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "unknown"
+	}
+	f := strings.Fields(string(raw))
+	if len(f) < 3 {
+		return "unknown"
+	}
+	return strings.Join(f[:3], " ")
+}
+
+// reportLogErrors prints how many error lines each component logged, and
+// the first few.
+func reportLogErrors(dir string) {
+	logs, _ := filepath.Glob(filepath.Join(dir, "logs", "*.log"))
+	for _, l := range logs {
+		raw, err := os.ReadFile(l)
+		if err != nil {
+			continue
+		}
+		var errs []string
+		for _, line := range strings.Split(string(raw), "\n") {
+			if strings.Contains(line, "level=ERROR") || strings.Contains(line, `"level":"error"`) || strings.Contains(line, "\tERROR\t") {
+				errs = append(errs, line)
+			}
+		}
+		if len(errs) == 0 {
+			continue
+		}
+		fmt.Printf("%s: %d error lines, first ones:\n", filepath.Base(l), len(errs))
+		for _, e := range errs[:min(len(errs), 3)] {
+			if len(e) > 300 {
+				e = e[:300] + "…"
+			}
+			fmt.Printf("  %s\n", e)
+		}
+	}
+}
+
+// dumpLogs prints the tail of every component's log after a failure.
+func dumpLogs(dir string) {
+	logs, _ := filepath.Glob(filepath.Join(dir, "logs", "*.log"))
+	for _, l := range logs {
+		data, _ := os.ReadFile(l)
+		lines := strings.Split(string(data), "\n")
+		if len(lines) > 15 {
+			lines = lines[len(lines)-15:]
+		}
+		fmt.Fprintf(os.Stderr, "==== %s (last lines)\n%s\n", l, strings.Join(lines, "\n"))
+	}
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	return keys
+}
+
+func envOr(name, def string) string {
+	if v := os.Getenv(name); v != "" {
+		return v
+	}
+	return def
+}
