@@ -224,7 +224,7 @@ func TestDirectWaitMode(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	spec := testSpec(t, fmt.Sprintf("exec %s -test.run '^(TestC0[1-7]|TestC1[0-4]|TestC2[2-6]|TestExitCodeAndSignalMapping|TestStdinModes|TestCancelDuringHeavyOutput)' -test.count=1 2>&1", self))
+	spec := testSpec(t, fmt.Sprintf("exec %s -test.run '^(TestC0[1-7]|TestC1[0-4]|TestC2[2-6]|TestExitCodeAndSignalMapping|TestStdinModes|TestCancelDuringHeavyOutput|TestReaperConcurrentStartsGetTheirOwnStatus|TestTaskIdentity)' -test.count=1 2>&1", self))
 	spec.Env = []EnvVar{{noReaperEnv, "1"}}
 	spec.TailBytes = MaxTailBytes
 	spec.Timeout = 2 * time.Minute

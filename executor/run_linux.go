@@ -158,7 +158,10 @@ func (e *Executor) start(p *prepared) (_ *Task, err error) {
 	}
 	attr := &os.ProcAttr{Dir: p.WorkingDir, Env: p.env, Files: childFiles[:], Sys: sys}
 	argv := []string{e.shell, "-c", p.Command}
-	proc, startTicks, exitCh, err := startWaited(func() (*os.Process, error) { return os.StartProcess(e.shell, argv, attr) })
+	proc, startTicks, exitCh, err := startWaited(func(pidfd *int) (*os.Process, error) {
+		sys.PidFD = pidfd
+		return os.StartProcess(e.shell, argv, attr)
+	})
 	s.startTime = time.Now()
 	closeChild()
 	if s.cg != nil {
