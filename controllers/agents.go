@@ -253,6 +253,7 @@ func (r *AgentRegistry) dial(ctx context.Context, node, addr string) (*agentConn
 		done:             make(chan struct{}),
 		running:          map[string]bool{},
 		known:            map[string]bool{},
+		latest:           map[string]*agentv1.TaskStatus{},
 		unreachableSince: r.opts.Clock.Now(),
 	}
 	go a.watchLoop(wctx, r)
@@ -316,7 +317,7 @@ func (r *AgentRegistry) StartTask(ctx context.Context, node string, spec *agentv
 	if err != nil {
 		return nil, fmt.Errorf("starting task on node %q: %w", node, err)
 	}
-	a.observe(resp.GetStatus(), false)
+	a.observe(resp.GetStatus(), false, true)
 	return resp.GetStatus(), nil
 }
 
@@ -367,6 +368,23 @@ func (r *AgentRegistry) Holds(node, uid string) bool {
 	return a.connected && a.known[uid]
 }
 
+// Latest returns the newest status of a task that the node's agent
+// reported on its Watch stream or in a reply, saving a Get round trip. ok is
+// false when the agent is not connected or has not reported the task.
+func (r *AgentRegistry) Latest(node, uid string) (ts *agentv1.TaskStatus, ok bool) {
+	a, err := r.conn(node)
+	if err != nil {
+		return nil, false
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if !a.connected {
+		return nil, false
+	}
+	ts, ok = a.latest[uid]
+	return ts, ok
+}
+
 // ForgetTask tells the node's agent that the terminal status is recorded. It
 // returns true when the agent dropped the task now, false when it will once
 // its uploads finish.
@@ -396,7 +414,8 @@ type agentConn struct {
 	connected        bool
 	unreachableSince time.Time // zero while connected
 	running          map[string]bool
-	known            map[string]bool // every UID the agent reported and has not forgotten
+	known            map[string]bool                // every UID the agent reported and has not forgotten
+	latest           map[string]*agentv1.TaskStatus // the newest report of each known UID
 	isClosed         bool
 }
 
@@ -444,19 +463,30 @@ func (a *agentConn) state(now time.Time) AgentState {
 	return s
 }
 
-// observe records a task's state from a reply or an event; forgotten
-// marks a task the agent dropped.
-func (a *agentConn) observe(ts *agentv1.TaskStatus, forgotten bool) {
+// observe records a task's state from a Watch event, or from an RPC reply
+// (fromReply). forgotten marks a task the agent dropped.
+//
+// Events arrive in order on one stream, but a reply races with them: the
+// STARTED and even the FINISHED event of a task can arrive before the reply
+// to the Start that began it. A reply is therefore only recorded for a task
+// the stream has not reported yet; otherwise its older state would replace
+// a newer one and the task would look running forever.
+func (a *agentConn) observe(ts *agentv1.TaskStatus, forgotten, fromReply bool) {
 	if ts == nil {
 		return
 	}
 	uid := ts.GetRef().GetUid()
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	if fromReply && a.known[uid] {
+		return
+	}
 	if forgotten {
 		delete(a.known, uid)
+		delete(a.latest, uid)
 	} else {
 		a.known[uid] = true
+		a.latest[uid] = ts
 	}
 	if ts.GetState() == agentv1.TaskState_TASK_STATE_RUNNING && !forgotten {
 		a.running[uid] = true
@@ -514,6 +544,7 @@ func (a *agentConn) watchOnce(ctx context.Context, r *AgentRegistry) (healthy bo
 	// start from nothing so tasks it no longer holds are not remembered.
 	a.running = map[string]bool{}
 	a.known = map[string]bool{}
+	a.latest = map[string]*agentv1.TaskStatus{}
 	a.info = info
 	a.connected = true
 	a.unreachableSince = time.Time{}
@@ -538,7 +569,7 @@ func (a *agentConn) watchOnce(ctx context.Context, r *AgentRegistry) (healthy bo
 		}
 		ts := ev.GetStatus()
 		forgotten := ev.GetType() == agentv1.EventType_EVENT_TYPE_FORGOTTEN
-		a.observe(ts, forgotten)
+		a.observe(ts, forgotten, false)
 		if forgotten {
 			continue
 		}

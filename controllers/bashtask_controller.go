@@ -46,6 +46,8 @@ type Agents interface {
 	ForgetTask(ctx context.Context, node, uid string) (bool, error)
 	// Holds reports whether the node's agent still keeps the task.
 	Holds(node, uid string) bool
+	// Latest returns the newest reported status of a task, if any.
+	Latest(node, uid string) (*agentv1.TaskStatus, bool)
 }
 
 // Options are the reconciler's tunables; each is a flag of
@@ -331,7 +333,15 @@ func (r *BashTaskReconciler) reconcileDispatched(ctx context.Context, bt *bashta
 	}
 
 	uid := string(bt.UID)
-	ts, err := r.agents.GetTask(ctx, node, uid)
+	var ts *agentv1.TaskStatus
+	var err error
+	if latest, ok := r.agents.Latest(node, uid); ok && agent.Incarnation == bt.Status.Agent.Incarnation {
+		// The Watch stream already delivered the report that triggered
+		// this pass; asking again would only add a round trip.
+		ts = latest
+	} else {
+		ts, err = r.agents.GetTask(ctx, node, uid)
+	}
 	switch {
 	case errors.Is(err, ErrTaskUnknown) && agent.Incarnation == bt.Status.Agent.Incarnation:
 		// Either Start never reached this incarnation (the controller
@@ -412,7 +422,9 @@ func (r *BashTaskReconciler) afterApply(ctx context.Context, bt *bashtaskv1alpha
 		}
 	}
 	if equality.Semantic.DeepEqual(old, &bt.Status) {
-		return reconcile.Result{}, nil
+		// Agent events drive running tasks; this requeue is the safety net
+		// that re-derives their state should an event ever be missed.
+		return reconcile.Result{RequeueAfter: runningResync}, nil
 	}
 	if err := r.writeStatus(ctx, bt, old, kind); err != nil {
 		return reconcile.Result{}, err
@@ -423,8 +435,12 @@ func (r *BashTaskReconciler) afterApply(ctx context.Context, bt *bashtaskv1alpha
 	if old.Phase != bashtaskv1alpha1.PhaseRunning && bt.Status.Phase == bashtaskv1alpha1.PhaseRunning {
 		r.recorder.Eventf(bt, nil, corev1.EventTypeNormal, ReasonStarted, "Start", "Started on node %s", bt.Status.NodeName)
 	}
-	return reconcile.Result{}, nil
+	return reconcile.Result{RequeueAfter: runningResync}, nil
 }
+
+// runningResync is how often a running task is looked at without an agent
+// event.
+const runningResync = 30 * time.Second
 
 // reconcileFinished handles a terminal task: pending uploads, Forget, the
 // finalizer and the TTL.
@@ -440,7 +456,12 @@ func (r *BashTaskReconciler) reconcileFinished(ctx context.Context, bt *bashtask
 	if sameAgent && uploadPending(bt) {
 		// Uploads finish after the terminal report; follow them into the
 		// spill references. The terminal reason never changes here.
-		if ts, err := r.agents.GetTask(ctx, node, string(bt.UID)); err == nil {
+		ts, ok := r.agents.Latest(node, string(bt.UID))
+		var err error
+		if !ok {
+			ts, err = r.agents.GetTask(ctx, node, string(bt.UID))
+		}
+		if err == nil {
 			old := bt.Status.DeepCopy()
 			applyUploads(bt, ts)
 			if err := r.writeStatus(ctx, bt, old, "upload"); err != nil {

@@ -25,9 +25,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/s3"
 	"golang.org/x/sys/unix"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/client-go/discovery"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
-	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
@@ -184,7 +182,7 @@ func (c *Cluster) up(ctx context.Context) error {
 			return fmt.Errorf("installing the admission policies: %w", err)
 		}
 	}
-	if err := waitServed(ctx, cfg); err != nil {
+	if err := WaitAcceptsTasks(ctx, k8s, 60*time.Second); err != nil {
 		return err
 	}
 
@@ -539,28 +537,23 @@ func randomHex(n int) string {
 	return hex.EncodeToString(b)
 }
 
-// waitServed waits until discovery lists bashtasks. The CRD is established
-// when the control plane starts, but aggregated discovery, which kubectl and
-// every client's REST mapper read, can lag behind on a loaded machine; a
-// cluster that says it is up must already serve the kind to new clients.
-func waitServed(ctx context.Context, cfg *rest.Config) error {
-	dc, err := discovery.NewDiscoveryClientForConfig(cfg)
-	if err != nil {
-		return err
-	}
-	gv := bashtaskv1alpha1.GroupVersion.String()
-	deadline := time.Now().Add(60 * time.Second)
+// WaitAcceptsTasks waits until the API server accepts a BashTask create,
+// tried as a server-side dry run so nothing is stored. Right after the CRD is
+// installed, creates fail with 503 for a few seconds while the admission
+// policies' view of the new kind catches up; a cluster that says it is up
+// must accept tasks at once.
+func WaitAcceptsTasks(ctx context.Context, c client.Client, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
 	for {
-		list, err := dc.ServerResourcesForGroupVersion(gv)
+		probe := &bashtaskv1alpha1.BashTask{}
+		probe.GenerateName, probe.Namespace = "readiness-", "default"
+		probe.Spec.Command = "true"
+		err := c.Create(ctx, probe, client.DryRunAll)
 		if err == nil {
-			for _, r := range list.APIResources {
-				if r.Name == "bashtasks" {
-					return nil
-				}
-			}
+			return nil
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("the API server does not serve %s bashtasks 60 s after the CRD was installed: %w", gv, err)
+			return fmt.Errorf("the API server does not accept BashTasks %s after the CRD was installed: %w", timeout, err)
 		}
 		select {
 		case <-ctx.Done():

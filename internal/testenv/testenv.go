@@ -82,19 +82,8 @@ func Start() (*Env, error) {
 	if err := localcluster.InstallManifests(context.Background(), c, filepath.Join(root, "config", "admission")); err != nil {
 		return nil, errors.Join(fmt.Errorf("installing admission policies: %w", err), env.Stop())
 	}
-	// The CRD is established before Start returns, but the API server's
-	// aggregated discovery, which the client's REST mapper reads, may lag
-	// behind on a busy machine; wait until the client resolves the kind.
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		err := c.List(context.Background(), &bashtaskv1alpha1.BashTaskList{}, client.Limit(1))
-		if err == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			return nil, errors.Join(fmt.Errorf("BashTask kind not served 30 s after start: %w", err), env.Stop())
-		}
-		time.Sleep(100 * time.Millisecond)
+	if err := localcluster.WaitAcceptsTasks(context.Background(), c, 60*time.Second); err != nil {
+		return nil, errors.Join(err, env.Stop())
 	}
 	return &Env{Config: cfg, Client: c, Scheme: scheme, env: env}, nil
 }

@@ -196,6 +196,12 @@ func waitTerminal(t *testing.T, ns string, names []string, timeout time.Duration
 			return got
 		}
 		if time.Now().After(deadline) {
+			for i := range list.Items {
+				if bt := &list.Items[i]; bt.Status.Reason == "" {
+					t.Logf("unfinished %s: uid %s phase %q node %q agent %+v conditions %+v finalizers %v", bt.Name, bt.UID,
+						bt.Status.Phase, bt.Status.NodeName, bt.Status.Agent, bt.Status.Conditions, bt.Finalizers)
+				}
+			}
 			t.Fatalf("%d of %d tasks not terminal after %s", missing, len(names), timeout)
 		}
 		time.Sleep(100 * time.Millisecond)
