@@ -81,9 +81,13 @@ func newCommand() *cobra.Command {
 	f.StringVar(&o.certFile, "tls-cert-file", "/etc/bashtask/tls/tls.crt", "client certificate presented to the agents (re-read when it changes)")
 	f.StringVar(&o.keyFile, "tls-key-file", "/etc/bashtask/tls/tls.key", "private key of --tls-cert-file")
 	f.StringVar(&o.caFile, "tls-ca-file", "/etc/bashtask/tls/ca.crt", "CA bundle the agents' certificates must chain to")
-	f.IntVar(&o.workers, "workers", 8, "BashTasks reconciled concurrently")
-	f.Float32Var(&o.qps, "kube-api-qps", 100, "sustained requests per second to the API server")
-	f.IntVar(&o.burst, "kube-api-burst", 200, "burst of requests to the API server")
+	f.IntVar(&o.workers, "workers", 16, "BashTasks reconciled concurrently; a pass may wait on an agent's Start, so more workers than cores pay off")
+	// Each short task costs about four requests (two status writes, two
+	// events); client-side limits near controller-runtime's defaults would
+	// cap the controller at a few dozen tasks per second, long before the
+	// API server's own priority and fairness limits apply.
+	f.Float32Var(&o.qps, "kube-api-qps", 500, "sustained requests per second to the API server")
+	f.IntVar(&o.burst, "kube-api-burst", 1000, "burst of requests to the API server")
 	f.IntVar(&o.maxRunningPerOwner, "max-running-per-owner", 0, "running tasks allowed per spec.owner; 0 means no limit")
 	f.DurationVar(&o.progressInterval, "progress-interval", d.ProgressInterval, "shortest time between two output-tail refreshes of a running task's status")
 	f.DurationVar(&o.runningDelay, "running-status-delay", d.RunningStatusDelay, "how long after dispatch the first Running status is held back; a task that ends sooner is written once, terminal")
