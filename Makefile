@@ -63,7 +63,7 @@ generate-proto: ## Generate the agent protocol's Go code (protoc + go tool proto
 	  -e 's|^// - protoc  *v.*$$|// - protoc             v$(PROTOC_VERSION)|' $(PROTO_DIR)/*.pb.go
 
 .PHONY: manifests
-manifests: ## Generate the CRD (config/crd/bases) and RBAC (config/rbac) from markers.
+manifests: ## Generate the CRD (config/crd/bases) and RBAC (config/rbac) from markers; copy them and the admission policy into the chart.
 	$(CONTROLLER_GEN) crd rbac:roleName=bashtask-controller paths=./... \
 	  output:crd:artifacts:config=config/crd/bases output:rbac:artifacts:config=config/rbac
 	cp config/crd/bases/*.yaml charts/bashtask/crds/
@@ -115,7 +115,7 @@ setup-s3: ## Build versitygw (S3 server for tests) from the Go module proxy into
 	hack/setup-s3.sh >/dev/null
 
 .PHONY: envtest
-envtest: ## Build kube-apiserver and etcd from the Go module proxy into bin/k8s (once).
+envtest: ## Build kube-apiserver, etcd and kubectl from the Go module proxy into bin/k8s (once).
 	hack/setup-envtest.sh >/dev/null
 
 .PHONY: test
