@@ -453,6 +453,18 @@ func (r *BashTaskReconciler) reconcileFinished(ctx context.Context, bt *bashtask
 	}
 	sameAgent := agent.Connected && bt.Status.Agent != nil && agent.Incarnation == bt.Status.Agent.Incarnation
 
+	if bt.Status.ObservedGeneration != bt.Generation && bt.DeletionTimestamp.IsZero() {
+		// A spec change after the end (cancelRequested, suspend, the TTL)
+		// changes nothing in the outcome, but the status must say it was
+		// seen: tools compare generation and observedGeneration.
+		old := bt.Status.DeepCopy()
+		for i := range bt.Status.Conditions {
+			bt.Status.Conditions[i].ObservedGeneration = bt.Generation
+		}
+		if err := r.writeStatus(ctx, bt, old, "observed"); err != nil {
+			return reconcile.Result{}, err
+		}
+	}
 	if sameAgent && uploadPending(bt) {
 		// Uploads finish after the terminal report; follow them into the
 		// spill references. The terminal reason never changes here.

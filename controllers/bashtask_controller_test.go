@@ -215,6 +215,25 @@ func TestLargeAndBinaryOutput(t *testing.T) {
 			g.Expect(sha256.Sum256(data)).To(Equal(sum))
 		}).WithTimeout(waitLong).Should(Succeed())
 	})
+	t.Run("C25 shape: past the spill limit the object is partial and says so", func(t *testing.T) {
+		t.Parallel()
+		bt := newTask(ns, "spill-limit", "seq 1 100000", func(bt *v1.BashTask) {
+			bt.Spec.Output = &v1.OutputSpec{TailBytes: ptr.To[int32](100), SpillLimitBytes: ptr.To[int64](1000)}
+		})
+		create(t, bt)
+		waitTerminal(t, bt)
+		NewWithT(t).Eventually(func(g Gomega) {
+			st := get(g, bt).Status
+			c := meta.FindStatusCondition(st.Conditions, v1.ConditionOutputUploaded)
+			g.Expect(c).NotTo(BeNil())
+			g.Expect(c.Status).To(Equal(metav1.ConditionTrue))
+			g.Expect(c.Message).To(ContainSubstring("stored in part: stdout (the first 1000 of 588895 bytes"))
+			g.Expect(st.Stdout.Spill).NotTo(BeNil())
+			g.Expect(st.Stdout.Spill.Complete).To(BeFalse())
+			g.Expect(st.Stdout.Spill.Bytes).To(Equal(int64(1000)))
+			g.Expect(st.Stdout.TotalBytes).To(Equal(int64(588895)))
+		}).WithTimeout(waitLong).Should(Succeed())
+	})
 	t.Run("C22 exact tail is not truncated", func(t *testing.T) {
 		t.Parallel()
 		bt := newTask(ns, "exact", `head -c 64000 /dev/zero | tr '\0' a`)
@@ -301,9 +320,25 @@ func TestCancel(t *testing.T) {
 		create(t, bt)
 		before := waitTerminal(t, bt)
 		cancelTask(t, bt)
+		// The outcome is unchanged; only observedGeneration follows the
+		// spec change, as Kubernetes tooling expects.
+		outcome := func(st v1.BashTaskStatus) v1.BashTaskStatus {
+			st.ObservedGeneration = 0
+			st.Conditions = nil
+			return st
+		}
+		g.Eventually(func(g Gomega) {
+			after := get(g, bt)
+			g.Expect(after.Status.ObservedGeneration).To(Equal(after.Generation))
+		}).WithTimeout(waitLong).Should(Succeed())
 		g.Consistently(func(g Gomega) {
 			after := get(g, bt)
-			g.Expect(after.Status).To(Equal(before.Status))
+			g.Expect(outcome(after.Status)).To(Equal(outcome(before.Status)))
+			for _, c := range after.Status.Conditions {
+				b := meta.FindStatusCondition(before.Status.Conditions, c.Type)
+				g.Expect(b).NotTo(BeNil())
+				g.Expect([]string{string(c.Status), c.Reason, c.Message}).To(Equal([]string{string(b.Status), b.Reason, b.Message}))
+			}
 		}).WithTimeout(2 * time.Second).Should(Succeed())
 	})
 	t.Run("before dispatch", func(t *testing.T) {

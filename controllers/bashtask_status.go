@@ -254,7 +254,7 @@ func streamStatus(s *agentv1.StreamStatus) *bashtaskv1alpha1.StreamStatus {
 // applyUploads records the spill references and the OutputUploaded
 // condition of a finished task.
 func applyUploads(bt *bashtaskv1alpha1.BashTask, ts *agentv1.TaskStatus) {
-	pending, uploaded := []string{}, 0
+	pending, uploaded, partial := []string{}, 0, []string{}
 	for _, s := range []struct {
 		name string
 		in   *agentv1.StreamStatus
@@ -266,6 +266,9 @@ func applyUploads(bt *bashtaskv1alpha1.BashTask, ts *agentv1.TaskStatus) {
 			uploaded++
 			if s.out != nil {
 				s.out.Spill = &bashtaskv1alpha1.SpillRef{URL: sp.GetUrl(), Bytes: sp.GetBytes(), Complete: sp.GetComplete()}
+			}
+			if !sp.GetComplete() {
+				partial = append(partial, fmt.Sprintf("%s (the first %d of %d bytes: the spill limit)", s.name, sp.GetBytes(), s.in.GetTotalBytes()))
 			}
 		case agentv1.UploadState_UPLOAD_STATE_PENDING:
 			msg := s.name
@@ -279,6 +282,9 @@ func applyUploads(bt *bashtaskv1alpha1.BashTask, ts *agentv1.TaskStatus) {
 	case len(pending) > 0:
 		setCondition(bt, bashtaskv1alpha1.ConditionOutputUploaded, false, ReasonUploadPending,
 			"upload to object storage pending for "+strings.Join(pending, ", ")+"; the agent retries and keeps the local copy")
+	case uploaded > 0 && len(partial) > 0:
+		setCondition(bt, bashtaskv1alpha1.ConditionOutputUploaded, true, ReasonUploaded,
+			"uploaded to object storage; stored in part: "+strings.Join(partial, ", "))
 	case uploaded > 0:
 		setCondition(bt, bashtaskv1alpha1.ConditionOutputUploaded, true, ReasonUploaded, "the full output is in object storage")
 	default:

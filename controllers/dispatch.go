@@ -224,6 +224,9 @@ func (r *BashTaskReconciler) place(ctx context.Context, bt *bashtaskv1alpha1.Bas
 	if best != nil {
 		return best, ""
 	}
+	if bt.Spec.NodeName != "" && len(candidates) == 1 && candidates[0].Incarnation == "" && !candidates[0].Connected {
+		return nil, fmt.Sprintf("no agent has reported from node %s (spec.nodeName); retrying", bt.Spec.NodeName)
+	}
 	where := "any node"
 	switch {
 	case bt.Spec.NodeName != "":

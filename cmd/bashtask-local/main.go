@@ -57,7 +57,7 @@ everything it started. Only one cluster runs per directory.`,
 	f := cmd.Flags()
 	f.StringVar(&o.Dir, "dir", ".bashtask", "directory of the kubeconfig, certificates, logs and agent state")
 	f.StringVar(&o.BinDir, "bin-dir", "bin", "directory holding bashtask-controller, bashtask-agent and versitygw")
-	f.StringVar(&o.AssetsDir, "assets-dir", envOr("KUBEBUILDER_ASSETS", filepath.Join("bin", "k8s")), "directory holding kube-apiserver and etcd (default $KUBEBUILDER_ASSETS, else bin/k8s)")
+	f.StringVar(&o.AssetsDir, "assets-dir", envOr("KUBEBUILDER_ASSETS", filepath.Join("bin", "k8s")), "directory holding kube-apiserver, etcd and kubectl; $KUBEBUILDER_ASSETS when set")
 	f.StringVar(&o.CRDDir, "crd-dir", filepath.Join("config", "crd", "bases"), "directory of the CRD manifests")
 	f.StringVar(&o.AdmissionDir, "admission-dir", filepath.Join("config", "admission"), "directory of the admission policies to install; empty installs none")
 	f.IntVar(&o.Agents, "agents", 2, "number of agents, each with a node of its own")
@@ -80,6 +80,7 @@ func up(cmd *cobra.Command, o localcluster.LauncherOptions) error {
 	out := cmd.OutOrStdout()
 	fmt.Fprintf(out, "\nbashtask-local is up in %s with %d agents; objects go to %s\n\n", time.Since(start).Round(100*time.Millisecond), len(c.Agents), c.BucketURL)
 	fmt.Fprintf(out, "  export KUBECONFIG=%s\n", abs(c.Kubeconfig))
+	fmt.Fprintf(out, "  export PATH=%s:%s:$PATH   # kubectl and kubectl-bashtask\n", abs(o.BinDir), abs(o.AssetsDir))
 	for _, e := range c.S3Env {
 		fmt.Fprintf(out, "  export %s\n", e)
 	}
@@ -88,7 +89,7 @@ func up(cmd *cobra.Command, o localcluster.LauncherOptions) error {
 	}
 	fmt.Fprintf(out, "  kubectl apply -f examples/hello.yaml\n")
 	fmt.Fprintf(out, "  kubectl get bt\n")
-	fmt.Fprintf(out, "  bin/kubectl-bashtask run -- uname -a\n\n")
+	fmt.Fprintf(out, "  kubectl bashtask run -- uname -a\n\n")
 	fmt.Fprintf(out, "Logs are in %s. Stop with Ctrl-C or 'bashtask-local down'.\n", filepath.Join(o.Dir, "logs"))
 	<-ctx.Done()
 	fmt.Fprintln(out, "\nbashtask-local: stopping")

@@ -48,10 +48,19 @@ Cancel does not wait; use "kubectl bashtask wait NAME" for that.`,
 	}
 }
 
-// cancelTask requests cancellation and returns the task as patched.
+// cancelTask requests cancellation and returns the task as patched. A task
+// that already ended, or whose cancel is already requested, is returned
+// unpatched: a spec change would bump its generation past the status's
+// observedGeneration, and tools that compare the two (kstatus, Argo CD,
+// Flux) would show a finished task as still reconciling.
 func cancelTask(ctx context.Context, c client.Client, key types.NamespacedName) (*bashtaskv1alpha1.BashTask, error) {
 	bt := &bashtaskv1alpha1.BashTask{}
-	bt.Namespace, bt.Name = key.Namespace, key.Name
+	if err := c.Get(ctx, key, bt); err != nil {
+		return nil, fmt.Errorf("cancelling task %s: %w", key, err)
+	}
+	if isFinished(bt) || (bt.Spec.CancelRequested != nil && *bt.Spec.CancelRequested) {
+		return bt, nil
+	}
 	if err := c.Patch(ctx, bt, cancelPatch); err != nil {
 		return nil, fmt.Errorf("cancelling task %s: %w", key, err)
 	}
