@@ -159,7 +159,8 @@ func (c *Cluster) up(ctx context.Context) error {
 	}
 	cfg, err := c.env.Start()
 	if err != nil {
-		c.env = nil
+		// Start can fail after launching etcd and kube-apiserver (a CRD
+		// refused, say); Down stops whatever runs.
 		return fmt.Errorf("starting the control plane: %w", err)
 	}
 	user, err := c.env.AddUser(envtest.User{Name: "bashtask-admin", Groups: []string{"system:masters"}}, cfg)
