@@ -79,7 +79,7 @@ func FuzzFitStatusBudget(f *testing.F) {
 	f.Add("\x00\x01<>&\u2028", "日本", 40)
 	f.Fuzz(func(t *testing.T, out, errs string, budget int) {
 		if budget < 200 || budget > 1<<20 {
-			t.Skip()
+			t.Skip("budget outside the range a status budget takes (200 B to 1 MiB)")
 		}
 		out = strings.ToValidUTF8(out, "\uFFFD")
 		errs = strings.ToValidUTF8(errs, "\uFFFD")

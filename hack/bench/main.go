@@ -68,6 +68,7 @@ import (
 
 	v1 "github.com/bashtask/bashtask-operator/api/v1alpha1"
 	"github.com/bashtask/bashtask-operator/internal/localcluster"
+	"github.com/bashtask/bashtask-operator/internal/syncbuf"
 )
 
 // namespace holds every task of a run.
@@ -329,7 +330,7 @@ func runCluster(ctx context.Context, o options, dir string, f *figures) (sample 
 // localCluster is the bashtask-local child.
 type localCluster struct {
 	cmd    *exec.Cmd
-	out    *syncBuffer
+	out    *syncbuf.Buffer
 	exited chan struct{}
 }
 
@@ -341,7 +342,7 @@ func startLocal(ctx context.Context, o options, dir string) (*localCluster, erro
 	}
 	fmt.Printf("starting bashtask-local %s\n", strings.Join(args, " "))
 	cmd := exec.Command(filepath.Join(o.binDir, "bashtask-local"), args...)
-	out := &syncBuffer{}
+	out := &syncbuf.Buffer{}
 	cmd.Stdout, cmd.Stderr = out, out
 	// A process group of its own: Ctrl-C reaches this program, which stops
 	// the launcher in order. SIGTERM if this program dies without doing so.
@@ -385,23 +386,6 @@ func (lc *localCluster) stop() string {
 		<-lc.exited
 	}
 	return lc.out.String()
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 // bench is a client of one control plane with a watch on the namespace.

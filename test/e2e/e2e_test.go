@@ -15,7 +15,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -28,6 +27,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1 "github.com/bashtask/bashtask-operator/api/v1alpha1"
+	"github.com/bashtask/bashtask-operator/internal/syncbuf"
 	"github.com/bashtask/bashtask-operator/internal/testenv"
 )
 
@@ -78,7 +78,7 @@ func run(m *testing.M) int {
 		"--agents", "2", "--s3", "--agent-env", "DEMO_API_KEY=agent-only-secret",
 		"--controller-arg=--agent-lost-after=20s", "--controller-arg=--progress-interval=500ms",
 		"--controller-arg=--workers=16", "--controller-arg=--kube-api-qps=500", "--controller-arg=--kube-api-burst=1000")
-	out := &lockedBuffer{}
+	out := &syncbuf.Buffer{}
 	launcher.Stdout, launcher.Stderr = out, out
 	if err := launcher.Start(); err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -295,22 +295,4 @@ func plugin(ctx context.Context, stdin string, args ...string) (stdout, stderr s
 		return o.String(), e.String() + err.Error(), -1
 	}
 	return o.String(), e.String(), 0
-}
-
-// lockedBuffer collects a child's output while the test reads it.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }

@@ -18,7 +18,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -27,6 +26,7 @@ import (
 	"google.golang.org/grpc/credentials"
 
 	agentv1 "github.com/bashtask/bashtask-operator/api/agent/v1"
+	"github.com/bashtask/bashtask-operator/internal/syncbuf"
 	"github.com/bashtask/bashtask-operator/internal/tlsutil"
 )
 
@@ -107,24 +107,7 @@ type agentProc struct {
 	cmd  *exec.Cmd
 	addr string
 	done chan struct{}
-	logs *syncBuffer
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
+	logs *syncbuf.Buffer
 }
 
 // startAgent runs the agent on a loopback port chosen by the kernel and
@@ -148,7 +131,7 @@ func startAgent(t *testing.T, p *pki, stateDir, bucketURL string, env []string, 
 	if err != nil {
 		t.Fatal(err)
 	}
-	a := &agentProc{cmd: cmd, done: make(chan struct{}), logs: &syncBuffer{}}
+	a := &agentProc{cmd: cmd, done: make(chan struct{}), logs: &syncbuf.Buffer{}}
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}

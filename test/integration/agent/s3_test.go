@@ -21,6 +21,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	agentv1 "github.com/bashtask/bashtask-operator/api/agent/v1"
+	"github.com/bashtask/bashtask-operator/internal/syncbuf"
 )
 
 // s3Server is a versitygw process with a posix backend on loopback.
@@ -40,7 +41,7 @@ func startS3(t *testing.T) *s3Server {
 	s.endpoint = "http://" + addr
 	cmd := exec.Command(bin, "--port", addr, "--access", s.access, "--secret", s.secret, "--region", s3Region,
 		"posix", t.TempDir())
-	logs := &syncBuffer{}
+	logs := &syncbuf.Buffer{}
 	cmd.Stdout, cmd.Stderr = logs, logs
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
