@@ -33,8 +33,8 @@ import (
 // has no connected agent.
 var ErrAgentUnavailable = errors.New("no connected agent on the node")
 
-// ErrTaskUnknown is returned by [AgentRegistry.Get] and
-// [AgentRegistry.Cancel] when the agent does not know the task's UID.
+// ErrTaskUnknown is returned by [AgentRegistry.GetTask] and
+// [AgentRegistry.CancelTask] when the agent does not know the task's UID.
 var ErrTaskUnknown = errors.New("agent does not know the task")
 
 // AgentState is what the registry knows of the agent of one node.
@@ -252,7 +252,6 @@ func (r *AgentRegistry) dial(ctx context.Context, node, addr string) (*agentConn
 		cancel:           cancel,
 		done:             make(chan struct{}),
 		running:          map[string]bool{},
-		known:            map[string]bool{},
 		latest:           map[string]*agentv1.TaskStatus{},
 		unreachableSince: r.opts.Clock.Now(),
 	}
@@ -365,7 +364,8 @@ func (r *AgentRegistry) Holds(node, uid string) bool {
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	return a.connected && a.known[uid]
+	_, held := a.latest[uid]
+	return a.connected && held
 }
 
 // Latest returns the newest status of a task that the node's agent
@@ -414,8 +414,7 @@ type agentConn struct {
 	connected        bool
 	unreachableSince time.Time // zero while connected
 	running          map[string]bool
-	known            map[string]bool                // every UID the agent reported and has not forgotten
-	latest           map[string]*agentv1.TaskStatus // the newest report of each known UID
+	latest           map[string]*agentv1.TaskStatus // the newest report of each task the agent holds (reported, not forgotten)
 	isClosed         bool
 }
 
@@ -478,14 +477,12 @@ func (a *agentConn) observe(ts *agentv1.TaskStatus, forgotten, fromReply bool) {
 	uid := ts.GetRef().GetUid()
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if fromReply && a.known[uid] {
+	if _, reported := a.latest[uid]; fromReply && reported {
 		return
 	}
 	if forgotten {
-		delete(a.known, uid)
 		delete(a.latest, uid)
 	} else {
-		a.known[uid] = true
 		a.latest[uid] = ts
 	}
 	if ts.GetState() == agentv1.TaskState_TASK_STATE_RUNNING && !forgotten {
@@ -543,7 +540,6 @@ func (a *agentConn) watchOnce(ctx context.Context, r *AgentRegistry) (healthy bo
 	// A new stream replays every task the agent holds (CURRENT events);
 	// start from nothing so tasks it no longer holds are not remembered.
 	a.running = map[string]bool{}
-	a.known = map[string]bool{}
 	a.latest = map[string]*agentv1.TaskStatus{}
 	a.info = info
 	a.connected = true
