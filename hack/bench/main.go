@@ -56,14 +56,11 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	k8sruntime "k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes"
-	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/envtest"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
 	v1 "github.com/bashtask/bashtask-operator/api/v1alpha1"
@@ -408,11 +405,8 @@ type bench struct {
 func newBench(ctx context.Context, cfg *rest.Config, o options) (*bench, error) {
 	cfg = rest.CopyConfig(cfg)
 	cfg.QPS, cfg.Burst = o.qps, o.burst
-	scheme := k8sruntime.NewScheme()
-	if err := clientgoscheme.AddToScheme(scheme); err != nil {
-		return nil, err
-	}
-	if err := v1.AddToScheme(scheme); err != nil {
+	scheme, err := localcluster.NewScheme()
+	if err != nil {
 		return nil, err
 	}
 	// A fixed REST mapper: the lazy one reads discovery, which lags behind
@@ -1087,37 +1081,16 @@ func controllerRSS(dir string) (rss, hwm float64, pid int, err error) {
 // and statusWrites status updates, each conditional on the version the
 // previous write returned.
 func rawPhase(ctx context.Context, o options, sample []v1.BashTaskStatus, statusWrites int) (float64, error) {
-	scheme := k8sruntime.NewScheme()
-	if err := clientgoscheme.AddToScheme(scheme); err != nil {
-		return 0, err
-	}
-	if err := v1.AddToScheme(scheme); err != nil {
-		return 0, err
-	}
-	env := &envtest.Environment{
-		BinaryAssetsDirectory: o.assetsDir,
-		CRDDirectoryPaths:     []string{o.crdDir},
-		ErrorIfCRDPathMissing: true,
-		Scheme:                scheme,
-	}
-	cfg, err := env.Start()
+	cp, err := localcluster.StartControlPlane(ctx, o.assetsDir, o.crdDir, o.admissionDir)
 	if err != nil {
-		return 0, fmt.Errorf("starting the control plane: %w", err)
+		return 0, err
 	}
 	defer func() {
-		if err := env.Stop(); err != nil {
+		if err := cp.Stop(); err != nil {
 			fmt.Fprintln(os.Stderr, "bench: stopping the raw control plane:", err)
 		}
 	}()
-	admin, err := client.New(cfg, client.Options{Scheme: scheme})
-	if err != nil {
-		return 0, err
-	}
-	if o.admissionDir != "" {
-		if err := localcluster.InstallManifests(ctx, admin, o.admissionDir); err != nil {
-			return 0, fmt.Errorf("installing the admission policies: %w", err)
-		}
-	}
+	cfg := cp.Config
 	b, err := newBench(ctx, cfg, o)
 	if err != nil {
 		return 0, err

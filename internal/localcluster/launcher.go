@@ -24,8 +24,6 @@ import (
 	"github.com/aws/aws-sdk-go-v2/credentials"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
 	"golang.org/x/sys/unix"
-	"k8s.io/apimachinery/pkg/runtime"
-	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
@@ -77,7 +75,7 @@ type Cluster struct {
 
 	opts  LauncherOptions
 	lock  *os.File
-	env   *envtest.Environment
+	cp    *ControlPlane
 	procs []*process // in start order
 }
 
@@ -144,26 +142,12 @@ func (c *Cluster) up(ctx context.Context) error {
 	}
 
 	o.Log.Info("Starting etcd and kube-apiserver", "assets", o.AssetsDir)
-	scheme := runtime.NewScheme()
-	if err := clientgoscheme.AddToScheme(scheme); err != nil {
-		return err
-	}
-	if err := bashtaskv1alpha1.AddToScheme(scheme); err != nil {
-		return err
-	}
-	c.env = &envtest.Environment{
-		BinaryAssetsDirectory: o.AssetsDir,
-		CRDDirectoryPaths:     []string{o.CRDDir},
-		ErrorIfCRDPathMissing: true,
-		Scheme:                scheme,
-	}
-	cfg, err := c.env.Start()
+	cp, err := StartControlPlane(ctx, o.AssetsDir, o.CRDDir, o.AdmissionDir)
 	if err != nil {
-		// Start can fail after launching etcd and kube-apiserver (a CRD
-		// refused, say); Down stops whatever runs.
-		return fmt.Errorf("starting the control plane: %w", err)
+		return err
 	}
-	user, err := c.env.AddUser(envtest.User{Name: "bashtask-admin", Groups: []string{"system:masters"}}, cfg)
+	c.cp = cp
+	user, err := cp.Env.AddUser(envtest.User{Name: "bashtask-admin", Groups: []string{"system:masters"}}, cp.Config)
 	if err != nil {
 		return fmt.Errorf("creating the administrator: %w", err)
 	}
@@ -174,18 +158,7 @@ func (c *Cluster) up(ctx context.Context) error {
 	if err := os.WriteFile(c.Kubeconfig, kubeconfig, 0o600); err != nil {
 		return fmt.Errorf("writing the kubeconfig: %w", err)
 	}
-	k8s, err := client.New(cfg, client.Options{Scheme: scheme})
-	if err != nil {
-		return err
-	}
-	if o.AdmissionDir != "" {
-		if err := InstallManifests(ctx, k8s, o.AdmissionDir); err != nil {
-			return fmt.Errorf("installing the admission policies: %w", err)
-		}
-	}
-	if err := WaitAcceptsTasks(ctx, k8s, 60*time.Second); err != nil {
-		return err
-	}
+	k8s := cp.Client
 
 	certs, err := IssueCerts(filepath.Join(o.Dir, "certs"), AgentServerName, 30*24*time.Hour)
 	if err != nil {
@@ -473,11 +446,11 @@ func (c *Cluster) Down() {
 		c.opts.Log.Info("Stopped", "component", p.name)
 	}
 	c.procs = nil
-	if c.env != nil {
-		if err := c.env.Stop(); err != nil {
+	if c.cp != nil {
+		if err := c.cp.Stop(); err != nil {
 			c.opts.Log.Error("Stopping the control plane", "err", err)
 		}
-		c.env = nil
+		c.cp = nil
 	}
 	if c.lock != nil {
 		_ = os.Remove(filepath.Join(c.opts.Dir, "launcher.pid"))

@@ -13,15 +13,12 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"time"
 
 	"k8s.io/apimachinery/pkg/runtime"
-	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
-	bashtaskv1alpha1 "github.com/bashtask/bashtask-operator/api/v1alpha1"
 	"github.com/bashtask/bashtask-operator/internal/localcluster"
 )
 
@@ -38,7 +35,8 @@ type Env struct {
 }
 
 // Start launches etcd and kube-apiserver from KUBEBUILDER_ASSETS and
-// installs config/crd/bases. It returns an error naming the fix when the
+// installs config/crd/bases and config/admission, and returns once the API
+// server accepts BashTasks. It returns an error naming the fix when the
 // binaries or the CRDs are missing.
 func Start() (*Env, error) {
 	assets := os.Getenv("KUBEBUILDER_ASSETS")
@@ -55,39 +53,14 @@ func Start() (*Env, error) {
 		return nil, err
 	}
 
-	scheme := runtime.NewScheme()
-	if err := clientgoscheme.AddToScheme(scheme); err != nil {
-		return nil, fmt.Errorf("registering built-in types: %w", err)
-	}
-	if err := bashtaskv1alpha1.AddToScheme(scheme); err != nil {
-		return nil, fmt.Errorf("registering bashtask.dev/v1alpha1: %w", err)
-	}
-
-	env := &envtest.Environment{
-		BinaryAssetsDirectory: assets,
-		CRDDirectoryPaths:     []string{filepath.Join(root, "config", "crd", "bases")},
-		ErrorIfCRDPathMissing: true,
-		Scheme:                scheme,
-	}
-	cfg, err := env.Start()
-	if err != nil {
-		// Start fails after launching the processes when, say, a CRD is
-		// refused; stop them so no etcd or kube-apiserver outlives the test.
-		return nil, errors.Join(fmt.Errorf("starting kube-apiserver and etcd from %s: %w", assets, err), env.Stop())
-	}
-	c, err := client.New(cfg, client.Options{Scheme: scheme})
-	if err != nil {
-		return nil, errors.Join(fmt.Errorf("creating client: %w", err), env.Stop())
-	}
 	// The admission policies ship with the CRD; tests see the API as a
 	// cluster with the operator installed has it.
-	if err := localcluster.InstallManifests(context.Background(), c, filepath.Join(root, "config", "admission")); err != nil {
-		return nil, errors.Join(fmt.Errorf("installing admission policies: %w", err), env.Stop())
+	cp, err := localcluster.StartControlPlane(context.Background(), assets,
+		filepath.Join(root, "config", "crd", "bases"), filepath.Join(root, "config", "admission"))
+	if err != nil {
+		return nil, err
 	}
-	if err := localcluster.WaitAcceptsTasks(context.Background(), c, 60*time.Second); err != nil {
-		return nil, errors.Join(err, env.Stop())
-	}
-	return &Env{Config: cfg, Client: c, Scheme: scheme, env: env}, nil
+	return &Env{Config: cp.Config, Client: cp.Client, Scheme: cp.Scheme, env: cp.Env}, nil
 }
 
 // Stop shuts the API server and etcd down and removes their data.
