@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"os"
 	"os/signal"
 	"strconv"
@@ -53,6 +54,7 @@ type serveOptions struct {
 	keyFile            string
 	caFile             string
 	metricsAddr        string
+	pprofAddr          string
 	healthAddr         string
 	shell              string
 	ambientEnv         string
@@ -114,6 +116,7 @@ func bindServeFlags(f *pflag.FlagSet, o *serveOptions) {
 	f.StringVar(&o.keyFile, "tls-key-file", "/etc/bashtask-agent/tls/tls.key", "server private key (PEM), re-read when it changes")
 	f.StringVar(&o.caFile, "tls-ca-file", "/etc/bashtask-agent/tls/ca.crt", "CA bundle (PEM) client certificates must chain to, re-read when it changes")
 	f.StringVar(&o.metricsAddr, "metrics-address", ":9090", "address of the Prometheus /metrics endpoint (plain HTTP); empty disables it")
+	f.StringVar(&o.pprofAddr, "pprof-address", "", "address of the Go profiler's /debug/pprof endpoints (plain HTTP, unauthenticated: bind to loopback); empty disables them")
 	f.StringVar(&o.healthAddr, "health-probe-address", ":8081", "address of the /healthz and /readyz probe endpoints (plain HTTP); empty disables them")
 	f.StringVar(&o.shell, "shell", executor.DefaultShell, "absolute path of the shell run as <shell> -c <command>")
 	f.StringVar(&o.ambientEnv, "ambient-env", string(executor.AmbientScrub), "which part of the agent's environment tasks get: scrub, allowlist or inherit")
@@ -195,7 +198,7 @@ func runServe(ctx context.Context, o *serveOptions) error {
 	}
 
 	var httpServers []*http.Server
-	errc := make(chan error, 3)
+	errc := make(chan error, 4)
 	if o.metricsAddr != "" {
 		mux := http.NewServeMux()
 		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
@@ -212,6 +215,15 @@ func runServe(ctx context.Context, o *serveOptions) error {
 			fmt.Fprintln(w, "ok")
 		})
 		httpServers = append(httpServers, listenHTTP(o.healthAddr, mux, errc))
+	}
+	if o.pprofAddr != "" {
+		mux := http.NewServeMux()
+		mux.HandleFunc("/debug/pprof/", pprof.Index)
+		mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+		mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+		httpServers = append(httpServers, listenHTTP(o.pprofAddr, mux, errc))
 	}
 	go func() { errc <- g.Serve(lis) }()
 	log.Info("agent serving", "listen", lis.Addr().String(), "node", cfg.NodeName, "incarnation", srv.IncarnationID(),

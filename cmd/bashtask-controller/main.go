@@ -34,6 +34,7 @@ import (
 // options are the command's flags.
 type options struct {
 	metricsAddr, probeAddr         string
+	pprofAddr                      string
 	leaderElect                    bool
 	leaderElectionNamespace        string
 	agentService, agentNamespace   string
@@ -72,6 +73,7 @@ func newCommand() *cobra.Command {
 	f := cmd.Flags()
 	f.StringVar(&o.metricsAddr, "metrics-bind-address", ":8080", "address of the Prometheus metrics endpoint; 0 disables it")
 	f.StringVar(&o.probeAddr, "health-probe-bind-address", ":8081", "address of the /healthz and /readyz endpoints")
+	f.StringVar(&o.pprofAddr, "pprof-bind-address", "", "address of the Go profiler's /debug/pprof endpoints (plain HTTP, unauthenticated: bind to loopback); empty or 0 disables them")
 	f.BoolVar(&o.leaderElect, "leader-elect", true, "elect one active replica through a Lease, so several replicas can run")
 	f.StringVar(&o.leaderElectionNamespace, "leader-election-namespace", "", "namespace of the leader-election Lease; empty means the namespace the controller runs in")
 	f.StringVar(&o.agentService, "agent-service", "bashtask-agent", "name of the agents' headless Service, whose EndpointSlices list the agents")
@@ -139,6 +141,7 @@ func run(cmd *cobra.Command, o *options) error {
 		Scheme:                  scheme,
 		Metrics:                 metricsserver.Options{BindAddress: o.metricsAddr},
 		HealthProbeBindAddress:  o.probeAddr,
+		PprofBindAddress:        o.pprofAddr,
 		LeaderElection:          o.leaderElect,
 		LeaderElectionID:        "bashtask-controller.bashtask.dev",
 		LeaderElectionNamespace: o.leaderElectionNamespace,

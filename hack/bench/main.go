@@ -89,6 +89,8 @@ type options struct {
 	burst                   int
 	keep, strict, skipRaw   bool
 	rawStatusWritesOverride int
+	profileDir              string
+	profileFor              time.Duration
 }
 
 func main() {
@@ -129,6 +131,8 @@ func main() {
 	flag.BoolVar(&o.strict, "strict", false, "exit 1 when a figure misses its target")
 	flag.BoolVar(&o.skipRaw, "skip-raw", false, "skip the raw API phase (and the ratio)")
 	flag.IntVar(&o.rawStatusWritesOverride, "raw-status-writes", -1, "status writes per task in the raw API phase (default: as measured in the throughput phase)")
+	flag.StringVar(&o.profileDir, "profile-dir", "", "take CPU profiles of kube-apiserver, the controller and the agents during the throughput phase into this directory (empty: none)")
+	flag.DurationVar(&o.profileFor, "profile-duration", 10*time.Second, "length of the CPU profiles of -profile-dir; they start 2 s into the throughput phase")
 	flag.Parse()
 	if o.qps == 0 {
 		o.qps = 1000
@@ -226,7 +230,7 @@ func run(ctx context.Context, o options) (err error) {
 
 // runCluster starts bashtask-local, runs the latency, throughput and RSS
 // phases on it and stops it, whatever happens.
-func runCluster(ctx context.Context, o options, dir string, f *figures) (sample []v1.BashTaskStatus, breakdown writeCounts, err error) {
+func runCluster(ctx context.Context, o options, dir string, f *figures) (sample []v1.BashTaskStatus, breakdown requestCounts, err error) {
 	lc, err := startLocal(ctx, o, dir)
 	if err != nil {
 		return nil, nil, err
@@ -264,13 +268,27 @@ func runCluster(ctx context.Context, o options, dir string, f *figures) (sample 
 
 	// Throughput and writes per task.
 	time.Sleep(2 * time.Second) // trailing writes of the latency phase
-	before, err := b.apiWrites(ctx)
+	before, err := b.apiRequests(ctx)
 	if err != nil {
 		return nil, nil, err
 	}
-	ctrlBefore := scrapeControllerWrites(ctx, ctrlMetrics)
+	ctrlBefore := scrapeController(ctx, ctrlMetrics)
+	procs := components(dir)
+	cpuBefore := snapshotCPU(procs)
 	fmt.Printf("\n== throughput: %d tasks, %d workers\n", o.throughputTasks, o.workers)
+	var profiled sync.WaitGroup
+	if o.profileDir != "" {
+		profiled.Go(func() {
+			select {
+			case <-time.After(2 * time.Second):
+				b.profileComponents(ctx, procs, o.profileDir, o.profileFor)
+			case <-ctx.Done():
+			}
+		})
+	}
 	tp, err := b.throughputPhase(ctx, o, "tp-", o.throughputTasks, "throughput")
+	cpuAfter := snapshotCPU(procs)
+	profiled.Wait()
 	if err != nil {
 		return nil, nil, fmt.Errorf("throughput phase: %w", err)
 	}
@@ -278,7 +296,7 @@ func runCluster(ctx context.Context, o options, dir string, f *figures) (sample 
 	fmt.Printf("throughput: %.1f tasks/s\n", f.throughput)
 	b.printReasons("tp-")
 	time.Sleep(3 * time.Second) // writes after the terminal one (uploads, if any)
-	after, err := b.apiWrites(ctx)
+	after, err := b.apiRequests(ctx)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -286,16 +304,8 @@ func runCluster(ctx context.Context, o options, dir string, f *figures) (sample 
 	breakdown.setN(o.throughputTasks)
 	f.writesPerTask = breakdown.perTask(isTaskWrite)
 	breakdown.print()
-	if ctrlBefore != nil {
-		if ctrlAfter := scrapeControllerWrites(ctx, ctrlMetrics); ctrlAfter != nil {
-			fmt.Println("controller's bashtask_status_writes_total in the throughput phase, per task:")
-			for _, k := range sortedKeys(ctrlAfter) {
-				if d := ctrlAfter[k] - ctrlBefore[k]; d > 0 {
-					fmt.Printf("  %-12s %6.0f  %.3f\n", k, d, d/float64(o.throughputTasks))
-				}
-			}
-		}
-	}
+	printCPU("throughput phase", cpuBefore, cpuAfter, o.throughputTasks)
+	printController(ctrlBefore, scrapeController(ctx, ctrlMetrics), o.throughputTasks)
 	sample = b.sampleStatuses()
 
 	// Controller memory with many finished tasks.
@@ -801,11 +811,11 @@ func runWorkers(ctx context.Context, n int, names []string, fn func(context.Cont
 	return ctx.Err()
 }
 
-// writeKey is one series of apiserver_request_total.
-type writeKey struct{ resource, verb, subresource, code string }
+// requestKey is one series of apiserver_request_total.
+type requestKey struct{ resource, verb, subresource, code string }
 
-// writeCounts are request counts per series, over n tasks.
-type writeCounts map[writeKey]float64
+// requestCounts are request counts per series, over n tasks.
+type requestCounts map[requestKey]float64
 
 // writeVerbs are the verb label values of write requests. The API server
 // labels a request with its HTTP method (POST, PUT, PATCH, DELETE), and
@@ -813,17 +823,19 @@ type writeCounts map[writeKey]float64
 var writeVerbs = map[string]bool{"POST": true, "PUT": true, "PATCH": true, "DELETE": true, "DELETECOLLECTION": true,
 	"APPLY": true, "CREATE": true, "UPDATE": true}
 
-func isTaskWrite(k writeKey) bool   { return k.resource == "bashtasks" }
-func isStatusWrite(k writeKey) bool { return isTaskWrite(k) && k.subresource == "status" }
+func isWrite(k requestKey) bool       { return writeVerbs[k.verb] }
+func isTaskWrite(k requestKey) bool   { return isWrite(k) && k.resource == "bashtasks" }
+func isStatusWrite(k requestKey) bool { return isTaskWrite(k) && k.subresource == "status" }
 
-// apiWrites reads the API server's write requests: on bashtasks, and on
-// every other resource (events, leases) for the breakdown.
-func (b *bench) apiWrites(ctx context.Context) (writeCounts, error) {
+// apiRequests reads the API server's requests: writes on bashtasks, and for
+// the breakdown the writes on every other resource (events, leases) and the
+// reads (GET, LIST; a WATCH counts once, when it opens).
+func (b *bench) apiRequests(ctx context.Context) (requestCounts, error) {
 	raw, err := b.cs.Discovery().RESTClient().Get().AbsPath("/metrics").DoRaw(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("reading the API server's /metrics: %w", err)
 	}
-	wc := writeCounts{}
+	wc := requestCounts{}
 	seen := false
 	for _, s := range parseMetric(raw, "apiserver_request_total") {
 		resource := s.labels["resource"]
@@ -833,9 +845,7 @@ func (b *bench) apiWrites(ctx context.Context) (writeCounts, error) {
 			}
 			seen = true
 		}
-		if writeVerbs[s.labels["verb"]] {
-			wc[writeKey{resource, s.labels["verb"], s.labels["subresource"], s.labels["code"]}] += s.value
-		}
+		wc[requestKey{resource, s.labels["verb"], s.labels["subresource"], s.labels["code"]}] += s.value
 	}
 	if !seen {
 		return nil, errors.New("the API server's /metrics has no apiserver_request_total series for bashtasks")
@@ -843,8 +853,8 @@ func (b *bench) apiWrites(ctx context.Context) (writeCounts, error) {
 	return wc, nil
 }
 
-func (w writeCounts) minus(before writeCounts) writeCounts {
-	d := writeCounts{}
+func (w requestCounts) minus(before requestCounts) requestCounts {
+	d := requestCounts{}
 	for k, v := range w {
 		if v-before[k] > 0 {
 			d[k] = v - before[k]
@@ -855,8 +865,8 @@ func (w writeCounts) minus(before writeCounts) writeCounts {
 
 // perTask sums the matching series and divides by the number of tasks
 // (setN).
-func (w writeCounts) perTask(match func(writeKey) bool) float64 {
-	n := w[writeKey{verb: "#tasks"}]
+func (w requestCounts) perTask(match func(requestKey) bool) float64 {
+	n := w[requestKey{verb: "#tasks"}]
 	var sum float64
 	for k, v := range w {
 		if k.verb != "#tasks" && match(k) {
@@ -870,24 +880,27 @@ func (w writeCounts) perTask(match func(writeKey) bool) float64 {
 }
 
 // setN records the number of tasks under a key no series has.
-func (w writeCounts) setN(n int) { w[writeKey{verb: "#tasks"}] = float64(n) }
+func (w requestCounts) setN(n int) { w[requestKey{verb: "#tasks"}] = float64(n) }
 
-func (w writeCounts) print() {
-	n := w[writeKey{verb: "#tasks"}]
-	fmt.Printf("API writes in the throughput phase (apiserver_request_total), %0.f tasks; writes_per_task counts bashtasks only:\n", n)
-	keys := make([]writeKey, 0, len(w))
+func (w requestCounts) print() {
+	n := w[requestKey{verb: "#tasks"}]
+	fmt.Printf("API requests in the throughput phase (apiserver_request_total), %0.f tasks; writes_per_task counts writes on bashtasks only:\n", n)
+	keys := make([]requestKey, 0, len(w))
 	for k := range w {
 		if k.verb != "#tasks" {
 			keys = append(keys, k)
 		}
 	}
-	others := func(k writeKey) int { // bashtasks first
-		if isTaskWrite(k) {
+	others := func(k requestKey) int { // bashtask writes, other writes, then reads
+		switch {
+		case isTaskWrite(k):
 			return 0
+		case isWrite(k):
+			return 1
 		}
-		return 1
+		return 2
 	}
-	slices.SortFunc(keys, func(a, b writeKey) int {
+	slices.SortFunc(keys, func(a, b requestKey) int {
 		return cmp.Or(cmp.Compare(others(a), others(b)), cmp.Compare(a.resource, b.resource), cmp.Compare(a.verb, b.verb), cmp.Compare(a.subresource, b.subresource), cmp.Compare(a.code, b.code))
 	})
 	tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
@@ -899,8 +912,9 @@ func (w writeCounts) print() {
 		}
 		fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\t%.0f\t%.3f\n", k.resource, k.verb, sub, k.code, w[k], w[k]/n)
 	}
-	fmt.Fprintf(tw, "  bashtasks, all\t\t\t\t\t%.3f\n", w.perTask(isTaskWrite))
-	fmt.Fprintf(tw, "  other resources, all\t\t\t\t\t%.3f\n", w.perTask(func(k writeKey) bool { return !isTaskWrite(k) }))
+	fmt.Fprintf(tw, "  writes on bashtasks, all\t\t\t\t\t%.3f\n", w.perTask(isTaskWrite))
+	fmt.Fprintf(tw, "  writes on other resources, all\t\t\t\t\t%.3f\n", w.perTask(func(k requestKey) bool { return isWrite(k) && !isTaskWrite(k) }))
+	fmt.Fprintf(tw, "  reads, all\t\t\t\t\t%.3f\n", w.perTask(func(k requestKey) bool { return !isWrite(k) }))
 	_ = tw.Flush()
 }
 
@@ -1004,9 +1018,12 @@ func controllerMetricsURL(dir string) string {
 	return "http://" + addr + "/metrics"
 }
 
-// scrapeControllerWrites returns bashtask_status_writes_total per kind, or
-// nil when the controller's metrics cannot be read.
-func scrapeControllerWrites(ctx context.Context, url string) map[string]float64 {
+// scrapeController returns the controller's counters the benchmark reports,
+// keyed by series: bashtask_status_writes_total per kind, and the
+// reconciles, workqueue adds, and the sums and counts of the workqueue's
+// queue and work durations of the bashtask controller. Nil when the
+// controller's metrics cannot be read.
+func scrapeController(ctx context.Context, url string) map[string]float64 {
 	if url == "" {
 		return nil
 	}
@@ -1018,9 +1035,47 @@ func scrapeControllerWrites(ctx context.Context, url string) map[string]float64 
 	}
 	out := map[string]float64{}
 	for _, s := range parseMetric(raw, "bashtask_status_writes_total") {
-		out[s.labels["kind"]] += s.value
+		out["status writes, "+s.labels["kind"]] += s.value
+	}
+	for _, s := range parseMetric(raw, "controller_runtime_reconcile_total") {
+		if s.labels["controller"] == "bashtask" {
+			out["reconciles, "+s.labels["result"]] += s.value
+		}
+	}
+	for _, name := range []string{"workqueue_adds_total", "workqueue_retries_total",
+		"workqueue_queue_duration_seconds_sum", "workqueue_queue_duration_seconds_count",
+		"workqueue_work_duration_seconds_sum", "workqueue_work_duration_seconds_count"} {
+		for _, s := range parseMetric(raw, name) {
+			if s.labels["name"] == "bashtask" {
+				out[name] += s.value
+			}
+		}
 	}
 	return out
+}
+
+// printController prints what the controller did in a phase of n tasks.
+func printController(before, after map[string]float64, n int) {
+	if before == nil || after == nil {
+		return
+	}
+	d := func(k string) float64 { return after[k] - before[k] }
+	fmt.Println("controller in the throughput phase (its /metrics), per task:")
+	for _, k := range sortedKeys(after) {
+		if strings.HasPrefix(k, "status writes, ") || strings.HasPrefix(k, "reconciles, ") {
+			if v := d(k); v > 0 {
+				fmt.Printf("  %-22s %6.0f  %.3f\n", k, v, v/float64(n))
+			}
+		}
+	}
+	if v := d("workqueue_adds_total"); v > 0 {
+		fmt.Printf("  %-22s %6.0f  %.3f\n", "workqueue adds", v, v/float64(n))
+	}
+	if c := d("workqueue_queue_duration_seconds_count"); c > 0 {
+		fmt.Printf("  mean wait in the workqueue %.1f ms, mean reconcile %.1f ms\n",
+			1000*d("workqueue_queue_duration_seconds_sum")/c,
+			1000*d("workqueue_work_duration_seconds_sum")/max(d("workqueue_work_duration_seconds_count"), 1))
+	}
 }
 
 func httpGet(ctx context.Context, url string) ([]byte, error) {
@@ -1080,7 +1135,7 @@ func controllerRSS(dir string) (rss, hwm float64, pid int, err error) {
 // and admission policies and no controller, and runs per task the create
 // and statusWrites status updates, each conditional on the version the
 // previous write returned.
-func rawPhase(ctx context.Context, o options, sample []v1.BashTaskStatus, statusWrites int) (float64, error) {
+func rawPhase(ctx context.Context, o options, sample []v1.BashTaskStatus, statusWrites int) (_ float64, err error) {
 	cp, err := localcluster.StartControlPlane(ctx, o.assetsDir, o.crdDir, o.admissionDir)
 	if err != nil {
 		return 0, err
@@ -1102,6 +1157,13 @@ func rawPhase(ctx context.Context, o options, sample []v1.BashTaskStatus, status
 	for i := range names {
 		names[i] = fmt.Sprintf("raw-%05d", i)
 	}
+	procs := rawComponents()
+	cpuBefore := snapshotCPU(procs)
+	defer func() {
+		if err == nil {
+			printCPU("raw API phase", cpuBefore, snapshotCPU(procs), len(names))
+		}
+	}()
 	deadline := time.Now().Add(o.phaseTimeout)
 	start := time.Now()
 	err = runWorkers(ctx, o.workers, names, func(ctx context.Context, name string) error {

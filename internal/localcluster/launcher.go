@@ -198,6 +198,7 @@ func (c *Cluster) up(ctx context.Context) error {
 			"--listen", net.JoinHostPort(a.IP, strconv.Itoa(port)),
 			"--health-probe-address", net.JoinHostPort(a.IP, strconv.Itoa(port+1)),
 			"--metrics-address", net.JoinHostPort(a.IP, strconv.Itoa(port+2)),
+			"--pprof-address", net.JoinHostPort(a.IP, strconv.Itoa(port+3)),
 			"--state-dir", stateDir, "--output-bucket-url", bucket,
 			"--tls-cert-file", certs.AgentCertFile, "--tls-key-file", certs.AgentKeyFile, "--tls-ca-file", certs.CAFile,
 			"--progress-interval", "500ms", "--log-format", "text",
@@ -220,6 +221,10 @@ func (c *Cluster) up(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	ctrlPprof, err := FreePort("127.0.0.1")
+	if err != nil {
+		return err
+	}
 	args := append([]string{
 		"--kubeconfig", absPath(c.Kubeconfig),
 		"--leader-elect=false",
@@ -227,6 +232,7 @@ func (c *Cluster) up(ctx context.Context) error {
 		"--tls-cert-file", certs.ControllerCertFile, "--tls-key-file", certs.ControllerKeyFile, "--tls-ca-file", certs.CAFile,
 		"--health-probe-bind-address", net.JoinHostPort("127.0.0.1", strconv.Itoa(ctrlHealth)),
 		"--metrics-bind-address", net.JoinHostPort("127.0.0.1", strconv.Itoa(ctrlMetrics)),
+		"--pprof-bind-address", net.JoinHostPort("127.0.0.1", strconv.Itoa(ctrlPprof)),
 		"--zap-log-level", "info",
 	}, o.ControllerArgs...)
 	if err := c.start("controller", filepath.Join(o.BinDir, "bashtask-controller"), args, os.Environ()); err != nil {

@@ -1,0 +1,226 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"text/tabwriter"
+	"time"
+)
+
+// clockTicks is USER_HZ, the unit of utime and stime in /proc/<pid>/stat:
+// 100 on every Linux architecture Go supports (sysconf(_SC_CLK_TCK)).
+const clockTicks = 100
+
+// component is one process of the local cluster.
+type component struct {
+	name string
+	pid  int
+	// pprofURL is the base of its /debug/pprof endpoints; empty when it has
+	// none the benchmark can reach.
+	pprofURL string
+}
+
+// components lists the processes of the cluster in dir: those the launcher
+// supervises (pids/<name>), the etcd and kube-apiserver it started as its
+// children, and this benchmark itself.
+func components(dir string) []component {
+	var out []component
+	entries, _ := os.ReadDir(filepath.Join(dir, "pids"))
+	for _, e := range entries {
+		pid := readPID(filepath.Join(dir, "pids", e.Name()))
+		if pid == 0 {
+			continue
+		}
+		c := component{name: e.Name(), pid: pid}
+		if addr := flagValue(pid, "--pprof-bind-address", "--pprof-address"); addr != "" && addr != "0" {
+			c.pprofURL = "http://" + addr + "/debug/pprof"
+		}
+		out = append(out, c)
+	}
+	if launcher := readPID(filepath.Join(dir, "launcher.pid")); launcher != 0 {
+		out = append(out, controlPlaneOf(launcher)...)
+	}
+	out = append(out, component{name: "bench (client)", pid: os.Getpid()})
+	slices.SortFunc(out, func(a, b component) int { return strings.Compare(a.name, b.name) })
+	return out
+}
+
+// rawComponents lists the processes of the raw API phase: the etcd and
+// kube-apiserver this benchmark started, and itself.
+func rawComponents() []component {
+	return append(controlPlaneOf(os.Getpid()), component{name: "bench (client)", pid: os.Getpid()})
+}
+
+// controlPlaneOf returns the etcd and kube-apiserver children of ppid.
+func controlPlaneOf(ppid int) []component {
+	var out []component
+	for _, pid := range childrenOf(ppid) {
+		comm, _ := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "comm"))
+		if name := strings.TrimSpace(string(comm)); name == "etcd" || name == "kube-apiserver" {
+			out = append(out, component{name: name, pid: pid})
+		}
+	}
+	return out
+}
+
+func readPID(path string) int {
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		return 0
+	}
+	pid, _ := strconv.Atoi(strings.TrimSpace(string(raw)))
+	return pid
+}
+
+// flagValue returns the value of the first of names on the command line of
+// pid, in either --name=value or --name value form.
+func flagValue(pid int, names ...string) string {
+	cmdline, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "cmdline"))
+	if err != nil {
+		return ""
+	}
+	args := strings.Split(string(cmdline), "\x00")
+	for _, name := range names {
+		for i, a := range args {
+			if v, ok := strings.CutPrefix(a, name+"="); ok {
+				return v
+			} else if a == name && i+1 < len(args) {
+				return args[i+1]
+			}
+		}
+	}
+	return ""
+}
+
+// childrenOf returns the pids whose parent is ppid.
+func childrenOf(ppid int) []int {
+	entries, _ := os.ReadDir("/proc")
+	var out []int
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		if st, ok := procStat(pid); ok && st.ppid == ppid {
+			out = append(out, pid)
+		}
+	}
+	return out
+}
+
+type stat struct {
+	ppid int
+	// cpu is user plus system time of the process itself, children not
+	// included (so the shells an agent runs are not counted in the agent).
+	cpu time.Duration
+}
+
+// procStat reads /proc/<pid>/stat (proc(5)): field 4 is ppid, 14 and 15
+// are utime and stime in clock ticks. The command name (field 2) may hold
+// spaces and parentheses, so fields are counted after its last ')'.
+func procStat(pid int) (stat, bool) {
+	raw, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "stat"))
+	if err != nil {
+		return stat{}, false
+	}
+	s := string(raw)
+	end := strings.LastIndexByte(s, ')')
+	if end < 0 {
+		return stat{}, false
+	}
+	f := strings.Fields(s[end+1:]) // f[0] is field 3 (state)
+	if len(f) < 13 {
+		return stat{}, false
+	}
+	ppid, _ := strconv.Atoi(f[1])
+	utime, _ := strconv.ParseInt(f[11], 10, 64)
+	stime, _ := strconv.ParseInt(f[12], 10, 64)
+	return stat{ppid: ppid, cpu: time.Duration(utime+stime) * time.Second / clockTicks}, true
+}
+
+// cpuSnapshot is the CPU time of each component at one moment.
+type cpuSnapshot struct {
+	at  time.Time
+	cpu map[string]time.Duration
+}
+
+func snapshotCPU(cs []component) cpuSnapshot {
+	s := cpuSnapshot{at: time.Now(), cpu: map[string]time.Duration{}}
+	for _, c := range cs {
+		if st, ok := procStat(c.pid); ok {
+			s.cpu[c.name] = st.cpu
+		}
+	}
+	return s
+}
+
+// printCPU prints, per component, the CPU it used between two snapshots:
+// in cores (CPU seconds per second of the phase) and in milliseconds per
+// task. The rest of the machine's CPU went to the tasks' shells, to the
+// kernel's own work and to whatever else ran on the machine.
+func printCPU(phase string, before, after cpuSnapshot, tasks int) {
+	wall := after.at.Sub(before.at)
+	if wall <= 0 || tasks == 0 {
+		return
+	}
+	fmt.Printf("CPU per component in the %s (%.1f s, /proc/<pid>/stat, children not included):\n", phase, wall.Seconds())
+	tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
+	fmt.Fprintf(tw, "  component\tcores\tms per task\n")
+	var total time.Duration
+	for _, name := range sortedKeys(after.cpu) {
+		d, ok := before.cpu[name]
+		if !ok {
+			continue
+		}
+		used := after.cpu[name] - d
+		total += used
+		fmt.Fprintf(tw, "  %s\t%.2f\t%.2f\n", name, used.Seconds()/wall.Seconds(), float64(used.Milliseconds())/float64(tasks))
+	}
+	fmt.Fprintf(tw, "  all of the above\t%.2f\t%.2f\n", total.Seconds()/wall.Seconds(), float64(total.Milliseconds())/float64(tasks))
+	_ = tw.Flush()
+}
+
+// profileComponents takes a CPU profile of length d from the API server
+// (through the client, which the administrator's credentials authorize) and
+// from every component with a pprof endpoint, at once, into dir as
+// <component>.pprof. Failures are printed, not returned: a profile is an
+// aid, not a figure.
+func (b *bench) profileComponents(ctx context.Context, cs []component, dir string, d time.Duration) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		fmt.Printf("profile: %v\n", err)
+		return
+	}
+	secs := strconv.Itoa(int(d.Seconds()))
+	var wg sync.WaitGroup
+	save := func(name string, get func(context.Context) ([]byte, error)) {
+		wg.Go(func() {
+			ctx, cancel := context.WithTimeout(ctx, d+30*time.Second)
+			defer cancel()
+			raw, err := get(ctx)
+			if err == nil {
+				err = os.WriteFile(filepath.Join(dir, name+".pprof"), raw, 0o644)
+			}
+			if err != nil {
+				fmt.Printf("profile of %s: %v\n", name, err)
+			}
+		})
+	}
+	save("kube-apiserver", func(ctx context.Context) ([]byte, error) {
+		return b.cs.Discovery().RESTClient().Get().AbsPath("/debug/pprof/profile").Param("seconds", secs).DoRaw(ctx)
+	})
+	for _, c := range cs {
+		if c.pprofURL != "" {
+			save(c.name, func(ctx context.Context) ([]byte, error) {
+				return httpGet(ctx, c.pprofURL+"/profile?seconds="+secs)
+			})
+		}
+	}
+	wg.Wait()
+	fmt.Printf("CPU profiles of %s in the throughput phase written to %s\n", d, dir)
+}
