@@ -4,7 +4,6 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -90,11 +89,20 @@ func (st *store) recordPath(uid string) string {
 	return filepath.Join(st.dir, uid, "record.json")
 }
 
-// write stores rec atomically (temporary file and rename). sync adds an
-// fsync of the file and the directory, used for transitions that must
-// survive a crash (start, finish, upload, forget); progress updates skip it
-// because losing one only makes a recovered byte count older.
-func (st *store) write(uid string, rec *record, status *agentv1.TaskStatus, sync bool) error {
+// write stores rec atomically: a temporary file renamed over record.json,
+// so a reader, or an agent killed mid-write, sees the old record or the new
+// one, never a torn one.
+//
+// Records are not fsynced. They exist for the next incarnation of the agent
+// on the same boot: a killed or restarted agent finds them in the page
+// cache, which outlives the process. A node that crashes or loses power
+// loses every task process with it, and the records' boot ID already makes
+// recovery treat such tasks as gone; a record lost there makes the task one
+// the new incarnation does not know, which the controller reports as
+// AgentRestarted, as it would with the record. An fsync per transition,
+// three or more per task, would add disk flushes to every Start, under the
+// agent's lock, for nothing a crash could use.
+func (st *store) write(uid string, rec *record, status *agentv1.TaskStatus) error {
 	js, err := protojson.Marshal(status)
 	if err != nil {
 		return fmt.Errorf("encoding status of task %s: %w", uid, err)
@@ -115,17 +123,11 @@ func (st *store) write(uid string, rec *record, status *agentv1.TaskStatus, sync
 	}
 	defer os.Remove(tmp.Name()) // no-op after the rename
 	_, err = tmp.Write(data)
-	if err == nil && sync {
-		err = tmp.Sync()
-	}
 	if cerr := tmp.Close(); err == nil {
 		err = cerr
 	}
 	if err == nil {
 		err = os.Rename(tmp.Name(), st.recordPath(uid))
-	}
-	if err == nil && sync {
-		err = syncDir(dir)
 	}
 	if err != nil {
 		return fmt.Errorf("writing record of task %s: %w", uid, err)
@@ -172,18 +174,6 @@ func (st *store) list() ([]string, error) {
 func (st *store) remove(uid string) error {
 	if err := os.RemoveAll(st.taskDir(uid)); err != nil {
 		return fmt.Errorf("removing files of task %s: %w", uid, err)
-	}
-	return syncDir(st.dir)
-}
-
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	if err := d.Sync(); err != nil && !errors.Is(err, os.ErrInvalid) {
-		return err
 	}
 	return nil
 }

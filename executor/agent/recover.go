@@ -97,7 +97,7 @@ func (s *Server) recoverRunning(e *entry) {
 	}
 	s.planUploadsLocked(e, true)
 	e.rec.State = stateFinished
-	if err := s.store.write(uid, e.rec, st, true); err != nil {
+	if err := s.store.write(uid, e.rec, st); err != nil {
 		s.log.Error("recording recovered task", "uid", uid, "err", err)
 	}
 	s.metrics.Finished.WithLabelValues(ReasonAgentRestarted).Inc()

@@ -32,7 +32,7 @@ func TestRecoverRecords(t *testing.T) {
 	}
 	write := func(uid string, rec *record, s *agentv1.TaskStatus) {
 		t.Helper()
-		if err := st.write(uid, rec, s, true); err != nil {
+		if err := st.write(uid, rec, s); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -383,7 +383,7 @@ func (s *Server) Start(_ context.Context, req *agentv1.StartRequest) (*agentv1.S
 	if s.ex.Mechanism() == executor.MechanismCgroup {
 		rec.Process.Cgroup = filepath.Join(s.ex.CgroupPath(), uid)
 	}
-	if err := s.store.write(uid, rec, st, true); err != nil {
+	if err := s.store.write(uid, rec, st); err != nil {
 		// Nothing ran; leave no directory that would block a retry.
 		if rerr := s.store.remove(uid); rerr != nil {
 			log.Error("removing the directory of a task that did not start", "err", rerr)
@@ -408,7 +408,7 @@ func (s *Server) Start(_ context.Context, req *agentv1.StartRequest) (*agentv1.S
 		rec.Process.WorkDir = task.WorkingDir()
 	}
 	st.StartTime = timestamppb.Now()
-	if err := s.store.write(uid, rec, st, true); err != nil {
+	if err := s.store.write(uid, rec, st); err != nil {
 		// The task runs; a later record write may succeed. Recovery still
 		// finds it through its cgroup and environment.
 		log.Error("recording started task", "err", err)
@@ -477,7 +477,7 @@ func (s *Server) finishLocked(e *entry, res executor.Result) {
 	applyResult(e.status, res)
 	s.planUploadsLocked(e, false)
 	e.rec.State = stateFinished
-	if err := s.store.write(uid, e.rec, e.status, true); err != nil {
+	if err := s.store.write(uid, e.rec, e.status); err != nil {
 		s.log.Error("recording finished task", "uid", uid, "err", err)
 	}
 	s.metrics.Finished.WithLabelValues(e.status.Reason).Inc()
@@ -540,7 +540,7 @@ func (s *Server) Forget(_ context.Context, req *agentv1.ForgetRequest) (*agentv1
 	}
 	e.status.ForgetRequested = true
 	if e.pendingUploads() > 0 {
-		if err := s.store.write(uid, e.rec, e.status, true); err != nil {
+		if err := s.store.write(uid, e.rec, e.status); err != nil {
 			return nil, status.Error(codes.Internal, err.Error())
 		}
 		return &agentv1.ForgetResponse{Forgotten: false}, nil
@@ -684,7 +684,7 @@ func (s *Server) progressLoop(ctx context.Context) {
 			}
 			applySnapshot(e.status, snap)
 			e.rec.LastTotals = totals
-			if err := s.store.write(uid, e.rec, e.status, false); err != nil {
+			if err := s.store.write(uid, e.rec, e.status); err != nil {
 				s.log.Error("recording progress", "uid", uid, "err", err)
 			}
 			s.broadcastLocked(taskEvent(agentv1.EventType_EVENT_TYPE_PROGRESS, e.status))

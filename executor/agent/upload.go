@@ -196,7 +196,7 @@ func (s *Server) uploadOne(ctx context.Context, e *entry, i int) {
 		s.metrics.Uploads.WithLabelValues("failure").Inc()
 		s.log.Warn("upload failed; keeping the local file", "uid", uid, "key", key, "attempt", sp.UploadAttempts,
 			"retryIn", time.Until(j.next).Round(time.Millisecond), "err", err)
-		if werr := s.store.write(uid, e.rec, e.status, false); werr != nil {
+		if werr := s.store.write(uid, e.rec, e.status); werr != nil {
 			s.log.Error("recording upload failure", "uid", uid, "err", werr)
 		}
 		return
@@ -207,7 +207,7 @@ func (s *Server) uploadOne(ctx context.Context, e *entry, i int) {
 	s.metrics.Uploads.WithLabelValues("success").Inc()
 	s.updateBacklogLocked()
 	s.log.Info("uploaded", "uid", uid, "key", key, "bytes", sp.Bytes)
-	if werr := s.store.write(uid, e.rec, e.status, true); werr != nil {
+	if werr := s.store.write(uid, e.rec, e.status); werr != nil {
 		s.log.Error("recording upload", "uid", uid, "err", werr)
 	}
 	s.broadcastLocked(taskEvent(agentv1.EventType_EVENT_TYPE_UPLOADED, e.status))
