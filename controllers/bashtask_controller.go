@@ -110,6 +110,10 @@ type BashTaskReconciler struct {
 	progressMu sync.Mutex
 	progress   map[types.UID]time.Time // last progress write per running task
 	started    map[types.UID]time.Time // when this process dispatched the task
+
+	// written holds, per task, the resourceVersion of this process's last
+	// write that the cache has not shown yet (read-your-writes).
+	written *writeTracker
 }
 
 // NewBashTaskReconciler returns a reconciler. c is the manager's cached
@@ -121,6 +125,7 @@ func NewBashTaskReconciler(c client.Client, apiReader client.Reader, agents Agen
 		reserved: map[string]map[types.UID]bool{},
 		progress: map[types.UID]time.Time{},
 		started:  map[types.UID]time.Time{},
+		written:  newWriteTracker(),
 	}
 }
 
@@ -172,7 +177,19 @@ func (r *BashTaskReconciler) waitingForOwnerSlot(ctx context.Context, o client.O
 func (r *BashTaskReconciler) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
 	bt := &bashtaskv1alpha1.BashTask{}
 	if err := r.client.Get(ctx, req.NamespacedName, bt); err != nil {
+		if apierrors.IsNotFound(err) {
+			r.written.forget(req.NamespacedName)
+		}
 		return reconcile.Result{}, client.IgnoreNotFound(err)
+	}
+	if r.written.stale(req.NamespacedName, bt.ResourceVersion) {
+		// This process wrote a newer version than the cache holds: a pass
+		// on this copy would redo work already done (a second dispatch
+		// attempt that ends in a conflict, a live read). The watch event
+		// of that newer version is still to come and triggers the next
+		// pass, so nothing needs requeueing.
+		ctrl.LoggerFrom(ctx).V(1).Info("Cache behind this controller's last write; waiting for it", "resourceVersion", bt.ResourceVersion)
+		return reconcile.Result{}, nil
 	}
 	var res reconcile.Result
 	var err error
@@ -259,6 +276,7 @@ func (r *BashTaskReconciler) reconcilePending(ctx context.Context, bt *bashtaskv
 			release()
 			return reconcile.Result{}, fmt.Errorf("adding finalizer to %s: %w", klog.KObj(bt), err)
 		}
+		r.written.wrote(bt)
 	}
 
 	// Write ahead: the placement is recorded before Start is called, and the
@@ -273,7 +291,10 @@ func (r *BashTaskReconciler) reconcilePending(ctx context.Context, bt *bashtaskv
 		release()
 		return reconcile.Result{}, err
 	}
-	r.recorder.Eventf(bt, nil, corev1.EventTypeNormal, ReasonDispatched, "Dispatch", "Dispatched to node %s", agent.Node)
+	// No event here: the Scheduled condition records the dispatch, and a
+	// short task would pay one more API write for it. A task's events are
+	// Started (only for one still running after --running-status-delay),
+	// its outcome, and anomalies.
 	return r.start(ctx, bt, resolved)
 }
 
@@ -542,6 +563,7 @@ func (r *BashTaskReconciler) writeStatus(ctx context.Context, bt *bashtaskv1alph
 	if err := r.client.Status().Update(ctx, bt); err != nil {
 		return fmt.Errorf("writing %s status of %s: %w", kind, klog.KObj(bt), err)
 	}
+	r.written.wrote(bt)
 	if r.metrics != nil {
 		r.metrics.StatusWrites.WithLabelValues(kind).Inc()
 	}

@@ -307,5 +307,8 @@ func eventType(bt *bashtaskv1alpha1.BashTask) string {
 
 // finishNote is the event text of a task's end.
 func finishNote(bt *bashtaskv1alpha1.BashTask) string {
-	return truncateMessage(bt.Status.Message)
+	if bt.Status.NodeName == "" {
+		return truncateMessage(bt.Status.Message)
+	}
+	return truncateMessage("on node " + bt.Status.NodeName + ": " + bt.Status.Message)
 }
