@@ -3,6 +3,7 @@
 package executor
 
 import (
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"os"
@@ -89,12 +90,28 @@ func TestSpillFiles(t *testing.T) {
 	ex := newTestExecutor(t, CgroupAuto)
 	t.Run("modes", func(t *testing.T) {
 		t.Parallel()
-		res := run(t, ex, testSpec(t, "echo x"))
+		res := run(t, ex, testSpec(t, "echo x; echo y >&2"))
 		for path, want := range map[string]os.FileMode{filepath.Dir(res.Stdout.SpillPath): 0o700, res.Stdout.SpillPath: 0o600, res.Stderr.SpillPath: 0o600} {
 			fi, err := os.Stat(path)
-			if err != nil || fi.Mode().Perm() != want {
-				t.Errorf("%s: mode %v (err %v), want %v", path, fi.Mode().Perm(), err, want)
+			if err != nil {
+				t.Errorf("%s: %v", path, err)
+			} else if fi.Mode().Perm() != want {
+				t.Errorf("%s: mode %v, want %v", path, fi.Mode().Perm(), want)
 			}
+		}
+	})
+	t.Run("an empty stream has no file", func(t *testing.T) {
+		t.Parallel()
+		res := run(t, ex, testSpec(t, "echo x"))
+		if _, err := os.Lstat(res.Stderr.SpillPath); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("stderr spill file of a command that wrote no stderr: %v, want none", err)
+		}
+		want := StreamResult{SHA256: fmt.Sprintf("%x", sha256.Sum256(nil)), SpillPath: res.Stderr.SpillPath, SpillComplete: true}
+		if diff := cmp.Diff(want, res.Stderr); diff != "" {
+			t.Errorf("empty stderr (-want +got):\n%s", diff)
+		}
+		if res.Stdout.SpillBytes != 2 || !res.Stdout.SpillComplete {
+			t.Errorf("stdout: %d spill bytes (complete %v), want 2, complete", res.Stdout.SpillBytes, res.Stdout.SpillComplete)
 		}
 	})
 	t.Run("directory open to others is refused", func(t *testing.T) {

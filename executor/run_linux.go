@@ -74,14 +74,14 @@ func (e *Executor) start(p *prepared) (_ *Task, err error) {
 		}
 	}()
 
+	// The spill files themselves are created with each stream's first
+	// byte, after the start; nothing here needs undoing.
 	if t.stdout, err = newStream(p.SpillDir, "stdout", p.TailBytes, p.SpillLimitBytes); err != nil {
 		return nil, err
 	}
-	closers = append(closers, func() { t.stdout.spill.Close(); os.Remove(t.stdout.path) })
 	if t.stderr, err = newStream(p.SpillDir, "stderr", p.TailBytes, p.SpillLimitBytes); err != nil {
 		return nil, err
 	}
-	closers = append(closers, func() { t.stderr.spill.Close(); os.Remove(t.stderr.path) })
 
 	var childFiles [3]*os.File
 	var childClosed bool

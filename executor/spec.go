@@ -171,7 +171,9 @@ type Spec struct {
 	// DefaultSpillLimitBytes. Bytes past it are still counted and hashed.
 	SpillLimitBytes int64
 	// SpillDir is the directory that receives the files "stdout" and
-	// "stderr" (mode 0600, created exclusively). It is created with mode
+	// "stderr" (mode 0600, created exclusively with the stream's first
+	// byte; Start refuses a directory where either name exists). It is
+	// created with mode
 	// 0700 when missing; an existing one must be a directory with no group
 	// or other permission bits. Empty means a fresh directory under the
 	// system temporary directory, reported in [StreamResult.SpillPath]; the
@@ -232,7 +234,10 @@ type StreamResult struct {
 	// SHA256 is the lower-case hex SHA-256 of every byte of the stream,
 	// including bytes past the spill limit.
 	SHA256 string
-	// SpillPath is the file holding the first SpillBytes bytes.
+	// SpillPath is the file holding the first SpillBytes bytes. It is
+	// created with the stream's first byte: when SpillBytes is 0 the task
+	// wrote nothing there, no file was created, and whatever may be at
+	// SpillPath is not the task's and must not be read as its output.
 	SpillPath string
 	// SpillBytes is the number of bytes in the spill file.
 	SpillBytes int64

@@ -28,9 +28,16 @@ var largeBufPool = sync.Pool{New: func() any { b := make([]byte, largeReadBuf); 
 // first limit bytes go to the spill file, the last tail bytes stay in
 // memory. Only the reader goroutine touches the hash and the spill file;
 // mu guards the tail, which snapshots read concurrently.
+//
+// The spill file is created with the stream's first byte: most commands
+// leave at least one stream empty, and a file created and removed for
+// nothing is two metadata updates on the node's disk per stream and task.
+// Start checked that the name is free (checkSpillName), so creating it
+// fails only when something raced to plant a file there; the stream then
+// goes on without a spill file and reports it incomplete.
 type stream struct {
 	path       string
-	spill      *os.File
+	spill      *os.File // nil until the first byte
 	spillLimit int64
 	spillBytes int64
 	spillErr   error
@@ -40,27 +47,53 @@ type stream struct {
 	tail *tailBuffer
 }
 
-// newStream creates the spill file name in dir exclusively with mode
-// 0600: O_EXCL refuses a file (or symlink) planted in advance, O_NOFOLLOW
-// refuses to follow a symlink.
+// newStream prepares the stream whose spill file is name in dir, after
+// checking that nothing exists under that name yet.
 func newStream(dir, name string, tailBytes int, spillLimit int64) (*stream, error) {
 	path := filepath.Join(dir, name)
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL|syscall.O_NOFOLLOW, 0o600)
-	if err != nil {
-		return nil, startErr(ErrSpillDir, path, err)
+	if err := checkSpillName(path); err != nil {
+		return nil, err
 	}
 	return &stream{
 		path:       path,
-		spill:      f,
 		spillLimit: spillLimit,
 		hash:       sha256.New(),
 		tail:       newTailBuffer(tailBytes),
 	}, nil
 }
 
+// checkSpillName refuses a spill file name that already exists, as a file,
+// a directory or a symlink (dangling or not): output must never go into
+// something planted in advance.
+func checkSpillName(path string) error {
+	_, err := os.Lstat(path)
+	switch {
+	case err == nil:
+		return startErr(ErrSpillDir, path, os.ErrExist)
+	case !errors.Is(err, os.ErrNotExist):
+		return startErr(ErrSpillDir, path, err)
+	}
+	return nil
+}
+
+// create makes the spill file, exclusively and with mode 0600: O_EXCL
+// refuses a file (or symlink) planted since Start, O_NOFOLLOW refuses to
+// follow a symlink.
+func (s *stream) create() error {
+	f, err := os.OpenFile(s.path, os.O_WRONLY|os.O_CREATE|os.O_EXCL|syscall.O_NOFOLLOW, 0o600)
+	if err != nil {
+		return err
+	}
+	s.spill = f
+	return nil
+}
+
 // write takes one chunk the task wrote.
 func (s *stream) write(p []byte) {
 	s.hash.Write(p)
+	if s.spill == nil && s.spillErr == nil && len(p) > 0 {
+		s.spillErr = s.create()
+	}
 	if s.spillErr == nil && s.spillBytes < s.spillLimit {
 		n := int(min(int64(len(p)), s.spillLimit-s.spillBytes))
 		w, err := s.spill.Write(p[:n])
@@ -112,9 +145,12 @@ func (s *stream) snapshot() StreamSnapshot {
 }
 
 // finish closes the spill file and returns the final description. It must
-// be called after readFrom returned.
+// be called after readFrom returned. An empty stream has no spill file.
 func (s *stream) finish() (StreamResult, error) {
-	closeErr := s.spill.Close()
+	var closeErr error
+	if s.spill != nil {
+		closeErr = s.spill.Close()
+	}
 	s.mu.Lock()
 	tail, truncated, sanitized := s.tail.snapshot(true)
 	total := s.tail.total

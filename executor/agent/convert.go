@@ -1,8 +1,10 @@
 package agent
 
 import (
+	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -114,20 +116,27 @@ func applySnapshot(status *agentv1.TaskStatus, snap executor.Snapshot) {
 }
 
 // recoverStream rebuilds a stream's status from its spill file after an
-// agent restart. The file holds the bytes the earlier incarnation read
+// agent restart; a missing file is an empty one. The file holds the bytes the earlier incarnation read
 // before it died (what was still in the pipe is lost with it). The stream
 // is known complete only when the file is shorter than the spill limit and
 // not shorter than the last reported byte count; otherwise the checksum of
 // the whole stream is unknown and left empty.
 func recoverStream(path string, tailBytes int, spillLimit, lastTotal int64) (*agentv1.StreamStatus, error) {
-	f, err := os.Open(path)
-	if os.IsNotExist(err) {
-		return &agentv1.StreamStatus{TotalBytes: lastTotal, Truncated: lastTotal > 0}, nil
+	var f interface {
+		io.Reader
+		io.ReaderAt
 	}
-	if err != nil {
+	switch sf, err := os.Open(path); {
+	case os.IsNotExist(err):
+		// The executor creates a spill file with the stream's first byte:
+		// none means nothing was read.
+		f = bytes.NewReader(nil)
+	case err != nil:
 		return nil, fmt.Errorf("reading spill file: %w", err)
+	default:
+		defer sf.Close()
+		f = sf
 	}
-	defer f.Close()
 	h := sha256.New()
 	size, err := io.Copy(h, f)
 	if err != nil {
@@ -145,7 +154,7 @@ func recoverStream(path string, tailBytes int, spillLimit, lastTotal int64) (*ag
 	// anything precedes them: one byte more says so.
 	n := min(size, int64(max(tailBytes, 0))+1)
 	buf := make([]byte, n)
-	if _, err := f.ReadAt(buf, size-n); err != nil && err != io.EOF {
+	if _, err := f.ReadAt(buf, size-n); err != nil && !errors.Is(err, io.EOF) {
 		return nil, fmt.Errorf("reading spill file %s: %w", path, err)
 	}
 	var truncated bool

@@ -60,9 +60,14 @@ func TestRecoverStream(t *testing.T) {
 			want: &agentv1.StreamStatus{Tail: "\uFFFD", TotalBytes: 2, Truncated: true, Sanitized: true, Sha256: sha256hex([]byte("\xff\xff")),
 				Spill: &agentv1.Spill{Bytes: 2, Complete: true}},
 		},
-		"no spill file": {
+		// The executor creates a spill file with the first byte.
+		"no spill file: an empty stream": {
+			tailBytes: 64000, spillLimit: 1 << 20,
+			want: &agentv1.StreamStatus{Sha256: sha256hex(nil), Spill: &agentv1.Spill{Complete: true}},
+		},
+		"no spill file, bytes reported: its creation failed": {
 			tailBytes: 64000, spillLimit: 1 << 20, lastTotal: 4,
-			want: &agentv1.StreamStatus{TotalBytes: 4, Truncated: true},
+			want: &agentv1.StreamStatus{TotalBytes: 4, Truncated: true, Spill: &agentv1.Spill{}},
 		},
 	}
 	for name, tc := range tests {

@@ -96,9 +96,10 @@ func TestRecoverRecords(t *testing.T) {
 		got[s.GetRef().GetUid()] = s.GetReason() + " " + s.GetStdout().GetSpill().GetUploadState().String()
 	}
 	want := map[string]string{
-		"pending":  "Succeeded UPLOAD_STATE_UPLOADED",
-		"starting": "AgentRestarted UPLOAD_STATE_UNSPECIFIED",
-		"running":  "AgentRestarted UPLOAD_STATE_UNSPECIFIED",
+		"pending": "Succeeded UPLOAD_STATE_UPLOADED",
+		// No spill files: empty streams, nothing to upload.
+		"starting": "AgentRestarted UPLOAD_STATE_NOT_NEEDED",
+		"running":  "AgentRestarted UPLOAD_STATE_NOT_NEEDED",
 	}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("recovered tasks: reason and stdout upload state (-want +got):\n%s", diff)

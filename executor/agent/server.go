@@ -128,9 +128,13 @@ type Server struct {
 type entry struct {
 	rec    *record
 	status *agentv1.TaskStatus
-	// task is the executor's handle; nil for a task that never started or
-	// that an earlier incarnation ran.
+	// task is the executor's handle; nil for a task that never started,
+	// that is still starting, or that an earlier incarnation ran.
 	task *executor.Task
+	// starting is set while Start creates the task outside the lock; the
+	// entry then holds copies of its record and status, and a Cancel is
+	// remembered in cancelled and applied once the process exists.
+	starting bool
 	// cancelled is set by the Cancel RPC; stopByAgent when the agent's
 	// shutdown cancelled the task and no Cancel came before.
 	cancelled, stopByAgent bool
@@ -339,37 +343,48 @@ func (s *Server) Start(_ context.Context, req *agentv1.StartRequest) (*agentv1.S
 	uid := spec.GetRef().GetUid()
 	log := s.log.With("uid", uid, "namespace", spec.GetRef().GetNamespace(), "name", spec.GetRef().GetName())
 
-	// The whole start runs under the lock: it makes Start atomic per UID
-	// (idempotency) and against the capacity, and the executor returns as
-	// soon as the shell exists, so the lock is held for milliseconds.
+	// Under the lock, only the decisions: idempotency per UID, readiness
+	// and capacity, with the slot taken and the UID entered in the table at
+	// once, so a concurrent Start of the same UID finds it and a concurrent
+	// one of another UID sees the slot gone. The slow part, the record on
+	// disk and the executor creating directories, files and the process,
+	// runs outside it: holding the agent's one lock across it would make
+	// every Start, finish and RPC of the node wait behind one fork.
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	if e, ok := s.tasks[uid]; ok {
+		defer s.mu.Unlock()
 		if e.status.GetSpecDigest() != digest {
 			return nil, status.Errorf(codes.FailedPrecondition, "task %s is known with a different spec", uid)
 		}
 		return &agentv1.StartResponse{Status: clone(e.status), AlreadyKnown: true}, nil
 	}
+	var refuse error
 	switch {
 	case s.stopping:
-		return nil, status.Error(codes.Unavailable, "agent is shutting down")
+		refuse = status.Error(codes.Unavailable, "agent is shutting down")
 	case s.ex == nil || len(s.problems) > 0:
-		return nil, status.Errorf(codes.Unavailable, "agent is not ready: %s", strings.Join(s.problems, "; "))
+		refuse = status.Errorf(codes.Unavailable, "agent is not ready: %s", strings.Join(s.problems, "; "))
 	case s.running >= s.cfg.MaxConcurrent:
-		return nil, status.Errorf(codes.ResourceExhausted, "agent runs its maximum of %d tasks", s.cfg.MaxConcurrent)
+		refuse = status.Errorf(codes.ResourceExhausted, "agent runs its maximum of %d tasks", s.cfg.MaxConcurrent)
 	}
-	if _, err := os.Stat(s.store.taskDir(uid)); err == nil {
-		// Files without a readable record: recovery logged why. Running
-		// anything over them could mix two tasks' output.
-		return nil, status.Errorf(codes.FailedPrecondition, "task %s has leftover files in the state directory", uid)
+	if refuse == nil {
+		if _, err := os.Stat(s.store.taskDir(uid)); err == nil {
+			// Files without a readable record: recovery logged why.
+			// Running anything over them could mix two tasks' output.
+			refuse = status.Errorf(codes.FailedPrecondition, "task %s has leftover files in the state directory", uid)
+		}
 	}
-
+	if refuse != nil {
+		s.mu.Unlock()
+		return nil, refuse
+	}
+	ex := s.ex
 	es := s.toExecSpec(spec)
 	st := &agentv1.TaskStatus{
 		Ref:           proto.CloneOf(spec.GetRef()),
 		State:         agentv1.TaskState_TASK_STATE_RUNNING,
 		ExitCode:      -1,
-		Mechanism:     string(s.ex.Mechanism()),
+		Mechanism:     string(ex.Mechanism()),
 		IncarnationId: s.incarnation,
 		SpecDigest:    digest,
 	}
@@ -380,27 +395,46 @@ func (s *Server) Start(_ context.Context, req *agentv1.StartRequest) (*agentv1.S
 		SpillLimitBytes: cmpOr(es.SpillLimitBytes, executor.DefaultSpillLimitBytes),
 		Process:         processRecord{BootID: bootID()},
 	}
-	if s.ex.Mechanism() == executor.MechanismCgroup {
-		rec.Process.Cgroup = filepath.Join(s.ex.CgroupPath(), uid)
+	if ex.Mechanism() == executor.MechanismCgroup {
+		rec.Process.Cgroup = filepath.Join(ex.CgroupPath(), uid)
 	}
+	// The table holds copies until the start is done: rec and st are this
+	// call's own while it works outside the lock.
+	recCopy := *rec
+	e := &entry{rec: &recCopy, status: clone(st), starting: true}
+	s.tasks[uid] = e
+	s.running++
+	s.metrics.Running.Set(float64(s.running))
+	s.tasksWG.Add(1) // a shutdown waits for this start, then for the task
+	s.mu.Unlock()
+
 	if err := s.store.write(uid, rec, st); err != nil {
 		// Nothing ran; leave no directory that would block a retry.
 		if rerr := s.store.remove(uid); rerr != nil {
 			log.Error("removing the directory of a task that did not start", "err", rerr)
 		}
+		s.mu.Lock()
+		delete(s.tasks, uid)
+		s.running--
+		s.metrics.Running.Set(float64(s.running))
+		s.mu.Unlock()
+		s.tasksWG.Done()
 		return nil, status.Error(codes.Internal, err.Error())
 	}
-	e := &entry{rec: rec, status: st}
-	s.tasks[uid] = e
 
-	task, err := s.ex.Start(es)
+	task, err := ex.Start(es)
 	if err != nil {
 		// Nothing of the command ran: a finished task, not an RPC error.
 		log.Info("task did not start", "err", err)
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		e.rec, e.status, e.starting = rec, st, false
+		s.running--
+		s.metrics.Running.Set(float64(s.running))
 		s.finishLocked(e, executor.StartFailedResult(err))
+		s.tasksWG.Done()
 		return &agentv1.StartResponse{Status: clone(e.status)}, nil
 	}
-	e.task = task
 	rec.State = stateRunning
 	rec.Process.PID, rec.Process.StartTicks = task.PID(), task.ProcessStart()
 	rec.Process.Cgroup = task.CgroupPath()
@@ -413,11 +447,21 @@ func (s *Server) Start(_ context.Context, req *agentv1.StartRequest) (*agentv1.S
 		// finds it through its cgroup and environment.
 		log.Error("recording started task", "err", err)
 	}
-	s.running++
-	s.metrics.Running.Set(float64(s.running))
+
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e.rec, e.status, e.task, e.starting = rec, st, task, false
+	switch {
+	case s.stopping:
+		// The shutdown began while the process was being created; it
+		// waits for this task like for the others.
+		e.stopByAgent = !e.cancelled
+		task.Cancel()
+	case e.cancelled:
+		task.Cancel() // a Cancel arrived during the start
+	}
 	s.broadcastLocked(taskEvent(agentv1.EventType_EVENT_TYPE_STARTED, st))
 	log.Info("task started", "pid", rec.Process.PID)
-	s.tasksWG.Add(1)
 	go s.waitTask(e)
 	return &agentv1.StartResponse{Status: clone(st)}, nil
 }
@@ -494,7 +538,10 @@ func (s *Server) Cancel(_ context.Context, req *agentv1.CancelRequest) (*agentv1
 	if !ok {
 		return nil, status.Errorf(codes.NotFound, "task %s is not known", req.GetUid())
 	}
-	if e.task != nil && e.status.State == agentv1.TaskState_TASK_STATE_RUNNING {
+	switch {
+	case e.starting:
+		e.cancelled = true // Start cancels the task once it exists
+	case e.task != nil && e.status.State == agentv1.TaskState_TASK_STATE_RUNNING:
 		e.cancelled = true
 		e.task.Cancel() // idempotent; no effect once the shell exited
 	}

@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -703,5 +704,108 @@ func TestStateDirUnwritable(t *testing.T) {
 	got := []any{down.GetReady(), len(down.GetProblems()) == 1 && strings.Contains(down.GetProblems()[0], "state directory not writable"), up.GetReady()}
 	if diff := cmp.Diff([]any{false, true, true}, got); diff != "" {
 		t.Errorf("[ready without the directory, problem names it, ready again] (-want +got):\n%s\nproblems: %v", diff, down.GetProblems())
+	}
+}
+
+// Starts run outside the agent's lock; these check what the lock still
+// decides: one run per UID, the capacity, and a Cancel that arrives while
+// the process is being created.
+func TestConcurrentStarts(t *testing.T) {
+	const capacity, uids = 4, 6
+	r := newRig(t, func(c *Config) { c.MaxConcurrent = capacity })
+	ctx := t.Context()
+	type reply struct {
+		uid   string
+		known bool
+		code  codes.Code
+	}
+	replies := make(chan reply, 2*uids)
+	var wg sync.WaitGroup
+	for i := range uids {
+		uid := "c-" + itoa(i)
+		spec := taskSpec(uid, "echo x >> "+filepath.Join(r.dir, uid)+"; sleep 30")
+		for range 2 {
+			wg.Go(func() {
+				resp, err := r.client.Start(ctx, &agentv1.StartRequest{Spec: spec})
+				replies <- reply{uid, resp.GetAlreadyKnown(), status.Code(err)}
+			})
+		}
+	}
+	wg.Wait()
+	close(replies)
+	accepted, fresh := map[string]bool{}, map[string]int{}
+	for rp := range replies {
+		switch rp.code {
+		case codes.OK:
+			accepted[rp.uid] = true
+			if !rp.known {
+				fresh[rp.uid]++
+			}
+		case codes.ResourceExhausted:
+		default:
+			t.Errorf("Start %s: code %v", rp.uid, rp.code)
+		}
+	}
+	if len(accepted) != capacity {
+		t.Errorf("%d tasks accepted, want the capacity, %d", len(accepted), capacity)
+	}
+	for uid := range accepted {
+		if fresh[uid] != 1 {
+			t.Errorf("%s: %d replies started it, want 1 (the other AlreadyKnown)", uid, fresh[uid])
+		}
+		// Once the process exists its first line is there.
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			b, _ := os.ReadFile(filepath.Join(r.dir, uid))
+			if string(b) == "x\n" {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Errorf("%s ran %d times, want once", uid, strings.Count(string(b), "x"))
+				break
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		if _, err := r.client.Cancel(ctx, &agentv1.CancelRequest{Uid: uid}); err != nil {
+			t.Error(err)
+		}
+	}
+
+	// A Cancel racing the start: whether it lands before or during the
+	// process's creation, the task ends Cancelled.
+	_, next := r.watch()
+	for i := range capacity {
+		uid := "race-" + itoa(i)
+		wg.Go(func() {
+			for {
+				_, err := r.client.Start(ctx, &agentv1.StartRequest{Spec: taskSpec(uid, "sleep 30")})
+				if status.Code(err) != codes.ResourceExhausted { // the slots above free up as they end
+					break
+				}
+				time.Sleep(5 * time.Millisecond)
+			}
+		})
+		wg.Go(func() {
+			for {
+				_, err := r.client.Cancel(ctx, &agentv1.CancelRequest{Uid: uid})
+				if status.Code(err) != codes.NotFound {
+					return
+				}
+				time.Sleep(time.Millisecond)
+			}
+		})
+	}
+	wg.Wait()
+	seen := map[string]string{}
+	for len(seen) < capacity {
+		ev := until(t, next, agentv1.EventType_EVENT_TYPE_FINISHED)
+		if uid := ev.GetStatus().GetRef().GetUid(); strings.HasPrefix(uid, "race-") {
+			seen[uid] = ev.GetStatus().GetReason()
+		}
+	}
+	for uid, reason := range seen {
+		if reason != "Cancelled" {
+			t.Errorf("%s ended %s, want Cancelled", uid, reason)
+		}
 	}
 }

@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -222,11 +223,19 @@ func (s *Server) uploadOne(ctx context.Context, e *entry, i int) {
 // file is read twice, first for the checksum, because metadata must be
 // known before the first byte is written.
 func (s *Server) put(ctx context.Context, file, key string, ss *agentv1.StreamStatus) error {
-	f, err := os.Open(file)
-	if err != nil {
-		return fmt.Errorf("opening spill file: %w", err)
+	var f io.ReadSeeker
+	if ss.GetSpill().GetBytes() == 0 {
+		// No byte reached a spill file, so the executor created none:
+		// whatever is at that name is not the task's.
+		f = bytes.NewReader(nil)
+	} else {
+		sf, err := os.Open(file)
+		if err != nil {
+			return fmt.Errorf("opening spill file: %w", err)
+		}
+		defer sf.Close()
+		f = sf
 	}
-	defer f.Close()
 	h := sha256.New()
 	n, err := io.Copy(h, f)
 	if err != nil {
