@@ -294,7 +294,8 @@ func (r *BashTaskReconciler) reconcilePending(ctx context.Context, bt *bashtaskv
 	// No event here: the Scheduled condition records the dispatch, and a
 	// short task would pay one more API write for it. A task's events are
 	// Started (only for one still running after --running-status-delay),
-	// its outcome, and anomalies.
+	// its outcome (every failure; a success after a Started), and
+	// anomalies.
 	return r.start(ctx, bt, resolved)
 }
 
@@ -413,7 +414,13 @@ func (r *BashTaskReconciler) afterApply(ctx context.Context, bt *bashtaskv1alpha
 		if err := r.writeStatus(ctx, bt, old, "terminal"); err != nil {
 			return reconcile.Result{}, err
 		}
-		r.recorder.Eventf(bt, nil, eventType(bt), string(bt.Status.Reason), "Finish", "%s", finishNote(bt))
+		if bt.Status.Reason != bashtaskv1alpha1.ReasonSucceeded || old.Phase == bashtaskv1alpha1.PhaseRunning {
+			// Every failure gets an event, a success only when the task
+			// ran long enough to have been reported Running (and so got a
+			// Started event): a Normal event per short successful task
+			// would be one more API write per task, repeating its status.
+			r.recorder.Eventf(bt, nil, eventType(bt), string(bt.Status.Reason), "Finish", "%s", finishNote(bt))
+		}
 		if r.metrics != nil {
 			r.metrics.observeFinish(bt)
 		}

@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	corev1 "k8s.io/api/core/v1"
+	eventsv1 "k8s.io/api/events/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -481,4 +482,40 @@ func TestAgentLost(t *testing.T) { // C30, agent gone
 	g.Eventually(func() bool {
 		return apierrors.IsNotFound(k8s.Get(t.Context(), client.ObjectKeyFromObject(bt), &v1.BashTask{}))
 	}).WithTimeout(waitLong).Should(BeTrue())
+}
+
+// TestEvents checks which endings get an event: every failure, and a
+// success only after a Started event; a short success has none.
+func TestEvents(t *testing.T) {
+	ns := newNamespace(t)
+	quick := newTask(ns, "quick", "true")
+	fails := newTask(ns, "fails", "exit 3")
+	slow := newTask(ns, "slow", "sleep 1.5") // past --running-status-delay
+	for _, bt := range []*v1.BashTask{quick, fails, slow} {
+		create(t, bt)
+	}
+	for _, bt := range []*v1.BashTask{quick, fails, slow} {
+		waitTerminal(t, bt)
+	}
+	reasons := func(g Gomega) map[string][]string {
+		var list eventsv1.EventList
+		g.Expect(k8s.List(ctxBackground(), &list, client.InNamespace(ns))).To(Succeed())
+		got := map[string][]string{}
+		for _, ev := range list.Items {
+			got[ev.Regarding.Name] = append(got[ev.Regarding.Name], ev.Type+" "+ev.Reason)
+		}
+		for _, r := range got {
+			slices.Sort(r)
+		}
+		return got
+	}
+	want := map[string][]string{
+		"fails": {"Warning NonZeroExit"},
+		"slow":  {"Normal Started", "Normal Succeeded"},
+	}
+	g := NewWithT(t)
+	g.Eventually(reasons).WithTimeout(waitLong).WithPolling(100 * time.Millisecond).Should(Equal(want))
+	// The recorder sends in order, so the quick task's event, had there
+	// been one, would be there by now; it stays absent.
+	g.Consistently(reasons).WithTimeout(time.Second).Should(Equal(want))
 }

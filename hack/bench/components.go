@@ -119,10 +119,13 @@ type stat struct {
 	// cpu is user plus system time of the process itself, children not
 	// included (so the shells an agent runs are not counted in the agent).
 	cpu time.Duration
+	// children is the user plus system time of its children that ended
+	// and were waited for: for an agent, the tasks' shells.
+	children time.Duration
 }
 
 // procStat reads /proc/<pid>/stat (proc(5)): field 4 is ppid, 14 and 15
-// are utime and stime in clock ticks. The command name (field 2) may hold
+// are utime and stime, 16 and 17 cutime and cstime, in clock ticks. The command name (field 2) may hold
 // spaces and parentheses, so fields are counted after its last ')'.
 func procStat(pid int) (stat, bool) {
 	raw, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "stat"))
@@ -135,13 +138,15 @@ func procStat(pid int) (stat, bool) {
 		return stat{}, false
 	}
 	f := strings.Fields(s[end+1:]) // f[0] is field 3 (state)
-	if len(f) < 13 {
+	if len(f) < 15 {
 		return stat{}, false
 	}
 	ppid, _ := strconv.Atoi(f[1])
-	utime, _ := strconv.ParseInt(f[11], 10, 64)
-	stime, _ := strconv.ParseInt(f[12], 10, 64)
-	return stat{ppid: ppid, cpu: time.Duration(utime+stime) * time.Second / clockTicks}, true
+	ticks := func(i int) time.Duration {
+		v, _ := strconv.ParseInt(f[i], 10, 64)
+		return time.Duration(v) * time.Second / clockTicks
+	}
+	return stat{ppid: ppid, cpu: ticks(11) + ticks(12), children: ticks(13) + ticks(14)}, true
 }
 
 // cpuSnapshot is the CPU time of each component at one moment.
@@ -150,11 +155,16 @@ type cpuSnapshot struct {
 	cpu map[string]time.Duration
 }
 
+// snapshotCPU reads the CPU time of each component, and of the children of
+// the agents (their tasks' processes) under "<agent> tasks".
 func snapshotCPU(cs []component) cpuSnapshot {
 	s := cpuSnapshot{at: time.Now(), cpu: map[string]time.Duration{}}
 	for _, c := range cs {
 		if st, ok := procStat(c.pid); ok {
 			s.cpu[c.name] = st.cpu
+			if strings.HasPrefix(c.name, "agent-") {
+				s.cpu[c.name+" tasks"] = st.children
+			}
 		}
 	}
 	return s
@@ -162,8 +172,8 @@ func snapshotCPU(cs []component) cpuSnapshot {
 
 // printCPU prints, per component, the CPU it used between two snapshots:
 // in cores (CPU seconds per second of the phase) and in milliseconds per
-// task. The rest of the machine's CPU went to the tasks' shells, to the
-// kernel's own work and to whatever else ran on the machine.
+// task. The rest of the machine's CPU went to the kernel's own work and to
+// whatever else ran on the machine.
 func printCPU(phase string, before, after cpuSnapshot, tasks int) {
 	wall := after.at.Sub(before.at)
 	if wall <= 0 || tasks == 0 {
