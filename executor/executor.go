@@ -193,12 +193,14 @@ type prepared struct {
 	env        []string
 	ownWorkDir bool // WorkingDir was created for the task
 	ownSpill   bool // SpillDir was created for the task
+	spill      *spillDir
 }
 
 // prepare applies defaults and runs the pre-start checks in a fixed order:
 // spec ranges, command, environment, shell, working directory, spill
-// directory. It creates nothing on disk except the spill directory and the
-// default working directory, and only after every check passed.
+// directory. It creates nothing on disk except the default working
+// directory and, when the spec names none, a spill directory, and only
+// after every check passed.
 func (e *Executor) prepare(spec Spec) (*prepared, error) {
 	p := &prepared{Spec: spec}
 	switch {
@@ -259,9 +261,11 @@ func (e *Executor) prepare(spec Spec) (*prepared, error) {
 	return p, nil
 }
 
-// setupSpillDir creates or checks the spill directory: 0700 so other
-// users on the node (and other tasks, which run as other users) cannot read
-// a task's output.
+// setupSpillDir checks the spill directory, or makes a fresh one when the
+// spec names none: 0700 so other users on the node (and other tasks, which
+// run as other users) cannot read a task's output. A named directory that
+// does not exist yet is created with the first byte of output (spillDir),
+// so a task that prints nothing creates nothing.
 func (p *prepared) setupSpillDir() error {
 	if p.SpillDir == "" {
 		dir, err := os.MkdirTemp("", "bashtask-spill-")
@@ -269,25 +273,64 @@ func (p *prepared) setupSpillDir() error {
 			return startErr(ErrSpillDir, os.TempDir(), err)
 		}
 		p.SpillDir, p.ownSpill = dir, true
+		p.spill = &spillDir{path: dir, exists: true}
 		return nil
 	}
-	err := os.Mkdir(p.SpillDir, 0o700)
-	if err == nil {
-		return nil
-	}
-	if !errors.Is(err, os.ErrExist) {
-		return startErr(ErrSpillDir, p.SpillDir, err)
-	}
+	p.spill = &spillDir{path: p.SpillDir}
 	fi, err := os.Lstat(p.SpillDir)
 	switch {
+	case errors.Is(err, os.ErrNotExist):
+		return nil
 	case err != nil:
 		return startErr(ErrSpillDir, p.SpillDir, err)
+	}
+	if err := checkSpillDir(p.SpillDir, fi); err != nil {
+		return err
+	}
+	p.spill.exists = true
+	return nil
+}
+
+// checkSpillDir requires a directory (not a symlink to one) without group
+// or other permission bits.
+func checkSpillDir(path string, fi os.FileInfo) error {
+	switch {
 	case !fi.IsDir():
-		return startErr(ErrSpillDir, p.SpillDir+" is not a directory", nil)
+		return startErr(ErrSpillDir, path+" is not a directory", nil)
 	case fi.Mode().Perm()&0o077 != 0:
-		return startErr(ErrSpillDir, fmt.Sprintf("%s has mode %v, want no group or other access", p.SpillDir, fi.Mode().Perm()), nil)
+		return startErr(ErrSpillDir, fmt.Sprintf("%s has mode %v, want no group or other access", path, fi.Mode().Perm()), nil)
 	}
 	return nil
+}
+
+// spillDir is a task's spill directory, shared by its two streams: the
+// first of them to write creates it when it did not exist at Start.
+type spillDir struct {
+	path   string
+	exists bool // checked or made by prepare
+
+	once sync.Once
+	err  error
+}
+
+// ensure creates the directory with mode 0700 if prepare found none. One
+// that appeared since (another process raced to make it) is accepted only
+// if it passes the same checks as at Start.
+func (d *spillDir) ensure() error {
+	d.once.Do(func() {
+		if d.exists {
+			return
+		}
+		err := os.Mkdir(d.path, 0o700)
+		if errors.Is(err, os.ErrExist) {
+			var fi os.FileInfo
+			if fi, err = os.Lstat(d.path); err == nil {
+				err = checkSpillDir(d.path, fi)
+			}
+		}
+		d.err = err
+	})
+	return d.err
 }
 
 // makeWorkDir creates a fresh working directory owned by the task's user.

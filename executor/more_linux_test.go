@@ -100,6 +100,24 @@ func TestSpillFiles(t *testing.T) {
 			}
 		}
 	})
+	t.Run("a missing directory is made with the first byte", func(t *testing.T) {
+		t.Parallel()
+		quiet := testSpec(t, "true")
+		if res := run(t, ex, quiet); res.Reason != ReasonSucceeded {
+			t.Fatalf("true: %s", res.Reason)
+		}
+		if _, err := os.Lstat(quiet.SpillDir); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("spill directory of a task that printed nothing: %v, want none", err)
+		}
+		loud := testSpec(t, "echo x >&2")
+		res := run(t, ex, loud)
+		if fi, err := os.Lstat(loud.SpillDir); err != nil || !fi.IsDir() || fi.Mode().Perm() != 0o700 {
+			t.Errorf("spill directory after output: %v (err %v), want a 0700 directory", fi, err)
+		}
+		if b, err := os.ReadFile(res.Stderr.SpillPath); err != nil || string(b) != "x\n" {
+			t.Errorf("stderr spill file: %q, %v", b, err)
+		}
+	})
 	t.Run("an empty stream has no file", func(t *testing.T) {
 		t.Parallel()
 		res := run(t, ex, testSpec(t, "echo x"))

@@ -76,10 +76,10 @@ func (e *Executor) start(p *prepared) (_ *Task, err error) {
 
 	// The spill files themselves are created with each stream's first
 	// byte, after the start; nothing here needs undoing.
-	if t.stdout, err = newStream(p.SpillDir, "stdout", p.TailBytes, p.SpillLimitBytes); err != nil {
+	if t.stdout, err = newStream(p.spill, "stdout", p.TailBytes, p.SpillLimitBytes); err != nil {
 		return nil, err
 	}
-	if t.stderr, err = newStream(p.SpillDir, "stderr", p.TailBytes, p.SpillLimitBytes); err != nil {
+	if t.stderr, err = newStream(p.spill, "stderr", p.TailBytes, p.SpillLimitBytes); err != nil {
 		return nil, err
 	}
 

@@ -171,13 +171,13 @@ type Spec struct {
 	// DefaultSpillLimitBytes. Bytes past it are still counted and hashed.
 	SpillLimitBytes int64
 	// SpillDir is the directory that receives the files "stdout" and
-	// "stderr" (mode 0600, created exclusively with the stream's first
-	// byte; Start refuses a directory where either name exists). It is
-	// created with mode
-	// 0700 when missing; an existing one must be a directory with no group
-	// or other permission bits. Empty means a fresh directory under the
-	// system temporary directory, reported in [StreamResult.SpillPath]; the
-	// caller removes it.
+	// "stderr" (mode 0600, each created exclusively with its stream's first
+	// byte; Start refuses a directory where either name exists). When
+	// missing it is created, mode 0700, with the first byte of output, so a
+	// task that prints nothing leaves nothing there; an existing one must be
+	// a directory with no group or other permission bits. Empty means a
+	// fresh directory under the system temporary directory, made at Start
+	// and reported in [StreamResult.SpillPath]; the caller removes it.
 	SpillDir string
 	// Limits are the requested resource limits.
 	Limits Limits

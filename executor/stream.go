@@ -36,6 +36,7 @@ var largeBufPool = sync.Pool{New: func() any { b := make([]byte, largeReadBuf); 
 // fails only when something raced to plant a file there; the stream then
 // goes on without a spill file and reports it incomplete.
 type stream struct {
+	dir        *spillDir
 	path       string
 	spill      *os.File // nil until the first byte
 	spillLimit int64
@@ -49,12 +50,13 @@ type stream struct {
 
 // newStream prepares the stream whose spill file is name in dir, after
 // checking that nothing exists under that name yet.
-func newStream(dir, name string, tailBytes int, spillLimit int64) (*stream, error) {
-	path := filepath.Join(dir, name)
+func newStream(dir *spillDir, name string, tailBytes int, spillLimit int64) (*stream, error) {
+	path := filepath.Join(dir.path, name)
 	if err := checkSpillName(path); err != nil {
 		return nil, err
 	}
 	return &stream{
+		dir:        dir,
 		path:       path,
 		spillLimit: spillLimit,
 		hash:       sha256.New(),
@@ -64,13 +66,13 @@ func newStream(dir, name string, tailBytes int, spillLimit int64) (*stream, erro
 
 // checkSpillName refuses a spill file name that already exists, as a file,
 // a directory or a symlink (dangling or not): output must never go into
-// something planted in advance.
+// something planted in advance. A missing directory has no such name.
 func checkSpillName(path string) error {
 	_, err := os.Lstat(path)
 	switch {
 	case err == nil:
 		return startErr(ErrSpillDir, path, os.ErrExist)
-	case !errors.Is(err, os.ErrNotExist):
+	case !errors.Is(err, os.ErrNotExist) && !errors.Is(err, syscall.ENOTDIR):
 		return startErr(ErrSpillDir, path, err)
 	}
 	return nil
@@ -80,6 +82,9 @@ func checkSpillName(path string) error {
 // refuses a file (or symlink) planted since Start, O_NOFOLLOW refuses to
 // follow a symlink.
 func (s *stream) create() error {
+	if err := s.dir.ensure(); err != nil {
+		return err
+	}
 	f, err := os.OpenFile(s.path, os.O_WRONLY|os.O_CREATE|os.O_EXCL|syscall.O_NOFOLLOW, 0o600)
 	if err != nil {
 		return err

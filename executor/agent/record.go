@@ -4,10 +4,12 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"regexp"
+	"strings"
 
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
@@ -15,7 +17,7 @@ import (
 	agentv1 "github.com/bashtask/bashtask-operator/api/agent/v1"
 )
 
-// recordVersion is the version of the record.json format.
+// recordVersion is the version of the record file format.
 const recordVersion = 1
 
 // Record states. A record is written in stateStarting before the process is
@@ -33,7 +35,7 @@ const (
 // RFC 4122 UUIDs, well inside this.
 var validUID = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$`)
 
-// record is a task's durable state, record.json in the task's directory. It
+// record is a task's durable state, the file <uid>.json of the store. It
 // deliberately holds neither the command nor stdin nor the environment:
 // those may carry secrets resolved by the controller, and the spec digest is
 // enough to recognise a repeated Start.
@@ -78,18 +80,37 @@ type processRecord struct {
 	BootID string `json:"bootID,omitempty"`
 }
 
-// store is the on-disk side of the task table.
+// store is the on-disk side of the task table: per task a record file,
+// <dir>/<uid>.json, and a directory, <dir>/<uid>, for the spill files. The
+// executor creates that directory with the task's first byte of output, so
+// a task that prints nothing costs one file and no directory.
 type store struct {
 	dir string // <state-dir>/tasks
 }
 
-func (st *store) taskDir(uid string) string   { return filepath.Join(st.dir, uid) }
-func (st *store) outputDir(uid string) string { return filepath.Join(st.dir, uid, "output") }
+func (st *store) outputDir(uid string) string { return filepath.Join(st.dir, uid) }
 func (st *store) recordPath(uid string) string {
-	return filepath.Join(st.dir, uid, "record.json")
+	return filepath.Join(st.dir, uid+recordSuffix)
 }
 
-// write stores rec atomically: a temporary file renamed over record.json,
+// recordSuffix ends a record file's name, tmpSuffix a record being
+// written.
+const (
+	recordSuffix = ".json"
+	tmpSuffix    = ".tmp"
+)
+
+// exists reports whether anything of uid is on disk, record or output.
+func (st *store) exists(uid string) bool {
+	for _, p := range []string{st.recordPath(uid), st.outputDir(uid)} {
+		if _, err := os.Lstat(p); !errors.Is(err, os.ErrNotExist) {
+			return true
+		}
+	}
+	return false
+}
+
+// write stores rec atomically: a temporary file renamed over the record,
 // so a reader, or an agent killed mid-write, sees the old record or the new
 // one, never a torn one.
 //
@@ -113,11 +134,10 @@ func (st *store) write(uid string, rec *record, status *agentv1.TaskStatus) erro
 	if err != nil {
 		return fmt.Errorf("encoding record of task %s: %w", uid, err)
 	}
-	dir := st.taskDir(uid)
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return fmt.Errorf("creating directory of task %s: %w", uid, err)
-	}
-	tmp, err := os.CreateTemp(dir, ".record-*.json")
+	// The temporary name starts with a dot and ends in tmpSuffix: list
+	// never takes it for a record, and removeStale deletes one an agent
+	// killed mid-write left behind.
+	tmp, err := os.CreateTemp(st.dir, "."+uid+"-*"+tmpSuffix)
 	if err != nil {
 		return fmt.Errorf("writing record of task %s: %w", uid, err)
 	}
@@ -155,7 +175,7 @@ func (st *store) read(uid string) (*record, *agentv1.TaskStatus, error) {
 	return rec, status, nil
 }
 
-// list returns the UIDs that have a directory in the store.
+// list returns the UIDs that have a record file in the store.
 func (st *store) list() ([]string, error) {
 	entries, err := os.ReadDir(st.dir)
 	if err != nil {
@@ -163,17 +183,39 @@ func (st *store) list() ([]string, error) {
 	}
 	var uids []string
 	for _, e := range entries {
-		if e.IsDir() && validUID.MatchString(e.Name()) {
-			uids = append(uids, e.Name())
+		uid, ok := strings.CutSuffix(e.Name(), recordSuffix)
+		if ok && e.Type().IsRegular() && validUID.MatchString(uid) {
+			uids = append(uids, uid)
 		}
 	}
 	return uids, nil
 }
 
-// remove deletes a task's directory: record and output.
+// removeStale deletes the temporary files of record writes an earlier
+// incarnation did not finish.
+func (st *store) removeStale() error {
+	entries, err := os.ReadDir(st.dir)
+	if err != nil {
+		return fmt.Errorf("listing task records: %w", err)
+	}
+	var errs []error
+	for _, e := range entries {
+		if n := e.Name(); strings.HasPrefix(n, ".") && strings.HasSuffix(n, tmpSuffix) && e.Type().IsRegular() {
+			if err := os.Remove(filepath.Join(st.dir, n)); err != nil && !errors.Is(err, os.ErrNotExist) {
+				errs = append(errs, err)
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// remove deletes a task's files: record and output.
 func (st *store) remove(uid string) error {
-	if err := os.RemoveAll(st.taskDir(uid)); err != nil {
-		return fmt.Errorf("removing files of task %s: %w", uid, err)
+	if err := os.RemoveAll(st.outputDir(uid)); err != nil {
+		return fmt.Errorf("removing output of task %s: %w", uid, err)
+	}
+	if err := os.Remove(st.recordPath(uid)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("removing record of task %s: %w", uid, err)
 	}
 	return nil
 }

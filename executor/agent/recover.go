@@ -17,6 +17,9 @@ import (
 // AgentRestarted. An unreadable record is logged and its files are left
 // alone for an operator to look at.
 func (s *Server) recoverTasks() {
+	if err := s.store.removeStale(); err != nil {
+		s.log.Error("removing unfinished record writes", "err", err)
+	}
 	uids, err := s.store.list()
 	if err != nil {
 		s.log.Error("recovering tasks", "err", err)

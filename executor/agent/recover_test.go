@@ -62,10 +62,13 @@ func TestRecoverRecords(t *testing.T) {
 	}
 	write("running", &record{State: stateRunning, TailBytes: 64000, SpillLimitBytes: 1 << 20, Process: processRecord{WorkDir: workDir}},
 		&agentv1.TaskStatus{Ref: ref("running"), State: agentv1.TaskState_TASK_STATE_RUNNING, IncarnationId: "earlier"})
-	if err := os.MkdirAll(st.taskDir("broken"), 0o700); err != nil {
+	if err := os.WriteFile(st.recordPath("broken"), []byte("{not json"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(st.recordPath("broken"), []byte("{not json"), 0o600); err != nil {
+	// An agent killed between writing a record's temporary file and the
+	// rename left this.
+	staleTmp := filepath.Join(st.dir, ".running-123"+tmpSuffix)
+	if err := os.WriteFile(staleTmp, []byte("{"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 
@@ -104,8 +107,11 @@ func TestRecoverRecords(t *testing.T) {
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("recovered tasks: reason and stdout upload state (-want +got):\n%s", diff)
 	}
-	if _, err := os.Stat(st.taskDir("forgotten")); !errors.Is(err, os.ErrNotExist) {
-		t.Errorf("directory of a forgotten task after recovery: %v, want it gone", err)
+	if st.exists("forgotten") {
+		t.Error("files of a forgotten task after recovery, want them gone")
+	}
+	if _, err := os.Stat(staleTmp); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("temporary file of an unfinished record write after recovery: %v, want it removed", err)
 	}
 	if _, err := os.Stat(workDir); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("working directory of a recovered task: %v, want it removed", err)

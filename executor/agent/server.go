@@ -368,7 +368,7 @@ func (s *Server) Start(_ context.Context, req *agentv1.StartRequest) (*agentv1.S
 		refuse = status.Errorf(codes.ResourceExhausted, "agent runs its maximum of %d tasks", s.cfg.MaxConcurrent)
 	}
 	if refuse == nil {
-		if _, err := os.Stat(s.store.taskDir(uid)); err == nil {
+		if s.store.exists(uid) {
 			// Files without a readable record: recovery logged why.
 			// Running anything over them could mix two tasks' output.
 			refuse = status.Errorf(codes.FailedPrecondition, "task %s has leftover files in the state directory", uid)

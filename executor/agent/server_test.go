@@ -300,8 +300,10 @@ func TestRoundTrip(t *testing.T) {
 	if l, err := r.client.List(ctx, &agentv1.ListRequest{}); err != nil || len(l.GetTasks()) != 0 {
 		t.Errorf("List after Forget: %v, %v; want empty", l, err)
 	}
-	if _, err := os.Stat(filepath.Join(r.dir, "state", "tasks", "uid-1")); !errors.Is(err, os.ErrNotExist) {
-		t.Errorf("task directory after Forget: %v, want it gone", err)
+	for _, p := range []string{"uid-1", "uid-1.json"} {
+		if _, err := os.Stat(filepath.Join(r.dir, "state", "tasks", p)); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("%s after Forget: %v, want it gone", p, err)
+		}
 	}
 }
 
@@ -518,7 +520,7 @@ func TestUploadFailureThenRecovery(t *testing.T) {
 	if err != nil || f.GetForgotten() {
 		t.Fatalf("Forget with a pending upload: %v, %v; want not forgotten yet", f, err)
 	}
-	spill := filepath.Join(r.dir, "state", "tasks", "uid-u", "output", "stdout")
+	spill := filepath.Join(r.dir, "state", "tasks", "uid-u", "stdout")
 	// Wait for some failed attempts, then repair the bucket.
 	deadline := time.Now().Add(20 * time.Second)
 	for {
