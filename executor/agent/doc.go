@@ -14,7 +14,7 @@
 //
 // State directory layout (every directory 0700, every file 0600):
 //
-//	<state-dir>/tasks/<uid>.json    the durable record (no command, stdin or env)
+//	<state-dir>/records.journal     the durable records (no command, stdin or env)
 //	<state-dir>/tasks/<uid>/stdout  the spill files written by the executor, each
 //	<state-dir>/tasks/<uid>/stderr  made (with the directory) by its first byte
 //	<state-dir>/uploads/            the default file:// bucket

@@ -4,14 +4,11 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"regexp"
-	"strings"
 
-	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 
 	agentv1 "github.com/bashtask/bashtask-operator/api/agent/v1"
@@ -35,7 +32,7 @@ const (
 // RFC 4122 UUIDs, well inside this.
 var validUID = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$`)
 
-// record is a task's durable state, the file <uid>.json of the store. It
+// record is a task's durable state, kept in the store's journal. It
 // deliberately holds neither the command nor stdin nor the environment:
 // those may carry secrets resolved by the controller, and the spec digest is
 // enough to recognise a repeated Start.
@@ -78,146 +75,6 @@ type processRecord struct {
 	// BootID is /proc/sys/kernel/random/boot_id at start: after a reboot
 	// no process of the task can be left.
 	BootID string `json:"bootID,omitempty"`
-}
-
-// store is the on-disk side of the task table: per task a record file,
-// <dir>/<uid>.json, and a directory, <dir>/<uid>, for the spill files. The
-// executor creates that directory with the task's first byte of output, so
-// a task that prints nothing costs one file and no directory.
-type store struct {
-	dir string // <state-dir>/tasks
-}
-
-func (st *store) outputDir(uid string) string { return filepath.Join(st.dir, uid) }
-func (st *store) recordPath(uid string) string {
-	return filepath.Join(st.dir, uid+recordSuffix)
-}
-
-// recordSuffix ends a record file's name, tmpSuffix a record being
-// written.
-const (
-	recordSuffix = ".json"
-	tmpSuffix    = ".tmp"
-)
-
-// exists reports whether anything of uid is on disk, record or output.
-func (st *store) exists(uid string) bool {
-	for _, p := range []string{st.recordPath(uid), st.outputDir(uid)} {
-		if _, err := os.Lstat(p); !errors.Is(err, os.ErrNotExist) {
-			return true
-		}
-	}
-	return false
-}
-
-// write stores rec atomically: a temporary file renamed over the record,
-// so a reader, or an agent killed mid-write, sees the old record or the new
-// one, never a torn one.
-//
-// Records are not fsynced. They exist for the next incarnation of the agent
-// on the same boot: a killed or restarted agent finds them in the page
-// cache, which outlives the process. A node that crashes or loses power
-// loses every task process with it, and the records' boot ID already makes
-// recovery treat such tasks as gone; a record lost there makes the task one
-// the new incarnation does not know, which the controller reports as
-// AgentRestarted, as it would with the record. An fsync per transition,
-// three or more per task, would add disk flushes to every Start, under the
-// agent's lock, for nothing a crash could use.
-func (st *store) write(uid string, rec *record, status *agentv1.TaskStatus) error {
-	js, err := protojson.Marshal(status)
-	if err != nil {
-		return fmt.Errorf("encoding status of task %s: %w", uid, err)
-	}
-	rec.Version = recordVersion
-	rec.Status = js
-	data, err := json.Marshal(rec)
-	if err != nil {
-		return fmt.Errorf("encoding record of task %s: %w", uid, err)
-	}
-	// The temporary name starts with a dot and ends in tmpSuffix: list
-	// never takes it for a record, and removeStale deletes one an agent
-	// killed mid-write left behind.
-	tmp, err := os.CreateTemp(st.dir, "."+uid+"-*"+tmpSuffix)
-	if err != nil {
-		return fmt.Errorf("writing record of task %s: %w", uid, err)
-	}
-	defer os.Remove(tmp.Name()) // no-op after the rename
-	_, err = tmp.Write(data)
-	if cerr := tmp.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(tmp.Name(), st.recordPath(uid))
-	}
-	if err != nil {
-		return fmt.Errorf("writing record of task %s: %w", uid, err)
-	}
-	return nil
-}
-
-// read loads one task's record and status.
-func (st *store) read(uid string) (*record, *agentv1.TaskStatus, error) {
-	data, err := os.ReadFile(st.recordPath(uid))
-	if err != nil {
-		return nil, nil, fmt.Errorf("reading record of task %s: %w", uid, err)
-	}
-	rec := &record{}
-	if err := json.Unmarshal(data, rec); err != nil {
-		return nil, nil, fmt.Errorf("decoding record of task %s: %w", uid, err)
-	}
-	if rec.Version != recordVersion {
-		return nil, nil, fmt.Errorf("record of task %s has version %d, want %d", uid, rec.Version, recordVersion)
-	}
-	status := &agentv1.TaskStatus{}
-	if err := protojson.Unmarshal(rec.Status, status); err != nil {
-		return nil, nil, fmt.Errorf("decoding status of task %s: %w", uid, err)
-	}
-	return rec, status, nil
-}
-
-// list returns the UIDs that have a record file in the store.
-func (st *store) list() ([]string, error) {
-	entries, err := os.ReadDir(st.dir)
-	if err != nil {
-		return nil, fmt.Errorf("listing task records: %w", err)
-	}
-	var uids []string
-	for _, e := range entries {
-		uid, ok := strings.CutSuffix(e.Name(), recordSuffix)
-		if ok && e.Type().IsRegular() && validUID.MatchString(uid) {
-			uids = append(uids, uid)
-		}
-	}
-	return uids, nil
-}
-
-// removeStale deletes the temporary files of record writes an earlier
-// incarnation did not finish.
-func (st *store) removeStale() error {
-	entries, err := os.ReadDir(st.dir)
-	if err != nil {
-		return fmt.Errorf("listing task records: %w", err)
-	}
-	var errs []error
-	for _, e := range entries {
-		if n := e.Name(); strings.HasPrefix(n, ".") && strings.HasSuffix(n, tmpSuffix) && e.Type().IsRegular() {
-			if err := os.Remove(filepath.Join(st.dir, n)); err != nil && !errors.Is(err, os.ErrNotExist) {
-				errs = append(errs, err)
-			}
-		}
-	}
-	return errors.Join(errs...)
-}
-
-// remove deletes a task's files: record and output.
-func (st *store) remove(uid string) error {
-	if err := os.RemoveAll(st.outputDir(uid)); err != nil {
-		return fmt.Errorf("removing output of task %s: %w", uid, err)
-	}
-	if err := os.Remove(st.recordPath(uid)); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return fmt.Errorf("removing record of task %s: %w", uid, err)
-	}
-	return nil
 }
 
 // prepareStateDir creates dir and dir/tasks with mode 0700. An existing

@@ -17,20 +17,13 @@ import (
 // AgentRestarted. An unreadable record is logged and its files are left
 // alone for an operator to look at.
 func (s *Server) recoverTasks() {
-	if err := s.store.removeStale(); err != nil {
-		s.log.Error("removing unfinished record writes", "err", err)
-	}
-	uids, err := s.store.list()
-	if err != nil {
-		s.log.Error("recovering tasks", "err", err)
-		return
-	}
+	uids, loaded := s.store.records()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, uid := range uids {
-		rec, st, err := s.store.read(uid)
+		rec, st, err := loaded[uid].rec, loaded[uid].status, loaded[uid].err
 		if err != nil {
-			s.log.Error("recovering task: unreadable record; leaving its files", "uid", uid, "err", err)
+			s.log.Error("recovering task: unreadable record; leaving it and the task's files", "uid", uid, "err", err)
 			continue
 		}
 		e := &entry{rec: rec, status: st}

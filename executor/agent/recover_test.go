@@ -1,7 +1,6 @@
 package agent
 
 import (
-	"errors"
 	"os"
 	"path/filepath"
 	"testing"
@@ -26,7 +25,10 @@ func TestRecoverRecords(t *testing.T) {
 	if err := prepareStateDir(stateDir); err != nil {
 		t.Fatal(err)
 	}
-	st := store{dir: filepath.Join(stateDir, "tasks")}
+	st, err := openStore(stateDir, filepath.Join(stateDir, "tasks"))
+	if err != nil {
+		t.Fatal(err)
+	}
 	ref := func(uid string) *agentv1.TaskRef {
 		return &agentv1.TaskRef{Namespace: "ns", Name: "n-" + uid, Uid: uid}
 	}
@@ -62,13 +64,22 @@ func TestRecoverRecords(t *testing.T) {
 	}
 	write("running", &record{State: stateRunning, TailBytes: 64000, SpillLimitBytes: 1 << 20, Process: processRecord{WorkDir: workDir}},
 		&agentv1.TaskStatus{Ref: ref("running"), State: agentv1.TaskState_TASK_STATE_RUNNING, IncarnationId: "earlier"})
-	if err := os.WriteFile(st.recordPath("broken"), []byte("{not json"), 0o600); err != nil {
+	// A frame whose checksum holds but whose record does not decode.
+	if err := st.append("broken", frameRecord, []byte("{not json")); err != nil {
 		t.Fatal(err)
 	}
-	// An agent killed between writing a record's temporary file and the
-	// rename left this.
-	staleTmp := filepath.Join(st.dir, ".running-123"+tmpSuffix)
-	if err := os.WriteFile(staleTmp, []byte("{"), 0o600); err != nil {
+	if err := st.close(); err != nil {
+		t.Fatal(err)
+	}
+	// An agent killed in the middle of an append left half a frame.
+	jf, err := os.OpenFile(filepath.Join(stateDir, "records.journal"), os.O_WRONLY|os.O_APPEND, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := jf.Write([]byte{200, 0, 0, 0, 1, 2}); err != nil {
+		t.Fatal(err)
+	}
+	if err := jf.Close(); err != nil {
 		t.Fatal(err)
 	}
 
@@ -107,17 +118,14 @@ func TestRecoverRecords(t *testing.T) {
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("recovered tasks: reason and stdout upload state (-want +got):\n%s", diff)
 	}
-	if st.exists("forgotten") {
+	if r.srv.store.exists("forgotten") {
 		t.Error("files of a forgotten task after recovery, want them gone")
 	}
-	if _, err := os.Stat(staleTmp); !errors.Is(err, os.ErrNotExist) {
-		t.Errorf("temporary file of an unfinished record write after recovery: %v, want it removed", err)
+	if r.srv.store.damaged == nil {
+		t.Error("the half frame at the journal's end was not reported")
 	}
-	if _, err := os.Stat(workDir); !errors.Is(err, os.ErrNotExist) {
-		t.Errorf("working directory of a recovered task: %v, want it removed", err)
-	}
-	if _, err := os.Stat(st.recordPath("broken")); err != nil {
-		t.Errorf("unreadable record after recovery: %v, want it left alone", err)
+	if !r.srv.store.exists("broken") {
+		t.Error("unreadable record dropped by recovery, want it kept")
 	}
 	_, err = r.client.Start(t.Context(), &agentv1.StartRequest{Spec: taskSpec("broken", "true")})
 	if status.Code(err) != codes.FailedPrecondition {

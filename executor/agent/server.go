@@ -105,7 +105,7 @@ type Server struct {
 
 	cfg         Config
 	log         *slog.Logger
-	store       store
+	store       *store
 	incarnation string
 	bucket      *blob.Bucket
 	bucketBase  string // bucket URL without query, for object URLs
@@ -157,7 +157,7 @@ type watcher struct {
 // reports not ready and retries at each readiness check (case C28). It
 // returns an error for a bad configuration, an unusable state directory or a
 // bucket URL that cannot be opened.
-func New(ctx context.Context, cfg Config) (*Server, error) {
+func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 	if cfg.NodeName == "" {
 		return nil, errors.New("agent: node name is required")
 	}
@@ -168,13 +168,25 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	s := &Server{
 		cfg:      cfg,
 		log:      cfg.Logger,
-		store:    store{dir: filepath.Join(cfg.StateDir, "tasks")},
 		metrics:  cfg.Metrics,
 		health:   health.NewServer(),
 		wake:     make(chan struct{}, 1),
 		stopCh:   make(chan struct{}),
 		tasks:    map[string]*entry{},
 		watchers: map[*watcher]struct{}{},
+	}
+	st, err := openStore(cfg.StateDir, filepath.Join(cfg.StateDir, "tasks"))
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		if err != nil {
+			_ = st.close()
+		}
+	}()
+	s.store = st
+	if st.damaged != nil {
+		s.log.Warn("record journal: discarded its damaged end (an agent killed mid-write leaves one)", "reason", st.damaged)
 	}
 	var id [8]byte
 	_, _ = rand.Read(id[:])
@@ -312,6 +324,9 @@ func (s *Server) Close() error {
 	var errs []error
 	if err := s.bucket.Close(); err != nil {
 		errs = append(errs, fmt.Errorf("closing bucket: %w", err))
+	}
+	if err := s.store.close(); err != nil {
+		errs = append(errs, fmt.Errorf("closing the record journal: %w", err))
 	}
 	s.mu.Lock()
 	ex := s.ex
