@@ -13,7 +13,7 @@ import (
 	"slices"
 	"sync"
 
-	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
 
 	agentv1 "github.com/bashtask/bashtask-operator/api/agent/v1"
 )
@@ -46,7 +46,7 @@ import (
 // Frame layout, little-endian: body length (uint32), CRC-32C of the body
 // (uint32), then the body: UID length (uint16), UID, kind (frameRecord or
 // frameForgotten) and, for a record, its JSON (record, with the status in
-// protojson form).
+// protobuf binary form).
 type store struct {
 	dir  string // <state-dir>/tasks, the output directories
 	path string // the journal
@@ -195,7 +195,7 @@ func decodeRecord(uid string, payload []byte) loadedRecord {
 		return loadedRecord{err: fmt.Errorf("record of task %s has version %d, want %d", uid, rec.Version, recordVersion)}
 	}
 	status := &agentv1.TaskStatus{}
-	if err := protojson.Unmarshal(rec.Status, status); err != nil {
+	if err := proto.Unmarshal(rec.Status, status); err != nil {
 		return loadedRecord{err: fmt.Errorf("decoding status of task %s: %w", uid, err)}
 	}
 	return loadedRecord{rec: rec, status: status}
@@ -257,7 +257,7 @@ func (st *store) exists(uid string) bool {
 
 // write appends rec, with status, as uid's record.
 func (st *store) write(uid string, rec *record, status *agentv1.TaskStatus) error {
-	js, err := protojson.Marshal(status)
+	js, err := proto.Marshal(status)
 	if err != nil {
 		return fmt.Errorf("encoding status of task %s: %w", uid, err)
 	}

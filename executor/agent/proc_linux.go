@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -78,14 +79,15 @@ func hasEnv(pid int, kv string) bool {
 	return false
 }
 
-// bootID identifies the running kernel boot.
-func bootID() string {
+// bootID identifies the running kernel boot. It is read once: it changes
+// only with a reboot, which this process does not outlive.
+var bootID = sync.OnceValue(func() string {
 	b, err := os.ReadFile("/proc/sys/kernel/random/boot_id")
 	if err != nil {
 		return ""
 	}
 	return strings.TrimSpace(string(b))
-}
+})
 
 // stopLeftovers kills whatever is left of a task of an earlier incarnation
 // and returns how many processes it killed.

@@ -542,7 +542,9 @@ func (s *Server) finishLocked(e *entry, res executor.Result) {
 	s.metrics.Finished.WithLabelValues(e.status.Reason).Inc()
 	s.broadcastLocked(taskEvent(agentv1.EventType_EVENT_TYPE_FINISHED, e.status))
 	s.log.Info("task finished", "uid", uid, "reason", e.status.Reason, "exitCode", e.status.ExitCode)
-	s.kickUploader()
+	if e.pendingUploads() > 0 {
+		s.kickUploader()
+	}
 }
 
 // Cancel implements the Cancel RPC.

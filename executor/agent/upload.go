@@ -142,27 +142,32 @@ func (s *Server) uploadLoop(ctx context.Context) {
 	}
 }
 
-// nextUpload returns a due upload (marked in flight), or how long to wait
-// for the next one.
+// nextUpload returns the due upload that has waited longest (marked in
+// flight), or how long to wait for the next one. It looks at every task
+// without sorting them: it runs after each task's end.
 func (s *Server) nextUpload() (*entry, int, time.Duration) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := time.Now()
 	wait := time.Hour
-	for _, uid := range s.sortedUIDsLocked() {
-		e := s.tasks[uid]
+	var due *entry
+	var dueStream int
+	for _, e := range s.tasks {
 		for i, j := range e.uploads {
-			if j == nil || j.inFlight {
-				continue
+			switch {
+			case j == nil || j.inFlight:
+			case j.next.After(now):
+				wait = min(wait, j.next.Sub(now))
+			case due == nil || j.next.Before(due.uploads[dueStream].next):
+				due, dueStream = e, i
 			}
-			if !j.next.After(now) {
-				j.inFlight = true
-				return e, i, 0
-			}
-			wait = min(wait, j.next.Sub(now))
 		}
 	}
-	return nil, 0, wait
+	if due == nil {
+		return nil, 0, wait
+	}
+	due.uploads[dueStream].inFlight = true
+	return due, dueStream, 0
 }
 
 // uploadOne makes one attempt and records its outcome.
