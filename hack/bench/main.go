@@ -132,7 +132,7 @@ func main() {
 	flag.BoolVar(&o.skipRaw, "skip-raw", false, "skip the raw API phase (and the ratio)")
 	flag.IntVar(&o.rawStatusWritesOverride, "raw-status-writes", -1, "status writes per task in the raw API phase (default: as measured in the throughput phase)")
 	flag.StringVar(&o.profileDir, "profile-dir", "", "take CPU profiles of kube-apiserver, the controller and the agents during the throughput phase into this directory (empty: none)")
-	flag.DurationVar(&o.profileFor, "profile-duration", 10*time.Second, "length of the CPU profiles of -profile-dir; they start 2 s into the throughput phase")
+	flag.DurationVar(&o.profileFor, "profile-duration", 10*time.Second, "length of the CPU profiles of -profile-dir; they start 2 s into the throughput phase (and the raw API phase, whose kube-apiserver profile goes to <dir>/raw)")
 	flag.Parse()
 	if o.qps == 0 {
 		o.qps = 1000
@@ -1164,6 +1164,17 @@ func rawPhase(ctx context.Context, o options, sample []v1.BashTaskStatus, status
 			printCPU("raw API phase", cpuBefore, snapshotCPU(procs), len(names))
 		}
 	}()
+	if o.profileDir != "" {
+		var profiled sync.WaitGroup
+		defer profiled.Wait()
+		profiled.Go(func() {
+			select {
+			case <-time.After(2 * time.Second):
+				b.profileComponents(ctx, nil, filepath.Join(o.profileDir, "raw"), o.profileFor)
+			case <-ctx.Done():
+			}
+		})
+	}
 	deadline := time.Now().Add(o.phaseTimeout)
 	start := time.Now()
 	err = runWorkers(ctx, o.workers, names, func(ctx context.Context, name string) error {
