@@ -479,7 +479,12 @@ func (r *BashTaskReconciler) reconcileFinished(ctx context.Context, bt *bashtask
 	if isDispatched(bt) {
 		agent = r.agents.Agent(node)
 	}
-	sameAgent := agent.Connected && bt.Status.Agent != nil && agent.Incarnation == bt.Status.Agent.Incarnation
+	// Whichever incarnation of the node's agent is connected now: a task
+	// the agent recovered after a restart is held, uploaded and finally
+	// forgotten by the new incarnation, under the same UID. Forget by UID is
+	// safe on any incarnation: one that does not hold the task ignores it,
+	// and one that still runs it refuses.
+	connected := agent.Connected
 
 	if bt.Status.ObservedGeneration != bt.Generation && bt.DeletionTimestamp.IsZero() {
 		// A spec change after the end (cancelRequested, suspend, the TTL)
@@ -493,7 +498,7 @@ func (r *BashTaskReconciler) reconcileFinished(ctx context.Context, bt *bashtask
 			return reconcile.Result{}, err
 		}
 	}
-	if sameAgent && uploadPending(bt) {
+	if connected && uploadPending(bt) {
 		// Uploads finish after the terminal report; follow them into the
 		// spill references. The terminal reason never changes here.
 		ts, ok := r.agents.Latest(node, string(bt.UID))
@@ -512,7 +517,7 @@ func (r *BashTaskReconciler) reconcileFinished(ctx context.Context, bt *bashtask
 		}
 	}
 
-	if sameAgent && !uploadPending(bt) && r.agents.Holds(node, string(bt.UID)) {
+	if connected && !uploadPending(bt) && r.agents.Holds(node, string(bt.UID)) {
 		// The terminal status and the object references are recorded: the
 		// agent may drop its copy. Not earlier: an agent that forgot a task
 		// can no longer tell where its output went.

@@ -3,6 +3,7 @@ package e2e
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -245,6 +246,19 @@ func TestAgentKilledDuringTask(t *testing.T) {
 	}
 	if took := time.Since(start); took > 30*time.Second {
 		t.Errorf("AgentRestarted after %s", took)
+	}
+	// The new incarnation recovered the task; once its terminal status is
+	// written the controller has it forgotten, which removes its spill
+	// directory ("before" made one).
+	spill := filepath.Join(clusterDir, "agents", "node-2", "tasks", string(done.UID))
+	for deadline := time.Now().Add(30 * time.Second); ; {
+		if _, err := os.Stat(spill); errors.Is(err, os.ErrNotExist) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s still there 30 s after the task ended: the recovered task was not forgotten", spill)
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
 }
 
