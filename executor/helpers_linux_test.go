@@ -14,6 +14,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/bashtask/bashtask-operator/internal/procfs"
 )
 
 // noReaperEnv makes a test binary run without BecomeSubreaper, so the
@@ -115,14 +117,9 @@ func marker(seconds int) string {
 // withArg lists live processes that have arg in their command line.
 // Zombies have an empty command line and do not count.
 func withArg(arg string) []int {
-	entries, _ := os.ReadDir("/proc")
 	var out []int
-	for _, e := range entries {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+	for _, pid := range procfs.PIDs() {
+		b, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "cmdline"))
 		if err != nil {
 			continue
 		}
@@ -158,14 +155,9 @@ func waitForOutput(t *testing.T, task *Task, s string) {
 
 // zombieChildren lists this process's children that are zombies.
 func zombieChildren() []int {
-	entries, _ := os.ReadDir("/proc")
 	var out []int
-	for _, e := range entries {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		if st, ok := readProcStat(pid); ok && st.ppid == os.Getpid() && st.state == 'Z' {
+	for _, pid := range procfs.PIDs() {
+		if st, err := procfs.ReadStat(pid); err == nil && st.PPID == os.Getpid() && st.State == 'Z' {
 			out = append(out, pid)
 		}
 	}

@@ -10,6 +10,8 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/bashtask/bashtask-operator/internal/procfs"
 )
 
 // A running task names its shell (pid, start time), its cgroup and its
@@ -25,14 +27,14 @@ func TestTaskIdentity(t *testing.T) {
 		waitForOutput(t, task, "ready")
 
 		pid := task.PID()
-		st, ok := readProcStat(pid)
+		st, err := procfs.ReadStat(pid)
 		switch {
-		case pid <= 0 || !ok:
-			t.Fatalf("PID() = %d, /proc stat readable %v", pid, ok)
-		case st.startTicks == 0 || st.startTicks != task.ProcessStart():
-			t.Errorf("ProcessStart() = %d, /proc/%d/stat says %d", task.ProcessStart(), pid, st.startTicks)
-		case st.pgrp != pid || st.session != pid:
-			t.Errorf("pid %d has process group %d and session %d, want both equal to the pid", pid, st.pgrp, st.session)
+		case pid <= 0 || err != nil:
+			t.Fatalf("PID() = %d, /proc stat: %v", pid, err)
+		case st.StartTicks == 0 || st.StartTicks != task.ProcessStart():
+			t.Errorf("ProcessStart() = %d, /proc/%d/stat says %d", task.ProcessStart(), pid, st.StartTicks)
+		case st.PGRP != pid || st.Session != pid:
+			t.Errorf("pid %d has process group %d and session %d, want both equal to the pid", pid, st.PGRP, st.Session)
 		}
 
 		cg := task.CgroupPath()

@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/bashtask/bashtask-operator/internal/procfs"
 )
 
 // Reaping design.
@@ -385,9 +387,9 @@ func startWaited(start func(pidfd *int) (*os.Process, error)) (*os.Process, uint
 
 // startTicksOf reads the start time of pid, 0 when it cannot be read.
 func startTicksOf(pid int) uint64 {
-	st, ok := readProcStat(pid)
-	if !ok {
+	st, err := procfs.ReadStat(pid)
+	if err != nil {
 		return 0
 	}
-	return st.startTicks
+	return st.StartTicks
 }

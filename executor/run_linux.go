@@ -6,14 +6,14 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"path/filepath"
-	"strconv"
 	"strings"
 	"sync/atomic"
 	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/bashtask/bashtask-operator/internal/procfs"
 )
 
 // Timing of the stop procedure.
@@ -544,52 +544,15 @@ func (t *Task) drainOutput() {
 // process group is id, from /proc/<pid>/stat (proc(5)). It finds processes
 // of a task that moved to another process group of the task's session.
 func sessionMembers(id int) []int {
-	entries, err := os.ReadDir("/proc")
-	if err != nil {
-		return nil
-	}
 	var out []int
-	for _, e := range entries {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil || pid == id {
+	for _, pid := range procfs.PIDs() {
+		if pid == id {
 			continue
 		}
-		st, ok := readProcStat(pid)
-		if ok && st.state != 'Z' && (st.pgrp == id || st.session == id) {
+		st, err := procfs.ReadStat(pid)
+		if err == nil && st.State != 'Z' && (st.PGRP == id || st.Session == id) {
 			out = append(out, pid)
 		}
 	}
 	return out
-}
-
-type procStat struct {
-	state               byte
-	ppid, pgrp, session int
-	startTicks          uint64 // field 22, starttime: clock ticks after boot
-}
-
-// readProcStat parses the fields after the command name, which may itself
-// contain spaces and parentheses, hence the last ')'.
-func readProcStat(pid int) (procStat, bool) {
-	b, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "stat"))
-	if err != nil {
-		return procStat{}, false
-	}
-	i := strings.LastIndexByte(string(b), ')')
-	if i < 0 {
-		return procStat{}, false
-	}
-	// f[0] is field 3 (state), so field n is f[n-3].
-	f := strings.Fields(string(b[i+1:]))
-	if len(f) < 20 || len(f[0]) != 1 {
-		return procStat{}, false
-	}
-	ppid, err1 := strconv.Atoi(f[1])
-	pgrp, err2 := strconv.Atoi(f[2])
-	sess, err3 := strconv.Atoi(f[3])
-	start, err4 := strconv.ParseUint(f[19], 10, 64)
-	if err1 != nil || err2 != nil || err3 != nil || err4 != nil {
-		return procStat{}, false
-	}
-	return procStat{state: f[0][0], ppid: ppid, pgrp: pgrp, session: sess, startTicks: start}, true
 }

@@ -14,54 +14,9 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/bashtask/bashtask-operator/internal/procfs"
 )
-
-// procStat is the part of /proc/<pid>/stat the agent needs.
-type procStat struct {
-	ppid, pgid int
-	state      byte
-	startTicks uint64
-}
-
-// readStat parses /proc/<pid>/stat. The command name (field 2) may contain
-// spaces and parentheses, so parsing starts after its last ')'.
-func readStat(pid int) (procStat, error) {
-	b, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "stat"))
-	if err != nil {
-		return procStat{}, err
-	}
-	i := bytes.LastIndexByte(b, ')')
-	if i < 0 || i+2 >= len(b) {
-		return procStat{}, fmt.Errorf("malformed /proc/%d/stat", pid)
-	}
-	f := strings.Fields(string(b[i+2:]))
-	// f[0] is field 3 (state); field n is f[n-3].
-	if len(f) < 20 {
-		return procStat{}, fmt.Errorf("malformed /proc/%d/stat", pid)
-	}
-	ppid, err1 := strconv.Atoi(f[1])
-	pgid, err2 := strconv.Atoi(f[2])
-	start, err3 := strconv.ParseUint(f[19], 10, 64)
-	if err := errors.Join(err1, err2, err3); err != nil {
-		return procStat{}, fmt.Errorf("malformed /proc/%d/stat: %w", pid, err)
-	}
-	return procStat{ppid: ppid, pgid: pgid, state: f[0][0], startTicks: start}, nil
-}
-
-// pids lists the process ids in /proc.
-func pids() []int {
-	entries, err := os.ReadDir("/proc")
-	if err != nil {
-		return nil
-	}
-	var out []int
-	for _, e := range entries {
-		if pid, err := strconv.Atoi(e.Name()); err == nil {
-			out = append(out, pid)
-		}
-	}
-	return out
-}
 
 // hasEnv reports whether the environment of pid contains the exact entry
 // kv ("NAME=VALUE"). Reading another user's environ needs root or
@@ -124,9 +79,9 @@ func stopLeftovers(p processRecord, marker string) (int, error) {
 	victims := map[int]bool{}
 	var errs []error
 	if p.PID > 0 && p.StartTicks != 0 {
-		if st, err := readStat(p.PID); err == nil && st.startTicks == p.StartTicks && st.pgid == p.PID {
-			for _, pid := range pids() {
-				if s, err := readStat(pid); err == nil && s.pgid == p.PID && s.state != 'Z' {
+		if st, err := procfs.ReadStat(p.PID); err == nil && st.StartTicks == p.StartTicks && st.PGRP == p.PID {
+			for _, pid := range procfs.PIDs() {
+				if s, err := procfs.ReadStat(pid); err == nil && s.PGRP == p.PID && s.State != 'Z' {
 					victims[pid] = true
 				}
 			}
@@ -136,11 +91,11 @@ func stopLeftovers(p processRecord, marker string) (int, error) {
 		}
 	}
 	if p.Cgroup == "" {
-		for _, pid := range pids() {
+		for _, pid := range procfs.PIDs() {
 			if pid == os.Getpid() || victims[pid] {
 				continue
 			}
-			if st, err := readStat(pid); err == nil && st.state != 'Z' && hasEnv(pid, marker) {
+			if st, err := procfs.ReadStat(pid); err == nil && st.State != 'Z' && hasEnv(pid, marker) {
 				if err := unix.Kill(pid, unix.SIGKILL); err == nil {
 					victims[pid] = true
 				}

@@ -15,6 +15,7 @@ import (
 
 	agentv1 "github.com/bashtask/bashtask-operator/api/agent/v1"
 	"github.com/bashtask/bashtask-operator/executor"
+	"github.com/bashtask/bashtask-operator/internal/procfs"
 )
 
 // startGroup starts `sh -c command` as the leader of a new session and
@@ -35,18 +36,18 @@ func startGroup(t *testing.T, command string, env ...string) (*exec.Cmd, uint64)
 			_ = unix.Kill(-cmd.Process.Pid, unix.SIGKILL)
 		}
 	})
-	st, err := readStat(cmd.Process.Pid)
+	st, err := procfs.ReadStat(cmd.Process.Pid)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return cmd, st.startTicks
+	return cmd, st.StartTicks
 }
 
 // groupSize counts the live processes of process group pgid.
 func groupSize(pgid int) int {
 	n := 0
-	for _, pid := range pids() {
-		if st, err := readStat(pid); err == nil && st.pgid == pgid && st.state != 'Z' {
+	for _, pid := range procfs.PIDs() {
+		if st, err := procfs.ReadStat(pid); err == nil && st.PGRP == pgid && st.State != 'Z' {
 			n++
 		}
 	}
@@ -131,8 +132,8 @@ func TestStartRecordsProcessIdentity(t *testing.T) {
 		t.Fatal(err)
 	}
 	p := rec.Process
-	st, err := readStat(p.PID)
-	if rec.State != stateRunning || err != nil || p.StartTicks == 0 || st.startTicks != p.StartTicks || st.pgid != p.PID {
+	st, err := procfs.ReadStat(p.PID)
+	if rec.State != stateRunning || err != nil || p.StartTicks == 0 || st.StartTicks != p.StartTicks || st.PGRP != p.PID {
 		t.Errorf("record %+v state %s; /proc stat %+v (err %v): want the running shell's pid and start time", p, rec.State, st, err)
 	}
 	r.srv.mu.Lock()

@@ -11,11 +11,9 @@ import (
 	"sync"
 	"text/tabwriter"
 	"time"
-)
 
-// clockTicks is USER_HZ, the unit of utime and stime in /proc/<pid>/stat:
-// 100 on every Linux architecture Go supports (sysconf(_SC_CLK_TCK)).
-const clockTicks = 100
+	"github.com/bashtask/bashtask-operator/internal/procfs"
+)
 
 // component is one process of the local cluster.
 type component struct {
@@ -100,53 +98,26 @@ func flagValue(pid int, names ...string) string {
 
 // childrenOf returns the pids whose parent is ppid.
 func childrenOf(ppid int) []int {
-	entries, _ := os.ReadDir("/proc")
 	var out []int
-	for _, e := range entries {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		if st, ok := procStat(pid); ok && st.ppid == ppid {
+	for _, pid := range procfs.PIDs() {
+		if st, err := procfs.ReadStat(pid); err == nil && st.PPID == ppid {
 			out = append(out, pid)
 		}
 	}
 	return out
 }
 
-type stat struct {
-	ppid int
-	// cpu is user plus system time of the process itself, children not
-	// included (so the shells an agent runs are not counted in the agent).
-	cpu time.Duration
-	// children is the user plus system time of its children that ended
-	// and were waited for: for an agent, the tasks' shells.
-	children time.Duration
-}
-
-// procStat reads /proc/<pid>/stat (proc(5)): field 4 is ppid, 14 and 15
-// are utime and stime, 16 and 17 cutime and cstime, in clock ticks. The command name (field 2) may hold
-// spaces and parentheses, so fields are counted after its last ')'.
-func procStat(pid int) (stat, bool) {
-	raw, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "stat"))
+// cpuTimes returns the user plus system time of pid itself (children not
+// included, so the shells an agent runs are not counted in the agent), and
+// that of its children that ended and were waited for: for an agent, the
+// tasks' shells.
+func cpuTimes(pid int) (self, children time.Duration, ok bool) {
+	st, err := procfs.ReadStat(pid)
 	if err != nil {
-		return stat{}, false
+		return 0, 0, false
 	}
-	s := string(raw)
-	end := strings.LastIndexByte(s, ')')
-	if end < 0 {
-		return stat{}, false
-	}
-	f := strings.Fields(s[end+1:]) // f[0] is field 3 (state)
-	if len(f) < 15 {
-		return stat{}, false
-	}
-	ppid, _ := strconv.Atoi(f[1])
-	ticks := func(i int) time.Duration {
-		v, _ := strconv.ParseInt(f[i], 10, 64)
-		return time.Duration(v) * time.Second / clockTicks
-	}
-	return stat{ppid: ppid, cpu: ticks(11) + ticks(12), children: ticks(13) + ticks(14)}, true
+	tick := time.Second / procfs.ClockTicks
+	return time.Duration(st.UTime+st.STime) * tick, time.Duration(st.CUTime+st.CSTime) * tick, true
 }
 
 // cpuSnapshot is the CPU time of each component at one moment.
@@ -160,10 +131,10 @@ type cpuSnapshot struct {
 func snapshotCPU(cs []component) cpuSnapshot {
 	s := cpuSnapshot{at: time.Now(), cpu: map[string]time.Duration{}}
 	for _, c := range cs {
-		if st, ok := procStat(c.pid); ok {
-			s.cpu[c.name] = st.cpu
+		if self, children, ok := cpuTimes(c.pid); ok {
+			s.cpu[c.name] = self
 			if strings.HasPrefix(c.name, "agent-") {
-				s.cpu[c.name+" tasks"] = st.children
+				s.cpu[c.name+" tasks"] = children
 			}
 		}
 	}

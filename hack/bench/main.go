@@ -995,23 +995,11 @@ func parseLabels(s string, m map[string]string) (string, bool) {
 // controllerMetricsURL finds the controller's metrics address in its
 // command line; empty when it cannot.
 func controllerMetricsURL(dir string) string {
-	raw, err := os.ReadFile(filepath.Join(dir, "pids", "controller"))
-	if err != nil {
+	pid := readPID(filepath.Join(dir, "pids", "controller"))
+	if pid == 0 {
 		return ""
 	}
-	cmdline, err := os.ReadFile(filepath.Join("/proc", strings.TrimSpace(string(raw)), "cmdline"))
-	if err != nil {
-		return ""
-	}
-	args := strings.Split(string(cmdline), "\x00")
-	addr := ""
-	for i, a := range args {
-		if v, ok := strings.CutPrefix(a, "--metrics-bind-address="); ok {
-			addr = v
-		} else if a == "--metrics-bind-address" && i+1 < len(args) {
-			addr = args[i+1]
-		}
-	}
+	addr := flagValue(pid, "--metrics-bind-address")
 	if addr == "" || addr == "0" {
 		return ""
 	}

@@ -26,6 +26,7 @@ import (
 	"google.golang.org/grpc/credentials"
 
 	agentv1 "github.com/bashtask/bashtask-operator/api/agent/v1"
+	"github.com/bashtask/bashtask-operator/internal/procfs"
 	"github.com/bashtask/bashtask-operator/internal/syncbuf"
 	"github.com/bashtask/bashtask-operator/internal/tlsutil"
 )
@@ -273,14 +274,9 @@ func isType(t agentv1.EventType) func(*agentv1.TaskEvent) bool {
 // carries BASHTASK_UID=uid.
 func tasksWithMarker(uid string) []int {
 	marker := []byte("BASHTASK_UID=" + uid)
-	entries, _ := os.ReadDir("/proc")
 	var out []int
-	for _, e := range entries {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		env, err := os.ReadFile(filepath.Join("/proc", e.Name(), "environ"))
+	for _, pid := range procfs.PIDs() {
+		env, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "environ"))
 		if err != nil || !containsEntry(env, marker) {
 			continue
 		}
