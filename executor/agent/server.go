@@ -131,15 +131,20 @@ type entry struct {
 	// task is the executor's handle; nil for a task that never started,
 	// that is still starting, or that an earlier incarnation ran.
 	task *executor.Task
-	// starting is set while Start creates the task outside the lock; the
-	// entry then holds copies of its record and status, and a Cancel is
-	// remembered in cancelled and applied once the process exists.
-	starting bool
 	// cancelled is set by the Cancel RPC; stopByAgent when the agent's
 	// shutdown cancelled the task and no Cancel came before.
 	cancelled, stopByAgent bool
 	// uploads are the streams still to upload (stdout, stderr).
 	uploads [2]*uploadJob
+}
+
+// starting reports whether Start is still creating the task outside the
+// lock: running, with no executor handle yet (a task an earlier incarnation
+// ran is recovered as finished). The entry then holds copies of its record
+// and status, and a Cancel is remembered in cancelled and applied once the
+// process exists.
+func (e *entry) starting() bool {
+	return e.task == nil && e.status.State == agentv1.TaskState_TASK_STATE_RUNNING
 }
 
 type uploadJob struct {
@@ -416,7 +421,7 @@ func (s *Server) Start(_ context.Context, req *agentv1.StartRequest) (*agentv1.S
 	// The table holds copies until the start is done: rec and st are this
 	// call's own while it works outside the lock.
 	recCopy := *rec
-	e := &entry{rec: &recCopy, status: clone(st), starting: true}
+	e := &entry{rec: &recCopy, status: clone(st)}
 	s.tasks[uid] = e
 	s.running++
 	s.metrics.Running.Set(float64(s.running))
@@ -443,7 +448,7 @@ func (s *Server) Start(_ context.Context, req *agentv1.StartRequest) (*agentv1.S
 		log.Info("task did not start", "err", err)
 		s.mu.Lock()
 		defer s.mu.Unlock()
-		e.rec, e.status, e.starting = rec, st, false
+		e.rec, e.status = rec, st
 		s.running--
 		s.metrics.Running.Set(float64(s.running))
 		s.finishLocked(e, executor.StartFailedResult(err))
@@ -465,7 +470,7 @@ func (s *Server) Start(_ context.Context, req *agentv1.StartRequest) (*agentv1.S
 
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	e.rec, e.status, e.task, e.starting = rec, st, task, false
+	e.rec, e.status, e.task = rec, st, task
 	switch {
 	case s.stopping:
 		// The shutdown began while the process was being created; it
@@ -556,7 +561,7 @@ func (s *Server) Cancel(_ context.Context, req *agentv1.CancelRequest) (*agentv1
 		return nil, status.Errorf(codes.NotFound, "task %s is not known", req.GetUid())
 	}
 	switch {
-	case e.starting:
+	case e.starting():
 		e.cancelled = true // Start cancels the task once it exists
 	case e.task != nil && e.status.State == agentv1.TaskState_TASK_STATE_RUNNING:
 		e.cancelled = true
