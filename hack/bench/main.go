@@ -193,7 +193,7 @@ func run(ctx context.Context, o options) (err error) {
 	// removed so that it is not taken for this run's.
 	sample, breakdown, phaseErr := runCluster(ctx, o, dir, &f)
 	if phaseErr != nil {
-		dumpLogs(dir)
+		localcluster.WriteLogTails(os.Stderr, dir, 15)
 	} else if !o.skipRaw {
 		statusWrites := o.rawStatusWritesOverride
 		if statusWrites < 0 {
@@ -1392,19 +1392,6 @@ func reportLogErrors(dir string) {
 			}
 			fmt.Printf("  %s\n", e)
 		}
-	}
-}
-
-// dumpLogs prints the tail of every component's log after a failure.
-func dumpLogs(dir string) {
-	logs, _ := filepath.Glob(filepath.Join(dir, "logs", "*.log"))
-	for _, l := range logs {
-		data, _ := os.ReadFile(l)
-		lines := strings.Split(string(data), "\n")
-		if len(lines) > 15 {
-			lines = lines[len(lines)-15:]
-		}
-		fmt.Fprintf(os.Stderr, "==== %s (last lines)\n%s\n", l, strings.Join(lines, "\n"))
 	}
 }
 

@@ -542,3 +542,18 @@ func WaitAcceptsTasks(ctx context.Context, c client.Client, timeout time.Duratio
 		}
 	}
 }
+
+// WriteLogTails writes the last lines of every component's log under dir
+// (a cluster directory, as Options.Dir) to w, each under a header naming
+// the file: what to read first when a run against the cluster failed.
+func WriteLogTails(w io.Writer, dir string, lines int) {
+	logs, _ := filepath.Glob(filepath.Join(dir, "logs", "*.log"))
+	for _, l := range logs {
+		data, _ := os.ReadFile(l)
+		ls := strings.Split(string(data), "\n")
+		if len(ls) > lines {
+			ls = ls[len(ls)-lines:]
+		}
+		fmt.Fprintf(w, "==== %s (last lines)\n%s\n", l, strings.Join(ls, "\n"))
+	}
+}

@@ -146,22 +146,9 @@ func run(m *testing.M) int {
 	}
 	code := m.Run()
 	if code != 0 {
-		dumpLogs()
+		localcluster.WriteLogTails(os.Stderr, clusterDir, 40)
 	}
 	return code
-}
-
-// dumpLogs prints the tail of every component's log after a failure.
-func dumpLogs() {
-	logs, _ := filepath.Glob(filepath.Join(clusterDir, "logs", "*.log"))
-	for _, l := range logs {
-		data, _ := os.ReadFile(l)
-		lines := strings.Split(string(data), "\n")
-		if len(lines) > 40 {
-			lines = lines[len(lines)-40:]
-		}
-		fmt.Fprintf(os.Stderr, "==== %s (last lines)\n%s\n", l, strings.Join(lines, "\n"))
-	}
 }
 
 func newNamespace(t *testing.T) string {
