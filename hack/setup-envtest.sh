@@ -16,7 +16,12 @@
 # v1.X.Y, not v0.0.0-master. Nothing happens when bin/k8s/ already holds
 # binaries built for the same versions and Go toolchain.
 #
+# With --node it also builds the node components of the one-node cluster
+# (hack/cluster.sh): kubelet, kube-controller-manager, kube-scheduler and
+# kube-proxy of the same release, the same way, with a stamp of their own.
+#
 # Usage: hack/setup-envtest.sh            build if needed, print the directory
+#        hack/setup-envtest.sh --node     also the node components
 #        hack/setup-envtest.sh --print    only print the directory (no build)
 set -euo pipefail
 
@@ -27,10 +32,15 @@ GO="${GO:-go}"
 log() { printf 'setup-envtest: %s\n' "$*" >&2; }
 die() { printf 'setup-envtest: error: %s\n' "$*" >&2; exit 1; }
 
-if [[ "${1:-}" == "--print" ]]; then
-  echo "${OUT}"
-  exit 0
-fi
+NODE=0
+case "${1:-}" in
+  --print) echo "${OUT}"; exit 0 ;;
+  --node) NODE=1 ;;
+  "") ;;
+  *) die "unknown argument '${1}' (want --node or --print)" ;;
+esac
+# The node components, built only with --node.
+NODE_CMDS=(kubelet kube-controller-manager kube-scheduler kube-proxy)
 
 command -v "${GO}" >/dev/null || die "the Go toolchain ('${GO}') is not on PATH"
 
@@ -44,9 +54,19 @@ K8S_VERSION="v1.${K8S_MINOR}.${BASH_REMATCH[2]}"
 GO_VERSION="$("${GO}" env GOVERSION)"
 
 STAMP="${OUT}/.versions"
-if [[ -x "${OUT}/kube-apiserver" && -x "${OUT}/kubectl" && -x "${OUT}/etcd" && -f "${STAMP}" ]] \
-   && grep -qx "kubernetes=${K8S_VERSION} go=${GO_VERSION}" "${STAMP}"; then
-  log "kube-apiserver ${K8S_VERSION} and etcd already in ${OUT}; nothing to do"
+NODE_STAMP="${OUT}/.node-versions"
+WANT="kubernetes=${K8S_VERSION} go=${GO_VERSION}"
+current() { # current STAMP BINARY...: the binaries exist and STAMP names this release and toolchain
+  local stamp="$1"; shift
+  for b in "$@"; do [[ -x "${OUT}/${b}" ]] || return 1; done
+  [[ -f "${stamp}" ]] && grep -qx "${WANT}" "${stamp}"
+}
+CONTROL_PLANE_CURRENT=0
+current "${STAMP}" kube-apiserver kubectl etcd && CONTROL_PLANE_CURRENT=1
+NODE_CURRENT=1
+if (( NODE )) && ! current "${NODE_STAMP}" "${NODE_CMDS[@]}"; then NODE_CURRENT=0; fi
+if (( CONTROL_PLANE_CURRENT && NODE_CURRENT )); then
+  log "kubernetes ${K8S_VERSION} binaries already in ${OUT}; nothing to do"
   echo "${OUT}"
   exit 0
 fi
@@ -74,16 +94,41 @@ ETCD_VERSION="$(awk '$1 == "go.etcd.io/etcd/server/v3" {print $2; exit}' "${KMOD
   echo
   for m in "${STAGING[@]}"; do echo "replace ${m} => ${m} ${LIB_VERSION}"; done
 } > "${WORK}/kube/go.mod"
-printf 'package tools\n\nimport (\n\t_ "k8s.io/kubernetes/cmd/kube-apiserver"\n\t_ "k8s.io/kubernetes/cmd/kubectl"\n)\n' > "${WORK}/kube/tools.go"
+{
+  printf 'package tools\n\nimport (\n\t_ "k8s.io/kubernetes/cmd/kube-apiserver"\n\t_ "k8s.io/kubernetes/cmd/kubectl"\n'
+  if (( NODE )); then for c in "${NODE_CMDS[@]}"; do printf '\t_ "k8s.io/kubernetes/cmd/%s"\n' "${c}"; done; fi
+  printf ')\n'
+} > "${WORK}/kube/tools.go"
 
 VPKG="k8s.io/component-base/version"
 BUILD_DATE="$(date -u +%Y-%m-%dT%H:%M:%SZ)"
 KUBE_LDFLAGS="-s -w -X ${VPKG}.gitVersion=${K8S_VERSION} -X ${VPKG}.gitMajor=1 -X ${VPKG}.gitMinor=${K8S_MINOR} -X ${VPKG}.gitTreeState=clean -X ${VPKG}.buildDate=${BUILD_DATE}"
 
-log "building kube-apiserver and kubectl ${K8S_VERSION} (${#STAGING[@]} staging modules mapped to ${LIB_VERSION}); the first build takes several minutes"
 (
   cd "${WORK}/kube"
   "${GO}" mod tidy >"${WORK}/kube.log" 2>&1 || { cat "${WORK}/kube.log" >&2; exit 1; }
+) || die "resolving the modules of k8s.io/kubernetes@${K8S_VERSION} failed (see the output above)"
+
+if (( NODE && ! NODE_CURRENT )); then
+  # Static like the release builds (no cgo): these run on the host only,
+  # but a static binary does not depend on the host's C library.
+  log "building ${NODE_CMDS[*]} ${K8S_VERSION}; the first build takes several minutes"
+  for c in "${NODE_CMDS[@]}"; do
+    (cd "${WORK}/kube" && CGO_ENABLED=0 "${GO}" build -trimpath -ldflags "${KUBE_LDFLAGS}" -o "${OUT}/${c}.new" "k8s.io/kubernetes/cmd/${c}") \
+      || die "building ${c} ${K8S_VERSION} failed (see the output above)"
+  done
+  for c in "${NODE_CMDS[@]}"; do mv -f "${OUT}/${c}.new" "${OUT}/${c}"; done
+  echo "${WANT}" > "${NODE_STAMP}"
+  log "installed ${NODE_CMDS[*]} ${K8S_VERSION} into ${OUT}"
+fi
+if (( CONTROL_PLANE_CURRENT )); then
+  echo "${OUT}"
+  exit 0
+fi
+
+log "building kube-apiserver and kubectl ${K8S_VERSION} (${#STAGING[@]} staging modules mapped to ${LIB_VERSION}); the first build takes several minutes"
+(
+  cd "${WORK}/kube"
   CGO_ENABLED=0 "${GO}" build -trimpath -ldflags "${KUBE_LDFLAGS}" -o "${OUT}/kube-apiserver.new" k8s.io/kubernetes/cmd/kube-apiserver
   # kubectl reads its version from client-go's copy of the version package.
   CGO_ENABLED=0 "${GO}" build -trimpath -ldflags "${KUBE_LDFLAGS} ${KUBE_LDFLAGS//k8s.io\/component-base\/version/k8s.io\/client-go\/pkg\/version}" -o "${OUT}/kubectl.new" k8s.io/kubernetes/cmd/kubectl
@@ -111,7 +156,7 @@ printf 'package tools\n\nimport _ "go.etcd.io/etcd/server/v3"\n' > "${WORK}/etcd
 mv -f "${OUT}/kube-apiserver.new" "${OUT}/kube-apiserver"
 mv -f "${OUT}/kubectl.new" "${OUT}/kubectl"
 mv -f "${OUT}/etcd.new" "${OUT}/etcd"
-echo "kubernetes=${K8S_VERSION} go=${GO_VERSION}" > "${STAMP}"
+echo "${WANT}" > "${STAMP}"
 echo "etcd=${ETCD_VERSION}" >> "${STAMP}"
 log "installed $("${OUT}/kube-apiserver" --version) and etcd ${ETCD_VERSION} into ${OUT}"
 echo "${OUT}"

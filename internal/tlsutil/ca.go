@@ -30,6 +30,10 @@ type LeafOptions struct {
 	// CommonName is the subject common name; for a client it is the
 	// identity the agent checks (see HasIdentity).
 	CommonName string
+	// Organization is the subject's organizations; Kubernetes reads them
+	// as the groups of a client certificate's user (system:masters,
+	// system:nodes).
+	Organization []string
 	// DNSNames and IPs are the subject alternative names a server is
 	// valid for.
 	DNSNames []string
@@ -85,6 +89,7 @@ func (ca *CA) Issue(o LeafOptions) (KeyPair, error) {
 	if err != nil {
 		return KeyPair{}, err
 	}
+	tmpl.Subject.Organization = o.Organization
 	tmpl.DNSNames, tmpl.IPAddresses = o.DNSNames, o.IPs
 	tmpl.KeyUsage = x509.KeyUsageDigitalSignature
 	if o.Server {
