@@ -19,12 +19,14 @@ CONTROLLER_GEN := $(GO) tool controller-gen
 # e2e packages need the whole local control plane.
 INTEGRATION_PKGS := ./test/integration/... ./controllers/...
 E2E_PKGS         := ./test/e2e/...
-UNIT_PKGS         = $(shell $(GO) list ./... | grep -v -e /test/integration -e /test/e2e -e /controllers)
+CLUSTER_PKGS     := ./test/cluster/...
+UNIT_PKGS         = $(shell $(GO) list ./... | grep -v -e /test/integration -e /test/e2e -e /test/cluster -e /controllers)
 TEST_FLAGS       ?= -race -count=1
 # Go test timeouts sized for a 2-core machine.
 UNIT_TIMEOUT        ?= 10m
 INTEGRATION_TIMEOUT ?= 15m
 E2E_TIMEOUT         ?= 30m
+CLUSTER_TIMEOUT     ?= 30m
 
 ##@ General
 
@@ -119,7 +121,7 @@ envtest: ## Build kube-apiserver, etcd and kubectl from the Go module proxy into
 	hack/setup-envtest.sh >/dev/null
 
 .PHONY: test
-test: test-unit test-integration test-e2e ## Run unit, then integration (real API server), then e2e tests.
+test: test-unit test-integration test-e2e test-cluster ## Run unit, integration (real API server), e2e, then the one-node cluster tests.
 
 .PHONY: test-unit
 test-unit: ## Unit tests (no control plane), with the race detector.
@@ -133,6 +135,22 @@ test-integration: envtest setup-s3 ## Integration tests against a real kube-apis
 test-e2e: envtest setup-s3 build ## End-to-end tests: bashtask-local with the controller, two agents and S3, as processes.
 	@if [[ -z "$$($(GO) list $(E2E_PKGS) 2>/dev/null)" ]]; then echo "test-e2e: no e2e packages yet"; \
 	else $(GO) test $(TEST_FLAGS) -timeout $(E2E_TIMEOUT) $(E2E_PKGS); fi
+
+.PHONY: test-cluster
+test-cluster: build tools ## The Helm chart on a real one-node cluster (kubelet, containerd, runc; images built here); needs root.
+	hack/node-packages.sh
+	hack/setup-envtest.sh --node >/dev/null
+	$(GO) test $(TEST_FLAGS) -timeout $(CLUSTER_TIMEOUT) $(CLUSTER_PKGS)
+
+##@ One-node cluster
+
+.PHONY: cluster-up
+cluster-up: ## Start a one-node cluster on this machine with the operator installed from the chart (root; INSTALL=0 skips the install).
+	hack/cluster.sh up
+
+.PHONY: cluster-down
+cluster-down: ## Stop the one-node cluster and undo its changes to the host.
+	hack/cluster.sh down
 
 # The packaging tests (test/integration/packaging) run helm, kustomize and
 # kubeconform from bin/.

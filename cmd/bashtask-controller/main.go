@@ -70,6 +70,7 @@ func newCommand() *cobra.Command {
 		SilenceErrors: true,
 		RunE:          func(cmd *cobra.Command, _ []string) error { return run(cmd, o) },
 	}
+	cmd.AddCommand(newReleaseTasksCommand())
 	f := cmd.Flags()
 	f.StringVar(&o.metricsAddr, "metrics-bind-address", ":8080", "address of the Prometheus metrics endpoint; 0 disables it")
 	f.StringVar(&o.probeAddr, "health-probe-bind-address", ":8081", "address of the /healthz and /readyz endpoints")

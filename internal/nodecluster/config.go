@@ -146,9 +146,9 @@ conntrack:
 func (c *Cluster) writeConfigs() error {
 	files := map[string]string{
 		filepath.Join(c.opts.Dir, "containerd", "config.toml"): c.containerdConfig(),
-		filepath.Join(c.cniConfDir(), "10-bashtask.conflist"):   c.cniConflist(),
-		filepath.Join(c.opts.Dir, "kubelet.yaml"):               c.kubeletConfig(),
-		filepath.Join(c.opts.Dir, "kube-proxy.yaml"):            c.kubeProxyConfig(),
+		filepath.Join(c.cniConfDir(), "10-bashtask.conflist"):  c.cniConflist(),
+		filepath.Join(c.opts.Dir, "kubelet.yaml"):              c.kubeletConfig(),
+		filepath.Join(c.opts.Dir, "kube-proxy.yaml"):           c.kubeProxyConfig(),
 	}
 	for path, content := range files {
 		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
