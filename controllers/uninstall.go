@@ -1,0 +1,155 @@
+package controllers
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/klog/v2"
+	"k8s.io/utils/clock"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+
+	bashtaskv1alpha1 "github.com/bashtask/bashtask-operator/api/v1alpha1"
+)
+
+// ReleaseOptions configure ReleaseTasks.
+type ReleaseOptions struct {
+	// Timeout bounds the wait for the cancelled tasks to end.
+	Timeout time.Duration
+	// Poll is the time between two looks at the tasks; zero means 1 s.
+	Poll time.Duration
+	// Clock measures Timeout and Poll.
+	Clock clock.Clock
+	// Logf receives one line per step; nil discards them.
+	Logf func(format string, args ...any)
+}
+
+// ReleaseTasks prepares the cluster for the controller's removal (the
+// chart runs it as a pre-delete hook of `helm uninstall`, while the
+// controller and the agents still run). Once they are gone, nothing would
+// stop a dispatched task's process cleanly or remove Finalizer, and
+// deleting a task would hang forever. So it:
+//
+//  1. sets spec.cancelRequested on every task that is dispatched and not
+//     finished (its process dies with the agents anyway; this way its
+//     status says Cancelled, with its output);
+//  2. waits until those tasks are terminal, at most o.Timeout;
+//  3. removes Finalizer from every task, whatever its state.
+//
+// Tasks not yet dispatched stay as they are (Pending): a later install
+// runs them. It returns the errors of every step; a timeout in step 2 is
+// reported but step 3 still runs.
+func ReleaseTasks(ctx context.Context, c client.Client, o ReleaseOptions) error {
+	if o.Clock == nil {
+		o.Clock = clock.RealClock{}
+	}
+	if o.Poll == 0 {
+		o.Poll = time.Second
+	}
+	logf := o.Logf
+	if logf == nil {
+		logf = func(string, ...any) {}
+	}
+	var errs []error
+	cancelled, err := cancelDispatched(ctx, c)
+	if err != nil {
+		errs = append(errs, err)
+	}
+	logf("cancelled %d running tasks", cancelled)
+	if cancelled > 0 {
+		if err := waitNoneRunning(ctx, c, o, logf); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	released, err := removeFinalizers(ctx, c)
+	if err != nil {
+		errs = append(errs, err)
+	}
+	logf("removed the finalizer from %d tasks", released)
+	return errors.Join(errs...)
+}
+
+// dispatchedUnfinished reports whether bt was handed to an agent and has
+// no terminal reason yet.
+func dispatchedUnfinished(bt *bashtaskv1alpha1.BashTask) bool {
+	return bt.Status.NodeName != "" && bt.Status.Reason == ""
+}
+
+func cancelDispatched(ctx context.Context, c client.Client) (int, error) {
+	var list bashtaskv1alpha1.BashTaskList
+	if err := c.List(ctx, &list); err != nil {
+		return 0, fmt.Errorf("listing BashTasks: %w", err)
+	}
+	n := 0
+	var errs []error
+	for i := range list.Items {
+		bt := &list.Items[i]
+		if !dispatchedUnfinished(bt) || (bt.Spec.CancelRequested != nil && *bt.Spec.CancelRequested) {
+			continue
+		}
+		patch := client.MergeFrom(bt.DeepCopy())
+		yes := true
+		bt.Spec.CancelRequested = &yes
+		if err := c.Patch(ctx, bt, patch); err != nil && !apierrors.IsNotFound(err) {
+			errs = append(errs, fmt.Errorf("cancelling %s: %w", klog.KObj(bt), err))
+			continue
+		}
+		n++
+	}
+	return n, errors.Join(errs...)
+}
+
+func waitNoneRunning(ctx context.Context, c client.Client, o ReleaseOptions, logf func(string, ...any)) error {
+	deadline := o.Clock.Now().Add(o.Timeout)
+	for {
+		var list bashtaskv1alpha1.BashTaskList
+		if err := c.List(ctx, &list); err != nil {
+			return fmt.Errorf("listing BashTasks: %w", err)
+		}
+		var running []string
+		for i := range list.Items {
+			if bt := &list.Items[i]; dispatchedUnfinished(bt) {
+				running = append(running, klog.KObj(bt).String())
+			}
+		}
+		if len(running) == 0 {
+			return nil
+		}
+		if !o.Clock.Now().Before(deadline) {
+			return fmt.Errorf("%d tasks still running after %s: %v", len(running), o.Timeout, running)
+		}
+		logf("waiting for %d tasks to end", len(running))
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-o.Clock.After(o.Poll):
+		}
+	}
+}
+
+func removeFinalizers(ctx context.Context, c client.Client) (int, error) {
+	var list bashtaskv1alpha1.BashTaskList
+	if err := c.List(ctx, &list); err != nil {
+		return 0, fmt.Errorf("listing BashTasks: %w", err)
+	}
+	n := 0
+	var errs []error
+	for i := range list.Items {
+		bt := &list.Items[i]
+		if !controllerutil.ContainsFinalizer(bt, Finalizer) {
+			continue
+		}
+		// Optimistic locking: another finalizer added meanwhile is kept.
+		patch := client.MergeFromWithOptions(bt.DeepCopy(), client.MergeFromWithOptimisticLock{})
+		controllerutil.RemoveFinalizer(bt, Finalizer)
+		if err := c.Patch(ctx, bt, patch); err != nil && !apierrors.IsNotFound(err) {
+			errs = append(errs, fmt.Errorf("removing the finalizer of %s: %w", klog.KObj(bt), err))
+			continue
+		}
+		n++
+	}
+	return n, errors.Join(errs...)
+}
