@@ -179,6 +179,16 @@ docker-build: ## Build the controller and agent images (Dockerfile targets) with
 	    -t $(IMG_REGISTRY)/bashtask-$$target:$(IMG_TAG) . ; \
 	done
 
+# `make images` needs no container engine: it builds the same images, plus
+# a pod sandbox (pause) image, as docker-archive files in bin/images for
+# `ctr -n k8s.io images import` (hack/images; docs/development.md). The
+# agent's Debian root file system is made with debootstrap, as root, once,
+# and cached in bin/images/cache.
+.PHONY: images
+images: ## Build the controller, agent and pause images as archives for containerd, without a container engine (root for the first agent build).
+	$(GO) run ./hack/images -out $(LOCALBIN)/images -tag $(IMG_TAG) \
+	  -revision "$$(git rev-parse HEAD 2>/dev/null || echo unknown)"
+
 .PHONY: helm-lint
 helm-lint: $(HELM) ## Lint the Helm chart with its default values and the cert-manager variant.
 	$(HELM) lint --strict charts/bashtask
