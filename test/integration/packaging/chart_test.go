@@ -158,6 +158,8 @@ func TestRenderedFlagsExist(t *testing.T) {
 	for name, args := range map[string][]string{
 		"controller": {filepath.Join(bin, "bashtask-controller"), "--help"},
 		"agent":      {filepath.Join(bin, "bashtask-agent"), "serve", "--help"},
+		// The chart's pre-delete hook.
+		"release-tasks": {filepath.Join(bin, "bashtask-controller"), "release-tasks", "--help"},
 	} {
 		out, err := exec.CommandContext(t.Context(), args[0], args[1:]...).CombinedOutput()
 		if err != nil {
@@ -176,6 +178,8 @@ func TestRenderedFlagsExist(t *testing.T) {
 				component = "controller"
 			case "DaemonSet":
 				component = "agent"
+			case "Job":
+				component = "release-tasks"
 			default:
 				continue
 			}

@@ -65,10 +65,19 @@ func renderings() []rendering {
 		}
 		return m
 	}
+	// The chart's pre-delete hook (uninstall-hook.yaml), rendered by helm
+	// template like every hook.
+	withHook := func(extra map[string]int) map[string]int {
+		m := with(extra)
+		for k, v := range map[string]int{"ServiceAccount": 1, "ClusterRole": 1, "ClusterRoleBinding": 1, "Job": 1} {
+			m[k] += v
+		}
+		return m
+	}
 	return []rendering{
 		{
 			name: "helm default values", cmd: helm(), namespace: chartNamespace,
-			wantKinds: with(map[string]int{"Secret": 2}),
+			wantKinds: withHook(map[string]int{"Secret": 2}),
 		},
 		{
 			name: "helm cert-manager, ServiceMonitors, two controller replicas",
@@ -81,14 +90,14 @@ func renderings() []rendering {
 				"--set-json", `agent.extraVolumeMounts=[{"name":"gcp","mountPath":"/var/run/gcp","readOnly":true}]`,
 				"--set-json", `agent.extraEnv=[{"name":"GOOGLE_APPLICATION_CREDENTIALS","value":"/var/run/gcp/key.json"}]`),
 			namespace: chartNamespace,
-			wantKinds: with(map[string]int{"Certificate": 3, "Issuer": 2, "ServiceMonitor": 2, "PodDisruptionBudget": 1}),
+			wantKinds: withHook(map[string]int{"Certificate": 3, "Issuer": 2, "ServiceMonitor": 2, "PodDisruptionBudget": 1}),
 		},
 		{
 			name: "helm cert-manager with an existing ClusterIssuer",
 			cmd: helm("--set", "certificates.source=cert-manager", "--set", "certificates.certManager.issuerRef.name=cluster-ca",
 				"--set", "certificates.certManager.issuerRef.kind=ClusterIssuer", "--set", "certificates.certManager.issuerRef.group=cert-manager.io"),
 			namespace: chartNamespace,
-			wantKinds: with(map[string]int{"Certificate": 2}),
+			wantKinds: withHook(map[string]int{"Certificate": 2}),
 		},
 		{
 			name: "helm agent without cgroups or privileged mode",
@@ -96,7 +105,7 @@ func renderings() []rendering {
 				`agent.securityContext={"privileged":false,"allowPrivilegeEscalation":false,`+
 					`"capabilities":{"drop":["ALL"],"add":["CHOWN","DAC_OVERRIDE","FOWNER","KILL","SETUID","SETGID"]}}`),
 			namespace: chartNamespace,
-			wantKinds: with(map[string]int{"Secret": 2}),
+			wantKinds: withHook(map[string]int{"Secret": 2}),
 		},
 		{
 			name: "kustomize config/default", cmd: []string{"kustomize", "build", "config/default"}, namespace: "bashtask-system",

@@ -1,0 +1,349 @@
+package cluster
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	v1 "github.com/bashtask/bashtask-operator/api/v1alpha1"
+	"golang.org/x/sys/unix"
+)
+
+// The tests run in this order; the last one uninstalls the release.
+
+// TestExamples: every manifest in examples/ ends with its
+// bashtask.dev/expect-reason, as in `make demo`, and the 2 MB stream of
+// large-output is whole in the bucket.
+func TestExamples(t *testing.T) {
+	ns := newNamespace(t)
+	files, err := filepath.Glob(filepath.Join(root, "examples", "*.yaml"))
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no examples found: %v", err)
+	}
+	expect := map[string]string{}
+	for _, f := range files {
+		data, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		dec := utilyaml.NewYAMLOrJSONDecoder(strings.NewReader(string(data)), 4096)
+		for {
+			u := &unstructured.Unstructured{}
+			if err := dec.Decode(&u.Object); err != nil {
+				break
+			}
+			if len(u.Object) == 0 {
+				continue
+			}
+			u.SetNamespace(ns)
+			if err := k8s.Create(t.Context(), u); err != nil {
+				t.Fatalf("%s: creating %s %s: %v", filepath.Base(f), u.GetKind(), u.GetName(), err)
+			}
+			if u.GetKind() == "BashTask" {
+				expect[u.GetName()] = u.GetAnnotations()["bashtask.dev/expect-reason"]
+			}
+		}
+	}
+	if len(expect) < 9 {
+		t.Fatalf("found %d example tasks, want at least 9", len(expect))
+	}
+	waitTask(t, ns, "long-running", "Running", time.Minute, func(bt *v1.BashTask) bool { return bt.Status.Phase == v1.PhaseRunning })
+	if _, errOut, code := plugin(t.Context(), "", "-n", ns, "cancel", "long-running"); code != 0 {
+		t.Fatalf("kubectl bashtask cancel: exit %d: %s", code, errOut)
+	}
+	var names []string
+	for n := range expect {
+		names = append(names, n)
+	}
+	done := waitTerminal(t, ns, names, 3*time.Minute)
+	for name, want := range expect {
+		if got := string(done[name].Status.Reason); got != want {
+			t.Errorf("%s ended %s (%s), its manifest expects %s", name, got, done[name].Status.Message, want)
+		}
+	}
+	large := waitTask(t, ns, "large-output", "uploaded", time.Minute, func(bt *v1.BashTask) bool {
+		return meta.IsStatusConditionTrue(bt.Status.Conditions, v1.ConditionOutputUploaded)
+	})
+	if s := large.Status.Stdout; s == nil || !s.Truncated || s.Spill == nil || !strings.HasPrefix(s.Spill.URL, "file://") {
+		t.Fatalf("large-output stdout = %+v, want a truncated tail and a file:// object", s)
+	}
+	checkObject(t, large, "stdout", large.Status.Stdout)
+}
+
+// TestPluginRun: `kubectl bashtask run` reaches the node through the chart's
+// controller and agent, with stdin.
+func TestPluginRun(t *testing.T) {
+	ns := newNamespace(t)
+	kernel, err := unameRelease()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, errOut, code := plugin(t.Context(), "", "-n", ns, "run", "--", "uname -r")
+	if code != 0 || out != kernel+"\n" {
+		t.Errorf("run -- uname -r: exit %d, stdout %q (want %q), stderr %q", code, out, kernel+"\n", errOut)
+	}
+	out, errOut, code = plugin(t.Context(), "hi\n", "-n", ns, "run", "-i", "--", "cat")
+	if code != 0 || out != "hi\n" {
+		t.Errorf("echo hi | run -i -- cat: exit %d, stdout %q, stderr %q", code, out, errOut)
+	}
+}
+
+func unameRelease() (string, error) {
+	var u unix.Utsname
+	if err := unix.Uname(&u); err != nil {
+		return "", err
+	}
+	return unix.ByteSliceToString(u.Release[:]), nil
+}
+
+// TestCgroupContainsEscapees: the agent in its pod creates a cgroup per
+// task (status.isolation.mechanism cgroup), so a process that left the
+// task's process group with setsid still ends with the task.
+func TestCgroupContainsEscapees(t *testing.T) {
+	ns := newNamespace(t)
+	newTask(t, ns, "escapee", "setsid sleep 300 & echo started")
+	bt := waitTerminal(t, ns, []string{"escapee"}, time.Minute)["escapee"]
+	if bt.Status.Reason != v1.ReasonSucceeded || bt.Status.Stdout == nil || bt.Status.Stdout.Tail != "started\n" {
+		t.Fatalf("%s, stdout %+v", describe(bt), bt.Status.Stdout)
+	}
+	if bt.Status.Isolation == nil || bt.Status.Isolation.Mechanism != v1.IsolationCgroup {
+		t.Errorf("status.isolation = %+v, want mechanism cgroup", bt.Status.Isolation)
+	}
+	// The task is terminal only after its leftovers were stopped.
+	if pids := processesMatching("sleep 300"); len(pids) != 0 {
+		t.Errorf("sleep 300 still runs on the node after the task ended: pids %v", pids)
+	}
+}
+
+// TestUnprivilegedScrubbed: the task runs as the chart's unprivileged user,
+// never root, and sees none of the agent's bucket credentials.
+func TestUnprivilegedScrubbed(t *testing.T) {
+	ns := newNamespace(t)
+	newTask(t, ns, "whoami", "id -u; id -g; env")
+	bt := waitTerminal(t, ns, []string{"whoami"}, time.Minute)["whoami"]
+	if bt.Status.Reason != v1.ReasonSucceeded || bt.Status.Stdout == nil {
+		t.Fatalf("%s", describe(bt))
+	}
+	lines := strings.Split(bt.Status.Stdout.Tail, "\n")
+	if len(lines) < 2 || lines[0] != "10001" || lines[1] != "10001" {
+		t.Errorf("uid and gid %q, want 10001 and 10001 (agent.runAsUser)", lines[:min(2, len(lines))])
+	}
+	env := bt.Status.Stdout.Tail
+	for _, leak := range []string{"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", bucketKeyID, bucketSecret} {
+		if strings.Contains(env, leak) {
+			t.Errorf("the task's environment holds %q from the agent's bucket credentials", leak)
+		}
+	}
+	// The agent itself does have them: the scrub is what kept them out.
+	agentEnv := kubectl(t, "-n", releaseNS, "exec", agentPod(t), "--", "printenv", "AWS_SECRET_ACCESS_KEY")
+	if strings.TrimSpace(agentEnv) != bucketSecret {
+		t.Errorf("the agent's AWS_SECRET_ACCESS_KEY is %q; the test's premise is that the agent has it", agentEnv)
+	}
+}
+
+// TestFullStreamInBucket: more output than the tail keeps, whole in the
+// configured bucket (a file bucket on the node's hostPath), sha256 equal to
+// the status.
+func TestFullStreamInBucket(t *testing.T) {
+	ns := newNamespace(t)
+	newTask(t, ns, "seq", "seq 1 200000")
+	bt := waitTask(t, ns, "seq", "uploaded", 2*time.Minute, func(bt *v1.BashTask) bool {
+		return meta.IsStatusConditionTrue(bt.Status.Conditions, v1.ConditionOutputUploaded)
+	})
+	if s := bt.Status.Stdout; bt.Status.Reason != v1.ReasonSucceeded || s == nil || s.TotalBytes != 1288895 || !s.Truncated || s.Spill == nil || !s.Spill.Complete {
+		t.Fatalf("%s, stdout %+v", describe(bt), bt.Status.Stdout)
+	}
+	checkObject(t, bt, "stdout", bt.Status.Stdout)
+	out, errOut, code := plugin(t.Context(), "", "-n", ns, "logs", "--full", "seq")
+	if code != 0 || len(out) != 1288895 || !strings.HasSuffix(out, "\n200000\n") {
+		t.Errorf("logs --full: exit %d, %d bytes, stderr %q", code, len(out), errOut)
+	}
+}
+
+// TestAgentPodDeleted: deleting the agent's pod while a task runs; the
+// DaemonSet's new pod finds the task in the hostPath state directory,
+// reports it AgentRestarted with the output captured so far, and uploads
+// it whole.
+func TestAgentPodDeleted(t *testing.T) {
+	ns := newNamespace(t)
+	newTask(t, ns, "long", "seq 1 100000; sleep 60")
+	waitTask(t, ns, "long", "with all its output", time.Minute, func(bt *v1.BashTask) bool {
+		return bt.Status.Stdout != nil && bt.Status.Stdout.TotalBytes == 588895
+	})
+	old := agentPod(t)
+	kubectl(t, "-n", releaseNS, "delete", "pod", old, "--wait=false")
+	bt := waitTask(t, ns, "long", "AgentRestarted and uploaded", 3*time.Minute, func(bt *v1.BashTask) bool {
+		return bt.Status.Reason != "" && meta.IsStatusConditionTrue(bt.Status.Conditions, v1.ConditionOutputUploaded)
+	})
+	if bt.Status.Reason != v1.ReasonAgentRestarted {
+		t.Fatalf("%s, want AgentRestarted", describe(bt))
+	}
+	if s := bt.Status.Stdout; s == nil || s.TotalBytes != 588895 || s.Spill == nil || !s.Spill.Complete {
+		t.Fatalf("stdout %+v, want 588895 bytes stored complete", s)
+	}
+	checkObject(t, bt, "stdout", bt.Status.Stdout)
+	if now := agentPod(t); now == old {
+		t.Errorf("the agent pod is still %s", old)
+	}
+	waitNoProcess(t, "sleep 60", 30*time.Second)
+}
+
+// TestControllerPodDeleted: deleting the controller's pod while 20 tasks
+// run; the Deployment's new pod takes the Lease and every task ends
+// Succeeded, each command run once.
+func TestControllerPodDeleted(t *testing.T) {
+	ns := newNamespace(t)
+	var names []string
+	for i := range 20 {
+		names = append(names, fmt.Sprintf("sleep-%02d", i))
+		newTask(t, ns, names[i], countingCommand("sleep 5"))
+	}
+	for _, n := range names {
+		waitTask(t, ns, n, "Running", time.Minute, func(bt *v1.BashTask) bool { return bt.Status.Phase == v1.PhaseRunning })
+	}
+	old := podOf(t, "controller")
+	kubectl(t, "-n", releaseNS, "delete", "pod", old, "--wait=false")
+	done := waitTerminal(t, ns, names, 3*time.Minute)
+	runs := countRuns(t)
+	for _, n := range names {
+		bt := done[n]
+		if bt.Status.Reason != v1.ReasonSucceeded {
+			t.Errorf("%s", describe(bt))
+		}
+		if c := runs[string(bt.UID)]; c != 1 {
+			t.Errorf("%s ran %d times, want once", n, c)
+		}
+	}
+	now := podOf(t, "controller")
+	if now == old {
+		t.Fatalf("the controller pod is still %s", old)
+	}
+	lease := &coordinationv1.Lease{}
+	deadline := time.Now().Add(time.Minute)
+	for {
+		if err := k8s.Get(t.Context(), client.ObjectKey{Namespace: releaseNS, Name: "bashtask-controller.bashtask.dev"}, lease); err != nil {
+			t.Fatal(err)
+		}
+		if lease.Spec.HolderIdentity != nil && strings.HasPrefix(*lease.Spec.HolderIdentity, now) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the Lease is held by %v, not by the new pod %s", ptr.Deref(lease.Spec.HolderIdentity, "nobody"), now)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// TestHelmUpgradeRollsAgents: `helm upgrade --set
+// agent.maxConcurrentTasks=8` replaces the agent pod while tasks run and
+// arrive; none is lost or run twice.
+func TestHelmUpgradeRollsAgents(t *testing.T) {
+	ns := newNamespace(t)
+	old := agentPod(t)
+	var names []string
+	for i := range 10 {
+		names = append(names, fmt.Sprintf("before-%02d", i))
+		newTask(t, ns, names[len(names)-1], countingCommand("sleep 2"))
+	}
+	args := append([]string{"upgrade", releaseName, filepath.Join(root, "charts", "bashtask"), "--namespace", releaseNS}, releaseArgs()...)
+	helm(t, append(args, "--set", "agent.maxConcurrentTasks=8")...)
+	for i := range 10 {
+		names = append(names, fmt.Sprintf("during-%02d", i))
+		newTask(t, ns, names[len(names)-1], countingCommand("sleep 1"))
+		time.Sleep(300 * time.Millisecond)
+	}
+	if err := cluster.WaitReleaseReady(t.Context(), releaseNS, 3*time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	now := agentPod(t)
+	if now == old {
+		t.Fatalf("the agent pod %s was not replaced", old)
+	}
+	ds := kubectl(t, "-n", releaseNS, "get", "pod", now, "-o", "jsonpath={.spec.containers[0].args}")
+	if !strings.Contains(ds, "--max-concurrent-tasks=8") {
+		t.Errorf("the new agent runs with %s, want --max-concurrent-tasks=8", ds)
+	}
+	done := waitTerminal(t, ns, names, 3*time.Minute)
+	runs := countRuns(t)
+	reasons := map[v1.Reason]int{}
+	for _, n := range names {
+		bt := done[n]
+		reasons[bt.Status.Reason]++
+		c := runs[string(bt.UID)]
+		switch {
+		case c > 1:
+			t.Errorf("%s ran %d times", n, c)
+		case c == 0 && bt.Status.Reason != v1.ReasonAgentLost && bt.Status.Reason != v1.ReasonAgentRestarted:
+			// A task the old agent had not started yet may end without
+			// running only as lost with its agent; nothing else.
+			t.Errorf("%s never ran but ended %s", n, bt.Status.Reason)
+		}
+	}
+	t.Logf("outcomes across the roll: %v", reasons)
+}
+
+// TestNamespaceDeletion: deleting a namespace that holds a running task
+// stops its processes, releases the finalizer, and the namespace goes away.
+func TestNamespaceDeletion(t *testing.T) {
+	ns := newNamespace(t)
+	newTask(t, ns, "in-doomed-namespace", "sleep 302")
+	waitTask(t, ns, "in-doomed-namespace", "Running", time.Minute, func(bt *v1.BashTask) bool { return bt.Status.Phase == v1.PhaseRunning })
+	if len(processesMatching("sleep 302")) != 1 {
+		t.Fatalf("want one sleep 302 on the node, have %v", processesMatching("sleep 302"))
+	}
+	kubectl(t, "delete", "namespace", ns, "--wait=false")
+	waitNoProcess(t, "sleep 302", 30*time.Second)
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		_, err := cs.CoreV1().Namespaces().Get(t.Context(), ns, metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("namespace %s still there after 2 minutes (%v): %s", ns, err, kubectl(t, "get", "bashtasks", "-n", ns, "-o", "yaml"))
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// TestHelmUninstall: `helm uninstall` with tasks still running stops them,
+// leaves no task process on the node and no task that cannot be deleted;
+// the CRD stays (Helm never deletes the CRDs of a chart's crds/).
+func TestHelmUninstall(t *testing.T) {
+	ns := newNamespace(t)
+	newTask(t, ns, "running-at-uninstall", "sleep 303")
+	newTask(t, ns, "finished-before", "true")
+	waitTask(t, ns, "running-at-uninstall", "Running", time.Minute, func(bt *v1.BashTask) bool { return bt.Status.Phase == v1.PhaseRunning })
+	waitTerminal(t, ns, []string{"finished-before"}, time.Minute)
+	helm(t, "uninstall", releaseName, "--namespace", releaseNS, "--wait", "--timeout", "3m")
+	waitNoProcess(t, "sleep 303", 30*time.Second)
+	bt := waitTerminal(t, ns, []string{"running-at-uninstall"}, 30*time.Second)["running-at-uninstall"]
+	if bt.Status.Reason != v1.ReasonCancelled {
+		t.Errorf("%s, want Cancelled by the uninstall", describe(bt))
+	}
+	// Nothing is left to remove a finalizer: deleting the tasks must not
+	// hang.
+	kubectl(t, "delete", "bashtasks", "--all", "-n", ns, "--timeout=30s")
+	var list v1.BashTaskList
+	if err := k8s.List(t.Context(), &list, client.InNamespace(ns)); err != nil || len(list.Items) != 0 {
+		t.Errorf("tasks left after delete: %d (%v)", len(list.Items), err)
+	}
+	if out := kubectl(t, "get", "crd", "bashtasks.bashtask.dev", "-o", "name"); strings.TrimSpace(out) == "" {
+		t.Errorf("the CRD is gone; Helm keeps the CRDs of crds/")
+	}
+	if pods := kubectl(t, "get", "pods", "-n", releaseNS, "-o", "name"); strings.TrimSpace(pods) != "" {
+		t.Errorf("pods left in %s: %s", releaseNS, pods)
+	}
+}

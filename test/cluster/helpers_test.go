@@ -1,0 +1,256 @@
+package cluster
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	v1 "github.com/bashtask/bashtask-operator/api/v1alpha1"
+	"github.com/bashtask/bashtask-operator/internal/procfs"
+)
+
+// newNamespace creates a namespace for one test and deletes it after.
+func newNamespace(t *testing.T) string {
+	t.Helper()
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "cluster-"}}
+	if err := k8s.Create(t.Context(), ns); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = k8s.Delete(context.Background(), ns) })
+	return ns.Name
+}
+
+// newTask creates a task with the command in ns.
+func newTask(t *testing.T, ns, name, command string) *v1.BashTask {
+	t.Helper()
+	bt := &v1.BashTask{}
+	bt.Namespace, bt.Name = ns, name
+	bt.Spec.Command = command
+	if err := k8s.Create(t.Context(), bt); err != nil {
+		t.Fatalf("creating task %s: %v", name, err)
+	}
+	return bt
+}
+
+// waitTask polls the task until ok returns true for it.
+func waitTask(t *testing.T, ns, name, what string, timeout time.Duration, ok func(*v1.BashTask) bool) *v1.BashTask {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		bt := &v1.BashTask{}
+		err := k8s.Get(t.Context(), client.ObjectKey{Namespace: ns, Name: name}, bt)
+		if err == nil && ok(bt) {
+			return bt
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s/%s not %s after %s: get error %v, status %+v", ns, name, what, timeout, err, bt.Status)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// waitTerminal waits until every named task has a terminal reason.
+func waitTerminal(t *testing.T, ns string, names []string, timeout time.Duration) map[string]*v1.BashTask {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		var list v1.BashTaskList
+		if err := k8s.List(t.Context(), &list, client.InNamespace(ns)); err != nil {
+			t.Fatal(err)
+		}
+		got := map[string]*v1.BashTask{}
+		for i := range list.Items {
+			if bt := &list.Items[i]; bt.Status.Reason != "" {
+				got[bt.Name] = bt
+			}
+		}
+		var missing []string
+		for _, n := range names {
+			if got[n] == nil {
+				missing = append(missing, n)
+			}
+		}
+		if len(missing) == 0 {
+			return got
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of %d tasks not terminal after %s: %v", len(missing), len(names), timeout, missing)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// plugin runs kubectl-bashtask against the cluster.
+func plugin(ctx context.Context, stdin string, args ...string) (stdout, stderr string, code int) {
+	cmd := exec.CommandContext(ctx, filepath.Join(root, "bin", "kubectl-bashtask"), append([]string{"--kubeconfig", cluster.Kubeconfig()}, args...)...)
+	var o, e bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &o, &e
+	if stdin != "" {
+		cmd.Stdin = strings.NewReader(stdin)
+	}
+	err := cmd.Run()
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		return o.String(), e.String(), ee.ExitCode()
+	} else if err != nil {
+		return o.String(), e.String() + err.Error(), -1
+	}
+	return o.String(), e.String(), 0
+}
+
+// kubectl runs the cluster's kubectl and fails the test on error.
+func kubectl(t *testing.T, args ...string) string {
+	t.Helper()
+	out, err := cluster.Kubectl(t.Context(), args...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// helm runs helm against the cluster and fails the test on error.
+func helm(t *testing.T, args ...string) string {
+	t.Helper()
+	out, err := cluster.Run(t.Context(), filepath.Join(root, "bin", "helm"), args...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// processesMatching lists the node's processes whose command line (NULs
+// as spaces, trailing space trimmed) is exactly cmdline.
+func processesMatching(cmdline string) []int {
+	var pids []int
+	for _, pid := range procfs.PIDs() {
+		b, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "cmdline"))
+		if err != nil {
+			continue
+		}
+		if strings.TrimSpace(strings.ReplaceAll(string(b), "\x00", " ")) == cmdline {
+			if st, err := procfs.ReadStat(pid); err == nil && st.State != 'Z' {
+				pids = append(pids, pid)
+			}
+		}
+	}
+	return pids
+}
+
+// waitNoProcess waits until no process on the node has the command line.
+func waitNoProcess(t *testing.T, cmdline string, timeout time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		pids := processesMatching(cmdline)
+		if len(pids) == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%q still runs on the node after %s: pids %v", cmdline, timeout, pids)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// countingCommand appends one line per execution to the task's count file
+// in the agent's /counts (the suite's countDir on the node), then runs rest.
+func countingCommand(rest string) string {
+	return "echo x >> /counts/$BASHTASK_UID; " + rest
+}
+
+// countRuns returns how many times each task UID's counting command ran.
+func countRuns(t *testing.T) map[string]int {
+	t.Helper()
+	entries, err := os.ReadDir(countDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]int{}
+	for _, e := range entries {
+		f, err := os.Open(filepath.Join(countDir, e.Name()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := 0
+		for s := bufio.NewScanner(f); s.Scan(); {
+			n++
+		}
+		_ = f.Close()
+		out[e.Name()] = n
+	}
+	return out
+}
+
+// agentPod returns the running agent pod's name.
+func agentPod(t *testing.T) string {
+	t.Helper()
+	return podOf(t, "agent")
+}
+
+// podOf returns the name of the one running, not terminating pod of the
+// release's component (waiting a minute for it).
+func podOf(t *testing.T, component string) string {
+	t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for {
+		pods, err := cs.CoreV1().Pods(releaseNS).List(t.Context(), metav1.ListOptions{LabelSelector: "app.kubernetes.io/component=" + component})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var names []string
+		for _, p := range pods.Items {
+			if p.DeletionTimestamp == nil && p.Status.Phase == corev1.PodRunning {
+				names = append(names, p.Name)
+			}
+		}
+		if len(names) == 1 {
+			return names[0]
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("want one running %s pod, have %v", component, names)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// objectFile is where the file bucket (file://<stateDir>/uploads, the
+// chart's default, on the node's hostPath) keeps a stream.
+func objectFile(bt *v1.BashTask, stream string) string {
+	return filepath.Join("/var/lib/bashtask-agent/uploads", bt.Namespace, bt.Name, string(bt.UID), stream)
+}
+
+// checkObject checks the stored stream against the status's size and
+// sha256.
+func checkObject(t *testing.T, bt *v1.BashTask, stream string, s *v1.StreamStatus) {
+	t.Helper()
+	if s == nil || s.Spill == nil {
+		t.Fatalf("%s: no %s spill reference in status: %+v", bt.Name, stream, s)
+	}
+	data, err := os.ReadFile(objectFile(bt, stream))
+	if err != nil {
+		t.Fatalf("%s: reading the stored %s: %v", bt.Name, stream, err)
+	}
+	sum := sha256.Sum256(data)
+	if int64(len(data)) != s.TotalBytes || hex.EncodeToString(sum[:]) != s.SHA256 {
+		t.Errorf("%s: stored %s has %d bytes sha256 %x; status says %d bytes sha256 %s", bt.Name, stream, len(data), sum, s.TotalBytes, s.SHA256)
+	}
+}
+
+func describe(bt *v1.BashTask) string {
+	return fmt.Sprintf("%s: phase %s reason %s (%s) exit %v", bt.Name, bt.Status.Phase, bt.Status.Reason, bt.Status.Message, bt.Status.ExitCode)
+}
