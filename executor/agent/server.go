@@ -666,7 +666,22 @@ func (s *Server) Watch(_ *agentv1.WatchRequest, stream agentv1.Executor_WatchSer
 		case <-stream.Context().Done():
 			return nil
 		case <-s.stopCh:
-			return status.Error(codes.Unavailable, "agent is shutting down")
+			// Run closes stopCh after the tasks the shutdown stopped have
+			// queued their terminal events; send those before ending, or
+			// select's random choice would drop them half the time.
+			for {
+				select {
+				case m, ok := <-w.ch:
+					if !ok {
+						return status.Errorf(codes.ResourceExhausted, "watcher fell more than %d events behind; watch again", s.cfg.WatchBuffer)
+					}
+					if err := stream.Send(m); err != nil {
+						return err
+					}
+				default:
+					return status.Error(codes.Unavailable, "agent is shutting down")
+				}
+			}
 		case m, ok := <-w.ch:
 			if !ok {
 				return status.Errorf(codes.ResourceExhausted, "watcher fell more than %d events behind; watch again", s.cfg.WatchBuffer)

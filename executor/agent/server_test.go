@@ -3,6 +3,7 @@ package agent
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -17,6 +18,7 @@ import (
 	"go.uber.org/goleak"
 	"gocloud.dev/blob"
 	_ "gocloud.dev/blob/fileblob"
+	_ "gocloud.dev/blob/s3blob"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
@@ -45,6 +47,9 @@ type rig struct {
 	dir    string
 	client agentv1.ExecutorClient
 	health healthpb.HealthClient
+	// shutdown cancels Run's context, as the agent's SIGTERM does, and
+	// returns Run's result once it returned; later calls return the same.
+	shutdown func() error
 }
 
 type rigOption func(*Config)
@@ -103,9 +108,12 @@ func newRig(t *testing.T, opts ...rigOption) *rig {
 	go func() { runDone <- srv.Run(ctx) }()
 	serveDone := make(chan error, 1)
 	go func() { serveDone <- g.Serve(lis) }()
-	t.Cleanup(func() {
+	shutdown := sync.OnceValue(func() error {
 		cancel()
-		if err := <-runDone; err != nil {
+		return <-runDone
+	})
+	t.Cleanup(func() {
+		if err := shutdown(); err != nil {
 			t.Errorf("Run: %v", err)
 		}
 		g.Stop()
@@ -116,7 +124,7 @@ func newRig(t *testing.T, opts ...rigOption) *rig {
 			t.Errorf("Close: %v", err)
 		}
 	})
-	r := &rig{t: t, srv: srv, addr: lis.Addr().String(), ca: ca, dir: dir}
+	r := &rig{t: t, srv: srv, addr: lis.Addr().String(), ca: ca, dir: dir, shutdown: shutdown}
 	conn := r.dial(ca, tlsutil.LeafOptions{CommonName: "bashtask-controller", Client: true})
 	r.client = agentv1.NewExecutorClient(conn)
 	r.health = healthpb.NewHealthClient(conn)
@@ -810,4 +818,83 @@ func TestConcurrentStarts(t *testing.T) {
 			t.Errorf("%s ended %s, want Cancelled", uid, reason)
 		}
 	}
+}
+
+// TestShutdownReportsStoppedTasks is what a pod deletion does to the agent:
+// Run's context ends while a task runs and its output waits for upload.
+// The watcher must get the task's terminal event (AgentRestarted) before
+// the stream ends, every time, and Run must return promptly although the
+// upload it cut short is due again at once.
+func TestShutdownReportsStoppedTasks(t *testing.T) {
+	t.Setenv("AWS_ACCESS_KEY_ID", "test")
+	t.Setenv("AWS_SECRET_ACCESS_KEY", "test")
+	for i := range 8 {
+		t.Run(fmt.Sprintf("run-%d", i), func(t *testing.T) {
+			r := newRig(t, func(c *Config) {
+				// An S3 endpoint that accepts connections and never
+				// answers: the upload that follows the task's end is in
+				// flight when the shutdown cuts it short.
+				c.BucketURL = "s3://outputs?region=us-east-1&use_path_style=true&endpoint=http://" + silentListener(t)
+			})
+			_, next := r.watch()
+			spec := taskSpec("uid-s", "seq 1 100000; sleep 60")
+			if _, err := r.client.Start(t.Context(), &agentv1.StartRequest{Spec: spec}); err != nil {
+				t.Fatal(err)
+			}
+			for {
+				if ev := next(); ev.GetStatus().GetStdout().GetTotalBytes() == 588895 {
+					break
+				}
+			}
+			done := make(chan error, 1)
+			go func() { done <- r.shutdown() }()
+			fin := until(t, next, agentv1.EventType_EVENT_TYPE_FINISHED).GetStatus()
+			if got := fin.GetReason(); got != ReasonAgentRestarted {
+				t.Errorf("terminal reason %q, want %q", got, ReasonAgentRestarted)
+			}
+			select {
+			case err := <-done:
+				if err != nil {
+					t.Fatalf("Run: %v", err)
+				}
+			case <-time.After(15 * time.Second):
+				t.Fatal("Run did not return within 15 s of the shutdown")
+			}
+		})
+	}
+}
+
+// silentListener accepts TCP connections on loopback and never answers;
+// it returns its address.
+func silentListener(t *testing.T) string {
+	t.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var conns []net.Conn
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			c, err := lis.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			conns = append(conns, c)
+			mu.Unlock()
+		}
+	}()
+	t.Cleanup(func() {
+		_ = lis.Close()
+		<-done
+		mu.Lock()
+		defer mu.Unlock()
+		for _, c := range conns {
+			_ = c.Close()
+		}
+	})
+	return lis.Addr().String()
 }

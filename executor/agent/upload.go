@@ -127,6 +127,12 @@ func (s *Server) uploadLoop(ctx context.Context) {
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
 	for {
+		// Checked before every attempt, not only when idle: an attempt cut
+		// short by the shutdown leaves its upload due at once, so the loop
+		// would otherwise pick it again forever.
+		if ctx.Err() != nil {
+			return
+		}
 		e, i, wait := s.nextUpload()
 		if e != nil {
 			s.uploadOne(ctx, e, i)

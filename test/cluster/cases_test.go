@@ -343,7 +343,17 @@ func TestHelmUninstall(t *testing.T) {
 	if out := kubectl(t, "get", "crd", "bashtasks.bashtask.dev", "-o", "name"); strings.TrimSpace(out) == "" {
 		t.Errorf("the CRD is gone; Helm keeps the CRDs of crds/")
 	}
-	if pods := kubectl(t, "get", "pods", "-n", releaseNS, "-o", "name"); strings.TrimSpace(pods) != "" {
-		t.Errorf("pods left in %s: %s", releaseNS, pods)
+	// The workloads' pods go with their owners (the garbage collector),
+	// after helm uninstall returned.
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		pods := kubectl(t, "get", "pods", "-n", releaseNS, "-o", "name")
+		if strings.TrimSpace(pods) == "" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("pods left in %s 2 minutes after helm uninstall: %s", releaseNS, pods)
+		}
+		time.Sleep(500 * time.Millisecond)
 	}
 }
