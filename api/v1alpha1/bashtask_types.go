@@ -63,7 +63,7 @@ type BashTaskSpec struct {
 	// +kubebuilder:validation:XValidation:rule="size(bytes(self)) <= 131071",message="command must be at most 131071 bytes (the kernel's per-argument limit)"
 	// +kubebuilder:validation:XValidation:rule="!self.contains('\\u0000')",message="command must not contain a NUL byte"
 	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="command is immutable"
-	Command string `json:"command"`
+	Command string `json:"command,omitempty"`
 
 	// stdin is written to the command's standard input, which is then closed.
 	// Unset: standard input is /dev/null. Empty string: an empty pipe. At most
@@ -119,7 +119,7 @@ type BashTaskSpec struct {
 	// by the agent on a monotonic clock from the start of the process. The
 	// controller caps it at its --max-timeout-seconds. Default 120. Immutable.
 	// +optional
-	// +kubebuilder:default=120
+	// +default=120
 	// +kubebuilder:validation:Minimum=1
 	// +kubebuilder:validation:Maximum=604800
 	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="timeoutSeconds is immutable"
@@ -129,7 +129,7 @@ type BashTaskSpec struct {
 	// SIGKILL when the task is stopped (timeout, cancel, deletion, leftover
 	// processes). Default 3, at most 300. Immutable.
 	// +optional
-	// +kubebuilder:default=3
+	// +default=3
 	// +kubebuilder:validation:Minimum=0
 	// +kubebuilder:validation:Maximum=300
 	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="killGracePeriodSeconds is immutable"
@@ -192,7 +192,7 @@ type EnvVar struct {
 	// +kubebuilder:validation:MaxLength=1024
 	// +kubebuilder:validation:XValidation:rule="!self.contains('=')",message="env name must not contain '='"
 	// +kubebuilder:validation:XValidation:rule="!self.contains('\\u0000')",message="env name must not contain a NUL byte"
-	Name string `json:"name"`
+	Name string `json:"name,omitempty"`
 
 	// value of the variable, at most 131071 bytes (the kernel's per-string
 	// limit) and without NUL bytes. The NUL rule is a pattern rather than a
@@ -231,7 +231,7 @@ type KeySelector struct {
 	// +required
 	// +kubebuilder:validation:MinLength=1
 	// +kubebuilder:validation:MaxLength=253
-	Name string `json:"name"`
+	Name string `json:"name,omitempty"`
 
 	// key within the object's data, at most 253 characters of
 	// [-._a-zA-Z0-9] (the Secret and ConfigMap key rule).
@@ -239,7 +239,7 @@ type KeySelector struct {
 	// +kubebuilder:validation:MinLength=1
 	// +kubebuilder:validation:MaxLength=253
 	// +kubebuilder:validation:Pattern=`^[-._a-zA-Z0-9]+$`
-	Key string `json:"key"`
+	Key string `json:"key,omitempty"`
 }
 
 // UploadPolicy says when a stream's spill file is uploaded to object storage.
@@ -397,8 +397,10 @@ type BashTaskStatus struct {
 	// +optional
 	// +listType=map
 	// +listMapKey=type
+	// +patchStrategy=merge
+	// +patchMergeKey=type
 	// +kubebuilder:validation:MaxItems=16
-	Conditions []metav1.Condition `json:"conditions,omitempty"`
+	Conditions []metav1.Condition `json:"conditions,omitempty" patchStrategy:"merge" patchMergeKey:"type"`
 
 	// observedGeneration is the metadata.generation the status was computed
 	// for.
@@ -573,7 +575,7 @@ type BashTask struct {
 
 	// status is what the controller observed.
 	// +optional
-	Status BashTaskStatus `json:"status,omitempty"`
+	Status BashTaskStatus `json:"status,omitempty,omitzero"`
 }
 
 // BashTaskList is a list of BashTasks.
