@@ -16,6 +16,7 @@ import (
 	"k8s.io/client-go/tools/events"
 	"k8s.io/klog/v2"
 	"k8s.io/utils/clock"
+	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
@@ -135,7 +136,7 @@ func NewBashTaskReconciler(c client.Client, apiReader client.Reader, agents Agen
 func (r *BashTaskReconciler) SetupWithManager(mgr ctrl.Manager, agentEvents <-chan event.TypedGenericEvent[*bashtaskv1alpha1.BashTask], workers int) error {
 	if err := mgr.GetFieldIndexer().IndexField(context.Background(), &bashtaskv1alpha1.BashTask{}, IndexOwner,
 		func(o client.Object) []string {
-			if owner := o.(*bashtaskv1alpha1.BashTask).Spec.Owner; owner != "" {
+			if owner := ptr.Deref(o.(*bashtaskv1alpha1.BashTask).Spec.Owner, ""); owner != "" {
 				return []string{owner}
 			}
 			return nil
@@ -157,11 +158,15 @@ func (r *BashTaskReconciler) SetupWithManager(mgr ctrl.Manager, agentEvents <-ch
 // the same owner's tasks waiting for one.
 func (r *BashTaskReconciler) waitingForOwnerSlot(ctx context.Context, o client.Object) []reconcile.Request {
 	bt, ok := o.(*bashtaskv1alpha1.BashTask)
-	if !ok || r.opts.MaxRunningPerOwner <= 0 || bt.Spec.Owner == "" || !isTerminal(bt) {
+	if !ok || r.opts.MaxRunningPerOwner <= 0 || !isTerminal(bt) {
+		return nil
+	}
+	owner := ptr.Deref(bt.Spec.Owner, "")
+	if owner == "" {
 		return nil
 	}
 	var list bashtaskv1alpha1.BashTaskList
-	if err := r.client.List(ctx, &list, client.InNamespace(bt.Namespace), client.MatchingFields{IndexOwner: bt.Spec.Owner}); err != nil {
+	if err := r.client.List(ctx, &list, client.InNamespace(bt.Namespace), client.MatchingFields{IndexOwner: owner}); err != nil {
 		return nil
 	}
 	var reqs []reconcile.Request
@@ -259,7 +264,7 @@ func (r *BashTaskReconciler) reconcilePending(ctx context.Context, bt *bashtaskv
 		return reconcile.Result{}, err
 	}
 	if !admitted {
-		setPending(bt, ReasonOwnerLimit, fmt.Sprintf("owner %q already runs %d tasks, the --max-running-per-owner limit", bt.Spec.Owner, r.opts.MaxRunningPerOwner))
+		setPending(bt, ReasonOwnerLimit, fmt.Sprintf("owner %q already runs %d tasks, the --max-running-per-owner limit", ptr.Deref(bt.Spec.Owner, ""), r.opts.MaxRunningPerOwner))
 		return reconcile.Result{RequeueAfter: r.opts.RetryInterval}, r.writeStatus(ctx, bt, old, "pending")
 	}
 

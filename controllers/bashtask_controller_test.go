@@ -103,7 +103,7 @@ func TestOutcomes(t *testing.T) {
 			command: "echo out; echo err >&2", wantReason: v1.ReasonSucceeded, wantPhase: v1.PhaseSucceeded, wantExit: ptr.To[int32](0), wantStdout: "out\n", wantStderr: "err\n",
 		},
 		"C27 working dir missing": {
-			command: "true", mutate: func(bt *v1.BashTask) { bt.Spec.WorkingDir = "/does/not/exist" },
+			command: "true", mutate: func(bt *v1.BashTask) { bt.Spec.WorkingDir = ptr.To("/does/not/exist") },
 			wantReason: v1.ReasonStartFailed, wantPhase: v1.PhaseFailed,
 		},
 		"stdin given": {
@@ -410,7 +410,7 @@ func TestPlacement(t *testing.T) {
 		mutate   func(*v1.BashTask)
 		wantNode string
 	}{
-		"nodeName":     {func(bt *v1.BashTask) { bt.Spec.NodeName = "node-b" }, "node-b"},
+		"nodeName":     {func(bt *v1.BashTask) { bt.Spec.NodeName = ptr.To("node-b") }, "node-b"},
 		"nodeSelector": {func(bt *v1.BashTask) { bt.Spec.NodeSelector = map[string]string{"zone": "a"} }, "node-a"},
 	}
 	i := 0
@@ -442,11 +442,11 @@ func TestPlacement(t *testing.T) {
 func TestOwnerLimit(t *testing.T) {
 	ns := newNamespace(t)
 	g := NewWithT(t)
-	first := newTask(ns, "first", "sleep 2", func(bt *v1.BashTask) { bt.Spec.Owner = "session-1" })
+	first := newTask(ns, "first", "sleep 2", func(bt *v1.BashTask) { bt.Spec.Owner = ptr.To("session-1") })
 	create(t, first)
 	g.Eventually(func(g Gomega) { g.Expect(get(g, first).Status.NodeName).NotTo(BeEmpty()) }).WithTimeout(waitLong).Should(Succeed())
-	second := newTask(ns, "second", "true", func(bt *v1.BashTask) { bt.Spec.Owner = "session-1" })
-	other := newTask(ns, "other-owner", "true", func(bt *v1.BashTask) { bt.Spec.Owner = "session-2" })
+	second := newTask(ns, "second", "true", func(bt *v1.BashTask) { bt.Spec.Owner = ptr.To("session-1") })
+	other := newTask(ns, "other-owner", "true", func(bt *v1.BashTask) { bt.Spec.Owner = ptr.To("session-2") })
 	create(t, second)
 	create(t, other)
 	g.Eventually(func(g Gomega) {
@@ -462,7 +462,7 @@ func TestOwnerLimit(t *testing.T) {
 
 func TestAgentLost(t *testing.T) { // C30, agent gone
 	ns := newNamespace(t)
-	bt := newTask(ns, "lost", "echo before; sleep 60", func(bt *v1.BashTask) { bt.Spec.NodeName = "node-c" })
+	bt := newTask(ns, "lost", "echo before; sleep 60", func(bt *v1.BashTask) { bt.Spec.NodeName = ptr.To("node-c") })
 	create(t, bt)
 	g := NewWithT(t)
 	g.Eventually(func(g Gomega) {

@@ -102,7 +102,7 @@ type BashTaskSpec struct {
 	// +kubebuilder:validation:MinLength=1
 	// +kubebuilder:validation:MaxLength=253
 	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="owner is immutable"
-	Owner string `json:"owner,omitempty"`
+	Owner *string `json:"owner,omitempty"`
 
 	// workingDir is the absolute directory the command starts in. Unset: a
 	// fresh per-task directory owned by the task's user. At most 4095 bytes
@@ -113,7 +113,7 @@ type BashTaskSpec struct {
 	// +kubebuilder:validation:XValidation:rule="self.startsWith('/')",message="workingDir must be an absolute path (start with /)"
 	// +kubebuilder:validation:XValidation:rule="!self.contains('\\u0000')",message="workingDir must not contain a NUL byte"
 	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="workingDir is immutable"
-	WorkingDir string `json:"workingDir,omitempty"`
+	WorkingDir *string `json:"workingDir,omitempty"`
 
 	// timeoutSeconds is the wall-clock limit of the run in seconds, measured
 	// by the agent on a monotonic clock from the start of the process. The
@@ -145,7 +145,7 @@ type BashTaskSpec struct {
 	// +optional
 	// +kubebuilder:validation:MaxLength=253
 	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="nodeName is immutable"
-	NodeName string `json:"nodeName,omitempty"`
+	NodeName *string `json:"nodeName,omitempty"`
 
 	// nodeSelector runs the task on an agent whose Node carries all of these
 	// labels. At most 32 entries. Immutable.
@@ -277,7 +277,7 @@ type OutputSpec struct {
 	// upload says when the spill file goes to object storage. Unset:
 	// WhenIncomplete.
 	// +optional
-	Upload UploadPolicy `json:"upload,omitempty"`
+	Upload *UploadPolicy `json:"upload,omitempty"`
 }
 
 // ResourceLimits are the cgroup v2 limits of one task.

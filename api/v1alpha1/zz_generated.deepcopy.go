@@ -103,6 +103,16 @@ func (in *BashTaskSpec) DeepCopyInto(out *BashTaskSpec) {
 			(*in)[i].DeepCopyInto(&(*out)[i])
 		}
 	}
+	if in.Owner != nil {
+		in, out := &in.Owner, &out.Owner
+		*out = new(string)
+		**out = **in
+	}
+	if in.WorkingDir != nil {
+		in, out := &in.WorkingDir, &out.WorkingDir
+		*out = new(string)
+		**out = **in
+	}
 	if in.TimeoutSeconds != nil {
 		in, out := &in.TimeoutSeconds, &out.TimeoutSeconds
 		*out = new(int32)
@@ -117,6 +127,11 @@ func (in *BashTaskSpec) DeepCopyInto(out *BashTaskSpec) {
 		in, out := &in.Output, &out.Output
 		*out = new(OutputSpec)
 		(*in).DeepCopyInto(*out)
+	}
+	if in.NodeName != nil {
+		in, out := &in.NodeName, &out.NodeName
+		*out = new(string)
+		**out = **in
 	}
 	if in.NodeSelector != nil {
 		in, out := &in.NodeSelector, &out.NodeSelector
@@ -288,6 +303,11 @@ func (in *OutputSpec) DeepCopyInto(out *OutputSpec) {
 	if in.SpillLimitBytes != nil {
 		in, out := &in.SpillLimitBytes, &out.SpillLimitBytes
 		*out = new(int64)
+		**out = **in
+	}
+	if in.Upload != nil {
+		in, out := &in.Upload, &out.Upload
+		*out = new(UploadPolicy)
 		**out = **in
 	}
 }

@@ -220,7 +220,7 @@ func TestAgentKilledDuringTask(t *testing.T) {
 	bt := &v1.BashTask{}
 	bt.Namespace, bt.Name = ns, "agent-killed"
 	bt.Spec.Command = "echo before; sleep 60"
-	bt.Spec.NodeName = "node-2"
+	bt.Spec.NodeName = ptr.To("node-2")
 	if err := k8s.Create(t.Context(), bt); err != nil {
 		t.Fatal(err)
 	}

@@ -13,6 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	bashtaskv1alpha1 "github.com/bashtask/bashtask-operator/api/v1alpha1"
@@ -130,7 +131,7 @@ func missingReason(bt *bashtaskv1alpha1.BashTask) string {
 	if c := meta.FindStatusCondition(bt.Status.Conditions, bashtaskv1alpha1.ConditionOutputUploaded); c != nil && c.Status == metav1.ConditionFalse {
 		return "OutputUploaded is False: " + c.Message
 	}
-	if o := bt.Spec.Output; o != nil && o.Upload == bashtaskv1alpha1.UploadNever {
+	if o := bt.Spec.Output; o != nil && ptr.Deref(o.Upload, "") == bashtaskv1alpha1.UploadNever {
 		return "spec.output.upload is Never"
 	}
 	return "no stored object in status"

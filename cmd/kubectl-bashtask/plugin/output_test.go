@@ -58,7 +58,7 @@ func TestPrintTable(t *testing.T) {
 	at := func(ago time.Duration) *metav1.Time { return ptr.To(metav1.NewTime(now.Add(-ago))) }
 	done := bashtaskv1alpha1.BashTask{
 		ObjectMeta: metav1.ObjectMeta{Namespace: "a", Name: "done", CreationTimestamp: *at(3 * time.Hour)},
-		Spec:       bashtaskv1alpha1.BashTaskSpec{Owner: "alice"},
+		Spec:       bashtaskv1alpha1.BashTaskSpec{Owner: ptr.To("alice")},
 		Status: bashtaskv1alpha1.BashTaskStatus{Phase: bashtaskv1alpha1.PhaseFailed, Reason: bashtaskv1alpha1.ReasonNonZeroExit,
 			ExitCode: ptr.To[int32](2), NodeName: "node-1", StartTime: at(3*time.Hour - time.Second), CompletionTime: at(3*time.Hour - 95*time.Second)},
 	}
