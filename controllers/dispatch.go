@@ -284,7 +284,7 @@ func (r *BashTaskReconciler) taskSpec(bt *bashtaskv1alpha1.BashTask, in *resolve
 			{Name: ManagedEnvName, Value: bt.Name},
 			{Name: ManagedEnvNamespace, Value: bt.Namespace},
 			{Name: ManagedEnvUID, Value: string(bt.UID)},
-			{Name: ManagedEnvNode, Value: bt.Status.NodeName},
+			{Name: ManagedEnvNode, Value: nodeOf(&bt.Status)},
 		},
 	}
 	if res := bt.Spec.Resources; res != nil {

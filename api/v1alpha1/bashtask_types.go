@@ -405,21 +405,21 @@ type BashTaskStatus struct {
 	// observedGeneration is the metadata.generation the status was computed
 	// for.
 	// +optional
-	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
+	ObservedGeneration *int64 `json:"observedGeneration,omitempty"`
 
 	// phase summarises the conditions: Pending, Running, Succeeded or Failed.
 	// +optional
-	Phase Phase `json:"phase,omitempty"`
+	Phase *Phase `json:"phase,omitempty"`
 
 	// reason is the terminal reason, set once when the task finishes.
 	// +optional
-	Reason Reason `json:"reason,omitempty"`
+	Reason *Reason `json:"reason,omitempty"`
 
 	// message is a human-readable explanation of the reason, at most 4096
 	// characters.
 	// +optional
 	// +kubebuilder:validation:MaxLength=4096
-	Message string `json:"message,omitempty"`
+	Message *string `json:"message,omitempty"`
 
 	// exitCode is the shell's exit code; 128+n when it was killed by signal n
 	// (the container convention).
@@ -429,13 +429,13 @@ type BashTaskStatus struct {
 	// signal is the name of the signal that killed the shell, such as SIGKILL.
 	// +optional
 	// +kubebuilder:validation:MaxLength=16
-	Signal string `json:"signal,omitempty"`
+	Signal *string `json:"signal,omitempty"`
 
 	// nodeName is the node whose agent runs or ran the task. Written before
 	// dispatch, so a task is never started on two nodes.
 	// +optional
 	// +kubebuilder:validation:MaxLength=253
-	NodeName string `json:"nodeName,omitempty"`
+	NodeName *string `json:"nodeName,omitempty"`
 
 	// agent identifies the agent process the task was dispatched to.
 	// +optional
@@ -474,20 +474,20 @@ type AgentRef struct {
 	// pod is the agent's pod name (or its process name outside a cluster).
 	// +optional
 	// +kubebuilder:validation:MaxLength=253
-	Pod string `json:"pod,omitempty"`
+	Pod *string `json:"pod,omitempty"`
 
 	// incarnation is the id the agent generated when it started; a different
 	// id means the agent restarted.
 	// +optional
 	// +kubebuilder:validation:MaxLength=64
-	Incarnation string `json:"incarnation,omitempty"`
+	Incarnation *string `json:"incarnation,omitempty"`
 }
 
 // IsolationStatus says how a task was contained on its node.
 type IsolationStatus struct {
 	// mechanism is cgroup or processGroup.
 	// +optional
-	Mechanism IsolationMechanism `json:"mechanism,omitempty"`
+	Mechanism *IsolationMechanism `json:"mechanism,omitempty"`
 
 	// limitsEnforced is false when spec.resources were requested but the
 	// node's cgroup does not delegate the needed controllers.
@@ -502,26 +502,26 @@ type StreamStatus struct {
 	// from the front when the status would exceed its size budget.
 	// +optional
 	// +kubebuilder:validation:MaxLength=262144
-	Tail string `json:"tail,omitempty"`
+	Tail *string `json:"tail,omitempty"`
 
 	// totalBytes is the number of bytes the command wrote to the stream.
 	// +optional
 	// +kubebuilder:validation:Minimum=0
-	TotalBytes int64 `json:"totalBytes"`
+	TotalBytes *int64 `json:"totalBytes,omitempty"`
 
 	// truncated is true when tail is not the whole stream.
 	// +optional
-	Truncated bool `json:"truncated,omitempty"`
+	Truncated *bool `json:"truncated,omitempty"`
 
 	// sanitized is true when tail had invalid UTF-8 replaced.
 	// +optional
-	Sanitized bool `json:"sanitized,omitempty"`
+	Sanitized *bool `json:"sanitized,omitempty"`
 
 	// sha256 is the lowercase hex SHA-256 of every byte of the stream, also
 	// those past the spill limit.
 	// +optional
 	// +kubebuilder:validation:MaxLength=64
-	SHA256 string `json:"sha256,omitempty"`
+	SHA256 *string `json:"sha256,omitempty"`
 
 	// spill references the full stream in object storage.
 	// +optional
@@ -534,17 +534,17 @@ type SpillRef struct {
 	// s3://bucket/ns/name/uid/stdout.
 	// +optional
 	// +kubebuilder:validation:MaxLength=2048
-	URL string `json:"url,omitempty"`
+	URL *string `json:"url,omitempty"`
 
 	// bytes is the size of the object.
 	// +optional
 	// +kubebuilder:validation:Minimum=0
-	Bytes int64 `json:"bytes"`
+	Bytes *int64 `json:"bytes,omitempty"`
 
 	// complete is true when the object holds the whole stream, false when the
 	// stream went past spillLimitBytes.
 	// +optional
-	Complete bool `json:"complete,omitempty"`
+	Complete *bool `json:"complete,omitempty"`
 }
 
 // BashTask runs one shell command on a cluster node through the node's

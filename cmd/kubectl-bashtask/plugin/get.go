@@ -120,8 +120,8 @@ func printTable(out io.Writer, items []bashtaskv1alpha1.BashTask, now time.Time,
 			exit = strconv.Itoa(int(*bt.Status.ExitCode))
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", bt.Name,
-			orNone(string(bt.Status.Phase)), orNone(string(bt.Status.Reason)), orNone(exit),
-			orNone(bt.Status.NodeName), orNone(ptr.Deref(bt.Spec.Owner, "")), runDuration(bt, now),
+			orNone(string(ptr.Deref(bt.Status.Phase, ""))), orNone(string(ptr.Deref(bt.Status.Reason, ""))), orNone(exit),
+			orNone(ptr.Deref(bt.Status.NodeName, "")), orNone(ptr.Deref(bt.Spec.Owner, "")), runDuration(bt, now),
 			duration.HumanDuration(now.Sub(bt.CreationTimestamp.Time)))
 	}
 	if err := tw.Flush(); err != nil {

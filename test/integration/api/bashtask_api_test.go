@@ -341,7 +341,7 @@ func TestFieldSelectors(t *testing.T) {
 	if err := env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "a2"}, running); err != nil {
 		t.Fatal(err)
 	}
-	running.Status.Phase = v1.PhaseRunning
+	running.Status.Phase = ptr.To(v1.PhaseRunning)
 	if err := env.Client.Status().Update(ctx, running); err != nil {
 		t.Fatal(err)
 	}
@@ -391,8 +391,8 @@ func TestStatusSubresource(t *testing.T) {
 	}
 
 	// A status change sent to the main resource is dropped by the server.
-	bt.Status.Phase = v1.PhaseSucceeded
-	bt.Status.Reason = v1.ReasonSucceeded
+	bt.Status.Phase = ptr.To(v1.PhaseSucceeded)
+	bt.Status.Reason = ptr.To(v1.ReasonSucceeded)
 	if err := env.Client.Update(ctx, bt); err != nil {
 		t.Fatalf("update through the main resource: %v", err)
 	}
@@ -406,10 +406,10 @@ func TestStatusSubresource(t *testing.T) {
 
 	// The status subresource writes status and ignores spec changes.
 	got.Status = v1.BashTaskStatus{
-		Phase:    v1.PhaseSucceeded,
-		Reason:   v1.ReasonSucceeded,
+		Phase:    ptr.To(v1.PhaseSucceeded),
+		Reason:   ptr.To(v1.ReasonSucceeded),
 		ExitCode: ptr.To[int32](0),
-		Stdout:   &v1.StreamStatus{Tail: "hello\n", TotalBytes: 6, SHA256: strings.Repeat("a", 64)},
+		Stdout:   &v1.StreamStatus{Tail: ptr.To("hello\n"), TotalBytes: ptr.To[int64](6), SHA256: ptr.To(strings.Repeat("a", 64))},
 	}
 	got.Spec.Command = "echo changed through status"
 	if err := env.Client.Status().Update(ctx, got); err != nil {
