@@ -13,6 +13,12 @@ export KUBEBUILDER_ASSETS
 GOLANGCI_LINT_VERSION := v2.15.0
 GOLANGCI_LINT := $(LOCALBIN)/golangci-lint-$(GOLANGCI_LINT_VERSION)
 
+# kube-api-linter checks the API types against the Kubernetes API
+# conventions: golangci-lint built with it as a module
+# (cmd/golangci-lint-kube-api-linter), at the version hack/tools/go.mod pins.
+KUBE_API_LINTER_VERSION := $(shell awk '$$1 == "sigs.k8s.io/kube-api-linter" { print $$2 }' hack/tools/go.mod)
+KUBE_API_LINTER := $(LOCALBIN)/golangci-lint-kube-api-linter-$(KUBE_API_LINTER_VERSION)
+
 CONTROLLER_GEN := $(GO) tool controller-gen
 
 # Packages by kind of test: integration packages need a real kube-apiserver,
@@ -81,8 +87,9 @@ vet: ## Run go vet.
 	$(GO) vet ./...
 
 .PHONY: lint
-lint: $(GOLANGCI_LINT) ## Run golangci-lint with .golangci.yml.
+lint: $(GOLANGCI_LINT) $(KUBE_API_LINTER) ## Run golangci-lint with .golangci.yml, then kube-api-linter on ./api/... with .golangci-kal.yml.
 	$(GOLANGCI_LINT) run ./...
+	$(KUBE_API_LINTER) run --config .golangci-kal.yml ./api/...
 
 .PHONY: verify
 verify: ## Regenerate everything and fail on any difference from the commit; then lint.
@@ -248,3 +255,7 @@ $(GOLANGCI_LINT):
 	mkdir -p $(LOCALBIN)
 	GOBIN=$(LOCALBIN) $(GO) install github.com/golangci/golangci-lint/v2/cmd/golangci-lint@$(GOLANGCI_LINT_VERSION)
 	mv -f $(LOCALBIN)/golangci-lint $@
+
+$(KUBE_API_LINTER): $(TOOLS_MOD)
+	mkdir -p $(LOCALBIN)
+	cd hack/tools && $(GO) build -trimpath -o $@ sigs.k8s.io/kube-api-linter/cmd/golangci-lint-kube-api-linter

@@ -16,6 +16,7 @@ import (
 	"k8s.io/client-go/tools/events"
 	"k8s.io/klog/v2"
 	"k8s.io/utils/clock"
+	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
@@ -135,7 +136,7 @@ func NewBashTaskReconciler(c client.Client, apiReader client.Reader, agents Agen
 func (r *BashTaskReconciler) SetupWithManager(mgr ctrl.Manager, agentEvents <-chan event.TypedGenericEvent[*bashtaskv1alpha1.BashTask], workers int) error {
 	if err := mgr.GetFieldIndexer().IndexField(context.Background(), &bashtaskv1alpha1.BashTask{}, IndexOwner,
 		func(o client.Object) []string {
-			if owner := o.(*bashtaskv1alpha1.BashTask).Spec.Owner; owner != "" {
+			if owner := ptr.Deref(o.(*bashtaskv1alpha1.BashTask).Spec.Owner, ""); owner != "" {
 				return []string{owner}
 			}
 			return nil
@@ -157,11 +158,15 @@ func (r *BashTaskReconciler) SetupWithManager(mgr ctrl.Manager, agentEvents <-ch
 // the same owner's tasks waiting for one.
 func (r *BashTaskReconciler) waitingForOwnerSlot(ctx context.Context, o client.Object) []reconcile.Request {
 	bt, ok := o.(*bashtaskv1alpha1.BashTask)
-	if !ok || r.opts.MaxRunningPerOwner <= 0 || bt.Spec.Owner == "" || !isTerminal(bt) {
+	if !ok || r.opts.MaxRunningPerOwner <= 0 || !isTerminal(bt) {
+		return nil
+	}
+	owner := ptr.Deref(bt.Spec.Owner, "")
+	if owner == "" {
 		return nil
 	}
 	var list bashtaskv1alpha1.BashTaskList
-	if err := r.client.List(ctx, &list, client.InNamespace(bt.Namespace), client.MatchingFields{IndexOwner: bt.Spec.Owner}); err != nil {
+	if err := r.client.List(ctx, &list, client.InNamespace(bt.Namespace), client.MatchingFields{IndexOwner: owner}); err != nil {
 		return nil
 	}
 	var reqs []reconcile.Request
@@ -211,11 +216,11 @@ func (r *BashTaskReconciler) Reconcile(ctx context.Context, req reconcile.Reques
 }
 
 // isTerminal reports whether the task has its terminal reason.
-func isTerminal(bt *bashtaskv1alpha1.BashTask) bool { return bt.Status.Reason != "" }
+func isTerminal(bt *bashtaskv1alpha1.BashTask) bool { return reasonOf(&bt.Status) != "" }
 
 // isDispatched reports whether the task was recorded on an agent.
 func isDispatched(bt *bashtaskv1alpha1.BashTask) bool {
-	return bt.Status.NodeName != "" && bt.Status.Agent != nil
+	return nodeOf(&bt.Status) != "" && bt.Status.Agent != nil
 }
 
 // reconcilePending handles a task not yet dispatched.
@@ -259,7 +264,7 @@ func (r *BashTaskReconciler) reconcilePending(ctx context.Context, bt *bashtaskv
 		return reconcile.Result{}, err
 	}
 	if !admitted {
-		setPending(bt, ReasonOwnerLimit, fmt.Sprintf("owner %q already runs %d tasks, the --max-running-per-owner limit", bt.Spec.Owner, r.opts.MaxRunningPerOwner))
+		setPending(bt, ReasonOwnerLimit, fmt.Sprintf("owner %q already runs %d tasks, the --max-running-per-owner limit", ptr.Deref(bt.Spec.Owner, ""), r.opts.MaxRunningPerOwner))
 		return reconcile.Result{RequeueAfter: r.opts.RetryInterval}, r.writeStatus(ctx, bt, old, "pending")
 	}
 
@@ -283,9 +288,9 @@ func (r *BashTaskReconciler) reconcilePending(ctx context.Context, bt *bashtaskv
 	// write is conditional on the resourceVersion we read. A stale cache or
 	// a second controller loses the race here with a conflict instead of
 	// starting the task elsewhere, which makes dispatch at-most-once.
-	bt.Status.NodeName = agent.Node
-	bt.Status.Agent = &bashtaskv1alpha1.AgentRef{Pod: agent.Pod, Incarnation: agent.Incarnation}
-	bt.Status.Phase = bashtaskv1alpha1.PhasePending
+	bt.Status.NodeName = ptr.To(agent.Node)
+	bt.Status.Agent = &bashtaskv1alpha1.AgentRef{Pod: optional(agent.Pod), Incarnation: optional(agent.Incarnation)}
+	bt.Status.Phase = ptr.To(bashtaskv1alpha1.PhasePending)
 	setCondition(bt, bashtaskv1alpha1.ConditionScheduled, true, ReasonDispatched, fmt.Sprintf("dispatched to the agent on node %s", agent.Node))
 	if err := r.writeStatus(ctx, bt, old, "dispatch"); err != nil {
 		release()
@@ -312,11 +317,12 @@ func (r *BashTaskReconciler) start(ctx context.Context, bt *bashtaskv1alpha1.Bas
 		}
 	}
 	spec := r.taskSpec(bt, resolved)
-	ts, err := r.agents.StartTask(ctx, bt.Status.NodeName, spec)
+	node := nodeOf(&bt.Status)
+	ts, err := r.agents.StartTask(ctx, node, spec)
 	if status.Code(err) == codes.ResourceExhausted {
 		// The agent runs its maximum and started nothing; the task waits
 		// for a slot on the node it is recorded on.
-		ctrl.LoggerFrom(ctx).V(1).Info("Agent at capacity; retrying", "node", bt.Status.NodeName)
+		ctrl.LoggerFrom(ctx).V(1).Info("Agent at capacity; retrying", "node", node)
 		return reconcile.Result{RequeueAfter: r.opts.RetryInterval / 4}, nil
 	}
 	if err != nil {
@@ -339,8 +345,9 @@ func (r *BashTaskReconciler) start(ctx context.Context, bt *bashtaskv1alpha1.Bas
 // reconcileDispatched follows a dispatched task on its agent.
 func (r *BashTaskReconciler) reconcileDispatched(ctx context.Context, bt *bashtaskv1alpha1.BashTask) (reconcile.Result, error) {
 	old := bt.Status.DeepCopy()
-	node := bt.Status.NodeName
+	node := nodeOf(&bt.Status)
 	agent := r.agents.Agent(node)
+	incarnation := ptr.Deref(bt.Status.Agent.Incarnation, "")
 	if !agent.Connected {
 		if agent.UnreachableFor >= r.opts.AgentLostAfter {
 			setTerminal(bt, bashtaskv1alpha1.ReasonAgentLost,
@@ -357,7 +364,7 @@ func (r *BashTaskReconciler) reconcileDispatched(ctx context.Context, bt *bashta
 	uid := string(bt.UID)
 	var ts *agentv1.TaskStatus
 	var err error
-	if latest, ok := r.agents.Latest(node, uid); ok && agent.Incarnation == bt.Status.Agent.Incarnation {
+	if latest, ok := r.agents.Latest(node, uid); ok && agent.Incarnation == incarnation {
 		// The Watch stream already delivered the report that triggered
 		// this pass; asking again would only add a round trip.
 		ts = latest
@@ -365,7 +372,7 @@ func (r *BashTaskReconciler) reconcileDispatched(ctx context.Context, bt *bashta
 		ts, err = r.agents.GetTask(ctx, node, uid)
 	}
 	switch {
-	case errors.Is(err, ErrTaskUnknown) && agent.Incarnation == bt.Status.Agent.Incarnation:
+	case errors.Is(err, ErrTaskUnknown) && agent.Incarnation == incarnation:
 		// Either Start never reached this incarnation (the controller
 		// stopped between the write-ahead and Start, or the reply was
 		// lost), or the task finished, its terminal status was written and
@@ -389,7 +396,7 @@ func (r *BashTaskReconciler) reconcileDispatched(ctx context.Context, bt *bashta
 		return r.start(ctx, bt, nil)
 	case errors.Is(err, ErrTaskUnknown):
 		setTerminal(bt, bashtaskv1alpha1.ReasonAgentRestarted,
-			fmt.Sprintf("the agent on node %s restarted (incarnation %s, was %s) and has no record of the task", node, agent.Incarnation, bt.Status.Agent.Incarnation), r.clock.Now())
+			fmt.Sprintf("the agent on node %s restarted (incarnation %s, was %s) and has no record of the task", node, agent.Incarnation, incarnation), r.clock.Now())
 		if err := r.writeStatus(ctx, bt, old, "terminal"); err != nil {
 			return reconcile.Result{}, err
 		}
@@ -414,12 +421,12 @@ func (r *BashTaskReconciler) afterApply(ctx context.Context, bt *bashtaskv1alpha
 		if err := r.writeStatus(ctx, bt, old, "terminal"); err != nil {
 			return reconcile.Result{}, err
 		}
-		if bt.Status.Reason != bashtaskv1alpha1.ReasonSucceeded || old.Phase == bashtaskv1alpha1.PhaseRunning {
+		if reasonOf(&bt.Status) != bashtaskv1alpha1.ReasonSucceeded || phaseOf(old) == bashtaskv1alpha1.PhaseRunning {
 			// Every failure gets an event, a success only when the task
 			// ran long enough to have been reported Running (and so got a
 			// Started event): a Normal event per short successful task
 			// would be one more API write per task, repeating its status.
-			r.recorder.Eventf(bt, nil, eventType(bt), string(bt.Status.Reason), "Finish", "%s", finishNote(bt))
+			r.recorder.Eventf(bt, nil, eventType(bt), string(reasonOf(&bt.Status)), "Finish", "%s", finishNote(bt))
 		}
 		if r.metrics != nil {
 			r.metrics.observeFinish(bt)
@@ -427,7 +434,7 @@ func (r *BashTaskReconciler) afterApply(ctx context.Context, bt *bashtaskv1alpha
 		return r.reconcileFinished(ctx, bt)
 	}
 	kind := "running"
-	if old.Phase != bashtaskv1alpha1.PhaseRunning {
+	if phaseOf(old) != bashtaskv1alpha1.PhaseRunning {
 		r.progressMu.Lock()
 		since, ok := r.started[bt.UID]
 		r.progressMu.Unlock()
@@ -437,7 +444,7 @@ func (r *BashTaskReconciler) afterApply(ctx context.Context, bt *bashtaskv1alpha
 			return reconcile.Result{RequeueAfter: wait}, nil
 		}
 	}
-	if old.Phase == bashtaskv1alpha1.PhaseRunning {
+	if phaseOf(old) == bashtaskv1alpha1.PhaseRunning {
 		// Only the tail and byte counts changed: at most one write per
 		// progress interval.
 		kind = "progress"
@@ -460,8 +467,8 @@ func (r *BashTaskReconciler) afterApply(ctx context.Context, bt *bashtaskv1alpha
 	r.progressMu.Lock()
 	r.progress[bt.UID] = r.clock.Now()
 	r.progressMu.Unlock()
-	if old.Phase != bashtaskv1alpha1.PhaseRunning && bt.Status.Phase == bashtaskv1alpha1.PhaseRunning {
-		r.recorder.Eventf(bt, nil, corev1.EventTypeNormal, ReasonStarted, "Start", "Started on node %s", bt.Status.NodeName)
+	if phaseOf(old) != bashtaskv1alpha1.PhaseRunning && phaseOf(&bt.Status) == bashtaskv1alpha1.PhaseRunning {
+		r.recorder.Eventf(bt, nil, corev1.EventTypeNormal, ReasonStarted, "Start", "Started on node %s", nodeOf(&bt.Status))
 	}
 	return reconcile.Result{RequeueAfter: runningResync}, nil
 }
@@ -474,7 +481,7 @@ const runningResync = 30 * time.Second
 // finalizer and the TTL.
 func (r *BashTaskReconciler) reconcileFinished(ctx context.Context, bt *bashtaskv1alpha1.BashTask) (reconcile.Result, error) {
 	r.forgetProgress(bt.UID)
-	node := bt.Status.NodeName
+	node := nodeOf(&bt.Status)
 	agent := AgentState{}
 	if isDispatched(bt) {
 		agent = r.agents.Agent(node)
@@ -486,7 +493,7 @@ func (r *BashTaskReconciler) reconcileFinished(ctx context.Context, bt *bashtask
 	// and one that still runs it refuses.
 	connected := agent.Connected
 
-	if bt.Status.ObservedGeneration != bt.Generation && bt.DeletionTimestamp.IsZero() {
+	if ptr.Deref(bt.Status.ObservedGeneration, 0) != bt.Generation && bt.DeletionTimestamp.IsZero() {
 		// A spec change after the end (cancelRequested, suspend, the TTL)
 		// changes nothing in the outcome, but the status must say it was
 		// seen: tools compare generation and observedGeneration.
@@ -565,7 +572,7 @@ func (r *BashTaskReconciler) removeFinalizer(ctx context.Context, bt *bashtaskv1
 // differs from old, after fitting it into the status budget. kind labels
 // the write in metrics.
 func (r *BashTaskReconciler) writeStatus(ctx context.Context, bt *bashtaskv1alpha1.BashTask, old *bashtaskv1alpha1.BashTaskStatus, kind string) error {
-	bt.Status.ObservedGeneration = bt.Generation
+	bt.Status.ObservedGeneration = ptr.To(bt.Generation)
 	if equality.Semantic.DeepEqual(old, &bt.Status) {
 		return nil
 	}

@@ -19,6 +19,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/dump"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -69,7 +70,7 @@ func waitTerminal(t *testing.T, bt *v1.BashTask) *v1.BashTask {
 	var got *v1.BashTask
 	g.Eventually(func(g Gomega) {
 		got = get(g, bt)
-		g.Expect(got.Status.Reason).NotTo(BeEmpty(), "status: %+v", got.Status)
+		g.Expect(got.Status.Reason).To(HaveValue(Not(BeEmpty())), "status: %s", dump.OneLine(got.Status))
 	}).WithTimeout(waitLong).WithPolling(50 * time.Millisecond).Should(Succeed())
 	return got
 }
@@ -103,7 +104,7 @@ func TestOutcomes(t *testing.T) {
 			command: "echo out; echo err >&2", wantReason: v1.ReasonSucceeded, wantPhase: v1.PhaseSucceeded, wantExit: ptr.To[int32](0), wantStdout: "out\n", wantStderr: "err\n",
 		},
 		"C27 working dir missing": {
-			command: "true", mutate: func(bt *v1.BashTask) { bt.Spec.WorkingDir = "/does/not/exist" },
+			command: "true", mutate: func(bt *v1.BashTask) { bt.Spec.WorkingDir = ptr.To("/does/not/exist") },
 			wantReason: v1.ReasonStartFailed, wantPhase: v1.PhaseFailed,
 		},
 		"stdin given": {
@@ -131,26 +132,28 @@ func TestOutcomes(t *testing.T) {
 			create(t, bt)
 			got := waitTerminal(t, bt)
 			st := got.Status
-			if st.Reason != tc.wantReason || st.Phase != tc.wantPhase {
-				t.Fatalf("reason/phase = %s/%s, want %s/%s; message %q", st.Reason, st.Phase, tc.wantReason, tc.wantPhase, st.Message)
+			reason, phase, message := ptr.Deref(st.Reason, ""), ptr.Deref(st.Phase, ""), ptr.Deref(st.Message, "")
+			if reason != tc.wantReason || phase != tc.wantPhase {
+				t.Fatalf("reason/phase = %s/%s, want %s/%s; message %q", reason, phase, tc.wantReason, tc.wantPhase, message)
 			}
 			if tc.wantExit == nil && st.ExitCode != nil || tc.wantExit != nil && (st.ExitCode == nil || *st.ExitCode != *tc.wantExit) {
 				t.Errorf("exitCode = %v, want %v", ptr.Deref(st.ExitCode, -1000), ptr.Deref(tc.wantExit, -1000))
 			}
-			if st.Signal != tc.wantSignal {
-				t.Errorf("signal = %q, want %q", st.Signal, tc.wantSignal)
+			if signal := ptr.Deref(st.Signal, ""); signal != tc.wantSignal {
+				t.Errorf("signal = %q, want %q", signal, tc.wantSignal)
 			}
 			if name == "C17 managed env wins" {
 				tc.wantStdout = bt.Name + " " + ns + "\n"
 			}
-			if tc.wantStdout != "" && (st.Stdout == nil || st.Stdout.Tail != tc.wantStdout) {
-				t.Errorf("stdout = %+v, want tail %q", st.Stdout, tc.wantStdout)
+			if tc.wantStdout != "" && (st.Stdout == nil || ptr.Deref(st.Stdout.Tail, "") != tc.wantStdout) {
+				t.Errorf("stdout = %s, want tail %q", dump.OneLine(st.Stdout), tc.wantStdout)
 			}
-			if tc.wantStderr != "" && (st.Stderr == nil || st.Stderr.Tail != tc.wantStderr) {
-				t.Errorf("stderr = %+v, want tail %q", st.Stderr, tc.wantStderr)
+			if tc.wantStderr != "" && (st.Stderr == nil || ptr.Deref(st.Stderr.Tail, "") != tc.wantStderr) {
+				t.Errorf("stderr = %s, want tail %q", dump.OneLine(st.Stderr), tc.wantStderr)
 			}
-			if st.NodeName == "" || st.Agent == nil || st.Agent.Incarnation == "" {
-				t.Errorf("placement not recorded: node %q agent %+v", st.NodeName, st.Agent)
+			node := ptr.Deref(st.NodeName, "")
+			if node == "" || st.Agent == nil || ptr.Deref(st.Agent.Incarnation, "") == "" {
+				t.Errorf("placement not recorded: node %q agent %s", node, dump.OneLine(st.Agent))
 			}
 			if st.CompletionTime == nil {
 				t.Error("completionTime not set")
@@ -165,13 +168,13 @@ func TestOutcomes(t *testing.T) {
 			if c := meta.FindStatusCondition(st.Conditions, v1.ConditionScheduled); c == nil || c.Status != metav1.ConditionTrue {
 				t.Errorf("condition Scheduled = %+v, want True", c)
 			}
-			if tc.wantReason == v1.ReasonStartFailed && !strings.Contains(st.Message, "/does/not/exist") {
-				t.Errorf("StartFailed message %q does not name the directory", st.Message)
+			if tc.wantReason == v1.ReasonStartFailed && !strings.Contains(message, "/does/not/exist") {
+				t.Errorf("StartFailed message %q does not name the directory", message)
 			}
 			// The agent is told to forget the task once its status is
 			// recorded; the object keeps its finalizer until deleted.
 			NewWithT(t).Eventually(func() codes.Code {
-				_, err := rig.Agents[st.NodeName].Server.Get(t.Context(), &agentv1.GetRequest{Uid: string(got.UID)})
+				_, err := rig.Agents[node].Server.Get(t.Context(), &agentv1.GetRequest{Uid: string(got.UID)})
 				return status.Code(err)
 			}).WithTimeout(waitLong).Should(Equal(codes.NotFound))
 			if !slices.Contains(got.Finalizers, controllers.Finalizer) {
@@ -189,28 +192,30 @@ func TestLargeAndBinaryOutput(t *testing.T) {
 		create(t, bt)
 		got := waitTerminal(t, bt)
 		out := got.Status.Stdout
-		if got.Status.Reason != v1.ReasonSucceeded || out == nil {
-			t.Fatalf("status %+v", got.Status)
+		if ptr.Deref(got.Status.Reason, "") != v1.ReasonSucceeded || out == nil {
+			t.Fatalf("status %s", dump.OneLine(got.Status))
 		}
 		var full strings.Builder
 		for i := 1; i <= 20000; i++ {
 			fmt.Fprintf(&full, "line-%04d\n", i)
 		}
 		sum := sha256.Sum256([]byte(full.String()))
-		if !strings.HasSuffix(out.Tail, "line-20000\n") || strings.Contains(out.Tail, "line-0001\n") || !out.Truncated {
-			t.Errorf("tail: truncated=%v, ends with line-20000: %v, has line-0001: %v", out.Truncated, strings.HasSuffix(out.Tail, "line-20000\n"), strings.Contains(out.Tail, "line-0001\n"))
+		tail, truncated := ptr.Deref(out.Tail, ""), ptr.Deref(out.Truncated, false)
+		if !strings.HasSuffix(tail, "line-20000\n") || strings.Contains(tail, "line-0001\n") || !truncated {
+			t.Errorf("tail: truncated=%v, ends with line-20000: %v, has line-0001: %v", truncated, strings.HasSuffix(tail, "line-20000\n"), strings.Contains(tail, "line-0001\n"))
 		}
-		if out.TotalBytes != int64(full.Len()) || out.SHA256 != hex.EncodeToString(sum[:]) {
-			t.Errorf("totalBytes %d sha256 %s, want %d %x", out.TotalBytes, out.SHA256, full.Len(), sum)
+		if total, sha := ptr.Deref(out.TotalBytes, -1), ptr.Deref(out.SHA256, ""); total != int64(full.Len()) || sha != hex.EncodeToString(sum[:]) {
+			t.Errorf("totalBytes %d sha256 %s, want %d %x", total, sha, full.Len(), sum)
 		}
 		NewWithT(t).Eventually(func(g Gomega) {
 			st := get(g, bt).Status
 			g.Expect(meta.IsStatusConditionTrue(st.Conditions, v1.ConditionOutputUploaded)).To(BeTrue(), "conditions %+v", st.Conditions)
 			g.Expect(st.Stdout.Spill).NotTo(BeNil())
-			g.Expect(st.Stdout.Spill.Complete).To(BeTrue())
-			g.Expect(st.Stdout.Spill.Bytes).To(Equal(int64(full.Len())))
-			path, ok := strings.CutPrefix(st.Stdout.Spill.URL, "file://")
-			g.Expect(ok).To(BeTrue(), "spill URL %q", st.Stdout.Spill.URL)
+			g.Expect(st.Stdout.Spill.Complete).To(HaveValue(BeTrue()))
+			g.Expect(st.Stdout.Spill.Bytes).To(HaveValue(Equal(int64(full.Len()))))
+			url := ptr.Deref(st.Stdout.Spill.URL, "")
+			path, ok := strings.CutPrefix(url, "file://")
+			g.Expect(ok).To(BeTrue(), "spill URL %q", url)
 			data, err := os.ReadFile(path)
 			g.Expect(err).NotTo(HaveOccurred())
 			g.Expect(sha256.Sum256(data)).To(Equal(sum))
@@ -230,9 +235,9 @@ func TestLargeAndBinaryOutput(t *testing.T) {
 			g.Expect(c.Status).To(Equal(metav1.ConditionTrue))
 			g.Expect(c.Message).To(ContainSubstring("stored in part: stdout (the first 1000 of 588895 bytes"))
 			g.Expect(st.Stdout.Spill).NotTo(BeNil())
-			g.Expect(st.Stdout.Spill.Complete).To(BeFalse())
-			g.Expect(st.Stdout.Spill.Bytes).To(Equal(int64(1000)))
-			g.Expect(st.Stdout.TotalBytes).To(Equal(int64(588895)))
+			g.Expect(ptr.Deref(st.Stdout.Spill.Complete, false)).To(BeFalse())
+			g.Expect(st.Stdout.Spill.Bytes).To(HaveValue(Equal(int64(1000))))
+			g.Expect(st.Stdout.TotalBytes).To(HaveValue(Equal(int64(588895))))
 		}).WithTimeout(waitLong).Should(Succeed())
 	})
 	t.Run("C22 exact tail is not truncated", func(t *testing.T) {
@@ -241,8 +246,8 @@ func TestLargeAndBinaryOutput(t *testing.T) {
 		create(t, bt)
 		got := waitTerminal(t, bt)
 		out := got.Status.Stdout
-		if out == nil || out.Truncated || len(out.Tail) != 64000 || out.Spill != nil {
-			t.Fatalf("stdout: truncated=%v len=%d spill=%+v", out.Truncated, len(out.Tail), out.Spill)
+		if out == nil || ptr.Deref(out.Truncated, false) || len(ptr.Deref(out.Tail, "")) != 64000 || out.Spill != nil {
+			t.Fatalf("stdout: %s", dump.OneLine(out))
 		}
 		if c := meta.FindStatusCondition(got.Status.Conditions, v1.ConditionOutputUploaded); c == nil || c.Reason != controllers.ReasonNotNeeded {
 			t.Errorf("OutputUploaded = %+v, want NotNeeded", c)
@@ -256,11 +261,12 @@ func TestLargeAndBinaryOutput(t *testing.T) {
 		create(t, bt)
 		got := waitTerminal(t, bt)
 		out := got.Status.Stdout
-		if got.Status.Reason != v1.ReasonSucceeded || out == nil {
-			t.Fatalf("status %+v", got.Status)
+		if ptr.Deref(got.Status.Reason, "") != v1.ReasonSucceeded || out == nil {
+			t.Fatalf("status %s", dump.OneLine(got.Status))
 		}
-		if !out.Sanitized || !out.Truncated || !utf8.ValidString(out.Tail) || out.TotalBytes != 300000 {
-			t.Errorf("stdout sanitized=%v truncated=%v valid=%v total=%d", out.Sanitized, out.Truncated, utf8.ValidString(out.Tail), out.TotalBytes)
+		sanitized, truncated, tail, total := ptr.Deref(out.Sanitized, false), ptr.Deref(out.Truncated, false), ptr.Deref(out.Tail, ""), ptr.Deref(out.TotalBytes, -1)
+		if !sanitized || !truncated || !utf8.ValidString(tail) || total != 300000 {
+			t.Errorf("stdout sanitized=%v truncated=%v valid=%v total=%d", sanitized, truncated, utf8.ValidString(tail), total)
 		}
 	})
 }
@@ -288,14 +294,14 @@ func TestMissingReferenceWaitsThenRuns(t *testing.T) { // C21
 		g.Expect(c.Message).To(ContainSubstring(`key "text"`))
 	}).WithTimeout(waitLong).Should(Succeed())
 	g.Consistently(func(g Gomega) {
-		g.Expect(get(g, bt).Status.NodeName).To(BeEmpty(), "dispatched before the value existed")
+		g.Expect(get(g, bt).Status.NodeName).To(BeNil(), "dispatched before the value existed")
 	}).WithTimeout(time.Second).Should(Succeed())
 
 	secret.Data["text"] = []byte("hello from a secret")
 	g.Expect(k8s.Update(t.Context(), secret)).To(Succeed())
 	got := waitTerminal(t, bt)
-	g.Expect(got.Status.Reason).To(Equal(v1.ReasonSucceeded))
-	g.Expect(got.Status.Stdout.Tail).To(Equal("hello from a secret\n"))
+	g.Expect(got.Status.Reason).To(HaveValue(Equal(v1.ReasonSucceeded)))
+	g.Expect(got.Status.Stdout.Tail).To(HaveValue(Equal("hello from a secret\n")))
 }
 
 func TestCancel(t *testing.T) {
@@ -306,14 +312,14 @@ func TestCancel(t *testing.T) {
 		create(t, bt)
 		g.Eventually(func(g Gomega) {
 			st := get(g, bt).Status
-			g.Expect(st.Phase).To(Equal(v1.PhaseRunning))
+			g.Expect(st.Phase).To(HaveValue(Equal(v1.PhaseRunning)))
 			g.Expect(st.Stdout).NotTo(BeNil())
-			g.Expect(st.Stdout.Tail).To(Equal("armed\n"))
+			g.Expect(st.Stdout.Tail).To(HaveValue(Equal("armed\n")))
 		}).WithTimeout(waitLong).Should(Succeed())
 		cancelTask(t, bt)
 		got := waitTerminal(t, bt)
-		g.Expect(got.Status.Reason).To(Equal(v1.ReasonCancelled))
-		g.Expect(got.Status.Signal).To(Equal("SIGKILL"))
+		g.Expect(got.Status.Reason).To(HaveValue(Equal(v1.ReasonCancelled)))
+		g.Expect(got.Status.Signal).To(HaveValue(Equal("SIGKILL")))
 		g.Expect(*got.Status.ExitCode).To(Equal(int32(137)))
 	})
 	t.Run("C10 finished task is unchanged", func(t *testing.T) {
@@ -324,13 +330,13 @@ func TestCancel(t *testing.T) {
 		// The outcome is unchanged; only observedGeneration follows the
 		// spec change, as Kubernetes tooling expects.
 		outcome := func(st v1.BashTaskStatus) v1.BashTaskStatus {
-			st.ObservedGeneration = 0
+			st.ObservedGeneration = nil
 			st.Conditions = nil
 			return st
 		}
 		g.Eventually(func(g Gomega) {
 			after := get(g, bt)
-			g.Expect(after.Status.ObservedGeneration).To(Equal(after.Generation))
+			g.Expect(after.Status.ObservedGeneration).To(HaveValue(Equal(after.Generation)))
 		}).WithTimeout(waitLong).Should(Succeed())
 		g.Consistently(func(g Gomega) {
 			after := get(g, bt)
@@ -352,8 +358,8 @@ func TestCancel(t *testing.T) {
 		}).WithTimeout(waitLong).Should(Succeed())
 		cancelTask(t, bt)
 		got := waitTerminal(t, bt)
-		g.Expect(got.Status.Reason).To(Equal(v1.ReasonCancelled))
-		g.Expect(got.Status.NodeName).To(BeEmpty())
+		g.Expect(got.Status.Reason).To(HaveValue(Equal(v1.ReasonCancelled)))
+		g.Expect(got.Status.NodeName).To(BeNil())
 	})
 }
 
@@ -372,12 +378,12 @@ func TestDeleteRunningTaskStopsIt(t *testing.T) {
 	create(t, bt)
 	g.Eventually(func(g Gomega) {
 		got := get(g, bt)
-		g.Expect(got.Status.Phase).To(Equal(v1.PhaseRunning))
+		g.Expect(got.Status.Phase).To(HaveValue(Equal(v1.PhaseRunning)))
 		g.Expect(got.Finalizers).To(ContainElement(controllers.Finalizer))
 		g.Expect(got.Status.Stdout).NotTo(BeNil())
-		g.Expect(got.Status.Stdout.Tail).To(HavePrefix("pid="))
+		g.Expect(got.Status.Stdout.Tail).To(HaveValue(HavePrefix("pid=")))
 	}).WithTimeout(waitLong).Should(Succeed())
-	pid := strings.TrimSpace(strings.TrimPrefix(get(g, bt).Status.Stdout.Tail, "pid="))
+	pid := strings.TrimSpace(strings.TrimPrefix(ptr.Deref(get(g, bt).Status.Stdout.Tail, ""), "pid="))
 	g.Expect(k8s.Delete(t.Context(), bt)).To(Succeed())
 	g.Eventually(func() bool {
 		return apierrors.IsNotFound(k8s.Get(t.Context(), client.ObjectKeyFromObject(bt), &v1.BashTask{}))
@@ -410,7 +416,7 @@ func TestPlacement(t *testing.T) {
 		mutate   func(*v1.BashTask)
 		wantNode string
 	}{
-		"nodeName":     {func(bt *v1.BashTask) { bt.Spec.NodeName = "node-b" }, "node-b"},
+		"nodeName":     {func(bt *v1.BashTask) { bt.Spec.NodeName = ptr.To("node-b") }, "node-b"},
 		"nodeSelector": {func(bt *v1.BashTask) { bt.Spec.NodeSelector = map[string]string{"zone": "a"} }, "node-a"},
 	}
 	i := 0
@@ -422,8 +428,9 @@ func TestPlacement(t *testing.T) {
 			bt := newTask(ns, taskName, `echo "$BASHTASK_NODE"`, tc.mutate)
 			create(t, bt)
 			got := waitTerminal(t, bt)
-			if got.Status.NodeName != tc.wantNode || got.Status.Stdout == nil || got.Status.Stdout.Tail != tc.wantNode+"\n" {
-				t.Errorf("ran on %q printing %+v, want %q", got.Status.NodeName, got.Status.Stdout, tc.wantNode)
+			node := ptr.Deref(got.Status.NodeName, "")
+			if node != tc.wantNode || got.Status.Stdout == nil || ptr.Deref(got.Status.Stdout.Tail, "") != tc.wantNode+"\n" {
+				t.Errorf("ran on %q printing %s, want %q", node, dump.OneLine(got.Status.Stdout), tc.wantNode)
 			}
 		})
 	}
@@ -442,11 +449,11 @@ func TestPlacement(t *testing.T) {
 func TestOwnerLimit(t *testing.T) {
 	ns := newNamespace(t)
 	g := NewWithT(t)
-	first := newTask(ns, "first", "sleep 2", func(bt *v1.BashTask) { bt.Spec.Owner = "session-1" })
+	first := newTask(ns, "first", "sleep 2", func(bt *v1.BashTask) { bt.Spec.Owner = ptr.To("session-1") })
 	create(t, first)
-	g.Eventually(func(g Gomega) { g.Expect(get(g, first).Status.NodeName).NotTo(BeEmpty()) }).WithTimeout(waitLong).Should(Succeed())
-	second := newTask(ns, "second", "true", func(bt *v1.BashTask) { bt.Spec.Owner = "session-1" })
-	other := newTask(ns, "other-owner", "true", func(bt *v1.BashTask) { bt.Spec.Owner = "session-2" })
+	g.Eventually(func(g Gomega) { g.Expect(get(g, first).Status.NodeName).To(HaveValue(Not(BeEmpty()))) }).WithTimeout(waitLong).Should(Succeed())
+	second := newTask(ns, "second", "true", func(bt *v1.BashTask) { bt.Spec.Owner = ptr.To("session-1") })
+	other := newTask(ns, "other-owner", "true", func(bt *v1.BashTask) { bt.Spec.Owner = ptr.To("session-2") })
 	create(t, second)
 	create(t, other)
 	g.Eventually(func(g Gomega) {
@@ -454,28 +461,28 @@ func TestOwnerLimit(t *testing.T) {
 		g.Expect(c).NotTo(BeNil())
 		g.Expect(c.Reason).To(Equal(controllers.ReasonOwnerLimit))
 	}).WithTimeout(waitLong).Should(Succeed())
-	g.Expect(waitTerminal(t, other).Status.Reason).To(Equal(v1.ReasonSucceeded), "another owner is not held back")
+	g.Expect(waitTerminal(t, other).Status.Reason).To(HaveValue(Equal(v1.ReasonSucceeded)), "another owner is not held back")
 	a, b := waitTerminal(t, first), waitTerminal(t, second)
-	g.Expect(b.Status.Reason).To(Equal(v1.ReasonSucceeded))
+	g.Expect(b.Status.Reason).To(HaveValue(Equal(v1.ReasonSucceeded)))
 	g.Expect(b.Status.StartTime.Time).NotTo(BeTemporally("<", a.Status.CompletionTime.Time), "second started before first finished")
 }
 
 func TestAgentLost(t *testing.T) { // C30, agent gone
 	ns := newNamespace(t)
-	bt := newTask(ns, "lost", "echo before; sleep 60", func(bt *v1.BashTask) { bt.Spec.NodeName = "node-c" })
+	bt := newTask(ns, "lost", "echo before; sleep 60", func(bt *v1.BashTask) { bt.Spec.NodeName = ptr.To("node-c") })
 	create(t, bt)
 	g := NewWithT(t)
 	g.Eventually(func(g Gomega) {
 		st := get(g, bt).Status
-		g.Expect(st.Phase).To(Equal(v1.PhaseRunning))
+		g.Expect(st.Phase).To(HaveValue(Equal(v1.PhaseRunning)))
 		g.Expect(st.Stdout).NotTo(BeNil())
-		g.Expect(st.Stdout.Tail).To(Equal("before\n"))
+		g.Expect(st.Stdout.Tail).To(HaveValue(Equal("before\n")))
 	}).WithTimeout(waitLong).Should(Succeed())
 	rig.Agents["node-c"].Disconnect() // the agent vanishes from the network
 	stoppedAt := time.Now()
 	got := waitTerminal(t, bt)
-	g.Expect(got.Status.Reason).To(Equal(v1.ReasonAgentLost))
-	g.Expect(got.Status.Stdout.Tail).To(Equal("before\n"), "output captured before the loss is kept")
+	g.Expect(got.Status.Reason).To(HaveValue(Equal(v1.ReasonAgentLost)))
+	g.Expect(got.Status.Stdout.Tail).To(HaveValue(Equal("before\n")), "output captured before the loss is kept")
 	g.Expect(time.Since(stoppedAt)).To(BeNumerically(">=", agentLostAfter-500*time.Millisecond))
 	// Deleting a task of a lost agent does not wait for the agent.
 	g.Expect(k8s.Delete(t.Context(), bt)).To(Succeed())

@@ -10,6 +10,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
 
 	agentv1 "github.com/bashtask/bashtask-operator/api/agent/v1"
 	bashtaskv1alpha1 "github.com/bashtask/bashtask-operator/api/v1alpha1"
@@ -45,8 +46,9 @@ func FitStatusBudget(st *bashtaskv1alpha1.BashTaskStatus, budget int) error {
 		if s == nil {
 			return fmt.Errorf("status encodes to %d bytes without any output tail, over the budget of %d bytes", len(raw), budget)
 		}
-		s.Tail = s.Tail[cutIndex(s.Tail, excess):]
-		s.Truncated = true
+		tail := ptr.Deref(s.Tail, "")
+		s.Tail = optional(tail[cutIndex(tail, excess):])
+		s.Truncated = ptr.To(true)
 	}
 }
 
@@ -54,7 +56,7 @@ func FitStatusBudget(st *bashtaskv1alpha1.BashTaskStatus, budget int) error {
 func longerTail(a, b *bashtaskv1alpha1.StreamStatus) *bashtaskv1alpha1.StreamStatus {
 	var best *bashtaskv1alpha1.StreamStatus
 	for _, s := range []*bashtaskv1alpha1.StreamStatus{a, b} {
-		if s != nil && s.Tail != "" && (best == nil || len(s.Tail) > len(best.Tail)) {
+		if s != nil && ptr.Deref(s.Tail, "") != "" && (best == nil || len(*s.Tail) > len(*best.Tail)) {
 			best = s
 		}
 	}
@@ -117,7 +119,7 @@ func conditionChanged(old *bashtaskv1alpha1.BashTaskStatus, bt *bashtaskv1alpha1
 
 // setPending records why a task waits before dispatch.
 func setPending(bt *bashtaskv1alpha1.BashTask, reason, message string) {
-	bt.Status.Phase = bashtaskv1alpha1.PhasePending
+	bt.Status.Phase = ptr.To(bashtaskv1alpha1.PhasePending)
 	setCondition(bt, bashtaskv1alpha1.ConditionScheduled, false, reason, message)
 }
 
@@ -128,8 +130,8 @@ func setTerminal(bt *bashtaskv1alpha1.BashTask, reason bashtaskv1alpha1.Reason, 
 		return
 	}
 	st := &bt.Status
-	st.Reason = reason
-	st.Message = truncateMessage(message)
+	st.Reason = ptr.To(reason)
+	st.Message = optional(truncateMessage(message))
 	if st.CompletionTime == nil {
 		t := metav1.NewTime(now)
 		st.CompletionTime = &t
@@ -138,11 +140,11 @@ func setTerminal(bt *bashtaskv1alpha1.BashTask, reason bashtaskv1alpha1.Reason, 
 		setCondition(bt, bashtaskv1alpha1.ConditionRunning, false, ReasonFinished, "the command is not running")
 	}
 	if reason == bashtaskv1alpha1.ReasonSucceeded {
-		st.Phase = bashtaskv1alpha1.PhaseSucceeded
+		st.Phase = ptr.To(bashtaskv1alpha1.PhaseSucceeded)
 		setCondition(bt, bashtaskv1alpha1.ConditionComplete, true, string(reason), message)
 		return
 	}
-	st.Phase = bashtaskv1alpha1.PhaseFailed
+	st.Phase = ptr.To(bashtaskv1alpha1.PhaseFailed)
 	setCondition(bt, bashtaskv1alpha1.ConditionFailed, true, string(reason), message)
 }
 
@@ -187,7 +189,7 @@ func (r *BashTaskReconciler) applyTaskStatus(bt *bashtaskv1alpha1.BashTask, ts *
 	st.Stdout = streamStatus(ts.GetStdout())
 	st.Stderr = streamStatus(ts.GetStderr())
 	if m := ts.GetMechanism(); m != "" {
-		iso := &bashtaskv1alpha1.IsolationStatus{Mechanism: bashtaskv1alpha1.IsolationMechanism(m)}
+		iso := &bashtaskv1alpha1.IsolationStatus{Mechanism: ptr.To(bashtaskv1alpha1.IsolationMechanism(m))}
 		if bt.Spec.Resources != nil {
 			enforced := len(ts.GetLimitsNotEnforced()) == 0
 			iso.LimitsEnforced = &enforced
@@ -196,8 +198,8 @@ func (r *BashTaskReconciler) applyTaskStatus(bt *bashtaskv1alpha1.BashTask, ts *
 	}
 
 	if ts.GetState() != agentv1.TaskState_TASK_STATE_FINISHED {
-		st.Phase = bashtaskv1alpha1.PhaseRunning
-		setCondition(bt, bashtaskv1alpha1.ConditionRunning, true, ReasonStarted, "the command is running on node "+st.NodeName)
+		st.Phase = ptr.To(bashtaskv1alpha1.PhaseRunning)
+		setCondition(bt, bashtaskv1alpha1.ConditionRunning, true, ReasonStarted, "the command is running on node "+nodeOf(st))
 		return
 	}
 
@@ -212,7 +214,7 @@ func (r *BashTaskReconciler) applyTaskStatus(bt *bashtaskv1alpha1.BashTask, ts *
 	if code := ts.GetExitCode(); code >= 0 && reason != bashtaskv1alpha1.ReasonStartFailed {
 		st.ExitCode = &code
 	}
-	st.Signal = ts.GetSignal()
+	st.Signal = optional(ts.GetSignal())
 	n := ts.GetLeftoverProcesses()
 	st.LeftoverProcesses = &n
 	if t := ts.GetCompletionTime(); t != nil {
@@ -228,8 +230,8 @@ func (r *BashTaskReconciler) applyTaskStatus(bt *bashtaskv1alpha1.BashTask, ts *
 
 func defaultMessage(reason bashtaskv1alpha1.Reason, st *bashtaskv1alpha1.BashTaskStatus) string {
 	switch {
-	case st.Signal != "":
-		return fmt.Sprintf("%s: the shell ended by %s", reason, st.Signal)
+	case ptr.Deref(st.Signal, "") != "":
+		return fmt.Sprintf("%s: the shell ended by %s", reason, *st.Signal)
 	case st.ExitCode != nil:
 		return fmt.Sprintf("%s: the shell exited with code %d", reason, *st.ExitCode)
 	}
@@ -243,11 +245,11 @@ func streamStatus(s *agentv1.StreamStatus) *bashtaskv1alpha1.StreamStatus {
 		return nil
 	}
 	return &bashtaskv1alpha1.StreamStatus{
-		Tail:       s.GetTail(),
-		TotalBytes: s.GetTotalBytes(),
-		Truncated:  s.GetTruncated(),
-		Sanitized:  s.GetSanitized(),
-		SHA256:     s.GetSha256(),
+		Tail:       optional(s.GetTail()),
+		TotalBytes: ptr.To(s.GetTotalBytes()),
+		Truncated:  optional(s.GetTruncated()),
+		Sanitized:  optional(s.GetSanitized()),
+		SHA256:     optional(s.GetSha256()),
 	}
 }
 
@@ -265,7 +267,7 @@ func applyUploads(bt *bashtaskv1alpha1.BashTask, ts *agentv1.TaskStatus) {
 		case agentv1.UploadState_UPLOAD_STATE_UPLOADED:
 			uploaded++
 			if s.out != nil {
-				s.out.Spill = &bashtaskv1alpha1.SpillRef{URL: sp.GetUrl(), Bytes: sp.GetBytes(), Complete: sp.GetComplete()}
+				s.out.Spill = &bashtaskv1alpha1.SpillRef{URL: optional(sp.GetUrl()), Bytes: ptr.To(sp.GetBytes()), Complete: optional(sp.GetComplete())}
 			}
 			if !sp.GetComplete() {
 				partial = append(partial, fmt.Sprintf("%s (the first %d of %d bytes: the spill limit)", s.name, sp.GetBytes(), s.in.GetTotalBytes()))
@@ -299,7 +301,7 @@ func uploadPending(bt *bashtaskv1alpha1.BashTask) bool {
 
 // eventType is Normal for a success and Warning for any other ending.
 func eventType(bt *bashtaskv1alpha1.BashTask) string {
-	if bt.Status.Reason == bashtaskv1alpha1.ReasonSucceeded {
+	if reasonOf(&bt.Status) == bashtaskv1alpha1.ReasonSucceeded {
 		return corev1.EventTypeNormal
 	}
 	return corev1.EventTypeWarning
@@ -307,8 +309,35 @@ func eventType(bt *bashtaskv1alpha1.BashTask) string {
 
 // finishNote is the event text of a task's end.
 func finishNote(bt *bashtaskv1alpha1.BashTask) string {
-	if bt.Status.NodeName == "" {
-		return truncateMessage(bt.Status.Message)
+	message := ptr.Deref(bt.Status.Message, "")
+	if nodeOf(&bt.Status) == "" {
+		return truncateMessage(message)
 	}
-	return truncateMessage("on node " + bt.Status.NodeName + ": " + bt.Status.Message)
+	return truncateMessage("on node " + nodeOf(&bt.Status) + ": " + message)
+}
+
+// phaseOf is the task's phase, "" before the controller first wrote one.
+func phaseOf(st *bashtaskv1alpha1.BashTaskStatus) bashtaskv1alpha1.Phase {
+	return ptr.Deref(st.Phase, "")
+}
+
+// reasonOf is the task's terminal reason, "" while it has none.
+func reasonOf(st *bashtaskv1alpha1.BashTaskStatus) bashtaskv1alpha1.Reason {
+	return ptr.Deref(st.Reason, "")
+}
+
+// nodeOf is the node the task was dispatched to, "" before dispatch.
+func nodeOf(st *bashtaskv1alpha1.BashTaskStatus) string {
+	return ptr.Deref(st.NodeName, "")
+}
+
+// optional returns v for an optional status field, or nil for the zero
+// value: an empty string, false or 0 is left out of the status rather than
+// written, which also keeps it out of the status budget.
+func optional[T comparable](v T) *T {
+	var zero T
+	if v == zero {
+		return nil
+	}
+	return &v
 }

@@ -6,6 +6,8 @@ import (
 	"testing"
 	"unicode/utf8"
 
+	"k8s.io/utils/ptr"
+
 	bashtaskv1alpha1 "github.com/bashtask/bashtask-operator/api/v1alpha1"
 )
 
@@ -30,9 +32,9 @@ func TestFitStatusBudget(t *testing.T) {
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
 			st := &bashtaskv1alpha1.BashTaskStatus{
-				Phase:  bashtaskv1alpha1.PhaseSucceeded,
-				Stdout: &bashtaskv1alpha1.StreamStatus{Tail: tc.stdout, TotalBytes: int64(len(tc.stdout))},
-				Stderr: &bashtaskv1alpha1.StreamStatus{Tail: tc.stderr, TotalBytes: int64(len(tc.stderr))},
+				Phase:  ptr.To(bashtaskv1alpha1.PhaseSucceeded),
+				Stdout: &bashtaskv1alpha1.StreamStatus{Tail: ptr.To(tc.stdout), TotalBytes: ptr.To(int64(len(tc.stdout)))},
+				Stderr: &bashtaskv1alpha1.StreamStatus{Tail: ptr.To(tc.stderr), TotalBytes: ptr.To(int64(len(tc.stderr)))},
 			}
 			if err := FitStatusBudget(st, tc.budget); err != nil {
 				t.Fatal(err)
@@ -48,14 +50,15 @@ func TestFitStatusBudget(t *testing.T) {
 				got  *bashtaskv1alpha1.StreamStatus
 				orig string
 			}{{st.Stdout, tc.stdout}, {st.Stderr, tc.stderr}} {
-				if !strings.HasSuffix(s.orig, s.got.Tail) {
+				tail := ptr.Deref(s.got.Tail, "")
+				if !strings.HasSuffix(s.orig, tail) {
 					t.Errorf("stream %d: tail is not a suffix of the output", i)
 				}
-				if !utf8.ValidString(s.got.Tail) {
+				if !utf8.ValidString(tail) {
 					t.Errorf("stream %d: tail is not valid UTF-8 after shortening", i)
 				}
-				if s.got.Truncated != tc.wantTruncated[i] {
-					t.Errorf("stream %d: truncated = %v, want %v", i, s.got.Truncated, tc.wantTruncated[i])
+				if truncated := ptr.Deref(s.got.Truncated, false); truncated != tc.wantTruncated[i] {
+					t.Errorf("stream %d: truncated = %v, want %v", i, truncated, tc.wantTruncated[i])
 				}
 			}
 			// Shortening must not throw away far more than needed: the
@@ -68,7 +71,7 @@ func TestFitStatusBudget(t *testing.T) {
 }
 
 func TestFitStatusBudgetImpossible(t *testing.T) {
-	st := &bashtaskv1alpha1.BashTaskStatus{Message: strings.Repeat("m", 1000)}
+	st := &bashtaskv1alpha1.BashTaskStatus{Message: ptr.To(strings.Repeat("m", 1000))}
 	if err := FitStatusBudget(st, 100); err == nil {
 		t.Fatal("want an error when the status cannot fit without tails")
 	}
@@ -84,8 +87,8 @@ func FuzzFitStatusBudget(f *testing.F) {
 		out = strings.ToValidUTF8(out, "\uFFFD")
 		errs = strings.ToValidUTF8(errs, "\uFFFD")
 		st := &bashtaskv1alpha1.BashTaskStatus{
-			Stdout: &bashtaskv1alpha1.StreamStatus{Tail: out},
-			Stderr: &bashtaskv1alpha1.StreamStatus{Tail: errs},
+			Stdout: &bashtaskv1alpha1.StreamStatus{Tail: ptr.To(out)},
+			Stderr: &bashtaskv1alpha1.StreamStatus{Tail: ptr.To(errs)},
 		}
 		if err := FitStatusBudget(st, budget); err != nil {
 			return // over budget with empty tails: nothing to check
@@ -94,7 +97,7 @@ func FuzzFitStatusBudget(f *testing.F) {
 		if len(raw) > budget {
 			t.Fatalf("encoded %d bytes, budget %d", len(raw), budget)
 		}
-		if !strings.HasSuffix(out, st.Stdout.Tail) || !strings.HasSuffix(errs, st.Stderr.Tail) {
+		if !strings.HasSuffix(out, ptr.Deref(st.Stdout.Tail, "")) || !strings.HasSuffix(errs, ptr.Deref(st.Stderr.Tail, "")) {
 			t.Fatal("tail is not a suffix")
 		}
 	})

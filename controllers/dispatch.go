@@ -11,6 +11,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	agentv1 "github.com/bashtask/bashtask-operator/api/agent/v1"
@@ -132,7 +133,7 @@ func (r *BashTaskReconciler) lookup(ctx context.Context, ns, field string, src *
 // reservation when dispatch did not happen.
 func (r *BashTaskReconciler) admitOwner(ctx context.Context, bt *bashtaskv1alpha1.BashTask) (release func(), admitted bool, err error) {
 	noop := func() {}
-	owner := bt.Spec.Owner
+	owner := ptr.Deref(bt.Spec.Owner, "")
 	if r.opts.MaxRunningPerOwner <= 0 || owner == "" {
 		return noop, true, nil
 	}
@@ -186,8 +187,9 @@ func (r *BashTaskReconciler) admitOwner(ctx context.Context, bt *bashtaskv1alpha
 // reason when none fits.
 func (r *BashTaskReconciler) place(ctx context.Context, bt *bashtaskv1alpha1.BashTask) (*AgentState, string) {
 	var candidates []AgentState
-	if bt.Spec.NodeName != "" {
-		candidates = []AgentState{r.agents.Agent(bt.Spec.NodeName)}
+	node := ptr.Deref(bt.Spec.NodeName, "")
+	if node != "" {
+		candidates = []AgentState{r.agents.Agent(node)}
 	} else {
 		candidates = r.agents.Agents()
 	}
@@ -224,13 +226,13 @@ func (r *BashTaskReconciler) place(ctx context.Context, bt *bashtaskv1alpha1.Bas
 	if best != nil {
 		return best, ""
 	}
-	if bt.Spec.NodeName != "" && len(candidates) == 1 && candidates[0].Incarnation == "" && !candidates[0].Connected {
-		return nil, fmt.Sprintf("no agent has reported from node %s (spec.nodeName); retrying", bt.Spec.NodeName)
+	if node != "" && len(candidates) == 1 && candidates[0].Incarnation == "" && !candidates[0].Connected {
+		return nil, fmt.Sprintf("no agent has reported from node %s (spec.nodeName); retrying", node)
 	}
 	where := "any node"
 	switch {
-	case bt.Spec.NodeName != "":
-		where = "node " + bt.Spec.NodeName
+	case node != "":
+		where = "node " + node
 	case len(bt.Spec.NodeSelector) > 0:
 		where = "nodes matching " + labels.SelectorFromSet(bt.Spec.NodeSelector).String()
 	}
@@ -262,7 +264,7 @@ func (r *BashTaskReconciler) taskSpec(bt *bashtaskv1alpha1.BashTask, in *resolve
 		if o.SpillLimitBytes != nil {
 			out.SpillLimitBytes = *o.SpillLimitBytes
 		}
-		switch o.Upload {
+		switch ptr.Deref(o.Upload, "") {
 		case bashtaskv1alpha1.UploadAlways:
 			out.Upload = agentv1.UploadPolicy_UPLOAD_POLICY_ALWAYS
 		case bashtaskv1alpha1.UploadNever:
@@ -274,7 +276,7 @@ func (r *BashTaskReconciler) taskSpec(bt *bashtaskv1alpha1.BashTask, in *resolve
 		Command:    bt.Spec.Command,
 		Stdin:      in.stdin,
 		Env:        in.env,
-		WorkingDir: bt.Spec.WorkingDir,
+		WorkingDir: ptr.Deref(bt.Spec.WorkingDir, ""),
 		Timeout:    durationpb.New(time.Duration(timeout) * time.Second),
 		KillGrace:  durationpb.New(time.Duration(grace) * time.Second),
 		Output:     out,
@@ -282,7 +284,7 @@ func (r *BashTaskReconciler) taskSpec(bt *bashtaskv1alpha1.BashTask, in *resolve
 			{Name: ManagedEnvName, Value: bt.Name},
 			{Name: ManagedEnvNamespace, Value: bt.Namespace},
 			{Name: ManagedEnvUID, Value: string(bt.UID)},
-			{Name: ManagedEnvNode, Value: bt.Status.NodeName},
+			{Name: ManagedEnvNode, Value: nodeOf(&bt.Status)},
 		},
 	}
 	if res := bt.Spec.Resources; res != nil {

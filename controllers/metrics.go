@@ -75,7 +75,7 @@ func (m *Metrics) observeDispatch(bt *bashtaskv1alpha1.BashTask, now time.Time) 
 }
 
 func (m *Metrics) observeFinish(bt *bashtaskv1alpha1.BashTask) {
-	m.Finished.WithLabelValues(string(bt.Status.Reason)).Inc()
+	m.Finished.WithLabelValues(string(reasonOf(&bt.Status))).Inc()
 	if s, c := bt.Status.StartTime, bt.Status.CompletionTime; s != nil && c != nil {
 		m.RunDuration.Observe(c.Sub(s.Time).Seconds())
 	}

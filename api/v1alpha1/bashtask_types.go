@@ -63,7 +63,7 @@ type BashTaskSpec struct {
 	// +kubebuilder:validation:XValidation:rule="size(bytes(self)) <= 131071",message="command must be at most 131071 bytes (the kernel's per-argument limit)"
 	// +kubebuilder:validation:XValidation:rule="!self.contains('\\u0000')",message="command must not contain a NUL byte"
 	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="command is immutable"
-	Command string `json:"command"`
+	Command string `json:"command,omitempty"`
 
 	// stdin is written to the command's standard input, which is then closed.
 	// Unset: standard input is /dev/null. Empty string: an empty pipe. At most
@@ -102,7 +102,7 @@ type BashTaskSpec struct {
 	// +kubebuilder:validation:MinLength=1
 	// +kubebuilder:validation:MaxLength=253
 	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="owner is immutable"
-	Owner string `json:"owner,omitempty"`
+	Owner *string `json:"owner,omitempty"`
 
 	// workingDir is the absolute directory the command starts in. Unset: a
 	// fresh per-task directory owned by the task's user. At most 4095 bytes
@@ -113,13 +113,13 @@ type BashTaskSpec struct {
 	// +kubebuilder:validation:XValidation:rule="self.startsWith('/')",message="workingDir must be an absolute path (start with /)"
 	// +kubebuilder:validation:XValidation:rule="!self.contains('\\u0000')",message="workingDir must not contain a NUL byte"
 	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="workingDir is immutable"
-	WorkingDir string `json:"workingDir,omitempty"`
+	WorkingDir *string `json:"workingDir,omitempty"`
 
 	// timeoutSeconds is the wall-clock limit of the run in seconds, measured
 	// by the agent on a monotonic clock from the start of the process. The
 	// controller caps it at its --max-timeout-seconds. Default 120. Immutable.
 	// +optional
-	// +kubebuilder:default=120
+	// +default=120
 	// +kubebuilder:validation:Minimum=1
 	// +kubebuilder:validation:Maximum=604800
 	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="timeoutSeconds is immutable"
@@ -129,7 +129,7 @@ type BashTaskSpec struct {
 	// SIGKILL when the task is stopped (timeout, cancel, deletion, leftover
 	// processes). Default 3, at most 300. Immutable.
 	// +optional
-	// +kubebuilder:default=3
+	// +default=3
 	// +kubebuilder:validation:Minimum=0
 	// +kubebuilder:validation:Maximum=300
 	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="killGracePeriodSeconds is immutable"
@@ -145,7 +145,7 @@ type BashTaskSpec struct {
 	// +optional
 	// +kubebuilder:validation:MaxLength=253
 	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="nodeName is immutable"
-	NodeName string `json:"nodeName,omitempty"`
+	NodeName *string `json:"nodeName,omitempty"`
 
 	// nodeSelector runs the task on an agent whose Node carries all of these
 	// labels. At most 32 entries. Immutable.
@@ -192,7 +192,7 @@ type EnvVar struct {
 	// +kubebuilder:validation:MaxLength=1024
 	// +kubebuilder:validation:XValidation:rule="!self.contains('=')",message="env name must not contain '='"
 	// +kubebuilder:validation:XValidation:rule="!self.contains('\\u0000')",message="env name must not contain a NUL byte"
-	Name string `json:"name"`
+	Name string `json:"name,omitempty"`
 
 	// value of the variable, at most 131071 bytes (the kernel's per-string
 	// limit) and without NUL bytes. The NUL rule is a pattern rather than a
@@ -231,7 +231,7 @@ type KeySelector struct {
 	// +required
 	// +kubebuilder:validation:MinLength=1
 	// +kubebuilder:validation:MaxLength=253
-	Name string `json:"name"`
+	Name string `json:"name,omitempty"`
 
 	// key within the object's data, at most 253 characters of
 	// [-._a-zA-Z0-9] (the Secret and ConfigMap key rule).
@@ -239,7 +239,7 @@ type KeySelector struct {
 	// +kubebuilder:validation:MinLength=1
 	// +kubebuilder:validation:MaxLength=253
 	// +kubebuilder:validation:Pattern=`^[-._a-zA-Z0-9]+$`
-	Key string `json:"key"`
+	Key string `json:"key,omitempty"`
 }
 
 // UploadPolicy says when a stream's spill file is uploaded to object storage.
@@ -277,7 +277,7 @@ type OutputSpec struct {
 	// upload says when the spill file goes to object storage. Unset:
 	// WhenIncomplete.
 	// +optional
-	Upload UploadPolicy `json:"upload,omitempty"`
+	Upload *UploadPolicy `json:"upload,omitempty"`
 }
 
 // ResourceLimits are the cgroup v2 limits of one task.
@@ -397,27 +397,29 @@ type BashTaskStatus struct {
 	// +optional
 	// +listType=map
 	// +listMapKey=type
+	// +patchStrategy=merge
+	// +patchMergeKey=type
 	// +kubebuilder:validation:MaxItems=16
-	Conditions []metav1.Condition `json:"conditions,omitempty"`
+	Conditions []metav1.Condition `json:"conditions,omitempty" patchStrategy:"merge" patchMergeKey:"type"`
 
 	// observedGeneration is the metadata.generation the status was computed
 	// for.
 	// +optional
-	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
+	ObservedGeneration *int64 `json:"observedGeneration,omitempty"`
 
 	// phase summarises the conditions: Pending, Running, Succeeded or Failed.
 	// +optional
-	Phase Phase `json:"phase,omitempty"`
+	Phase *Phase `json:"phase,omitempty"`
 
 	// reason is the terminal reason, set once when the task finishes.
 	// +optional
-	Reason Reason `json:"reason,omitempty"`
+	Reason *Reason `json:"reason,omitempty"`
 
 	// message is a human-readable explanation of the reason, at most 4096
 	// characters.
 	// +optional
 	// +kubebuilder:validation:MaxLength=4096
-	Message string `json:"message,omitempty"`
+	Message *string `json:"message,omitempty"`
 
 	// exitCode is the shell's exit code; 128+n when it was killed by signal n
 	// (the container convention).
@@ -427,13 +429,13 @@ type BashTaskStatus struct {
 	// signal is the name of the signal that killed the shell, such as SIGKILL.
 	// +optional
 	// +kubebuilder:validation:MaxLength=16
-	Signal string `json:"signal,omitempty"`
+	Signal *string `json:"signal,omitempty"`
 
 	// nodeName is the node whose agent runs or ran the task. Written before
 	// dispatch, so a task is never started on two nodes.
 	// +optional
 	// +kubebuilder:validation:MaxLength=253
-	NodeName string `json:"nodeName,omitempty"`
+	NodeName *string `json:"nodeName,omitempty"`
 
 	// agent identifies the agent process the task was dispatched to.
 	// +optional
@@ -472,20 +474,20 @@ type AgentRef struct {
 	// pod is the agent's pod name (or its process name outside a cluster).
 	// +optional
 	// +kubebuilder:validation:MaxLength=253
-	Pod string `json:"pod,omitempty"`
+	Pod *string `json:"pod,omitempty"`
 
 	// incarnation is the id the agent generated when it started; a different
 	// id means the agent restarted.
 	// +optional
 	// +kubebuilder:validation:MaxLength=64
-	Incarnation string `json:"incarnation,omitempty"`
+	Incarnation *string `json:"incarnation,omitempty"`
 }
 
 // IsolationStatus says how a task was contained on its node.
 type IsolationStatus struct {
 	// mechanism is cgroup or processGroup.
 	// +optional
-	Mechanism IsolationMechanism `json:"mechanism,omitempty"`
+	Mechanism *IsolationMechanism `json:"mechanism,omitempty"`
 
 	// limitsEnforced is false when spec.resources were requested but the
 	// node's cgroup does not delegate the needed controllers.
@@ -500,26 +502,26 @@ type StreamStatus struct {
 	// from the front when the status would exceed its size budget.
 	// +optional
 	// +kubebuilder:validation:MaxLength=262144
-	Tail string `json:"tail,omitempty"`
+	Tail *string `json:"tail,omitempty"`
 
 	// totalBytes is the number of bytes the command wrote to the stream.
 	// +optional
 	// +kubebuilder:validation:Minimum=0
-	TotalBytes int64 `json:"totalBytes"`
+	TotalBytes *int64 `json:"totalBytes,omitempty"`
 
 	// truncated is true when tail is not the whole stream.
 	// +optional
-	Truncated bool `json:"truncated,omitempty"`
+	Truncated *bool `json:"truncated,omitempty"`
 
 	// sanitized is true when tail had invalid UTF-8 replaced.
 	// +optional
-	Sanitized bool `json:"sanitized,omitempty"`
+	Sanitized *bool `json:"sanitized,omitempty"`
 
 	// sha256 is the lowercase hex SHA-256 of every byte of the stream, also
 	// those past the spill limit.
 	// +optional
 	// +kubebuilder:validation:MaxLength=64
-	SHA256 string `json:"sha256,omitempty"`
+	SHA256 *string `json:"sha256,omitempty"`
 
 	// spill references the full stream in object storage.
 	// +optional
@@ -532,17 +534,17 @@ type SpillRef struct {
 	// s3://bucket/ns/name/uid/stdout.
 	// +optional
 	// +kubebuilder:validation:MaxLength=2048
-	URL string `json:"url,omitempty"`
+	URL *string `json:"url,omitempty"`
 
 	// bytes is the size of the object.
 	// +optional
 	// +kubebuilder:validation:Minimum=0
-	Bytes int64 `json:"bytes"`
+	Bytes *int64 `json:"bytes,omitempty"`
 
 	// complete is true when the object holds the whole stream, false when the
 	// stream went past spillLimitBytes.
 	// +optional
-	Complete bool `json:"complete,omitempty"`
+	Complete *bool `json:"complete,omitempty"`
 }
 
 // BashTask runs one shell command on a cluster node through the node's
@@ -573,7 +575,7 @@ type BashTask struct {
 
 	// status is what the controller observed.
 	// +optional
-	Status BashTaskStatus `json:"status,omitempty"`
+	Status BashTaskStatus `json:"status,omitempty,omitzero"`
 }
 
 // BashTaskList is a list of BashTasks.

@@ -60,6 +60,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
@@ -577,7 +578,7 @@ func (b *bench) observe(bt *v1.BashTask, now time.Time) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if strings.HasPrefix(bt.Name, "tp-0000") || strings.HasPrefix(bt.Name, "raw-") {
-		if bt.Status.NodeName != "" || bt.Status.Reason != "" {
+		if bt.Status.NodeName != nil || bt.Status.Reason != nil {
 			seq := b.samples[bt.Name]
 			if len(seq) < 8 && (len(seq) == 0 || !statusEqual(seq[len(seq)-1], bt.Status)) && b.terminal[bt.Name].IsZero() {
 				b.samples[bt.Name] = append(seq, *bt.Status.DeepCopy())
@@ -585,13 +586,13 @@ func (b *bench) observe(bt *v1.BashTask, now time.Time) {
 		}
 	}
 	b.last[bt.Name] = fmt.Sprintf("phase %q, node %q, reason %q, resourceVersion %s",
-		bt.Status.Phase, bt.Status.NodeName, bt.Status.Reason, bt.ResourceVersion)
-	if bt.Status.Reason == "" {
+		ptr.Deref(bt.Status.Phase, ""), ptr.Deref(bt.Status.NodeName, ""), ptr.Deref(bt.Status.Reason, ""), bt.ResourceVersion)
+	if bt.Status.Reason == nil {
 		return
 	}
 	if _, ok := b.terminal[bt.Name]; !ok {
 		b.terminal[bt.Name] = now
-		b.reasons[bt.Name] = bt.Status.Reason
+		b.reasons[bt.Name] = *bt.Status.Reason
 	}
 }
 
@@ -615,7 +616,7 @@ func (b *bench) sampleStatuses() []v1.BashTaskStatus {
 	var best []v1.BashTaskStatus
 	for _, name := range sortedKeys(b.samples) {
 		seq := b.samples[name]
-		if len(seq) > 0 && seq[len(seq)-1].Reason != "" && len(seq) > len(best) {
+		if len(seq) > 0 && seq[len(seq)-1].Reason != nil && len(seq) > len(best) {
 			best = seq
 		}
 	}
@@ -1181,7 +1182,7 @@ func rawPhase(ctx context.Context, o options, sample []v1.BashTaskStatus, status
 	if err != nil {
 		return 0, err
 	}
-	if len(templates) == 0 || templates[len(templates)-1].Reason == "" {
+	if len(templates) == 0 || templates[len(templates)-1].Reason == nil {
 		// Nothing terminal to watch for: the phase ends with the last write.
 		return float64(len(names)) / time.Since(start).Seconds(), nil
 	}
@@ -1198,7 +1199,7 @@ func statusTemplates(sample []v1.BashTaskStatus, n int) []v1.BashTaskStatus {
 	if n <= 0 {
 		return nil
 	}
-	if len(sample) == 0 || sample[len(sample)-1].Reason == "" {
+	if len(sample) == 0 || sample[len(sample)-1].Reason == nil {
 		sample = madeUpStatuses()
 	}
 	out := make([]v1.BashTaskStatus, n)
@@ -1219,7 +1220,7 @@ func statusTemplates(sample []v1.BashTaskStatus, n int) []v1.BashTaskStatus {
 func stamp(t v1.BashTaskStatus, generation int64) v1.BashTaskStatus {
 	s := *t.DeepCopy()
 	now := metav1.NewTime(time.Now().Truncate(time.Second))
-	s.ObservedGeneration = generation
+	s.ObservedGeneration = &generation
 	if s.StartTime != nil {
 		s.StartTime = &now
 	}
@@ -1239,17 +1240,19 @@ func madeUpStatuses() []v1.BashTaskStatus {
 	now := metav1.NewTime(time.Now().Truncate(time.Second))
 	zero := int32(0)
 	enforced := true
-	agent := &v1.AgentRef{Pod: "bashtask-agent-node-1", Incarnation: "0f6c2b8e-3a51-4d7e-9a0c-5b1e2d3f4a5b"}
+	agent := &v1.AgentRef{Pod: ptr.To("bashtask-agent-node-1"), Incarnation: ptr.To("0f6c2b8e-3a51-4d7e-9a0c-5b1e2d3f4a5b")}
 	scheduled := metav1.Condition{Type: v1.ConditionScheduled, Status: metav1.ConditionTrue, Reason: "Dispatched",
 		Message: "dispatched to the agent on node node-1", LastTransitionTime: now}
-	ahead := v1.BashTaskStatus{Phase: v1.PhasePending, NodeName: "node-1", Agent: agent, Conditions: []metav1.Condition{scheduled}}
-	empty := "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
+	ahead := v1.BashTaskStatus{Phase: ptr.To(v1.PhasePending), NodeName: ptr.To("node-1"), Agent: agent, Conditions: []metav1.Condition{scheduled}}
+	empty := func() *v1.StreamStatus {
+		return &v1.StreamStatus{TotalBytes: ptr.To[int64](0), SHA256: ptr.To("e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855")}
+	}
 	done := v1.BashTaskStatus{
-		Phase: v1.PhaseSucceeded, Reason: v1.ReasonSucceeded, Message: "the command exited with status 0",
-		ExitCode: &zero, NodeName: "node-1", Agent: agent,
-		Isolation: &v1.IsolationStatus{Mechanism: v1.IsolationCgroup, LimitsEnforced: &enforced},
+		Phase: ptr.To(v1.PhaseSucceeded), Reason: ptr.To(v1.ReasonSucceeded), Message: ptr.To("the command exited with status 0"),
+		ExitCode: &zero, NodeName: ptr.To("node-1"), Agent: agent,
+		Isolation: &v1.IsolationStatus{Mechanism: ptr.To(v1.IsolationCgroup), LimitsEnforced: &enforced},
 		StartTime: &now, CompletionTime: &now,
-		Stdout: &v1.StreamStatus{SHA256: empty}, Stderr: &v1.StreamStatus{SHA256: empty},
+		Stdout: empty(), Stderr: empty(),
 		LeftoverProcesses: &zero,
 		Conditions: []metav1.Condition{scheduled,
 			{Type: v1.ConditionRunning, Status: metav1.ConditionFalse, Reason: "Exited", Message: "the command exited", LastTransitionTime: now},

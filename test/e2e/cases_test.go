@@ -15,6 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"k8s.io/utils/dump"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -67,13 +68,13 @@ func TestExamples(t *testing.T) {
 	}
 	done := waitTerminal(t, ns, names, 3*time.Minute)
 	for name, want := range expect {
-		if got := string(done[name].Status.Reason); got != want {
-			t.Errorf("%s ended %s (%s), its manifest expects %s", name, got, done[name].Status.Message, want)
+		if got := string(ptr.Deref(done[name].Status.Reason, "")); got != want {
+			t.Errorf("%s ended %s (%s), its manifest expects %s", name, got, ptr.Deref(done[name].Status.Message, ""), want)
 		}
 	}
 	secret := done["secret-env"].Status.Stdout
-	if secret == nil || !strings.Contains(secret.Tail, "DEMO_API_KEY is not visible") || !strings.Contains(secret.Tail, "s3cr3t") {
-		t.Errorf("secret-env stdout = %+v", secret)
+	if secret == nil || !strings.Contains(ptr.Deref(secret.Tail, ""), "DEMO_API_KEY is not visible") || !strings.Contains(ptr.Deref(secret.Tail, ""), "s3cr3t") {
+		t.Errorf("secret-env stdout = %s", dump.OneLine(secret))
 	}
 
 	// The 2 MB output is truncated in status and whole in S3, once the
@@ -94,16 +95,16 @@ func TestExamples(t *testing.T) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	if large == nil || !large.Truncated || large.Spill == nil || !strings.HasPrefix(large.Spill.URL, "s3://") {
-		t.Fatalf("large-output stdout = %+v", large)
+	if large == nil || !ptr.Deref(large.Truncated, false) || large.Spill == nil || !strings.HasPrefix(ptr.Deref(large.Spill.URL, ""), "s3://") {
+		t.Fatalf("large-output stdout = %s", dump.OneLine(large))
 	}
 	full, errOut, code := plugin(t.Context(), "", "-n", ns, "logs", "--full", "--bucket-query", bucketQuery, "large-output")
 	if code != 0 {
 		t.Fatalf("kubectl bashtask logs --full: exit %d: %s", code, errOut)
 	}
 	sum := sha256.Sum256([]byte(full))
-	if int64(len(full)) != large.TotalBytes || hex.EncodeToString(sum[:]) != large.SHA256 {
-		t.Errorf("stored stream: %d bytes sha256 %x; status: %d bytes sha256 %s", len(full), sum, large.TotalBytes, large.SHA256)
+	if total, want := ptr.Deref(large.TotalBytes, 0), ptr.Deref(large.SHA256, ""); int64(len(full)) != total || hex.EncodeToString(sum[:]) != want {
+		t.Errorf("stored stream: %d bytes sha256 %x; status: %d bytes sha256 %s", len(full), sum, total, want)
 	}
 }
 
@@ -112,7 +113,7 @@ func waitPhase(t *testing.T, ns, name string, phase v1.Phase) *v1.BashTask {
 	deadline := time.Now().Add(time.Minute)
 	for {
 		bt := &v1.BashTask{}
-		if err := k8s.Get(t.Context(), client.ObjectKey{Namespace: ns, Name: name}, bt); err == nil && bt.Status.Phase == phase {
+		if err := k8s.Get(t.Context(), client.ObjectKey{Namespace: ns, Name: name}, bt); err == nil && ptr.Deref(bt.Status.Phase, "") == phase {
 			return bt
 		}
 		if time.Now().After(deadline) {
@@ -177,7 +178,7 @@ func TestControllerRestartRunsOnce(t *testing.T) {
 	deadline := time.Now().Add(time.Minute)
 	for {
 		bt := &v1.BashTask{}
-		if err := k8s.Get(t.Context(), client.ObjectKeyFromObject(one), bt); err == nil && bt.Status.NodeName != "" {
+		if err := k8s.Get(t.Context(), client.ObjectKeyFromObject(one), bt); err == nil && ptr.Deref(bt.Status.NodeName, "") != "" {
 			one = bt
 			break
 		}
@@ -204,8 +205,8 @@ func TestControllerRestartRunsOnce(t *testing.T) {
 	done := waitTerminal(t, ns, append(names, "once"), 3*time.Minute)
 	runs := countRuns(t)
 	for name, bt := range done {
-		if bt.Status.Reason != v1.ReasonSucceeded {
-			t.Errorf("%s ended %s: %s", name, bt.Status.Reason, bt.Status.Message)
+		if reason := ptr.Deref(bt.Status.Reason, ""); reason != v1.ReasonSucceeded {
+			t.Errorf("%s ended %s: %s", name, reason, ptr.Deref(bt.Status.Message, ""))
 		}
 		if n := runs[string(bt.UID)]; n != 1 {
 			t.Errorf("%s ran %d times, want exactly once", name, n)
@@ -220,14 +221,14 @@ func TestAgentKilledDuringTask(t *testing.T) {
 	bt := &v1.BashTask{}
 	bt.Namespace, bt.Name = ns, "agent-killed"
 	bt.Spec.Command = "echo before; sleep 60"
-	bt.Spec.NodeName = "node-2"
+	bt.Spec.NodeName = ptr.To("node-2")
 	if err := k8s.Create(t.Context(), bt); err != nil {
 		t.Fatal(err)
 	}
 	deadline := time.Now().Add(time.Minute)
 	for {
 		got := &v1.BashTask{}
-		if err := k8s.Get(t.Context(), client.ObjectKeyFromObject(bt), got); err == nil && got.Status.Stdout != nil && got.Status.Stdout.Tail == "before\n" {
+		if err := k8s.Get(t.Context(), client.ObjectKeyFromObject(bt), got); err == nil && got.Status.Stdout != nil && ptr.Deref(got.Status.Stdout.Tail, "") == "before\n" {
 			break
 		}
 		if time.Now().After(deadline) {
@@ -238,11 +239,11 @@ func TestAgentKilledDuringTask(t *testing.T) {
 	start := time.Now()
 	killComponent(t, "agent-node-2")
 	done := waitTerminal(t, ns, []string{"agent-killed"}, 2*time.Minute)["agent-killed"]
-	if done.Status.Reason != v1.ReasonAgentRestarted {
-		t.Fatalf("reason %s (%s), want AgentRestarted", done.Status.Reason, done.Status.Message)
+	if reason := ptr.Deref(done.Status.Reason, ""); reason != v1.ReasonAgentRestarted {
+		t.Fatalf("reason %s (%s), want AgentRestarted", reason, ptr.Deref(done.Status.Message, ""))
 	}
-	if done.Status.Stdout == nil || done.Status.Stdout.Tail != "before\n" {
-		t.Errorf("stdout %+v, want before\\n kept", done.Status.Stdout)
+	if done.Status.Stdout == nil || ptr.Deref(done.Status.Stdout.Tail, "") != "before\n" {
+		t.Errorf("stdout %s, want before\\n kept", dump.OneLine(done.Status.Stdout))
 	}
 	if took := time.Since(start); took > 30*time.Second {
 		t.Errorf("AgentRestarted after %s", took)
@@ -297,13 +298,13 @@ func TestThousandTasks(t *testing.T) {
 	runs := countRuns(t)
 	nodes := map[string]int{}
 	for name, bt := range done {
-		if bt.Status.Reason != v1.ReasonSucceeded {
-			t.Errorf("%s ended %s: %s", name, bt.Status.Reason, bt.Status.Message)
+		if reason := ptr.Deref(bt.Status.Reason, ""); reason != v1.ReasonSucceeded {
+			t.Errorf("%s ended %s: %s", name, reason, ptr.Deref(bt.Status.Message, ""))
 		}
 		if c := runs[string(bt.UID)]; c != 1 {
 			t.Errorf("%s ran %d times", name, c)
 		}
-		nodes[bt.Status.NodeName]++
+		nodes[ptr.Deref(bt.Status.NodeName, "")]++
 	}
 	if len(nodes) != 2 {
 		t.Errorf("tasks per node %v, want both agents used", nodes)

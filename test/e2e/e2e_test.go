@@ -22,6 +22,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1 "github.com/bashtask/bashtask-operator/api/v1alpha1"
@@ -171,7 +172,7 @@ func waitTerminal(t *testing.T, ns string, names []string, timeout time.Duration
 			t.Fatal(err)
 		}
 		for i := range list.Items {
-			if bt := &list.Items[i]; bt.Status.Reason != "" {
+			if bt := &list.Items[i]; bt.Status.Reason != nil {
 				got[bt.Name] = bt
 			}
 		}
@@ -186,9 +187,9 @@ func waitTerminal(t *testing.T, ns string, names []string, timeout time.Duration
 		}
 		if time.Now().After(deadline) {
 			for i := range list.Items {
-				if bt := &list.Items[i]; bt.Status.Reason == "" {
+				if bt := &list.Items[i]; bt.Status.Reason == nil {
 					t.Logf("unfinished %s: uid %s phase %q node %q agent %+v conditions %+v finalizers %v", bt.Name, bt.UID,
-						bt.Status.Phase, bt.Status.NodeName, bt.Status.Agent, bt.Status.Conditions, bt.Finalizers)
+						ptr.Deref(bt.Status.Phase, ""), ptr.Deref(bt.Status.NodeName, ""), bt.Status.Agent, bt.Status.Conditions, bt.Finalizers)
 				}
 			}
 			t.Fatalf("%d of %d tasks not terminal after %s", missing, len(names), timeout)

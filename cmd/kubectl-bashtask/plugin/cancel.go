@@ -6,6 +6,7 @@ import (
 
 	"github.com/spf13/cobra"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	bashtaskv1alpha1 "github.com/bashtask/bashtask-operator/api/v1alpha1"
@@ -39,7 +40,7 @@ Cancel does not wait; use "kubectl bashtask wait NAME" for that.`,
 				}
 				state := "cancel requested"
 				if isFinished(bt) {
-					state = fmt.Sprintf("already ended (%s)", bt.Status.Reason)
+					state = fmt.Sprintf("already ended (%s)", ptr.Deref(bt.Status.Reason, ""))
 				}
 				fmt.Fprintf(a.opts.IOStreams.Out, "bashtask.bashtask.dev/%s %s\n", name, state)
 			}

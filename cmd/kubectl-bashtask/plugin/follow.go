@@ -13,6 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	bashtaskv1alpha1 "github.com/bashtask/bashtask-operator/api/v1alpha1"
@@ -117,7 +118,8 @@ func drainWatch(ctx context.Context, w watch.Interface, interrupts <-chan os.Sig
 
 // isFinished reports whether the task reached its terminal phase.
 func isFinished(bt *bashtaskv1alpha1.BashTask) bool {
-	return bt.Status.Phase == bashtaskv1alpha1.PhaseSucceeded || bt.Status.Phase == bashtaskv1alpha1.PhaseFailed
+	phase := ptr.Deref(bt.Status.Phase, "")
+	return phase == bashtaskv1alpha1.PhaseSucceeded || phase == bashtaskv1alpha1.PhaseFailed
 }
 
 // uploadPending reports whether the agent is still uploading output.
@@ -130,7 +132,7 @@ func missingReason(bt *bashtaskv1alpha1.BashTask) string {
 	if c := meta.FindStatusCondition(bt.Status.Conditions, bashtaskv1alpha1.ConditionOutputUploaded); c != nil && c.Status == metav1.ConditionFalse {
 		return "OutputUploaded is False: " + c.Message
 	}
-	if o := bt.Spec.Output; o != nil && o.Upload == bashtaskv1alpha1.UploadNever {
+	if o := bt.Spec.Output; o != nil && ptr.Deref(o.Upload, "") == bashtaskv1alpha1.UploadNever {
 		return "spec.output.upload is Never"
 	}
 	return "no stored object in status"
@@ -140,7 +142,8 @@ func missingReason(bt *bashtaskv1alpha1.BashTask) string {
 // message for every ending other than success or a plain non-zero exit.
 func taskExit(bt *bashtaskv1alpha1.BashTask) (int, string) {
 	st := bt.Status
-	if st.Reason == bashtaskv1alpha1.ReasonSucceeded {
+	reason := ptr.Deref(st.Reason, "")
+	if reason == bashtaskv1alpha1.ReasonSucceeded {
 		return ExitOK, ""
 	}
 	code := ExitFailure
@@ -150,12 +153,12 @@ func taskExit(bt *bashtaskv1alpha1.BashTask) (int, string) {
 	if st.ExitCode != nil && *st.ExitCode > 0 && *st.ExitCode <= 255 {
 		code = int(*st.ExitCode)
 	}
-	if st.Reason == bashtaskv1alpha1.ReasonNonZeroExit && code == int(ptrValue(st.ExitCode)) {
+	if reason == bashtaskv1alpha1.ReasonNonZeroExit && code == int(ptrValue(st.ExitCode)) {
 		return code, ""
 	}
-	msg := fmt.Sprintf("task %s/%s ended %s", bt.Namespace, bt.Name, st.Reason)
-	if st.Message != "" {
-		msg += ": " + st.Message
+	msg := fmt.Sprintf("task %s/%s ended %s", bt.Namespace, bt.Name, reason)
+	if m := ptr.Deref(st.Message, ""); m != "" {
+		msg += ": " + m
 	}
 	return code, msg
 }

@@ -12,6 +12,7 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/duration"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	bashtaskv1alpha1 "github.com/bashtask/bashtask-operator/api/v1alpha1"
@@ -119,8 +120,8 @@ func printTable(out io.Writer, items []bashtaskv1alpha1.BashTask, now time.Time,
 			exit = strconv.Itoa(int(*bt.Status.ExitCode))
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", bt.Name,
-			orNone(string(bt.Status.Phase)), orNone(string(bt.Status.Reason)), orNone(exit),
-			orNone(bt.Status.NodeName), orNone(bt.Spec.Owner), runDuration(bt, now),
+			orNone(string(ptr.Deref(bt.Status.Phase, ""))), orNone(string(ptr.Deref(bt.Status.Reason, ""))), orNone(exit),
+			orNone(ptr.Deref(bt.Status.NodeName, "")), orNone(ptr.Deref(bt.Spec.Owner, "")), runDuration(bt, now),
 			duration.HumanDuration(now.Sub(bt.CreationTimestamp.Time)))
 	}
 	if err := tw.Flush(); err != nil {

@@ -6,6 +6,7 @@ import (
 
 	"github.com/spf13/cobra"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
 
 	bashtaskv1alpha1 "github.com/bashtask/bashtask-operator/api/v1alpha1"
 )
@@ -80,11 +81,12 @@ func (a *app) logs(ctx context.Context, name string, f logsFlags) error {
 			if s == nil {
 				return nil
 			}
-			if _, err := fmt.Fprint(a.opts.IOStreams.Out, s.Tail); err != nil {
+			tail := ptr.Deref(s.Tail, "")
+			if _, err := fmt.Fprint(a.opts.IOStreams.Out, tail); err != nil {
 				return fmt.Errorf("writing %s: %w", stream, err)
 			}
-			if s.Truncated {
-				a.note("%s: showing the last %d of %d bytes; --full prints the whole stream", stream, len(s.Tail), s.TotalBytes)
+			if ptr.Deref(s.Truncated, false) {
+				a.note("%s: showing the last %d of %d bytes; --full prints the whole stream", stream, len(tail), ptr.Deref(s.TotalBytes, 0))
 			}
 			return nil
 		}

@@ -18,7 +18,7 @@ import (
 func ended(reason bashtaskv1alpha1.Reason, exit *int32, message string) *bashtaskv1alpha1.BashTask {
 	return &bashtaskv1alpha1.BashTask{
 		ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "t"},
-		Status:     bashtaskv1alpha1.BashTaskStatus{Reason: reason, ExitCode: exit, Message: message},
+		Status:     bashtaskv1alpha1.BashTaskStatus{Reason: ptr.To(reason), ExitCode: exit, Message: optional(message)},
 	}
 }
 
@@ -58,13 +58,13 @@ func TestPrintTable(t *testing.T) {
 	at := func(ago time.Duration) *metav1.Time { return ptr.To(metav1.NewTime(now.Add(-ago))) }
 	done := bashtaskv1alpha1.BashTask{
 		ObjectMeta: metav1.ObjectMeta{Namespace: "a", Name: "done", CreationTimestamp: *at(3 * time.Hour)},
-		Spec:       bashtaskv1alpha1.BashTaskSpec{Owner: "alice"},
-		Status: bashtaskv1alpha1.BashTaskStatus{Phase: bashtaskv1alpha1.PhaseFailed, Reason: bashtaskv1alpha1.ReasonNonZeroExit,
-			ExitCode: ptr.To[int32](2), NodeName: "node-1", StartTime: at(3*time.Hour - time.Second), CompletionTime: at(3*time.Hour - 95*time.Second)},
+		Spec:       bashtaskv1alpha1.BashTaskSpec{Owner: ptr.To("alice")},
+		Status: bashtaskv1alpha1.BashTaskStatus{Phase: ptr.To(bashtaskv1alpha1.PhaseFailed), Reason: ptr.To(bashtaskv1alpha1.ReasonNonZeroExit),
+			ExitCode: ptr.To[int32](2), NodeName: ptr.To("node-1"), StartTime: at(3*time.Hour - time.Second), CompletionTime: at(3*time.Hour - 95*time.Second)},
 	}
 	running := bashtaskv1alpha1.BashTask{
 		ObjectMeta: metav1.ObjectMeta{Namespace: "b", Name: "running", CreationTimestamp: *at(40 * time.Second)},
-		Status:     bashtaskv1alpha1.BashTaskStatus{Phase: bashtaskv1alpha1.PhaseRunning, NodeName: "node-2", StartTime: at(30 * time.Second)},
+		Status:     bashtaskv1alpha1.BashTaskStatus{Phase: ptr.To(bashtaskv1alpha1.PhaseRunning), NodeName: ptr.To("node-2"), StartTime: at(30 * time.Second)},
 	}
 	pending := bashtaskv1alpha1.BashTask{ObjectMeta: metav1.ObjectMeta{Namespace: "b", Name: "pending", CreationTimestamp: *at(time.Second)}}
 
@@ -136,7 +136,7 @@ func TestObjectFetcherReadsAFileBucket(t *testing.T) {
 		t.Fatal(err)
 	}
 	fetch := objectFetcher(bt, "stdout", "")
-	r, err := fetch(t.Context(), &bashtaskv1alpha1.SpillRef{URL: "file://" + path}, 7)
+	r, err := fetch(t.Context(), &bashtaskv1alpha1.SpillRef{URL: ptr.To("file://" + path)}, 7)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -147,7 +147,7 @@ func TestObjectFetcherReadsAFileBucket(t *testing.T) {
 	if err := r.Close(); err != nil {
 		t.Errorf("close: %v", err)
 	}
-	if _, err := fetch(t.Context(), &bashtaskv1alpha1.SpillRef{URL: "file://" + dir + "/ns/t/0f1e/stderr"}, 0); err == nil {
+	if _, err := fetch(t.Context(), &bashtaskv1alpha1.SpillRef{URL: ptr.To("file://" + dir + "/ns/t/0f1e/stderr")}, 0); err == nil {
 		t.Errorf("opening a missing object succeeded")
 	}
 }

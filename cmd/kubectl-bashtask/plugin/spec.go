@@ -161,8 +161,8 @@ func buildTask(ns string, f runFlags, timeoutSet bool, args []string, stdin *str
 			Command:  cmd,
 			Stdin:    stdin,
 			Env:      env,
-			Owner:    f.owner,
-			NodeName: f.node,
+			Owner:    optional(f.owner),
+			NodeName: optional(f.node),
 		},
 	}
 	if f.name == "" {
@@ -174,4 +174,13 @@ func buildTask(ns string, f runFlags, timeoutSet bool, args []string, stdin *str
 		}
 	}
 	return bt, nil
+}
+
+// optional returns s as an optional field of the API: nil when s is empty,
+// so that a flag left unset leaves the field out instead of sending "".
+func optional(s string) *string {
+	if s == "" {
+		return nil
+	}
+	return &s
 }

@@ -43,7 +43,7 @@ func TestBuildTask(t *testing.T) {
 			timeoutSet: true,
 			args:       []string{"true"},
 			stdin:      ptr.To(""),
-			want: bashtaskv1alpha1.BashTaskSpec{Command: "true", Stdin: ptr.To(""), Owner: "s1", NodeName: "n1", TimeoutSeconds: ptr.To[int32](90),
+			want: bashtaskv1alpha1.BashTaskSpec{Command: "true", Stdin: ptr.To(""), Owner: ptr.To("s1"), NodeName: ptr.To("n1"), TimeoutSeconds: ptr.To[int32](90),
 				Env: []bashtaskv1alpha1.EnvVar{literal("A", "1"), literal("B", "x=y"), literal("EMPTY", "")}},
 			wantName: "job",
 		},

@@ -19,6 +19,7 @@ import (
 	_ "gocloud.dev/blob/gcsblob"
 	_ "gocloud.dev/blob/s3blob"
 	"gocloud.dev/gcerrors"
+	"k8s.io/utils/ptr"
 
 	bashtaskv1alpha1 "github.com/bashtask/bashtask-operator/api/v1alpha1"
 )
@@ -76,7 +77,7 @@ func (r readCloser) Close() error {
 // objectFetcher returns the fetchFunc for one stream of bt.
 func objectFetcher(bt *bashtaskv1alpha1.BashTask, stream, query string) fetchFunc {
 	return func(ctx context.Context, spill *bashtaskv1alpha1.SpillRef, offset int64) (io.ReadCloser, error) {
-		bucketURL, key, err := splitObjectURL(spill.URL, objectKey(bt, stream), query)
+		bucketURL, key, err := splitObjectURL(ptr.Deref(spill.URL, ""), objectKey(bt, stream), query)
 		if err != nil {
 			return nil, err
 		}

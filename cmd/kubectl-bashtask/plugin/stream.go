@@ -8,6 +8,8 @@ import (
 	"hash"
 	"io"
 
+	"k8s.io/utils/ptr"
+
 	bashtaskv1alpha1 "github.com/bashtask/bashtask-operator/api/v1alpha1"
 )
 
@@ -54,14 +56,15 @@ func (w *streamWriter) write(p []byte, end int64) error {
 
 // update writes what a status snapshot shows beyond what was written.
 func (w *streamWriter) update(s *bashtaskv1alpha1.StreamStatus) error {
-	if s == nil || w.deferred || s.TotalBytes <= w.written {
+	if s == nil || w.deferred || ptr.Deref(s.TotalBytes, 0) <= w.written {
 		return nil
 	}
-	start := s.TotalBytes - int64(len(s.Tail))
+	tail, total, sanitized := ptr.Deref(s.Tail, ""), ptr.Deref(s.TotalBytes, 0), ptr.Deref(s.Sanitized, false)
+	start := total - int64(len(tail))
 	// A sanitized tail has U+FFFD where the stream had other bytes, so its
 	// offsets do not match the stream's; complete mode waits for the raw
 	// bytes in storage instead.
-	if w.complete && (start > w.written || s.Sanitized) {
+	if w.complete && (start > w.written || sanitized) {
 		w.deferred = true
 		if start > w.written {
 			w.note("%s: %d bytes went past the status tail before they could be shown; the rest of %s is written when the task ends, from storage",
@@ -76,10 +79,10 @@ func (w *streamWriter) update(s *bashtaskv1alpha1.StreamStatus) error {
 		w.inexact = true
 		w.written = start
 	}
-	if s.Sanitized {
+	if sanitized {
 		w.inexact = true
 	}
-	return w.write([]byte(s.Tail[w.written-start:]), s.TotalBytes)
+	return w.write([]byte(tail[w.written-start:]), total)
 }
 
 // finish writes the rest of the stream of a task that has ended: from the
@@ -90,13 +93,15 @@ func (w *streamWriter) finish(ctx context.Context, s *bashtaskv1alpha1.StreamSta
 	if s == nil {
 		return nil
 	}
-	start := s.TotalBytes - int64(len(s.Tail))
-	if w.complete && w.needsObject(s) && s.Spill != nil && s.Spill.URL != "" && w.written < s.Spill.Bytes {
+	tail, total := ptr.Deref(s.Tail, ""), ptr.Deref(s.TotalBytes, 0)
+	start := total - int64(len(tail))
+	stored := s.Spill != nil && ptr.Deref(s.Spill.URL, "") != ""
+	if w.complete && w.needsObject(s) && stored && w.written < ptr.Deref(s.Spill.Bytes, 0) {
 		if err := w.copyObject(ctx, s.Spill, fetch); err != nil {
 			return err
 		}
 	}
-	if w.written < s.TotalBytes {
+	if w.written < total {
 		if start > w.written && !w.complete {
 			w.note("%s: %d bytes not shown (they went past the tail kept in status)", w.name, start-w.written)
 			w.inexact = true
@@ -104,19 +109,19 @@ func (w *streamWriter) finish(ctx context.Context, s *bashtaskv1alpha1.StreamSta
 		}
 		if start > w.written {
 			why := missing
-			if s.Spill != nil && s.Spill.URL != "" && !s.Spill.Complete {
+			if stored && !ptr.Deref(s.Spill.Complete, false) {
 				why = "the stored object ends where the stream passed spec.output.spillLimitBytes"
 			}
 			w.note("%s: bytes %d to %d of %d are not available (%s); the last %d bytes follow",
-				w.name, w.written, start, s.TotalBytes, why, len(s.Tail))
+				w.name, w.written, start, total, why, len(tail))
 			w.inexact = true
 			w.written = start
 		}
-		if s.Sanitized {
+		if ptr.Deref(s.Sanitized, false) {
 			w.note("%s: the tail in status has invalid UTF-8 replaced by U+FFFD", w.name)
 			w.inexact = true
 		}
-		if err := w.write([]byte(s.Tail[w.written-start:]), s.TotalBytes); err != nil {
+		if err := w.write([]byte(tail[w.written-start:]), total); err != nil {
 			return err
 		}
 	}
@@ -125,24 +130,26 @@ func (w *streamWriter) finish(ctx context.Context, s *bashtaskv1alpha1.StreamSta
 
 // needsObject reports whether the tail cannot supply the exact rest.
 func (w *streamWriter) needsObject(s *bashtaskv1alpha1.StreamStatus) bool {
-	start := s.TotalBytes - int64(len(s.Tail))
-	return w.written < s.TotalBytes && (w.deferred || start > w.written || s.Sanitized)
+	total := ptr.Deref(s.TotalBytes, 0)
+	start := total - int64(len(ptr.Deref(s.Tail, "")))
+	return w.written < total && (w.deferred || start > w.written || ptr.Deref(s.Sanitized, false))
 }
 
 func (w *streamWriter) copyObject(ctx context.Context, spill *bashtaskv1alpha1.SpillRef, fetch fetchFunc) error {
+	url := ptr.Deref(spill.URL, "")
 	r, err := fetch(ctx, spill, w.written)
 	if err != nil {
-		return fmt.Errorf("reading the stored %s at %s: %w", w.name, spill.URL, err)
+		return fmt.Errorf("reading the stored %s at %s: %w", w.name, url, err)
 	}
 	defer func() { _ = r.Close() }()
 	from := w.written
 	n, err := io.Copy(io.MultiWriter(w.out, w.hash), r)
 	w.written += n
 	if err != nil {
-		return fmt.Errorf("reading the stored %s at %s (after %d bytes): %w", w.name, spill.URL, from+n, err)
+		return fmt.Errorf("reading the stored %s at %s (after %d bytes): %w", w.name, url, from+n, err)
 	}
-	if w.written != spill.Bytes {
-		return fmt.Errorf("the stored %s at %s ends after %d bytes; status.%s.spill.bytes says %d", w.name, spill.URL, w.written, w.name, spill.Bytes)
+	if bytes := ptr.Deref(spill.Bytes, 0); w.written != bytes {
+		return fmt.Errorf("the stored %s at %s ends after %d bytes; status.%s.spill.bytes says %d", w.name, url, w.written, w.name, bytes)
 	}
 	w.deferred = false
 	return nil
@@ -151,11 +158,12 @@ func (w *streamWriter) copyObject(ctx context.Context, spill *bashtaskv1alpha1.S
 // verify checks the bytes written against the stream's SHA-256 when they
 // are meant to be the exact stream.
 func (w *streamWriter) verify(s *bashtaskv1alpha1.StreamStatus) error {
-	if !w.complete || w.inexact || s.SHA256 == "" || w.written != s.TotalBytes {
+	want := ptr.Deref(s.SHA256, "")
+	if !w.complete || w.inexact || want == "" || w.written != ptr.Deref(s.TotalBytes, 0) {
 		return nil
 	}
-	if got := hex.EncodeToString(w.hash.Sum(nil)); got != s.SHA256 {
-		return fmt.Errorf("%s: the %d bytes written have SHA-256 %s, but status.%s.sha256 is %s", w.name, w.written, got, w.name, s.SHA256)
+	if got := hex.EncodeToString(w.hash.Sum(nil)); got != want {
+		return fmt.Errorf("%s: the %d bytes written have SHA-256 %s, but status.%s.sha256 is %s", w.name, w.written, got, w.name, want)
 	}
 	return nil
 }

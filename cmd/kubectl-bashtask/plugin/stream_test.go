@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
+	"k8s.io/utils/ptr"
 
 	bashtaskv1alpha1 "github.com/bashtask/bashtask-operator/api/v1alpha1"
 )
@@ -21,13 +22,13 @@ func snap(stream string, total, tailLen int) *bashtaskv1alpha1.StreamStatus {
 	tailLen = min(tailLen, total)
 	h := sha256.Sum256([]byte(stream[:total]))
 	return &bashtaskv1alpha1.StreamStatus{
-		Tail: stream[total-tailLen : total], TotalBytes: int64(total), Truncated: tailLen < total,
-		SHA256: hex.EncodeToString(h[:]),
+		Tail: ptr.To(stream[total-tailLen : total]), TotalBytes: ptr.To(int64(total)), Truncated: ptr.To(tailLen < total),
+		SHA256: ptr.To(hex.EncodeToString(h[:])),
 	}
 }
 
 func stored(s *bashtaskv1alpha1.StreamStatus, n int) *bashtaskv1alpha1.StreamStatus {
-	s.Spill = &bashtaskv1alpha1.SpillRef{URL: "file:///b/ns/t/uid/stdout", Bytes: int64(n), Complete: int64(n) == s.TotalBytes}
+	s.Spill = &bashtaskv1alpha1.SpillRef{URL: ptr.To("file:///b/ns/t/uid/stdout"), Bytes: ptr.To(int64(n)), Complete: ptr.To(int64(n) == *s.TotalBytes)}
 	return s
 }
 
@@ -114,9 +115,10 @@ func TestStreamWriter(t *testing.T) {
 		"sanitized tail in complete mode waits for the object": {
 			complete: true,
 			snapshots: []*bashtaskv1alpha1.StreamStatus{
-				{Tail: "ab\uFFFD", TotalBytes: 3, Sanitized: true},
+				{Tail: ptr.To("ab\uFFFD"), TotalBytes: ptr.To[int64](3), Sanitized: ptr.To(true)},
 			},
-			final:     &bashtaskv1alpha1.StreamStatus{Tail: "ab\uFFFDc", TotalBytes: 4, Sanitized: true, Spill: &bashtaskv1alpha1.SpillRef{URL: "file:///b/k", Bytes: 4, Complete: true}},
+			final: &bashtaskv1alpha1.StreamStatus{Tail: ptr.To("ab\uFFFDc"), TotalBytes: ptr.To[int64](4), Sanitized: ptr.To(true),
+				Spill: &bashtaskv1alpha1.SpillRef{URL: ptr.To("file:///b/k"), Bytes: ptr.To[int64](4), Complete: ptr.To(true)}},
 			object:    "ab\xffc",
 			wantOut:   "ab\xffc",
 			wantNotes: []string{"stdout is not valid UTF-8; it is written when the task ends, from storage"},

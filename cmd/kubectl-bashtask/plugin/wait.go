@@ -8,6 +8,7 @@ import (
 
 	"github.com/spf13/cobra"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
 
 	bashtaskv1alpha1 "github.com/bashtask/bashtask-operator/api/v1alpha1"
 )
@@ -63,7 +64,7 @@ func (a *app) wait(ctx context.Context, name string, timeout time.Duration) erro
 	case err != nil:
 		return err
 	}
-	line := fmt.Sprintf("bashtask.bashtask.dev/%s %s", name, last.Status.Reason)
+	line := fmt.Sprintf("bashtask.bashtask.dev/%s %s", name, ptr.Deref(last.Status.Reason, ""))
 	if last.Status.ExitCode != nil {
 		line += fmt.Sprintf(" (exit code %d)", *last.Status.ExitCode)
 	}
@@ -79,8 +80,5 @@ func (a *app) wait(ctx context.Context, name string, timeout time.Duration) erro
 }
 
 func phaseOrPending(bt *bashtaskv1alpha1.BashTask) bashtaskv1alpha1.Phase {
-	if bt.Status.Phase == "" {
-		return bashtaskv1alpha1.PhasePending
-	}
-	return bt.Status.Phase
+	return ptr.Deref(bt.Status.Phase, bashtaskv1alpha1.PhasePending)
 }

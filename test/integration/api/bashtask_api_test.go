@@ -98,12 +98,12 @@ func TestCreateValidation(t *testing.T) {
 					{Name: "B", ValueFrom: secretRef("s", "k")},
 					{Name: "C", ValueFrom: &v1.ValueSource{ConfigMapKeyRef: &v1.KeySelector{Name: "cm", Key: "k.txt"}}},
 				}
-				bt.Spec.Owner = "session-1"
-				bt.Spec.WorkingDir = "/tmp"
+				bt.Spec.Owner = ptr.To("session-1")
+				bt.Spec.WorkingDir = ptr.To("/tmp")
 				bt.Spec.TimeoutSeconds = ptr.To[int32](5)
 				bt.Spec.KillGracePeriodSeconds = ptr.To[int32](0)
-				bt.Spec.Output = &v1.OutputSpec{TailBytes: ptr.To[int32](10), SpillLimitBytes: ptr.To[int64](100), Upload: v1.UploadAlways}
-				bt.Spec.NodeName = "node-a"
+				bt.Spec.Output = &v1.OutputSpec{TailBytes: ptr.To[int32](10), SpillLimitBytes: ptr.To[int64](100), Upload: ptr.To(v1.UploadAlways)}
+				bt.Spec.NodeName = ptr.To("node-a")
 				bt.Spec.NodeSelector = map[string]string{"kubernetes.io/os": "linux"}
 				mem, cpu := resource.MustParse("64Mi"), resource.MustParse("500m")
 				bt.Spec.Resources = &v1.ResourceLimits{Memory: &mem, CPU: &cpu, PIDs: ptr.To[int64](100)}
@@ -205,7 +205,7 @@ func TestCreateValidation(t *testing.T) {
 			wantErr: "spec.env[0].valueFrom.secretKeyRef.key",
 		},
 		"relative workingDir": {
-			mutate:  func(bt *v1.BashTask) { bt.Spec.WorkingDir = "tmp/work" },
+			mutate:  func(bt *v1.BashTask) { bt.Spec.WorkingDir = ptr.To("tmp/work") },
 			wantErr: "workingDir must be an absolute path",
 		},
 		"timeout zero": {
@@ -217,7 +217,7 @@ func TestCreateValidation(t *testing.T) {
 			wantErr: "spec.output.tailBytes",
 		},
 		"unknown upload policy": {
-			mutate:  func(bt *v1.BashTask) { bt.Spec.Output = &v1.OutputSpec{Upload: "Sometimes"} },
+			mutate:  func(bt *v1.BashTask) { bt.Spec.Output = &v1.OutputSpec{Upload: ptr.To[v1.UploadPolicy]("Sometimes")} },
 			wantErr: "spec.output.upload: Unsupported value",
 		},
 		"zero memory limit": {
@@ -275,7 +275,7 @@ func TestDefaults(t *testing.T) {
 func TestUpdateValidation(t *testing.T) {
 	ns := newNamespace(t)
 	base := func(bt *v1.BashTask) {
-		bt.Spec.Owner = "alice"
+		bt.Spec.Owner = ptr.To("alice")
 		bt.Spec.Env = []v1.EnvVar{{Name: "A", Value: ptr.To("1")}}
 	}
 	tests := map[string]struct {
@@ -285,10 +285,10 @@ func TestUpdateValidation(t *testing.T) {
 	}{
 		"command changed":          {update: func(bt *v1.BashTask) { bt.Spec.Command = "echo other" }, wantErr: "command is immutable"},
 		"env value changed":        {update: func(bt *v1.BashTask) { bt.Spec.Env[0].Value = ptr.To("2") }, wantErr: "env is immutable"},
-		"owner changed":            {update: func(bt *v1.BashTask) { bt.Spec.Owner = "bob" }, wantErr: "owner is immutable"},
-		"owner removed":            {update: func(bt *v1.BashTask) { bt.Spec.Owner = "" }, wantErr: "spec is immutable after creation"},
+		"owner changed":            {update: func(bt *v1.BashTask) { bt.Spec.Owner = ptr.To("bob") }, wantErr: "owner is immutable"},
+		"owner removed":            {update: func(bt *v1.BashTask) { bt.Spec.Owner = nil }, wantErr: "spec is immutable after creation"},
 		"stdin added":              {update: func(bt *v1.BashTask) { bt.Spec.Stdin = ptr.To("x") }, wantErr: "spec is immutable after creation"},
-		"nodeName added":           {update: func(bt *v1.BashTask) { bt.Spec.NodeName = "n" }, wantErr: "spec is immutable after creation"},
+		"nodeName added":           {update: func(bt *v1.BashTask) { bt.Spec.NodeName = ptr.To("n") }, wantErr: "spec is immutable after creation"},
 		"timeout changed":          {update: func(bt *v1.BashTask) { bt.Spec.TimeoutSeconds = ptr.To[int32](7) }, wantErr: "timeoutSeconds is immutable"},
 		"cancelRequested set":      {update: func(bt *v1.BashTask) { bt.Spec.CancelRequested = ptr.To(true) }},
 		"cancelRequested false":    {update: func(bt *v1.BashTask) { bt.Spec.CancelRequested = ptr.To(false) }},
@@ -326,7 +326,10 @@ func TestUpdateValidation(t *testing.T) {
 func TestFieldSelectors(t *testing.T) {
 	ns := newNamespace(t)
 	ctx := t.Context()
-	for _, o := range []struct{ name, owner string }{{"a1", "alice"}, {"a2", "alice"}, {"b1", "bob"}, {"none", ""}} {
+	for _, o := range []struct {
+		name  string
+		owner *string
+	}{{"a1", ptr.To("alice")}, {"a2", ptr.To("alice")}, {"b1", ptr.To("bob")}, {"none", nil}} {
 		bt := task(ns, o.name, func(bt *v1.BashTask) { bt.Spec.Owner = o.owner })
 		if err := env.Client.Create(ctx, bt); err != nil {
 			t.Fatal(err)
@@ -338,7 +341,7 @@ func TestFieldSelectors(t *testing.T) {
 	if err := env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "a2"}, running); err != nil {
 		t.Fatal(err)
 	}
-	running.Status.Phase = v1.PhaseRunning
+	running.Status.Phase = ptr.To(v1.PhaseRunning)
 	if err := env.Client.Status().Update(ctx, running); err != nil {
 		t.Fatal(err)
 	}
@@ -388,8 +391,8 @@ func TestStatusSubresource(t *testing.T) {
 	}
 
 	// A status change sent to the main resource is dropped by the server.
-	bt.Status.Phase = v1.PhaseSucceeded
-	bt.Status.Reason = v1.ReasonSucceeded
+	bt.Status.Phase = ptr.To(v1.PhaseSucceeded)
+	bt.Status.Reason = ptr.To(v1.ReasonSucceeded)
 	if err := env.Client.Update(ctx, bt); err != nil {
 		t.Fatalf("update through the main resource: %v", err)
 	}
@@ -403,10 +406,10 @@ func TestStatusSubresource(t *testing.T) {
 
 	// The status subresource writes status and ignores spec changes.
 	got.Status = v1.BashTaskStatus{
-		Phase:    v1.PhaseSucceeded,
-		Reason:   v1.ReasonSucceeded,
+		Phase:    ptr.To(v1.PhaseSucceeded),
+		Reason:   ptr.To(v1.ReasonSucceeded),
 		ExitCode: ptr.To[int32](0),
-		Stdout:   &v1.StreamStatus{Tail: "hello\n", TotalBytes: 6, SHA256: strings.Repeat("a", 64)},
+		Stdout:   &v1.StreamStatus{Tail: ptr.To("hello\n"), TotalBytes: ptr.To[int64](6), SHA256: ptr.To(strings.Repeat("a", 64))},
 	}
 	got.Spec.Command = "echo changed through status"
 	if err := env.Client.Status().Update(ctx, got); err != nil {

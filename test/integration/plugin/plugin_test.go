@@ -11,6 +11,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/dump"
+	"k8s.io/utils/ptr"
 
 	bashtaskv1alpha1 "github.com/bashtask/bashtask-operator/api/v1alpha1"
 	"github.com/bashtask/bashtask-operator/cmd/kubectl-bashtask/plugin"
@@ -52,8 +54,8 @@ func TestRunEndingWithoutExitIsOneWithReason(t *testing.T) {
 	ns := newNamespace(t)
 	got := kubectlBashtask(t, ns, "run", "--name", "slow", "--timeout", "1s", "--", "sleep 30")
 	bt := getTask(t, ns, "slow")
-	if bt.Status.Reason != bashtaskv1alpha1.ReasonTimedOut {
-		t.Fatalf("reason %q, want TimedOut", bt.Status.Reason)
+	if reason := ptr.Deref(bt.Status.Reason, ""); reason != bashtaskv1alpha1.ReasonTimedOut {
+		t.Fatalf("reason %q, want TimedOut", reason)
 	}
 	if want := exitOf(bt); got.code != want || !strings.Contains(got.stderr, "ended TimedOut") {
 		t.Errorf("run of a timed-out task: exit %d, stderr %q; want exit %d and a message naming TimedOut", got.code, got.stderr, want)
@@ -113,20 +115,21 @@ func TestLargeOutputRunAndLogsFull(t *testing.T) {
 	}
 	bt := getTask(t, ns, "big")
 	out := bt.Status.Stdout
-	if out == nil || out.TotalBytes != size || !out.Truncated || out.Spill == nil {
-		t.Fatalf("status.stdout %+v: want %d bytes, truncated, stored", out, size)
+	if out == nil || ptr.Deref(out.TotalBytes, 0) != size || !ptr.Deref(out.Truncated, false) || out.Spill == nil {
+		t.Fatalf("status.stdout %s: want %d bytes, truncated, stored", dump.OneLine(out), size)
 	}
-	if sum := sha256hex(got.stdout); len(got.stdout) != size || sum != out.SHA256 {
-		t.Errorf("run wrote %d bytes with sha256 %s; status has %d bytes, %s", len(got.stdout), sum, out.TotalBytes, out.SHA256)
+	total, want, outTail := *out.TotalBytes, ptr.Deref(out.SHA256, ""), ptr.Deref(out.Tail, "")
+	if sum := sha256hex(got.stdout); len(got.stdout) != size || sum != want {
+		t.Errorf("run wrote %d bytes with sha256 %s; status has %d bytes, %s", len(got.stdout), sum, total, want)
 	}
 
 	full := kubectlBashtask(t, ns, "logs", "big", "--full")
-	if sum := sha256hex(full.stdout); full.code != 0 || len(full.stdout) != size || sum != out.SHA256 {
-		t.Errorf("logs --full: exit %d, %d bytes, sha256 %s, stderr %q; want %d bytes, sha256 %s", full.code, len(full.stdout), sum, full.stderr, size, out.SHA256)
+	if sum := sha256hex(full.stdout); full.code != 0 || len(full.stdout) != size || sum != want {
+		t.Errorf("logs --full: exit %d, %d bytes, sha256 %s, stderr %q; want %d bytes, sha256 %s", full.code, len(full.stdout), sum, full.stderr, size, want)
 	}
 	tail := kubectlBashtask(t, ns, "logs", "big")
-	if tail.code != 0 || tail.stdout != out.Tail || !strings.Contains(tail.stderr, "--full") {
-		t.Errorf("logs: exit %d, %d bytes, stderr %q; want the %d-byte tail and a hint at --full", tail.code, len(tail.stdout), tail.stderr, len(out.Tail))
+	if tail.code != 0 || tail.stdout != outTail || !strings.Contains(tail.stderr, "--full") {
+		t.Errorf("logs: exit %d, %d bytes, stderr %q; want the %d-byte tail and a hint at --full", tail.code, len(tail.stdout), tail.stderr, len(outTail))
 	}
 	errLogs := kubectlBashtask(t, ns, "logs", "big", "--stderr", "--full")
 	if diff := cmp.Diff(result{stdout: "done\n"}, errLogs, cmp.AllowUnexported(result{})); diff != "" {
@@ -160,7 +163,9 @@ func TestCancelAndWait(t *testing.T) {
 	if err := rig.Client.Create(t.Context(), bt); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "the task runs", func() bool { return getTask(t, ns, "long").Status.Phase == bashtaskv1alpha1.PhaseRunning })
+	eventually(t, "the task runs", func() bool {
+		return ptr.Deref(getTask(t, ns, "long").Status.Phase, "") == bashtaskv1alpha1.PhaseRunning
+	})
 
 	if got := kubectlBashtask(t, ns, "wait", "long", "--timeout", "500ms"); got.code != plugin.ExitWaitTimeout || !strings.Contains(got.stderr, "still Running") {
 		t.Errorf("wait --timeout on a running task: exit %d, stderr %q; want %d", got.code, got.stderr, plugin.ExitWaitTimeout)
@@ -201,7 +206,7 @@ func TestRunInterruptCancelsTheTask(t *testing.T) {
 	}()
 	eventually(t, "the task runs", func() bool {
 		bt := &bashtaskv1alpha1.BashTask{}
-		return rig.Client.Get(t.Context(), objectKey(ns, "intr"), bt) == nil && bt.Status.Phase == bashtaskv1alpha1.PhaseRunning
+		return rig.Client.Get(t.Context(), objectKey(ns, "intr"), bt) == nil && ptr.Deref(bt.Status.Phase, "") == bashtaskv1alpha1.PhaseRunning
 	})
 	interrupts <- os.Interrupt
 	got := <-done
