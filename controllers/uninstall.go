@@ -9,6 +9,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/klog/v2"
 	"k8s.io/utils/clock"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
@@ -75,7 +76,7 @@ func ReleaseTasks(ctx context.Context, c client.Client, o ReleaseOptions) error 
 // dispatchedUnfinished reports whether bt was handed to an agent and has
 // no terminal reason yet.
 func dispatchedUnfinished(bt *bashtaskv1alpha1.BashTask) bool {
-	return bt.Status.NodeName != "" && bt.Status.Reason == ""
+	return ptr.Deref(bt.Status.NodeName, "") != "" && ptr.Deref(bt.Status.Reason, "") == ""
 }
 
 func cancelDispatched(ctx context.Context, c client.Client) (int, error) {

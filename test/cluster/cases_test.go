@@ -59,7 +59,7 @@ func TestExamples(t *testing.T) {
 	if len(expect) < 9 {
 		t.Fatalf("found %d example tasks, want at least 9", len(expect))
 	}
-	waitTask(t, ns, "long-running", "Running", time.Minute, func(bt *v1.BashTask) bool { return bt.Status.Phase == v1.PhaseRunning })
+	waitTask(t, ns, "long-running", "Running", time.Minute, func(bt *v1.BashTask) bool { return ptr.Deref(bt.Status.Phase, "") == v1.PhaseRunning })
 	if _, errOut, code := plugin(t.Context(), "", "-n", ns, "cancel", "long-running"); code != 0 {
 		t.Fatalf("kubectl bashtask cancel: exit %d: %s", code, errOut)
 	}
@@ -69,14 +69,14 @@ func TestExamples(t *testing.T) {
 	}
 	done := waitTerminal(t, ns, names, 3*time.Minute)
 	for name, want := range expect {
-		if got := string(done[name].Status.Reason); got != want {
-			t.Errorf("%s ended %s (%s), its manifest expects %s", name, got, done[name].Status.Message, want)
+		if got := string(ptr.Deref(done[name].Status.Reason, "")); got != want {
+			t.Errorf("%s ended %s (%s), its manifest expects %s", name, got, ptr.Deref(done[name].Status.Message, ""), want)
 		}
 	}
 	large := waitTask(t, ns, "large-output", "uploaded", time.Minute, func(bt *v1.BashTask) bool {
 		return meta.IsStatusConditionTrue(bt.Status.Conditions, v1.ConditionOutputUploaded)
 	})
-	if s := large.Status.Stdout; s == nil || !s.Truncated || s.Spill == nil || !strings.HasPrefix(s.Spill.URL, "file://") {
+	if s := large.Status.Stdout; s == nil || !ptr.Deref(s.Truncated, false) || s.Spill == nil || !strings.HasPrefix(ptr.Deref(s.Spill.URL, ""), "file://") {
 		t.Fatalf("large-output stdout = %+v, want a truncated tail and a file:// object", s)
 	}
 	checkObject(t, large, "stdout", large.Status.Stdout)
@@ -115,10 +115,10 @@ func TestCgroupContainsEscapees(t *testing.T) {
 	ns := newNamespace(t)
 	newTask(t, ns, "escapee", "setsid sleep 300 & echo started")
 	bt := waitTerminal(t, ns, []string{"escapee"}, time.Minute)["escapee"]
-	if bt.Status.Reason != v1.ReasonSucceeded || bt.Status.Stdout == nil || bt.Status.Stdout.Tail != "started\n" {
+	if ptr.Deref(bt.Status.Reason, "") != v1.ReasonSucceeded || bt.Status.Stdout == nil || ptr.Deref(bt.Status.Stdout.Tail, "") != "started\n" {
 		t.Fatalf("%s, stdout %+v", describe(bt), bt.Status.Stdout)
 	}
-	if bt.Status.Isolation == nil || bt.Status.Isolation.Mechanism != v1.IsolationCgroup {
+	if bt.Status.Isolation == nil || ptr.Deref(bt.Status.Isolation.Mechanism, "") != v1.IsolationCgroup {
 		t.Errorf("status.isolation = %+v, want mechanism cgroup", bt.Status.Isolation)
 	}
 	// The task is terminal only after its leftovers were stopped.
@@ -133,14 +133,14 @@ func TestUnprivilegedScrubbed(t *testing.T) {
 	ns := newNamespace(t)
 	newTask(t, ns, "whoami", "id -u; id -g; env")
 	bt := waitTerminal(t, ns, []string{"whoami"}, time.Minute)["whoami"]
-	if bt.Status.Reason != v1.ReasonSucceeded || bt.Status.Stdout == nil {
+	if ptr.Deref(bt.Status.Reason, "") != v1.ReasonSucceeded || bt.Status.Stdout == nil {
 		t.Fatalf("%s", describe(bt))
 	}
-	lines := strings.Split(bt.Status.Stdout.Tail, "\n")
+	lines := strings.Split(ptr.Deref(bt.Status.Stdout.Tail, ""), "\n")
 	if len(lines) < 2 || lines[0] != "10001" || lines[1] != "10001" {
 		t.Errorf("uid and gid %q, want 10001 and 10001 (agent.runAsUser)", lines[:min(2, len(lines))])
 	}
-	env := bt.Status.Stdout.Tail
+	env := ptr.Deref(bt.Status.Stdout.Tail, "")
 	for _, leak := range []string{"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", bucketKeyID, bucketSecret} {
 		if strings.Contains(env, leak) {
 			t.Errorf("the task's environment holds %q from the agent's bucket credentials", leak)
@@ -162,7 +162,7 @@ func TestFullStreamInBucket(t *testing.T) {
 	bt := waitTask(t, ns, "seq", "uploaded", 2*time.Minute, func(bt *v1.BashTask) bool {
 		return meta.IsStatusConditionTrue(bt.Status.Conditions, v1.ConditionOutputUploaded)
 	})
-	if s := bt.Status.Stdout; bt.Status.Reason != v1.ReasonSucceeded || s == nil || s.TotalBytes != 1288895 || !s.Truncated || s.Spill == nil || !s.Spill.Complete {
+	if s := bt.Status.Stdout; ptr.Deref(bt.Status.Reason, "") != v1.ReasonSucceeded || s == nil || ptr.Deref(s.TotalBytes, 0) != 1288895 || !ptr.Deref(s.Truncated, false) || s.Spill == nil || !ptr.Deref(s.Spill.Complete, false) {
 		t.Fatalf("%s, stdout %+v", describe(bt), bt.Status.Stdout)
 	}
 	checkObject(t, bt, "stdout", bt.Status.Stdout)
@@ -180,17 +180,17 @@ func TestAgentPodDeleted(t *testing.T) {
 	ns := newNamespace(t)
 	newTask(t, ns, "long", "seq 1 100000; sleep 60")
 	waitTask(t, ns, "long", "with all its output", time.Minute, func(bt *v1.BashTask) bool {
-		return bt.Status.Stdout != nil && bt.Status.Stdout.TotalBytes == 588895
+		return bt.Status.Stdout != nil && ptr.Deref(bt.Status.Stdout.TotalBytes, 0) == 588895
 	})
 	old := agentPod(t)
 	kubectl(t, "-n", releaseNS, "delete", "pod", old, "--wait=false")
 	bt := waitTask(t, ns, "long", "AgentRestarted and uploaded", 3*time.Minute, func(bt *v1.BashTask) bool {
-		return bt.Status.Reason != "" && meta.IsStatusConditionTrue(bt.Status.Conditions, v1.ConditionOutputUploaded)
+		return ptr.Deref(bt.Status.Reason, "") != "" && meta.IsStatusConditionTrue(bt.Status.Conditions, v1.ConditionOutputUploaded)
 	})
-	if bt.Status.Reason != v1.ReasonAgentRestarted {
+	if ptr.Deref(bt.Status.Reason, "") != v1.ReasonAgentRestarted {
 		t.Fatalf("%s, want AgentRestarted", describe(bt))
 	}
-	if s := bt.Status.Stdout; s == nil || s.TotalBytes != 588895 || s.Spill == nil || !s.Spill.Complete {
+	if s := bt.Status.Stdout; s == nil || ptr.Deref(s.TotalBytes, 0) != 588895 || s.Spill == nil || !ptr.Deref(s.Spill.Complete, false) {
 		t.Fatalf("stdout %+v, want 588895 bytes stored complete", s)
 	}
 	checkObject(t, bt, "stdout", bt.Status.Stdout)
@@ -211,7 +211,7 @@ func TestControllerPodDeleted(t *testing.T) {
 		newTask(t, ns, names[i], countingCommand("sleep 5"))
 	}
 	for _, n := range names {
-		waitTask(t, ns, n, "Running", time.Minute, func(bt *v1.BashTask) bool { return bt.Status.Phase == v1.PhaseRunning })
+		waitTask(t, ns, n, "Running", time.Minute, func(bt *v1.BashTask) bool { return ptr.Deref(bt.Status.Phase, "") == v1.PhaseRunning })
 	}
 	old := podOf(t, "controller")
 	kubectl(t, "-n", releaseNS, "delete", "pod", old, "--wait=false")
@@ -219,7 +219,7 @@ func TestControllerPodDeleted(t *testing.T) {
 	runs := countRuns(t)
 	for _, n := range names {
 		bt := done[n]
-		if bt.Status.Reason != v1.ReasonSucceeded {
+		if ptr.Deref(bt.Status.Reason, "") != v1.ReasonSucceeded {
 			t.Errorf("%s", describe(bt))
 		}
 		if c := runs[string(bt.UID)]; c != 1 {
@@ -280,15 +280,15 @@ func TestHelmUpgradeRollsAgents(t *testing.T) {
 	reasons := map[v1.Reason]int{}
 	for _, n := range names {
 		bt := done[n]
-		reasons[bt.Status.Reason]++
+		reasons[ptr.Deref(bt.Status.Reason, "")]++
 		c := runs[string(bt.UID)]
 		switch {
 		case c > 1:
 			t.Errorf("%s ran %d times", n, c)
-		case c == 0 && bt.Status.Reason != v1.ReasonAgentLost && bt.Status.Reason != v1.ReasonAgentRestarted:
+		case c == 0 && ptr.Deref(bt.Status.Reason, "") != v1.ReasonAgentLost && ptr.Deref(bt.Status.Reason, "") != v1.ReasonAgentRestarted:
 			// A task the old agent had not started yet may end without
 			// running only as lost with its agent; nothing else.
-			t.Errorf("%s never ran but ended %s", n, bt.Status.Reason)
+			t.Errorf("%s never ran but ended %s", n, ptr.Deref(bt.Status.Reason, ""))
 		}
 	}
 	t.Logf("outcomes across the roll: %v", reasons)
@@ -299,7 +299,7 @@ func TestHelmUpgradeRollsAgents(t *testing.T) {
 func TestNamespaceDeletion(t *testing.T) {
 	ns := newNamespace(t)
 	newTask(t, ns, "in-doomed-namespace", "sleep 302")
-	waitTask(t, ns, "in-doomed-namespace", "Running", time.Minute, func(bt *v1.BashTask) bool { return bt.Status.Phase == v1.PhaseRunning })
+	waitTask(t, ns, "in-doomed-namespace", "Running", time.Minute, func(bt *v1.BashTask) bool { return ptr.Deref(bt.Status.Phase, "") == v1.PhaseRunning })
 	if len(processesMatching("sleep 302")) != 1 {
 		t.Fatalf("want one sleep 302 on the node, have %v", processesMatching("sleep 302"))
 	}
@@ -325,12 +325,12 @@ func TestHelmUninstall(t *testing.T) {
 	ns := newNamespace(t)
 	newTask(t, ns, "running-at-uninstall", "sleep 303")
 	newTask(t, ns, "finished-before", "true")
-	waitTask(t, ns, "running-at-uninstall", "Running", time.Minute, func(bt *v1.BashTask) bool { return bt.Status.Phase == v1.PhaseRunning })
+	waitTask(t, ns, "running-at-uninstall", "Running", time.Minute, func(bt *v1.BashTask) bool { return ptr.Deref(bt.Status.Phase, "") == v1.PhaseRunning })
 	waitTerminal(t, ns, []string{"finished-before"}, time.Minute)
 	helm(t, "uninstall", releaseName, "--namespace", releaseNS, "--wait", "--timeout", "3m")
 	waitNoProcess(t, "sleep 303", 30*time.Second)
 	bt := waitTerminal(t, ns, []string{"running-at-uninstall"}, 30*time.Second)["running-at-uninstall"]
-	if bt.Status.Reason != v1.ReasonCancelled {
+	if ptr.Deref(bt.Status.Reason, "") != v1.ReasonCancelled {
 		t.Errorf("%s, want Cancelled by the uninstall", describe(bt))
 	}
 	// Nothing is left to remove a finalizer: deleting the tasks must not

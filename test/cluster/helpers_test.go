@@ -18,6 +18,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1 "github.com/bashtask/bashtask-operator/api/v1alpha1"
@@ -75,7 +76,7 @@ func waitTerminal(t *testing.T, ns string, names []string, timeout time.Duration
 		}
 		got := map[string]*v1.BashTask{}
 		for i := range list.Items {
-			if bt := &list.Items[i]; bt.Status.Reason != "" {
+			if bt := &list.Items[i]; ptr.Deref(bt.Status.Reason, "") != "" {
 				got[bt.Name] = bt
 			}
 		}
@@ -246,11 +247,11 @@ func checkObject(t *testing.T, bt *v1.BashTask, stream string, s *v1.StreamStatu
 		t.Fatalf("%s: reading the stored %s: %v", bt.Name, stream, err)
 	}
 	sum := sha256.Sum256(data)
-	if int64(len(data)) != s.TotalBytes || hex.EncodeToString(sum[:]) != s.SHA256 {
-		t.Errorf("%s: stored %s has %d bytes sha256 %x; status says %d bytes sha256 %s", bt.Name, stream, len(data), sum, s.TotalBytes, s.SHA256)
+	if int64(len(data)) != ptr.Deref(s.TotalBytes, 0) || hex.EncodeToString(sum[:]) != ptr.Deref(s.SHA256, "") {
+		t.Errorf("%s: stored %s has %d bytes sha256 %x; status says %d bytes sha256 %s", bt.Name, stream, len(data), sum, ptr.Deref(s.TotalBytes, 0), ptr.Deref(s.SHA256, ""))
 	}
 }
 
 func describe(bt *v1.BashTask) string {
-	return fmt.Sprintf("%s: phase %s reason %s (%s) exit %v", bt.Name, bt.Status.Phase, bt.Status.Reason, bt.Status.Message, bt.Status.ExitCode)
+	return fmt.Sprintf("%s: phase %s reason %s (%s) exit %v", bt.Name, ptr.Deref(bt.Status.Phase, ""), ptr.Deref(bt.Status.Reason, ""), ptr.Deref(bt.Status.Message, ""), ptr.Deref(bt.Status.ExitCode, -1))
 }
