@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -18,7 +19,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1 "github.com/bashtask/bashtask-operator/api/v1alpha1"
-	"golang.org/x/sys/unix"
 )
 
 // The tests run in this order; the last one uninstalls the release.
@@ -210,8 +210,24 @@ func TestControllerPodDeleted(t *testing.T) {
 		names = append(names, fmt.Sprintf("sleep-%02d", i))
 		newTask(t, ns, names[i], countingCommand("sleep 5"))
 	}
-	for _, n := range names {
-		waitTask(t, ns, n, "Running", time.Minute, func(bt *v1.BashTask) bool { return ptr.Deref(bt.Status.Phase, "") == v1.PhaseRunning })
+	// The agent runs 16 at a time (agent.maxConcurrentTasks); the other
+	// four wait for a slot.
+	deadline := time.Now().Add(time.Minute)
+	for running := 0; running < 16; {
+		var list v1.BashTaskList
+		if err := k8s.List(t.Context(), &list, client.InNamespace(ns)); err != nil {
+			t.Fatal(err)
+		}
+		running = 0
+		for i := range list.Items {
+			if ptr.Deref(list.Items[i].Status.Phase, "") == v1.PhaseRunning {
+				running++
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of 20 tasks Running after a minute, want 16", running)
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
 	old := podOf(t, "controller")
 	kubectl(t, "-n", releaseNS, "delete", "pod", old, "--wait=false")
@@ -231,7 +247,7 @@ func TestControllerPodDeleted(t *testing.T) {
 		t.Fatalf("the controller pod is still %s", old)
 	}
 	lease := &coordinationv1.Lease{}
-	deadline := time.Now().Add(time.Minute)
+	deadline = time.Now().Add(time.Minute)
 	for {
 		if err := k8s.Get(t.Context(), client.ObjectKey{Namespace: releaseNS, Name: "bashtask-controller.bashtask.dev"}, lease); err != nil {
 			t.Fatal(err)
