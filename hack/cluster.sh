@@ -6,7 +6,8 @@
 # up:   installs the node's Debian packages when missing (containerd, runc,
 #       CNI plugins, nftables, iptables, conntrack, debootstrap), builds
 #       kubelet and the other node binaries (hack/setup-envtest.sh --node)
-#       and helm, then runs hack/cluster: it builds the images, starts etcd,
+#       helm and the project's binaries (kubectl-bashtask), then runs
+#       hack/cluster: it builds the images, starts etcd,
 #       kube-apiserver, containerd, kube-controller-manager, kube-scheduler,
 #       kubelet and kube-proxy, waits for the Node to be Ready, installs the
 #       chart (INSTALL=0 skips it) and prints the KUBECONFIG to use.
@@ -28,6 +29,8 @@ case "${1:-}" in
     hack/node-packages.sh
     hack/setup-envtest.sh --node >/dev/null
     make -s tools >/dev/null
+    # kubectl-bashtask (and the other binaries) for the PATH up prints.
+    go build -o bin/ ./cmd/...
     install=true
     [[ "${INSTALL:-1}" == 0 ]] && install=false
     exec go run ./hack/cluster up --dir "${DIR}" --tag "${TAG}" --install="${install}"
