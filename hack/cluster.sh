@@ -5,7 +5,7 @@
 #
 # up:   installs the node's Debian packages when missing (containerd, runc,
 #       CNI plugins, nftables, iptables, conntrack, debootstrap), builds
-#       kubelet and the other node binaries (hack/setup-envtest.sh --node)
+#       kubelet and the other node binaries (hack/setup-envtest.sh --node),
 #       helm and the project's binaries (kubectl-bashtask), then runs
 #       hack/cluster: it builds the images, starts etcd,
 #       kube-apiserver, containerd, kube-controller-manager, kube-scheduler,
