@@ -18,6 +18,9 @@ import (
 
 // ReleaseOptions configure ReleaseTasks.
 type ReleaseOptions struct {
+	// Namespace limits the tasks released to one namespace; empty means
+	// every namespace (what the uninstall hook does).
+	Namespace string
 	// Timeout bounds the wait for the cancelled tasks to end.
 	Timeout time.Duration
 	// Poll is the time between two looks at the tasks; zero means 1 s.
@@ -55,7 +58,7 @@ func ReleaseTasks(ctx context.Context, c client.Client, o ReleaseOptions) error 
 		logf = func(string, ...any) {}
 	}
 	var errs []error
-	cancelled, err := cancelDispatched(ctx, c)
+	cancelled, err := cancelDispatched(ctx, c, o.Namespace)
 	if err != nil {
 		errs = append(errs, err)
 	}
@@ -65,7 +68,7 @@ func ReleaseTasks(ctx context.Context, c client.Client, o ReleaseOptions) error 
 			errs = append(errs, err)
 		}
 	}
-	released, err := removeFinalizers(ctx, c)
+	released, err := removeFinalizers(ctx, c, o.Namespace)
 	if err != nil {
 		errs = append(errs, err)
 	}
@@ -79,9 +82,9 @@ func dispatchedUnfinished(bt *bashtaskv1alpha1.BashTask) bool {
 	return ptr.Deref(bt.Status.NodeName, "") != "" && ptr.Deref(bt.Status.Reason, "") == ""
 }
 
-func cancelDispatched(ctx context.Context, c client.Client) (int, error) {
+func cancelDispatched(ctx context.Context, c client.Client, namespace string) (int, error) {
 	var list bashtaskv1alpha1.BashTaskList
-	if err := c.List(ctx, &list); err != nil {
+	if err := c.List(ctx, &list, client.InNamespace(namespace)); err != nil {
 		return 0, fmt.Errorf("listing BashTasks: %w", err)
 	}
 	n := 0
@@ -107,7 +110,7 @@ func waitNoneRunning(ctx context.Context, c client.Client, o ReleaseOptions, log
 	deadline := o.Clock.Now().Add(o.Timeout)
 	for {
 		var list bashtaskv1alpha1.BashTaskList
-		if err := c.List(ctx, &list); err != nil {
+		if err := c.List(ctx, &list, client.InNamespace(o.Namespace)); err != nil {
 			return fmt.Errorf("listing BashTasks: %w", err)
 		}
 		var running []string
@@ -131,9 +134,9 @@ func waitNoneRunning(ctx context.Context, c client.Client, o ReleaseOptions, log
 	}
 }
 
-func removeFinalizers(ctx context.Context, c client.Client) (int, error) {
+func removeFinalizers(ctx context.Context, c client.Client, namespace string) (int, error) {
 	var list bashtaskv1alpha1.BashTaskList
-	if err := c.List(ctx, &list); err != nil {
+	if err := c.List(ctx, &list, client.InNamespace(namespace)); err != nil {
 		return 0, fmt.Errorf("listing BashTasks: %w", err)
 	}
 	n := 0
