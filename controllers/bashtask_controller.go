@@ -498,9 +498,6 @@ func (r *BashTaskReconciler) reconcileFinished(ctx context.Context, bt *bashtask
 		// changes nothing in the outcome, but the status must say it was
 		// seen: tools compare generation and observedGeneration.
 		old := bt.Status.DeepCopy()
-		for i := range bt.Status.Conditions {
-			bt.Status.Conditions[i].ObservedGeneration = bt.Generation
-		}
 		if err := r.writeStatus(ctx, bt, old, "observed"); err != nil {
 			return reconcile.Result{}, err
 		}
@@ -572,7 +569,14 @@ func (r *BashTaskReconciler) removeFinalizer(ctx context.Context, bt *bashtaskv1
 // differs from old, after fitting it into the status budget. kind labels
 // the write in metrics.
 func (r *BashTaskReconciler) writeStatus(ctx context.Context, bt *bashtaskv1alpha1.BashTask, old *bashtaskv1alpha1.BashTaskStatus, kind string) error {
+	// Everything in the status is computed for this generation, also the
+	// conditions this pass left as they were: tools compare each
+	// condition's observedGeneration with the generation.
 	bt.Status.ObservedGeneration = ptr.To(bt.Generation)
+	setReadiness(bt)
+	for i := range bt.Status.Conditions {
+		bt.Status.Conditions[i].ObservedGeneration = bt.Generation
+	}
 	if equality.Semantic.DeepEqual(old, &bt.Status) {
 		return nil
 	}

@@ -29,6 +29,11 @@ const (
 const (
 	// ReasonSuspended: spec.suspend is true and the task was not dispatched.
 	ReasonSuspended = "Suspended"
+	// ReasonPending: the task waits for its dispatch or for the agent to
+	// start it (Reconciling and Ready).
+	ReasonPending = "Pending"
+	// ReasonRunning: the command runs (Reconciling and Ready).
+	ReasonRunning = "Running"
 	// ReasonMissingReference: a referenced Secret, ConfigMap or key does not
 	// exist yet; the controller retries, like a Pod's config error.
 	ReasonMissingReference = "MissingReference"

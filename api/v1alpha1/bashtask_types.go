@@ -374,6 +374,23 @@ const (
 	ConditionOutputUploaded = "OutputUploaded"
 )
 
+// Condition types of a BashTask in the kstatus vocabulary
+// (sigs.k8s.io/cli-utils/pkg/kstatus), which Flux, cli-utils appliers and
+// kubectl-based tools read. Every status write carries them, and Reconciling
+// and Stalled are never True together.
+const (
+	// ConditionReady is True when the command succeeded and False otherwise,
+	// with the reason Pending, Suspended or Running while the task has not
+	// finished, or the terminal reason after a failure.
+	ConditionReady = "Ready"
+	// ConditionReconciling is True, with the reason Pending, Suspended or
+	// Running, while the task has not finished; absent once it has.
+	ConditionReconciling = "Reconciling"
+	// ConditionStalled is True, with the terminal reason and message, when
+	// the task ended with any reason other than Succeeded; absent otherwise.
+	ConditionStalled = "Stalled"
+)
+
 // IsolationMechanism names how the agent contained and killed the task.
 //
 // +kubebuilder:validation:Enum=cgroup;processGroup
@@ -393,7 +410,8 @@ const (
 // it, through the status subresource.
 type BashTaskStatus struct {
 	// conditions are the Scheduled, Running, Complete, Failed and
-	// OutputUploaded conditions.
+	// OutputUploaded conditions (the Job vocabulary) and the Ready,
+	// Reconciling and Stalled conditions (the kstatus vocabulary).
 	// +optional
 	// +listType=map
 	// +listMapKey=type
