@@ -74,6 +74,10 @@ type Options struct {
 	// RetryInterval is how soon a task waiting for a reference, an agent or
 	// an owner slot is looked at again.
 	RetryInterval time.Duration
+	// TTLDeletesGitOpsManaged lets the TTL delete tasks a GitOps tool
+	// manages (see GitOpsManager); by default they are kept, since the
+	// tool would create them again and re-run their command.
+	TTLDeletesGitOpsManaged bool
 	// RunningStatusDelay holds back the first Running status write of a
 	// task for this long after dispatch: a task that finishes sooner gets
 	// its terminal status directly, one write instead of two.
@@ -112,6 +116,9 @@ type BashTaskReconciler struct {
 	progress   map[types.UID]time.Time // last progress write per running task
 	started    map[types.UID]time.Time // when this process dispatched the task
 
+	keptMu sync.Mutex
+	kept   map[types.NamespacedName]types.UID // managed tasks kept past their TTL, with the event sent
+
 	// written holds, per task, the resourceVersion of this process's last
 	// write that the cache has not shown yet (read-your-writes).
 	written *writeTracker
@@ -126,6 +133,7 @@ func NewBashTaskReconciler(c client.Client, apiReader client.Reader, agents Agen
 		reserved: map[string]map[types.UID]bool{},
 		progress: map[types.UID]time.Time{},
 		started:  map[types.UID]time.Time{},
+		kept:     map[types.NamespacedName]types.UID{},
 		written:  newWriteTracker(),
 	}
 }
@@ -184,6 +192,7 @@ func (r *BashTaskReconciler) Reconcile(ctx context.Context, req reconcile.Reques
 	if err := r.client.Get(ctx, req.NamespacedName, bt); err != nil {
 		if apierrors.IsNotFound(err) {
 			r.written.forget(req.NamespacedName)
+			r.forgetKept(req.NamespacedName)
 		}
 		return reconcile.Result{}, client.IgnoreNotFound(err)
 	}
@@ -545,6 +554,9 @@ func (r *BashTaskReconciler) reconcileFinished(ctx context.Context, bt *bashtask
 	due := bt.Status.CompletionTime.Add(time.Duration(*ttl) * time.Second)
 	if wait := due.Sub(r.clock.Now()); wait > 0 {
 		return reconcile.Result{RequeueAfter: wait}, nil
+	}
+	if r.keepManaged(bt, *ttl) {
+		return reconcile.Result{}, nil
 	}
 	// The UID precondition keeps a task recreated under the same name safe.
 	uid := bt.UID

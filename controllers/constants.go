@@ -8,6 +8,16 @@ const (
 	// cancels it and never leaves an orphan on a node.
 	Finalizer = "bashtask.dev/finalizer"
 
+	// AnnotationArgoCDTrackingID is set by Argo CD on every resource it
+	// tracks by annotation, the default tracking method since Argo CD 3.0.
+	AnnotationArgoCDTrackingID = "argocd.argoproj.io/tracking-id"
+	// LabelAppInstance is the label Argo CD can track resources by
+	// (application.instanceLabelKey's default); Helm charts set it too.
+	LabelAppInstance = "app.kubernetes.io/instance"
+	// LabelFluxKustomizationName is set by Flux's kustomize-controller on
+	// every resource a Kustomization applies.
+	LabelFluxKustomizationName = "kustomize.toolkit.fluxcd.io/name"
+
 	// IndexOwner indexes BashTasks by spec.owner, for the per-owner limit.
 	IndexOwner = "spec.owner"
 
@@ -54,4 +64,7 @@ const (
 	ReasonUploaded = "Uploaded"
 	// ReasonNotNeeded: no stream needed uploading.
 	ReasonNotNeeded = "NotNeeded"
+	// ReasonKeptPastTTL (an event): the task's TTL is due but a GitOps tool
+	// manages it, so it is not deleted.
+	ReasonKeptPastTTL = "KeptPastTTL"
 )

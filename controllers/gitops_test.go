@@ -13,6 +13,8 @@ import (
 	. "github.com/onsi/gomega"
 	lua "github.com/yuin/gopher-lua"
 	corev1 "k8s.io/api/core/v1"
+	eventsv1 "k8s.io/api/events/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -23,6 +25,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1 "github.com/bashtask/bashtask-operator/api/v1alpha1"
+	"github.com/bashtask/bashtask-operator/controllers"
 	"github.com/bashtask/bashtask-operator/internal/testenv"
 )
 
@@ -332,4 +335,80 @@ func luaValue(l *lua.LState, v any) lua.LValue {
 		return tbl
 	}
 	panic(fmt.Sprintf("luaValue: unexpected %T", v))
+}
+
+// TestTTLKeepsGitOpsManagedTasks checks C38: a finished task that Argo CD
+// or Flux manages outlives its TTL, with one event saying why, while the
+// same task unmanaged is deleted.
+func TestTTLKeepsGitOpsManagedTasks(t *testing.T) {
+	t.Parallel()
+	ns := newNamespace(t)
+	ttl := func(bt *v1.BashTask) { bt.Spec.TTLSecondsAfterFinished = ptr.To[int32](1) }
+	managed := map[string]*v1.BashTask{
+		"argo-annotation": newTask(ns, "argo-annotation", "true", ttl, func(bt *v1.BashTask) {
+			bt.Annotations = map[string]string{controllers.AnnotationArgoCDTrackingID: "app:bashtask.dev/BashTask:" + ns + "/argo-annotation"}
+		}),
+		"argo-label": newTask(ns, "argo-label", "exit 1", ttl, func(bt *v1.BashTask) {
+			bt.Labels = map[string]string{controllers.LabelAppInstance: "app"}
+		}),
+		"flux": newTask(ns, "flux", "true", ttl, func(bt *v1.BashTask) {
+			bt.Labels = map[string]string{controllers.LabelFluxKustomizationName: "tasks"}
+		}),
+	}
+	unmanaged := newTask(ns, "unmanaged", "true", ttl)
+	create(t, unmanaged)
+	for _, bt := range managed {
+		create(t, bt)
+	}
+	g := NewWithT(t)
+	g.Eventually(func() bool {
+		return apierrors.IsNotFound(k8s.Get(t.Context(), client.ObjectKeyFromObject(unmanaged), &v1.BashTask{}))
+	}).WithTimeout(waitLong).Should(BeTrue(), "the unmanaged task outlived its TTL")
+	var finished time.Time
+	for _, bt := range managed {
+		if c := waitTerminal(t, bt).Status.CompletionTime.Time; c.After(finished) {
+			finished = c
+		}
+	}
+	g.Consistently(func(g Gomega) {
+		for _, bt := range managed {
+			got := get(g, bt)
+			g.Expect(got.DeletionTimestamp).To(BeNil(), "%s is being deleted", bt.Name)
+		}
+	}).WithTimeout(time.Until(finished.Add(10 * time.Second))).WithPolling(250 * time.Millisecond).Should(Succeed())
+
+	var list eventsv1.EventList
+	g.Expect(k8s.List(t.Context(), &list, client.InNamespace(ns))).To(Succeed())
+	kept := map[string][]string{}
+	for _, ev := range list.Items {
+		if ev.Reason == controllers.ReasonKeptPastTTL {
+			kept[ev.Regarding.Name] = append(kept[ev.Regarding.Name], ev.Note)
+		}
+	}
+	for name := range managed {
+		notes := kept[name]
+		if len(notes) != 1 {
+			t.Errorf("%s: %d %s events, want 1: %q", name, len(notes), controllers.ReasonKeptPastTTL, notes)
+			continue
+		}
+		for _, want := range []string{"TTL of 1s", "managed by", "re-run the command"} {
+			if !strings.Contains(notes[0], want) {
+				t.Errorf("%s: event %q does not say %q", name, notes[0], want)
+			}
+		}
+		if ev := findSeries(list, name); ev != nil {
+			t.Errorf("%s: the event repeated: series %+v", name, ev)
+		}
+	}
+}
+
+// findSeries returns the series of the KeptPastTTL event of a task, which
+// is set when the recorder saw the same event more than once.
+func findSeries(list eventsv1.EventList, name string) *eventsv1.EventSeries {
+	for _, ev := range list.Items {
+		if ev.Regarding.Name == name && ev.Reason == controllers.ReasonKeptPastTTL {
+			return ev.Series
+		}
+	}
+	return nil
 }
