@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
@@ -144,5 +145,72 @@ func TestEditedCommandIsRefused(t *testing.T) {
 	}
 	if got.Spec.Command != "echo v1" || got.Generation != 1 {
 		t.Errorf("command %q generation %d after refused edits, want %q 1", got.Spec.Command, got.Generation, "echo v1")
+	}
+}
+
+// TestCreateWarnings checks the ValidatingAdmissionPolicy of
+// config/admission/warning-policy.yaml: the task is created, and kubectl
+// shows a warning, for a TTL on a task Argo CD or Flux manages and for env
+// names bash cannot expand.
+func TestCreateWarnings(t *testing.T) {
+	ns := newNamespace(t)
+	task := func(name, meta, spec string) string {
+		return fmt.Sprintf("apiVersion: bashtask.dev/v1alpha1\nkind: BashTask\nmetadata:\n  name: %s\n  namespace: %s\n%sspec:\n  command: \"printenv\"\n%s", name, ns, meta, spec)
+	}
+	const ttl = "  ttlSecondsAfterFinished: 60\n"
+	tests := map[string]struct {
+		manifest     string
+		wantWarnings []string // substrings, one warning each; none: no warning
+	}{
+		"plain task":            {manifest: task("plain", "", "")},
+		"TTL, unmanaged":        {manifest: task("ttl", "", ttl)},
+		"managed, no TTL":       {manifest: task("argo-no-ttl", "  annotations:\n    argocd.argoproj.io/tracking-id: app:bashtask.dev/BashTask:ns/x\n", "")},
+		"TTL, Argo CD tracking": {manifest: task("argo-ttl", "  annotations:\n    argocd.argoproj.io/tracking-id: app:bashtask.dev/BashTask:ns/x\n", ttl), wantWarnings: []string{"spec.ttlSecondsAfterFinished has no effect on a task Argo CD or Flux manages"}},
+		"TTL, Argo CD label":    {manifest: task("argo-label-ttl", "  labels:\n    app.kubernetes.io/instance: app\n", ttl), wantWarnings: []string{"spec.ttlSecondsAfterFinished has no effect"}},
+		"TTL, Flux":             {manifest: task("flux-ttl", "  labels:\n    kustomize.toolkit.fluxcd.io/name: tasks\n", ttl), wantWarnings: []string{"spec.ttlSecondsAfterFinished has no effect"}},
+		"expandable env names":  {manifest: task("env-ok", "", "  env:\n  - name: _A1\n    value: \"x\"\n  - name: b\n    value: \"y\"\n")},
+		"unexpandable env names": {
+			manifest:     task("env-bad", "", "  env:\n  - name: 1BAD\n    value: \"x\"\n  - name: A B\n    value: \"y\"\n  - name: OK\n    value: \"z\"\n"),
+			wantWarnings: []string{`spec.env: "1BAD", "A B" cannot be expanded by bash as a variable`},
+		},
+		"both": {
+			manifest:     task("both", "  labels:\n    kustomize.toolkit.fluxcd.io/name: tasks\n", ttl+"  env:\n  - name: a-b\n    value: \"x\"\n"),
+			wantWarnings: []string{"spec.ttlSecondsAfterFinished has no effect", `spec.env: "a-b" cannot be expanded`},
+		},
+	}
+	// A new policy takes effect a moment after it is created: wait until a
+	// dry run shows its warning.
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		_, stderr, err := kubectl(t, tests["unexpandable env names"].manifest, "create", "--dry-run=server", "-f", "-")
+		if err == nil && strings.Contains(stderr, "cannot be expanded") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the warning policy is not in effect after 30s: %v: %s", err, stderr)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			stdout, stderr, err := kubectl(t, tc.manifest, "create", "-f", "-")
+			if err != nil || !strings.Contains(stdout, "created") {
+				t.Fatalf("create: %v: %s%s", err, stdout, stderr)
+			}
+			warnings := 0
+			for _, l := range strings.Split(stderr, "\n") {
+				if strings.HasPrefix(l, "Warning: ") {
+					warnings++
+				}
+			}
+			if warnings != len(tc.wantWarnings) {
+				t.Errorf("%d warnings, want %d:\n%s", warnings, len(tc.wantWarnings), stderr)
+			}
+			for _, want := range tc.wantWarnings {
+				if !strings.Contains(stderr, want) {
+					t.Errorf("no warning %q:\n%s", want, stderr)
+				}
+			}
+		})
 	}
 }

@@ -54,6 +54,7 @@ func renderings() []rendering {
 		"CustomResourceDefinition": 1, "ServiceAccount": 2, "ClusterRole": 1, "ClusterRoleBinding": 1,
 		"Service": 2, "Deployment": 1, "DaemonSet": 1,
 		"MutatingAdmissionPolicy": 1, "MutatingAdmissionPolicyBinding": 1,
+		"ValidatingAdmissionPolicy": 1, "ValidatingAdmissionPolicyBinding": 1,
 	}
 	with := func(extra map[string]int) map[string]int {
 		m := map[string]int{}
