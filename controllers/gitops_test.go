@@ -412,3 +412,64 @@ func findSeries(list eventsv1.EventList, name string) *eventsv1.EventSeries {
 	}
 	return nil
 }
+
+// TestShortTaskWritesThree checks that the kstatus conditions ride along
+// with the writes a short task needed anyway: its create and two status
+// writes (the write-ahead and the terminal status), no more.
+func TestShortTaskWritesThree(t *testing.T) {
+	t.Parallel()
+	ns := newNamespace(t)
+	wc, err := client.NewWithWatch(rig.Env.Config, client.Options{Scheme: rig.Env.Scheme})
+	if err != nil {
+		t.Fatal(err)
+	}
+	bt := newTask(ns, "short", "true")
+	create(t, bt)
+	w, err := wc.Watch(t.Context(), &v1.BashTaskList{}, client.InNamespace(ns), &client.ListOptions{Raw: &metav1.ListOptions{ResourceVersion: bt.ResourceVersion}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Stop()
+	writes, settle := 1, time.After(waitLong)
+	var last *v1.BashTask
+	for done := false; !done; {
+		select {
+		case ev := <-w.ResultChan():
+			if got, ok := ev.Object.(*v1.BashTask); ok && got.ResourceVersion != bt.ResourceVersion {
+				writes++
+				last = got
+				if got.Status.Reason != nil {
+					// Anything after the terminal write would show within
+					// a couple of seconds (an observed or upload write).
+					settle = time.After(2 * time.Second)
+				}
+			}
+		case <-settle:
+			done = true
+		}
+	}
+	if last == nil || ptr.Deref(last.Status.Reason, "") != v1.ReasonSucceeded {
+		t.Fatalf("the task did not succeed: %v", last)
+	}
+	if writes != 3 {
+		t.Errorf("%d writes for a short task, want 3 (create, write-ahead, terminal)", writes)
+	}
+	if !meta.IsStatusConditionTrue(last.Status.Conditions, v1.ConditionReady) {
+		t.Errorf("the terminal write lacks Ready=True: %+v", last.Status.Conditions)
+	}
+}
+
+// TestEnvNamesBashCannotExpand checks what the admission warning says of
+// such names: the task runs, and printenv sees them.
+func TestEnvNamesBashCannotExpand(t *testing.T) {
+	t.Parallel()
+	ns := newNamespace(t)
+	bt := newTask(ns, "odd-env", `printenv 1BAD; printenv "A B"; echo "[$1BAD]"`, func(bt *v1.BashTask) {
+		bt.Spec.Env = []v1.EnvVar{{Name: "1BAD", Value: ptr.To("one")}, {Name: "A B", Value: ptr.To("two")}}
+	})
+	create(t, bt)
+	got := waitTerminal(t, bt)
+	if out := ptr.Deref(got.Status.Stdout, v1.StreamStatus{}).Tail; ptr.Deref(out, "") != "one\ntwo\n[BAD]\n" {
+		t.Errorf("stdout %q, want printenv to see both and $1BAD to be $1 then BAD", ptr.Deref(out, ""))
+	}
+}
