@@ -86,7 +86,7 @@ func renderings() []rendering {
 				"--set", "controller.replicas=2", "--set", "agent.bucket.url=s3://outputs?region=eu-west-1",
 				"--set", "agent.bucket.existingSecret=bucket-credentials", "--set", "agent.ambientEnv=allowlist",
 				"--set", "agent.ambientAllow={HTTP_PROXY,NO_PROXY}", "--set", "controller.maxRunningPerOwner=4",
-				"--set", "controller.defaultTTLSecondsAfterFinished=3600",
+				"--set", "controller.defaultTTLSecondsAfterFinished=3600", "--set", "controller.ttlDeletesGitOpsManaged=true",
 				"--set-json", `agent.extraVolumes=[{"name":"gcp","secret":{"secretName":"gcp-key"}}]`,
 				"--set-json", `agent.extraVolumeMounts=[{"name":"gcp","mountPath":"/var/run/gcp","readOnly":true}]`,
 				"--set-json", `agent.extraEnv=[{"name":"GOOGLE_APPLICATION_CREDENTIALS","value":"/var/run/gcp/key.json"}]`),

@@ -54,7 +54,7 @@ func TestDeletedWhileFollowed(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			args := append(tc.args, task)
+			args := append(append([]string{}, tc.args...), task)
 			if !tc.create {
 				args = append(args, "--", "echo started; sleep 60")
 			}
