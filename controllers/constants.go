@@ -3,9 +3,12 @@ package controllers
 // Keys the controller puts on objects, and names of cache indexes. Every
 // label, annotation, finalizer and index key of the controller is here.
 const (
-	// Finalizer keeps a dispatched task's object until its process is
-	// stopped and the agent has forgotten it, so that deleting a running task
-	// cancels it and never leaves an orphan on a node.
+	// Finalizer keeps a task's object until its process is stopped and the
+	// agent has forgotten it, so that deleting a running task cancels it and
+	// never leaves an orphan on a node. A task carries it from its creation
+	// (config/admission adds it; the controller does before dispatch on a
+	// cluster without the policy) until it is deleted, finished or not:
+	// removing it at the end would cost every task one more write.
 	Finalizer = "bashtask.dev/finalizer"
 
 	// AnnotationArgoCDTrackingID is set by Argo CD on every resource it
