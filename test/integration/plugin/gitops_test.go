@@ -71,8 +71,10 @@ func TestDeletedWhileFollowed(t *testing.T) {
 				return ptr.Deref(bt.Status.Phase, "") == bashtaskv1alpha1.PhaseRunning
 			})
 			// Give the plugin time to be following (it reads, then
-			// watches), as a user deleting a task from another terminal.
-			time.Sleep(300 * time.Millisecond)
+			// watches), as a user deleting a task from another terminal:
+			// a task deleted before the plugin first read it is a task
+			// that does not exist, a different error.
+			time.Sleep(time.Second)
 			if err := rig.Client.Delete(t.Context(), &bashtaskv1alpha1.BashTask{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: task}}); err != nil {
 				t.Fatal(err)
 			}
