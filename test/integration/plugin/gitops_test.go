@@ -11,7 +11,9 @@ import (
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	bashtaskv1alpha1 "github.com/bashtask/bashtask-operator/api/v1alpha1"
 	"github.com/bashtask/bashtask-operator/cmd/kubectl-bashtask/plugin"
@@ -89,14 +91,17 @@ func TestDeletedWhileFollowed(t *testing.T) {
 
 // TestKubectlWaitAnyOutcome checks the one kubectl wait command
 // docs/gitops.md gives for "finished, whatever the outcome": it returns
-// within about a second of the end for every outcome.
+// within about a second of the end for every outcome: success, a non-zero
+// exit, a timeout, a signal, a start failure and a cancel.
 func TestKubectlWaitAnyOutcome(t *testing.T) {
 	t.Parallel()
 	ns := newNamespace(t)
 	tests := map[string]struct {
-		spec       bashtaskv1alpha1.BashTaskSpec
-		wantReason bashtaskv1alpha1.Reason
+		spec        bashtaskv1alpha1.BashTaskSpec
+		cancelAfter time.Duration // set spec.cancelRequested this long after creation
+		wantReason  bashtaskv1alpha1.Reason
 	}{
+		"cancelled":   {spec: bashtaskv1alpha1.BashTaskSpec{Command: "sleep 30", KillGracePeriodSeconds: ptr.To[int32](0)}, cancelAfter: 2 * time.Second, wantReason: bashtaskv1alpha1.ReasonCancelled},
 		"succeeded":   {spec: bashtaskv1alpha1.BashTaskSpec{Command: "sleep 2"}, wantReason: bashtaskv1alpha1.ReasonSucceeded},
 		"non-zero":    {spec: bashtaskv1alpha1.BashTaskSpec{Command: "sleep 2; exit 3"}, wantReason: bashtaskv1alpha1.ReasonNonZeroExit},
 		"timed out":   {spec: bashtaskv1alpha1.BashTaskSpec{Command: "sleep 30", TimeoutSeconds: ptr.To[int32](2), KillGracePeriodSeconds: ptr.To[int32](0)}, wantReason: bashtaskv1alpha1.ReasonTimedOut},
@@ -112,6 +117,14 @@ func TestKubectlWaitAnyOutcome(t *testing.T) {
 			bt := &bashtaskv1alpha1.BashTask{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: task}, Spec: tc.spec}
 			if err := rig.Client.Create(t.Context(), bt); err != nil {
 				t.Fatal(err)
+			}
+			if tc.cancelAfter > 0 {
+				time.AfterFunc(tc.cancelAfter, func() {
+					patch := client.RawPatch(types.MergePatchType, []byte(`{"spec":{"cancelRequested":true}}`))
+					if err := rig.Client.Patch(t.Context(), bt, patch); err != nil {
+						t.Errorf("cancelling: %v", err)
+					}
+				})
 			}
 			// Watch for the end from here, with the API's own resolution,
 			// to compare with when kubectl wait returned.
