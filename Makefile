@@ -77,6 +77,7 @@ manifests: ## Generate the CRD (config/crd/bases) and RBAC (config/rbac) from ma
 	cp config/crd/bases/*.yaml charts/bashtask/crds/
 	cp config/rbac/role.yaml charts/bashtask/files/controller-role.yaml
 	cp config/admission/finalizer-policy.yaml charts/bashtask/files/finalizer-policy.yaml
+	cp config/admission/warning-policy.yaml charts/bashtask/files/warning-policy.yaml
 
 .PHONY: fmt
 fmt: ## Format the Go code.

@@ -74,6 +74,10 @@ type Options struct {
 	// RetryInterval is how soon a task waiting for a reference, an agent or
 	// an owner slot is looked at again.
 	RetryInterval time.Duration
+	// TTLDeletesGitOpsManaged lets the TTL delete tasks a GitOps tool
+	// manages (see GitOpsManager); by default they are kept, since the
+	// tool would create them again and re-run their command.
+	TTLDeletesGitOpsManaged bool
 	// RunningStatusDelay holds back the first Running status write of a
 	// task for this long after dispatch: a task that finishes sooner gets
 	// its terminal status directly, one write instead of two.
@@ -112,6 +116,9 @@ type BashTaskReconciler struct {
 	progress   map[types.UID]time.Time // last progress write per running task
 	started    map[types.UID]time.Time // when this process dispatched the task
 
+	keptMu sync.Mutex
+	kept   map[types.NamespacedName]types.UID // managed tasks kept past their TTL, with the event sent
+
 	// written holds, per task, the resourceVersion of this process's last
 	// write that the cache has not shown yet (read-your-writes).
 	written *writeTracker
@@ -126,6 +133,7 @@ func NewBashTaskReconciler(c client.Client, apiReader client.Reader, agents Agen
 		reserved: map[string]map[types.UID]bool{},
 		progress: map[types.UID]time.Time{},
 		started:  map[types.UID]time.Time{},
+		kept:     map[types.NamespacedName]types.UID{},
 		written:  newWriteTracker(),
 	}
 }
@@ -184,6 +192,7 @@ func (r *BashTaskReconciler) Reconcile(ctx context.Context, req reconcile.Reques
 	if err := r.client.Get(ctx, req.NamespacedName, bt); err != nil {
 		if apierrors.IsNotFound(err) {
 			r.written.forget(req.NamespacedName)
+			r.forgetKept(req.NamespacedName)
 		}
 		return reconcile.Result{}, client.IgnoreNotFound(err)
 	}
@@ -498,9 +507,6 @@ func (r *BashTaskReconciler) reconcileFinished(ctx context.Context, bt *bashtask
 		// changes nothing in the outcome, but the status must say it was
 		// seen: tools compare generation and observedGeneration.
 		old := bt.Status.DeepCopy()
-		for i := range bt.Status.Conditions {
-			bt.Status.Conditions[i].ObservedGeneration = bt.Generation
-		}
 		if err := r.writeStatus(ctx, bt, old, "observed"); err != nil {
 			return reconcile.Result{}, err
 		}
@@ -549,6 +555,9 @@ func (r *BashTaskReconciler) reconcileFinished(ctx context.Context, bt *bashtask
 	if wait := due.Sub(r.clock.Now()); wait > 0 {
 		return reconcile.Result{RequeueAfter: wait}, nil
 	}
+	if r.keepManaged(bt, *ttl) {
+		return reconcile.Result{}, nil
+	}
 	// The UID precondition keeps a task recreated under the same name safe.
 	uid := bt.UID
 	if err := r.client.Delete(ctx, bt, client.Preconditions{UID: &uid}); err != nil && !apierrors.IsNotFound(err) {
@@ -572,7 +581,14 @@ func (r *BashTaskReconciler) removeFinalizer(ctx context.Context, bt *bashtaskv1
 // differs from old, after fitting it into the status budget. kind labels
 // the write in metrics.
 func (r *BashTaskReconciler) writeStatus(ctx context.Context, bt *bashtaskv1alpha1.BashTask, old *bashtaskv1alpha1.BashTaskStatus, kind string) error {
+	// Everything in the status is computed for this generation, also the
+	// conditions this pass left as they were: tools compare each
+	// condition's observedGeneration with the generation.
 	bt.Status.ObservedGeneration = ptr.To(bt.Generation)
+	setReadiness(bt)
+	for i := range bt.Status.Conditions {
+		bt.Status.Conditions[i].ObservedGeneration = bt.Generation
+	}
 	if equality.Semantic.DeepEqual(old, &bt.Status) {
 		return nil
 	}

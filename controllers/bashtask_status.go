@@ -106,6 +106,50 @@ func setCondition(bt *bashtaskv1alpha1.BashTask, typ string, status bool, reason
 	})
 }
 
+// setReadiness derives the kstatus conditions (Ready, Reconciling, Stalled)
+// from the rest of the status. writeStatus calls it before every write, so
+// they ride along with the write the status needed anyway and never cost
+// one of their own.
+func setReadiness(bt *bashtaskv1alpha1.BashTask) {
+	st := &bt.Status
+	reason := reasonOf(st)
+	switch {
+	case reason == bashtaskv1alpha1.ReasonSucceeded:
+		meta.RemoveStatusCondition(&st.Conditions, bashtaskv1alpha1.ConditionReconciling)
+		meta.RemoveStatusCondition(&st.Conditions, bashtaskv1alpha1.ConditionStalled)
+		setCondition(bt, bashtaskv1alpha1.ConditionReady, true, string(reason), ptr.Deref(st.Message, "the command succeeded"))
+	case reason != "":
+		message := ptr.Deref(st.Message, string(reason))
+		meta.RemoveStatusCondition(&st.Conditions, bashtaskv1alpha1.ConditionReconciling)
+		setCondition(bt, bashtaskv1alpha1.ConditionStalled, true, string(reason), message)
+		setCondition(bt, bashtaskv1alpha1.ConditionReady, false, string(reason), message)
+	default:
+		why, message := progressOf(bt)
+		meta.RemoveStatusCondition(&st.Conditions, bashtaskv1alpha1.ConditionStalled)
+		setCondition(bt, bashtaskv1alpha1.ConditionReconciling, true, why, message)
+		setCondition(bt, bashtaskv1alpha1.ConditionReady, false, why, message)
+	}
+}
+
+// progressOf says why a task that has not finished is not Ready: Running,
+// Suspended (only before dispatch: suspend has no effect after) or Pending
+// with what it waits for.
+func progressOf(bt *bashtaskv1alpha1.BashTask) (reason, message string) {
+	st := &bt.Status
+	scheduled := meta.FindStatusCondition(st.Conditions, bashtaskv1alpha1.ConditionScheduled)
+	switch {
+	case phaseOf(st) == bashtaskv1alpha1.PhaseRunning:
+		return ReasonRunning, "the command is running on node " + nodeOf(st)
+	case nodeOf(st) == "" && isTrue(bt.Spec.Suspend):
+		return ReasonSuspended, "spec.suspend is true; the task is not dispatched"
+	case scheduled != nil && scheduled.Status == metav1.ConditionTrue:
+		return ReasonPending, "waiting for the agent on node " + nodeOf(st) + " to start the command"
+	case scheduled != nil:
+		return ReasonPending, scheduled.Reason + ": " + scheduled.Message
+	}
+	return ReasonPending, "waiting to be dispatched"
+}
+
 // conditionChanged reports whether a condition's status, reason or message
 // differs between old and bt.
 func conditionChanged(old *bashtaskv1alpha1.BashTaskStatus, bt *bashtaskv1alpha1.BashTask, typ string) bool {

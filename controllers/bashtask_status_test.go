@@ -6,6 +6,8 @@ import (
 	"testing"
 	"unicode/utf8"
 
+	"github.com/google/go-cmp/cmp"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 
 	bashtaskv1alpha1 "github.com/bashtask/bashtask-operator/api/v1alpha1"
@@ -101,4 +103,61 @@ func FuzzFitStatusBudget(f *testing.F) {
 			t.Fatal("tail is not a suffix")
 		}
 	})
+}
+
+func TestSetReadiness(t *testing.T) {
+	type cond struct{ status, reason string }
+	scheduled := func(status metav1.ConditionStatus, reason string) metav1.Condition {
+		return metav1.Condition{Type: bashtaskv1alpha1.ConditionScheduled, Status: status, Reason: reason, Message: "m"}
+	}
+	tests := map[string]struct {
+		spec   bashtaskv1alpha1.BashTaskSpec
+		status bashtaskv1alpha1.BashTaskStatus
+		want   map[string]cond // Ready, Reconciling, Stalled; absent when not listed
+	}{
+		"new":                  {want: map[string]cond{"Ready": {"False", ReasonPending}, "Reconciling": {"True", ReasonPending}}},
+		"waiting for an agent": {status: bashtaskv1alpha1.BashTaskStatus{Conditions: []metav1.Condition{scheduled(metav1.ConditionFalse, ReasonNoAgent)}}, want: map[string]cond{"Ready": {"False", ReasonPending}, "Reconciling": {"True", ReasonPending}}},
+		"suspended":            {spec: bashtaskv1alpha1.BashTaskSpec{Suspend: ptr.To(true)}, want: map[string]cond{"Ready": {"False", ReasonSuspended}, "Reconciling": {"True", ReasonSuspended}}},
+		"dispatched, not started": {
+			status: bashtaskv1alpha1.BashTaskStatus{NodeName: ptr.To("n"), Conditions: []metav1.Condition{scheduled(metav1.ConditionTrue, ReasonDispatched)}},
+			want:   map[string]cond{"Ready": {"False", ReasonPending}, "Reconciling": {"True", ReasonPending}},
+		},
+		"suspended after dispatch runs on": {
+			spec:   bashtaskv1alpha1.BashTaskSpec{Suspend: ptr.To(true)},
+			status: bashtaskv1alpha1.BashTaskStatus{NodeName: ptr.To("n"), Phase: ptr.To(bashtaskv1alpha1.PhaseRunning)},
+			want:   map[string]cond{"Ready": {"False", ReasonRunning}, "Reconciling": {"True", ReasonRunning}},
+		},
+		"succeeded after running": {
+			status: bashtaskv1alpha1.BashTaskStatus{Reason: ptr.To(bashtaskv1alpha1.ReasonSucceeded), Conditions: []metav1.Condition{
+				{Type: bashtaskv1alpha1.ConditionReconciling, Status: metav1.ConditionTrue, Reason: ReasonRunning},
+				{Type: bashtaskv1alpha1.ConditionReady, Status: metav1.ConditionFalse, Reason: ReasonRunning},
+			}},
+			want: map[string]cond{"Ready": {"True", "Succeeded"}},
+		},
+		"failed after running": {
+			status: bashtaskv1alpha1.BashTaskStatus{Reason: ptr.To(bashtaskv1alpha1.ReasonAgentLost), Message: ptr.To("gone"), Conditions: []metav1.Condition{
+				{Type: bashtaskv1alpha1.ConditionReconciling, Status: metav1.ConditionTrue, Reason: ReasonRunning},
+			}},
+			want: map[string]cond{"Ready": {"False", "AgentLost"}, "Stalled": {"True", "AgentLost"}},
+		},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			bt := &bashtaskv1alpha1.BashTask{ObjectMeta: metav1.ObjectMeta{Generation: 3}, Spec: tc.spec, Status: tc.status}
+			setReadiness(bt)
+			got := map[string]cond{}
+			for _, c := range bt.Status.Conditions {
+				switch c.Type {
+				case bashtaskv1alpha1.ConditionReady, bashtaskv1alpha1.ConditionReconciling, bashtaskv1alpha1.ConditionStalled:
+					got[c.Type] = cond{string(c.Status), c.Reason}
+					if c.ObservedGeneration != 3 || c.Message == "" {
+						t.Errorf("%s: observedGeneration %d, message %q", c.Type, c.ObservedGeneration, c.Message)
+					}
+				}
+			}
+			if diff := cmp.Diff(tc.want, got, cmp.AllowUnexported(cond{})); diff != "" {
+				t.Errorf("conditions (-want +got):\n%s", diff)
+			}
+		})
+	}
 }

@@ -3,10 +3,23 @@ package controllers
 // Keys the controller puts on objects, and names of cache indexes. Every
 // label, annotation, finalizer and index key of the controller is here.
 const (
-	// Finalizer keeps a dispatched task's object until its process is
-	// stopped and the agent has forgotten it, so that deleting a running task
-	// cancels it and never leaves an orphan on a node.
+	// Finalizer keeps a task's object until its process is stopped and the
+	// agent has forgotten it, so that deleting a running task cancels it and
+	// never leaves an orphan on a node. A task carries it from its creation
+	// (config/admission adds it; the controller does before dispatch on a
+	// cluster without the policy) until it is deleted, finished or not:
+	// removing it at the end would cost every task one more write.
 	Finalizer = "bashtask.dev/finalizer"
+
+	// AnnotationArgoCDTrackingID is set by Argo CD on every resource it
+	// tracks by annotation, the default tracking method since Argo CD 3.0.
+	AnnotationArgoCDTrackingID = "argocd.argoproj.io/tracking-id"
+	// LabelAppInstance is the label Argo CD can track resources by
+	// (application.instanceLabelKey's default); Helm charts set it too.
+	LabelAppInstance = "app.kubernetes.io/instance"
+	// LabelFluxKustomizationName is set by Flux's kustomize-controller on
+	// every resource a Kustomization applies.
+	LabelFluxKustomizationName = "kustomize.toolkit.fluxcd.io/name"
 
 	// IndexOwner indexes BashTasks by spec.owner, for the per-owner limit.
 	IndexOwner = "spec.owner"
@@ -29,6 +42,11 @@ const (
 const (
 	// ReasonSuspended: spec.suspend is true and the task was not dispatched.
 	ReasonSuspended = "Suspended"
+	// ReasonPending: the task waits for its dispatch or for the agent to
+	// start it (Reconciling and Ready).
+	ReasonPending = "Pending"
+	// ReasonRunning: the command runs (Reconciling and Ready).
+	ReasonRunning = "Running"
 	// ReasonMissingReference: a referenced Secret, ConfigMap or key does not
 	// exist yet; the controller retries, like a Pod's config error.
 	ReasonMissingReference = "MissingReference"
@@ -49,4 +67,7 @@ const (
 	ReasonUploaded = "Uploaded"
 	// ReasonNotNeeded: no stream needed uploading.
 	ReasonNotNeeded = "NotNeeded"
+	// ReasonKeptPastTTL (an event): the task's TTL is due but a GitOps tool
+	// manages it, so it is not deleted.
+	ReasonKeptPastTTL = "KeptPastTTL"
 )

@@ -51,7 +51,17 @@ const (
 // ttlSecondsAfterFinished is immutable once the task exists.
 //
 // +kubebuilder:validation:XValidation:rule="!(has(self.stdin) && has(self.stdinFrom))",message="stdin and stdinFrom are mutually exclusive: set at most one"
-// +kubebuilder:validation:XValidation:rule="[has(self.stdin), has(self.stdinFrom), has(self.env), has(self.owner), has(self.workingDir), has(self.timeoutSeconds), has(self.killGracePeriodSeconds), has(self.output), has(self.nodeName), has(self.nodeSelector), has(self.resources)] == [has(oldSelf.stdin), has(oldSelf.stdinFrom), has(oldSelf.env), has(oldSelf.owner), has(oldSelf.workingDir), has(oldSelf.timeoutSeconds), has(oldSelf.killGracePeriodSeconds), has(oldSelf.output), has(oldSelf.nodeName), has(oldSelf.nodeSelector), has(oldSelf.resources)]",message="spec is immutable after creation: only cancelRequested, suspend and ttlSecondsAfterFinished may be added, changed or removed"
+// +kubebuilder:validation:XValidation:rule="has(self.stdin) == has(oldSelf.stdin)",message="spec.stdin is immutable (it cannot be added or removed): a task runs its command once. To run a new command, create a task with a new name; Argo CD does that with the sync options Force=true,Replace=true or a hook with hook-delete-policy BeforeHookCreation, Flux with the annotation kustomize.toolkit.fluxcd.io/force: enabled"
+// +kubebuilder:validation:XValidation:rule="has(self.stdinFrom) == has(oldSelf.stdinFrom)",message="spec.stdinFrom is immutable (it cannot be added or removed): a task runs its command once. To run a new command, create a task with a new name; Argo CD does that with the sync options Force=true,Replace=true or a hook with hook-delete-policy BeforeHookCreation, Flux with the annotation kustomize.toolkit.fluxcd.io/force: enabled"
+// +kubebuilder:validation:XValidation:rule="has(self.env) == has(oldSelf.env)",message="spec.env is immutable (it cannot be added or removed): a task runs its command once. To run a new command, create a task with a new name; Argo CD does that with the sync options Force=true,Replace=true or a hook with hook-delete-policy BeforeHookCreation, Flux with the annotation kustomize.toolkit.fluxcd.io/force: enabled"
+// +kubebuilder:validation:XValidation:rule="has(self.owner) == has(oldSelf.owner)",message="spec.owner is immutable (it cannot be added or removed): a task runs its command once. To run a new command, create a task with a new name; Argo CD does that with the sync options Force=true,Replace=true or a hook with hook-delete-policy BeforeHookCreation, Flux with the annotation kustomize.toolkit.fluxcd.io/force: enabled"
+// +kubebuilder:validation:XValidation:rule="has(self.workingDir) == has(oldSelf.workingDir)",message="spec.workingDir is immutable (it cannot be added or removed): a task runs its command once. To run a new command, create a task with a new name; Argo CD does that with the sync options Force=true,Replace=true or a hook with hook-delete-policy BeforeHookCreation, Flux with the annotation kustomize.toolkit.fluxcd.io/force: enabled"
+// +kubebuilder:validation:XValidation:rule="has(self.timeoutSeconds) == has(oldSelf.timeoutSeconds)",message="spec.timeoutSeconds is immutable (it cannot be added or removed): a task runs its command once. To run a new command, create a task with a new name; Argo CD does that with the sync options Force=true,Replace=true or a hook with hook-delete-policy BeforeHookCreation, Flux with the annotation kustomize.toolkit.fluxcd.io/force: enabled"
+// +kubebuilder:validation:XValidation:rule="has(self.killGracePeriodSeconds) == has(oldSelf.killGracePeriodSeconds)",message="spec.killGracePeriodSeconds is immutable (it cannot be added or removed): a task runs its command once. To run a new command, create a task with a new name; Argo CD does that with the sync options Force=true,Replace=true or a hook with hook-delete-policy BeforeHookCreation, Flux with the annotation kustomize.toolkit.fluxcd.io/force: enabled"
+// +kubebuilder:validation:XValidation:rule="has(self.output) == has(oldSelf.output)",message="spec.output is immutable (it cannot be added or removed): a task runs its command once. To run a new command, create a task with a new name; Argo CD does that with the sync options Force=true,Replace=true or a hook with hook-delete-policy BeforeHookCreation, Flux with the annotation kustomize.toolkit.fluxcd.io/force: enabled"
+// +kubebuilder:validation:XValidation:rule="has(self.nodeName) == has(oldSelf.nodeName)",message="spec.nodeName is immutable (it cannot be added or removed): a task runs its command once. To run a new command, create a task with a new name; Argo CD does that with the sync options Force=true,Replace=true or a hook with hook-delete-policy BeforeHookCreation, Flux with the annotation kustomize.toolkit.fluxcd.io/force: enabled"
+// +kubebuilder:validation:XValidation:rule="has(self.nodeSelector) == has(oldSelf.nodeSelector)",message="spec.nodeSelector is immutable (it cannot be added or removed): a task runs its command once. To run a new command, create a task with a new name; Argo CD does that with the sync options Force=true,Replace=true or a hook with hook-delete-policy BeforeHookCreation, Flux with the annotation kustomize.toolkit.fluxcd.io/force: enabled"
+// +kubebuilder:validation:XValidation:rule="has(self.resources) == has(oldSelf.resources)",message="spec.resources is immutable (it cannot be added or removed): a task runs its command once. To run a new command, create a task with a new name; Argo CD does that with the sync options Force=true,Replace=true or a hook with hook-delete-policy BeforeHookCreation, Flux with the annotation kustomize.toolkit.fluxcd.io/force: enabled"
 // +kubebuilder:validation:XValidation:rule="!has(oldSelf.cancelRequested) || !oldSelf.cancelRequested || (has(self.cancelRequested) && self.cancelRequested)",message="cancelRequested cannot be unset once it is true: cancellation is one-way"
 type BashTaskSpec struct {
 	// command is the string given to `bash -c`, 1 to 131071 bytes (the
@@ -62,7 +72,7 @@ type BashTaskSpec struct {
 	// +kubebuilder:validation:MaxLength=131071
 	// +kubebuilder:validation:XValidation:rule="size(bytes(self)) <= 131071",message="command must be at most 131071 bytes (the kernel's per-argument limit)"
 	// +kubebuilder:validation:XValidation:rule="!self.contains('\\u0000')",message="command must not contain a NUL byte"
-	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="command is immutable"
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="spec.command is immutable: a task runs its command once. To run a new command, create a task with a new name; Argo CD does that with the sync options Force=true,Replace=true or a hook with hook-delete-policy BeforeHookCreation, Flux with the annotation kustomize.toolkit.fluxcd.io/force: enabled"
 	Command string `json:"command,omitempty"`
 
 	// stdin is written to the command's standard input, which is then closed.
@@ -71,14 +81,14 @@ type BashTaskSpec struct {
 	// +optional
 	// +kubebuilder:validation:MaxLength=262144
 	// +kubebuilder:validation:XValidation:rule="size(bytes(self)) <= 262144",message="stdin must be at most 262144 bytes"
-	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="stdin is immutable"
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="spec.stdin is immutable: a task runs its command once. To run a new command, create a task with a new name; Argo CD does that with the sync options Force=true,Replace=true or a hook with hook-delete-policy BeforeHookCreation, Flux with the annotation kustomize.toolkit.fluxcd.io/force: enabled"
 	Stdin *string `json:"stdin,omitempty"`
 
 	// stdinFrom takes standard input from a key of a Secret or ConfigMap in
 	// the task's namespace, resolved by the controller before dispatch.
 	// Exclusive with stdin. Immutable.
 	// +optional
-	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="stdinFrom is immutable"
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="spec.stdinFrom is immutable: a task runs its command once. To run a new command, create a task with a new name; Argo CD does that with the sync options Force=true,Replace=true or a hook with hook-delete-policy BeforeHookCreation, Flux with the annotation kustomize.toolkit.fluxcd.io/force: enabled"
 	StdinFrom *ValueSource `json:"stdinFrom,omitempty"`
 
 	// env lists environment variables for the command, the shape of a
@@ -90,7 +100,7 @@ type BashTaskSpec struct {
 	// +listType=map
 	// +listMapKey=name
 	// +kubebuilder:validation:MaxItems=256
-	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="env is immutable"
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="spec.env is immutable: a task runs its command once. To run a new command, create a task with a new name; Argo CD does that with the sync options Force=true,Replace=true or a hook with hook-delete-policy BeforeHookCreation, Flux with the annotation kustomize.toolkit.fluxcd.io/force: enabled"
 	Env []EnvVar `json:"env,omitempty"`
 
 	// owner is an opaque token naming who the task belongs to, such as an
@@ -101,7 +111,7 @@ type BashTaskSpec struct {
 	// +optional
 	// +kubebuilder:validation:MinLength=1
 	// +kubebuilder:validation:MaxLength=253
-	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="owner is immutable"
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="spec.owner is immutable: a task runs its command once. To run a new command, create a task with a new name; Argo CD does that with the sync options Force=true,Replace=true or a hook with hook-delete-policy BeforeHookCreation, Flux with the annotation kustomize.toolkit.fluxcd.io/force: enabled"
 	Owner *string `json:"owner,omitempty"`
 
 	// workingDir is the absolute directory the command starts in. Unset: a
@@ -112,7 +122,7 @@ type BashTaskSpec struct {
 	// +kubebuilder:validation:MaxLength=4095
 	// +kubebuilder:validation:XValidation:rule="self.startsWith('/')",message="workingDir must be an absolute path (start with /)"
 	// +kubebuilder:validation:XValidation:rule="!self.contains('\\u0000')",message="workingDir must not contain a NUL byte"
-	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="workingDir is immutable"
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="spec.workingDir is immutable: a task runs its command once. To run a new command, create a task with a new name; Argo CD does that with the sync options Force=true,Replace=true or a hook with hook-delete-policy BeforeHookCreation, Flux with the annotation kustomize.toolkit.fluxcd.io/force: enabled"
 	WorkingDir *string `json:"workingDir,omitempty"`
 
 	// timeoutSeconds is the wall-clock limit of the run in seconds, measured
@@ -122,7 +132,7 @@ type BashTaskSpec struct {
 	// +default=120
 	// +kubebuilder:validation:Minimum=1
 	// +kubebuilder:validation:Maximum=604800
-	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="timeoutSeconds is immutable"
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="spec.timeoutSeconds is immutable: a task runs its command once. To run a new command, create a task with a new name; Argo CD does that with the sync options Force=true,Replace=true or a hook with hook-delete-policy BeforeHookCreation, Flux with the annotation kustomize.toolkit.fluxcd.io/force: enabled"
 	TimeoutSeconds *int32 `json:"timeoutSeconds,omitempty"`
 
 	// killGracePeriodSeconds is the time in seconds between SIGTERM and
@@ -132,33 +142,33 @@ type BashTaskSpec struct {
 	// +default=3
 	// +kubebuilder:validation:Minimum=0
 	// +kubebuilder:validation:Maximum=300
-	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="killGracePeriodSeconds is immutable"
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="spec.killGracePeriodSeconds is immutable: a task runs its command once. To run a new command, create a task with a new name; Argo CD does that with the sync options Force=true,Replace=true or a hook with hook-delete-policy BeforeHookCreation, Flux with the annotation kustomize.toolkit.fluxcd.io/force: enabled"
 	KillGracePeriodSeconds *int32 `json:"killGracePeriodSeconds,omitempty"`
 
 	// output controls how much output is kept in status, on the node and in
 	// object storage. Immutable.
 	// +optional
-	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="output is immutable"
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="spec.output is immutable: a task runs its command once. To run a new command, create a task with a new name; Argo CD does that with the sync options Force=true,Replace=true or a hook with hook-delete-policy BeforeHookCreation, Flux with the annotation kustomize.toolkit.fluxcd.io/force: enabled"
 	Output *OutputSpec `json:"output,omitempty"`
 
 	// nodeName runs the task on the agent of this node. Immutable.
 	// +optional
 	// +kubebuilder:validation:MaxLength=253
-	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="nodeName is immutable"
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="spec.nodeName is immutable: a task runs its command once. To run a new command, create a task with a new name; Argo CD does that with the sync options Force=true,Replace=true or a hook with hook-delete-policy BeforeHookCreation, Flux with the annotation kustomize.toolkit.fluxcd.io/force: enabled"
 	NodeName *string `json:"nodeName,omitempty"`
 
 	// nodeSelector runs the task on an agent whose Node carries all of these
 	// labels. At most 32 entries. Immutable.
 	// +optional
 	// +kubebuilder:validation:MaxProperties=32
-	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="nodeSelector is immutable"
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="spec.nodeSelector is immutable: a task runs its command once. To run a new command, create a task with a new name; Argo CD does that with the sync options Force=true,Replace=true or a hook with hook-delete-policy BeforeHookCreation, Flux with the annotation kustomize.toolkit.fluxcd.io/force: enabled"
 	NodeSelector map[string]string `json:"nodeSelector,omitempty"`
 
 	// resources limits memory, CPU and process count through the task's
 	// cgroup, where the node delegates those controllers; status.isolation
 	// says whether they were enforced. Immutable.
 	// +optional
-	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="resources is immutable"
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="spec.resources is immutable: a task runs its command once. To run a new command, create a task with a new name; Argo CD does that with the sync options Force=true,Replace=true or a hook with hook-delete-policy BeforeHookCreation, Flux with the annotation kustomize.toolkit.fluxcd.io/force: enabled"
 	Resources *ResourceLimits `json:"resources,omitempty"`
 
 	// cancelRequested stops the task when set to true: SIGTERM, the grace
@@ -374,6 +384,23 @@ const (
 	ConditionOutputUploaded = "OutputUploaded"
 )
 
+// Condition types of a BashTask in the kstatus vocabulary
+// (sigs.k8s.io/cli-utils/pkg/kstatus), which Flux, cli-utils appliers and
+// kubectl-based tools read. Every status write carries them, and Reconciling
+// and Stalled are never True together.
+const (
+	// ConditionReady is True when the command succeeded and False otherwise,
+	// with the reason Pending, Suspended or Running while the task has not
+	// finished, or the terminal reason after a failure.
+	ConditionReady = "Ready"
+	// ConditionReconciling is True, with the reason Pending, Suspended or
+	// Running, while the task has not finished; absent once it has.
+	ConditionReconciling = "Reconciling"
+	// ConditionStalled is True, with the terminal reason and message, when
+	// the task ended with any reason other than Succeeded; absent otherwise.
+	ConditionStalled = "Stalled"
+)
+
 // IsolationMechanism names how the agent contained and killed the task.
 //
 // +kubebuilder:validation:Enum=cgroup;processGroup
@@ -393,7 +420,8 @@ const (
 // it, through the status subresource.
 type BashTaskStatus struct {
 	// conditions are the Scheduled, Running, Complete, Failed and
-	// OutputUploaded conditions.
+	// OutputUploaded conditions (the Job vocabulary) and the Ready,
+	// Reconciling and Stalled conditions (the kstatus vocabulary).
 	// +optional
 	// +listType=map
 	// +listMapKey=type

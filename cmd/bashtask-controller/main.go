@@ -49,6 +49,7 @@ type options struct {
 	statusBudget                   int
 	maxTimeout                     int32
 	defaultTTL                     int32
+	ttlDeletesGitOpsManaged        bool
 	zapOpts                        zap.Options
 }
 
@@ -98,6 +99,7 @@ func newCommand() *cobra.Command {
 	f.IntVar(&o.statusBudget, "status-budget-bytes", d.StatusBudgetBytes, "largest JSON encoding of a task's status, in bytes; tails are shortened from the front to fit")
 	f.Int32Var(&o.maxTimeout, "max-timeout-seconds", d.MaxTimeoutSeconds, "cap on spec.timeoutSeconds, in seconds")
 	f.Int32Var(&o.defaultTTL, "default-ttl-seconds-after-finished", -1, "seconds after which finished tasks without spec.ttlSecondsAfterFinished are deleted; negative keeps them")
+	f.BoolVar(&o.ttlDeletesGitOpsManaged, "ttl-deletes-gitops-managed", false, "let the TTL delete tasks an Argo CD or Flux annotation or label marks as managed; by default they are kept, since the tool would create them again and re-run the command")
 	zapFlags := flag.NewFlagSet("zap", flag.ContinueOnError)
 	o.zapOpts.BindFlags(zapFlags)
 	f.AddGoFlagSet(zapFlags)
@@ -193,6 +195,7 @@ func run(cmd *cobra.Command, o *options) error {
 	ropts.RunningStatusDelay = o.runningDelay
 	ropts.StatusBudgetBytes = o.statusBudget
 	ropts.MaxTimeoutSeconds = o.maxTimeout
+	ropts.TTLDeletesGitOpsManaged = o.ttlDeletesGitOpsManaged
 	if o.defaultTTL >= 0 {
 		ttl := o.defaultTTL
 		ropts.DefaultTTLSecondsAfterFinished = &ttl

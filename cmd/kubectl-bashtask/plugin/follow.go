@@ -25,8 +25,50 @@ import (
 // with a note, and `logs --full` can be run later.
 const uploadWait = 30 * time.Second
 
-// errTaskDeleted means the task vanished while it was followed.
-var errTaskDeleted = errors.New("the task was deleted before it ended")
+// errTaskDeleted means the task was deleted while it was followed. Every
+// error for that wraps it; run, wait and logs -f exit ExitPluginError.
+var errTaskDeleted = errors.New("the task was deleted while it was followed")
+
+// deletedError is errTaskDeleted with the last state seen of the task, so
+// that the message also says how it ended, if it did: deleting a running
+// task cancels it before the object goes, and that ending is worth telling.
+type deletedError struct {
+	key  types.NamespacedName
+	last *bashtaskv1alpha1.BashTask // nil when never seen
+}
+
+func (e *deletedError) Error() string {
+	msg := fmt.Sprintf("task %s was deleted while it was followed", e.key)
+	if e.last == nil || !isFinished(e.last) {
+		return msg + ", before it ended"
+	}
+	st := e.last.Status
+	msg += "; it ended " + string(ptr.Deref(st.Reason, ""))
+	if st.ExitCode != nil {
+		msg += fmt.Sprintf(" (exit code %d)", *st.ExitCode)
+	}
+	if m := ptr.Deref(st.Message, ""); m != "" {
+		msg += ": " + m
+	}
+	return msg
+}
+
+func (e *deletedError) Unwrap() error { return errTaskDeleted }
+
+// endedByDeletion reports whether bt is being deleted and did not end
+// before that: it is either still running (the controller is cancelling
+// it) or ended no earlier than the deletion began, so the deletion ended
+// it. Status times have whole seconds; an ending in the second of the
+// deletion counts as caused by it.
+func endedByDeletion(bt *bashtaskv1alpha1.BashTask) bool {
+	if bt.DeletionTimestamp == nil {
+		return false
+	}
+	if !isFinished(bt) || bt.Status.CompletionTime == nil {
+		return true
+	}
+	return !bt.Status.CompletionTime.Before(bt.DeletionTimestamp)
+}
 
 // observeFunc sees the task's latest state and reports whether following
 // is done.
@@ -43,18 +85,37 @@ type interruptFunc func(ctx context.Context) error
 // watches from there: observe always sees the latest state, if not every
 // intermediate one, which is all that following a status needs. interrupts
 // may be nil.
+//
+// A task deleted while it is followed ends the following with a
+// *deletedError, also when the controller first wrote the Cancelled ending
+// the deletion caused: that the task was deleted is the news, not that it
+// was cancelled (kubectl wait --for=delete, by contrast, waits for the
+// object to go; docs/kubectl-plugin.md).
 func watchTask(ctx context.Context, c client.WithWatch, key types.NamespacedName, interrupts <-chan os.Signal, onInterrupt interruptFunc, observe observeFunc) error {
 	backoff := 100 * time.Millisecond
-	seen := false
+	var last *bashtaskv1alpha1.BashTask
+	inner := observe
+	observe = func(bt *bashtaskv1alpha1.BashTask) (bool, error) {
+		last = bt
+		done, err := inner(bt)
+		if err != nil || !endedByDeletion(bt) {
+			return done, err
+		}
+		if isFinished(bt) {
+			// The object goes once the controller drops its finalizer;
+			// waiting for that would tell nothing more.
+			return true, &deletedError{key: key, last: bt}
+		}
+		return false, nil
+	}
 	for {
 		bt := &bashtaskv1alpha1.BashTask{}
 		if err := c.Get(ctx, key, bt); err != nil {
-			if seen && apierrors.IsNotFound(err) {
-				return fmt.Errorf("task %s: %w", key, errTaskDeleted)
+			if last != nil && apierrors.IsNotFound(err) {
+				return &deletedError{key: key, last: last}
 			}
 			return fmt.Errorf("reading task %s: %w", key, err)
 		}
-		seen = true
 		if done, err := observe(bt); done || err != nil {
 			return err
 		}
@@ -68,6 +129,9 @@ func watchTask(ctx context.Context, c client.WithWatch, key types.NamespacedName
 		}
 		done, err := drainWatch(ctx, w, interrupts, onInterrupt, observe)
 		w.Stop()
+		if errors.Is(err, errTaskDeleted) && !errors.As(err, new(*deletedError)) {
+			return &deletedError{key: key, last: last}
+		}
 		if done || err != nil {
 			return err
 		}

@@ -120,6 +120,10 @@ func Main(ctx context.Context, opts Options, args []string) int {
 		err = fmt.Errorf("%w: the cluster does not serve bashtask.dev/v1alpha1; install the BashTask CRD (config/crd) first", err)
 	}
 	fmt.Fprintln(opts.IOStreams.ErrOut, "kubectl-bashtask:", err)
+	if errors.Is(err, errTaskDeleted) {
+		// One rule for run, wait and logs -f.
+		return ExitPluginError
+	}
 	if cmd != nil && (cmd.Name() == "run" || cmd.Name() == "wait") {
 		return ExitPluginError
 	}

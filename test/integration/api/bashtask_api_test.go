@@ -283,13 +283,13 @@ func TestUpdateValidation(t *testing.T) {
 		update  func(*v1.BashTask)
 		wantErr string
 	}{
-		"command changed":          {update: func(bt *v1.BashTask) { bt.Spec.Command = "echo other" }, wantErr: "command is immutable"},
-		"env value changed":        {update: func(bt *v1.BashTask) { bt.Spec.Env[0].Value = ptr.To("2") }, wantErr: "env is immutable"},
-		"owner changed":            {update: func(bt *v1.BashTask) { bt.Spec.Owner = ptr.To("bob") }, wantErr: "owner is immutable"},
-		"owner removed":            {update: func(bt *v1.BashTask) { bt.Spec.Owner = nil }, wantErr: "spec is immutable after creation"},
-		"stdin added":              {update: func(bt *v1.BashTask) { bt.Spec.Stdin = ptr.To("x") }, wantErr: "spec is immutable after creation"},
-		"nodeName added":           {update: func(bt *v1.BashTask) { bt.Spec.NodeName = ptr.To("n") }, wantErr: "spec is immutable after creation"},
-		"timeout changed":          {update: func(bt *v1.BashTask) { bt.Spec.TimeoutSeconds = ptr.To[int32](7) }, wantErr: "timeoutSeconds is immutable"},
+		"command changed":          {update: func(bt *v1.BashTask) { bt.Spec.Command = "echo other" }, wantErr: "spec.command is immutable"},
+		"env value changed":        {update: func(bt *v1.BashTask) { bt.Spec.Env[0].Value = ptr.To("2") }, wantErr: "spec.env is immutable"},
+		"owner changed":            {update: func(bt *v1.BashTask) { bt.Spec.Owner = ptr.To("bob") }, wantErr: "spec.owner is immutable"},
+		"owner removed":            {update: func(bt *v1.BashTask) { bt.Spec.Owner = nil }, wantErr: "spec.owner is immutable (it cannot be added or removed)"},
+		"stdin added":              {update: func(bt *v1.BashTask) { bt.Spec.Stdin = ptr.To("x") }, wantErr: "spec.stdin is immutable (it cannot be added or removed)"},
+		"nodeName added":           {update: func(bt *v1.BashTask) { bt.Spec.NodeName = ptr.To("n") }, wantErr: "spec.nodeName is immutable (it cannot be added or removed)"},
+		"timeout changed":          {update: func(bt *v1.BashTask) { bt.Spec.TimeoutSeconds = ptr.To[int32](7) }, wantErr: "spec.timeoutSeconds is immutable"},
 		"cancelRequested set":      {update: func(bt *v1.BashTask) { bt.Spec.CancelRequested = ptr.To(true) }},
 		"cancelRequested false":    {update: func(bt *v1.BashTask) { bt.Spec.CancelRequested = ptr.To(false) }},
 		"suspend toggled":          {initial: func(bt *v1.BashTask) { bt.Spec.Suspend = ptr.To(true) }, update: func(bt *v1.BashTask) { bt.Spec.Suspend = ptr.To(false) }},
@@ -319,7 +319,21 @@ func TestUpdateValidation(t *testing.T) {
 				return
 			}
 			wantInvalid(t, err, tc.wantErr)
+			if strings.Contains(tc.wantErr, "is immutable") {
+				wantHowToRunAgain(t, err)
+			}
 		})
+	}
+}
+
+// wantHowToRunAgain asserts that an immutability error says how to run a
+// new command: a new name, and how Argo CD and Flux replace a task.
+func wantHowToRunAgain(t *testing.T, err error) {
+	t.Helper()
+	for _, want := range []string{"create a task with a new name", "Force=true,Replace=true", "BeforeHookCreation", "kustomize.toolkit.fluxcd.io/force: enabled"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error does not say %q:\n%v", want, err)
+		}
 	}
 }
 

@@ -54,6 +54,7 @@ func renderings() []rendering {
 		"CustomResourceDefinition": 1, "ServiceAccount": 2, "ClusterRole": 1, "ClusterRoleBinding": 1,
 		"Service": 2, "Deployment": 1, "DaemonSet": 1,
 		"MutatingAdmissionPolicy": 1, "MutatingAdmissionPolicyBinding": 1,
+		"ValidatingAdmissionPolicy": 1, "ValidatingAdmissionPolicyBinding": 1,
 	}
 	with := func(extra map[string]int) map[string]int {
 		m := map[string]int{}
@@ -85,7 +86,7 @@ func renderings() []rendering {
 				"--set", "controller.replicas=2", "--set", "agent.bucket.url=s3://outputs?region=eu-west-1",
 				"--set", "agent.bucket.existingSecret=bucket-credentials", "--set", "agent.ambientEnv=allowlist",
 				"--set", "agent.ambientAllow={HTTP_PROXY,NO_PROXY}", "--set", "controller.maxRunningPerOwner=4",
-				"--set", "controller.defaultTTLSecondsAfterFinished=3600",
+				"--set", "controller.defaultTTLSecondsAfterFinished=3600", "--set", "controller.ttlDeletesGitOpsManaged=true",
 				"--set-json", `agent.extraVolumes=[{"name":"gcp","secret":{"secretName":"gcp-key"}}]`,
 				"--set-json", `agent.extraVolumeMounts=[{"name":"gcp","mountPath":"/var/run/gcp","readOnly":true}]`,
 				"--set-json", `agent.extraEnv=[{"name":"GOOGLE_APPLICATION_CREDENTIALS","value":"/var/run/gcp/key.json"}]`),
