@@ -81,6 +81,15 @@ func runUp(ctx context.Context, o *options) error {
 	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	begin := time.Now()
+	// Refuse before building anything, and never take down a cluster this
+	// run did not start.
+	probe, err := nodecluster.New(nodecluster.Options{Dir: o.dir, BinDir: o.binDir})
+	if err != nil {
+		return err
+	}
+	if err := probe.CheckNotUp(); err != nil {
+		return err
+	}
 	images, err := nodeimages.Build(ctx, nodeimages.Options{RepoRoot: ".", OutDir: o.imagesDir, Tag: o.tag, Log: os.Stderr})
 	if err != nil {
 		return err
@@ -97,6 +106,9 @@ func runUp(ctx context.Context, o *options) error {
 		return err
 	}
 	fail := func(err error) error {
+		if errors.Is(err, nodecluster.ErrAlreadyUp) {
+			return err
+		}
 		fmt.Fprintf(os.Stderr, "cluster: %v\n", err)
 		c.Diagnose(context.WithoutCancel(ctx), os.Stderr)
 		c.WriteLogTails(os.Stderr, 30)
@@ -114,6 +126,11 @@ func runUp(ctx context.Context, o *options) error {
 		if err := c.Install(ctx, r); err != nil {
 			return fail(err)
 		}
+	}
+	if !o.install {
+		fmt.Printf("\nThe operator is not installed; install it as docs/install.md says, with the images of this run:\n\n"+
+			"  helm install %s %s --namespace %s -f %s --set controller.image.tag=%s --set agent.image.tag=%s\n",
+			o.release, o.chart, o.namespace, o.values, o.tag, o.tag)
 	}
 	fmt.Printf("\nThe one-node cluster is up in %.0fs (logs in %s/logs; stop it with make cluster-down).\n\n  export KUBECONFIG=%s\n  export PATH=%s:%s:$PATH\n\n",
 		time.Since(begin).Seconds(), absPath(o.dir), absPath(c.Kubeconfig()), absPath("bin"), absPath(o.binDir))

@@ -228,9 +228,32 @@ func (c *Cluster) Running() bool {
 	return false
 }
 
+// ErrAlreadyUp is returned (wrapped) by CheckNotUp and Up when a cluster
+// runs, or was not taken down, on this machine.
+var ErrAlreadyUp = errors.New("a one-node cluster is already up on this machine")
+
+// CheckNotUp returns ErrAlreadyUp, saying where, when this cluster's
+// processes run, its directory records a cluster that was not taken down,
+// or another cluster's containerd socket exists in RunDir (one node per
+// machine: kubelet's directories, ports and the kubepods cgroups are the
+// host's). It changes nothing.
+func (c *Cluster) CheckNotUp() error {
+	if c.Running() {
+		return fmt.Errorf("%w: its processes run from %s; stop it first (make cluster-down)", ErrAlreadyUp, c.opts.Dir)
+	}
+	if _, err := os.Stat(c.hostStateFile()); err == nil {
+		return fmt.Errorf("%w: %s records a cluster that was not taken down; run make cluster-down first", ErrAlreadyUp, c.hostStateFile())
+	}
+	if _, err := os.Stat(c.ContainerdSocket()); err == nil {
+		return fmt.Errorf("%w: %s exists, so a cluster of another directory runs; take that one down first", ErrAlreadyUp, c.ContainerdSocket())
+	}
+	return nil
+}
+
 // Up starts the cluster and waits until the Node is Ready and the default
 // ServiceAccount exists. It refuses to start over a running cluster (Down
-// first). On error it leaves everything it started for the caller to
+// first; the error then wraps ErrAlreadyUp and nothing was touched). On
+// any other error it leaves everything it started for the caller to
 // inspect (WriteLogTails, Diagnose) and remove with Down.
 func (c *Cluster) Up(ctx context.Context) error {
 	if os.Geteuid() != 0 {
@@ -239,11 +262,8 @@ func (c *Cluster) Up(ctx context.Context) error {
 	if err := c.checkTools(); err != nil {
 		return err
 	}
-	if c.Running() {
-		return fmt.Errorf("nodecluster: a cluster is already running from %s; stop it first (hack/cluster.sh down)", c.opts.Dir)
-	}
-	if _, err := os.Stat(c.hostStateFile()); err == nil {
-		return fmt.Errorf("nodecluster: %s records a cluster that was not taken down; run hack/cluster.sh down first", c.hostStateFile())
+	if err := c.CheckNotUp(); err != nil {
+		return err
 	}
 	begin := time.Now()
 	for _, d := range []string{c.opts.Dir, c.opts.RunDir} {

@@ -134,13 +134,20 @@ func helm(t *testing.T, args ...string) string {
 	return out
 }
 
-// processesMatching lists the node's processes whose command line (NULs
-// as spaces, trailing space trimmed) is exactly cmdline.
+// processesMatching lists the node's processes that belong to the
+// cluster's pods (a kubepods cgroup: other programs on the host may run
+// the same command) and whose command line (NULs as spaces, trailing space
+// trimmed) is exactly cmdline.
 func processesMatching(cmdline string) []int {
 	var pids []int
 	for _, pid := range procfs.PIDs() {
-		b, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "cmdline"))
+		dir := filepath.Join("/proc", strconv.Itoa(pid))
+		b, err := os.ReadFile(filepath.Join(dir, "cmdline"))
 		if err != nil {
+			continue
+		}
+		cg, err := os.ReadFile(filepath.Join(dir, "cgroup"))
+		if err != nil || !strings.Contains(string(cg), "/kubepods") {
 			continue
 		}
 		if strings.TrimSpace(strings.ReplaceAll(string(b), "\x00", " ")) == cmdline {

@@ -88,8 +88,8 @@ func run(m *testing.M) (code int) {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	if cluster.Running() {
-		fmt.Fprintf(os.Stderr, "cluster: a cluster is already running (make cluster-up?); take it down with make cluster-down first\n")
+	if err := cluster.CheckNotUp(); err != nil {
+		fmt.Fprintf(os.Stderr, "cluster: %v\n", err)
 		return 1
 	}
 	defer func() {
