@@ -424,6 +424,10 @@ func inPath(bin, path string) bool {
 // keeps logs/. It goes on after errors and returns them all.
 func (c *Cluster) Down() error {
 	begin := time.Now()
+	if _, err := os.Stat(c.hostStateFile()); errors.Is(err, os.ErrNotExist) && !c.Running() {
+		fmt.Fprintf(c.opts.Log, "cluster: nothing to take down in %s\n", c.opts.Dir)
+		return nil
+	}
 	var errs []error
 	comps := c.components()
 	for i := len(comps) - 1; i >= 0; i-- {
