@@ -102,7 +102,32 @@ func stopLeftovers(p processRecord, marker string) (int, error) {
 			}
 		}
 	}
+	// kill(2) returns before the target has run its exit: wait (up to two
+	// seconds, as killCgroup does) until every victim is gone or a zombie,
+	// so "stopped" in the report means stopped.
+	if left := waitGone(victims, 2*time.Second); len(left) > 0 {
+		errs = append(errs, fmt.Errorf("processes %v still alive 2 s after SIGKILL", left))
+	}
 	return len(victims), errors.Join(errs...)
+}
+
+// waitGone polls until none of pids runs any more (gone, or a zombie
+// waiting for its parent) or timeout passes; it returns those still
+// running.
+func waitGone(pids map[int]bool, timeout time.Duration) []int {
+	deadline := time.Now().Add(timeout)
+	for {
+		var left []int
+		for pid := range pids {
+			if st, err := procfs.ReadStat(pid); err == nil && st.State != 'Z' {
+				left = append(left, pid)
+			}
+		}
+		if len(left) == 0 || time.Now().After(deadline) {
+			return left
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }
 
 // killCgroup kills every process of the cgroup at path, waits up to two
