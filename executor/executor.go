@@ -74,6 +74,10 @@ type Config struct {
 	// namespace); empty means DefaultHostname. At most 64 bytes, which the
 	// kernel checks when the shim sets it.
 	Hostname string
+	// MaskPaths are absolute paths hidden from tasks at IsolationTenant:
+	// an empty read-only directory over a directory, /dev/null over a file
+	// (the agent's state directory, TLS and credential files).
+	MaskPaths []string
 	// NoLandlock skips Landlock at IsolationTenant.
 	NoLandlock bool
 	// NoSeccomp skips the seccomp filter at IsolationTenant.
@@ -92,6 +96,7 @@ type Executor struct {
 
 	isolation  Isolation
 	hostname   string
+	mask       []string
 	shimPath   string
 	tmpSize    int64
 	taskProcs  int64
@@ -179,6 +184,12 @@ func (e *Executor) configureIsolation(cfg Config) error {
 	}
 	e.isolation, e.shimPath, e.tmpSize, e.taskProcs = level, cfg.ShimPath, cfg.TmpSizeBytes, cfg.TaskProcs
 	e.noLandlock, e.noSeccomp = cfg.NoLandlock, cfg.NoSeccomp
+	e.mask = slices0(cfg.MaskPaths)
+	for _, m := range e.mask {
+		if !filepath.IsAbs(m) {
+			return fmt.Errorf("%w: masked path %q is not absolute", ErrInvalidConfig, m)
+		}
+	}
 	if e.shimPath == "" {
 		e.shimPath = DefaultShimPath
 	}

@@ -343,11 +343,12 @@ func (t *Task) supervise() {
 	t.drainOutput()
 
 	var problems []string
-	oom := false
+	oom, cleanupFailed := false, false
 	if s.cg != nil {
 		oom = s.cg.oomKilled()
 		if err := s.cg.remove(); err != nil {
 			problems = append(problems, err.Error())
+			cleanupFailed = true
 		}
 	}
 	_ = s.proc.Release()
@@ -362,6 +363,7 @@ func (t *Task) supervise() {
 	if t.spec.ownWorkDir {
 		if err := os.RemoveAll(t.spec.WorkingDir); err != nil {
 			problems = append(problems, err.Error())
+			cleanupFailed = true
 		}
 	}
 
@@ -371,6 +373,7 @@ func (t *Task) supervise() {
 		EndTime:           time.Now(),
 		LeftoverProcesses: leftovers,
 		LimitsNotEnforced: s.notEnforced,
+		CleanupFailed:     cleanupFailed,
 		Isolation:         s.iso,
 		Stdout:            stdout,
 		Stderr:            stderr,

@@ -221,6 +221,10 @@ type Result struct {
 	// "pids") that could not be applied because the node does not delegate
 	// the controller; empty when everything requested was applied.
 	LimitsNotEnforced []string
+	// CleanupFailed is true when the task's cgroup or its fresh working
+	// directory could not be removed (Message says why): a process or file
+	// of the task may remain, so a UID leased to it must not be reused.
+	CleanupFailed bool
 	// Isolation says what isolation the task got.
 	Isolation IsolationResult
 	// Stdout and Stderr describe the two output streams.

@@ -60,6 +60,7 @@ func (e *Executor) newShimLaunch(p *prepared, cgroupPids bool) (*shimLaunch, err
 			WorkDir:      p.WorkingDir,
 			TmpSizeBytes: e.tmpSize,
 			Hostname:     e.hostname,
+			Mask:         e.mask,
 			Landlock:     !e.noLandlock,
 			Seccomp:      !e.noSeccomp,
 		},

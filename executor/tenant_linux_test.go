@@ -6,6 +6,7 @@ import (
 	"errors"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
@@ -55,8 +56,20 @@ func TestShimStepFailureIsStartFailed(t *testing.T) {
 // identity.
 func TestTenantView(t *testing.T) {
 	t.Parallel()
-	ex := newTestExecutor(t, CgroupAuto, func(c *Config) { c.Isolation = IsolationTenant; c.TmpSizeBytes = 8 << 20 })
+	secretDir := t.TempDir()
+	secretFile := filepath.Join(t.TempDir(), "key.pem")
+	for _, f := range []string{filepath.Join(secretDir, "journal"), secretFile} {
+		if err := os.WriteFile(f, []byte("SECRET"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ex := newTestExecutor(t, CgroupAuto, func(c *Config) {
+		c.Isolation = IsolationTenant
+		c.TmpSizeBytes = 8 << 20
+		c.MaskPaths = []string{secretDir, secretFile, "/does/not/exist"}
+	})
 	spec := testSpec(t, strings.Join([]string{
+		`echo masked=$(cat ` + secretDir + `/journal ` + secretFile + ` 2>&1 | grep -c SECRET)`,
 		`echo uid=$(id -u) gid=$(id -g) groups=$(id -G)`,
 		`echo host=$(hostname)`,
 		`echo shellpid=$$ procs=$(ls -d /proc/[0-9]* | wc -l)`,
@@ -79,6 +92,7 @@ func TestTenantView(t *testing.T) {
 		"tmp=tmpfs shm=tmpfs tmpsize=8388608\n",
 		"nnp=1 seccomp=2\n",
 		"hidepid=1\n",
+		"masked=0\n",
 	} {
 		if !strings.Contains(res.Stdout.Tail, want) {
 			t.Errorf("stdout lacks %q:\n%s", want, res.Stdout.Tail)

@@ -47,6 +47,12 @@ type Config struct {
 	// TmpSizeBytes caps each of the private tmpfs on /tmp and /dev/shm, in
 	// bytes; 0 means the kernel's default (half of the RAM).
 	TmpSizeBytes int64 `json:"tmpSizeBytes,omitempty"`
+	// Mask lists absolute paths hidden from the task: a directory gets an
+	// empty read-only tmpfs over it, a file /dev/null; missing paths are
+	// skipped. For the agent's state, TLS and credential files, which the
+	// read-only root would otherwise leave readable to whom their mode
+	// allows.
+	Mask []string `json:"mask,omitempty"`
 	// Hostname is the host name in the task's UTS namespace; empty keeps
 	// the node's.
 	Hostname string `json:"hostname,omitempty"`

@@ -116,11 +116,36 @@ func mountStep(st *state) error {
 			return fmt.Errorf("mounting tmpfs on %s: %w", dir, err)
 		}
 	}
+	for _, path := range st.cfg.Mask {
+		if err := mask(path); err != nil {
+			return err
+		}
+	}
 	if err := os.MkdirAll(wd, 0o755); err != nil && !errors.Is(err, unix.EROFS) {
 		return fmt.Errorf("making mount point %s: %w", wd, err)
 	}
 	if err := unix.MoveMount(tree, "", unix.AT_FDCWD, wd, unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
 		return fmt.Errorf("mounting working directory %s: %w", wd, err)
+	}
+	return nil
+}
+
+// mask hides path: an empty read-only tmpfs over a directory, /dev/null
+// over anything else.
+func mask(path string) error {
+	fi, err := os.Stat(path)
+	switch {
+	case errors.Is(err, os.ErrNotExist):
+		return nil
+	case err != nil:
+		return fmt.Errorf("masking %s: %w", path, err)
+	case fi.IsDir():
+		err = unix.Mount("tmpfs", path, "tmpfs", unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "size=4k,mode=0555")
+	default:
+		err = unix.Mount(os.DevNull, path, "", unix.MS_BIND, "")
+	}
+	if err != nil {
+		return fmt.Errorf("masking %s: %w", path, err)
 	}
 	return nil
 }
