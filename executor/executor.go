@@ -102,6 +102,7 @@ type Executor struct {
 	taskProcs  int64
 	noLandlock bool
 	noSeccomp  bool
+	caps       Capabilities
 }
 
 // cgroupParent is the parent cgroup of the executor's tasks.
@@ -111,11 +112,13 @@ type cgroupParent struct {
 	controllers []string // enabled for task cgroups (cgroup.subtree_control)
 }
 
-// New validates cfg, checks the shell and sets up the parent cgroup. It
-// returns an error wrapping ErrInvalidConfig, a [*StartError] with
-// ErrShellMissing (a node with a missing shell must report not ready), or
-// ErrNoCgroupV2 when cfg.Cgroups is CgroupRequired and no writable cgroup v2
-// is found.
+// New validates cfg, checks the shell, sets up the parent cgroup and
+// detects the node's [Capabilities] (at IsolationTenant by running a probe
+// task through the shim). It returns an error wrapping ErrInvalidConfig, a
+// [*StartError] with ErrShellMissing (a node with a missing shell must
+// report not ready), ErrNoCgroupV2 when cfg.Cgroups is CgroupRequired and
+// no writable cgroup v2 is found, or one wrapping ErrIsolation when the
+// tenant level cannot be applied here (the message says what failed).
 func New(cfg Config) (*Executor, error) {
 	e := &Executor{
 		shell:    cfg.Shell,
@@ -174,6 +177,10 @@ func New(cfg Config) (*Executor, error) {
 	default:
 		return nil, fmt.Errorf("%w: cgroup mode %q", ErrInvalidConfig, cfg.Cgroups)
 	}
+	if err := e.detectCapabilities(); err != nil {
+		_ = e.Close()
+		return nil, err
+	}
 	return e, nil
 }
 
@@ -207,6 +214,12 @@ func (e *Executor) configureIsolation(cfg Config) error {
 	}
 	return nil
 }
+
+// Capabilities is what the node allows for task isolation, as detected by
+// New.
+func (e *Executor) Capabilities() Capabilities { return e.caps }
+
+func removeAll(dir string) error { return os.RemoveAll(dir) }
 
 // Isolation is the executor's isolation level.
 func (e *Executor) Isolation() Isolation { return e.isolation }

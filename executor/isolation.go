@@ -101,3 +101,41 @@ type IsolationResult struct {
 	// Procs is the process limit in processes and threads, 0 for none.
 	Procs int64
 }
+
+// Capabilities is what the node allows for task isolation, detected by
+// [New].
+type Capabilities struct {
+	// Namespaces is true when a task shim started in new mount, PID, IPC
+	// and UTS namespaces and applied its mounts (probed at IsolationTenant
+	// only).
+	Namespaces bool
+	// NetNS is true when the probe also got a network namespace with
+	// loopback up (IsolationTenant only).
+	NetNS bool
+	// LandlockABI is the kernel's Landlock ABI version, 0 without Landlock.
+	LandlockABI int
+	// Seccomp is true when the kernel offers seccomp filters.
+	Seccomp bool
+	// Cgroup is true when tasks get a cgroup v2 of their own.
+	Cgroup bool
+	// Pids is true when task cgroups have the pids controller.
+	Pids bool
+}
+
+// Names lists the capabilities present: "namespaces", "netns",
+// "landlock", "seccomp", "cgroup", "pids".
+func (c Capabilities) Names() []string {
+	var out []string
+	for _, n := range []struct {
+		name string
+		ok   bool
+	}{
+		{"namespaces", c.Namespaces}, {"netns", c.NetNS}, {"landlock", c.LandlockABI > 0},
+		{"seccomp", c.Seccomp}, {"cgroup", c.Cgroup}, {"pids", c.Pids},
+	} {
+		if n.ok {
+			out = append(out, n.name)
+		}
+	}
+	return out
+}

@@ -34,15 +34,17 @@ func TestCasesAtTenantLevel(t *testing.T) {
 }
 
 // A step of the shim that fails is a StartFailed naming the step, and
-// nothing of the command runs.
+// nothing of the command runs; New's probe task finds it first.
 func TestShimStepFailureIsStartFailed(t *testing.T) {
 	t.Parallel()
-	ex := newTestExecutor(t, CgroupAuto, func(c *Config) {
-		c.Isolation = IsolationTenant
-		c.Hostname = strings.Repeat("h", 65) // over the kernel's 64
-	})
+	_, err := New(Config{Isolation: IsolationTenant, Cgroups: CgroupOff, Hostname: strings.Repeat("h", 65)})
+	if !errors.Is(err, ErrIsolation) || !strings.Contains(err.Error(), "step hostname") {
+		t.Errorf("New with a host name over the kernel's 64 bytes: %v, want ErrIsolation naming the hostname step", err)
+	}
+	ex := newTestExecutor(t, CgroupAuto, func(c *Config) { c.Isolation = IsolationTenant })
+	ex.hostname = strings.Repeat("h", 65) // over the kernel's 64
 	marker := t.TempDir() + "/ran"
-	_, err := ex.Start(testSpec(t, "touch "+marker))
+	_, err = ex.Start(testSpec(t, "touch "+marker))
 	var se *StartError
 	if !errors.As(err, &se) || !errors.Is(err, ErrIsolation) || !strings.Contains(err.Error(), "step hostname") {
 		t.Fatalf("Start: %v, want a StartError with ErrIsolation naming the hostname step", err)
