@@ -475,7 +475,10 @@ func (t *Task) groupEmpty() bool {
 // empty reports whether no process of the task is alive.
 func (t *Task) empty() bool {
 	s := &t.sys
-	if s.tenant != nil && s.cg == nil {
+	if s.tenant != nil && (s.cg == nil || !s.tenant.gone()) {
+		// The shim leaves the cgroup when it exits, before it is reaped;
+		// the task is over once it is reaped, the last process of its
+		// namespace and of its UID.
 		return s.tenant.gone()
 	}
 	if s.cg != nil {
