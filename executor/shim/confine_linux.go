@@ -70,7 +70,11 @@ func landlockStep(st *state) error {
 	if !st.cfg.Landlock {
 		return nil
 	}
-	err := landlock.V6.BestEffort().Restrict(
+	// The file system and the IPC scopes only: the network is the
+	// network namespace's business (spec.network), not Landlock's.
+	cfg := landlock.V6
+	cfg.HandledAccessNet = 0
+	err := cfg.BestEffort().Restrict(
 		landlock.RODirs("/"),
 		landlock.RWDirs(st.cfg.WorkDir, "/tmp", "/dev/shm").IgnoreIfMissing(),
 		landlock.RWFiles(devFiles...).IgnoreIfMissing(),
