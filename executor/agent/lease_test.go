@@ -1,6 +1,11 @@
 package agent
 
-import "testing"
+import (
+	"strings"
+	"testing"
+
+	"github.com/bashtask/bashtask-operator/executor"
+)
 
 func TestParseUIDRange(t *testing.T) {
 	tests := map[string]struct {
@@ -46,5 +51,18 @@ func TestUIDLeases(t *testing.T) {
 	// The cursor stands after 10, the last one handed out.
 	if d, _ := l.acquire("d"); d != 11 {
 		t.Errorf("round robin: got %d, want 11", d)
+	}
+}
+
+// A shared identity at the tenant level needs a user: the shim would
+// otherwise stay root.
+func TestSharedIdentityNeedsAUser(t *testing.T) {
+	_, err := New(t.Context(), Config{
+		NodeName: "n", StateDir: t.TempDir(),
+		Executor:       executor.Config{Isolation: executor.IsolationTenant},
+		SharedIdentity: true,
+	})
+	if err == nil || !strings.Contains(err.Error(), "--run-as-user") {
+		t.Errorf("New: %v, want an error naming --run-as-user", err)
 	}
 }

@@ -179,6 +179,11 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 	if cfg.NodeName == "" {
 		return nil, errors.New("agent: node name is required")
 	}
+	if cfg.Executor.Isolation == executor.IsolationTenant && cfg.SharedIdentity && cfg.RunAs == nil {
+		// The shim would stay root: the namespaces alone do not make a
+		// tenant.
+		return nil, errors.New("agent: a shared task identity at the tenant isolation level needs a user to run tasks as (--run-as-user)")
+	}
 	if err := prepareStateDir(cfg.StateDir); err != nil {
 		return nil, err
 	}
