@@ -213,8 +213,7 @@ func (r *BashTaskReconciler) place(ctx context.Context, bt *bashtaskv1alpha1.Bas
 	missing := ""
 	for i := range candidates {
 		a := &candidates[i]
-		switch {
-		case !a.Ready:
+		if !a.Ready {
 			notReady++
 			continue
 		}
@@ -223,8 +222,7 @@ func (r *BashTaskReconciler) place(ctx context.Context, bt *bashtaskv1alpha1.Bas
 			missing = m
 			continue
 		}
-		switch {
-		case a.Capacity > 0 && a.Running >= a.Capacity:
+		if a.Capacity > 0 && a.Running >= a.Capacity {
 			full++
 			continue
 		}

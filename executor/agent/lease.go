@@ -77,6 +77,3 @@ func (l *uidLeases) hold(uid uint32, task string) { l.held[uid] = task }
 
 // release returns uid to the pool.
 func (l *uidLeases) release(uid uint32) { delete(l.held, uid) }
-
-// inUse is the number of leased UIDs.
-func (l *uidLeases) inUse() int { return len(l.held) }
