@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -61,6 +62,14 @@ type AgentState struct {
 	UnreachableFor time.Duration
 	// AmbientEnv is the agent's --ambient-env mode.
 	AmbientEnv string
+	// Isolation is the agent's --isolation level ("process" or "tenant").
+	Isolation string
+	// TaskNetwork is the agent's default network for tasks ("Node" or
+	// "None").
+	TaskNetwork string
+	// Capabilities are what the agent detected its node allows
+	// ("namespaces", "netns", "landlock", "seccomp", "cgroup", "pids").
+	Capabilities []string
 }
 
 // AgentRegistryOptions configures an [AgentRegistry].
@@ -455,6 +464,9 @@ func (a *agentConn) state(now time.Time) AgentState {
 		s.Capacity = int(a.info.GetCapacity())
 		s.AmbientEnv = a.info.GetReadiness().GetAmbientEnv()
 		s.Ready = s.Connected && a.info.GetReadiness().GetReady()
+		s.Isolation = a.info.GetReadiness().GetIsolation()
+		s.TaskNetwork = a.info.GetReadiness().GetTaskNetwork()
+		s.Capabilities = slices.Clone(a.info.GetReadiness().GetCapabilities())
 	}
 	if !s.Connected && !a.unreachableSince.IsZero() {
 		s.UnreachableFor = now.Sub(a.unreachableSince)

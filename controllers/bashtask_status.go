@@ -3,6 +3,7 @@ package controllers
 import (
 	"encoding/json"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -238,6 +239,9 @@ func (r *BashTaskReconciler) applyTaskStatus(bt *bashtaskv1alpha1.BashTask, ts *
 			enforced := len(ts.GetLimitsNotEnforced()) == 0
 			iso.LimitsEnforced = &enforced
 		}
+		if ti := ts.GetIsolation(); ti != nil {
+			applyTaskIsolation(iso, ti)
+		}
 		st.Isolation = iso
 	}
 
@@ -384,4 +388,25 @@ func optional[T comparable](v T) *T {
 		return nil
 	}
 	return &v
+}
+
+// applyTaskIsolation copies what isolation the agent applied into iso.
+func applyTaskIsolation(iso *bashtaskv1alpha1.IsolationStatus, ti *agentv1.TaskIsolation) {
+	if l := ti.GetLevel(); l != "" {
+		iso.Level = ptr.To(bashtaskv1alpha1.IsolationLevel(l))
+	}
+	if ti.User != nil {
+		iso.User = ptr.To(int64(ti.GetUser()))
+	}
+	iso.Namespaces = slices.Clone(ti.GetNamespaces())
+	if ti.GetLevel() == string(bashtaskv1alpha1.IsolationLevelTenant) {
+		iso.LandlockABI = ptr.To(ti.GetLandlockAbi())
+		iso.Seccomp = ptr.To(ti.GetSeccomp())
+	}
+	if n := ti.GetNetwork(); n != "" {
+		iso.Network = ptr.To(bashtaskv1alpha1.TaskNetwork(n))
+	}
+	if p := ti.GetPidsLimit(); p != "" {
+		iso.ProcessLimit = ptr.To(p)
+	}
 }

@@ -3,6 +3,7 @@ package controllers
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -208,14 +209,20 @@ func (r *BashTaskReconciler) place(ctx context.Context, bt *bashtaskv1alpha1.Bas
 		candidates = kept
 	}
 	var best *AgentState
-	notReady, full := 0, 0
+	notReady, full, lacking := 0, 0, 0
+	missing := ""
 	for i := range candidates {
 		a := &candidates[i]
-		switch {
-		case !a.Ready:
+		if !a.Ready {
 			notReady++
 			continue
-		case a.Capacity > 0 && a.Running >= a.Capacity:
+		}
+		if m := missingCapability(bt, a); m != "" {
+			lacking++
+			missing = m
+			continue
+		}
+		if a.Capacity > 0 && a.Running >= a.Capacity {
 			full++
 			continue
 		}
@@ -236,7 +243,29 @@ func (r *BashTaskReconciler) place(ctx context.Context, bt *bashtaskv1alpha1.Bas
 	case len(bt.Spec.NodeSelector) > 0:
 		where = "nodes matching " + labels.SelectorFromSet(bt.Spec.NodeSelector).String()
 	}
-	return nil, fmt.Sprintf("no ready agent with free capacity on %s (%d matching, %d not ready, %d at capacity); retrying", where, len(candidates), notReady, full)
+	if lacking > 0 && full == 0 && lacking+notReady == len(candidates) {
+		return nil, fmt.Sprintf("no ready agent on %s offers what the task asks for: %s (%d matching, %d not ready, %d lacking it); retrying", where, missing, len(candidates), notReady, lacking)
+	}
+	return nil, fmt.Sprintf("no ready agent with free capacity on %s (%d matching, %d not ready, %d at capacity, %d lacking a capability); retrying", where, len(candidates), notReady, full, lacking)
+}
+
+// missingCapability names what agent a lacks for bt, empty when it offers
+// everything bt asks for: network None needs the tenant level with a
+// network namespace ("netns"); network Node needs an agent whose default
+// is not None (a task may ask for less network than its agent offers,
+// never more).
+func missingCapability(bt *bashtaskv1alpha1.BashTask, a *AgentState) string {
+	switch ptr.Deref(bt.Spec.Network, "") {
+	case bashtaskv1alpha1.NetworkNone:
+		if a.Isolation != string(bashtaskv1alpha1.IsolationLevelTenant) || !slices.Contains(a.Capabilities, "netns") {
+			return "spec.network None needs an agent at the tenant isolation level with the netns capability"
+		}
+	case bashtaskv1alpha1.NetworkNode:
+		if a.TaskNetwork == string(bashtaskv1alpha1.NetworkNone) {
+			return "spec.network Node needs an agent whose --task-network is node"
+		}
+	}
+	return ""
 }
 
 // taskSpec builds the agent request: everything resolved, defaults applied.
@@ -280,6 +309,7 @@ func (r *BashTaskReconciler) taskSpec(bt *bashtaskv1alpha1.BashTask, in *resolve
 		Timeout:    durationpb.New(time.Duration(timeout) * time.Second),
 		KillGrace:  durationpb.New(time.Duration(grace) * time.Second),
 		Output:     out,
+		Network:    string(ptr.Deref(bt.Spec.Network, "")),
 		ManagedEnv: []*agentv1.EnvVar{
 			{Name: ManagedEnvName, Value: bt.Name},
 			{Name: ManagedEnvNamespace, Value: bt.Namespace},

@@ -228,7 +228,9 @@ func TestC08_NoZombiesUnderTheAgent(t *testing.T) {
 		}
 	}
 	waitFor(t, 10*time.Second, "no zombie children", func() bool { return len(zombieChildren()) == 0 })
-	if OrphansReaped() == orphansBefore {
+	// At the tenant level the shim, PID 1 of the task's namespace, is the
+	// one that reaps them.
+	if OrphansReaped() == orphansBefore && ex.Isolation() != IsolationTenant {
 		t.Errorf("the reaper released no orphans: were they re-parented here at all?")
 	}
 }

@@ -36,6 +36,9 @@ var (
 	// ErrProcessStart: the kernel refused to create the process or set up
 	// its cgroup after all checks passed.
 	ErrProcessStart = errors.New("cannot start process")
+	// ErrIsolation: a step of the task shim failed at IsolationTenant (the
+	// message names the step); nothing of the command ran.
+	ErrIsolation = errors.New("cannot isolate task")
 )
 
 // Configuration and environment errors returned by [New] and

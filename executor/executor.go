@@ -57,6 +57,31 @@ type Config struct {
 	// WorkDirRoot is where fresh per-task working directories are created
 	// when Spec.WorkingDir is empty; empty means os.TempDir().
 	WorkDirRoot string
+	// Isolation is the isolation level; empty means IsolationProcess.
+	Isolation Isolation
+	// ShimPath is the binary started in shim mode at IsolationTenant; empty
+	// means DefaultShimPath. It must call shim.Main first thing.
+	ShimPath string
+	// TmpSizeBytes caps each task's private /tmp and /dev/shm at
+	// IsolationTenant, in bytes; 0 means DefaultTmpSizeBytes.
+	TmpSizeBytes int64
+	// TaskProcs is the process limit (processes and threads) of a task at
+	// IsolationTenant whose Spec sets no Limits.Pids: pids.max where task
+	// cgroups have the pids controller, RLIMIT_NPROC on the task's UID
+	// otherwise. 0 means DefaultTaskProcs; negative means no limit.
+	TaskProcs int64
+	// Hostname is the host name of tasks at IsolationTenant (their own UTS
+	// namespace); empty means DefaultHostname. At most 64 bytes, which the
+	// kernel checks when the shim sets it.
+	Hostname string
+	// MaskPaths are absolute paths hidden from tasks at IsolationTenant:
+	// an empty read-only directory over a directory, /dev/null over a file
+	// (the agent's state directory, TLS and credential files).
+	MaskPaths []string
+	// NoLandlock skips Landlock at IsolationTenant.
+	NoLandlock bool
+	// NoSeccomp skips the seccomp filter at IsolationTenant.
+	NoSeccomp bool
 }
 
 // Executor runs tasks with one configuration. It is safe for concurrent
@@ -68,6 +93,16 @@ type Executor struct {
 	ambient  []string // the agent's environment passed through envMode's filter
 	workRoot string
 	cg       *cgroupParent // nil: process groups only
+
+	isolation  Isolation
+	hostname   string
+	mask       []string
+	shimPath   string
+	tmpSize    int64
+	taskProcs  int64
+	noLandlock bool
+	noSeccomp  bool
+	caps       Capabilities
 }
 
 // cgroupParent is the parent cgroup of the executor's tasks.
@@ -77,11 +112,13 @@ type cgroupParent struct {
 	controllers []string // enabled for task cgroups (cgroup.subtree_control)
 }
 
-// New validates cfg, checks the shell and sets up the parent cgroup. It
-// returns an error wrapping ErrInvalidConfig, a [*StartError] with
-// ErrShellMissing (a node with a missing shell must report not ready), or
-// ErrNoCgroupV2 when cfg.Cgroups is CgroupRequired and no writable cgroup v2
-// is found.
+// New validates cfg, checks the shell, sets up the parent cgroup and
+// detects the node's [Capabilities] (at IsolationTenant by running a probe
+// task through the shim). It returns an error wrapping ErrInvalidConfig, a
+// [*StartError] with ErrShellMissing (a node with a missing shell must
+// report not ready), ErrNoCgroupV2 when cfg.Cgroups is CgroupRequired and
+// no writable cgroup v2 is found, or one wrapping ErrIsolation when the
+// tenant level cannot be applied here (the message says what failed).
 func New(cfg Config) (*Executor, error) {
 	e := &Executor{
 		shell:    cfg.Shell,
@@ -112,6 +149,9 @@ func New(cfg Config) (*Executor, error) {
 	if e.workRoot == "" {
 		e.workRoot = os.TempDir()
 	}
+	if err := e.configureIsolation(cfg); err != nil {
+		return nil, err
+	}
 	if err := checkShell(e.shell); err != nil {
 		return nil, err
 	}
@@ -137,8 +177,52 @@ func New(cfg Config) (*Executor, error) {
 	default:
 		return nil, fmt.Errorf("%w: cgroup mode %q", ErrInvalidConfig, cfg.Cgroups)
 	}
+	if err := e.detectCapabilities(); err != nil {
+		_ = e.Close()
+		return nil, err
+	}
 	return e, nil
 }
+
+func (e *Executor) configureIsolation(cfg Config) error {
+	level, err := ParseIsolation(string(cfg.Isolation))
+	if err != nil {
+		return err
+	}
+	e.isolation, e.shimPath, e.tmpSize, e.taskProcs = level, cfg.ShimPath, cfg.TmpSizeBytes, cfg.TaskProcs
+	e.noLandlock, e.noSeccomp = cfg.NoLandlock, cfg.NoSeccomp
+	e.mask = slices0(cfg.MaskPaths)
+	for _, m := range e.mask {
+		if !filepath.IsAbs(m) {
+			return fmt.Errorf("%w: masked path %q is not absolute", ErrInvalidConfig, m)
+		}
+	}
+	if e.shimPath == "" {
+		e.shimPath = DefaultShimPath
+	}
+	if e.hostname = cfg.Hostname; e.hostname == "" {
+		e.hostname = DefaultHostname
+	}
+	if e.tmpSize == 0 {
+		e.tmpSize = DefaultTmpSizeBytes
+	}
+	if e.taskProcs == 0 {
+		e.taskProcs = DefaultTaskProcs
+	}
+	if e.tmpSize < 0 {
+		return fmt.Errorf("%w: tmp size %d is negative", ErrInvalidConfig, e.tmpSize)
+	}
+	return nil
+}
+
+// Capabilities is what the node allows for task isolation, as detected by
+// New.
+func (e *Executor) Capabilities() Capabilities { return e.caps }
+
+func removeAll(dir string) error { return os.RemoveAll(dir) }
+
+// Isolation is the executor's isolation level.
+func (e *Executor) Isolation() Isolation { return e.isolation }
 
 func slices0(s []string) []string { return append([]string(nil), s...) }
 
@@ -213,6 +297,13 @@ func (e *Executor) prepare(spec Spec) (*prepared, error) {
 		return nil, startErr(ErrInvalidSpec, fmt.Sprintf("id %q is not a single path element", p.ID), nil)
 	case p.WorkingDir != "" && !filepath.IsAbs(p.WorkingDir):
 		return nil, startErr(ErrInvalidSpec, fmt.Sprintf("working directory %q is not absolute", p.WorkingDir), nil)
+	}
+	network, err := ParseNetwork(string(p.Network))
+	if err != nil {
+		return nil, startErr(ErrInvalidSpec, "", err)
+	}
+	if p.Network = network; network == NetworkNone && e.isolation != IsolationTenant {
+		return nil, startErr(ErrInvalidSpec, "network none needs the tenant isolation level", nil)
 	}
 	if p.KillGrace == 0 {
 		p.KillGrace = DefaultKillGrace

@@ -31,6 +31,17 @@ func setupTestProcess() {
 	}
 }
 
+// mechanismTenant keys the tenant-level executor in mechanisms: the
+// executor cases run under the shim too.
+const mechanismTenant Mechanism = "tenant"
+
+// noTenantEnv leaves the tenant level out of mechanisms.
+const noTenantEnv = "EXECUTOR_TEST_NO_TENANT"
+
+// isolationEnv sets the isolation level of every test executor (see
+// TestCasesAtTenantLevel).
+const isolationEnv = "EXECUTOR_TEST_ISOLATION"
+
 var executorSeq atomic.Int64
 
 // newTestExecutor returns an executor with its own parent cgroup (removed
@@ -41,6 +52,7 @@ func newTestExecutor(t *testing.T, cgroups CgroupMode, mutate ...func(*Config)) 
 		Cgroups:      cgroups,
 		CgroupParent: fmt.Sprintf("bashtask-test-%d-%d", os.Getpid(), executorSeq.Add(1)),
 		WorkDirRoot:  t.TempDir(),
+		Isolation:    Isolation(os.Getenv(isolationEnv)),
 	}
 	for _, m := range mutate {
 		m(&cfg)
@@ -66,6 +78,9 @@ func mechanisms(t *testing.T) map[Mechanism]*Executor {
 		out[MechanismCgroup] = ex
 	} else {
 		t.Log("no writable cgroup v2 here: testing process groups only")
+	}
+	if os.Getenv(noTenantEnv) == "" {
+		out[mechanismTenant] = newTestExecutor(t, CgroupAuto, func(c *Config) { c.Isolation = IsolationTenant })
 	}
 	return out
 }

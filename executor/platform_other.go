@@ -33,3 +33,5 @@ func removeCgroup(path string) error { return nil }
 func (e *Executor) start(p *prepared) (*Task, error) {
 	return nil, startErr(ErrProcessStart, "", ErrUnsupported)
 }
+
+func (e *Executor) detectCapabilities() error { return nil }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -13,6 +14,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/bashtask/bashtask-operator/executor/shim"
 	"github.com/bashtask/bashtask-operator/internal/procfs"
 )
 
@@ -48,6 +50,8 @@ type taskSys struct {
 	notEnforced []string
 	groupGone   bool // the process group is known to be empty: never signal it again
 	startTime   time.Time
+	tenant      *tenantSys // nil at the process level
+	iso         IsolationResult
 
 	stdinW           *os.File // nil when stdin is /dev/null
 	stdoutR, stderrR *os.File
@@ -120,6 +124,10 @@ func (e *Executor) start(p *prepared) (_ *Task, err error) {
 	}
 	closers = append(closers, func() { s.stderrR.Close() })
 
+	tenant := e.isolation == IsolationTenant
+	if tenant && e.cg != nil && p.Limits.Pids == 0 && e.taskProcs > 0 && slices.Contains(e.cg.controllers, "pids") {
+		p.Limits.Pids = e.taskProcs
+	}
 	if e.cg != nil {
 		name := p.ID
 		if name == "" {
@@ -149,21 +157,38 @@ func (e *Executor) start(p *prepared) (_ *Task, err error) {
 		sys.UseCgroupFD = true
 		sys.CgroupFD = s.cg.fd
 	}
-	if u := p.User; u != nil {
+	path, argv := e.shell, []string{e.shell, "-c", p.Command}
+	attr := &os.ProcAttr{Dir: p.WorkingDir, Env: p.env, Files: childFiles[:], Sys: sys}
+	var launch *shimLaunch
+	s.iso = IsolationResult{Level: IsolationProcess, Network: NetworkNode}
+	if tenant {
+		// The shim starts as root in the new namespaces and drops to the
+		// task's identity itself, after the mounts.
+		if launch, err = e.newShimLaunch(p, slices.Contains(e.Controllers(), "pids")); err != nil {
+			return nil, startErr(ErrProcessStart, "creating shim pipes", err)
+		}
+		closers = append(closers, launch.close)
+		s.iso = launch.iso
+		sys.Cloneflags = launch.cloneflags
+		path, argv = e.shimPath, []string{shim.Arg0}
+		attr = &os.ProcAttr{Dir: "/", Env: []string{}, Files: append(childFiles[:], launch.cfgR, launch.repW), Sys: sys}
+	} else if u := p.User; u != nil {
 		groups := u.Groups
 		if groups == nil {
 			groups = []uint32{}
 		}
 		sys.Credential = &syscall.Credential{Uid: u.UID, Gid: u.GID, Groups: groups}
+		s.iso.UID = &u.UID
 	}
-	attr := &os.ProcAttr{Dir: p.WorkingDir, Env: p.env, Files: childFiles[:], Sys: sys}
-	argv := []string{e.shell, "-c", p.Command}
 	proc, startTicks, exitCh, err := startWaited(func(pidfd *int) (*os.Process, error) {
 		sys.PidFD = pidfd
-		return os.StartProcess(e.shell, argv, attr)
+		return os.StartProcess(path, argv, attr)
 	})
 	s.startTime = time.Now()
 	closeChild()
+	if launch != nil {
+		launch.closeChildEnds()
+	}
 	if s.cg != nil {
 		s.cg.closeFD()
 	}
@@ -171,7 +196,12 @@ func (e *Executor) start(p *prepared) (_ *Task, err error) {
 		if errors.Is(err, unix.E2BIG) {
 			return nil, startErr(ErrArgumentTooLong, "command and environment together", err)
 		}
-		return nil, startErr(ErrProcessStart, fmt.Sprintf("%s -c in %s", e.shell, p.WorkingDir), err)
+		return nil, startErr(ErrProcessStart, fmt.Sprintf("%s -c in %s", path, p.WorkingDir), err)
+	}
+	if launch != nil {
+		if exitCh, s.tenant, err = launch.handshake(proc, exitCh); err != nil {
+			return nil, err
+		}
 	}
 	s.proc, s.pid, s.startTicks, s.exitCh = proc, proc.Pid, startTicks, exitCh
 
@@ -295,7 +325,7 @@ func (t *Task) supervise() {
 		// The shell's exit is the command's result; anything of the task
 		// still alive is stopped the same way as on a timeout.
 		leftovers = t.countLeftovers()
-		if leftovers > 0 {
+		if leftovers > 0 || (s.tenant != nil && !t.waitShim(t.spec.KillGrace)) {
 			t.terminate(nil)
 		}
 	case <-deadline:
@@ -313,11 +343,12 @@ func (t *Task) supervise() {
 	t.drainOutput()
 
 	var problems []string
-	oom := false
+	oom, cleanupFailed := false, false
 	if s.cg != nil {
 		oom = s.cg.oomKilled()
 		if err := s.cg.remove(); err != nil {
 			problems = append(problems, err.Error())
+			cleanupFailed = true
 		}
 	}
 	_ = s.proc.Release()
@@ -332,6 +363,7 @@ func (t *Task) supervise() {
 	if t.spec.ownWorkDir {
 		if err := os.RemoveAll(t.spec.WorkingDir); err != nil {
 			problems = append(problems, err.Error())
+			cleanupFailed = true
 		}
 	}
 
@@ -341,6 +373,8 @@ func (t *Task) supervise() {
 		EndTime:           time.Now(),
 		LeftoverProcesses: leftovers,
 		LimitsNotEnforced: s.notEnforced,
+		CleanupFailed:     cleanupFailed,
+		Isolation:         s.iso,
 		Stdout:            stdout,
 		Stderr:            stderr,
 	}
@@ -416,6 +450,9 @@ func message(r Result, p *prepared, st exitStatus, problems []string) string {
 // reaped shell.
 func (t *Task) countLeftovers() int {
 	s := &t.sys
+	if s.tenant != nil {
+		return t.tenantLeftovers()
+	}
 	if s.cg != nil {
 		return len(s.cg.procs())
 	}
@@ -438,6 +475,12 @@ func (t *Task) groupEmpty() bool {
 // empty reports whether no process of the task is alive.
 func (t *Task) empty() bool {
 	s := &t.sys
+	if s.tenant != nil && (s.cg == nil || !s.tenant.gone()) {
+		// The shim leaves the cgroup when it exits, before it is reaped;
+		// the task is over once it is reaped, the last process of its
+		// namespace and of its UID.
+		return s.tenant.gone()
+	}
 	if s.cg != nil {
 		if s.cg.populated() {
 			return false
@@ -456,6 +499,10 @@ func (t *Task) empty() bool {
 // process groups.
 func (t *Task) signalAll(sig unix.Signal) {
 	s := &t.sys
+	if s.tenant != nil {
+		t.signalTenant(sig)
+		return
+	}
 	if s.cg != nil {
 		if sig == unix.SIGKILL {
 			s.cg.kill()

@@ -181,8 +181,14 @@ type Spec struct {
 	SpillDir string
 	// Limits are the requested resource limits.
 	Limits Limits
-	// User is the identity to run as; nil means the agent's own.
+	// User is the identity to run as; nil means the agent's own. At
+	// IsolationTenant the shim drops to it (UID and GID; Groups are
+	// ignored: a tenant has no supplementary groups).
 	User *User
+	// Network is the network the task reaches; empty means NetworkNode.
+	// NetworkNone needs IsolationTenant, else Start fails with
+	// ErrInvalidSpec.
+	Network Network
 }
 
 // Result is everything known about a finished task.
@@ -215,6 +221,12 @@ type Result struct {
 	// "pids") that could not be applied because the node does not delegate
 	// the controller; empty when everything requested was applied.
 	LimitsNotEnforced []string
+	// CleanupFailed is true when the task's cgroup or its fresh working
+	// directory could not be removed (Message says why): a process or file
+	// of the task may remain, so a UID leased to it must not be reused.
+	CleanupFailed bool
+	// Isolation says what isolation the task got.
+	Isolation IsolationResult
 	// Stdout and Stderr describe the two output streams.
 	Stdout, Stderr StreamResult
 }

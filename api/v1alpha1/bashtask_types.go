@@ -62,6 +62,7 @@ const (
 // +kubebuilder:validation:XValidation:rule="has(self.nodeName) == has(oldSelf.nodeName)",message="spec.nodeName is immutable (it cannot be added or removed): a task runs its command once. To run a new command, create a task with a new name; Argo CD does that with the sync options Force=true,Replace=true or a hook with hook-delete-policy BeforeHookCreation, Flux with the annotation kustomize.toolkit.fluxcd.io/force: enabled"
 // +kubebuilder:validation:XValidation:rule="has(self.nodeSelector) == has(oldSelf.nodeSelector)",message="spec.nodeSelector is immutable (it cannot be added or removed): a task runs its command once. To run a new command, create a task with a new name; Argo CD does that with the sync options Force=true,Replace=true or a hook with hook-delete-policy BeforeHookCreation, Flux with the annotation kustomize.toolkit.fluxcd.io/force: enabled"
 // +kubebuilder:validation:XValidation:rule="has(self.resources) == has(oldSelf.resources)",message="spec.resources is immutable (it cannot be added or removed): a task runs its command once. To run a new command, create a task with a new name; Argo CD does that with the sync options Force=true,Replace=true or a hook with hook-delete-policy BeforeHookCreation, Flux with the annotation kustomize.toolkit.fluxcd.io/force: enabled"
+// +kubebuilder:validation:XValidation:rule="has(self.network) == has(oldSelf.network)",message="spec.network is immutable (it cannot be added or removed): a task runs its command once. To run a new command, create a task with a new name; Argo CD does that with the sync options Force=true,Replace=true or a hook with hook-delete-policy BeforeHookCreation, Flux with the annotation kustomize.toolkit.fluxcd.io/force: enabled"
 // +kubebuilder:validation:XValidation:rule="!has(oldSelf.cancelRequested) || !oldSelf.cancelRequested || (has(self.cancelRequested) && self.cancelRequested)",message="cancelRequested cannot be unset once it is true: cancellation is one-way"
 type BashTaskSpec struct {
 	// command is the string given to `bash -c`, 1 to 131071 bytes (the
@@ -170,6 +171,17 @@ type BashTaskSpec struct {
 	// +optional
 	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="spec.resources is immutable: a task runs its command once. To run a new command, create a task with a new name; Argo CD does that with the sync options Force=true,Replace=true or a hook with hook-delete-policy BeforeHookCreation, Flux with the annotation kustomize.toolkit.fluxcd.io/force: enabled"
 	Resources *ResourceLimits `json:"resources,omitempty"`
+
+	// network is the network the task reaches: Node (whatever the agent's
+	// pod reaches, including a cloud's metadata address and the cluster's
+	// Services) or None (a network namespace of its own with only loopback
+	// up; needs an agent at the tenant isolation level). Unset means the
+	// agent's default (its --task-network). A task may ask for less network
+	// than its agent offers, never more: Node on an agent whose default is
+	// none ends StartFailed. Immutable.
+	// +optional
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="spec.network is immutable: a task runs its command once. To run a new command, create a task with a new name; Argo CD does that with the sync options Force=true,Replace=true or a hook with hook-delete-policy BeforeHookCreation, Flux with the annotation kustomize.toolkit.fluxcd.io/force: enabled"
+	Network *TaskNetwork `json:"network,omitempty"`
 
 	// cancelRequested stops the task when set to true: SIGTERM, the grace
 	// period, then SIGKILL, and the reason Cancelled. It can only go from
@@ -416,6 +428,34 @@ const (
 	IsolationProcessGroup IsolationMechanism = "processGroup"
 )
 
+// TaskNetwork is the network a task reaches.
+//
+// +kubebuilder:validation:Enum=Node;None
+type TaskNetwork string
+
+const (
+	// NetworkNode shares the agent pod's network: whatever it reaches.
+	NetworkNode TaskNetwork = "Node"
+	// NetworkNone gives the task a network namespace of its own with only
+	// loopback up.
+	NetworkNone TaskNetwork = "None"
+)
+
+// IsolationLevel is the agent's isolation level (its --isolation).
+//
+// +kubebuilder:validation:Enum=process;tenant
+type IsolationLevel string
+
+const (
+	// IsolationLevelProcess is a session, process group and cgroup per
+	// task, all tasks as one configured user: for single-tenant nodes.
+	IsolationLevelProcess IsolationLevel = "process"
+	// IsolationLevelTenant adds a UID per task, new mount, PID, IPC and UTS
+	// namespaces, a read-only root but for the working directory, private
+	// /tmp and /dev/shm, no_new_privs, Landlock and a seccomp filter.
+	IsolationLevelTenant IsolationLevel = "tenant"
+)
+
 // BashTaskStatus is what the controller observed. Only the controller writes
 // it, through the status subresource.
 type BashTaskStatus struct {
@@ -521,6 +561,48 @@ type IsolationStatus struct {
 	// node's cgroup does not delegate the needed controllers.
 	// +optional
 	LimitsEnforced *bool `json:"limitsEnforced,omitempty"`
+
+	// level is the isolation level the task ran at: process or tenant.
+	// +optional
+	Level *IsolationLevel `json:"level,omitempty"`
+
+	// user is the UID the task ran as: at the tenant level its own, leased
+	// from the agent's --task-uid-range; unset when it ran as the agent's
+	// user.
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=4294967294
+	User *int64 `json:"user,omitempty"`
+
+	// namespaces lists the Linux namespaces the task had of its own: mnt,
+	// pid, ipc, uts and, with network None, net. At most 8 entries.
+	// +optional
+	// +listType=set
+	// +kubebuilder:validation:MaxItems=8
+	// +kubebuilder:validation:items:MaxLength=16
+	Namespaces []string `json:"namespaces,omitempty"`
+
+	// landlockABI is the Landlock ABI version whose rules the task ran
+	// under; 0 when none applied (the kernel has no Landlock).
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=1000
+	LandlockABI *int32 `json:"landlockABI,omitempty"`
+
+	// seccomp is true when the task ran under the agent's seccomp filter.
+	// +optional
+	Seccomp *bool `json:"seccomp,omitempty"`
+
+	// network is the network the task reached: Node or None.
+	// +optional
+	Network *TaskNetwork `json:"network,omitempty"`
+
+	// processLimit names how the task's process limit was enforced:
+	// pids.max (its cgroup's pids controller) or RLIMIT_NPROC (on its own
+	// UID); unset when there was none.
+	// +optional
+	// +kubebuilder:validation:Enum=pids.max;RLIMIT_NPROC
+	ProcessLimit *string `json:"processLimit,omitempty"`
 }
 
 // StreamStatus describes one output stream of the command.

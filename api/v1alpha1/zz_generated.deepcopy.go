@@ -155,6 +155,11 @@ func (in *BashTaskSpec) DeepCopyInto(out *BashTaskSpec) {
 		*out = new(ResourceLimits)
 		(*in).DeepCopyInto(*out)
 	}
+	if in.Network != nil {
+		in, out := &in.Network, &out.Network
+		*out = new(TaskNetwork)
+		**out = **in
+	}
 	if in.CancelRequested != nil {
 		in, out := &in.CancelRequested, &out.CancelRequested
 		*out = new(bool)
@@ -308,6 +313,41 @@ func (in *IsolationStatus) DeepCopyInto(out *IsolationStatus) {
 	if in.LimitsEnforced != nil {
 		in, out := &in.LimitsEnforced, &out.LimitsEnforced
 		*out = new(bool)
+		**out = **in
+	}
+	if in.Level != nil {
+		in, out := &in.Level, &out.Level
+		*out = new(IsolationLevel)
+		**out = **in
+	}
+	if in.User != nil {
+		in, out := &in.User, &out.User
+		*out = new(int64)
+		**out = **in
+	}
+	if in.Namespaces != nil {
+		in, out := &in.Namespaces, &out.Namespaces
+		*out = make([]string, len(*in))
+		copy(*out, *in)
+	}
+	if in.LandlockABI != nil {
+		in, out := &in.LandlockABI, &out.LandlockABI
+		*out = new(int32)
+		**out = **in
+	}
+	if in.Seccomp != nil {
+		in, out := &in.Seccomp, &out.Seccomp
+		*out = new(bool)
+		**out = **in
+	}
+	if in.Network != nil {
+		in, out := &in.Network, &out.Network
+		*out = new(TaskNetwork)
+		**out = **in
+	}
+	if in.ProcessLimit != nil {
+		in, out := &in.ProcessLimit, &out.ProcessLimit
+		*out = new(string)
 		**out = **in
 	}
 }

@@ -7,9 +7,14 @@ import (
 	"errors"
 	"fmt"
 	"os"
+
+	"github.com/bashtask/bashtask-operator/executor/shim"
 )
 
 func main() {
+	// In shim mode (argv[0] "bashtask-shim") the binary is a task's shim
+	// and never returns from here.
+	shim.Main()
 	if err := newRootCommand().Execute(); err != nil {
 		// A command that did not start was already reported as JSON and
 		// on stderr.

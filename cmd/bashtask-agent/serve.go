@@ -10,6 +10,7 @@ import (
 	"net/http/pprof"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
@@ -64,6 +65,12 @@ type serveOptions struct {
 	cgroupParent       string
 	workDirRoot        string
 	runAsUser          string
+	isolation          string
+	taskIdentity       string
+	taskUIDRange       string
+	taskNetwork        string
+	taskTmpSize        int64
+	taskProcs          int64
 	backoffInitial     time.Duration
 	backoffMax         time.Duration
 	uploadTimeout      time.Duration
@@ -126,6 +133,12 @@ func bindServeFlags(f *pflag.FlagSet, o *serveOptions) {
 	f.StringVar(&o.cgroupParent, "cgroup-parent", executor.DefaultCgroupParent, "name of the parent cgroup of tasks")
 	f.StringVar(&o.workDirRoot, "work-dir-root", "", "where fresh per-task working directories are created; empty means the system temporary directory")
 	f.StringVar(&o.runAsUser, "run-as-user", "", "numeric UID[:GID] tasks run as; empty means the agent's own user")
+	f.StringVar(&o.isolation, "isolation", string(executor.IsolationProcess), "isolation level of tasks: process (a session, process group and cgroup each, one user for all) or tenant (also a leased UID, namespaces, a read-only root, private /tmp, Landlock and seccomp per task; see docs/security.md)")
+	f.StringVar(&o.taskIdentity, "task-identity", "leased", "at --isolation=tenant: leased (a UID per task from --task-uid-range) or shared (every task runs as --run-as-user; single-tenant nodes only)")
+	f.StringVar(&o.taskUIDRange, "task-uid-range", agent.DefaultTaskUIDRange.String(), "FIRST-LAST range of UIDs leased to tasks at --isolation=tenant, one per live task")
+	f.StringVar(&o.taskNetwork, "task-network", string(executor.NetworkNode), "network of tasks whose spec names none: node (whatever this pod reaches) or none (only loopback; needs --isolation=tenant)")
+	f.Int64Var(&o.taskTmpSize, "task-tmp-size", executor.DefaultTmpSizeBytes, "size in bytes of each task's private /tmp and /dev/shm at --isolation=tenant")
+	f.Int64Var(&o.taskProcs, "task-procs", executor.DefaultTaskProcs, "processes and threads of one task at --isolation=tenant when its spec sets no pids limit (pids.max, else RLIMIT_NPROC on its UID); -1 for no limit")
 	f.DurationVar(&o.backoffInitial, "upload-backoff-initial", agent.DefaultUploadBackoffInitial, "wait after the first failed upload; doubled after each further failure")
 	f.DurationVar(&o.backoffMax, "upload-backoff-max", agent.DefaultUploadBackoffMax, "maximum wait between upload attempts")
 	f.DurationVar(&o.uploadTimeout, "upload-timeout", agent.DefaultUploadTimeout, "time limit of one upload attempt")
@@ -286,6 +299,32 @@ func (o *serveOptions) agentConfig(log *slog.Logger) (agent.Config, error) {
 	if err != nil {
 		return agent.Config{}, err
 	}
+	isolation, err := executor.ParseIsolation(o.isolation)
+	if err != nil {
+		return agent.Config{}, fmt.Errorf("--isolation: %w", err)
+	}
+	network, err := executor.ParseNetwork(o.taskNetwork)
+	if err != nil {
+		return agent.Config{}, fmt.Errorf("--task-network: %w", err)
+	}
+	if network == executor.NetworkNone && isolation != executor.IsolationTenant {
+		return agent.Config{}, errors.New("--task-network=none needs --isolation=tenant")
+	}
+	uids, err := agent.ParseUIDRange(o.taskUIDRange)
+	if err != nil {
+		return agent.Config{}, fmt.Errorf("--task-uid-range: %w", err)
+	}
+	if o.taskIdentity != "leased" && o.taskIdentity != "shared" {
+		return agent.Config{}, fmt.Errorf("--task-identity %q: want leased or shared", o.taskIdentity)
+	}
+	// The agent's TLS files are hidden from tenant tasks whatever their
+	// mode (a Secret volume is world-readable by default).
+	var mask []string
+	for _, f := range []string{o.certFile, o.keyFile, o.caFile} {
+		if f != "" {
+			mask = append(mask, filepath.Dir(f))
+		}
+	}
 	return agent.Config{
 		NodeName:         node,
 		PodName:          o.podName,
@@ -301,8 +340,15 @@ func (o *serveOptions) agentConfig(log *slog.Logger) (agent.Config, error) {
 			CgroupRoot:       o.cgroupRoot,
 			CgroupParent:     o.cgroupParent,
 			WorkDirRoot:      o.workDirRoot,
+			Isolation:        isolation,
+			TmpSizeBytes:     o.taskTmpSize,
+			TaskProcs:        o.taskProcs,
+			MaskPaths:        mask,
 		},
 		RunAs:                user,
+		TaskUIDs:             uids,
+		SharedIdentity:       o.taskIdentity == "shared",
+		TaskNetwork:          network,
 		UploadBackoffInitial: o.backoffInitial,
 		UploadBackoffMax:     o.backoffMax,
 		UploadTimeout:        o.uploadTimeout,

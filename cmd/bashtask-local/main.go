@@ -63,6 +63,7 @@ everything it started. Only one cluster runs per directory.`,
 	f.IntVar(&o.Agents, "agents", 2, "number of agents, each with a node of its own")
 	f.BoolVar(&o.S3, "s3", false, "store output in a local S3 server (versitygw, built by hack/setup-s3.sh) instead of a file:// bucket")
 	f.StringArrayVar(&o.AgentEnv, "agent-env", nil, "NAME=VALUE added to the agents' own environment (repeatable); the credential scrub applies to it")
+	f.StringArrayVar(&o.AgentArgs, "agent-arg", nil, "extra flag for every bashtask-agent (repeatable), such as --agent-arg=--isolation=tenant (as root)")
 	f.StringArrayVar(&o.ControllerArgs, "controller-arg", nil, "extra flag for bashtask-controller (repeatable), such as --controller-arg=--max-running-per-owner=2")
 	return cmd
 }

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strings"
 
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -49,7 +50,11 @@ func (s *Server) toExecSpec(spec *agentv1.TaskSpec) executor.Spec {
 			CPUMillis:   spec.GetResources().GetCpuMillis(),
 			Pids:        spec.GetResources().GetPids(),
 		},
-		User: s.cfg.RunAs,
+		User:    s.cfg.RunAs,
+		Network: s.cfg.TaskNetwork,
+	}
+	if strings.EqualFold(spec.GetNetwork(), string(executor.NetworkNone)) {
+		es.Network = executor.NetworkNone
 	}
 	if in := spec.GetStdin(); in != nil {
 		es.Stdin = append([]byte{}, in.GetData()...) // non-nil: a pipe, even when empty
@@ -87,6 +92,26 @@ func applyResult(status *agentv1.TaskStatus, r executor.Result) {
 	status.LimitsNotEnforced = append([]string(nil), r.LimitsNotEnforced...)
 	status.Stdout = streamStatus(r.Stdout)
 	status.Stderr = streamStatus(r.Stderr)
+	if r.Isolation.Level != "" {
+		iso := r.Isolation
+		status.Isolation = &agentv1.TaskIsolation{
+			Level:       string(iso.Level),
+			User:        iso.UID,
+			Namespaces:  append([]string(nil), iso.Namespaces...),
+			LandlockAbi: int32(iso.LandlockABI),
+			Seccomp:     iso.Seccomp,
+			Network:     apiNetwork(iso.Network),
+			PidsLimit:   iso.PidsLimit,
+		}
+	}
+}
+
+// apiNetwork is the API's spelling of a network: "Node" or "None".
+func apiNetwork(n executor.Network) string {
+	if n == executor.NetworkNone {
+		return "None"
+	}
+	return "Node"
 }
 
 func streamStatus(s executor.StreamResult) *agentv1.StreamStatus {

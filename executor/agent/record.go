@@ -76,6 +76,13 @@ type processRecord struct {
 	// BootID is /proc/sys/kernel/random/boot_id at start: after a reboot
 	// no process of the task can be left.
 	BootID string `json:"bootID,omitempty"`
+	// TaskUID is the UID (and GID) leased to the task at the tenant
+	// level; nil when it ran as the configured or the agent's own user.
+	TaskUID *uint32 `json:"taskUID,omitempty"`
+	// LeaseReleased is set once the task's processes and its files are
+	// gone, so TaskUID may be leased again; until then the lease survives
+	// an agent restart.
+	LeaseReleased bool `json:"leaseReleased,omitempty"`
 }
 
 // prepareStateDir creates dir and dir/tasks with mode 0700. An existing

@@ -27,6 +27,15 @@ func (s *Server) recoverTasks() {
 			continue
 		}
 		e := &entry{rec: rec, status: st}
+		if p := rec.Process; p.TaskUID != nil && !p.LeaseReleased {
+			// Held until recoverRunning finds the task's processes and
+			// files gone; a lease whose release is unknown stays held.
+			if s.leases != nil {
+				s.leases.hold(*p.TaskUID, uid)
+			} else {
+				s.log.Warn("recovering task: it holds a task UID but this agent leases none", "uid", uid, "taskUID", *p.TaskUID)
+			}
+		}
 		if rec.State != stateFinished {
 			s.recoverRunning(e)
 		} else {
@@ -58,12 +67,17 @@ func (s *Server) recoverRunning(e *entry) {
 		s.log.Error("stopping processes of an earlier incarnation", "uid", uid, "err", err)
 	}
 	s.metrics.LeftoverKilled.Add(float64(killed))
+	clean := err == nil
 	if dir := e.rec.Process.WorkDir; dir != "" {
 		// The executor removes a fresh working directory when the task
 		// ends; the earlier incarnation died before it could.
 		if rerr := os.RemoveAll(dir); rerr != nil {
 			s.log.Error("removing the working directory of an earlier incarnation's task", "uid", uid, "dir", dir, "err", rerr)
+			clean = false
 		}
+	}
+	if clean {
+		s.releaseLeaseLocked(e)
 	}
 
 	st := e.status

@@ -73,8 +73,20 @@ type Config struct {
 	ProgressInterval time.Duration
 	// Executor configures the executor (shell, ambient env, cgroups).
 	Executor executor.Config
-	// RunAs is the identity tasks run as; nil means the agent's own.
+	// RunAs is the identity tasks run as at the process level, and at the
+	// tenant level with SharedIdentity; nil means the agent's own.
 	RunAs *executor.User
+	// TaskUIDs is the range of UIDs leased to tasks at the tenant level,
+	// one per live task; the zero value means DefaultTaskUIDRange.
+	TaskUIDs UIDRange
+	// SharedIdentity runs tenant-level tasks as RunAs instead of a leased
+	// UID (--task-identity=shared): tasks of different owners can then
+	// reach each other's files and processes; single-tenant nodes only.
+	SharedIdentity bool
+	// TaskNetwork is the network of a task whose spec names none (the
+	// --task-network flag); empty means executor.NetworkNode. With
+	// executor.NetworkNone a task asking for "Node" is refused.
+	TaskNetwork executor.Network
 	// UploadBackoffInitial and UploadBackoffMax shape the capped
 	// exponential backoff between upload attempts; zero means the
 	// defaults.
@@ -117,6 +129,7 @@ type Server struct {
 
 	mu       sync.Mutex
 	ex       *executor.Executor // nil while executor.New fails (missing shell)
+	leases   *uidLeases         // nil unless tasks get a leased UID
 	tasks    map[string]*entry
 	running  int
 	watchers map[*watcher]struct{}
@@ -165,6 +178,11 @@ type watcher struct {
 func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 	if cfg.NodeName == "" {
 		return nil, errors.New("agent: node name is required")
+	}
+	if cfg.Executor.Isolation == executor.IsolationTenant && cfg.SharedIdentity && cfg.RunAs == nil {
+		// The shim would stay root: the namespaces alone do not make a
+		// tenant.
+		return nil, errors.New("agent: a shared task identity at the tenant isolation level needs a user to run tasks as (--run-as-user)")
 	}
 	if err := prepareStateDir(cfg.StateDir); err != nil {
 		return nil, err
@@ -225,6 +243,19 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 		return nil, fmt.Errorf("opening bucket %s: %w", s.bucketBase, err)
 	}
 
+	if cfg.Executor.Isolation == executor.IsolationTenant {
+		// Tasks must not read the records, output and uploads of others,
+		// nor the bucket's credentials, whatever the files' modes.
+		s.cfg.Executor.MaskPaths = append(slices.Clip(s.cfg.Executor.MaskPaths), credentialFiles(os.Getenv)...)
+		s.cfg.Executor.MaskPaths = append(s.cfg.Executor.MaskPaths, cfg.StateDir)
+	}
+	if cfg.Executor.Isolation == executor.IsolationTenant && !cfg.SharedIdentity {
+		r := cfg.TaskUIDs
+		if r == (UIDRange{}) {
+			r = DefaultTaskUIDRange
+		}
+		s.leases = newUIDLeases(r)
+	}
 	// Recovery runs before the executor exists, so the earlier
 	// incarnation's cgroups are gone before the new one sets up its parent.
 	s.recoverTasks()
@@ -387,6 +418,14 @@ func (s *Server) Start(_ context.Context, req *agentv1.StartRequest) (*agentv1.S
 	case s.running >= s.cfg.MaxConcurrent:
 		refuse = status.Errorf(codes.ResourceExhausted, "agent runs its maximum of %d tasks", s.cfg.MaxConcurrent)
 	}
+	var leased *uint32
+	if refuse == nil && s.leases != nil {
+		if u, ok := s.leases.acquire(uid); ok {
+			leased = &u
+		} else {
+			refuse = status.Errorf(codes.ResourceExhausted, "every UID of the task range %s is leased", s.leases.r)
+		}
+	}
 	if refuse == nil {
 		if s.store.exists(uid) {
 			// Files without a readable record: recovery logged why.
@@ -395,11 +434,17 @@ func (s *Server) Start(_ context.Context, req *agentv1.StartRequest) (*agentv1.S
 		}
 	}
 	if refuse != nil {
+		if leased != nil {
+			s.leases.release(*leased)
+		}
 		s.mu.Unlock()
 		return nil, refuse
 	}
 	ex := s.ex
 	es := s.toExecSpec(spec)
+	if leased != nil {
+		es.User = &executor.User{UID: *leased, GID: *leased}
+	}
 	st := &agentv1.TaskStatus{
 		Ref:           proto.CloneOf(spec.GetRef()),
 		State:         agentv1.TaskState_TASK_STATE_RUNNING,
@@ -413,7 +458,7 @@ func (s *Server) Start(_ context.Context, req *agentv1.StartRequest) (*agentv1.S
 		Upload:          spec.GetOutput().GetUpload(),
 		TailBytes:       cmpOr(es.TailBytes, executor.DefaultTailBytes),
 		SpillLimitBytes: cmpOr(es.SpillLimitBytes, executor.DefaultSpillLimitBytes),
-		Process:         processRecord{BootID: bootID()},
+		Process:         processRecord{BootID: bootID(), TaskUID: leased},
 	}
 	if ex.Mechanism() == executor.MechanismCgroup {
 		rec.Process.Cgroup = filepath.Join(ex.CgroupPath(), uid)
@@ -435,6 +480,9 @@ func (s *Server) Start(_ context.Context, req *agentv1.StartRequest) (*agentv1.S
 		}
 		s.mu.Lock()
 		delete(s.tasks, uid)
+		if leased != nil {
+			s.leases.release(*leased) // nothing was started
+		}
 		s.running--
 		s.metrics.Running.Set(float64(s.running))
 		s.mu.Unlock()
@@ -442,7 +490,10 @@ func (s *Server) Start(_ context.Context, req *agentv1.StartRequest) (*agentv1.S
 		return nil, status.Error(codes.Internal, err.Error())
 	}
 
-	task, err := ex.Start(es)
+	task, err := (*executor.Task)(nil), s.networkError(spec)
+	if err == nil {
+		task, err = ex.Start(es)
+	}
 	if err != nil {
 		// Nothing of the command ran: a finished task, not an RPC error.
 		log.Info("task did not start", "err", err)
@@ -486,8 +537,9 @@ func (s *Server) Start(_ context.Context, req *agentv1.StartRequest) (*agentv1.S
 	return &agentv1.StartResponse{Status: clone(st)}, nil
 }
 
-func cmpOr[T int | int64](v, def T) T {
-	if v == 0 {
+func cmpOr[T comparable](v, def T) T {
+	var zero T
+	if v == zero {
 		return def
 	}
 	return v
@@ -541,6 +593,14 @@ func (s *Server) finishLocked(e *entry, res executor.Result) {
 	applyResult(e.status, res)
 	s.planUploadsLocked(e, false)
 	e.rec.State = stateFinished
+	if !res.CleanupFailed {
+		// The executor's task is over only once its cgroup is empty and
+		// its fresh working directory removed; its /tmp and /dev/shm died
+		// with its mount namespace.
+		s.releaseLeaseLocked(e)
+	} else if e.rec.Process.TaskUID != nil {
+		s.log.Error("keeping the task's UID leased: its cgroup or working directory is left", "uid", uid, "taskUID", *e.rec.Process.TaskUID)
+	}
 	if err := s.store.write(uid, e.rec, e.status); err != nil {
 		s.log.Error("recording finished task", "uid", uid, "err", err)
 	}
@@ -549,6 +609,56 @@ func (s *Server) finishLocked(e *entry, res executor.Result) {
 	s.log.Info("task finished", "uid", uid, "reason", e.status.Reason, "exitCode", e.status.ExitCode)
 	if e.pendingUploads() > 0 {
 		s.kickUploader()
+	}
+}
+
+// credentialEnv name files of cloud credentials the bucket drivers read,
+// and serviceAccountDirs the agent pod's Kubernetes credentials.
+var (
+	credentialEnv = []string{
+		"AWS_SHARED_CREDENTIALS_FILE", "AWS_CONFIG_FILE", "AWS_WEB_IDENTITY_TOKEN_FILE",
+		"GOOGLE_APPLICATION_CREDENTIALS", "AZURE_CLIENT_CERTIFICATE_PATH", "AZURE_FEDERATED_TOKEN_FILE",
+	}
+	serviceAccountDirs = []string{"/var/run/secrets/kubernetes.io", "/run/secrets/kubernetes.io", "/var/run/secrets/eks.amazonaws.com"}
+)
+
+// credentialFiles lists the credential files and directories hidden from
+// tenant tasks: those named by credentialEnv in the agent's environment
+// (absolute paths only) and serviceAccountDirs.
+func credentialFiles(getenv func(string) string) []string {
+	var out []string
+	for _, name := range credentialEnv {
+		if v := getenv(name); filepath.IsAbs(v) {
+			out = append(out, v)
+		}
+	}
+	return append(out, serviceAccountDirs...)
+}
+
+// networkError refuses a spec that asks for more network than the agent
+// offers: "Node" where --task-network is none. The error is a StartFailed.
+func (s *Server) networkError(spec *agentv1.TaskSpec) error {
+	switch n := spec.GetNetwork(); {
+	case n == "" || strings.EqualFold(n, string(executor.NetworkNone)):
+		return nil
+	case !strings.EqualFold(n, string(executor.NetworkNode)):
+		return &executor.StartError{Kind: executor.ErrInvalidSpec, Subject: fmt.Sprintf("network %q is not Node or None", n)}
+	case s.cfg.TaskNetwork == executor.NetworkNone:
+		return &executor.StartError{Kind: executor.ErrInvalidSpec, Subject: "network Node: this agent gives tasks no network (--task-network=none)"}
+	}
+	return nil
+}
+
+// releaseLeaseLocked returns the task's UID to the pool; the record is
+// written by the caller.
+func (s *Server) releaseLeaseLocked(e *entry) {
+	p := &e.rec.Process
+	if p.TaskUID == nil || p.LeaseReleased {
+		return
+	}
+	p.LeaseReleased = true
+	if s.leases != nil && s.leases.held[*p.TaskUID] == e.status.GetRef().GetUid() {
+		s.leases.release(*p.TaskUID)
 	}
 }
 
@@ -729,10 +839,15 @@ func (s *Server) agentInfoLocked() *agentv1.AgentInfo {
 		AmbientEnv: string(s.cfg.Executor.AmbientEnv),
 		Shell:      s.cfg.Executor.Shell,
 	}
+	r.Isolation = string(cmpOr(s.cfg.Executor.Isolation, executor.IsolationProcess))
+	r.TaskNetwork = apiNetwork(cmpOr(s.cfg.TaskNetwork, executor.NetworkNode))
 	if s.ex != nil {
 		r.AmbientEnv = string(s.ex.AmbientMode())
 		r.Mechanism = string(s.ex.Mechanism())
 		r.CgroupControllers = s.ex.Controllers()
+		caps := s.ex.Capabilities()
+		r.Capabilities = caps.Names()
+		r.LandlockAbi = int32(caps.LandlockABI)
 	}
 	return &agentv1.AgentInfo{
 		NodeName:      s.cfg.NodeName,
@@ -808,7 +923,9 @@ func (s *Server) updateReadinessLocked() {
 		} else {
 			s.ex = ex
 			s.log.Info("executor ready", "shell", s.cfg.Executor.Shell, "mechanism", string(ex.Mechanism()),
-				"cgroup", ex.CgroupPath(), "controllers", ex.Controllers(), "ambientEnv", string(ex.AmbientMode()))
+				"cgroup", ex.CgroupPath(), "controllers", ex.Controllers(), "ambientEnv", string(ex.AmbientMode()),
+				"isolation", string(ex.Isolation()), "capabilities", ex.Capabilities().Names(),
+				"landlockABI", ex.Capabilities().LandlockABI)
 		}
 	}
 	if s.ex != nil {

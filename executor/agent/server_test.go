@@ -29,10 +29,15 @@ import (
 
 	agentv1 "github.com/bashtask/bashtask-operator/api/agent/v1"
 	"github.com/bashtask/bashtask-operator/executor"
+	"github.com/bashtask/bashtask-operator/executor/shim"
 	"github.com/bashtask/bashtask-operator/internal/tlsutil"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) {
+	// The test binary is also the task shim of the tenant level.
+	shim.Main()
+	goleak.VerifyTestMain(m)
+}
 
 // testCgroupParent keeps this package's task cgroups apart from those of
 // the executor's tests, which may run at the same time.
@@ -234,10 +239,10 @@ func TestRoundTrip(t *testing.T) {
 	wantInfo := &agentv1.AgentInfo{
 		NodeName: "node-a", PodName: "agent-a", IncarnationId: r.srv.IncarnationID(),
 		Capacity: DefaultMaxConcurrent, Running: 0,
-		Readiness: &agentv1.Readiness{Ready: true, AmbientEnv: "scrub", Shell: executor.DefaultShell},
+		Readiness: &agentv1.Readiness{Ready: true, AmbientEnv: "scrub", Shell: executor.DefaultShell, Isolation: "process", TaskNetwork: "Node"},
 	}
 	if diff := cmp.Diff(wantInfo, info, protocmp.Transform(),
-		protocmp.IgnoreFields(&agentv1.Readiness{}, "mechanism", "cgroup_controllers")); diff != "" {
+		protocmp.IgnoreFields(&agentv1.Readiness{}, "mechanism", "cgroup_controllers", "capabilities", "landlock_abi")); diff != "" {
 		t.Errorf("agent info (-want +got):\n%s", diff)
 	}
 
@@ -279,6 +284,7 @@ func TestRoundTrip(t *testing.T) {
 			Spill: &agentv1.Spill{Bytes: 30, Complete: true, UploadState: agentv1.UploadState_UPLOAD_STATE_NOT_NEEDED}},
 		Stderr:        &agentv1.StreamStatus{Spill: &agentv1.Spill{Complete: true, UploadState: agentv1.UploadState_UPLOAD_STATE_NOT_NEEDED}},
 		IncarnationId: r.srv.IncarnationID(),
+		Isolation:     &agentv1.TaskIsolation{Level: "process", Network: "Node"},
 	}
 	if diff := cmp.Diff(wantFin, fin, protocmp.Transform(),
 		protocmp.IgnoreFields(&agentv1.TaskStatus{}, "start_time", "completion_time", "message", "mechanism", "spec_digest", "leftover_processes"),
@@ -461,13 +467,13 @@ func TestReadiness(t *testing.T) {
 	}{
 		"inherit is named": {
 			opt:        func(c *Config) { c.Executor.AmbientEnv = executor.AmbientInherit },
-			want:       &agentv1.Readiness{Ready: true, AmbientEnv: "inherit", Shell: executor.DefaultShell},
+			want:       &agentv1.Readiness{Ready: true, AmbientEnv: "inherit", Shell: executor.DefaultShell, Isolation: "process", TaskNetwork: "Node"},
 			wantHealth: healthpb.HealthCheckResponse_SERVING,
 			startCode:  codes.OK,
 		},
 		"missing shell (C28)": {
 			opt: func(c *Config) { c.Executor.Shell = "/does/not/exist/bash" },
-			want: &agentv1.Readiness{Ready: false, AmbientEnv: "scrub", Shell: "/does/not/exist/bash",
+			want: &agentv1.Readiness{Ready: false, AmbientEnv: "scrub", Shell: "/does/not/exist/bash", Isolation: "process", TaskNetwork: "Node",
 				Problems: []string{"executor: shell not found or not executable: /does/not/exist/bash: stat /does/not/exist/bash: no such file or directory"}},
 			wantHealth: healthpb.HealthCheckResponse_NOT_SERVING,
 			startCode:  codes.Unavailable,
@@ -478,7 +484,7 @@ func TestReadiness(t *testing.T) {
 			r := newRig(t, tc.opt)
 			info, _ := r.watch()
 			if diff := cmp.Diff(tc.want, info.GetReadiness(), protocmp.Transform(),
-				protocmp.IgnoreFields(&agentv1.Readiness{}, "mechanism", "cgroup_controllers")); diff != "" {
+				protocmp.IgnoreFields(&agentv1.Readiness{}, "mechanism", "cgroup_controllers", "capabilities", "landlock_abi")); diff != "" {
 				t.Errorf("readiness (-want +got):\n%s", diff)
 			}
 			h, err := r.health.Check(t.Context(), &healthpb.HealthCheckRequest{Service: ServiceName})

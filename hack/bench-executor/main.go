@@ -10,7 +10,11 @@
 //     and not the executor's;
 //   - the throughput of 2 GB of stdout through the executor, against
 //     `head -c 2000000000 /dev/zero > file` on the same disk;
-//   - the peak RSS growth of a process running that 2 GB task.
+//   - the peak RSS growth of a process running that 2 GB task;
+//   - the start of `true` at the tenant isolation level (the task shim in
+//     new namespaces, a UID of its own, Landlock and seccomp), with the
+//     node's network and with a network namespace of its own (None), as
+//     the median overhead over the plain fork/exec.
 //
 // The 2 GB task runs in a child process of this program (re-executed with
 // -child), so its peak RSS (VmHWM) is measured without the rest of the
@@ -35,6 +39,7 @@ import (
 	"time"
 
 	"github.com/bashtask/bashtask-operator/executor"
+	"github.com/bashtask/bashtask-operator/executor/shim"
 )
 
 const streamBytes = 2_000_000_000
@@ -46,7 +51,10 @@ func main() {
 		dir     = flag.String("dir", "", "directory for spill files and the plain write (default: a temporary directory)")
 		shell   = flag.String("shell", executor.DefaultShell, "shell to run")
 		child   = flag.Bool("child", false, "internal: run the 2 GB task and report on stdout")
+		stream  = flag.Bool("stream", true, "also measure the 2 GB stream (throughput and memory)")
 	)
+	// This binary is also the task shim of the tenant level.
+	shim.Main()
 	flag.Parse()
 	if *child {
 		if err := runChild(*dir, *shell); err != nil {
@@ -55,13 +63,13 @@ func main() {
 		}
 		return
 	}
-	if err := run(*jsonOut, *iters, *dir, *shell); err != nil {
+	if err := run(*jsonOut, *iters, *dir, *shell, *stream); err != nil {
 		fmt.Fprintln(os.Stderr, "bench-executor:", err)
 		os.Exit(1)
 	}
 }
 
-func run(jsonOut string, iters int, dir, shell string) error {
+func run(jsonOut string, iters int, dir, shell string, stream bool) error {
 	if dir == "" {
 		d, err := os.MkdirTemp("", "bench-executor-")
 		if err != nil {
@@ -82,6 +90,12 @@ func run(jsonOut string, iters int, dir, shell string) error {
 		return err
 	}
 	defer withCg.Close()
+	tenant, err := executor.New(executor.Config{Shell: shell, Cgroups: executor.CgroupAuto, CgroupParent: fmt.Sprintf("bashtask-bench-tenant-%d", os.Getpid()),
+		WorkDirRoot: dir, Isolation: executor.IsolationTenant})
+	if err != nil {
+		return err
+	}
+	defer tenant.Close()
 
 	// The baseline gets the environment a task gets: bash starts measurably
 	// slower with LANG=C.UTF-8 (it loads the locale), and that is the
@@ -100,6 +114,8 @@ func run(jsonOut string, iters int, dir, shell string) error {
 		func(int) (time.Duration, error) { return timePlain(shell, dir, env, true) },
 		func(i int) (time.Duration, error) { return timeTask(noCg, dir, i) },
 		func(i int) (time.Duration, error) { return timeTask(withCg, dir, i) },
+		func(i int) (time.Duration, error) { return timeTenant(tenant, dir, i, executor.NetworkNode) },
+		func(i int) (time.Duration, error) { return timeTenant(tenant, dir, i, executor.NetworkNone) },
 	}
 	times := make([][]time.Duration, len(variants))
 	for i := range iters + 10 {
@@ -116,17 +132,20 @@ func run(jsonOut string, iters int, dir, shell string) error {
 	}
 	plain, plainSid, exNoCg, exCg := times[0], times[1], times[2], times[3]
 	mPlain, mPlainSid, mNoCg, mCg := median(plain), median(plainSid), median(exNoCg), median(exCg)
+	mTenant, mTenantNone := median(times[4]), median(times[5])
 
-	plainMBs, err := plainWrite(dir)
-	if err != nil {
-		return err
+	var plainMBs, taskMBs, rssGrowthMB float64
+	var cr childReport
+	if stream {
+		if plainMBs, err = plainWrite(dir); err != nil {
+			return err
+		}
+		if cr, err = childRun(dir, shell); err != nil {
+			return err
+		}
+		taskMBs = float64(streamBytes) / 1e6 / cr.Seconds
+		rssGrowthMB = float64(cr.HWMAfterKB-cr.HWMBeforeKB) / 1024
 	}
-	cr, err := childRun(dir, shell)
-	if err != nil {
-		return err
-	}
-	taskMBs := float64(streamBytes) / 1e6 / cr.Seconds
-	rssGrowthMB := float64(cr.HWMAfterKB-cr.HWMBeforeKB) / 1024
 
 	w := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintf(w, "measure\texecutor\tbaseline\tratio\ttarget\t\n")
@@ -142,22 +161,30 @@ func run(jsonOut string, iters int, dir, shell string) error {
 	// cgroup) every session is its own scheduling group, and on a busy
 	// machine that alone costs the shell its place in the queue.
 	fmt.Fprintf(w, "(plain with a new session, for reference)\t%v\t%v\t%.2f\t\t\n", mPlainSid, mPlain, ratio(mPlainSid, mPlain))
-	fmt.Fprintf(w, "2 GB stdout, MB/s\t%.0f\t%.0f\t%.2f\t>= 0.50\t\n", taskMBs, plainMBs, taskMBs/plainMBs)
-	fmt.Fprintf(w, "peak RSS growth during 2 GB, MiB\t%.1f\t\t\t< 32\t\n", rssGrowthMB)
+	fmt.Fprintf(w, "start `true`, tenant, network Node (median of %d)\t%v\t%v\t+%v\t<= +3ms\t\n", iters, mTenant, mPlain, (mTenant - mPlain).Round(10*time.Microsecond))
+	fmt.Fprintf(w, "start `true`, tenant, network None (median of %d)\t%v\t%v\t+%v\t\t\n", iters, mTenantNone, mPlain, (mTenantNone - mPlain).Round(10*time.Microsecond))
+	if stream {
+		fmt.Fprintf(w, "2 GB stdout, MB/s\t%.0f\t%.0f\t%.2f\t>= 0.50\t\n", taskMBs, plainMBs, taskMBs/plainMBs)
+		fmt.Fprintf(w, "peak RSS growth during 2 GB, MiB\t%.1f\t\t\t< 32\t\n", rssGrowthMB)
+	}
 	if err := w.Flush(); err != nil {
 		return err
 	}
-	fmt.Printf("2 GB task: %s, %d bytes, sha256 %s, peak RSS %d KiB (before %d KiB)\n",
-		cr.Reason, cr.TotalBytes, cr.SHA256, cr.HWMAfterKB, cr.HWMBeforeKB)
+	if stream {
+		fmt.Printf("2 GB task: %s, %d bytes, sha256 %s, peak RSS %d KiB (before %d KiB)\n",
+			cr.Reason, cr.TotalBytes, cr.SHA256, cr.HWMAfterKB, cr.HWMBeforeKB)
+	}
 
 	if jsonOut != "" {
 		b, err := json.MarshalIndent(map[string]float64{
-			"executor.overhead_ratio":        round(ratio(mNoCg, mPlain)),
-			"executor.overhead_ratio_cgroup": round(ratio(mCg, mPlain)),
-			"executor.session_ratio":         round(ratio(mPlainSid, mPlain)),
-			"executor.throughput_mb_s":       round(taskMBs),
-			"executor.plain_write_mb_s":      round(plainMBs),
-			"executor.rss_growth_mb":         round(rssGrowthMB),
+			"executor.overhead_ratio":          round(ratio(mNoCg, mPlain)),
+			"executor.overhead_ratio_cgroup":   round(ratio(mCg, mPlain)),
+			"executor.session_ratio":           round(ratio(mPlainSid, mPlain)),
+			"executor.throughput_mb_s":         round(taskMBs),
+			"executor.plain_write_mb_s":        round(plainMBs),
+			"executor.rss_growth_mb":           round(rssGrowthMB),
+			"executor.tenant_overhead_ms":      round(float64(mTenant-mPlain) / float64(time.Millisecond)),
+			"executor.tenant_none_overhead_ms": round(float64(mTenantNone-mPlain) / float64(time.Millisecond)),
 		}, "", "  ")
 		if err != nil {
 			return err
@@ -199,6 +226,28 @@ func timeTask(ex *executor.Executor, dir string, i int) (time.Duration, error) {
 	res, _ := task.Result()
 	if res.Reason != executor.ReasonSucceeded {
 		return 0, fmt.Errorf("true through the executor: %s (%s)", res.Reason, res.Message)
+	}
+	return took, os.RemoveAll(spill)
+}
+
+// benchUID is the task UID of the tenant measurements (the agent's default
+// range starts here).
+const benchUID = 2000000
+
+// timeTenant runs `true` at the tenant level in a fresh working directory
+// owned by its UID, as the agent does.
+func timeTenant(ex *executor.Executor, dir string, i int, network executor.Network) (time.Duration, error) {
+	spill := filepath.Join(dir, "spill-"+strconv.Itoa(i)+"-tenant-"+string(network))
+	begin := time.Now()
+	task, err := ex.Start(executor.Spec{Command: "true", SpillDir: spill, Network: network, User: &executor.User{UID: benchUID, GID: benchUID}})
+	if err != nil {
+		return 0, err
+	}
+	<-task.Done()
+	took := time.Since(begin)
+	res, _ := task.Result()
+	if res.Reason != executor.ReasonSucceeded {
+		return 0, fmt.Errorf("true at the tenant level: %s (%s)", res.Reason, res.Message)
 	}
 	return took, os.RemoveAll(spill)
 }

@@ -52,6 +52,9 @@ type LauncherOptions struct {
 	// AgentEnv are extra NAME=VALUE entries of the agents' environment,
 	// which the ambient-env scrub applies to like any other.
 	AgentEnv []string
+	// AgentArgs are extra flags for every bashtask-agent, such as
+	// --isolation=tenant (which needs the launcher to run as root).
+	AgentArgs []string
 	// ControllerArgs are extra flags for bashtask-controller.
 	ControllerArgs []string
 	// Log receives progress messages.
@@ -203,6 +206,7 @@ func (c *Cluster) up(ctx context.Context) error {
 			"--tls-cert-file", certs.AgentCertFile, "--tls-key-file", certs.AgentKeyFile, "--tls-ca-file", certs.CAFile,
 			"--progress-interval", "500ms", "--log-format", "text",
 		}
+		args = append(args, o.AgentArgs...)
 		env := append(append(os.Environ(), bucketEnv...), o.AgentEnv...)
 		if err := c.start("agent-"+a.Node, filepath.Join(o.BinDir, "bashtask-agent"), args, env); err != nil {
 			return err

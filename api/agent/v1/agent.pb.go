@@ -595,7 +595,13 @@ type TaskSpec struct {
 	// output bounds the captured output.
 	Output *OutputSettings `protobuf:"bytes,9,opt,name=output,proto3" json:"output,omitempty"`
 	// resources are the task's limits.
-	Resources     *Resources `protobuf:"bytes,10,opt,name=resources,proto3" json:"resources,omitempty"`
+	Resources *Resources `protobuf:"bytes,10,opt,name=resources,proto3" json:"resources,omitempty"`
+	// network is "Node" or "None"; empty means the agent's --task-network.
+	// "None" (a network namespace with only loopback) needs the tenant
+	// isolation level; "Node" on an agent whose --task-network is none is
+	// refused: a task may ask for less network than the agent offers, never
+	// more.
+	Network       string `protobuf:"bytes,11,opt,name=network,proto3" json:"network,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -698,6 +704,13 @@ func (x *TaskSpec) GetResources() *Resources {
 		return x.Resources
 	}
 	return nil
+}
+
+func (x *TaskSpec) GetNetwork() string {
+	if x != nil {
+		return x.Network
+	}
+	return ""
 }
 
 // Spill describes a stream's spill file and its upload.
@@ -926,8 +939,10 @@ type TaskStatus struct {
 	// forget_requested is true once Forget was called; the task disappears
 	// when its uploads are done.
 	ForgetRequested bool `protobuf:"varint,16,opt,name=forget_requested,json=forgetRequested,proto3" json:"forget_requested,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// isolation says what isolation the task got.
+	Isolation     *TaskIsolation `protobuf:"bytes,17,opt,name=isolation,proto3" json:"isolation,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *TaskStatus) Reset() {
@@ -1072,6 +1087,114 @@ func (x *TaskStatus) GetForgetRequested() bool {
 	return false
 }
 
+func (x *TaskStatus) GetIsolation() *TaskIsolation {
+	if x != nil {
+		return x.Isolation
+	}
+	return nil
+}
+
+// TaskIsolation is what isolation a task got on its node.
+type TaskIsolation struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// level is "process" or "tenant".
+	Level string `protobuf:"bytes,1,opt,name=level,proto3" json:"level,omitempty"`
+	// user is the task's UID; absent when it ran as the agent's own user.
+	User *uint32 `protobuf:"varint,2,opt,name=user,proto3,oneof" json:"user,omitempty"`
+	// namespaces of the task's own ("mnt", "pid", "ipc", "uts", "net").
+	Namespaces []string `protobuf:"bytes,3,rep,name=namespaces,proto3" json:"namespaces,omitempty"`
+	// landlock_abi is the Landlock ABI version applied, 0 for none.
+	LandlockAbi int32 `protobuf:"varint,4,opt,name=landlock_abi,json=landlockAbi,proto3" json:"landlock_abi,omitempty"`
+	// seccomp is true when the seccomp filter was installed.
+	Seccomp bool `protobuf:"varint,5,opt,name=seccomp,proto3" json:"seccomp,omitempty"`
+	// network is "Node" or "None".
+	Network string `protobuf:"bytes,6,opt,name=network,proto3" json:"network,omitempty"`
+	// pids_limit names how the process limit was enforced: "pids.max" or
+	// "RLIMIT_NPROC"; empty for none.
+	PidsLimit     string `protobuf:"bytes,7,opt,name=pids_limit,json=pidsLimit,proto3" json:"pids_limit,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TaskIsolation) Reset() {
+	*x = TaskIsolation{}
+	mi := &file_agent_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TaskIsolation) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TaskIsolation) ProtoMessage() {}
+
+func (x *TaskIsolation) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TaskIsolation.ProtoReflect.Descriptor instead.
+func (*TaskIsolation) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *TaskIsolation) GetLevel() string {
+	if x != nil {
+		return x.Level
+	}
+	return ""
+}
+
+func (x *TaskIsolation) GetUser() uint32 {
+	if x != nil && x.User != nil {
+		return *x.User
+	}
+	return 0
+}
+
+func (x *TaskIsolation) GetNamespaces() []string {
+	if x != nil {
+		return x.Namespaces
+	}
+	return nil
+}
+
+func (x *TaskIsolation) GetLandlockAbi() int32 {
+	if x != nil {
+		return x.LandlockAbi
+	}
+	return 0
+}
+
+func (x *TaskIsolation) GetSeccomp() bool {
+	if x != nil {
+		return x.Seccomp
+	}
+	return false
+}
+
+func (x *TaskIsolation) GetNetwork() string {
+	if x != nil {
+		return x.Network
+	}
+	return ""
+}
+
+func (x *TaskIsolation) GetPidsLimit() string {
+	if x != nil {
+		return x.PidsLimit
+	}
+	return ""
+}
+
 // StartRequest asks to run a task.
 type StartRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1083,7 +1206,7 @@ type StartRequest struct {
 
 func (x *StartRequest) Reset() {
 	*x = StartRequest{}
-	mi := &file_agent_proto_msgTypes[9]
+	mi := &file_agent_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1095,7 +1218,7 @@ func (x *StartRequest) String() string {
 func (*StartRequest) ProtoMessage() {}
 
 func (x *StartRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[9]
+	mi := &file_agent_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1108,7 +1231,7 @@ func (x *StartRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StartRequest.ProtoReflect.Descriptor instead.
 func (*StartRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{9}
+	return file_agent_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *StartRequest) GetSpec() *TaskSpec {
@@ -1132,7 +1255,7 @@ type StartResponse struct {
 
 func (x *StartResponse) Reset() {
 	*x = StartResponse{}
-	mi := &file_agent_proto_msgTypes[10]
+	mi := &file_agent_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1144,7 +1267,7 @@ func (x *StartResponse) String() string {
 func (*StartResponse) ProtoMessage() {}
 
 func (x *StartResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[10]
+	mi := &file_agent_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1157,7 +1280,7 @@ func (x *StartResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StartResponse.ProtoReflect.Descriptor instead.
 func (*StartResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{10}
+	return file_agent_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *StartResponse) GetStatus() *TaskStatus {
@@ -1185,7 +1308,7 @@ type CancelRequest struct {
 
 func (x *CancelRequest) Reset() {
 	*x = CancelRequest{}
-	mi := &file_agent_proto_msgTypes[11]
+	mi := &file_agent_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1197,7 +1320,7 @@ func (x *CancelRequest) String() string {
 func (*CancelRequest) ProtoMessage() {}
 
 func (x *CancelRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[11]
+	mi := &file_agent_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1210,7 +1333,7 @@ func (x *CancelRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelRequest.ProtoReflect.Descriptor instead.
 func (*CancelRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{11}
+	return file_agent_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *CancelRequest) GetUid() string {
@@ -1232,7 +1355,7 @@ type CancelResponse struct {
 
 func (x *CancelResponse) Reset() {
 	*x = CancelResponse{}
-	mi := &file_agent_proto_msgTypes[12]
+	mi := &file_agent_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1244,7 +1367,7 @@ func (x *CancelResponse) String() string {
 func (*CancelResponse) ProtoMessage() {}
 
 func (x *CancelResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[12]
+	mi := &file_agent_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1257,7 +1380,7 @@ func (x *CancelResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelResponse.ProtoReflect.Descriptor instead.
 func (*CancelResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{12}
+	return file_agent_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *CancelResponse) GetStatus() *TaskStatus {
@@ -1278,7 +1401,7 @@ type GetRequest struct {
 
 func (x *GetRequest) Reset() {
 	*x = GetRequest{}
-	mi := &file_agent_proto_msgTypes[13]
+	mi := &file_agent_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1290,7 +1413,7 @@ func (x *GetRequest) String() string {
 func (*GetRequest) ProtoMessage() {}
 
 func (x *GetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[13]
+	mi := &file_agent_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1303,7 +1426,7 @@ func (x *GetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRequest.ProtoReflect.Descriptor instead.
 func (*GetRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{13}
+	return file_agent_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *GetRequest) GetUid() string {
@@ -1324,7 +1447,7 @@ type GetResponse struct {
 
 func (x *GetResponse) Reset() {
 	*x = GetResponse{}
-	mi := &file_agent_proto_msgTypes[14]
+	mi := &file_agent_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1336,7 +1459,7 @@ func (x *GetResponse) String() string {
 func (*GetResponse) ProtoMessage() {}
 
 func (x *GetResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[14]
+	mi := &file_agent_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1349,7 +1472,7 @@ func (x *GetResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetResponse.ProtoReflect.Descriptor instead.
 func (*GetResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{14}
+	return file_agent_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *GetResponse) GetStatus() *TaskStatus {
@@ -1368,7 +1491,7 @@ type ListRequest struct {
 
 func (x *ListRequest) Reset() {
 	*x = ListRequest{}
-	mi := &file_agent_proto_msgTypes[15]
+	mi := &file_agent_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1380,7 +1503,7 @@ func (x *ListRequest) String() string {
 func (*ListRequest) ProtoMessage() {}
 
 func (x *ListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[15]
+	mi := &file_agent_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1393,7 +1516,7 @@ func (x *ListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRequest.ProtoReflect.Descriptor instead.
 func (*ListRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{15}
+	return file_agent_proto_rawDescGZIP(), []int{16}
 }
 
 // ListResponse holds every task's status.
@@ -1407,7 +1530,7 @@ type ListResponse struct {
 
 func (x *ListResponse) Reset() {
 	*x = ListResponse{}
-	mi := &file_agent_proto_msgTypes[16]
+	mi := &file_agent_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1419,7 +1542,7 @@ func (x *ListResponse) String() string {
 func (*ListResponse) ProtoMessage() {}
 
 func (x *ListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[16]
+	mi := &file_agent_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1432,7 +1555,7 @@ func (x *ListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListResponse.ProtoReflect.Descriptor instead.
 func (*ListResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{16}
+	return file_agent_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ListResponse) GetTasks() []*TaskStatus {
@@ -1453,7 +1576,7 @@ type ForgetRequest struct {
 
 func (x *ForgetRequest) Reset() {
 	*x = ForgetRequest{}
-	mi := &file_agent_proto_msgTypes[17]
+	mi := &file_agent_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1465,7 +1588,7 @@ func (x *ForgetRequest) String() string {
 func (*ForgetRequest) ProtoMessage() {}
 
 func (x *ForgetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[17]
+	mi := &file_agent_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1478,7 +1601,7 @@ func (x *ForgetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForgetRequest.ProtoReflect.Descriptor instead.
 func (*ForgetRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{17}
+	return file_agent_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ForgetRequest) GetUid() string {
@@ -1501,7 +1624,7 @@ type ForgetResponse struct {
 
 func (x *ForgetResponse) Reset() {
 	*x = ForgetResponse{}
-	mi := &file_agent_proto_msgTypes[18]
+	mi := &file_agent_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1513,7 +1636,7 @@ func (x *ForgetResponse) String() string {
 func (*ForgetResponse) ProtoMessage() {}
 
 func (x *ForgetResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[18]
+	mi := &file_agent_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1526,7 +1649,7 @@ func (x *ForgetResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForgetResponse.ProtoReflect.Descriptor instead.
 func (*ForgetResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{18}
+	return file_agent_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ForgetResponse) GetForgotten() bool {
@@ -1545,7 +1668,7 @@ type WatchRequest struct {
 
 func (x *WatchRequest) Reset() {
 	*x = WatchRequest{}
-	mi := &file_agent_proto_msgTypes[19]
+	mi := &file_agent_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1557,7 +1680,7 @@ func (x *WatchRequest) String() string {
 func (*WatchRequest) ProtoMessage() {}
 
 func (x *WatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[19]
+	mi := &file_agent_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1570,7 +1693,7 @@ func (x *WatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRequest.ProtoReflect.Descriptor instead.
 func (*WatchRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{19}
+	return file_agent_proto_rawDescGZIP(), []int{20}
 }
 
 // Readiness tells the controller whether to dispatch to this agent and how
@@ -1589,14 +1712,24 @@ type Readiness struct {
 	// cgroup_controllers are the controllers enabled for task cgroups.
 	CgroupControllers []string `protobuf:"bytes,5,rep,name=cgroup_controllers,json=cgroupControllers,proto3" json:"cgroup_controllers,omitempty"`
 	// shell is the absolute path of the shell.
-	Shell         string `protobuf:"bytes,6,opt,name=shell,proto3" json:"shell,omitempty"`
+	Shell string `protobuf:"bytes,6,opt,name=shell,proto3" json:"shell,omitempty"`
+	// isolation is the --isolation level: "process" or "tenant".
+	Isolation string `protobuf:"bytes,7,opt,name=isolation,proto3" json:"isolation,omitempty"`
+	// task_network is the --task-network default: "Node" or "None".
+	TaskNetwork string `protobuf:"bytes,8,opt,name=task_network,json=taskNetwork,proto3" json:"task_network,omitempty"`
+	// capabilities the agent detected at start: "namespaces" (mount, PID,
+	// IPC, UTS), "netns", "landlock" (with landlock_abi), "seccomp",
+	// "cgroup", "pids" (the pids controller for task cgroups).
+	Capabilities []string `protobuf:"bytes,9,rep,name=capabilities,proto3" json:"capabilities,omitempty"`
+	// landlock_abi is the kernel's Landlock ABI version, 0 without Landlock.
+	LandlockAbi   int32 `protobuf:"varint,10,opt,name=landlock_abi,json=landlockAbi,proto3" json:"landlock_abi,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Readiness) Reset() {
 	*x = Readiness{}
-	mi := &file_agent_proto_msgTypes[20]
+	mi := &file_agent_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1608,7 +1741,7 @@ func (x *Readiness) String() string {
 func (*Readiness) ProtoMessage() {}
 
 func (x *Readiness) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[20]
+	mi := &file_agent_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1621,7 +1754,7 @@ func (x *Readiness) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Readiness.ProtoReflect.Descriptor instead.
 func (*Readiness) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{20}
+	return file_agent_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *Readiness) GetReady() bool {
@@ -1666,6 +1799,34 @@ func (x *Readiness) GetShell() string {
 	return ""
 }
 
+func (x *Readiness) GetIsolation() string {
+	if x != nil {
+		return x.Isolation
+	}
+	return ""
+}
+
+func (x *Readiness) GetTaskNetwork() string {
+	if x != nil {
+		return x.TaskNetwork
+	}
+	return ""
+}
+
+func (x *Readiness) GetCapabilities() []string {
+	if x != nil {
+		return x.Capabilities
+	}
+	return nil
+}
+
+func (x *Readiness) GetLandlockAbi() int32 {
+	if x != nil {
+		return x.LandlockAbi
+	}
+	return 0
+}
+
 // AgentInfo is the first message of every Watch stream.
 type AgentInfo struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1687,7 +1848,7 @@ type AgentInfo struct {
 
 func (x *AgentInfo) Reset() {
 	*x = AgentInfo{}
-	mi := &file_agent_proto_msgTypes[21]
+	mi := &file_agent_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1699,7 +1860,7 @@ func (x *AgentInfo) String() string {
 func (*AgentInfo) ProtoMessage() {}
 
 func (x *AgentInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[21]
+	mi := &file_agent_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1712,7 +1873,7 @@ func (x *AgentInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AgentInfo.ProtoReflect.Descriptor instead.
 func (*AgentInfo) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{21}
+	return file_agent_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *AgentInfo) GetNodeName() string {
@@ -1770,7 +1931,7 @@ type TaskEvent struct {
 
 func (x *TaskEvent) Reset() {
 	*x = TaskEvent{}
-	mi := &file_agent_proto_msgTypes[22]
+	mi := &file_agent_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1782,7 +1943,7 @@ func (x *TaskEvent) String() string {
 func (*TaskEvent) ProtoMessage() {}
 
 func (x *TaskEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[22]
+	mi := &file_agent_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1795,7 +1956,7 @@ func (x *TaskEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TaskEvent.ProtoReflect.Descriptor instead.
 func (*TaskEvent) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{22}
+	return file_agent_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *TaskEvent) GetType() EventType {
@@ -1828,7 +1989,7 @@ type WatchResponse struct {
 
 func (x *WatchResponse) Reset() {
 	*x = WatchResponse{}
-	mi := &file_agent_proto_msgTypes[23]
+	mi := &file_agent_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1840,7 +2001,7 @@ func (x *WatchResponse) String() string {
 func (*WatchResponse) ProtoMessage() {}
 
 func (x *WatchResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[23]
+	mi := &file_agent_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1853,7 +2014,7 @@ func (x *WatchResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchResponse.ProtoReflect.Descriptor instead.
 func (*WatchResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{23}
+	return file_agent_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *WatchResponse) GetEvent() isWatchResponse_Event {
@@ -1922,7 +2083,7 @@ const file_agent_proto_rawDesc = "" +
 	"\fmemory_bytes\x18\x01 \x01(\x03R\vmemoryBytes\x12\x1d\n" +
 	"\n" +
 	"cpu_millis\x18\x02 \x01(\x03R\tcpuMillis\x12\x12\n" +
-	"\x04pids\x18\x03 \x01(\x03R\x04pids\"\xf2\x03\n" +
+	"\x04pids\x18\x03 \x01(\x03R\x04pids\"\x8c\x04\n" +
 	"\bTaskSpec\x12,\n" +
 	"\x03ref\x18\x01 \x01(\v2\x1a.bashtask.agent.v1.TaskRefR\x03ref\x12\x18\n" +
 	"\acommand\x18\x02 \x01(\tR\acommand\x12.\n" +
@@ -1937,7 +2098,8 @@ const file_agent_proto_rawDesc = "" +
 	"kill_grace\x18\b \x01(\v2\x19.google.protobuf.DurationR\tkillGrace\x129\n" +
 	"\x06output\x18\t \x01(\v2!.bashtask.agent.v1.OutputSettingsR\x06output\x12:\n" +
 	"\tresources\x18\n" +
-	" \x01(\v2\x1c.bashtask.agent.v1.ResourcesR\tresources\"\xda\x01\n" +
+	" \x01(\v2\x1c.bashtask.agent.v1.ResourcesR\tresources\x12\x18\n" +
+	"\anetwork\x18\v \x01(\tR\anetwork\"\xda\x01\n" +
 	"\x05Spill\x12\x10\n" +
 	"\x03url\x18\x01 \x01(\tR\x03url\x12\x14\n" +
 	"\x05bytes\x18\x02 \x01(\x03R\x05bytes\x12\x1a\n" +
@@ -1952,7 +2114,7 @@ const file_agent_proto_rawDesc = "" +
 	"\ttruncated\x18\x03 \x01(\bR\ttruncated\x12\x1c\n" +
 	"\tsanitized\x18\x04 \x01(\bR\tsanitized\x12\x16\n" +
 	"\x06sha256\x18\x05 \x01(\tR\x06sha256\x12.\n" +
-	"\x05spill\x18\x06 \x01(\v2\x18.bashtask.agent.v1.SpillR\x05spill\"\xb7\x05\n" +
+	"\x05spill\x18\x06 \x01(\v2\x18.bashtask.agent.v1.SpillR\x05spill\"\xf7\x05\n" +
 	"\n" +
 	"TaskStatus\x12,\n" +
 	"\x03ref\x18\x01 \x01(\v2\x1a.bashtask.agent.v1.TaskRefR\x03ref\x122\n" +
@@ -1973,7 +2135,20 @@ const file_agent_proto_rawDesc = "" +
 	"\x0eincarnation_id\x18\x0e \x01(\tR\rincarnationId\x12\x1f\n" +
 	"\vspec_digest\x18\x0f \x01(\tR\n" +
 	"specDigest\x12)\n" +
-	"\x10forget_requested\x18\x10 \x01(\bR\x0fforgetRequested\"?\n" +
+	"\x10forget_requested\x18\x10 \x01(\bR\x0fforgetRequested\x12>\n" +
+	"\tisolation\x18\x11 \x01(\v2 .bashtask.agent.v1.TaskIsolationR\tisolation\"\xdd\x01\n" +
+	"\rTaskIsolation\x12\x14\n" +
+	"\x05level\x18\x01 \x01(\tR\x05level\x12\x17\n" +
+	"\x04user\x18\x02 \x01(\rH\x00R\x04user\x88\x01\x01\x12\x1e\n" +
+	"\n" +
+	"namespaces\x18\x03 \x03(\tR\n" +
+	"namespaces\x12!\n" +
+	"\flandlock_abi\x18\x04 \x01(\x05R\vlandlockAbi\x12\x18\n" +
+	"\aseccomp\x18\x05 \x01(\bR\aseccomp\x12\x18\n" +
+	"\anetwork\x18\x06 \x01(\tR\anetwork\x12\x1d\n" +
+	"\n" +
+	"pids_limit\x18\a \x01(\tR\tpidsLimitB\a\n" +
+	"\x05_user\"?\n" +
 	"\fStartRequest\x12/\n" +
 	"\x04spec\x18\x01 \x01(\v2\x1b.bashtask.agent.v1.TaskSpecR\x04spec\"k\n" +
 	"\rStartResponse\x125\n" +
@@ -1995,7 +2170,7 @@ const file_agent_proto_rawDesc = "" +
 	"\x03uid\x18\x01 \x01(\tR\x03uid\".\n" +
 	"\x0eForgetResponse\x12\x1c\n" +
 	"\tforgotten\x18\x01 \x01(\bR\tforgotten\"\x0e\n" +
-	"\fWatchRequest\"\xc1\x01\n" +
+	"\fWatchRequest\"\xc9\x02\n" +
 	"\tReadiness\x12\x14\n" +
 	"\x05ready\x18\x01 \x01(\bR\x05ready\x12\x1a\n" +
 	"\bproblems\x18\x02 \x03(\tR\bproblems\x12\x1f\n" +
@@ -2003,7 +2178,12 @@ const file_agent_proto_rawDesc = "" +
 	"ambientEnv\x12\x1c\n" +
 	"\tmechanism\x18\x04 \x01(\tR\tmechanism\x12-\n" +
 	"\x12cgroup_controllers\x18\x05 \x03(\tR\x11cgroupControllers\x12\x14\n" +
-	"\x05shell\x18\x06 \x01(\tR\x05shell\"\xdc\x01\n" +
+	"\x05shell\x18\x06 \x01(\tR\x05shell\x12\x1c\n" +
+	"\tisolation\x18\a \x01(\tR\tisolation\x12!\n" +
+	"\ftask_network\x18\b \x01(\tR\vtaskNetwork\x12\"\n" +
+	"\fcapabilities\x18\t \x03(\tR\fcapabilities\x12!\n" +
+	"\flandlock_abi\x18\n" +
+	" \x01(\x05R\vlandlockAbi\"\xdc\x01\n" +
 	"\tAgentInfo\x12\x1b\n" +
 	"\tnode_name\x18\x01 \x01(\tR\bnodeName\x12\x19\n" +
 	"\bpod_name\x18\x02 \x01(\tR\apodName\x12%\n" +
@@ -2061,7 +2241,7 @@ func file_agent_proto_rawDescGZIP() []byte {
 }
 
 var file_agent_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 24)
+var file_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 25)
 var file_agent_proto_goTypes = []any{
 	(UploadPolicy)(0),             // 0: bashtask.agent.v1.UploadPolicy
 	(TaskState)(0),                // 1: bashtask.agent.v1.TaskState
@@ -2076,23 +2256,24 @@ var file_agent_proto_goTypes = []any{
 	(*Spill)(nil),                 // 10: bashtask.agent.v1.Spill
 	(*StreamStatus)(nil),          // 11: bashtask.agent.v1.StreamStatus
 	(*TaskStatus)(nil),            // 12: bashtask.agent.v1.TaskStatus
-	(*StartRequest)(nil),          // 13: bashtask.agent.v1.StartRequest
-	(*StartResponse)(nil),         // 14: bashtask.agent.v1.StartResponse
-	(*CancelRequest)(nil),         // 15: bashtask.agent.v1.CancelRequest
-	(*CancelResponse)(nil),        // 16: bashtask.agent.v1.CancelResponse
-	(*GetRequest)(nil),            // 17: bashtask.agent.v1.GetRequest
-	(*GetResponse)(nil),           // 18: bashtask.agent.v1.GetResponse
-	(*ListRequest)(nil),           // 19: bashtask.agent.v1.ListRequest
-	(*ListResponse)(nil),          // 20: bashtask.agent.v1.ListResponse
-	(*ForgetRequest)(nil),         // 21: bashtask.agent.v1.ForgetRequest
-	(*ForgetResponse)(nil),        // 22: bashtask.agent.v1.ForgetResponse
-	(*WatchRequest)(nil),          // 23: bashtask.agent.v1.WatchRequest
-	(*Readiness)(nil),             // 24: bashtask.agent.v1.Readiness
-	(*AgentInfo)(nil),             // 25: bashtask.agent.v1.AgentInfo
-	(*TaskEvent)(nil),             // 26: bashtask.agent.v1.TaskEvent
-	(*WatchResponse)(nil),         // 27: bashtask.agent.v1.WatchResponse
-	(*durationpb.Duration)(nil),   // 28: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil), // 29: google.protobuf.Timestamp
+	(*TaskIsolation)(nil),         // 13: bashtask.agent.v1.TaskIsolation
+	(*StartRequest)(nil),          // 14: bashtask.agent.v1.StartRequest
+	(*StartResponse)(nil),         // 15: bashtask.agent.v1.StartResponse
+	(*CancelRequest)(nil),         // 16: bashtask.agent.v1.CancelRequest
+	(*CancelResponse)(nil),        // 17: bashtask.agent.v1.CancelResponse
+	(*GetRequest)(nil),            // 18: bashtask.agent.v1.GetRequest
+	(*GetResponse)(nil),           // 19: bashtask.agent.v1.GetResponse
+	(*ListRequest)(nil),           // 20: bashtask.agent.v1.ListRequest
+	(*ListResponse)(nil),          // 21: bashtask.agent.v1.ListResponse
+	(*ForgetRequest)(nil),         // 22: bashtask.agent.v1.ForgetRequest
+	(*ForgetResponse)(nil),        // 23: bashtask.agent.v1.ForgetResponse
+	(*WatchRequest)(nil),          // 24: bashtask.agent.v1.WatchRequest
+	(*Readiness)(nil),             // 25: bashtask.agent.v1.Readiness
+	(*AgentInfo)(nil),             // 26: bashtask.agent.v1.AgentInfo
+	(*TaskEvent)(nil),             // 27: bashtask.agent.v1.TaskEvent
+	(*WatchResponse)(nil),         // 28: bashtask.agent.v1.WatchResponse
+	(*durationpb.Duration)(nil),   // 29: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil), // 30: google.protobuf.Timestamp
 }
 var file_agent_proto_depIdxs = []int32{
 	0,  // 0: bashtask.agent.v1.OutputSettings.upload:type_name -> bashtask.agent.v1.UploadPolicy
@@ -2100,45 +2281,46 @@ var file_agent_proto_depIdxs = []int32{
 	6,  // 2: bashtask.agent.v1.TaskSpec.stdin:type_name -> bashtask.agent.v1.Stdin
 	5,  // 3: bashtask.agent.v1.TaskSpec.env:type_name -> bashtask.agent.v1.EnvVar
 	5,  // 4: bashtask.agent.v1.TaskSpec.managed_env:type_name -> bashtask.agent.v1.EnvVar
-	28, // 5: bashtask.agent.v1.TaskSpec.timeout:type_name -> google.protobuf.Duration
-	28, // 6: bashtask.agent.v1.TaskSpec.kill_grace:type_name -> google.protobuf.Duration
+	29, // 5: bashtask.agent.v1.TaskSpec.timeout:type_name -> google.protobuf.Duration
+	29, // 6: bashtask.agent.v1.TaskSpec.kill_grace:type_name -> google.protobuf.Duration
 	7,  // 7: bashtask.agent.v1.TaskSpec.output:type_name -> bashtask.agent.v1.OutputSettings
 	8,  // 8: bashtask.agent.v1.TaskSpec.resources:type_name -> bashtask.agent.v1.Resources
 	2,  // 9: bashtask.agent.v1.Spill.upload_state:type_name -> bashtask.agent.v1.UploadState
 	10, // 10: bashtask.agent.v1.StreamStatus.spill:type_name -> bashtask.agent.v1.Spill
 	4,  // 11: bashtask.agent.v1.TaskStatus.ref:type_name -> bashtask.agent.v1.TaskRef
 	1,  // 12: bashtask.agent.v1.TaskStatus.state:type_name -> bashtask.agent.v1.TaskState
-	29, // 13: bashtask.agent.v1.TaskStatus.start_time:type_name -> google.protobuf.Timestamp
-	29, // 14: bashtask.agent.v1.TaskStatus.completion_time:type_name -> google.protobuf.Timestamp
+	30, // 13: bashtask.agent.v1.TaskStatus.start_time:type_name -> google.protobuf.Timestamp
+	30, // 14: bashtask.agent.v1.TaskStatus.completion_time:type_name -> google.protobuf.Timestamp
 	11, // 15: bashtask.agent.v1.TaskStatus.stdout:type_name -> bashtask.agent.v1.StreamStatus
 	11, // 16: bashtask.agent.v1.TaskStatus.stderr:type_name -> bashtask.agent.v1.StreamStatus
-	9,  // 17: bashtask.agent.v1.StartRequest.spec:type_name -> bashtask.agent.v1.TaskSpec
-	12, // 18: bashtask.agent.v1.StartResponse.status:type_name -> bashtask.agent.v1.TaskStatus
-	12, // 19: bashtask.agent.v1.CancelResponse.status:type_name -> bashtask.agent.v1.TaskStatus
-	12, // 20: bashtask.agent.v1.GetResponse.status:type_name -> bashtask.agent.v1.TaskStatus
-	12, // 21: bashtask.agent.v1.ListResponse.tasks:type_name -> bashtask.agent.v1.TaskStatus
-	24, // 22: bashtask.agent.v1.AgentInfo.readiness:type_name -> bashtask.agent.v1.Readiness
-	3,  // 23: bashtask.agent.v1.TaskEvent.type:type_name -> bashtask.agent.v1.EventType
-	12, // 24: bashtask.agent.v1.TaskEvent.status:type_name -> bashtask.agent.v1.TaskStatus
-	25, // 25: bashtask.agent.v1.WatchResponse.agent:type_name -> bashtask.agent.v1.AgentInfo
-	26, // 26: bashtask.agent.v1.WatchResponse.task:type_name -> bashtask.agent.v1.TaskEvent
-	13, // 27: bashtask.agent.v1.Executor.Start:input_type -> bashtask.agent.v1.StartRequest
-	15, // 28: bashtask.agent.v1.Executor.Cancel:input_type -> bashtask.agent.v1.CancelRequest
-	17, // 29: bashtask.agent.v1.Executor.Get:input_type -> bashtask.agent.v1.GetRequest
-	19, // 30: bashtask.agent.v1.Executor.List:input_type -> bashtask.agent.v1.ListRequest
-	21, // 31: bashtask.agent.v1.Executor.Forget:input_type -> bashtask.agent.v1.ForgetRequest
-	23, // 32: bashtask.agent.v1.Executor.Watch:input_type -> bashtask.agent.v1.WatchRequest
-	14, // 33: bashtask.agent.v1.Executor.Start:output_type -> bashtask.agent.v1.StartResponse
-	16, // 34: bashtask.agent.v1.Executor.Cancel:output_type -> bashtask.agent.v1.CancelResponse
-	18, // 35: bashtask.agent.v1.Executor.Get:output_type -> bashtask.agent.v1.GetResponse
-	20, // 36: bashtask.agent.v1.Executor.List:output_type -> bashtask.agent.v1.ListResponse
-	22, // 37: bashtask.agent.v1.Executor.Forget:output_type -> bashtask.agent.v1.ForgetResponse
-	27, // 38: bashtask.agent.v1.Executor.Watch:output_type -> bashtask.agent.v1.WatchResponse
-	33, // [33:39] is the sub-list for method output_type
-	27, // [27:33] is the sub-list for method input_type
-	27, // [27:27] is the sub-list for extension type_name
-	27, // [27:27] is the sub-list for extension extendee
-	0,  // [0:27] is the sub-list for field type_name
+	13, // 17: bashtask.agent.v1.TaskStatus.isolation:type_name -> bashtask.agent.v1.TaskIsolation
+	9,  // 18: bashtask.agent.v1.StartRequest.spec:type_name -> bashtask.agent.v1.TaskSpec
+	12, // 19: bashtask.agent.v1.StartResponse.status:type_name -> bashtask.agent.v1.TaskStatus
+	12, // 20: bashtask.agent.v1.CancelResponse.status:type_name -> bashtask.agent.v1.TaskStatus
+	12, // 21: bashtask.agent.v1.GetResponse.status:type_name -> bashtask.agent.v1.TaskStatus
+	12, // 22: bashtask.agent.v1.ListResponse.tasks:type_name -> bashtask.agent.v1.TaskStatus
+	25, // 23: bashtask.agent.v1.AgentInfo.readiness:type_name -> bashtask.agent.v1.Readiness
+	3,  // 24: bashtask.agent.v1.TaskEvent.type:type_name -> bashtask.agent.v1.EventType
+	12, // 25: bashtask.agent.v1.TaskEvent.status:type_name -> bashtask.agent.v1.TaskStatus
+	26, // 26: bashtask.agent.v1.WatchResponse.agent:type_name -> bashtask.agent.v1.AgentInfo
+	27, // 27: bashtask.agent.v1.WatchResponse.task:type_name -> bashtask.agent.v1.TaskEvent
+	14, // 28: bashtask.agent.v1.Executor.Start:input_type -> bashtask.agent.v1.StartRequest
+	16, // 29: bashtask.agent.v1.Executor.Cancel:input_type -> bashtask.agent.v1.CancelRequest
+	18, // 30: bashtask.agent.v1.Executor.Get:input_type -> bashtask.agent.v1.GetRequest
+	20, // 31: bashtask.agent.v1.Executor.List:input_type -> bashtask.agent.v1.ListRequest
+	22, // 32: bashtask.agent.v1.Executor.Forget:input_type -> bashtask.agent.v1.ForgetRequest
+	24, // 33: bashtask.agent.v1.Executor.Watch:input_type -> bashtask.agent.v1.WatchRequest
+	15, // 34: bashtask.agent.v1.Executor.Start:output_type -> bashtask.agent.v1.StartResponse
+	17, // 35: bashtask.agent.v1.Executor.Cancel:output_type -> bashtask.agent.v1.CancelResponse
+	19, // 36: bashtask.agent.v1.Executor.Get:output_type -> bashtask.agent.v1.GetResponse
+	21, // 37: bashtask.agent.v1.Executor.List:output_type -> bashtask.agent.v1.ListResponse
+	23, // 38: bashtask.agent.v1.Executor.Forget:output_type -> bashtask.agent.v1.ForgetResponse
+	28, // 39: bashtask.agent.v1.Executor.Watch:output_type -> bashtask.agent.v1.WatchResponse
+	34, // [34:40] is the sub-list for method output_type
+	28, // [28:34] is the sub-list for method input_type
+	28, // [28:28] is the sub-list for extension type_name
+	28, // [28:28] is the sub-list for extension extendee
+	0,  // [0:28] is the sub-list for field type_name
 }
 
 func init() { file_agent_proto_init() }
@@ -2146,7 +2328,8 @@ func file_agent_proto_init() {
 	if File_agent_proto != nil {
 		return
 	}
-	file_agent_proto_msgTypes[23].OneofWrappers = []any{
+	file_agent_proto_msgTypes[9].OneofWrappers = []any{}
+	file_agent_proto_msgTypes[24].OneofWrappers = []any{
 		(*WatchResponse_Agent)(nil),
 		(*WatchResponse_Task)(nil),
 	}
@@ -2156,7 +2339,7 @@ func file_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_agent_proto_rawDesc), len(file_agent_proto_rawDesc)),
 			NumEnums:      4,
-			NumMessages:   24,
+			NumMessages:   25,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -216,6 +216,10 @@ func TestCreateValidation(t *testing.T) {
 			mutate:  func(bt *v1.BashTask) { bt.Spec.Output = &v1.OutputSpec{TailBytes: ptr.To[int32](v1.MaxTailBytes + 1)} },
 			wantErr: "spec.output.tailBytes",
 		},
+		"unknown network": {
+			mutate:  func(bt *v1.BashTask) { bt.Spec.Network = ptr.To[v1.TaskNetwork]("Host") },
+			wantErr: "spec.network: Unsupported value",
+		},
 		"unknown upload policy": {
 			mutate:  func(bt *v1.BashTask) { bt.Spec.Output = &v1.OutputSpec{Upload: ptr.To[v1.UploadPolicy]("Sometimes")} },
 			wantErr: "spec.output.upload: Unsupported value",
@@ -290,6 +294,9 @@ func TestUpdateValidation(t *testing.T) {
 		"stdin added":              {update: func(bt *v1.BashTask) { bt.Spec.Stdin = ptr.To("x") }, wantErr: "spec.stdin is immutable (it cannot be added or removed)"},
 		"nodeName added":           {update: func(bt *v1.BashTask) { bt.Spec.NodeName = ptr.To("n") }, wantErr: "spec.nodeName is immutable (it cannot be added or removed)"},
 		"timeout changed":          {update: func(bt *v1.BashTask) { bt.Spec.TimeoutSeconds = ptr.To[int32](7) }, wantErr: "spec.timeoutSeconds is immutable"},
+		"network changed":          {initial: func(bt *v1.BashTask) { bt.Spec.Network = ptr.To(v1.NetworkNone) }, update: func(bt *v1.BashTask) { bt.Spec.Network = ptr.To(v1.NetworkNode) }, wantErr: "spec.network is immutable"},
+		"network added":            {update: func(bt *v1.BashTask) { bt.Spec.Network = ptr.To(v1.NetworkNone) }, wantErr: "spec.network is immutable (it cannot be added or removed)"},
+		"network removed":          {initial: func(bt *v1.BashTask) { bt.Spec.Network = ptr.To(v1.NetworkNone) }, update: func(bt *v1.BashTask) { bt.Spec.Network = nil }, wantErr: "spec.network is immutable (it cannot be added or removed)"},
 		"cancelRequested set":      {update: func(bt *v1.BashTask) { bt.Spec.CancelRequested = ptr.To(true) }},
 		"cancelRequested false":    {update: func(bt *v1.BashTask) { bt.Spec.CancelRequested = ptr.To(false) }},
 		"suspend toggled":          {initial: func(bt *v1.BashTask) { bt.Spec.Suspend = ptr.To(true) }, update: func(bt *v1.BashTask) { bt.Spec.Suspend = ptr.To(false) }},

@@ -1,0 +1,141 @@
+package executor
+
+import "fmt"
+
+// Isolation is the isolation level of an executor's tasks (DESIGN.md
+// section 9, the agent's --isolation flag).
+type Isolation string
+
+const (
+	// IsolationProcess runs each task in its own session, process group and
+	// cgroup, as the user of [Spec.User]. The zero value means this.
+	IsolationProcess Isolation = "process"
+	// IsolationTenant runs each task under the task shim (package
+	// executor/shim) as PID 1 of new mount, PID, IPC and UTS namespaces:
+	// private /tmp and /dev/shm, /proc with hidepid=invisible, a read-only
+	// root but for the working directory, the identity of [Spec.User] with
+	// no supplementary groups, no_new_privs, Landlock where the kernel has
+	// it, a seccomp filter, and with [NetworkNone] a network namespace with
+	// only loopback.
+	IsolationTenant Isolation = "tenant"
+)
+
+// ParseIsolation converts a flag value; empty selects IsolationProcess.
+// Other values return an error wrapping ErrInvalidConfig.
+func ParseIsolation(s string) (Isolation, error) {
+	switch l := Isolation(s); l {
+	case "":
+		return IsolationProcess, nil
+	case IsolationProcess, IsolationTenant:
+		return l, nil
+	}
+	return "", fmt.Errorf("%w: isolation %q is not one of process, tenant", ErrInvalidConfig, s)
+}
+
+// Network is the network a task reaches.
+type Network string
+
+const (
+	// NetworkNode shares the agent's network namespace: the task reaches
+	// whatever the agent pod can. The zero value means this.
+	NetworkNode Network = "node"
+	// NetworkNone gives the task a network namespace of its own with only
+	// loopback up (IsolationTenant only).
+	NetworkNone Network = "none"
+)
+
+// ParseNetwork converts a flag value; empty selects NetworkNode. Other
+// values return an error wrapping ErrInvalidConfig.
+func ParseNetwork(s string) (Network, error) {
+	switch n := Network(s); n {
+	case "":
+		return NetworkNode, nil
+	case NetworkNode, NetworkNone:
+		return n, nil
+	}
+	return "", fmt.Errorf("%w: network %q is not one of node, none", ErrInvalidConfig, s)
+}
+
+// Defaults of the tenant level.
+const (
+	// DefaultShimPath is the binary started in shim mode: the running
+	// binary itself, which must call shim.Main first thing in main.
+	DefaultShimPath = "/proc/self/exe"
+	// DefaultHostname is the host name tasks see at the tenant level.
+	DefaultHostname = "bashtask"
+	// DefaultTmpSizeBytes caps each task's private /tmp and /dev/shm
+	// (64 MiB each).
+	DefaultTmpSizeBytes = 64 << 20
+	// DefaultTaskProcs is the default number of processes and threads of
+	// one task at the tenant level when the spec sets no pids limit.
+	DefaultTaskProcs = 4096
+)
+
+// Names of the ways the default process limit is enforced
+// ([IsolationResult.PidsLimit]).
+const (
+	// PidsLimitCgroup: pids.max of the task's cgroup.
+	PidsLimitCgroup = "pids.max"
+	// PidsLimitRlimit: RLIMIT_NPROC on the task's own UID, set by the shim.
+	PidsLimitRlimit = "RLIMIT_NPROC"
+)
+
+// IsolationResult says what isolation a task got.
+type IsolationResult struct {
+	// Level is the isolation level.
+	Level Isolation
+	// UID is the task's user id, nil when it ran as the agent's user.
+	UID *uint32
+	// Namespaces lists the namespaces of its own ("mnt", "pid", "ipc",
+	// "uts", "net"), empty at the process level.
+	Namespaces []string
+	// LandlockABI is the Landlock ABI version applied, 0 for none.
+	LandlockABI int
+	// Seccomp is true when the seccomp filter was installed.
+	Seccomp bool
+	// Network is the network the task reached.
+	Network Network
+	// PidsLimit names how the process limit was enforced (PidsLimitCgroup
+	// or PidsLimitRlimit), empty when there was none.
+	PidsLimit string
+	// Procs is the process limit in processes and threads, 0 for none.
+	Procs int64
+}
+
+// Capabilities is what the node allows for task isolation, detected by
+// [New].
+type Capabilities struct {
+	// Namespaces is true when a task shim started in new mount, PID, IPC
+	// and UTS namespaces and applied its mounts (probed at IsolationTenant
+	// only).
+	Namespaces bool
+	// NetNS is true when the probe also got a network namespace with
+	// loopback up (IsolationTenant only).
+	NetNS bool
+	// LandlockABI is the kernel's Landlock ABI version, 0 without Landlock.
+	LandlockABI int
+	// Seccomp is true when the kernel offers seccomp filters.
+	Seccomp bool
+	// Cgroup is true when tasks get a cgroup v2 of their own.
+	Cgroup bool
+	// Pids is true when task cgroups have the pids controller.
+	Pids bool
+}
+
+// Names lists the capabilities present: "namespaces", "netns",
+// "landlock", "seccomp", "cgroup", "pids".
+func (c Capabilities) Names() []string {
+	var out []string
+	for _, n := range []struct {
+		name string
+		ok   bool
+	}{
+		{"namespaces", c.Namespaces}, {"netns", c.NetNS}, {"landlock", c.LandlockABI > 0},
+		{"seccomp", c.Seccomp}, {"cgroup", c.Cgroup}, {"pids", c.Pids},
+	} {
+		if n.ok {
+			out = append(out, n.name)
+		}
+	}
+	return out
+}

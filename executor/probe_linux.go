@@ -1,0 +1,46 @@
+//go:build linux
+
+package executor
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/bashtask/bashtask-operator/executor/shim"
+)
+
+// probeTimeout bounds the probe task of the tenant level.
+const probeTimeout = 30 * time.Second
+
+// detectCapabilities fills e.caps. At IsolationTenant it runs a probe
+// task through the shim with a network namespace of its own; its failure
+// is an error wrapping ErrIsolation, since the level cannot be offered.
+func (e *Executor) detectCapabilities() error {
+	e.caps = Capabilities{
+		LandlockABI: shim.LandlockABI(),
+		Seccomp:     shim.SeccompSupported(),
+		Cgroup:      e.cg != nil,
+		Pids:        slices.Contains(e.Controllers(), "pids"),
+	}
+	if e.isolation != IsolationTenant {
+		return nil
+	}
+	if !e.noSeccomp && !e.caps.Seccomp {
+		return fmt.Errorf("%w: the kernel has no seccomp filters", ErrIsolation)
+	}
+	task, err := e.Start(Spec{Command: "exit 0", Network: NetworkNone, Timeout: probeTimeout, SpillDir: "", TailBytes: 1024, SpillLimitBytes: 1})
+	if err != nil {
+		return fmt.Errorf("probing the tenant level: %w", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), probeTimeout+time.Minute)
+	defer cancel()
+	res, err := task.Wait(ctx)
+	_ = removeAll(task.SpillDir())
+	if err != nil || res.Reason != ReasonSucceeded {
+		return fmt.Errorf("%w: probe task: %s %s", ErrIsolation, res.Reason, res.Message)
+	}
+	e.caps.Namespaces, e.caps.NetNS = true, true
+	return nil
+}

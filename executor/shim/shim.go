@@ -1,0 +1,130 @@
+// Package shim is the task shim of the tenant isolation level: the agent's
+// own binary re-executed in a shim mode, as PID 1 of a task's new mount,
+// PID, IPC and UTS namespaces (and network namespace when asked). It
+// applies the task's isolation in a fixed order of named steps (mounts,
+// host name, loopback, limits, identity, no_new_privs, Landlock, seccomp),
+// then forks the shell, forwards SIGTERM, SIGINT and SIGHUP to every process
+// of its PID namespace, reaps every orphan and exits with the shell's status
+// once the last process of the namespace is gone.
+//
+// The parent gives the shim its [Config] as JSON on descriptor [ConfigFD]
+// and reads its [Report] lines on descriptor [ReportFD]: either "error
+// <step>: <message>" when a step failed (nothing of the command ran), or
+// "started <pid>" and, when the shell exits, "exit <wait status>". Standard
+// input, output and error (descriptors 0 to 2) are handed to the shell.
+package shim
+
+import (
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+)
+
+// Arg0 is the argv[0] that selects the shim mode of a binary that calls
+// [Main] at the start of its main function (and of TestMain).
+const Arg0 = "bashtask-shim"
+
+// Descriptors the parent passes besides 0, 1 and 2.
+const (
+	// ConfigFD is the read end of a pipe carrying the JSON [Config].
+	ConfigFD = 3
+	// ReportFD is the write end of the pipe the shim reports on.
+	ReportFD = 4
+)
+
+// Config is what the shim applies and runs.
+type Config struct {
+	// Shell is the absolute path of the shell, run as `Shell -c Command`.
+	Shell string `json:"shell"`
+	// Command is the string given to `Shell -c`.
+	Command string `json:"command"`
+	// Env is the shell's whole environment as NAME=VALUE strings.
+	Env []string `json:"env"`
+	// WorkDir is the absolute working directory of the shell; it stays
+	// writable, the rest of the root file system is read-only.
+	WorkDir string `json:"workDir"`
+	// TmpSizeBytes caps each of the private tmpfs on /tmp and /dev/shm, in
+	// bytes; 0 means the kernel's default (half of the RAM).
+	TmpSizeBytes int64 `json:"tmpSizeBytes,omitempty"`
+	// Mask lists absolute paths hidden from the task: a directory gets an
+	// empty read-only tmpfs over it, a file /dev/null; missing paths are
+	// skipped. For the agent's state, TLS and credential files, which the
+	// read-only root would otherwise leave readable to whom their mode
+	// allows.
+	Mask []string `json:"mask,omitempty"`
+	// Hostname is the host name in the task's UTS namespace; empty keeps
+	// the node's.
+	Hostname string `json:"hostname,omitempty"`
+	// Loopback brings up lo: the shim runs in a new network namespace.
+	Loopback bool `json:"loopback,omitempty"`
+	// NProc is RLIMIT_NPROC (processes and threads of the task's UID); 0
+	// leaves the limit as inherited.
+	NProc uint64 `json:"nproc,omitempty"`
+	// UID and GID are the identity the shim drops to before it forks the
+	// shell, with no supplementary groups; nil keeps the shim's.
+	UID *uint32 `json:"uid,omitempty"`
+	GID *uint32 `json:"gid,omitempty"`
+	// Landlock applies the Landlock rules best effort (nothing on a kernel
+	// without Landlock).
+	Landlock bool `json:"landlock,omitempty"`
+	// Seccomp installs the seccomp filter (see [DeniedSyscalls]).
+	Seccomp bool `json:"seccomp,omitempty"`
+}
+
+// Report is one line the shim writes on [ReportFD].
+type Report struct {
+	// Step names the step that failed; empty when none did.
+	Step string
+	// Err is the failed step's message.
+	Err string
+	// PID is the shell's pid in the task's PID namespace ("started").
+	PID int
+	// Exited is true for an "exit" report; Status is then the shell's
+	// wait status (syscall.WaitStatus).
+	Exited bool
+	Status uint32
+}
+
+// ParseReport parses one report line without its newline. It returns an
+// error for a line that is none of the three forms.
+func ParseReport(line string) (Report, error) {
+	kind, rest, _ := strings.Cut(line, " ")
+	switch kind {
+	case "error":
+		step, msg, _ := strings.Cut(rest, ": ")
+		return Report{Step: step, Err: msg}, nil
+	case "started":
+		pid, err := strconv.Atoi(rest)
+		if err == nil {
+			return Report{PID: pid}, nil
+		}
+	case "exit":
+		st, err := strconv.ParseUint(rest, 10, 32)
+		if err == nil {
+			return Report{Exited: true, Status: uint32(st)}, nil
+		}
+	}
+	return Report{}, fmt.Errorf("shim report %q is not understood", line)
+}
+
+// StepError is a failed step: Step names it ("mounts", "identity", ...).
+type StepError struct {
+	Step string
+	Err  error
+}
+
+// Error returns "<step>: <error>".
+func (e *StepError) Error() string { return e.Step + ": " + e.Err.Error() }
+
+// Unwrap returns the step's error.
+func (e *StepError) Unwrap() error { return e.Err }
+
+// Main runs the shim and never returns when os.Args[0] is [Arg0]; in any
+// other process it returns at once. Call it first in main.
+func Main() {
+	if len(os.Args) == 0 || os.Args[0] != Arg0 {
+		return
+	}
+	os.Exit(run())
+}

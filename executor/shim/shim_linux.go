@@ -1,0 +1,286 @@
+//go:build linux
+
+package shim
+
+import (
+	"bufio"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"runtime"
+	"strconv"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+)
+
+// step is one named stage of the shim; the steps run in the order of
+// [steps] and the first error ends the shim before the shell exists.
+type step struct {
+	name string
+	run  func(*state) error
+}
+
+// state is what the steps share.
+type state struct {
+	cfg    Config
+	report *os.File
+	wdTree int // detached clone of the working directory (open_tree), -1 once attached
+}
+
+// steps is the fixed order of DESIGN.md section 9: mounts, then the
+// identity, then Landlock, then seccomp last, so that no step after the
+// filter needs a system call it denies.
+var steps = []step{
+	{"mounts", mountStep},
+	{"hostname", hostnameStep},
+	{"loopback", loopbackStep},
+	{"limits", limitsStep},
+	{"identity", identityStep},
+	{"no_new_privs", noNewPrivsStep},
+	{"landlock", landlockStep},
+	{"seccomp", seccompStep},
+}
+
+func run() int {
+	// The identity, no_new_privs and the seccomp filter are per thread
+	// until they are made process-wide; the shell is forked from this
+	// thread, so this thread is the one that must carry all of them.
+	runtime.LockOSThread()
+	report := os.NewFile(ReportFD, "report")
+	fail := func(name string, err error) int {
+		fmt.Fprintf(report, "error %s: %v\n", name, err)
+		return 127
+	}
+	st := &state{report: report, wdTree: -1}
+	cfgFile := os.NewFile(ConfigFD, "config")
+	data, err := io.ReadAll(cfgFile)
+	cfgFile.Close()
+	if err == nil {
+		err = json.Unmarshal(data, &st.cfg)
+	}
+	if err != nil {
+		return fail("config", err)
+	}
+	for _, s := range steps {
+		if err := s.run(st); err != nil {
+			return fail(s.name, err)
+		}
+	}
+	code, err := superviseShell(st)
+	if err != nil {
+		return fail("start shell", err)
+	}
+	return code
+}
+
+// mountStep makes every mount private, remounts the whole tree read-only
+// and nosuid, puts a fresh proc (hidepid=invisible) on /proc and
+// size-capped tmpfs on /tmp and /dev/shm, and puts back a writable bind of
+// the working directory at its path (inside the new /tmp if it lies there).
+func mountStep(st *state) error {
+	wd := st.cfg.WorkDir
+	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
+		return fmt.Errorf("making mounts private: %w", err)
+	}
+	// A clone of the working directory taken before anything is mounted
+	// over its path (a working directory under /tmp would be hidden by the
+	// private /tmp) and before the tree turns read-only.
+	tree, err := unix.OpenTree(unix.AT_FDCWD, wd, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC|unix.AT_RECURSIVE)
+	if err != nil {
+		return fmt.Errorf("cloning working directory %s: %w", wd, err)
+	}
+	defer unix.Close(tree)
+	ro := &unix.MountAttr{Attr_set: unix.MOUNT_ATTR_RDONLY | unix.MOUNT_ATTR_NOSUID}
+	if err := unix.MountSetattr(unix.AT_FDCWD, "/", unix.AT_RECURSIVE, ro); err != nil {
+		return fmt.Errorf("making / read-only: %w", err)
+	}
+	if err := unix.Unmount("/proc", unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) {
+		return fmt.Errorf("unmounting the node's /proc: %w", err)
+	}
+	if err := unix.Mount("proc", "/proc", "proc", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "hidepid=invisible"); err != nil {
+		return fmt.Errorf("mounting /proc: %w", err)
+	}
+	opts := "mode=1777"
+	if st.cfg.TmpSizeBytes > 0 {
+		opts += ",size=" + strconv.FormatInt(st.cfg.TmpSizeBytes, 10)
+	}
+	for _, dir := range []string{"/tmp", "/dev/shm"} {
+		if fi, err := os.Stat(dir); err != nil || !fi.IsDir() {
+			continue // nothing to hide where there is no such directory
+		}
+		if err := unix.Mount("tmpfs", dir, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, opts); err != nil {
+			return fmt.Errorf("mounting tmpfs on %s: %w", dir, err)
+		}
+	}
+	for _, path := range st.cfg.Mask {
+		if err := mask(path); err != nil {
+			return err
+		}
+	}
+	if err := os.MkdirAll(wd, 0o755); err != nil && !errors.Is(err, unix.EROFS) {
+		return fmt.Errorf("making mount point %s: %w", wd, err)
+	}
+	if err := unix.MoveMount(tree, "", unix.AT_FDCWD, wd, unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
+		return fmt.Errorf("mounting working directory %s: %w", wd, err)
+	}
+	return nil
+}
+
+// mask hides path: an empty read-only tmpfs over a directory, /dev/null
+// over anything else.
+func mask(path string) error {
+	fi, err := os.Stat(path)
+	switch {
+	case errors.Is(err, os.ErrNotExist):
+		return nil
+	case err != nil:
+		return fmt.Errorf("masking %s: %w", path, err)
+	case fi.IsDir():
+		err = unix.Mount("tmpfs", path, "tmpfs", unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "size=4k,mode=0555")
+	default:
+		err = unix.Mount(os.DevNull, path, "", unix.MS_BIND, "")
+	}
+	if err != nil {
+		return fmt.Errorf("masking %s: %w", path, err)
+	}
+	return nil
+}
+
+func hostnameStep(st *state) error {
+	if st.cfg.Hostname == "" {
+		return nil
+	}
+	return unix.Sethostname([]byte(st.cfg.Hostname))
+}
+
+// loopbackStep brings lo up in the task's new network namespace.
+func loopbackStep(st *state) error {
+	if !st.cfg.Loopback {
+		return nil
+	}
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	ifr, err := unix.NewIfreq("lo")
+	if err != nil {
+		return err
+	}
+	if err := unix.IoctlIfreq(fd, unix.SIOCGIFFLAGS, ifr); err != nil {
+		return fmt.Errorf("reading lo flags: %w", err)
+	}
+	ifr.SetUint16(ifr.Uint16() | unix.IFF_UP)
+	if err := unix.IoctlIfreq(fd, unix.SIOCSIFFLAGS, ifr); err != nil {
+		return fmt.Errorf("bringing lo up: %w", err)
+	}
+	return nil
+}
+
+// limitsStep sets RLIMIT_NPROC. The kernel counts it per real UID, so with
+// a UID per task it is a limit per task.
+func limitsStep(st *state) error {
+	if st.cfg.NProc == 0 {
+		return nil
+	}
+	return unix.Setrlimit(unix.RLIMIT_NPROC, &unix.Rlimit{Cur: st.cfg.NProc, Max: st.cfg.NProc})
+}
+
+// identityStep drops to the task's UID and GID with no supplementary
+// groups; syscall's Set* functions apply to every thread of the process.
+func identityStep(st *state) error {
+	if st.cfg.UID == nil || st.cfg.GID == nil {
+		return nil
+	}
+	if err := syscall.Setgroups(nil); err != nil {
+		return fmt.Errorf("setgroups: %w", err)
+	}
+	g, u := int(*st.cfg.GID), int(*st.cfg.UID)
+	if err := syscall.Setresgid(g, g, g); err != nil {
+		return fmt.Errorf("setresgid %d: %w", g, err)
+	}
+	if err := syscall.Setresuid(u, u, u); err != nil {
+		return fmt.Errorf("setresuid %d: %w", u, err)
+	}
+	return nil
+}
+
+func noNewPrivsStep(*state) error {
+	return unix.Prctl(unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
+}
+
+// superviseShell forks the shell, reports it, then reaps every process of
+// the PID namespace, forwards SIGTERM, SIGINT and SIGHUP to all of them
+// (kill(-1) from PID 1 reaches every other process of the namespace), and
+// returns the shell's exit code (128+n when signal n killed it) once no
+// child is left.
+func superviseShell(st *state) (int, error) {
+	sigs := make(chan os.Signal, 32)
+	// Before the fork: PID 1 of a namespace drops a signal it has no
+	// handler for, and a stop must not be lost.
+	signal.Notify(sigs, unix.SIGTERM, unix.SIGINT, unix.SIGHUP, unix.SIGCHLD)
+	devNull, err := os.OpenFile(os.DevNull, os.O_RDWR, 0)
+	if err != nil {
+		return 0, err
+	}
+	proc, err := os.StartProcess(st.cfg.Shell, []string{st.cfg.Shell, "-c", st.cfg.Command}, &os.ProcAttr{
+		Dir:   st.cfg.WorkDir,
+		Env:   st.cfg.Env,
+		Files: []*os.File{os.Stdin, os.Stdout, os.Stderr},
+		Sys:   &syscall.SysProcAttr{Setsid: true},
+	})
+	if err != nil {
+		return 0, err
+	}
+	shell := proc.Pid
+	_ = proc.Release()
+	// The shim keeps no copy of the task's streams: once the last process
+	// of the task is gone, the executor's readers see EOF.
+	for fd := 0; fd <= 2; fd++ {
+		_ = unix.Dup3(int(devNull.Fd()), fd, 0)
+	}
+	devNull.Close()
+	w := bufio.NewWriter(st.report)
+	fmt.Fprintf(w, "started %d\n", shell)
+	w.Flush()
+
+	var shellStatus unix.WaitStatus
+	shellDone := false
+	for {
+		for {
+			var ws unix.WaitStatus
+			pid, err := unix.Wait4(-1, &ws, unix.WNOHANG, nil)
+			if errors.Is(err, unix.EINTR) {
+				continue
+			}
+			if errors.Is(err, unix.ECHILD) {
+				if shellDone {
+					return exitCode(shellStatus), nil
+				}
+				break
+			}
+			if err != nil || pid == 0 {
+				break
+			}
+			if pid == shell {
+				shellDone, shellStatus = true, ws
+				fmt.Fprintf(w, "exit %d\n", uint32(ws))
+				w.Flush()
+			}
+		}
+		if sig := <-sigs; sig != unix.SIGCHLD {
+			_ = unix.Kill(-1, sig.(unix.Signal))
+		}
+	}
+}
+
+func exitCode(ws unix.WaitStatus) int {
+	if ws.Signaled() {
+		return 128 + int(ws.Signal())
+	}
+	return ws.ExitStatus()
+}
