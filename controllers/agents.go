@@ -90,6 +90,10 @@ type AgentRegistryOptions struct {
 	// Notify receives one event per task event an agent reports, naming the
 	// task, so that it is reconciled.
 	Notify chan<- event.TypedGenericEvent[*bashtaskv1alpha1.BashTask]
+	// Held, when set, receives each task an agent lists at the start of a
+	// Watch stream (its CURRENT events), so that tasks whose BashTask is
+	// gone are found on every (re)connect; see OrphanCollector.
+	Held chan<- HeldTask
 	// Log is the registry's logger.
 	Log logr.Logger
 }
@@ -409,6 +413,32 @@ func (r *AgentRegistry) ForgetTask(ctx context.Context, node, uid string) (bool,
 	return resp.GetForgotten(), nil
 }
 
+// HeldTasks returns the tasks the connected agents hold, as last reported,
+// except those the controller already asked them to forget.
+func (r *AgentRegistry) HeldTasks() []HeldTask {
+	r.mu.Lock()
+	conns := make([]*agentConn, 0, len(r.agents))
+	for _, a := range r.agents {
+		conns = append(conns, a)
+	}
+	r.mu.Unlock()
+	var out []HeldTask
+	for _, a := range conns {
+		a.mu.Lock()
+		if a.connected && !a.isClosed {
+			for uid, ts := range a.latest {
+				if ts.GetForgetRequested() {
+					continue
+				}
+				ref := ts.GetRef()
+				out = append(out, HeldTask{Node: a.node, Task: types.NamespacedName{Namespace: ref.GetNamespace(), Name: ref.GetName()}, UID: types.UID(uid)})
+			}
+		}
+		a.mu.Unlock()
+	}
+	return out
+}
+
 // agentConn is the connection to one agent and the state its Watch stream
 // reported.
 type agentConn struct {
@@ -582,6 +612,14 @@ func (a *agentConn) watchOnce(ctx context.Context, r *AgentRegistry) (healthy bo
 			continue
 		}
 		ref := ts.GetRef()
+		if r.opts.Held != nil && ev.GetType() == agentv1.EventType_EVENT_TYPE_CURRENT && !ts.GetForgetRequested() {
+			h := HeldTask{Node: a.node, Task: types.NamespacedName{Namespace: ref.GetNamespace(), Name: ref.GetName()}, UID: types.UID(ref.GetUid())}
+			select {
+			case r.opts.Held <- h:
+			case <-ctx.Done():
+				return true, ctx.Err()
+			}
+		}
 		if r.opts.Notify != nil && ref.GetName() != "" {
 			bt := &bashtaskv1alpha1.BashTask{}
 			bt.Namespace, bt.Name, bt.UID = ref.GetNamespace(), ref.GetName(), types.UID(ref.GetUid())

@@ -82,17 +82,22 @@ type Options struct {
 	// task for this long after dispatch: a task that finishes sooner gets
 	// its terminal status directly, one write instead of two.
 	RunningStatusDelay time.Duration
+	// OrphanCheckInterval is the time between two checks of every task
+	// the agents hold against the API (see OrphanCollector); zero or less
+	// leaves only the checks on connect and on deletion.
+	OrphanCheckInterval time.Duration
 }
 
 // DefaultOptions returns the flag defaults of bashtask-controller.
 func DefaultOptions() Options {
 	return Options{
-		ProgressInterval:   5 * time.Second,
-		AgentLostAfter:     60 * time.Second,
-		StatusBudgetBytes:  DefaultStatusBudgetBytes,
-		MaxTimeoutSeconds:  600,
-		RetryInterval:      2 * time.Second,
-		RunningStatusDelay: 500 * time.Millisecond,
+		ProgressInterval:    5 * time.Second,
+		AgentLostAfter:      60 * time.Second,
+		StatusBudgetBytes:   DefaultStatusBudgetBytes,
+		MaxTimeoutSeconds:   600,
+		RetryInterval:       2 * time.Second,
+		RunningStatusDelay:  500 * time.Millisecond,
+		OrphanCheckInterval: time.Minute,
 	}
 }
 

@@ -196,12 +196,20 @@ func setTerminal(bt *bashtaskv1alpha1.BashTask, reason bashtaskv1alpha1.Reason, 
 // maxMessage is status.message's schema limit, in characters.
 const maxMessage = 4096
 
-func truncateMessage(m string) string {
-	if utf8.RuneCountInString(m) <= maxMessage {
+// maxUploadError bounds each stream's upload error in the OutputUploaded
+// condition, in characters: a storage service's error can carry a whole
+// response body.
+const maxUploadError = 512
+
+func truncateMessage(m string) string { return truncateTo(m, maxMessage) }
+
+// truncateTo shortens m to at most n characters, the last an ellipsis.
+func truncateTo(m string, n int) string {
+	if utf8.RuneCountInString(m) <= n {
 		return m
 	}
 	r := []rune(m)
-	return string(r[:maxMessage-1]) + "…"
+	return string(r[:n-1]) + "…"
 }
 
 // terminalReasons is the closed set of reasons an agent may report.
@@ -323,7 +331,9 @@ func applyUploads(bt *bashtaskv1alpha1.BashTask, ts *agentv1.TaskStatus) {
 		case agentv1.UploadState_UPLOAD_STATE_PENDING:
 			msg := s.name
 			if e := sp.GetUploadError(); e != "" {
-				msg = fmt.Sprintf("%s (attempt %d: %s)", s.name, sp.GetUploadAttempts(), e)
+				// The agent sends the error on its first failure and
+				// whenever it changes, so this is the last one.
+				msg = fmt.Sprintf("%s (attempt %d failed: %s)", s.name, sp.GetUploadAttempts(), truncateTo(e, maxUploadError))
 			}
 			pending = append(pending, msg)
 		}

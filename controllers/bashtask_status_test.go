@@ -7,9 +7,11 @@ import (
 	"unicode/utf8"
 
 	"github.com/google/go-cmp/cmp"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 
+	agentv1 "github.com/bashtask/bashtask-operator/api/agent/v1"
 	bashtaskv1alpha1 "github.com/bashtask/bashtask-operator/api/v1alpha1"
 )
 
@@ -159,5 +161,25 @@ func TestSetReadiness(t *testing.T) {
 				t.Errorf("conditions (-want +got):\n%s", diff)
 			}
 		})
+	}
+}
+
+// TestApplyUploadsCarriesTheLastError: a pending upload's condition names
+// the agent's last error, bounded in length (C42).
+func TestApplyUploadsCarriesTheLastError(t *testing.T) {
+	long := "blob (key \"ns/x/uid/stdout\") (code=Unknown): " + strings.Repeat("response body ", 1000)
+	bt := &bashtaskv1alpha1.BashTask{Status: bashtaskv1alpha1.BashTaskStatus{Stdout: &bashtaskv1alpha1.StreamStatus{}}}
+	applyUploads(bt, &agentv1.TaskStatus{Stdout: &agentv1.StreamStatus{Spill: &agentv1.Spill{
+		UploadState: agentv1.UploadState_UPLOAD_STATE_PENDING, UploadAttempts: 3, UploadError: long,
+	}}})
+	c := meta.FindStatusCondition(bt.Status.Conditions, bashtaskv1alpha1.ConditionOutputUploaded)
+	if c == nil || c.Status != metav1.ConditionFalse || c.Reason != ReasonUploadPending {
+		t.Fatalf("OutputUploaded = %+v, want False/UploadPending", c)
+	}
+	if want := "stdout (attempt 3 failed: blob (key \"ns/x/uid/stdout\") (code=Unknown): response body"; !strings.Contains(c.Message, want) {
+		t.Errorf("message %q does not contain %q", c.Message, want)
+	}
+	if n := utf8.RuneCountInString(c.Message); n > maxUploadError+200 {
+		t.Errorf("message is %d characters, want the error cut to %d", n, maxUploadError)
 	}
 }

@@ -22,6 +22,9 @@ type Metrics struct {
 	// StatusWrites counts status writes by kind: pending, dispatch,
 	// running, progress, terminal, upload.
 	StatusWrites *prometheus.CounterVec
+	// OrphansStopped counts tasks an agent held whose BashTask no longer
+	// existed with that UID, which the controller stopped and forgot.
+	OrphansStopped prometheus.Counter
 	// AgentsConnected is the number of agents with a working Watch stream.
 	AgentsConnected prometheus.GaugeFunc
 }
@@ -43,6 +46,9 @@ func NewMetrics(agents func() []AgentState) *Metrics {
 		StatusWrites: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "bashtask_status_writes_total", Help: "BashTask status writes by kind.",
 		}, []string{"kind"}),
+		OrphansStopped: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "bashtask_orphan_tasks_stopped_total", Help: "Tasks an agent held whose BashTask no longer existed with that UID, stopped and forgotten by the controller.",
+		}),
 		AgentsConnected: prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "bashtask_agents_connected", Help: "Agents with a working Watch stream.",
 		}, func() float64 {
@@ -62,7 +68,7 @@ func NewMetrics(agents func() []AgentState) *Metrics {
 
 // Register adds every metric to reg.
 func (m *Metrics) Register(reg prometheus.Registerer) error {
-	for _, c := range []prometheus.Collector{m.DispatchLatency, m.RunDuration, m.Finished, m.StatusWrites, m.AgentsConnected} {
+	for _, c := range []prometheus.Collector{m.DispatchLatency, m.RunDuration, m.Finished, m.StatusWrites, m.OrphansStopped, m.AgentsConnected} {
 		if err := reg.Register(c); err != nil {
 			return err
 		}

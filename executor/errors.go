@@ -13,10 +13,11 @@ var (
 	// ErrShellMissing: the configured shell is not an executable regular file.
 	ErrShellMissing = errors.New("shell not found or not executable")
 	// ErrArgumentTooLong: the command or one NAME=VALUE environment entry is
-	// MaxArgStrlen bytes or more with its NUL, so execve would fail with
-	// E2BIG; also returned when execve itself reports E2BIG (the sum of all
-	// arguments and the environment is over the stack-derived ARG_MAX).
-	ErrArgumentTooLong = errors.New("argument longer than the kernel allows")
+	// MaxArgStrlen bytes or more with its NUL, or all of them together are
+	// over ArgEnvLimit, so execve would fail with E2BIG; also returned when
+	// execve itself reports E2BIG. The message gives the size and the
+	// limit.
+	ErrArgumentTooLong = errors.New("arguments or environment over the kernel's limit")
 	// ErrCommandNUL: the command contains a NUL byte, which a C string
 	// cannot carry.
 	ErrCommandNUL = errors.New("command contains a NUL byte")

@@ -326,6 +326,12 @@ func (e *Executor) prepare(spec Spec) (*prepared, error) {
 		return nil, err
 	}
 	p.env = env
+	// Each string fits, but execve also limits them all together: over
+	// that it fails with E2BIG, which names nothing. Measured here, the
+	// message gives the size, the limit and the largest entries.
+	if argv, stack := []string{e.shell, "-c", p.Command}, stackLimit(); argEnvSize(e.shell, argv, env) > ArgEnvLimit(stack) {
+		return nil, startErr(ErrArgumentTooLong, argEnvMessage(e.shell, argv, env, stack), nil)
+	}
 	if err := checkShell(e.shell); err != nil {
 		return nil, err
 	}

@@ -194,7 +194,7 @@ func (e *Executor) start(p *prepared) (_ *Task, err error) {
 	}
 	if err != nil {
 		if errors.Is(err, unix.E2BIG) {
-			return nil, startErr(ErrArgumentTooLong, "command and environment together", err)
+			return nil, startErr(ErrArgumentTooLong, argEnvMessage(e.shell, argv, p.env, stackLimit()), err)
 		}
 		return nil, startErr(ErrProcessStart, fmt.Sprintf("%s -c in %s", path, p.WorkingDir), err)
 	}

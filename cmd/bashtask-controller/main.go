@@ -46,6 +46,7 @@ type options struct {
 	maxRunningPerOwner             int
 	progressInterval, agentLost    time.Duration
 	runningDelay                   time.Duration
+	orphanCheckInterval            time.Duration
 	statusBudget                   int
 	maxTimeout                     int32
 	defaultTTL                     int32
@@ -96,6 +97,7 @@ func newCommand() *cobra.Command {
 	f.DurationVar(&o.progressInterval, "progress-interval", d.ProgressInterval, "shortest time between two output-tail refreshes of a running task's status")
 	f.DurationVar(&o.runningDelay, "running-status-delay", d.RunningStatusDelay, "how long after dispatch the first Running status is held back; a task that ends sooner is written once, terminal")
 	f.DurationVar(&o.agentLost, "agent-lost-after", d.AgentLostAfter, "time an agent may be unreachable before its running tasks become AgentLost")
+	f.DurationVar(&o.orphanCheckInterval, "orphan-check-interval", d.OrphanCheckInterval, "time between two checks of every task the agents hold against the API; a task whose BashTask no longer exists is stopped and forgotten (also checked on every agent connect and deletion); 0 disables the periodic check")
 	f.IntVar(&o.statusBudget, "status-budget-bytes", d.StatusBudgetBytes, "largest JSON encoding of a task's status, in bytes; tails are shortened from the front to fit")
 	f.Int32Var(&o.maxTimeout, "max-timeout-seconds", d.MaxTimeoutSeconds, "cap on spec.timeoutSeconds, in seconds")
 	f.Int32Var(&o.defaultTTL, "default-ttl-seconds-after-finished", -1, "seconds after which finished tasks without spec.ttlSecondsAfterFinished are deleted; negative keeps them")
@@ -167,6 +169,7 @@ func run(cmd *cobra.Command, o *options) error {
 	}
 
 	agentEvents := make(chan event.TypedGenericEvent[*bashtaskv1alpha1.BashTask], 1024)
+	held := make(chan controllers.HeldTask, 1024)
 	registry, err := controllers.NewAgentRegistry(controllers.AgentRegistryOptions{
 		Reader:           mgr.GetClient(),
 		ServiceNamespace: o.agentNamespace,
@@ -175,6 +178,7 @@ func run(cmd *cobra.Command, o *options) error {
 		TLS:              tlsCfg,
 		Clock:            clock.RealClock{},
 		Notify:           agentEvents,
+		Held:             held,
 		Log:              ctrl.Log.WithName("agents"),
 	})
 	if err != nil {
@@ -193,6 +197,7 @@ func run(cmd *cobra.Command, o *options) error {
 	ropts.ProgressInterval = o.progressInterval
 	ropts.AgentLostAfter = o.agentLost
 	ropts.RunningStatusDelay = o.runningDelay
+	ropts.OrphanCheckInterval = o.orphanCheckInterval
 	ropts.StatusBudgetBytes = o.statusBudget
 	ropts.MaxTimeoutSeconds = o.maxTimeout
 	ropts.TTLDeletesGitOpsManaged = o.ttlDeletesGitOpsManaged
@@ -204,6 +209,16 @@ func run(cmd *cobra.Command, o *options) error {
 		mgr.GetEventRecorder("bashtask-controller"), clock.RealClock{}, ropts, m)
 	if err := r.SetupWithManager(mgr, agentEvents, o.workers); err != nil {
 		return fmt.Errorf("setting up the BashTask controller: %w", err)
+	}
+	orphans, err := controllers.NewOrphanCollector(controllers.OrphanCollectorOptions{
+		Cache: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Agents: registry, Held: held,
+		Interval: ropts.OrphanCheckInterval, Metrics: m, Log: ctrl.Log.WithName("orphans"),
+	})
+	if err != nil {
+		return err
+	}
+	if err := orphans.SetupWithManager(mgr); err != nil {
+		return err
 	}
 	if err := mgr.AddHealthzCheck("healthz", healthz.Ping); err != nil {
 		return err

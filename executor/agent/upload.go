@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"gocloud.dev/blob"
+	"gocloud.dev/gcerrors"
 
 	agentv1 "github.com/bashtask/bashtask-operator/api/agent/v1"
 )
@@ -203,6 +204,7 @@ func (s *Server) uploadOne(ctx context.Context, e *entry, i int) {
 			return // shutting down: the next incarnation retries
 		}
 		sp.UploadAttempts++
+		changed := sp.UploadError != err.Error()
 		sp.UploadError = err.Error()
 		j.next = time.Now().Add(s.backoff(int(sp.UploadAttempts)))
 		s.metrics.Uploads.WithLabelValues("failure").Inc()
@@ -210,6 +212,12 @@ func (s *Server) uploadOne(ctx context.Context, e *entry, i int) {
 			"retryIn", time.Until(j.next).Round(time.Millisecond), "err", err)
 		if werr := s.store.write(uid, e.rec, e.status); werr != nil {
 			s.log.Error("recording upload failure", "uid", uid, "err", werr)
+		}
+		if changed {
+			// The controller puts the error in the task's OutputUploaded
+			// condition; a retry that fails the same way changes nothing
+			// there and sends nothing.
+			s.broadcastLocked(taskEvent(agentv1.EventType_EVENT_TYPE_UPLOAD_FAILED, e.status))
 		}
 		return
 	}
@@ -233,6 +241,11 @@ func (s *Server) uploadOne(ctx context.Context, e *entry, i int) {
 // put copies the file to key with its checksum and sizes as metadata. The
 // file is read twice, first for the checksum, because metadata must be
 // known before the first byte is written.
+//
+// The upload counts only when the writer's Close returned nil (many
+// drivers report a failed write only there) and the stored object then has
+// the spill file's size: a short object must never be reported complete.
+// Each failure leaves the node's copy in place for the next attempt.
 func (s *Server) put(ctx context.Context, file, key string, ss *agentv1.StreamStatus) error {
 	var f io.ReadSeeker
 	if ss.GetSpill().GetBytes() == 0 {
@@ -252,13 +265,20 @@ func (s *Server) put(ctx context.Context, file, key string, ss *agentv1.StreamSt
 	if err != nil {
 		return fmt.Errorf("reading spill file %s: %w", file, err)
 	}
+	sum := hex.EncodeToString(h.Sum(nil))
+	if want := ss.GetSpill().GetBytes(); n != want {
+		return fmt.Errorf("spill file %s holds %d bytes, the stream's count is %d: not uploading a short or changed copy", file, n, want)
+	}
+	if want := ss.GetSha256(); ss.GetSpill().GetComplete() && want != "" && sum != want {
+		return fmt.Errorf("spill file %s has SHA-256 %s, the stream's is %s: not uploading a changed copy", file, sum, want)
+	}
 	if _, err := f.Seek(0, io.SeekStart); err != nil {
 		return fmt.Errorf("reading spill file %s: %w", file, err)
 	}
 	opts := &blob.WriterOptions{
 		ContentType: "application/octet-stream",
 		Metadata: map[string]string{
-			MetaSHA256:      hex.EncodeToString(h.Sum(nil)),
+			MetaSHA256:      sum,
 			MetaBytes:       strconv.FormatInt(n, 10),
 			MetaStreamBytes: strconv.FormatInt(ss.GetTotalBytes(), 10),
 			MetaComplete:    strconv.FormatBool(ss.GetSpill().GetComplete()),
@@ -270,12 +290,26 @@ func (s *Server) put(ctx context.Context, file, key string, ss *agentv1.StreamSt
 	if err != nil {
 		return fmt.Errorf("uploading %s: %w", key, err)
 	}
-	if _, err := io.Copy(w, f); err != nil {
+	written, err := io.Copy(w, f)
+	if err == nil && written != n {
+		err = fmt.Errorf("wrote %d of the spill file's %d bytes", written, n)
+	}
+	if err != nil {
 		cancel() // aborts the write: no partial object
 		return errors.Join(fmt.Errorf("uploading %s: %w", key, err), w.Close())
 	}
 	if err := w.Close(); err != nil {
-		return fmt.Errorf("uploading %s: %w", key, err)
+		return fmt.Errorf("uploading %s: closing the object writer: %w", key, err)
+	}
+	attrs, err := s.bucket.Attributes(ctx, key)
+	switch {
+	case gcerrors.Code(err) == gcerrors.PermissionDenied:
+		// Credentials that may write but not read: Close's word is all
+		// there is.
+	case err != nil:
+		return fmt.Errorf("checking %s after the upload: %w", key, err)
+	case attrs.Size != n:
+		return fmt.Errorf("object %s holds %d bytes after the upload, the spill file %d", key, attrs.Size, n)
 	}
 	return nil
 }

@@ -7,6 +7,7 @@ package testrig
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
@@ -59,6 +60,8 @@ type Rig struct {
 	Agents map[string]*Agent
 	// Registry is the controller's view of the agents.
 	Registry *controllers.AgentRegistry
+	// Orphans is the controller's check for tasks whose BashTask is gone.
+	Orphans *controllers.OrphanCollector
 	// Dir holds certificates and the agents' state directories.
 	Dir string
 
@@ -76,6 +79,7 @@ type Agent struct {
 	StateDir string
 
 	grpc   *grpc.Server
+	tls    *tls.Config
 	cancel context.CancelFunc
 	done   chan struct{}
 }
@@ -83,6 +87,26 @@ type Agent struct {
 // Disconnect stops serving gRPC, as if the agent vanished from the network;
 // its tasks keep running until Stop.
 func (a *Agent) Disconnect() { a.grpc.Stop() }
+
+// Reconnect serves gRPC again at the same address after Disconnect, as if
+// the agent came back on the network; the controller's Watch stream
+// reconnects and gets the agent's current tasks.
+func (a *Agent) Reconnect() error {
+	lis, err := net.Listen("tcp", a.Addr)
+	if err != nil {
+		return err
+	}
+	a.grpc = newGRPCServer(a.tls, a.Server)
+	go func() { _ = a.grpc.Serve(lis) }()
+	return nil
+}
+
+func newGRPCServer(tlsCfg *tls.Config, srv *agent.Server) *grpc.Server {
+	g := grpc.NewServer(grpc.Creds(credentials.NewTLS(tlsCfg)),
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}))
+	srv.Register(g)
+	return g
+}
 
 // Stop ends the agent: its running tasks are stopped, its server closed.
 func (a *Agent) Stop() {
@@ -175,16 +199,14 @@ func startAgent(ctx context.Context, node, addr, stateDir string, files *tlsutil
 	if err != nil {
 		return nil, err
 	}
-	g := grpc.NewServer(grpc.Creds(credentials.NewTLS(tlsCfg)),
-		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}))
-	srv.Register(g)
+	g := newGRPCServer(tlsCfg, srv)
 	lis, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, errors.Join(err, srv.Close())
 	}
 	go func() { _ = g.Serve(lis) }()
 	runCtx, cancel := context.WithCancel(ctx)
-	a := &Agent{Node: node, Addr: addr, Server: srv, StateDir: stateDir, grpc: g, cancel: cancel, done: make(chan struct{})}
+	a := &Agent{Node: node, Addr: addr, Server: srv, StateDir: stateDir, grpc: g, tls: tlsCfg, cancel: cancel, done: make(chan struct{})}
 	go func() { defer close(a.done); _ = srv.Run(runCtx) }()
 	return a, nil
 }
@@ -207,9 +229,10 @@ func (r *Rig) startController(ctx context.Context, files *tlsutil.Files, opts co
 		return err
 	}
 	events := make(chan event.TypedGenericEvent[*bashtaskv1alpha1.BashTask], 1024)
+	held := make(chan controllers.HeldTask, 1024)
 	registry, err := controllers.NewAgentRegistry(controllers.AgentRegistryOptions{
 		Reader: mgr.GetClient(), ServiceNamespace: localcluster.AgentNamespace, ServiceName: localcluster.AgentService,
-		PortName: localcluster.AgentPortName, TLS: tlsCfg, Clock: clock.RealClock{}, Notify: events, Log: ctrl.Log.WithName("agents"),
+		PortName: localcluster.AgentPortName, TLS: tlsCfg, Clock: clock.RealClock{}, Notify: events, Held: held, Log: ctrl.Log.WithName("agents"),
 	})
 	if err != nil {
 		return err
@@ -217,12 +240,24 @@ func (r *Rig) startController(ctx context.Context, files *tlsutil.Files, opts co
 	if err := registry.SetupWithManager(mgr); err != nil {
 		return err
 	}
+	metrics := controllers.NewMetrics(registry.Agents)
 	rec := controllers.NewBashTaskReconciler(mgr.GetClient(), mgr.GetAPIReader(), registry,
-		mgr.GetEventRecorder("bashtask-controller"), clock.RealClock{}, opts, controllers.NewMetrics(registry.Agents))
+		mgr.GetEventRecorder("bashtask-controller"), clock.RealClock{}, opts, metrics)
 	if err := rec.SetupWithManager(mgr, events, workers); err != nil {
 		return err
 	}
+	orphans, err := controllers.NewOrphanCollector(controllers.OrphanCollectorOptions{
+		Cache: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Agents: registry, Held: held,
+		Interval: opts.OrphanCheckInterval, Metrics: metrics, Log: ctrl.Log.WithName("orphans"),
+	})
+	if err != nil {
+		return err
+	}
+	if err := orphans.SetupWithManager(mgr); err != nil {
+		return err
+	}
 	r.Registry = registry
+	r.Orphans = orphans
 	go func() {
 		defer close(r.done)
 		if err := mgr.Start(ctx); err != nil {

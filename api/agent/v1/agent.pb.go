@@ -220,6 +220,11 @@ const (
 	EventType_EVENT_TYPE_UPLOADED EventType = 5
 	// EVENT_TYPE_FORGOTTEN: the task left the agent's table.
 	EventType_EVENT_TYPE_FORGOTTEN EventType = 6
+	// EVENT_TYPE_UPLOAD_FAILED: an upload attempt of a finished task failed;
+	// the status carries upload_error and upload_attempts. Sent on a
+	// stream's first failure and whenever its error changes, not on every
+	// retry of the same error.
+	EventType_EVENT_TYPE_UPLOAD_FAILED EventType = 7
 )
 
 // Enum value maps for EventType.
@@ -232,15 +237,17 @@ var (
 		4: "EVENT_TYPE_FINISHED",
 		5: "EVENT_TYPE_UPLOADED",
 		6: "EVENT_TYPE_FORGOTTEN",
+		7: "EVENT_TYPE_UPLOAD_FAILED",
 	}
 	EventType_value = map[string]int32{
-		"EVENT_TYPE_UNSPECIFIED": 0,
-		"EVENT_TYPE_CURRENT":     1,
-		"EVENT_TYPE_STARTED":     2,
-		"EVENT_TYPE_PROGRESS":    3,
-		"EVENT_TYPE_FINISHED":    4,
-		"EVENT_TYPE_UPLOADED":    5,
-		"EVENT_TYPE_FORGOTTEN":   6,
+		"EVENT_TYPE_UNSPECIFIED":   0,
+		"EVENT_TYPE_CURRENT":       1,
+		"EVENT_TYPE_STARTED":       2,
+		"EVENT_TYPE_PROGRESS":      3,
+		"EVENT_TYPE_FINISHED":      4,
+		"EVENT_TYPE_UPLOADED":      5,
+		"EVENT_TYPE_FORGOTTEN":     6,
+		"EVENT_TYPE_UPLOAD_FAILED": 7,
 	}
 )
 
@@ -2211,7 +2218,7 @@ const file_agent_proto_rawDesc = "" +
 	"\x18UPLOAD_STATE_UNSPECIFIED\x10\x00\x12\x1b\n" +
 	"\x17UPLOAD_STATE_NOT_NEEDED\x10\x01\x12\x18\n" +
 	"\x14UPLOAD_STATE_PENDING\x10\x02\x12\x19\n" +
-	"\x15UPLOAD_STATE_UPLOADED\x10\x03*\xbc\x01\n" +
+	"\x15UPLOAD_STATE_UPLOADED\x10\x03*\xda\x01\n" +
 	"\tEventType\x12\x1a\n" +
 	"\x16EVENT_TYPE_UNSPECIFIED\x10\x00\x12\x16\n" +
 	"\x12EVENT_TYPE_CURRENT\x10\x01\x12\x16\n" +
@@ -2219,7 +2226,8 @@ const file_agent_proto_rawDesc = "" +
 	"\x13EVENT_TYPE_PROGRESS\x10\x03\x12\x17\n" +
 	"\x13EVENT_TYPE_FINISHED\x10\x04\x12\x17\n" +
 	"\x13EVENT_TYPE_UPLOADED\x10\x05\x12\x18\n" +
-	"\x14EVENT_TYPE_FORGOTTEN\x10\x062\xd1\x03\n" +
+	"\x14EVENT_TYPE_FORGOTTEN\x10\x06\x12\x1c\n" +
+	"\x18EVENT_TYPE_UPLOAD_FAILED\x10\a2\xd1\x03\n" +
 	"\bExecutor\x12J\n" +
 	"\x05Start\x12\x1f.bashtask.agent.v1.StartRequest\x1a .bashtask.agent.v1.StartResponse\x12M\n" +
 	"\x06Cancel\x12 .bashtask.agent.v1.CancelRequest\x1a!.bashtask.agent.v1.CancelResponse\x12D\n" +

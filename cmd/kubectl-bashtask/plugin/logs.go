@@ -12,8 +12,8 @@ import (
 )
 
 type logsFlags struct {
-	stderr, full, follow bool
-	bucketQuery          string
+	stderr, full, follow, tailOK bool
+	bucketQuery                  string
 }
 
 func (a *app) logsCommand() *cobra.Command {
@@ -27,7 +27,12 @@ status, with a note on stderr when the stream is longer than the tail.
 --full prints the whole stream of a finished task: from the copy the agent
 stored in object storage when the tail is not the whole stream, read through
 gocloud.dev/blob with your own credentials (file://, s3://, gs://, azblob://),
-and checked against status sha256.
+and checked against status sha256. When some bytes cannot be had (the upload
+is pending or failing, the object is missing, or the stream passed the spill
+limit), --full writes the stream up to the first such byte and exits 1 with a
+message saying which bytes and why, so "logs --full > out" never leaves a
+short file behind an exit status of 0. --tail-ok accepts the last bytes
+instead: the tail follows a note and the exit status is 0.
 
 -f follows a running task, printing the stream as its status grows, until the
 task ends. With --full as well, the output is the whole stream from its first
@@ -46,6 +51,7 @@ skipped with a note.`,
 	fl.BoolVar(&f.stderr, "stderr", false, "print stderr instead of stdout")
 	fl.BoolVar(&f.full, "full", false, "print the whole stream, from object storage when the tail is not all of it")
 	fl.BoolVarP(&f.follow, "follow", "f", false, "follow the stream until the task ends")
+	fl.BoolVar(&f.tailOK, "tail-ok", false, tailOKHelp)
 	fl.StringVar(&f.bucketQuery, "bucket-query", "", bucketQueryHelp)
 	return cmd
 }
@@ -63,6 +69,7 @@ func (a *app) logs(ctx context.Context, name string, f logsFlags) error {
 		stream = "stderr"
 	}
 	w := newStreamWriter(stream, a.opts.IOStreams.Out, a.note, f.full)
+	w.tailOK = f.tailOK
 	var bt *bashtaskv1alpha1.BashTask
 	if f.follow {
 		if bt, err = a.followToEnd(ctx, c, key, nil, nil, w); err != nil {

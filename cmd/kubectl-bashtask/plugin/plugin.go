@@ -37,7 +37,8 @@ const (
 	ExitWaitTimeout = 124
 	// ExitPluginError: run or wait could not do their work: invalid
 	// arguments, an input over an API limit, an unreachable or refusing API
-	// server, or a task deleted while it was followed.
+	// server, a task deleted while it was followed, or (run) a stream that
+	// could not be written whole.
 	ExitPluginError = 125
 	// ExitInterrupted: run was interrupted a second time and stopped
 	// waiting for the cancelled task to end.
@@ -54,7 +55,8 @@ const exitStatusHelp = `Exit status of run and wait:
            InvalidSpec, ...); a message on stderr names the reason
   124      wait --timeout passed before the task ended
   125      the plugin failed: invalid arguments, an input over an API limit,
-           an API error, or the task was deleted while followed
+           an API error, the task was deleted while followed, or run could
+           not write a stream whole (without --tail-ok)
   130      run was interrupted twice and stopped waiting
 Exit status of get, logs and cancel: 0 on success, 1 on any error.`
 

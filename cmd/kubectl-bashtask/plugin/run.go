@@ -13,10 +13,14 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	bashtaskv1alpha1 "github.com/bashtask/bashtask-operator/api/v1alpha1"
 )
+
+const tailOKHelp = "when bytes of a stream cannot be read from object storage (upload pending or failed, object missing, " +
+	"stream past the spill limit), print the tail kept in status after a note instead of failing"
 
 const bucketQueryHelp = "query parameters added to the bucket URL when the full output is read from object storage, " +
 	"e.g. 'endpoint=http://127.0.0.1:7070&use_path_style=true' for an S3 server other than AWS (the URL in status carries none)"
@@ -24,6 +28,7 @@ const bucketQueryHelp = "query parameters added to the bucket URL when the full 
 func (a *app) runCommand() *cobra.Command {
 	var f runFlags
 	var bucketQuery string
+	var tailOK bool
 	cmd := &cobra.Command{
 		Use:   "run [flags] -- COMMAND [WORDS...]",
 		Short: "Run a command as a BashTask, show its output and exit with its exit code",
@@ -37,7 +42,12 @@ The status keeps only the last bytes of each stream. When a stream grows
 faster than that between two status updates, run says so on stderr and writes
 the rest of that stream when the task ends, from the stored copy in object
 storage (read with your own cloud credentials), so the local output is the
-whole stream. Without a stored copy, the tail is written with a note.
+whole stream. When the stored copy cannot be read (the upload is still
+pending after 30 s or failing, the object is missing, or the stream passed
+spec.output.spillLimitBytes), run stops that stream at the first byte it
+cannot deliver and exits 125 with a message saying which bytes, why, and how
+the task ended; --tail-ok accepts the tail instead, after a note, and passes
+the task's exit code through.
 
 Ctrl-C requests cancellation of the task (spec.cancelRequested) and keeps
 waiting for it to end; a second Ctrl-C stops waiting.
@@ -57,7 +67,7 @@ waiting for it to end; a second Ctrl-C stops waiting.
 		// commandFromArgs explains a missing command better than cobra.
 		Args: cobra.ArbitraryArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return a.run(cmd.Context(), f, cmd.Flags().Changed("timeout"), args, bucketQuery)
+			return a.run(cmd.Context(), f, cmd.Flags().Changed("timeout"), args, bucketQuery, tailOK)
 		},
 	}
 	fl := cmd.Flags()
@@ -70,11 +80,12 @@ waiting for it to end; a second Ctrl-C stops waiting.
 	fl.StringVar(&f.node, "node", "", "run on the agent of this node (spec.nodeName)")
 	fl.StringVar(&f.name, "name", "", "the task's name (default: generated, "+generateNamePrefix+"xxxxx)")
 	fl.BoolVar(&f.rm, "rm", false, "delete the task when it ended")
+	fl.BoolVar(&tailOK, "tail-ok", false, tailOKHelp)
 	fl.StringVar(&bucketQuery, "bucket-query", "", bucketQueryHelp)
 	return cmd
 }
 
-func (a *app) run(ctx context.Context, f runFlags, timeoutSet bool, args []string, bucketQuery string) error {
+func (a *app) run(ctx context.Context, f runFlags, timeoutSet bool, args []string, bucketQuery string, tailOK bool) error {
 	// Mistakes in the arguments are reported before anything is read or
 	// sent; the Secrets' keys and stdin only add entries checked again below.
 	if _, err := buildTask("", f, timeoutSet, args, nil, nil); err != nil {
@@ -118,14 +129,24 @@ func (a *app) run(ctx context.Context, f runFlags, timeoutSet bool, args []strin
 	}
 	out := newStreamWriter("stdout", a.opts.IOStreams.Out, a.note, true)
 	errw := newStreamWriter("stderr", a.opts.IOStreams.ErrOut, a.note, true)
+	out.tailOK, errw.tailOK = tailOK, tailOK
 	final, err := a.followToEnd(ctx, c, key, a.opts.Interrupts, onInterrupt, out, errw)
 	if err != nil {
 		return err
 	}
-	if err := a.finishStreams(ctx, final, bucketQuery, out, errw); err != nil {
-		return err
-	}
 	code, msg := taskExit(final)
+	if err := a.finishStreams(ctx, final, bucketQuery, out, errw); err != nil {
+		// The output is short: the task's own exit status would say all
+		// went well when it succeeded. How it ended is still worth saying.
+		ending := msg
+		if ending == "" {
+			ending = fmt.Sprintf("task %s ended %s", key, ptr.Deref(final.Status.Reason, ""))
+			if final.Status.ExitCode != nil {
+				ending += fmt.Sprintf(" (exit code %d)", *final.Status.ExitCode)
+			}
+		}
+		return fmt.Errorf("%w; %s", err, ending)
+	}
 	if code == ExitOK {
 		return nil
 	}

@@ -34,6 +34,11 @@ type streamWriter struct {
 	out      io.Writer
 	note     func(format string, args ...any)
 	complete bool
+	// tailOK (--tail-ok) lets complete mode end with the tail and a note
+	// when bytes before it cannot be had; without it finish stops at the
+	// first such byte with an *incompleteError, so what was written is
+	// always a prefix of the stream and the exit status says it is short.
+	tailOK bool
 
 	written  int64 // stream offset up to which bytes went to out
 	deferred bool  // complete mode: live writing stopped at a gap
@@ -112,12 +117,19 @@ func (w *streamWriter) finish(ctx context.Context, s *bashtaskv1alpha1.StreamSta
 			if stored && !ptr.Deref(s.Spill.Complete, false) {
 				why = "the stored object ends where the stream passed spec.output.spillLimitBytes"
 			}
+			if w.complete && !w.tailOK {
+				return &incompleteError{stream: w.name, from: w.written, to: start, total: total, why: why, tail: len(tail)}
+			}
 			w.note("%s: bytes %d to %d of %d are not available (%s); the last %d bytes follow",
 				w.name, w.written, start, total, why, len(tail))
 			w.inexact = true
 			w.written = start
 		}
 		if ptr.Deref(s.Sanitized, false) {
+			if w.complete && !w.tailOK {
+				return &incompleteError{stream: w.name, from: w.written, to: total, total: total, tail: len(tail), sanitized: true,
+					why: "its tail in status has invalid UTF-8 replaced by U+FFFD and " + missing}
+			}
 			w.note("%s: the tail in status has invalid UTF-8 replaced by U+FFFD", w.name)
 			w.inexact = true
 		}
@@ -166,4 +178,29 @@ func (w *streamWriter) verify(s *bashtaskv1alpha1.StreamStatus) error {
 		return fmt.Errorf("%s: the %d bytes written have SHA-256 %s, but status.%s.sha256 is %s", w.name, w.written, got, w.name, want)
 	}
 	return nil
+}
+
+// incompleteError says that complete mode stopped at bytes it cannot
+// deliver: the stored copy is missing, pending or cut at the spill limit.
+type incompleteError struct {
+	stream          string
+	from, to, total int64
+	tail            int
+	sanitized       bool
+	why             string
+}
+
+func (e *incompleteError) Error() string {
+	written := fmt.Sprintf("the first %d bytes", e.from)
+	if e.from == 0 {
+		written = "none of it"
+	}
+	if e.sanitized {
+		return fmt.Sprintf("%s: the exact bytes %d to %d of %d cannot be written: %s; "+
+			"wrote %s (add --tail-ok to accept the last %d bytes with U+FFFD in place of invalid UTF-8)",
+			e.stream, e.from, e.to, e.total, e.why, written, e.tail)
+	}
+	return fmt.Sprintf("%s: bytes %d to %d of %d are not available (%s); "+
+		"wrote %s rather than a stream with a hole (add --tail-ok to accept the last %d bytes after a note)",
+		e.stream, e.from, e.to, e.total, e.why, written, e.tail)
 }

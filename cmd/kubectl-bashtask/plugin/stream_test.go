@@ -36,6 +36,7 @@ func TestStreamWriter(t *testing.T) {
 	const stream = "0123456789abcdefghijklmnopqrstuvwxyz"
 	tests := map[string]struct {
 		complete  bool
+		tailOK    bool
 		snapshots []*bashtaskv1alpha1.StreamStatus // while running
 		final     *bashtaskv1alpha1.StreamStatus
 		object    string // what the bucket holds
@@ -57,8 +58,25 @@ func TestStreamWriter(t *testing.T) {
 			wantOut:   stream,
 			wantNotes: []string{"stdout: 20 bytes went past the status tail before they could be shown; the rest of stdout is written when the task ends, from storage"},
 		},
-		"a gap without an object: the tail and a note": {
+		"a gap without an object: stop at the gap, exit non-zero": {
 			complete:  true,
+			snapshots: []*bashtaskv1alpha1.StreamStatus{snap(stream, 5, 5), snap(stream, 30, 5)},
+			final:     snap(stream, 36, 5),
+			wantOut:   stream[:5],
+			wantNotes: []string{
+				"stdout: 20 bytes went past the status tail before they could be shown; the rest of stdout is written when the task ends, from storage",
+			},
+			wantErr: "stdout: bytes 5 to 31 of 36 are not available (upload pending); wrote the first 5 bytes rather than a stream with a hole (add --tail-ok to accept the last 5 bytes after a note)",
+		},
+		"no object from the start: nothing written, exit non-zero": {
+			complete: true,
+			final:    snap(stream, 36, 5),
+			wantOut:  "",
+			wantErr:  "stdout: bytes 0 to 31 of 36 are not available (upload pending); wrote none of it rather than",
+		},
+		"a gap without an object, --tail-ok: the tail and a note": {
+			complete:  true,
+			tailOK:    true,
 			snapshots: []*bashtaskv1alpha1.StreamStatus{snap(stream, 5, 5), snap(stream, 30, 5)},
 			final:     snap(stream, 36, 5),
 			wantOut:   stream[:5] + stream[31:],
@@ -73,8 +91,21 @@ func TestStreamWriter(t *testing.T) {
 			object:   stream[:30],
 			wantOut:  stream,
 		},
-		"an object cut at the spill limit before the tail": {
+		"an object cut at the spill limit before the tail: stop there": {
 			complete: true,
+			final:    stored(snap(stream, 36, 4), 20),
+			object:   stream[:20],
+			wantOut:  stream[:20],
+			wantErr:  "stdout: bytes 20 to 32 of 36 are not available (the stored object ends where the stream passed spec.output.spillLimitBytes)",
+		},
+		"a sanitized tail without an object: stop": {
+			complete: true,
+			final:    &bashtaskv1alpha1.StreamStatus{Tail: ptr.To("ab\uFFFDc"), TotalBytes: ptr.To[int64](4), Sanitized: ptr.To(true)},
+			wantErr:  "stdout: the exact bytes 0 to 4 of 4 cannot be written: its tail in status has invalid UTF-8 replaced by U+FFFD and upload pending",
+		},
+		"an object cut at the spill limit before the tail, --tail-ok": {
+			complete: true,
+			tailOK:   true,
 			final:    stored(snap(stream, 36, 4), 20),
 			object:   stream[:20],
 			wantOut:  stream[:20] + stream[32:],
@@ -134,6 +165,7 @@ func TestStreamWriter(t *testing.T) {
 			var notes []string
 			note := func(format string, args ...any) { notes = append(notes, fmt.Sprintf(format, args...)) }
 			w := newStreamWriter("stdout", &out, note, tc.complete)
+			w.tailOK = tc.tailOK
 			for _, s := range tc.snapshots {
 				if err := w.update(s); err != nil {
 					t.Fatalf("update: %v", err)

@@ -1,0 +1,41 @@
+package executor
+
+import (
+	"strings"
+	"testing"
+)
+
+func TestArgEnvLimit(t *testing.T) {
+	tests := map[string]struct {
+		stack, want int64
+	}{
+		"default 8 MiB stack: a quarter":       {stack: 8 << 20, want: 2 << 20},
+		"small stack: ARG_MAX at least":        {stack: 64 << 10, want: ArgMax},
+		"large stack: three quarters of 8 MiB": {stack: 100 << 20, want: 6 << 20},
+		"unlimited stack":                      {stack: -1, want: 6 << 20},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			if got := ArgEnvLimit(tc.stack); got != tc.want {
+				t.Errorf("ArgEnvLimit(%d) = %d, want %d", tc.stack, got, tc.want)
+			}
+		})
+	}
+}
+
+func TestArgEnvMessage(t *testing.T) {
+	argv := []string{"/bin/bash", "-c", "true"}
+	env := []string{"A=" + strings.Repeat("a", 100), "B=" + strings.Repeat("b", 300), "C=c", "D=" + strings.Repeat("d", 200)}
+	// Strings with their NULs: the path 10, argv 10 + 3 + 5, env 103 +
+	// 303 + 4 + 203: 641; pointers: 7 of 8 bytes.
+	if got := argEnvSize("/bin/bash", argv, env); got != 641+56 {
+		t.Fatalf("argEnvSize = %d, want %d", got, 641+56)
+	}
+	got := argEnvMessage("/bin/bash", argv, env, 1024)
+	want := "environment and arguments total 697 bytes (4 environment entries, a command of 4 bytes), " +
+		"refused by the kernel near its limit of 131072 bytes (ARG_MAX: a quarter of the stack size limit of 1024 bytes, between 131072 and 6291456); " +
+		"the largest entries: B (302 bytes), D (202 bytes), A (102 bytes)"
+	if got != want {
+		t.Errorf("message\n got %q\nwant %q", got, want)
+	}
+}
