@@ -180,7 +180,22 @@ type taskCgroup struct {
 func (p *cgroupParent) create(name string, l Limits) (cg *taskCgroup, notEnforced []string, err error) {
 	path := filepath.Join(p.path, name)
 	if err := os.Mkdir(path, 0o755); err != nil {
-		return nil, nil, fmt.Errorf("creating task cgroup: %w", err)
+		if !errors.Is(err, os.ErrExist) {
+			return nil, nil, fmt.Errorf("creating task cgroup: %w", err)
+		}
+		// A cgroup of this name outlived an earlier run (an agent or test
+		// process killed before it removed it). Empty, it is stale and is
+		// replaced; with live processes it is someone's, and left alone.
+		stale := &taskCgroup{path: path, fd: -1}
+		if stale.populated() {
+			return nil, nil, fmt.Errorf("creating task cgroup: %s exists and holds processes", path)
+		}
+		if err := removeCgroupTree(path); err != nil {
+			return nil, nil, fmt.Errorf("replacing the stale task cgroup %s: %w", path, err)
+		}
+		if err := os.Mkdir(path, 0o755); err != nil {
+			return nil, nil, fmt.Errorf("creating task cgroup: %w", err)
+		}
 	}
 	cg = &taskCgroup{path: path, fd: -1}
 	defer func() {
@@ -299,6 +314,23 @@ func (cg *taskCgroup) oomKilled() bool {
 func (cg *taskCgroup) remove() error {
 	cg.closeFD()
 	return removeCgroup(cg.path)
+}
+
+// removeCgroupTree removes an unpopulated cgroup and its child cgroups,
+// children first (rmdir(2) only removes a cgroup without children).
+func removeCgroupTree(path string) error {
+	entries, err := os.ReadDir(path)
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	for _, e := range entries {
+		if e.IsDir() {
+			if err := removeCgroupTree(filepath.Join(path, e.Name())); err != nil {
+				return err
+			}
+		}
+	}
+	return removeCgroup(path)
 }
 
 // removeCgroup removes an empty cgroup directory, retrying for a moment

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -270,4 +271,49 @@ func TestDirectWaitMode(t *testing.T) {
 	if res.Reason != ReasonSucceeded || !strings.HasSuffix(res.Stdout.Tail, "PASS\n") || strings.Contains(res.Stdout.Tail, "no tests to run") {
 		t.Fatalf("direct-wait run: %s (%s)\n%s", res.Reason, res.Message, res.Stdout.Tail)
 	}
+}
+
+// A task cgroup of the same name left by an earlier run (a process killed
+// before it removed it) is replaced when empty, children included, and
+// refused when it holds processes.
+func TestStaleTaskCgroup(t *testing.T) {
+	p, err := setupCgroupParent("", "bashtask-executor-stale-test")
+	if err != nil {
+		t.Skipf("no writable cgroup v2 here: %v", err)
+	}
+	t.Cleanup(func() { _ = removeCgroupTree(p.path) })
+
+	stale := filepath.Join(p.path, "task-x")
+	if err := os.MkdirAll(filepath.Join(stale, "child"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	cg, _, err := p.create("task-x", Limits{})
+	if err != nil {
+		t.Fatalf("create over an empty stale cgroup: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(stale, "child")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the stale cgroup's child is still there: %v", err)
+	}
+	cg.closeFD()
+	if err := cg.remove(); err != nil {
+		t.Fatal(err)
+	}
+
+	busy := filepath.Join(p.path, "task-y")
+	if err := os.Mkdir(busy, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	sleeper := exec.Command("sleep", "60")
+	if err := sleeper.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sleeper.Process.Kill(); _ = sleeper.Wait() })
+	if err := os.WriteFile(filepath.Join(busy, "cgroup.procs"), []byte(fmt.Sprint(sleeper.Process.Pid)), 0); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := p.create("task-y", Limits{}); err == nil || !strings.Contains(err.Error(), "holds processes") {
+		t.Errorf("create over a populated cgroup: %v, want a refusal", err)
+	}
+	_ = sleeper.Process.Kill()
+	_ = sleeper.Wait()
 }
