@@ -80,6 +80,7 @@ func TestTenantView(t *testing.T) {
 		`echo tmp=$(stat -f -c %T /tmp) shm=$(stat -f -c %T /dev/shm) tmpsize=$(df -B1 --output=size /tmp | tail -1 | tr -d ' ')`,
 		`echo nnp=$(awk '/^NoNewPrivs/{print $2}' /proc/self/status) seccomp=$(awk '/^Seccomp:/{print $2}' /proc/self/status)`,
 		`echo hidepid=$(grep -c 'hidepid=invisible' /proc/mounts)`,
+		`sleep 5 & echo fds=$(ls /proc/$!/fd | tr '\n' ' '); kill $!`,
 	}, "; "))
 	spec.User = &User{UID: 2000123, GID: 2000123}
 	res := run(t, ex, spec)
@@ -95,6 +96,7 @@ func TestTenantView(t *testing.T) {
 		"nnp=1 seccomp=2\n",
 		"hidepid=1\n",
 		"masked=0\n",
+		"fds=0 1 2\n", // nothing of the shim's (its report pipe) reaches the shell
 	} {
 		if !strings.Contains(res.Stdout.Tail, want) {
 			t.Errorf("stdout lacks %q:\n%s", want, res.Stdout.Tail)

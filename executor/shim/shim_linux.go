@@ -227,6 +227,11 @@ func superviseShell(st *state) (int, error) {
 	if err != nil {
 		return 0, err
 	}
+	// Nothing but the three streams reaches the shell: the report pipe
+	// would let the task forge its own exit status.
+	if err := unix.CloseRange(3, ^uint(0), unix.CLOSE_RANGE_CLOEXEC); err != nil {
+		return 0, fmt.Errorf("marking descriptors close-on-exec: %w", err)
+	}
 	proc, err := os.StartProcess(st.cfg.Shell, []string{st.cfg.Shell, "-c", st.cfg.Command}, &os.ProcAttr{
 		Dir:   st.cfg.WorkDir,
 		Env:   st.cfg.Env,
