@@ -108,18 +108,6 @@ func ParseReport(line string) (Report, error) {
 	return Report{}, fmt.Errorf("shim report %q is not understood", line)
 }
 
-// StepError is a failed step: Step names it ("mounts", "identity", ...).
-type StepError struct {
-	Step string
-	Err  error
-}
-
-// Error returns "<step>: <error>".
-func (e *StepError) Error() string { return e.Step + ": " + e.Err.Error() }
-
-// Unwrap returns the step's error.
-func (e *StepError) Unwrap() error { return e.Err }
-
 // init runs the shim as early as the package initialization order allows
 // (packages are initialized in dependency order, ties broken by import
 // path): in the agent's binary, before most of the packages it links, whose
