@@ -112,3 +112,16 @@ func TestTenantView(t *testing.T) {
 		t.Errorf("isolation %+v", iso)
 	}
 }
+
+// The task's signals to its PID 1 do not crash the shim; SIGTERM to it
+// stops the task as a stop from the agent does.
+func TestTaskSignalsItsShim(t *testing.T) {
+	t.Parallel()
+	ex := newTestExecutor(t, CgroupAuto, func(c *Config) { c.Isolation = IsolationTenant })
+	spec := testSpec(t, `for s in QUIT ABRT USR1 SYS; do kill -$s 1; done; sleep 0.2; echo alive; kill -TERM 1; sleep 5; echo not-stopped`)
+	spec.User = &User{UID: 2000124, GID: 2000124}
+	res := run(t, ex, spec)
+	if res.Stdout.Tail != "alive\n" || res.Reason != ReasonSignaled || res.Signal != "SIGTERM" {
+		t.Errorf("%s %s %q: want alive, then Signaled by SIGTERM", res.Reason, res.Signal, res.Stdout.Tail)
+	}
+}
