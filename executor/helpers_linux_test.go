@@ -97,8 +97,21 @@ func forEachMechanism(t *testing.T, f func(t *testing.T, ex *Executor)) {
 }
 
 func testSpec(t *testing.T, command string) Spec {
-	return Spec{Command: command, SpillDir: filepath.Join(t.TempDir(), "spill"), KillGrace: time.Second}
+	spec := Spec{Command: command, SpillDir: filepath.Join(t.TempDir(), "spill"), KillGrace: time.Second}
+	if Isolation(os.Getenv(isolationEnv)) == IsolationTenant {
+		// As the agent runs a tenant: a UID of its own, not root.
+		uid := tenantTestUIDs.Add(1)
+		spec.User = &User{UID: uid, GID: uid}
+	}
+	return spec
 }
+
+// tenantTestUIDs hands out the UIDs of the tenant-level reruns.
+var tenantTestUIDs = func() *atomic.Uint32 {
+	var n atomic.Uint32
+	n.Store(2100000)
+	return &n
+}()
 
 // run starts spec and waits for the result, failing the test on a start
 // error or after a minute.

@@ -233,7 +233,8 @@ func (e *Executor) start(p *prepared) (_ *Task, err error) {
 }
 
 // PID is the shell's process id, which is also the id of the task's session
-// and process group. It stays valid after the task ended, when the id may
+// and process group; at IsolationTenant the id of the task's shim, whose
+// death ends every process of the task. It stays valid after the task ended, when the id may
 // already name another process: check [Task.ProcessStart] before using it
 // on a live system.
 func (t *Task) PID() int { return t.sys.pid }

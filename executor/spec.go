@@ -206,7 +206,9 @@ type Result struct {
 	// empty when it exited.
 	Signal string
 	// PID is the shell's process id, which is also its session and process
-	// group id; 0 when it never ran.
+	// group id; 0 when it never ran. At IsolationTenant it is the node's id
+	// of the task's shim (PID 1 of the task's PID namespace, the shell's
+	// parent).
 	PID int
 	// StartTime and EndTime are wall-clock times of the start of the shell
 	// and of the end of the whole task (all processes stopped, output read).

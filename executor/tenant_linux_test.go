@@ -80,6 +80,7 @@ func TestTenantView(t *testing.T) {
 		`echo tmp=$(stat -f -c %T /tmp) shm=$(stat -f -c %T /dev/shm) tmpsize=$(df -B1 --output=size /tmp | tail -1 | tr -d ' ')`,
 		`echo nnp=$(awk '/^NoNewPrivs/{print $2}' /proc/self/status) seccomp=$(awk '/^Seccomp:/{print $2}' /proc/self/status)`,
 		`echo hidepid=$(grep -c 'hidepid=invisible' /proc/mounts)`,
+		`sleep 5 & echo fds=$(ls /proc/$!/fd | tr '\n' ' '); kill $!`,
 	}, "; "))
 	spec.User = &User{UID: 2000123, GID: 2000123}
 	res := run(t, ex, spec)
@@ -95,6 +96,7 @@ func TestTenantView(t *testing.T) {
 		"nnp=1 seccomp=2\n",
 		"hidepid=1\n",
 		"masked=0\n",
+		"fds=0 1 2\n", // nothing of the shim's (its report pipe) reaches the shell
 	} {
 		if !strings.Contains(res.Stdout.Tail, want) {
 			t.Errorf("stdout lacks %q:\n%s", want, res.Stdout.Tail)
@@ -108,5 +110,18 @@ func TestTenantView(t *testing.T) {
 	iso := res.Isolation
 	if iso.Level != IsolationTenant || iso.UID == nil || *iso.UID != 2000123 || !iso.Seccomp || iso.PidsLimit == "" {
 		t.Errorf("isolation %+v", iso)
+	}
+}
+
+// The task's signals to its PID 1 do not crash the shim; SIGTERM to it
+// stops the task as a stop from the agent does.
+func TestTaskSignalsItsShim(t *testing.T) {
+	t.Parallel()
+	ex := newTestExecutor(t, CgroupAuto, func(c *Config) { c.Isolation = IsolationTenant })
+	spec := testSpec(t, `for s in QUIT ABRT USR1 SYS; do kill -$s 1; done; sleep 0.2; echo alive; kill -TERM 1; sleep 5; echo not-stopped`)
+	spec.User = &User{UID: 2000124, GID: 2000124}
+	res := run(t, ex, spec)
+	if res.Stdout.Tail != "alive\n" || res.Reason != ReasonSignaled || res.Signal != "SIGTERM" {
+		t.Errorf("%s %s %q: want alive, then Signaled by SIGTERM", res.Reason, res.Signal, res.Stdout.Tail)
 	}
 }

@@ -224,7 +224,7 @@ func TestAttackSuite(t *testing.T) {
 		}
 	}
 
-	t.Run("A reads B's files in its working directory, /tmp and /dev/shm", func(t *testing.T) {
+	t.Run("C35 A reads B's files in its working directory, /tmp and /dev/shm", func(t *testing.T) {
 		out := stdoutOf(attack(fmt.Sprintf(`
 r() { echo "$1: $( { eval "$2" >/dev/null; } 2>&1 | sed 's/.*: //')"; }
 r workdir-file 'cat %[1]s/secret'
@@ -237,7 +237,7 @@ r shm 'cat /dev/shm/y'`, b.workDir)))
 		})
 	})
 
-	t.Run("A reads B's environ and cmdline in /proc and lists /proc", func(t *testing.T) {
+	t.Run("C33 A reads B's environ and cmdline in /proc and lists /proc", func(t *testing.T) {
 		out := stdoutOf(attack(fmt.Sprintf(`
 r() { echo "$1: $( { eval "$2" >/dev/null; } 2>&1 | sed 's/.*: //')"; }
 r environ 'cat /proc/%[1]d/environ'
@@ -252,7 +252,7 @@ echo "count: $(ls -d /proc/[0-9]* | wc -l)"`, b.shellPID, b.shimPID, victimSecre
 		})
 	})
 
-	t.Run("A kills B's shell and every process it can (kill -9 -1)", func(t *testing.T) {
+	t.Run("C34 A kills B's shell and every process it can (kill -9 -1)", func(t *testing.T) {
 		st := attack(fmt.Sprintf(`sleep 30 & kill -9 %d; echo "kill-b: $?"; own=$!; kill -9 -1; echo "kill-all: $?"; wait $own; echo "own sleep: $?"`, b.shellPID))
 		out := stdoutOf(st)
 		// B's pid does not exist in A's namespace; kill -1 reaches only A's
@@ -311,7 +311,7 @@ r own-workdir 'echo x > x && echo written'`))
 		})
 	})
 
-	t.Run("A with network None and Node connects to the agent's port and a node listener", func(t *testing.T) {
+	t.Run("C36 A with network None and Node connects to the agent's port and a node listener", func(t *testing.T) {
 		lis, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
 			t.Fatal(err)

@@ -108,20 +108,15 @@ func ParseReport(line string) (Report, error) {
 	return Report{}, fmt.Errorf("shim report %q is not understood", line)
 }
 
-// StepError is a failed step: Step names it ("mounts", "identity", ...).
-type StepError struct {
-	Step string
-	Err  error
-}
-
-// Error returns "<step>: <error>".
-func (e *StepError) Error() string { return e.Step + ": " + e.Err.Error() }
-
-// Unwrap returns the step's error.
-func (e *StepError) Unwrap() error { return e.Err }
+// init runs the shim as early as the package initialization order allows
+// (packages are initialized in dependency order, ties broken by import
+// path): in the agent's binary, before most of the packages it links, whose
+// initialization would otherwise cost a shim start several milliseconds.
+func init() { Main() }
 
 // Main runs the shim and never returns when os.Args[0] is [Arg0]; in any
-// other process it returns at once. Call it first in main.
+// other process it returns at once. The package's init calls it; calling
+// it first in main as well documents that the binary is a shim too.
 func Main() {
 	if len(os.Args) == 0 || os.Args[0] != Arg0 {
 		return

@@ -221,11 +221,19 @@ func noNewPrivsStep(*state) error {
 func superviseShell(st *state) (int, error) {
 	sigs := make(chan os.Signal, 32)
 	// Before the fork: PID 1 of a namespace drops a signal it has no
-	// handler for, and a stop must not be lost.
-	signal.Notify(sigs, unix.SIGTERM, unix.SIGINT, unix.SIGHUP, unix.SIGCHLD)
+	// handler for, and a stop must not be lost. Every signal is caught, not
+	// only the forwarded ones: the task may signal its PID 1, and the Go
+	// runtime's default for SIGQUIT, SIGABRT and the like is to crash. A
+	// caught signal is reset to its default in the shell at exec.
+	signal.Notify(sigs)
 	devNull, err := os.OpenFile(os.DevNull, os.O_RDWR, 0)
 	if err != nil {
 		return 0, err
+	}
+	// Nothing but the three streams reaches the shell: the report pipe
+	// would let the task forge its own exit status.
+	if err := unix.CloseRange(3, ^uint(0), unix.CLOSE_RANGE_CLOEXEC); err != nil {
+		return 0, fmt.Errorf("marking descriptors close-on-exec: %w", err)
 	}
 	proc, err := os.StartProcess(st.cfg.Shell, []string{st.cfg.Shell, "-c", st.cfg.Command}, &os.ProcAttr{
 		Dir:   st.cfg.WorkDir,
@@ -272,7 +280,8 @@ func superviseShell(st *state) (int, error) {
 				w.Flush()
 			}
 		}
-		if sig := <-sigs; sig != unix.SIGCHLD {
+		switch sig := <-sigs; sig {
+		case unix.SIGTERM, unix.SIGINT, unix.SIGHUP:
 			_ = unix.Kill(-1, sig.(unix.Signal))
 		}
 	}
