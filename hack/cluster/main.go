@@ -1,3 +1,5 @@
+//go:build linux
+
 // Command cluster starts and stops the one-node cluster of
 // hack/cluster.sh: it builds the images, starts the node
 // (internal/nodecluster), installs the operator from the Helm chart as

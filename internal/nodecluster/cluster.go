@@ -1,4 +1,6 @@
-// Package nodecluster runs a one-node Kubernetes cluster on this machine for
+//go:build linux
+
+// Package nodecluster runs a one-node Kubernetes cluster on this machine (Linux only: kubelet, containerd and runc) for
 // tests and trials: etcd, kube-apiserver, kube-controller-manager,
 // kube-scheduler, containerd (with runc and a bridge CNI), kubelet and
 // kube-proxy in nftables mode, all as host processes, with images imported

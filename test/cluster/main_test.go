@@ -1,3 +1,5 @@
+//go:build linux
+
 // Package cluster tests the operator the way users run it: on a real
 // one-node Kubernetes cluster (kubelet, containerd, runc, kube-proxy, a
 // bridge CNI; internal/nodecluster) with images built on this machine and
