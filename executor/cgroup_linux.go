@@ -17,6 +17,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/bashtask/bashtask-operator/internal/mounts"
 )
 
 // limitControllers are the controllers a task's limits need; New enables
@@ -96,28 +98,9 @@ func parseCgroup2Mounts(mountinfo string) []cgroupMount {
 		if sep < 5 || sep+1 >= len(fields) || fields[sep+1] != "cgroup2" {
 			continue
 		}
-		out = append(out, cgroupMount{root: unescapeMountinfo(fields[3]), point: unescapeMountinfo(fields[4])})
+		out = append(out, cgroupMount{root: mounts.Unescape(fields[3]), point: mounts.Unescape(fields[4])})
 	}
 	return out
-}
-
-// unescapeMountinfo undoes the kernel's octal escapes (\040 for a space).
-func unescapeMountinfo(s string) string {
-	if !strings.Contains(s, `\`) {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+3 < len(s) {
-			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
-				b.WriteByte(byte(n))
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
 }
 
 // makeCgroupParent creates (or adopts) the parent cgroup at path, proves it

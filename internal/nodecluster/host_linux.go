@@ -16,6 +16,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/bashtask/bashtask-operator/internal/mounts"
 	"github.com/bashtask/bashtask-operator/internal/procfs"
 )
 
@@ -310,53 +311,15 @@ func killMatching(match func(cmdline string) bool) {
 }
 
 // unmountUnder detaches every mount whose mount point is at or below one
-// of the prefixes (a prefix matches path components and, for a name that
-// ends without a slash, names that start with it), deepest first.
+// of the prefixes, deepest first; a prefix that ends in "-" also matches
+// the names that start with it (/run/netns/cni-).
 func unmountUnder(prefixes ...string) error {
-	b, err := os.ReadFile("/proc/self/mountinfo")
-	if err != nil {
-		return err
-	}
-	var points []string
-	for line := range strings.SplitSeq(string(b), "\n") {
-		f := strings.Fields(line)
-		if len(f) < 5 {
-			continue
-		}
-		p := unescapeOctal(f[4])
+	return mounts.UnmountWhere(func(p string) bool {
 		for _, pre := range prefixes {
-			if p == pre || strings.HasPrefix(p, strings.TrimSuffix(pre, "/")+"/") || (strings.HasSuffix(pre, "-") && strings.HasPrefix(p, pre)) {
-				points = append(points, p)
-				break
+			if mounts.Under(p, pre) || (strings.HasSuffix(pre, "-") && strings.HasPrefix(p, pre)) {
+				return true
 			}
 		}
-	}
-	sort.Slice(points, func(i, j int) bool { return len(points[i]) > len(points[j]) })
-	var errs []error
-	for _, p := range points {
-		if err := syscall.Unmount(p, syscall.MNT_DETACH); err != nil && !errors.Is(err, syscall.EINVAL) && !errors.Is(err, syscall.ENOENT) {
-			errs = append(errs, fmt.Errorf("unmounting %s: %w", p, err))
-		}
-	}
-	return errors.Join(errs...)
-}
-
-// unescapeOctal undoes mountinfo's \ooo escapes (space, tab, newline,
-// backslash).
-func unescapeOctal(s string) string {
-	if !strings.Contains(s, `\`) {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+3 < len(s) {
-			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
-				b.WriteByte(byte(n))
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
+		return false
+	})
 }
