@@ -3,7 +3,6 @@
 package cluster
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"crypto/sha256"
@@ -24,6 +23,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1 "github.com/bashtask/bashtask-operator/api/v1alpha1"
+	"github.com/bashtask/bashtask-operator/internal/exampletasks"
 	"github.com/bashtask/bashtask-operator/internal/procfs"
 )
 
@@ -186,24 +186,11 @@ func countingCommand(rest string) string {
 // countRuns returns how many times each task UID's counting command ran.
 func countRuns(t *testing.T) map[string]int {
 	t.Helper()
-	entries, err := os.ReadDir(countDir)
+	runs, err := exampletasks.CountRuns(countDir, "")
 	if err != nil {
 		t.Fatal(err)
 	}
-	out := map[string]int{}
-	for _, e := range entries {
-		f, err := os.Open(filepath.Join(countDir, e.Name()))
-		if err != nil {
-			t.Fatal(err)
-		}
-		n := 0
-		for s := bufio.NewScanner(f); s.Scan(); {
-			n++
-		}
-		_ = f.Close()
-		out[e.Name()] = n
-	}
-	return out
+	return runs
 }
 
 // agentPod returns the running agent pod's name.

@@ -13,46 +13,21 @@ import (
 	"time"
 
 	"k8s.io/apimachinery/pkg/api/meta"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/utils/dump"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1 "github.com/bashtask/bashtask-operator/api/v1alpha1"
+	"github.com/bashtask/bashtask-operator/internal/exampletasks"
 )
 
 // TestExamples applies every manifest in examples/, cancels the long one,
 // and checks each task's reason against its bashtask.dev/expect-reason.
 func TestExamples(t *testing.T) {
 	ns := newNamespace(t)
-	files, err := filepath.Glob(filepath.Join(root, "examples", "*.yaml"))
-	if err != nil || len(files) == 0 {
-		t.Fatalf("no examples found: %v", err)
-	}
-	expect := map[string]string{}
-	for _, f := range files {
-		data, err := os.ReadFile(f)
-		if err != nil {
-			t.Fatal(err)
-		}
-		dec := utilyaml.NewYAMLOrJSONDecoder(strings.NewReader(string(data)), 4096)
-		for {
-			u := &unstructured.Unstructured{}
-			if err := dec.Decode(&u.Object); err != nil {
-				break
-			}
-			if len(u.Object) == 0 {
-				continue
-			}
-			u.SetNamespace(ns)
-			if err := k8s.Create(t.Context(), u); err != nil {
-				t.Fatalf("%s: creating %s %s: %v", filepath.Base(f), u.GetKind(), u.GetName(), err)
-			}
-			if u.GetKind() == "BashTask" {
-				expect[u.GetName()] = u.GetAnnotations()["bashtask.dev/expect-reason"]
-			}
-		}
+	expect, err := exampletasks.Apply(t.Context(), k8s, filepath.Join(root, "examples"), ns)
+	if err != nil {
+		t.Fatal(err)
 	}
 	if len(expect) < 9 {
 		t.Fatalf("found %d example tasks, want at least 9", len(expect))

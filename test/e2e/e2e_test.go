@@ -5,7 +5,6 @@
 package e2e
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"errors"
@@ -26,6 +25,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1 "github.com/bashtask/bashtask-operator/api/v1alpha1"
+	"github.com/bashtask/bashtask-operator/internal/exampletasks"
 	"github.com/bashtask/bashtask-operator/internal/localcluster"
 	"github.com/bashtask/bashtask-operator/internal/syncbuf"
 	"github.com/bashtask/bashtask-operator/internal/testenv"
@@ -241,24 +241,11 @@ func componentPidOrZero(name string) int {
 // countRuns returns how many times each task UID's counting command ran.
 func countRuns(t *testing.T) map[string]int {
 	t.Helper()
-	entries, err := os.ReadDir(countDir)
+	runs, err := exampletasks.CountRuns(countDir, "count-")
 	if err != nil {
 		t.Fatal(err)
 	}
-	out := map[string]int{}
-	for _, e := range entries {
-		f, err := os.Open(filepath.Join(countDir, e.Name()))
-		if err != nil {
-			t.Fatal(err)
-		}
-		n := 0
-		for s := bufio.NewScanner(f); s.Scan(); {
-			n++
-		}
-		_ = f.Close()
-		out[strings.TrimPrefix(e.Name(), "count-")] = n
-	}
-	return out
+	return runs
 }
 
 // countingCommand appends one line per execution to a file named after the
