@@ -236,7 +236,7 @@ var ErrAlreadyUp = errors.New("a one-node cluster is already up on this machine"
 
 // CheckNotUp returns ErrAlreadyUp, saying where, when this cluster's
 // processes run, its directory records a cluster that was not taken down,
-// or another cluster's containerd socket exists in RunDir (one node per
+// or another cluster's containerd answers on RunDir's socket (one node per
 // machine: kubelet's directories, ports and the kubepods cgroups are the
 // host's). It changes nothing.
 func (c *Cluster) CheckNotUp() error {
@@ -246,8 +246,12 @@ func (c *Cluster) CheckNotUp() error {
 	if _, err := os.Stat(c.hostStateFile()); err == nil {
 		return fmt.Errorf("%w: %s records a cluster that was not taken down; run make cluster-down first", ErrAlreadyUp, c.hostStateFile())
 	}
-	if _, err := os.Stat(c.ContainerdSocket()); err == nil {
-		return fmt.Errorf("%w: %s exists, so a cluster of another directory runs; take that one down first", ErrAlreadyUp, c.ContainerdSocket())
+	// A socket that answers is another directory's live containerd; one
+	// that does not is left by a cluster whose processes were killed, and
+	// Up starts over it.
+	if conn, err := net.DialTimeout("unix", c.ContainerdSocket(), time.Second); err == nil {
+		_ = conn.Close()
+		return fmt.Errorf("%w: %s answers, so a cluster of another directory runs; take that one down first", ErrAlreadyUp, c.ContainerdSocket())
 	}
 	return nil
 }
