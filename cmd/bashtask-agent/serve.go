@@ -322,7 +322,13 @@ func (o *serveOptions) agentConfig(log *slog.Logger) (agent.Config, error) {
 	var mask []string
 	for _, f := range []string{o.certFile, o.keyFile, o.caFile} {
 		if f != "" {
-			mask = append(mask, filepath.Dir(f))
+			// Mounts need absolute paths; the flags may be relative
+			// (bashtask-local passes paths under its --dir).
+			dir, err := filepath.Abs(filepath.Dir(f))
+			if err != nil {
+				return agent.Config{}, fmt.Errorf("the directory of %s: %w", f, err)
+			}
+			mask = append(mask, dir)
 		}
 	}
 	return agent.Config{

@@ -247,7 +247,11 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 		// Tasks must not read the records, output and uploads of others,
 		// nor the bucket's credentials, whatever the files' modes.
 		s.cfg.Executor.MaskPaths = append(slices.Clip(s.cfg.Executor.MaskPaths), credentialFiles(os.Getenv)...)
-		s.cfg.Executor.MaskPaths = append(s.cfg.Executor.MaskPaths, cfg.StateDir)
+		stateDir, err := filepath.Abs(cfg.StateDir)
+		if err != nil {
+			return nil, fmt.Errorf("the state directory %s: %w", cfg.StateDir, err)
+		}
+		s.cfg.Executor.MaskPaths = append(s.cfg.Executor.MaskPaths, stateDir)
 	}
 	if cfg.Executor.Isolation == executor.IsolationTenant && !cfg.SharedIdentity {
 		r := cfg.TaskUIDs
