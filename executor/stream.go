@@ -93,9 +93,8 @@ func (s *stream) create() error {
 	return nil
 }
 
-// write takes one chunk the task wrote.
-func (s *stream) write(p []byte) {
-	s.hash.Write(p)
+// record appends a chunk to the spill file (up to the limit) and the tail.
+func (s *stream) record(p []byte) {
 	if s.spill == nil && s.spillErr == nil && len(p) > 0 {
 		s.spillErr = s.create()
 	}
@@ -114,26 +113,76 @@ func (s *stream) write(p []byte) {
 	s.mu.Unlock()
 }
 
+// hashDepth is how many read buffers may wait for the hash at once. SHA-256
+// runs at about the pipe's speed on one core, so on its own goroutine it
+// takes the other core instead of every second of the copy; the depth
+// bounds the memory this costs (hashDepth large buffers per busy stream).
+const hashDepth = 4
+
 // readFrom copies r into the stream until EOF or until r is closed or its
 // read deadline passes (the executor's guard against a descendant that keeps
-// the pipe open).
+// the pipe open). Every chunk goes to the spill file and the tail here and
+// to the hash on a second goroutine, in order; readFrom returns once the
+// hash has taken every byte, so finish sees the whole stream's sum.
 func (s *stream) readFrom(r io.Reader) {
-	small := make([]byte, smallReadBuf)
-	buf := small
-	var large *[]byte
-	defer func() {
-		if large != nil {
-			largeBufPool.Put(large)
+	full := make(chan []byte, hashDepth)
+	free := make(chan []byte, hashDepth+1)
+	hashed := make(chan struct{})
+	go func() {
+		defer close(hashed)
+		for b := range full {
+			s.hash.Write(b)
+			free <- b[:cap(b)]
 		}
 	}()
+	var large []*[]byte // taken from largeBufPool, returned at the end
+	defer func() {
+		close(full)
+		<-hashed
+		for _, b := range large {
+			largeBufPool.Put(b)
+		}
+	}()
+	size := smallReadBuf
+	allocated := 0
+	next := func() []byte {
+		for {
+			select {
+			case b := <-free:
+				if cap(b) >= size {
+					return b
+				}
+				allocated-- // a small buffer outgrown by the stream: dropped
+				continue
+			default:
+			}
+			if allocated < hashDepth {
+				allocated++
+				if size == smallReadBuf {
+					return make([]byte, smallReadBuf)
+				}
+				b := largeBufPool.Get().(*[]byte)
+				large = append(large, b)
+				return *b
+			}
+			b := <-free
+			if cap(b) >= size {
+				return b
+			}
+			allocated--
+		}
+	}
 	for {
+		buf := next()
 		n, err := r.Read(buf)
 		if n > 0 {
-			s.write(buf[:n])
-			if n == len(buf) && large == nil {
-				large = largeBufPool.Get().(*[]byte)
-				buf = *large
+			s.record(buf[:n])
+			if n == len(buf) {
+				size = largeReadBuf // a busy stream: read in large chunks
 			}
+			full <- buf[:n]
+		} else {
+			free <- buf
 		}
 		if err != nil {
 			return
