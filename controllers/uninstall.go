@@ -82,28 +82,15 @@ func dispatchedUnfinished(bt *bashtaskv1alpha1.BashTask) bool {
 	return ptr.Deref(bt.Status.NodeName, "") != "" && ptr.Deref(bt.Status.Reason, "") == ""
 }
 
+// cancelDispatched sets spec.cancelRequested on every dispatched,
+// unfinished task not already cancelled.
 func cancelDispatched(ctx context.Context, c client.Client, namespace string) (int, error) {
-	var list bashtaskv1alpha1.BashTaskList
-	if err := c.List(ctx, &list, client.InNamespace(namespace)); err != nil {
-		return 0, fmt.Errorf("listing BashTasks: %w", err)
-	}
-	n := 0
-	var errs []error
-	for i := range list.Items {
-		bt := &list.Items[i]
-		if !dispatchedUnfinished(bt) || (bt.Spec.CancelRequested != nil && *bt.Spec.CancelRequested) {
-			continue
-		}
-		patch := client.MergeFrom(bt.DeepCopy())
-		yes := true
-		bt.Spec.CancelRequested = &yes
-		if err := c.Patch(ctx, bt, patch); err != nil && !apierrors.IsNotFound(err) {
-			errs = append(errs, fmt.Errorf("cancelling %s: %w", klog.KObj(bt), err))
-			continue
-		}
-		n++
-	}
-	return n, errors.Join(errs...)
+	return patchEach(ctx, c, namespace, "cancelling",
+		func(bt *bashtaskv1alpha1.BashTask) bool {
+			return dispatchedUnfinished(bt) && !ptr.Deref(bt.Spec.CancelRequested, false)
+		},
+		func(bt *bashtaskv1alpha1.BashTask) { bt.Spec.CancelRequested = ptr.To(true) },
+		client.MergeFrom)
 }
 
 func waitNoneRunning(ctx context.Context, c client.Client, o ReleaseOptions, logf func(string, ...any)) error {
@@ -134,7 +121,24 @@ func waitNoneRunning(ctx context.Context, c client.Client, o ReleaseOptions, log
 	}
 }
 
+// removeFinalizers removes Finalizer from every task that has it, with
+// optimistic locking so a finalizer another party adds meanwhile is kept.
 func removeFinalizers(ctx context.Context, c client.Client, namespace string) (int, error) {
+	return patchEach(ctx, c, namespace, "removing the finalizer of",
+		func(bt *bashtaskv1alpha1.BashTask) bool { return controllerutil.ContainsFinalizer(bt, Finalizer) },
+		func(bt *bashtaskv1alpha1.BashTask) { controllerutil.RemoveFinalizer(bt, Finalizer) },
+		func(obj client.Object) client.Patch {
+			return client.MergeFromWithOptions(obj, client.MergeFromWithOptimisticLock{})
+		})
+}
+
+// patchEach lists the tasks of namespace (empty: all) and, for each that
+// match accepts, applies mutate as a merge patch made by newPatch from the
+// task as listed. A task gone meanwhile is skipped; the other failures are
+// joined, each naming the task after doing. It returns how many it patched.
+func patchEach(ctx context.Context, c client.Client, namespace, doing string,
+	match func(*bashtaskv1alpha1.BashTask) bool, mutate func(*bashtaskv1alpha1.BashTask),
+	newPatch func(client.Object) client.Patch) (int, error) {
 	var list bashtaskv1alpha1.BashTaskList
 	if err := c.List(ctx, &list, client.InNamespace(namespace)); err != nil {
 		return 0, fmt.Errorf("listing BashTasks: %w", err)
@@ -143,14 +147,13 @@ func removeFinalizers(ctx context.Context, c client.Client, namespace string) (i
 	var errs []error
 	for i := range list.Items {
 		bt := &list.Items[i]
-		if !controllerutil.ContainsFinalizer(bt, Finalizer) {
+		if !match(bt) {
 			continue
 		}
-		// Optimistic locking: another finalizer added meanwhile is kept.
-		patch := client.MergeFromWithOptions(bt.DeepCopy(), client.MergeFromWithOptimisticLock{})
-		controllerutil.RemoveFinalizer(bt, Finalizer)
+		patch := newPatch(bt.DeepCopy())
+		mutate(bt)
 		if err := c.Patch(ctx, bt, patch); err != nil && !apierrors.IsNotFound(err) {
-			errs = append(errs, fmt.Errorf("removing the finalizer of %s: %w", klog.KObj(bt), err))
+			errs = append(errs, fmt.Errorf("%s %s: %w", doing, klog.KObj(bt), err))
 			continue
 		}
 		n++
