@@ -223,18 +223,7 @@ func timePlain(shell, dir string, env []string, setsid bool) (time.Duration, err
 
 func timeTask(ex *executor.Executor, dir string, i int) (time.Duration, error) {
 	spill := filepath.Join(dir, "spill-"+strconv.Itoa(i)+"-"+string(ex.Mechanism()))
-	begin := time.Now()
-	task, err := ex.Start(executor.Spec{Command: "true", WorkingDir: dir, SpillDir: spill})
-	if err != nil {
-		return 0, err
-	}
-	<-task.Done()
-	took := time.Since(begin)
-	res, _ := task.Result()
-	if res.Reason != executor.ReasonSucceeded {
-		return 0, fmt.Errorf("true through the executor: %s (%s)", res.Reason, res.Message)
-	}
-	return took, os.RemoveAll(spill)
+	return timeStart(ex, executor.Spec{Command: "true", WorkingDir: dir, SpillDir: spill}, "true through the executor")
 }
 
 // benchUID is the task UID of the tenant measurements (the agent's default
@@ -245,8 +234,16 @@ const benchUID = 2000000
 // owned by its UID, as the agent does.
 func timeTenant(ex *executor.Executor, dir string, i int, network executor.Network) (time.Duration, error) {
 	spill := filepath.Join(dir, "spill-"+strconv.Itoa(i)+"-tenant-"+string(network))
+	return timeStart(ex, executor.Spec{Command: "true", SpillDir: spill, Network: network, User: &executor.User{UID: benchUID, GID: benchUID}},
+		"true at the tenant level")
+}
+
+// timeStart runs spec to its end and returns the time from Start to Done;
+// a task that did not succeed is an error naming what, and the task's spill
+// directory is removed.
+func timeStart(ex *executor.Executor, spec executor.Spec, what string) (time.Duration, error) {
 	begin := time.Now()
-	task, err := ex.Start(executor.Spec{Command: "true", SpillDir: spill, Network: network, User: &executor.User{UID: benchUID, GID: benchUID}})
+	task, err := ex.Start(spec)
 	if err != nil {
 		return 0, err
 	}
@@ -254,9 +251,9 @@ func timeTenant(ex *executor.Executor, dir string, i int, network executor.Netwo
 	took := time.Since(begin)
 	res, _ := task.Result()
 	if res.Reason != executor.ReasonSucceeded {
-		return 0, fmt.Errorf("true at the tenant level: %s (%s)", res.Reason, res.Message)
+		return 0, fmt.Errorf("%s: %s (%s)", what, res.Reason, res.Message)
 	}
-	return took, os.RemoveAll(spill)
+	return took, os.RemoveAll(spec.SpillDir)
 }
 
 // plainWrite times `head -c 2000000000 /dev/zero > file` and returns MB/s.
