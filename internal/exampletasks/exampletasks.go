@@ -1,22 +1,29 @@
-// Package exampletasks applies the manifests of examples/ the way the
-// end-to-end and cluster suites (and a user) do, and reads the evidence
-// counting commands leave, so both suites check the same promises with the
-// same code.
+// Package exampletasks holds what the end-to-end and cluster suites do
+// alike, so both check the same promises with the same code: apply the
+// manifests of examples/ as a user does and compare each task's outcome
+// with its expected reason, run kubectl-bashtask, and read the evidence
+// counting commands leave.
 package exampletasks
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"sort"
 	"strings"
 
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	v1 "github.com/bashtask/bashtask-operator/api/v1alpha1"
 )
 
 // ExpectReasonAnnotation is the annotation each example task carries: the
@@ -86,4 +93,45 @@ func CountRuns(dir, prefix string) (map[string]int, error) {
 		out[strings.TrimPrefix(e.Name(), prefix)] = n
 	}
 	return out, nil
+}
+
+// Mismatches compares the terminal tasks of done with the expected reasons
+// Apply returned and describes, sorted by name, each task that ended
+// otherwise or is missing from done.
+func Mismatches(expect map[string]string, done map[string]*v1.BashTask) []string {
+	var out []string
+	for name, want := range expect {
+		bt := done[name]
+		if bt == nil {
+			out = append(out, fmt.Sprintf("%s has not ended, its manifest expects %s", name, want))
+			continue
+		}
+		if got := string(ptr.Deref(bt.Status.Reason, "")); got != want {
+			out = append(out, fmt.Sprintf("%s ended %s (%s), its manifest expects %s", name, got, ptr.Deref(bt.Status.Message, ""), want))
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+// RunPlugin runs the kubectl-bashtask binary with --kubeconfig kubeconfig
+// and args, the environment of this process plus env, and stdin when not
+// empty. code is the exit code, or -1 when the binary could not run (the
+// reason is then appended to stderr).
+func RunPlugin(ctx context.Context, bin, kubeconfig string, env []string, stdin string, args ...string) (stdout, stderr string, code int) {
+	cmd := exec.CommandContext(ctx, bin, append([]string{"--kubeconfig", kubeconfig}, args...)...)
+	cmd.Env = append(os.Environ(), env...)
+	var o, e bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &o, &e
+	if stdin != "" {
+		cmd.Stdin = strings.NewReader(stdin)
+	}
+	err := cmd.Run()
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		return o.String(), e.String(), ee.ExitCode()
+	} else if err != nil {
+		return o.String(), e.String() + err.Error(), -1
+	}
+	return o.String(), e.String(), 0
 }

@@ -44,10 +44,8 @@ func TestExamples(t *testing.T) {
 		names = append(names, n)
 	}
 	done := waitTerminal(t, ns, names, 3*time.Minute)
-	for name, want := range expect {
-		if got := string(ptr.Deref(done[name].Status.Reason, "")); got != want {
-			t.Errorf("%s ended %s (%s), its manifest expects %s", name, got, ptr.Deref(done[name].Status.Message, ""), want)
-		}
+	for _, m := range exampletasks.Mismatches(expect, done) {
+		t.Error(m)
 	}
 	large := waitTask(t, ns, "large-output", "uploaded", time.Minute, func(bt *v1.BashTask) bool {
 		return meta.IsStatusConditionTrue(bt.Status.Conditions, v1.ConditionOutputUploaded)

@@ -3,14 +3,11 @@
 package cluster
 
 import (
-	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -100,20 +97,7 @@ func waitTerminal(t *testing.T, ns string, names []string, timeout time.Duration
 
 // plugin runs kubectl-bashtask against the cluster.
 func plugin(ctx context.Context, stdin string, args ...string) (stdout, stderr string, code int) {
-	cmd := exec.CommandContext(ctx, filepath.Join(root, "bin", "kubectl-bashtask"), append([]string{"--kubeconfig", cluster.Kubeconfig()}, args...)...)
-	var o, e bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &o, &e
-	if stdin != "" {
-		cmd.Stdin = strings.NewReader(stdin)
-	}
-	err := cmd.Run()
-	var ee *exec.ExitError
-	if errors.As(err, &ee) {
-		return o.String(), e.String(), ee.ExitCode()
-	} else if err != nil {
-		return o.String(), e.String() + err.Error(), -1
-	}
-	return o.String(), e.String(), 0
+	return exampletasks.RunPlugin(ctx, filepath.Join(root, "bin", "kubectl-bashtask"), cluster.Kubeconfig(), nil, stdin, args...)
 }
 
 // kubectl runs the cluster's kubectl and fails the test on error.

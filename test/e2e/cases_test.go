@@ -42,10 +42,8 @@ func TestExamples(t *testing.T) {
 		names = append(names, n)
 	}
 	done := waitTerminal(t, ns, names, 3*time.Minute)
-	for name, want := range expect {
-		if got := string(ptr.Deref(done[name].Status.Reason, "")); got != want {
-			t.Errorf("%s ended %s (%s), its manifest expects %s", name, got, ptr.Deref(done[name].Status.Message, ""), want)
-		}
+	for _, m := range exampletasks.Mismatches(expect, done) {
+		t.Error(m)
 	}
 	secret := done["secret-env"].Status.Stdout
 	if secret == nil || !strings.Contains(ptr.Deref(secret.Tail, ""), "DEMO_API_KEY is not visible") || !strings.Contains(ptr.Deref(secret.Tail, ""), "s3cr3t") {

@@ -5,9 +5,7 @@
 package e2e
 
 import (
-	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -256,19 +254,5 @@ func countingCommand(rest string) string {
 
 // plugin runs kubectl-bashtask against the local cluster.
 func plugin(ctx context.Context, stdin string, args ...string) (stdout, stderr string, code int) {
-	cmd := exec.CommandContext(ctx, filepath.Join(binDir, "kubectl-bashtask"), append([]string{"--kubeconfig", filepath.Join(clusterDir, "kubeconfig")}, args...)...)
-	cmd.Env = append(os.Environ(), s3Env...)
-	var o, e bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &o, &e
-	if stdin != "" {
-		cmd.Stdin = strings.NewReader(stdin)
-	}
-	err := cmd.Run()
-	var ee *exec.ExitError
-	if errors.As(err, &ee) {
-		return o.String(), e.String(), ee.ExitCode()
-	} else if err != nil {
-		return o.String(), e.String() + err.Error(), -1
-	}
-	return o.String(), e.String(), 0
+	return exampletasks.RunPlugin(ctx, filepath.Join(binDir, "kubectl-bashtask"), filepath.Join(clusterDir, "kubeconfig"), s3Env, stdin, args...)
 }
