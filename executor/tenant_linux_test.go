@@ -16,10 +16,10 @@ import (
 // test binary runs them again with every test executor at IsolationTenant.
 func TestCasesAtTenantLevel(t *testing.T) {
 	if os.Getenv(isolationEnv) != "" {
-		t.Skip("already at a fixed level")
+		t.Skip("this process is the rerun at a fixed level that this test starts; it does not start another")
 	}
 	if testing.Short() {
-		t.Skip("reruns the cases")
+		t.Skip("-short: rerunning every executor case at the tenant level takes about a minute (make test runs it)")
 	}
 	t.Parallel()
 	cmd := exec.CommandContext(t.Context(), os.Args[0], "-test.run", `^(TestC[0-2][0-9]_|TestExitCodeAndSignalMapping|TestStdinModes|TestAmbientModes)`, "-test.count=1")
