@@ -63,7 +63,8 @@ everything it started. Only one cluster runs per directory.`,
 	f.IntVar(&o.Agents, "agents", 2, "number of agents, each with a node of its own")
 	f.BoolVar(&o.S3, "s3", false, "store output in a local S3 server (versitygw, built by hack/setup-s3.sh) instead of a file:// bucket")
 	f.StringArrayVar(&o.AgentEnv, "agent-env", nil, "NAME=VALUE added to the agents' own environment (repeatable); the credential scrub applies to it")
-	f.StringArrayVar(&o.AgentArgs, "agent-arg", nil, "extra flag for every bashtask-agent (repeatable), such as --agent-arg=--isolation=tenant (as root)")
+	f.StringVar(&o.Isolation, "isolation", "", "the agents' isolation level: tenant (a UID, namespaces, Landlock and seccomp per task; needs root) or process; empty means tenant when run as root, else process")
+	f.StringArrayVar(&o.AgentArgs, "agent-arg", nil, "extra flag for every bashtask-agent (repeatable), such as --agent-arg=--task-network=none")
 	f.StringArrayVar(&o.ControllerArgs, "controller-arg", nil, "extra flag for bashtask-controller (repeatable), such as --controller-arg=--max-running-per-owner=2")
 	return cmd
 }
@@ -79,7 +80,7 @@ func up(cmd *cobra.Command, o localcluster.LauncherOptions) error {
 	}
 	defer c.Down()
 	out := cmd.OutOrStdout()
-	fmt.Fprintf(out, "\nbashtask-local is up in %s with %d agents; objects go to %s\n\n", time.Since(start).Round(100*time.Millisecond), len(c.Agents), c.BucketURL)
+	fmt.Fprintf(out, "\nbashtask-local is up in %s with %d agents at isolation %s; objects go to %s\n\n", time.Since(start).Round(100*time.Millisecond), len(c.Agents), c.Isolation, c.BucketURL)
 	fmt.Fprintf(out, "  export KUBECONFIG=%s\n", abs(c.Kubeconfig))
 	fmt.Fprintf(out, "  export PATH=%s:%s:$PATH   # kubectl and kubectl-bashtask\n", abs(o.BinDir), abs(o.AssetsDir))
 	for _, e := range c.S3Env {

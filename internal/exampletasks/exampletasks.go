@@ -6,7 +6,6 @@
 package exampletasks
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"errors"
@@ -69,30 +68,6 @@ func Apply(ctx context.Context, c client.Client, dir, ns string) (map[string]str
 		}
 	}
 	return expect, nil
-}
-
-// CountRuns reads a directory where counting commands append one line per
-// execution to a file named after the task's UID (optionally with prefix),
-// and returns the number of lines by UID.
-func CountRuns(dir, prefix string) (map[string]int, error) {
-	entries, err := os.ReadDir(dir)
-	if err != nil {
-		return nil, err
-	}
-	out := map[string]int{}
-	for _, e := range entries {
-		f, err := os.Open(filepath.Join(dir, e.Name()))
-		if err != nil {
-			return nil, err
-		}
-		n := 0
-		for s := bufio.NewScanner(f); s.Scan(); {
-			n++
-		}
-		_ = f.Close()
-		out[strings.TrimPrefix(e.Name(), prefix)] = n
-	}
-	return out, nil
 }
 
 // Mismatches compares the terminal tasks of done with the expected reasons

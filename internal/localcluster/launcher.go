@@ -52,8 +52,12 @@ type LauncherOptions struct {
 	// AgentEnv are extra NAME=VALUE entries of the agents' environment,
 	// which the ambient-env scrub applies to like any other.
 	AgentEnv []string
-	// AgentArgs are extra flags for every bashtask-agent, such as
-	// --isolation=tenant (which needs the launcher to run as root).
+	// Isolation is the agents' --isolation level: process or tenant (which
+	// needs root). Empty means tenant when the launcher runs as root, as the
+	// chart's default is, and process otherwise.
+	Isolation string
+	// AgentArgs are extra flags for every bashtask-agent; they come after
+	// the launcher's own, so a flag given here wins.
 	AgentArgs []string
 	// ControllerArgs are extra flags for bashtask-controller.
 	ControllerArgs []string
@@ -75,6 +79,8 @@ type Cluster struct {
 	// reach the local S3 server (kubectl bashtask --bucket-query); empty
 	// for a file:// bucket.
 	BucketQuery string
+	// Isolation is the agents' isolation level, process or tenant.
+	Isolation string
 
 	opts  LauncherOptions
 	lock  *os.File
@@ -118,12 +124,21 @@ func Up(ctx context.Context, o LauncherOptions) (*Cluster, error) {
 	if o.Log == nil {
 		o.Log = slog.Default()
 	}
+	isolation := o.Isolation
+	switch {
+	case isolation == "" && os.Geteuid() == 0:
+		isolation = "tenant"
+	case isolation == "":
+		isolation = "process"
+	case isolation != "process" && isolation != "tenant":
+		return nil, fmt.Errorf("--isolation must be process or tenant, got %q", isolation)
+	}
 	for _, d := range []string{o.Dir, filepath.Join(o.Dir, "logs")} {
 		if err := os.MkdirAll(d, 0o700); err != nil {
 			return nil, fmt.Errorf("creating %s: %w", d, err)
 		}
 	}
-	c := &Cluster{opts: o, Kubeconfig: filepath.Join(o.Dir, "kubeconfig")}
+	c := &Cluster{opts: o, Kubeconfig: filepath.Join(o.Dir, "kubeconfig"), Isolation: isolation}
 	var err error
 	if c.lock, err = lockDir(o.Dir); err != nil {
 		return nil, err
@@ -206,6 +221,7 @@ func (c *Cluster) up(ctx context.Context) error {
 			"--tls-cert-file", certs.AgentCertFile, "--tls-key-file", certs.AgentKeyFile, "--tls-ca-file", certs.CAFile,
 			"--progress-interval", "500ms", "--log-format", "text",
 		}
+		args = append(args, "--isolation="+c.Isolation)
 		args = append(args, o.AgentArgs...)
 		env := append(append(os.Environ(), bucketEnv...), o.AgentEnv...)
 		if err := c.start("agent-"+a.Node, filepath.Join(o.BinDir, "bashtask-agent"), args, env); err != nil {

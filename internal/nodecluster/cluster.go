@@ -148,6 +148,10 @@ func New(opts Options) (*Cluster, error) {
 // Kubeconfig is the path of the administrator's kubeconfig.
 func (c *Cluster) Kubeconfig() string { return filepath.Join(c.opts.Dir, "kubeconfig") }
 
+// NodeIP returns the node's address (Options.NodeIP): pods reach the host
+// on it.
+func (c *Cluster) NodeIP() string { return c.opts.NodeIP }
+
 // APIServerURL is the API server's address.
 func (c *Cluster) APIServerURL() string { return "https://" + net.JoinHostPort(c.opts.NodeIP, "6443") }
 

@@ -5,6 +5,8 @@ package cluster
 import (
 	"fmt"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -14,6 +16,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/dump"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -101,8 +104,10 @@ func TestCgroupContainsEscapees(t *testing.T) {
 	}
 }
 
-// TestUnprivilegedScrubbed: the task runs as the chart's unprivileged user,
-// never root, and sees none of the agent's bucket credentials.
+// TestUnprivilegedScrubbed: at the chart's default isolation level,
+// tenant, the task runs as a UID of its own leased from
+// agent.taskUIDRange, never root, in namespaces of its own, and sees none
+// of the agent's bucket credentials.
 func TestUnprivilegedScrubbed(t *testing.T) {
 	ns := newNamespace(t)
 	newTask(t, ns, "whoami", "id -u; id -g; env")
@@ -110,9 +115,17 @@ func TestUnprivilegedScrubbed(t *testing.T) {
 	if ptr.Deref(bt.Status.Reason, "") != v1.ReasonSucceeded || bt.Status.Stdout == nil {
 		t.Fatalf("%s", describe(bt))
 	}
+	iso := bt.Status.Isolation
+	if iso == nil || ptr.Deref(iso.Level, "") != v1.IsolationLevelTenant || !slices.Contains(iso.Namespaces, "pid") || !slices.Contains(iso.Namespaces, "mnt") {
+		t.Fatalf("status.isolation = %s, want level tenant with pid and mnt namespaces (the chart's default)", dump.OneLine(iso))
+	}
+	// The chart's default agent.taskUIDRange.
+	const firstUID, lastUID = 2000000, 2065535
+	uid := ptr.Deref(iso.User, -1)
 	lines := strings.Split(ptr.Deref(bt.Status.Stdout.Tail, ""), "\n")
-	if len(lines) < 2 || lines[0] != "10001" || lines[1] != "10001" {
-		t.Errorf("uid and gid %q, want 10001 and 10001 (agent.runAsUser)", lines[:min(2, len(lines))])
+	want := strconv.FormatInt(uid, 10)
+	if uid < firstUID || uid > lastUID || len(lines) < 2 || lines[0] != want || lines[1] != want {
+		t.Errorf("uid and gid %q, status.isolation.user %d; want both equal to the user, leased from %d-%d", lines[:min(2, len(lines))], uid, firstUID, lastUID)
 	}
 	env := ptr.Deref(bt.Status.Stdout.Tail, "")
 	for _, leak := range []string{"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", bucketKeyID, bucketSecret} {

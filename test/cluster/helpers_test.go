@@ -161,21 +161,12 @@ func waitNoProcess(t *testing.T, cmdline string, timeout time.Duration) {
 	}
 }
 
-// countingCommand appends one line per execution to the task's count file
-// in the agent's /counts (the suite's countDir on the node), then runs rest.
-func countingCommand(rest string) string {
-	return "echo x >> /counts/$BASHTASK_UID; " + rest
-}
+// countingCommand reports one execution of its task to the suite's
+// counter on the node's address, then runs rest.
+func countingCommand(rest string) string { return counter.Command(rest) }
 
 // countRuns returns how many times each task UID's counting command ran.
-func countRuns(t *testing.T) map[string]int {
-	t.Helper()
-	runs, err := exampletasks.CountRuns(countDir, "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	return runs
-}
+func countRuns(*testing.T) map[string]int { return counter.Runs() }
 
 // agentPod returns the running agent pod's name.
 func agentPod(t *testing.T) string {

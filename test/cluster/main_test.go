@@ -24,6 +24,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1 "github.com/bashtask/bashtask-operator/api/v1alpha1"
+	"github.com/bashtask/bashtask-operator/internal/exampletasks"
 	"github.com/bashtask/bashtask-operator/internal/localcluster"
 	"github.com/bashtask/bashtask-operator/internal/nodecluster"
 	"github.com/bashtask/bashtask-operator/internal/nodeimages"
@@ -45,12 +46,11 @@ var (
 	cluster *nodecluster.Cluster
 	k8s     client.Client
 	cs      *kubernetes.Clientset
-	// countDir is a host directory mounted into the agent at /counts:
-	// counting commands append a line per execution to a file named after
-	// the task's UID, evidence of how often each command ran that no
+	// counter listens on the node's address: counting commands report each
+	// execution to it, evidence of how often each command ran that no
 	// component writes.
-	countDir string
-	tag      = "cluster-test"
+	counter *exampletasks.RunCounter
+	tag     = "cluster-test"
 )
 
 func TestMain(m *testing.M) { os.Exit(run(m)) }
@@ -112,16 +112,11 @@ func run(m *testing.M) (code int) {
 		fmt.Fprintln(os.Stderr, "cluster:", err)
 		return 1
 	}
-	if countDir, err = os.MkdirTemp("", "bashtask-cluster-counts-"); err != nil {
+	if counter, err = exampletasks.NewRunCounter(cluster.NodeIP()); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	defer os.RemoveAll(countDir)
-	// Tasks run as the chart's unprivileged user and must be able to write.
-	if err := os.Chmod(countDir, 0o1777); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
+	defer counter.Close()
 	if err := install(ctx); err != nil {
 		fmt.Fprintln(os.Stderr, "cluster:", err)
 		return 1
@@ -135,8 +130,7 @@ func run(m *testing.M) (code int) {
 }
 
 // install installs the chart as docs/install.md says, with the local images
-// and two test-only settings: bucket credentials in the agent's
-// environment, and the counting directory.
+// and bucket credentials in the agent's environment.
 func install(ctx context.Context) error {
 	secret := fmt.Sprintf(`apiVersion: v1
 kind: Secret
@@ -161,11 +155,6 @@ func releaseArgs() []string {
 		"-f", filepath.Join(root, "hack", "cluster", "values.yaml"),
 		"--set", "controller.image.tag=" + tag, "--set", "agent.image.tag=" + tag,
 		"--set", "agent.bucket.existingSecret=bucket-credentials",
-		"--set", "agent.extraVolumes[0].name=counts",
-		"--set", "agent.extraVolumes[0].hostPath.path=" + countDir,
-		"--set", "agent.extraVolumes[0].hostPath.type=Directory",
-		"--set", "agent.extraVolumeMounts[0].name=counts",
-		"--set", "agent.extraVolumeMounts[0].mountPath=/counts",
 		// Short enough for the tests that wait on it.
 		"--set", "controller.progressInterval=500ms",
 	}

@@ -45,6 +45,11 @@ func TestExamples(t *testing.T) {
 	for _, m := range exampletasks.Mismatches(expect, done) {
 		t.Error(m)
 	}
+	for name, bt := range done {
+		if iso := bt.Status.Isolation; iso != nil && ptr.Deref(iso.Level, "") != isolation {
+			t.Errorf("%s ran at isolation level %q, want the agents' %q", name, ptr.Deref(iso.Level, ""), isolation)
+		}
+	}
 	secret := done["secret-env"].Status.Stdout
 	if secret == nil || !strings.Contains(ptr.Deref(secret.Tail, ""), "DEMO_API_KEY is not visible") || !strings.Contains(ptr.Deref(secret.Tail, ""), "s3cr3t") {
 		t.Errorf("secret-env stdout = %s", dump.OneLine(secret))

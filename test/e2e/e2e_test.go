@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"syscall"
@@ -36,9 +37,10 @@ var (
 	bucketQuery string
 	// s3Env holds the S3 credentials the plugin needs.
 	s3Env []string
-	// countDir collects one line per run of the commands that count their
-	// executions; the agents run as root on this machine, like the test.
-	countDir string
+	// isolation is the agents' isolation level, as bashtask-local reports it.
+	isolation v1.IsolationLevel
+	// counter counts the runs of the commands that count their executions.
+	counter *exampletasks.RunCounter
 )
 
 func TestMain(m *testing.M) {
@@ -65,17 +67,20 @@ func run(m *testing.M) int {
 	}
 	defer func() { _ = os.RemoveAll(tmp) }()
 	clusterDir = filepath.Join(tmp, "cluster")
-	countDir = filepath.Join(tmp, "counts")
-	if err := os.MkdirAll(countDir, 0o777); err != nil {
+	// The agents' tasks share the host's network (spec.network Node).
+	if counter, err = exampletasks.NewRunCounter("127.0.0.1"); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
+	defer func() { _ = counter.Close() }()
 
 	launcher := exec.Command(filepath.Join(binDir, "bashtask-local"), "up", "--dir", clusterDir, "--bin-dir", binDir,
 		"--assets-dir", filepath.Join(binDir, "k8s"), "--crd-dir", filepath.Join(root, "config", "crd", "bases"), "--admission-dir", filepath.Join(root, "config", "admission"),
 		"--agents", "2", "--s3", "--agent-env", "DEMO_API_KEY=agent-only-secret",
 		"--controller-arg=--agent-lost-after=20s", "--controller-arg=--progress-interval=500ms",
-		"--controller-arg=--workers=16", "--controller-arg=--kube-api-qps=500", "--controller-arg=--kube-api-burst=1000")
+		"--controller-arg=--workers=16", "--controller-arg=--kube-api-qps=500", "--controller-arg=--kube-api-burst=1000",
+		// Empty: the launcher's default, tenant as root like the chart's.
+		"--isolation", os.Getenv("E2E_ISOLATION"))
 	out := &syncbuf.Buffer{}
 	launcher.Stdout, launcher.Stderr = out, out
 	if err := launcher.Start(); err != nil {
@@ -105,6 +110,12 @@ func run(m *testing.M) int {
 			fmt.Fprintf(os.Stderr, "e2e: bashtask-local not up after 3 minutes:\n%s", out.String())
 			return 1
 		}
+	}
+	if m := regexp.MustCompile(`at isolation (\w+)`).FindStringSubmatch(out.String()); m != nil {
+		isolation = v1.IsolationLevel(m[1])
+	} else {
+		fmt.Fprintf(os.Stderr, "e2e: bashtask-local did not say its isolation level:\n%s", out.String())
+		return 1
 	}
 	for _, line := range strings.Split(out.String(), "\n") {
 		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "export AWS_"); ok {
@@ -237,20 +248,11 @@ func componentPidOrZero(name string) int {
 }
 
 // countRuns returns how many times each task UID's counting command ran.
-func countRuns(t *testing.T) map[string]int {
-	t.Helper()
-	runs, err := exampletasks.CountRuns(countDir, "count-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	return runs
-}
+func countRuns(*testing.T) map[string]int { return counter.Runs() }
 
-// countingCommand appends one line per execution to a file named after the
-// task's UID, then runs rest.
-func countingCommand(rest string) string {
-	return fmt.Sprintf("echo x >> %s/count-$BASHTASK_UID; %s", countDir, rest)
-}
+// countingCommand reports one execution of its task to the counter, then
+// runs rest.
+func countingCommand(rest string) string { return counter.Command(rest) }
 
 // plugin runs kubectl-bashtask against the local cluster.
 func plugin(ctx context.Context, stdin string, args ...string) (stdout, stderr string, code int) {
