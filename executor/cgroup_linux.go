@@ -161,32 +161,50 @@ type taskCgroup struct {
 // create makes the task cgroup name with limits. notEnforced names the
 // requested limits whose controller is not enabled for task cgroups.
 func (p *cgroupParent) create(name string, l Limits) (cg *taskCgroup, notEnforced []string, err error) {
+	if cg, err = p.newCgroup(name); err != nil {
+		return nil, nil, err
+	}
+	if notEnforced, err = p.limit(cg, l); err != nil {
+		cg.closeFD()
+		_ = os.Remove(cg.path)
+		return nil, nil, err
+	}
+	return cg, notEnforced, nil
+}
+
+// newCgroup makes the task cgroup name without limits and opens it for
+// CLONE_INTO_CGROUP.
+func (p *cgroupParent) newCgroup(name string) (*taskCgroup, error) {
 	path := filepath.Join(p.path, name)
 	if err := os.Mkdir(path, 0o755); err != nil {
 		if !errors.Is(err, os.ErrExist) {
-			return nil, nil, fmt.Errorf("creating task cgroup: %w", err)
+			return nil, fmt.Errorf("creating task cgroup: %w", err)
 		}
 		// A cgroup of this name outlived an earlier run (an agent or test
 		// process killed before it removed it). Empty, it is stale and is
 		// replaced; with live processes it is someone's, and left alone.
 		stale := &taskCgroup{path: path, fd: -1}
 		if stale.populated() {
-			return nil, nil, fmt.Errorf("creating task cgroup: %s exists and holds processes", path)
+			return nil, fmt.Errorf("creating task cgroup: %s exists and holds processes", path)
 		}
 		if err := removeCgroupTree(path); err != nil {
-			return nil, nil, fmt.Errorf("replacing the stale task cgroup %s: %w", path, err)
+			return nil, fmt.Errorf("replacing the stale task cgroup %s: %w", path, err)
 		}
 		if err := os.Mkdir(path, 0o755); err != nil {
-			return nil, nil, fmt.Errorf("creating task cgroup: %w", err)
+			return nil, fmt.Errorf("creating task cgroup: %w", err)
 		}
 	}
-	cg = &taskCgroup{path: path, fd: -1}
-	defer func() {
-		if err != nil {
-			cg.closeFD()
-			os.Remove(path)
-		}
-	}()
+	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		_ = os.Remove(path)
+		return nil, fmt.Errorf("opening task cgroup: %w", err)
+	}
+	return &taskCgroup{path: path, fd: fd}, nil
+}
+
+// limit writes l into cg. notEnforced names the requested limits whose
+// controller is not enabled for task cgroups.
+func (p *cgroupParent) limit(cg *taskCgroup, l Limits) (notEnforced []string, err error) {
 	type setting struct{ file, value string }
 	var settings []setting
 	want := func(controller string, s ...setting) {
@@ -213,19 +231,14 @@ func (p *cgroupParent) create(name string, l Limits) (cg *taskCgroup, notEnforce
 		want("pids", setting{"pids.max", strconv.FormatInt(l.Pids, 10)})
 	}
 	for _, s := range settings {
-		err := os.WriteFile(filepath.Join(path, s.file), []byte(s.value), 0)
+		err := os.WriteFile(filepath.Join(cg.path, s.file), []byte(s.value), 0)
 		// memory.swap.max exists only with swap accounting; without it there
 		// is no swap to forbid.
 		if err != nil && (s.file != "memory.swap.max" || !errors.Is(err, os.ErrNotExist)) {
-			return nil, nil, fmt.Errorf("setting %s of task cgroup: %w", s.file, err)
+			return nil, fmt.Errorf("setting %s of task cgroup: %w", s.file, err)
 		}
 	}
-	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return nil, nil, fmt.Errorf("opening task cgroup: %w", err)
-	}
-	cg.fd = fd
-	return cg, notEnforced, nil
+	return notEnforced, nil
 }
 
 func (cg *taskCgroup) closeFD() {

@@ -1,6 +1,7 @@
 package executor
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -82,6 +83,11 @@ type Config struct {
 	NoLandlock bool
 	// NoSeccomp skips the seccomp filter at IsolationTenant.
 	NoSeccomp bool
+	// ShimPoolSize is how many task shims IsolationTenant keeps started
+	// ahead of tasks, per network a task has asked for, so that a start
+	// does not wait for the shim's exec and runtime start; 0 means
+	// DefaultShimPoolSize, negative means none (every task starts its own).
+	ShimPoolSize int
 }
 
 // Executor runs tasks with one configuration. It is safe for concurrent
@@ -103,6 +109,7 @@ type Executor struct {
 	noLandlock bool
 	noSeccomp  bool
 	caps       Capabilities
+	pool       *shimPool // nil: every tenant task starts its own shim
 }
 
 // cgroupParent is the parent cgroup of the executor's tasks.
@@ -177,9 +184,17 @@ func New(cfg Config) (*Executor, error) {
 	default:
 		return nil, fmt.Errorf("%w: cgroup mode %q", ErrInvalidConfig, cfg.Cgroups)
 	}
+	if e.isolation == IsolationTenant && e.cg != nil {
+		if err := sweepPoolCgroups(e.cg.path); err != nil {
+			return nil, fmt.Errorf("removing the cgroups of an earlier executor's shims: %w", err)
+		}
+	}
 	if err := e.detectCapabilities(); err != nil {
 		_ = e.Close()
 		return nil, err
+	}
+	if size := cmp.Or(cfg.ShimPoolSize, DefaultShimPoolSize); e.isolation == IsolationTenant && size > 0 {
+		e.pool = newShimPool(e, size)
 	}
 	return e, nil
 }
@@ -258,9 +273,13 @@ func (e *Executor) Controllers() []string {
 // readiness info: AmbientInherit must be visible to the controller).
 func (e *Executor) AmbientMode() AmbientMode { return e.envMode }
 
-// Close removes the parent cgroup if New created it and it is empty. It
-// does not stop running tasks.
+// Close kills the shims started ahead of tasks and removes the parent
+// cgroup if New created it and it is empty. It does not stop running
+// tasks.
 func (e *Executor) Close() error {
+	if e.pool != nil {
+		e.pool.close()
+	}
 	if e.cg == nil || !e.cg.created {
 		return nil
 	}

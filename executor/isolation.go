@@ -69,6 +69,15 @@ const (
 	// DefaultTaskProcs is the default number of processes and threads of
 	// one task at the tenant level when the spec sets no pids limit.
 	DefaultTaskProcs = 4096
+	// DefaultShimPoolSize is how many task shims the tenant level keeps
+	// started ahead of tasks, per network tasks ask for. Each is a
+	// blocked Go process of a few MiB of memory.
+	DefaultShimPoolSize = 2
+	// PoolCgroupPrefix starts the names of the cgroups of shims started
+	// ahead of tasks. A task that takes such a shim keeps its cgroup, so at
+	// the tenant level a task's cgroup may be named so rather than after
+	// its Spec.ID: Task.CgroupPath says which, once Start returned.
+	PoolCgroupPrefix = "shim-"
 )
 
 // Names of the ways the default process limit is enforced

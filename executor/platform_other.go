@@ -22,6 +22,10 @@ func (t *Task) PID() int { return 0 }
 // 0 outside Linux.
 func (t *Task) ProcessStart() uint64 { return 0 }
 
+// PooledShim reports whether the task took a shim started ahead of it;
+// always false outside Linux.
+func (t *Task) PooledShim() bool { return false }
+
 // CgroupPath is the task's own cgroup directory; always empty outside
 // Linux.
 func (t *Task) CgroupPath() string { return "" }
@@ -35,3 +39,12 @@ func (e *Executor) start(p *prepared) (*Task, error) {
 }
 
 func (e *Executor) detectCapabilities() error { return nil }
+
+// shimPool exists only on Linux.
+type shimPool struct{}
+
+func newShimPool(*Executor, int) *shimPool { return nil }
+
+func (*shimPool) close() {}
+
+func sweepPoolCgroups(string) error { return nil }

@@ -14,7 +14,6 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/bashtask/bashtask-operator/executor/shim"
 	"github.com/bashtask/bashtask-operator/internal/procfs"
 )
 
@@ -37,6 +36,9 @@ const (
 	// task runs ahead of the reader by a megabyte, not 64 KiB; the default
 	// fs.pipe-max-size allows it. Best effort.
 	pipeSize = 1 << 20
+	// pipeCapacity is what a new pipe holds before a write blocks, the
+	// kernel's default (16 pages, pipe(7)).
+	pipeCapacity = 64 << 10
 )
 
 // taskSys is the Linux part of a Task; only the supervisor goroutine
@@ -51,6 +53,7 @@ type taskSys struct {
 	groupGone   bool // the process group is known to be empty: never signal it again
 	startTime   time.Time
 	tenant      *tenantSys // nil at the process level
+	pooledShim  bool       // the task's shim was started ahead of it
 	iso         IsolationResult
 
 	stdinW           *os.File // nil when stdin is /dev/null
@@ -64,17 +67,11 @@ func (e *Executor) start(p *prepared) (_ *Task, err error) {
 	t := &Task{spec: p, exec: e, cancel: make(chan struct{}), done: make(chan struct{})}
 	s := &t.sys
 
-	// Everything opened here is closed again on failure; the child's ends
-	// are closed in any case once the child has its copies.
-	var closers []func()
-	closeAll := func() {
-		for i := len(closers) - 1; i >= 0; i-- {
-			closers[i]()
-		}
-	}
+	// startShell and startTenant close what they opened when they fail;
+	// the task's cgroup is removed here.
 	defer func() {
-		if err != nil {
-			closeAll()
+		if err != nil && s.cg != nil {
+			_ = s.cg.remove()
 		}
 	}()
 
@@ -87,123 +84,21 @@ func (e *Executor) start(p *prepared) (_ *Task, err error) {
 		return nil, err
 	}
 
-	var childFiles [3]*os.File
-	var childClosed bool
-	closeChild := func() {
-		if !childClosed {
-			childClosed = true
-			for _, f := range childFiles {
-				if f != nil {
-					f.Close()
-				}
-			}
-		}
-	}
-	closers = append(closers, closeChild)
-
-	// stdin: /dev/null is a character device, so `cat` sees EOF at once and
-	// `test -c /dev/stdin` holds; given bytes go through a pipe.
-	if p.Stdin == nil {
-		fd, err := unix.Open(os.DevNull, unix.O_RDONLY|unix.O_CLOEXEC, 0)
-		if err != nil {
-			return nil, startErr(ErrProcessStart, "opening "+os.DevNull, err)
-		}
-		childFiles[0] = os.NewFile(uintptr(fd), os.DevNull)
-	} else {
-		if s.stdinW, childFiles[0], err = childPipe(false); err != nil {
-			return nil, startErr(ErrProcessStart, "creating stdin pipe", err)
-		}
-		closers = append(closers, func() { s.stdinW.Close() })
-	}
-	if s.stdoutR, childFiles[1], err = childPipe(true); err != nil {
-		return nil, startErr(ErrProcessStart, "creating stdout pipe", err)
-	}
-	closers = append(closers, func() { s.stdoutR.Close() })
-	if s.stderrR, childFiles[2], err = childPipe(true); err != nil {
-		return nil, startErr(ErrProcessStart, "creating stderr pipe", err)
-	}
-	closers = append(closers, func() { s.stderrR.Close() })
-
 	tenant := e.isolation == IsolationTenant
 	if tenant && e.cg != nil && p.Limits.Pids == 0 && e.taskProcs > 0 && slices.Contains(e.cg.controllers, "pids") {
 		p.Limits.Pids = e.taskProcs
 	}
-	if e.cg != nil {
-		name := p.ID
-		if name == "" {
-			name = "task-" + randomName()
-		}
-		s.cg, s.notEnforced, err = e.cg.create(name, p.Limits)
-		if err != nil {
-			return nil, startErr(ErrProcessStart, "", err)
-		}
-		closers = append(closers, func() { _ = s.cg.remove() })
-	} else {
-		s.notEnforced = requestedLimits(p.Limits)
-	}
-
-	sys := &syscall.SysProcAttr{
-		// A new session: its own process group, no controlling terminal,
-		// and a terminal's hang-up or ^C never reaches it.
-		Setsid: true,
-		// No Pdeathsig: it fires when the forking OS thread exits, not the
-		// agent, and would kill only the shell. A restarted agent finds and
-		// stops what is left of earlier tasks through their cgroups.
-	}
-	if s.cg != nil {
-		// clone3(CLONE_INTO_CGROUP): the shell is in the task's cgroup from
-		// its first instruction, so not even a fork racing the start can
-		// land outside it.
-		sys.UseCgroupFD = true
-		sys.CgroupFD = s.cg.fd
-	}
-	path, argv := e.shell, []string{e.shell, "-c", p.Command}
-	attr := &os.ProcAttr{Dir: p.WorkingDir, Env: p.env, Files: childFiles[:], Sys: sys}
-	var launch *shimLaunch
-	s.iso = IsolationResult{Level: IsolationProcess, Network: NetworkNode}
 	if tenant {
-		// The shim starts as root in the new namespaces and drops to the
-		// task's identity itself, after the mounts.
-		if launch, err = e.newShimLaunch(p, slices.Contains(e.Controllers(), "pids")); err != nil {
-			return nil, startErr(ErrProcessStart, "creating shim pipes", err)
-		}
-		closers = append(closers, launch.close)
-		s.iso = launch.iso
-		sys.Cloneflags = launch.cloneflags
-		path, argv = e.shimPath, []string{shim.Arg0}
-		attr = &os.ProcAttr{Dir: "/", Env: []string{}, Files: append(childFiles[:], launch.cfgR, launch.repW), Sys: sys}
-	} else if u := p.User; u != nil {
-		groups := u.Groups
-		if groups == nil {
-			groups = []uint32{}
-		}
-		sys.Credential = &syscall.Credential{Uid: u.UID, Gid: u.GID, Groups: groups}
-		s.iso.UID = &u.UID
-	}
-	proc, startTicks, exitCh, err := startWaited(func(pidfd *int) (*os.Process, error) {
-		sys.PidFD = pidfd
-		return os.StartProcess(path, argv, attr)
-	})
-	s.startTime = time.Now()
-	closeChild()
-	if launch != nil {
-		launch.closeChildEnds()
+		err = e.startTenant(t)
+	} else if err = e.createTaskCgroup(t); err == nil {
+		err = e.startShell(t)
 	}
 	if s.cg != nil {
 		s.cg.closeFD()
 	}
 	if err != nil {
-		if errors.Is(err, unix.E2BIG) {
-			return nil, startErr(ErrArgumentTooLong, argEnvMessage(e.shell, argv, p.env, stackLimit()), err)
-		}
-		return nil, startErr(ErrProcessStart, fmt.Sprintf("%s -c in %s", path, p.WorkingDir), err)
+		return nil, err
 	}
-	if launch != nil {
-		if exitCh, s.tenant, err = launch.handshake(proc, exitCh); err != nil {
-			return nil, err
-		}
-	}
-	s.proc, s.pid, s.startTicks, s.exitCh = proc, proc.Pid, startTicks, exitCh
 
 	// From here on the task owns everything; failure is no longer possible.
 	// The last reader to finish closes readersDone itself, so no goroutine
@@ -232,6 +127,103 @@ func (e *Executor) start(p *prepared) (_ *Task, err error) {
 	return t, nil
 }
 
+// createTaskCgroup gives t a cgroup of its own named after its ID (or a
+// random name), with its limits, where the executor has a cgroup parent.
+func (e *Executor) createTaskCgroup(t *Task) (err error) {
+	s, p := &t.sys, t.spec
+	if e.cg == nil {
+		s.notEnforced = requestedLimits(p.Limits)
+		return nil
+	}
+	name := p.ID
+	if name == "" {
+		name = "task-" + randomName()
+	}
+	if s.cg, s.notEnforced, err = e.cg.create(name, p.Limits); err != nil {
+		return startErr(ErrProcessStart, "", err)
+	}
+	return nil
+}
+
+// startShell starts t's shell at the process level: in a new session, in
+// the task's cgroup from its first instruction, as the task's user.
+func (e *Executor) startShell(t *Task) (err error) {
+	s, p := &t.sys, t.spec
+	var childFiles [3]*os.File
+	defer func() {
+		for _, f := range childFiles {
+			if f != nil {
+				f.Close()
+			}
+		}
+		if err != nil {
+			for _, f := range []*os.File{s.stdinW, s.stdoutR, s.stderrR} {
+				if f != nil {
+					f.Close()
+				}
+			}
+			s.stdinW, s.stdoutR, s.stderrR = nil, nil, nil
+		}
+	}()
+	// stdin: /dev/null is a character device, so `cat` sees EOF at once and
+	// `test -c /dev/stdin` holds; given bytes go through a pipe.
+	if p.Stdin == nil {
+		fd, err := unix.Open(os.DevNull, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return startErr(ErrProcessStart, "opening "+os.DevNull, err)
+		}
+		childFiles[0] = os.NewFile(uintptr(fd), os.DevNull)
+	} else if s.stdinW, childFiles[0], err = childPipe(false); err != nil {
+		return startErr(ErrProcessStart, "creating stdin pipe", err)
+	}
+	if s.stdoutR, childFiles[1], err = childPipe(true); err != nil {
+		return startErr(ErrProcessStart, "creating stdout pipe", err)
+	}
+	if s.stderrR, childFiles[2], err = childPipe(true); err != nil {
+		return startErr(ErrProcessStart, "creating stderr pipe", err)
+	}
+
+	sys := &syscall.SysProcAttr{
+		// A new session: its own process group, no controlling terminal,
+		// and a terminal's hang-up or ^C never reaches it.
+		Setsid: true,
+		// No Pdeathsig: it fires when the forking OS thread exits, not the
+		// agent, and would kill only the shell. A restarted agent finds and
+		// stops what is left of earlier tasks through their cgroups.
+	}
+	if s.cg != nil {
+		// clone3(CLONE_INTO_CGROUP): the shell is in the task's cgroup from
+		// its first instruction, so not even a fork racing the start can
+		// land outside it.
+		sys.UseCgroupFD = true
+		sys.CgroupFD = s.cg.fd
+	}
+	s.iso = IsolationResult{Level: IsolationProcess, Network: NetworkNode}
+	if u := p.User; u != nil {
+		groups := u.Groups
+		if groups == nil {
+			groups = []uint32{}
+		}
+		sys.Credential = &syscall.Credential{Uid: u.UID, Gid: u.GID, Groups: groups}
+		s.iso.UID = &u.UID
+	}
+	argv := []string{e.shell, "-c", p.Command}
+	attr := &os.ProcAttr{Dir: p.WorkingDir, Env: p.env, Files: childFiles[:], Sys: sys}
+	proc, startTicks, exitCh, err := startWaited(func(pidfd *int) (*os.Process, error) {
+		sys.PidFD = pidfd
+		return os.StartProcess(e.shell, argv, attr)
+	})
+	s.startTime = time.Now()
+	if err != nil {
+		if errors.Is(err, unix.E2BIG) {
+			return startErr(ErrArgumentTooLong, argEnvMessage(e.shell, argv, p.env, stackLimit()), err)
+		}
+		return startErr(ErrProcessStart, fmt.Sprintf("%s -c in %s", e.shell, p.WorkingDir), err)
+	}
+	s.proc, s.pid, s.startTicks, s.exitCh = proc, proc.Pid, startTicks, exitCh
+	return nil
+}
+
 // PID is the shell's process id, which is also the id of the task's session
 // and process group; at IsolationTenant the id of the task's shim, whose
 // death ends every process of the task. It stays valid after the task ended, when the id may
@@ -246,6 +238,11 @@ func (t *Task) PID() int { return t.sys.pid }
 // when the shell exited and was reaped before the executor could read it
 // (a command that ends at once), since the pid may then be reused.
 func (t *Task) ProcessStart() uint64 { return t.sys.startTicks }
+
+// PooledShim reports whether the task, at IsolationTenant, took a shim
+// started ahead of it ([Config.ShimPoolSize]) rather than waiting for one
+// to start.
+func (t *Task) PooledShim() bool { return t.sys.pooledShim }
 
 // CgroupPath is the absolute path of the task's own cgroup directory, empty
 // when the task has none (MechanismProcessGroup). The executor removes the

@@ -10,7 +10,6 @@ import (
 	"io"
 	"os"
 	"slices"
-	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -37,27 +36,24 @@ func (ts *tenantSys) gone() bool {
 	}
 }
 
-// shimLaunch is a shim being started: the pipes that carry its Config in
-// and its reports out.
+// shimLaunch is what a task's shim is given: its Config, and the
+// isolation the task gets from it.
 type shimLaunch struct {
-	cfg        shim.Config
-	cfgR, cfgW *os.File
-	repR, repW *os.File
-	cloneflags uintptr
-	iso        IsolationResult
+	cfg shim.Config
+	iso IsolationResult
 }
 
-// newShimLaunch prepares the shim of p. cgroupPids says whether the
+// newShimLaunch prepares the shim Config of p. cgroupPids says whether the
 // task's cgroup enforces the process limit (pids.max), so the shim need
 // not set RLIMIT_NPROC.
-func (e *Executor) newShimLaunch(p *prepared, cgroupPids bool) (*shimLaunch, error) {
+func (e *Executor) newShimLaunch(p *prepared, cgroupPids bool) *shimLaunch {
 	l := &shimLaunch{
-		cloneflags: unix.CLONE_NEWNS | unix.CLONE_NEWPID | unix.CLONE_NEWIPC | unix.CLONE_NEWUTS,
 		cfg: shim.Config{
 			Shell:        e.shell,
 			Command:      p.Command,
 			Env:          p.env,
 			WorkDir:      p.WorkingDir,
+			NullStdin:    p.Stdin == nil,
 			TmpSizeBytes: e.tmpSize,
 			Hostname:     e.hostname,
 			Mask:         e.mask,
@@ -75,7 +71,6 @@ func (e *Executor) newShimLaunch(p *prepared, cgroupPids bool) (*shimLaunch, err
 		l.iso.LandlockABI = min(shim.LandlockABI(), 6)
 	}
 	if p.Network == NetworkNone {
-		l.cloneflags |= unix.CLONE_NEWNET
 		l.cfg.Loopback = true
 		l.iso.Namespaces = append(l.iso.Namespaces, "net")
 	}
@@ -93,63 +88,104 @@ func (e *Executor) newShimLaunch(p *prepared, cgroupPids bool) (*shimLaunch, err
 		l.cfg.NProc = uint64(e.taskProcs)
 		l.iso.PidsLimit, l.iso.Procs = PidsLimitRlimit, e.taskProcs
 	}
-	var err error
-	if l.cfgR, l.cfgW, err = os.Pipe(); err != nil {
-		return nil, err
+	return l
+}
+
+// startTenant starts t at the tenant level: it takes a shim started ahead
+// of time, in a cgroup of its own, from the pool and limits that cgroup,
+// or creates the task's cgroup and starts a shim in it; then it hands the
+// shim the Config and waits for the shell's start. On failure nothing of the
+// command ran and the shim is gone.
+func (e *Executor) startTenant(t *Task) error {
+	s, p := &t.sys, t.spec
+	l := e.newShimLaunch(p, slices.Contains(e.Controllers(), "pids"))
+	s.iso = l.iso
+	var sp *shimProc
+	if e.pool != nil {
+		sp = e.pool.take(p.Network)
 	}
-	if l.repR, l.repW, err = os.Pipe(); err != nil {
-		l.cfgR.Close()
-		l.cfgW.Close()
-		return nil, err
+	if sp != nil {
+		s.pooledShim = true
+		// The pooled shim is in a cgroup of its own already (created with
+		// it, CLONE_INTO_CGROUP): the task's cgroup from now on.
+		s.cg, sp.cg = sp.cg, nil
+		var err error
+		if s.cg == nil {
+			s.notEnforced = requestedLimits(p.Limits)
+		} else if s.notEnforced, err = e.cg.limit(s.cg, p.Limits); err != nil {
+			sp.discard()
+			return startErr(ErrProcessStart, "", err)
+		}
+	} else {
+		if err := e.createTaskCgroup(t); err != nil {
+			return err
+		}
+		var err error
+		if sp, err = e.startShim(p.Network, s.cg); err != nil {
+			return startErr(ErrProcessStart, "starting the shim "+e.shimPath, err)
+		}
 	}
-	return l, nil
+	if p.Stdin == nil {
+		// The shim gives the shell /dev/null (Config.NullStdin).
+		sp.stdinW.Close()
+		sp.stdinW = nil
+	}
+	exitCh, ts, err := l.handshake(sp)
+	if err != nil {
+		return err
+	}
+	s.startTime = time.Now()
+	s.proc, s.pid, s.startTicks, s.exitCh, s.tenant = sp.proc, sp.proc.Pid, sp.startTicks, exitCh, ts
+	s.stdinW, s.stdoutR, s.stderrR = sp.stdinW, sp.stdoutR, sp.stderrR
+	return nil
 }
 
-// closeChildEnds closes the shim's ends once it has its copies.
-func (l *shimLaunch) closeChildEnds() {
-	l.cfgR.Close()
-	l.repW.Close()
-}
-
-// close closes every end (a failed start).
-func (l *shimLaunch) close() {
-	l.closeChildEnds()
-	l.cfgW.Close()
-	l.repR.Close()
-}
-
-// handshake sends the Config and reads the shim's first report: the
-// shell started, or the step that failed. On failure the shim is killed
-// and reaped and the error is a [*StartError] with ErrIsolation naming the
-// step. On success it returns the channel that receives the shell's exit
-// status (the shim's own if it died without reporting one) and the shim's
-// state.
-func (l *shimLaunch) handshake(proc *os.Process, exitCh <-chan exitStatus) (<-chan exitStatus, *tenantSys, error) {
+// handshake sends the Config to sp and reads its first report: the shell
+// started, or the step that failed. On failure the shim is discarded and
+// the error is a [*StartError] with ErrIsolation naming the step. On
+// success it returns the channel that receives the shell's exit status
+// (the shim's own if it died without reporting one) and the shim's state.
+func (l *shimLaunch) handshake(sp *shimProc) (<-chan exitStatus, *tenantSys, error) {
 	data, err := json.Marshal(l.cfg)
 	if err != nil {
+		sp.discard()
 		return nil, nil, err
 	}
-	go func() {
+	cfgW := sp.cfgW
+	sp.cfgW = nil
+	send := func() {
 		// EPIPE when the shim died first; its report says why.
-		_, _ = l.cfgW.Write(data)
-		_ = l.cfgW.Close()
-	}()
-	r := bufio.NewReader(l.repR)
+		_, _ = cfgW.Write(data)
+		_ = cfgW.Close()
+	}
+	if len(data) <= pipeCapacity {
+		// An empty pipe takes it without blocking: no goroutine to
+		// schedule on the start's path.
+		send()
+	} else {
+		go send()
+	}
+	r := bufio.NewReader(sp.repR)
 	rep, err := readReport(r)
+	if err == nil && rep.Ready {
+		rep, err = readReport(r)
+	}
 	if err == nil && rep.Step != "" {
 		err = fmt.Errorf("step %s: %s", rep.Step, rep.Err)
 	}
+	if err == nil && rep.Exited {
+		err = errors.New("the shim reported an exit before the shell's start")
+	}
 	if err != nil {
-		_ = proc.Signal(syscall.SIGKILL)
-		<-exitCh
-		l.repR.Close()
+		sp.discard()
 		return nil, nil, startErr(ErrIsolation, "", err)
 	}
 	ts := &tenantSys{shimDone: make(chan struct{})}
-	ts.pidNS, _ = os.Readlink(fmt.Sprintf("/proc/%d/ns/pid", proc.Pid))
+	ts.pidNS, _ = os.Readlink(fmt.Sprintf("/proc/%d/ns/pid", sp.proc.Pid))
 	shellCh := make(chan exitStatus, 1)
+	repR, exitCh := sp.repR, sp.exitCh
 	go func() {
-		defer l.repR.Close()
+		defer repR.Close()
 		var sent bool
 		for {
 			rep, err := readReport(r)

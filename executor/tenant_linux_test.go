@@ -80,7 +80,10 @@ func TestTenantView(t *testing.T) {
 		`echo tmp=$(stat -f -c %T /tmp) shm=$(stat -f -c %T /dev/shm) tmpsize=$(df -B1 --output=size /tmp | tail -1 | tr -d ' ')`,
 		`echo nnp=$(awk '/^NoNewPrivs/{print $2}' /proc/self/status) seccomp=$(awk '/^Seccomp:/{print $2}' /proc/self/status)`,
 		`echo hidepid=$(grep -c 'hidepid=invisible' /proc/mounts)`,
-		`sleep 5 & echo fds=$(ls /proc/$!/fd | tr '\n' ' '); kill $!`,
+		// Descriptors come and go while sleep starts (bash's child opens
+		// /dev/null for a background job's stdin, the dynamic loader opens
+		// the C library): a leaked one stays.
+		`sleep 5 & for i in $(seq 300); do fds=$(ls /proc/$!/fd | tr '\n' ' '); [[ $fds == "0 1 2 " ]] && break; sleep 0.01; done; echo fds=$fds; kill $!`,
 	}, "; "))
 	spec.User = &User{UID: 2000123, GID: 2000123}
 	res := run(t, ex, spec)

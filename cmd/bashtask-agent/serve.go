@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -71,6 +72,7 @@ type serveOptions struct {
 	taskNetwork        string
 	taskTmpSize        int64
 	taskProcs          int64
+	shimPoolSize       int
 	backoffInitial     time.Duration
 	backoffMax         time.Duration
 	uploadTimeout      time.Duration
@@ -138,6 +140,7 @@ func bindServeFlags(f *pflag.FlagSet, o *serveOptions) {
 	f.StringVar(&o.taskUIDRange, "task-uid-range", agent.DefaultTaskUIDRange.String(), "FIRST-LAST range of UIDs leased to tasks at --isolation=tenant, one per live task")
 	f.StringVar(&o.taskNetwork, "task-network", string(executor.NetworkNode), "network of tasks whose spec names none: node (whatever this pod reaches) or none (only loopback; needs --isolation=tenant)")
 	f.Int64Var(&o.taskTmpSize, "task-tmp-size", executor.DefaultTmpSizeBytes, "size in bytes of each task's private /tmp and /dev/shm at --isolation=tenant")
+	f.IntVar(&o.shimPoolSize, "shim-pool-size", executor.DefaultShimPoolSize, "task shims kept started ahead of tasks at --isolation=tenant, per network tasks ask for (each a blocked process of a few MiB, in a cgroup of its own); 0 for none")
 	f.Int64Var(&o.taskProcs, "task-procs", executor.DefaultTaskProcs, "processes and threads of one task at --isolation=tenant when its spec sets no pids limit (pids.max, else RLIMIT_NPROC on its UID); -1 for no limit")
 	f.DurationVar(&o.backoffInitial, "upload-backoff-initial", agent.DefaultUploadBackoffInitial, "wait after the first failed upload; doubled after each further failure")
 	f.DurationVar(&o.backoffMax, "upload-backoff-max", agent.DefaultUploadBackoffMax, "maximum wait between upload attempts")
@@ -349,6 +352,7 @@ func (o *serveOptions) agentConfig(log *slog.Logger) (agent.Config, error) {
 			Isolation:        isolation,
 			TmpSizeBytes:     o.taskTmpSize,
 			TaskProcs:        o.taskProcs,
+			ShimPoolSize:     cmp.Or(o.shimPoolSize, -1),
 			MaskPaths:        mask,
 		},
 		RunAs:                user,

@@ -21,6 +21,10 @@ type Metrics struct {
 	Uploads *prometheus.CounterVec
 	// UploadBacklog is the number of streams waiting for a (re)try.
 	UploadBacklog prometheus.Gauge
+	// TaskShims counts the shims of tasks started at the tenant level by
+	// source: "pool" (started ahead of the task) or "started" (the pool
+	// was empty and the task waited for its shim's start).
+	TaskShims *prometheus.CounterVec
 }
 
 // NewMetrics creates the metrics and registers them with reg (nil: not
@@ -38,11 +42,13 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			Name: "leftover_processes_killed_total", Help: "Processes killed after their task's shell exited or after an agent restart."}),
 		Uploads: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
 			Name: "uploads_total", Help: "Spill file upload attempts, by result."}, []string{"result"}),
+		TaskShims: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
+			Name: "task_shims_total", Help: "Shims of tasks started at the tenant level, by source: pool (started ahead of the task) or started (the task waited for it)."}, []string{"source"}),
 		UploadBacklog: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub,
 			Name: "upload_backlog", Help: "Streams whose upload has not succeeded yet."}),
 	}
 	if reg != nil {
-		for _, c := range []prometheus.Collector{m.Running, m.Finished, m.OutputBytes, m.LeftoverKilled, m.Uploads, m.UploadBacklog} {
+		for _, c := range []prometheus.Collector{m.Running, m.Finished, m.OutputBytes, m.LeftoverKilled, m.Uploads, m.UploadBacklog, m.TaskShims} {
 			if err := reg.Register(c); err != nil {
 				return nil, err
 			}

@@ -15,6 +15,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/bashtask/bashtask-operator/executor"
 	"github.com/bashtask/bashtask-operator/internal/procfs"
 )
 
@@ -71,8 +72,15 @@ func stopLeftovers(p processRecord, marker string) (int, error) {
 		return 0, nil // the node rebooted: nothing of the task is left
 	}
 	if p.Cgroup != "" {
-		if _, err := os.Stat(p.Cgroup); err == nil {
-			victims, err := killCgroup(p.Cgroup)
+		path := p.Cgroup
+		if _, err := os.Stat(path); err != nil {
+			// At the tenant level a task takes the cgroup its shim was
+			// started in ahead of time, which the record names only once
+			// the start returned: the one whose processes carry the marker.
+			path = pooledCgroupOf(filepath.Dir(p.Cgroup), marker)
+		}
+		if path != "" {
+			victims, err := killCgroup(path)
 			return len(victims), err
 		}
 	}
@@ -128,6 +136,29 @@ func waitGone(pids map[int]bool, timeout time.Duration) []int {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+}
+
+// pooledCgroupOf returns the cgroup under parent named with
+// executor.PoolCgroupPrefix in which a process carries marker in its
+// environment, or "" when there is none.
+func pooledCgroupOf(parent, marker string) string {
+	entries, err := os.ReadDir(parent)
+	if err != nil {
+		return ""
+	}
+	for _, e := range entries {
+		if !e.IsDir() || !strings.HasPrefix(e.Name(), executor.PoolCgroupPrefix) {
+			continue
+		}
+		path := filepath.Join(parent, e.Name())
+		procs, _ := cgroupProcs(path)
+		for _, pid := range procs {
+			if hasEnv(pid, marker) {
+				return path
+			}
+		}
+	}
+	return ""
 }
 
 // killCgroup kills every process of the cgroup at path, waits up to two

@@ -157,3 +157,45 @@ func TestStartRecordsProcessIdentity(t *testing.T) {
 		t.Errorf("working directory after the end: %v, want it removed", err)
 	}
 }
+
+// At the tenant level a task whose start the earlier incarnation did not
+// live to record runs in a pooled shim's cgroup, not in the cgroup its
+// first record names: the one whose process carries the task's marker is
+// emptied and removed, another is left alone.
+func TestStopLeftoversPooledCgroup(t *testing.T) {
+	t.Parallel()
+	ex, err := executor.New(executor.Config{Cgroups: executor.CgroupAuto, CgroupParent: testCgroupParent + "-pooled"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = ex.Close() })
+	if ex.Mechanism() != executor.MechanismCgroup {
+		t.Skip("no writable cgroup v2 here: pooled cgroups exist only with one")
+	}
+	marker := EnvUID + "=pooled-" + itoa(os.Getpid())
+	inCgroup := func(name string, env ...string) (*exec.Cmd, string) {
+		path := filepath.Join(ex.CgroupPath(), name)
+		if err := os.Mkdir(path, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		cmd, _ := startGroup(t, "exec sleep 60", env...)
+		t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait(); _ = unix.Rmdir(path) })
+		if err := os.WriteFile(filepath.Join(path, "cgroup.procs"), []byte(itoa(cmd.Process.Pid)), 0); err != nil {
+			t.Fatal(err)
+		}
+		return cmd, path
+	}
+	_, theirs := inCgroup(executor.PoolCgroupPrefix+"theirs", EnvUID+"=someone-else")
+	_, ours := inCgroup(executor.PoolCgroupPrefix+"ours", marker)
+
+	n, err := stopLeftovers(processRecord{Cgroup: filepath.Join(ex.CgroupPath(), "uid-never-created")}, marker)
+	if err != nil || n != 1 {
+		t.Errorf("stopLeftovers: killed %d (err %v), want the one process of the pooled cgroup with the marker", n, err)
+	}
+	if _, err := os.Stat(ours); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("%s: %v, want it removed", ours, err)
+	}
+	if procs, err := cgroupProcs(theirs); err != nil || len(procs) != 1 {
+		t.Errorf("the other pooled cgroup holds %v (err %v), want its process untouched", procs, err)
+	}
+}

@@ -511,6 +511,13 @@ func (s *Server) Start(_ context.Context, req *agentv1.StartRequest) (*agentv1.S
 		return &agentv1.StartResponse{Status: clone(e.status)}, nil
 	}
 	rec.State = stateRunning
+	if ex.Isolation() == executor.IsolationTenant {
+		source := "started"
+		if task.PooledShim() {
+			source = "pool"
+		}
+		s.metrics.TaskShims.WithLabelValues(source).Inc()
+	}
 	rec.Process.PID, rec.Process.StartTicks = task.PID(), task.ProcessStart()
 	rec.Process.Cgroup = task.CgroupPath()
 	if es.WorkingDir == "" {

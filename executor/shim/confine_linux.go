@@ -4,9 +4,12 @@ package shim
 
 import (
 	"fmt"
+	"unsafe"
 
 	seccomp "github.com/elastic/go-seccomp-bpf"
 	"github.com/landlock-lsm/go-landlock/landlock"
+	llsyscall "github.com/landlock-lsm/go-landlock/landlock/syscall"
+	"golang.org/x/net/bpf"
 	"golang.org/x/sys/unix"
 )
 
@@ -44,18 +47,40 @@ func seccompPolicy() seccomp.Policy {
 	}
 }
 
-// seccompStep installs the filter on every thread of the shim (TSYNC), so
-// the shell and everything it starts inherit it. It is the last step: the
-// shim's own remaining work (fork, exec, wait, kill) is all allowed.
+// assembleSeccomp assembles the filter of seccompPolicy into the kernel's
+// form.
+func assembleSeccomp() ([]unix.SockFilter, error) {
+	policy := seccompPolicy()
+	insts, err := policy.Assemble()
+	if err != nil {
+		return nil, fmt.Errorf("assembling the seccomp policy: %w", err)
+	}
+	raw, err := bpf.Assemble(insts)
+	if err != nil {
+		return nil, fmt.Errorf("assembling the seccomp filter: %w", err)
+	}
+	prog := make([]unix.SockFilter, len(raw))
+	for i, r := range raw {
+		prog[i] = unix.SockFilter{Code: r.Op, Jt: r.Jt, Jf: r.Jf, K: r.K}
+	}
+	return prog, nil
+}
+
+// seccompStep installs the filter, assembled before the Config arrived,
+// on this thread (see run), so the shell and everything it starts inherit
+// it. It is the last step: the shim's own remaining work (fork, exec,
+// wait, kill) is all allowed.
 func seccompStep(st *state) error {
 	if !st.cfg.Seccomp {
 		return nil
 	}
-	return seccomp.LoadFilter(seccomp.Filter{
-		NoNewPrivs: true,
-		Flag:       seccomp.FilterFlagTSync,
-		Policy:     seccompPolicy(),
-	})
+	// no_new_privs, which an unprivileged filter requires, is set by an
+	// earlier step.
+	prog := unix.SockFprog{Len: uint16(len(st.seccomp)), Filter: &st.seccomp[0]}
+	if _, _, e := unix.Syscall(unix.SYS_SECCOMP, unix.SECCOMP_SET_MODE_FILTER, 0, uintptr(unsafe.Pointer(&prog))); e != 0 {
+		return fmt.Errorf("loading the seccomp filter: %w", e)
+	}
+	return nil
 }
 
 // devFiles are the device files a task may write to.
@@ -64,8 +89,10 @@ var devFiles = []string{"/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/
 // landlockStep restricts the file system to what the mounts already allow
 // (read and execute everywhere, write in the working directory, /tmp,
 // /dev/shm and the usual device files) and, from ABI 6 on, scopes signals
-// and abstract Unix sockets to the task's own domain. Best effort: a kernel
-// without Landlock gets the mounts alone.
+// and abstract Unix sockets to the task's own domain, for this thread (see
+// run; landlock_restrict_self(2) without thread synchronization applies to
+// the caller). Best effort: a kernel without Landlock gets the mounts
+// alone.
 func landlockStep(st *state) error {
 	if !st.cfg.Landlock {
 		return nil
@@ -74,13 +101,22 @@ func landlockStep(st *state) error {
 	// network namespace's business (spec.network), not Landlock's.
 	cfg := landlock.V6
 	cfg.HandledAccessNet = 0
-	err := cfg.BestEffort().Restrict(
+	fd, flags, err := cfg.BestEffort().NewRulesetFD(
 		landlock.RODirs("/"),
 		landlock.RWDirs(st.cfg.WorkDir, "/tmp", "/dev/shm").IgnoreIfMissing(),
 		landlock.RWFiles(devFiles...).IgnoreIfMissing(),
 	)
 	if err != nil {
 		return fmt.Errorf("landlock: %w", err)
+	}
+	if fd < 0 {
+		return nil // no Landlock in this kernel
+	}
+	defer unix.Close(fd)
+	// no_new_privs, which Landlock requires of the caller, is set by the
+	// step before.
+	if err := llsyscall.LandlockRestrictSelf(fd, flags); err != nil {
+		return fmt.Errorf("landlock_restrict_self: %w", err)
 	}
 	return nil
 }

@@ -8,10 +8,14 @@
 // once the last process of the namespace is gone.
 //
 // The parent gives the shim its [Config] as JSON on descriptor [ConfigFD]
-// and reads its [Report] lines on descriptor [ReportFD]: either "error
-// <step>: <message>" when a step failed (nothing of the command ran), or
-// "started <pid>" and, when the shell exits, "exit <wait status>". Standard
-// input, output and error (descriptors 0 to 2) are handed to the shell.
+// and reads its [Report] lines on descriptor [ReportFD]: "ready" once the
+// shim runs, then either "error <step>: <message>" when a step failed
+// (nothing of the command ran), or "started <pid>" and, when the shell
+// exits, "exit <wait status>". Standard
+// input (or /dev/null, [Config.NullStdin]), output and error (descriptors
+// 0 to 2) are handed to the shell. The shim does nothing before its Config
+// arrives, so the parent may start it ahead of its task and hand it the
+// Config later; a shim whose config pipe closes empty exits.
 package shim
 
 import (
@@ -44,6 +48,10 @@ type Config struct {
 	// WorkDir is the absolute working directory of the shell; it stays
 	// writable, the rest of the root file system is read-only.
 	WorkDir string `json:"workDir"`
+	// NullStdin gives the shell /dev/null as standard input, a character
+	// device (`test -c /dev/stdin` holds), instead of the shim's own
+	// standard input.
+	NullStdin bool `json:"nullStdin,omitempty"`
 	// TmpSizeBytes caps each of the private tmpfs on /tmp and /dev/shm, in
 	// bytes; 0 means the kernel's default (half of the RAM).
 	TmpSizeBytes int64 `json:"tmpSizeBytes,omitempty"`
@@ -74,6 +82,9 @@ type Config struct {
 
 // Report is one line the shim writes on [ReportFD].
 type Report struct {
+	// Ready is true for the "ready" report, the first the shim writes: it
+	// has started and waits for its Config.
+	Ready bool
 	// Step names the step that failed; empty when none did.
 	Step string
 	// Err is the failed step's message.
@@ -86,11 +97,19 @@ type Report struct {
 	Status uint32
 }
 
+// ReadyLine is the shim's first report, written once it runs and before it
+// reads its Config.
+const ReadyLine = "ready\n"
+
 // ParseReport parses one report line without its newline. It returns an
-// error for a line that is none of the three forms.
+// error for a line that is none of the four forms.
 func ParseReport(line string) (Report, error) {
 	kind, rest, _ := strings.Cut(line, " ")
 	switch kind {
+	case "ready":
+		if rest == "" {
+			return Report{Ready: true}, nil
+		}
 	case "error":
 		step, msg, _ := strings.Cut(rest, ": ")
 		return Report{Step: step, Err: msg}, nil

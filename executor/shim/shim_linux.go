@@ -26,9 +26,10 @@ type step struct {
 
 // state is what the steps share.
 type state struct {
-	cfg    Config
-	report *os.File
-	wdTree int // detached clone of the working directory (open_tree), -1 once attached
+	cfg     Config
+	report  *os.File
+	wdTree  int               // detached clone of the working directory (open_tree), -1 once attached
+	seccomp []unix.SockFilter // the filter, assembled before the Config arrives
 }
 
 // steps is the fixed order of DESIGN.md section 9: mounts, then the
@@ -46,9 +47,17 @@ var steps = []step{
 }
 
 func run() int {
-	// The identity, no_new_privs and the seccomp filter are per thread
-	// until they are made process-wide; the shell is forked from this
-	// thread, so this thread is the one that must carry all of them.
+	// The identity, no_new_privs, the Landlock domain and the seccomp
+	// filter are attributes of a thread, inherited by what it forks. The
+	// steps apply them to this thread alone, the one the shell is forked
+	// from: the main goroutine, which package initialization runs on the
+	// process's first thread and which stays locked to it, so the
+	// process's credentials as signals and /proc see them (those of its
+	// first thread) are the task's too. Applying them to every thread
+	// instead (setresuid(2) through the Go runtime, Landlock and seccomp
+	// with thread synchronization) costs the start about a millisecond,
+	// and the shim's other threads run nothing but the Go runtime and its
+	// signal delivery.
 	runtime.LockOSThread()
 	report := os.NewFile(ReportFD, "report")
 	fail := func(name string, err error) int {
@@ -56,6 +65,26 @@ func run() int {
 		return 127
 	}
 	st := &state{report: report, wdTree: -1}
+	// Before the Config arrives, what costs time and does not depend on
+	// the task, so that it is done while the shim waits started ahead of
+	// its task. Signals first: PID 1 of a namespace drops a signal it has
+	// no handler for, and a stop must not be lost. Every signal is caught,
+	// not only the forwarded ones: the task may signal its PID 1, and the
+	// Go runtime's default for SIGQUIT, SIGABRT and the like is to crash.
+	// A caught signal is reset to its default in the shell at exec.
+	// Catching every signal costs about a millisecond here.
+	sigs := make(chan os.Signal, 32)
+	signal.Notify(sigs)
+	// The first decoding of a type builds encoding/json's field cache.
+	_ = json.Unmarshal([]byte("{}"), &Config{})
+	prog, err := assembleSeccomp()
+	if err != nil {
+		return fail("seccomp", err)
+	}
+	st.seccomp = prog
+	if _, err := io.WriteString(report, ReadyLine); err != nil {
+		return 127 // nobody reads the reports: the parent is gone
+	}
 	cfgFile := os.NewFile(ConfigFD, "config")
 	data, err := io.ReadAll(cfgFile)
 	cfgFile.Close()
@@ -70,7 +99,7 @@ func run() int {
 			return fail(s.name, err)
 		}
 	}
-	code, err := superviseShell(st)
+	code, err := superviseShell(st, sigs)
 	if err != nil {
 		return fail("start shell", err)
 	}
@@ -190,25 +219,28 @@ func limitsStep(st *state) error {
 	return unix.Setrlimit(unix.RLIMIT_NPROC, &unix.Rlimit{Cur: st.cfg.NProc, Max: st.cfg.NProc})
 }
 
-// identityStep drops to the task's UID and GID with no supplementary
-// groups; syscall's Set* functions apply to every thread of the process.
+// identityStep drops this thread (see run) to the task's UID and GID
+// with no supplementary groups: the raw system calls, which the kernel
+// applies to the calling thread only.
 func identityStep(st *state) error {
 	if st.cfg.UID == nil || st.cfg.GID == nil {
 		return nil
 	}
-	if err := syscall.Setgroups(nil); err != nil {
-		return fmt.Errorf("setgroups: %w", err)
+	if _, _, e := unix.RawSyscall(unix.SYS_SETGROUPS, 0, 0, 0); e != 0 {
+		return fmt.Errorf("setgroups: %w", e)
 	}
-	g, u := int(*st.cfg.GID), int(*st.cfg.UID)
-	if err := syscall.Setresgid(g, g, g); err != nil {
-		return fmt.Errorf("setresgid %d: %w", g, err)
+	g, u := uintptr(*st.cfg.GID), uintptr(*st.cfg.UID)
+	if _, _, e := unix.RawSyscall(unix.SYS_SETRESGID, g, g, g); e != 0 {
+		return fmt.Errorf("setresgid %d: %w", g, e)
 	}
-	if err := syscall.Setresuid(u, u, u); err != nil {
-		return fmt.Errorf("setresuid %d: %w", u, err)
+	if _, _, e := unix.RawSyscall(unix.SYS_SETRESUID, u, u, u); e != 0 {
+		return fmt.Errorf("setresuid %d: %w", u, e)
 	}
 	return nil
 }
 
+// noNewPrivsStep sets no_new_privs on this thread (see run): no exec of
+// the task gains privileges, and Landlock and seccomp may be applied.
 func noNewPrivsStep(*state) error {
 	return unix.Prctl(unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
 }
@@ -217,15 +249,8 @@ func noNewPrivsStep(*state) error {
 // the PID namespace, forwards SIGTERM, SIGINT and SIGHUP to all of them
 // (kill(-1) from PID 1 reaches every other process of the namespace), and
 // returns the shell's exit code (128+n when signal n killed it) once no
-// child is left.
-func superviseShell(st *state) (int, error) {
-	sigs := make(chan os.Signal, 32)
-	// Before the fork: PID 1 of a namespace drops a signal it has no
-	// handler for, and a stop must not be lost. Every signal is caught, not
-	// only the forwarded ones: the task may signal its PID 1, and the Go
-	// runtime's default for SIGQUIT, SIGABRT and the like is to crash. A
-	// caught signal is reset to its default in the shell at exec.
-	signal.Notify(sigs)
+// child is left. sigs receives every signal the shim gets.
+func superviseShell(st *state, sigs <-chan os.Signal) (int, error) {
 	devNull, err := os.OpenFile(os.DevNull, os.O_RDWR, 0)
 	if err != nil {
 		return 0, err
@@ -235,10 +260,14 @@ func superviseShell(st *state) (int, error) {
 	if err := unix.CloseRange(3, ^uint(0), unix.CLOSE_RANGE_CLOEXEC); err != nil {
 		return 0, fmt.Errorf("marking descriptors close-on-exec: %w", err)
 	}
+	stdin := os.Stdin
+	if st.cfg.NullStdin {
+		stdin = devNull
+	}
 	proc, err := os.StartProcess(st.cfg.Shell, []string{st.cfg.Shell, "-c", st.cfg.Command}, &os.ProcAttr{
 		Dir:   st.cfg.WorkDir,
 		Env:   st.cfg.Env,
-		Files: []*os.File{os.Stdin, os.Stdout, os.Stderr},
+		Files: []*os.File{stdin, os.Stdout, os.Stderr},
 		Sys:   &syscall.SysProcAttr{Setsid: true},
 	})
 	if err != nil {

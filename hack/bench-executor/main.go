@@ -175,6 +175,8 @@ func run(jsonOut string, iters int, dir, shell string, stream bool) error {
 	if err := w.Flush(); err != nil {
 		return err
 	}
+	fmt.Printf("tenant starts that took a shim started ahead of them (--shim-pool-size %d): network Node %d of %d, None %d of %d\n",
+		executor.DefaultShimPoolSize, pooledStarts[executor.NetworkNode], iters+10, pooledStarts[executor.NetworkNone], iters+10)
 	if stream {
 		fmt.Printf("2 GB task: %s, %d bytes, sha256 %s, peak RSS %d KiB (before %d KiB)\n",
 			cr.Reason, cr.TotalBytes, cr.SHA256, cr.HWMAfterKB, cr.HWMBeforeKB)
@@ -223,37 +225,46 @@ func timePlain(shell, dir string, env []string, setsid bool) (time.Duration, err
 
 func timeTask(ex *executor.Executor, dir string, i int) (time.Duration, error) {
 	spill := filepath.Join(dir, "spill-"+strconv.Itoa(i)+"-"+string(ex.Mechanism()))
-	return timeStart(ex, executor.Spec{Command: "true", WorkingDir: dir, SpillDir: spill}, "true through the executor")
+	d, _, err := timeStart(ex, executor.Spec{Command: "true", WorkingDir: dir, SpillDir: spill}, "true through the executor")
+	return d, err
 }
 
 // benchUID is the task UID of the tenant measurements (the agent's default
 // range starts here).
 const benchUID = 2000000
 
+// pooledStarts counts, by network, the tenant starts that took a shim
+// started ahead of them.
+var pooledStarts = map[executor.Network]int{}
+
 // timeTenant runs `true` at the tenant level in a fresh working directory
 // owned by its UID, as the agent does.
 func timeTenant(ex *executor.Executor, dir string, i int, network executor.Network) (time.Duration, error) {
 	spill := filepath.Join(dir, "spill-"+strconv.Itoa(i)+"-tenant-"+string(network))
-	return timeStart(ex, executor.Spec{Command: "true", SpillDir: spill, Network: network, User: &executor.User{UID: benchUID, GID: benchUID}},
+	d, task, err := timeStart(ex, executor.Spec{Command: "true", SpillDir: spill, Network: network, User: &executor.User{UID: benchUID, GID: benchUID}},
 		"true at the tenant level")
+	if err == nil && task.PooledShim() {
+		pooledStarts[network]++
+	}
+	return d, err
 }
 
-// timeStart runs spec to its end and returns the time from Start to Done;
-// a task that did not succeed is an error naming what, and the task's spill
-// directory is removed.
-func timeStart(ex *executor.Executor, spec executor.Spec, what string) (time.Duration, error) {
+// timeStart runs spec to its end and returns the time from Start to Done
+// and the task; a task that did not succeed is an error naming what, and
+// the task's spill directory is removed.
+func timeStart(ex *executor.Executor, spec executor.Spec, what string) (time.Duration, *executor.Task, error) {
 	begin := time.Now()
 	task, err := ex.Start(spec)
 	if err != nil {
-		return 0, err
+		return 0, nil, err
 	}
 	<-task.Done()
 	took := time.Since(begin)
 	res, _ := task.Result()
 	if res.Reason != executor.ReasonSucceeded {
-		return 0, fmt.Errorf("%s: %s (%s)", what, res.Reason, res.Message)
+		return 0, nil, fmt.Errorf("%s: %s (%s)", what, res.Reason, res.Message)
 	}
-	return took, os.RemoveAll(spec.SpillDir)
+	return took, task, os.RemoveAll(spec.SpillDir)
 }
 
 // plainWrite times `head -c 2000000000 /dev/zero > file` and returns MB/s.

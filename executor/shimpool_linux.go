@@ -1,0 +1,345 @@
+//go:build linux
+
+package executor
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/bashtask/bashtask-operator/executor/shim"
+)
+
+// shimProc is a started shim that has not been given its task yet: PID 1
+// of its own mount, PID, IPC and UTS namespaces (and network namespace for
+// [NetworkNone]), blocked reading its Config, with the executor's ends of
+// its pipes.
+type shimProc struct {
+	network    Network
+	cg         *taskCgroup // the pooled shim's cgroup until a task takes it; nil without cgroups
+	proc       *os.Process
+	startTicks uint64
+	exitCh     <-chan exitStatus
+	exited     bool // its status was taken from exitCh: it is gone
+
+	cfgW, repR               *os.File // the Config in, the reports out
+	stdinW, stdoutR, stderrR *os.File // the task's streams
+}
+
+// shimCloneflags are the namespaces a task's shim is created in.
+func shimCloneflags(network Network) uintptr {
+	flags := uintptr(unix.CLONE_NEWNS | unix.CLONE_NEWPID | unix.CLONE_NEWIPC | unix.CLONE_NEWUTS)
+	if network == NetworkNone {
+		flags |= unix.CLONE_NEWNET
+	}
+	return flags
+}
+
+// startShim starts a shim for a task of network in cg (nil: no cgroup)
+// from its first instruction. The shim's standard streams are new pipes
+// whose other ends the shimProc holds.
+func (e *Executor) startShim(network Network, cg *taskCgroup) (_ *shimProc, err error) {
+	sp := &shimProc{network: network}
+	var own, child []*os.File
+	defer func() {
+		for _, f := range child {
+			f.Close()
+		}
+		if err != nil {
+			for _, f := range own {
+				f.Close()
+			}
+		}
+	}()
+	pipe := func(childWrites bool, ownEnd **os.File) error {
+		o, c, err := childPipe(childWrites)
+		if err != nil {
+			return err
+		}
+		own, child = append(own, o), append(child, c)
+		*ownEnd = o
+		return nil
+	}
+	for _, p := range []struct {
+		childWrites bool
+		end         **os.File
+	}{{false, &sp.stdinW}, {true, &sp.stdoutR}, {true, &sp.stderrR}} {
+		if err := pipe(p.childWrites, p.end); err != nil {
+			return nil, err
+		}
+	}
+	// The config and report pipes carry a few hundred bytes: the default
+	// pipe size.
+	cfgR, cfgW, err := os.Pipe()
+	if err != nil {
+		return nil, err
+	}
+	own, child, sp.cfgW = append(own, cfgW), append(child, cfgR), cfgW
+	repR, repW, err := os.Pipe()
+	if err != nil {
+		return nil, err
+	}
+	own, child, sp.repR = append(own, repR), append(child, repW), repR
+	sys := &syscall.SysProcAttr{Setsid: true, Cloneflags: shimCloneflags(network)}
+	if cg != nil {
+		// clone3(CLONE_INTO_CGROUP), as for the shell at the process level:
+		// moving a running process (cgroup.procs) would cost the start an
+		// RCU grace period, milliseconds.
+		sys.UseCgroupFD, sys.CgroupFD = true, cg.fd
+	}
+	// child is stdin, stdout, stderr, then shim.ConfigFD and shim.ReportFD.
+	// One P: the shim runs one goroutine at a time, and each thread the
+	// runtime would start for more is work on the task's start.
+	attr := &os.ProcAttr{Dir: "/", Env: []string{"GOMAXPROCS=1"}, Files: child, Sys: sys}
+	sp.proc, sp.startTicks, sp.exitCh, err = startWaited(func(pidfd *int) (*os.Process, error) {
+		sys.PidFD = pidfd
+		return os.StartProcess(e.shimPath, []string{shim.Arg0}, attr)
+	})
+	if err != nil {
+		return nil, err
+	}
+	return sp, nil
+}
+
+// awaitReady waits for the shim's ready report, so that a pooled shim is
+// taken only once it runs, and discards the shim when it does not come.
+// Nothing else is in the pipe before the Config is sent, so the line is
+// read without a buffer that could keep later reports.
+func (sp *shimProc) awaitReady() error {
+	buf := make([]byte, len(shim.ReadyLine))
+	if _, err := io.ReadFull(sp.repR, buf); err != nil || string(buf) != shim.ReadyLine {
+		sp.discard()
+		return fmt.Errorf("the shim did not report ready: %q, %v", buf, err)
+	}
+	return nil
+}
+
+// gone reports whether the shim has exited, without waiting.
+func (sp *shimProc) gone() bool {
+	if sp.exited {
+		return true
+	}
+	select {
+	case <-sp.exitCh:
+		sp.exited = true
+	default:
+	}
+	return sp.exited
+}
+
+// discard kills the shim, waits for it, closes every end it left and
+// removes its pooled cgroup.
+func (sp *shimProc) discard() {
+	if !sp.exited {
+		_ = sp.proc.Signal(unix.SIGKILL)
+		<-sp.exitCh
+		sp.exited = true
+	}
+	_ = sp.proc.Release()
+	sp.closeEnds()
+	if sp.cg != nil {
+		_ = sp.cg.remove()
+		sp.cg = nil
+	}
+}
+
+func (sp *shimProc) closeEnds() {
+	for _, f := range []*os.File{sp.cfgW, sp.repR, sp.stdinW, sp.stdoutR, sp.stderrR} {
+		if f != nil {
+			f.Close()
+		}
+	}
+}
+
+// shimPool keeps shims started ahead of tasks, up to size per network,
+// each in a new cgroup of its own, so that a task's start at the tenant
+// level does not wait for a process to exec and a Go runtime to initialize
+// (milliseconds on every start); the task takes the shim's cgroup as its
+// own. A
+// network is kept filled once a task has asked for it ([NetworkNode] from
+// the start); the namespaces are created off the task's path, the network
+// namespace of [NetworkNone] too. A pooled shim does nothing until it is
+// taken: it is blocked reading its Config, holds no task data, and exits
+// when the executor's end of its config pipe closes (the agent died).
+type shimPool struct {
+	e    *Executor
+	size int
+
+	mu     sync.Mutex
+	idle   map[Network][]*shimProc
+	wanted []Network // kept filled, in the order first asked for
+	closed bool
+
+	kick chan struct{} // a fill is due
+	stop chan struct{} // closed by close
+	done chan struct{} // closed when the filler returned
+}
+
+func newShimPool(e *Executor, size int) *shimPool {
+	p := &shimPool{
+		e: e, size: size,
+		idle:   map[Network][]*shimProc{},
+		wanted: []Network{NetworkNode},
+		kick:   make(chan struct{}, 1),
+		stop:   make(chan struct{}),
+		done:   make(chan struct{}),
+	}
+	go p.fill()
+	p.signal()
+	return p
+}
+
+func (p *shimPool) signal() {
+	select {
+	case p.kick <- struct{}{}:
+	default:
+	}
+}
+
+// take returns a started shim for network, or nil when none is idle; either
+// way the pool is refilled in the background.
+func (p *shimPool) take(network Network) *shimProc {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	defer p.signal()
+	if p.closed {
+		return nil
+	}
+	if !slices.Contains(p.wanted, network) {
+		p.wanted = append(p.wanted, network)
+	}
+	for q := p.idle[network]; len(q) > 0; q = p.idle[network] {
+		sp := q[len(q)-1]
+		p.idle[network] = q[:len(q)-1]
+		if !sp.gone() {
+			return sp
+		}
+		go sp.discard() // killed while idle
+	}
+	return nil
+}
+
+// fill starts shims until every wanted network has size idle ones, each
+// time it is kicked. A failed start ends the round: the next take kicks
+// again, and meanwhile tasks start their own shims.
+func (p *shimPool) fill() {
+	defer close(p.done)
+	for {
+		select {
+		case <-p.stop:
+			return
+		case <-p.kick:
+		}
+		for _, network := range p.networksShort() {
+			sp, err := p.start(network)
+			if err != nil {
+				break
+			}
+			p.mu.Lock()
+			if p.closed {
+				p.mu.Unlock()
+				sp.discard()
+				return
+			}
+			p.idle[network] = append(p.idle[network], sp)
+			p.mu.Unlock()
+		}
+	}
+}
+
+// start starts a pooled shim in a new cgroup of its own (where the
+// executor has cgroups) and waits until it runs.
+func (p *shimPool) start(network Network) (*shimProc, error) {
+	var cg *taskCgroup
+	if p.e.cg != nil {
+		var err error
+		if cg, err = p.e.cg.newCgroup(PoolCgroupPrefix + randomName()); err != nil {
+			return nil, err
+		}
+	}
+	sp, err := p.e.startShim(network, cg)
+	if cg != nil {
+		cg.closeFD()
+	}
+	if err != nil {
+		if cg != nil {
+			_ = cg.remove()
+		}
+		return nil, err
+	}
+	sp.cg = cg
+	if err := sp.awaitReady(); err != nil {
+		return nil, err
+	}
+	return sp, nil
+}
+
+// networksShort lists one entry per shim missing from the pool.
+func (p *shimPool) networksShort() []Network {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var out []Network
+	for _, n := range p.wanted {
+		for range p.size - len(p.idle[n]) {
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
+// close stops the filling and kills every idle shim.
+func (p *shimPool) close() {
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		return
+	}
+	p.closed = true
+	idle := p.idle
+	p.idle = nil
+	p.mu.Unlock()
+	close(p.stop)
+	<-p.done
+	for _, q := range idle {
+		for _, sp := range q {
+			sp.discard()
+		}
+	}
+}
+
+// sweepPoolCgroups kills whatever is in the pooled shims' cgroups an
+// earlier executor left under parent (its pooled shims exit by themselves
+// once their parent is gone; a task whose start the earlier agent did not
+// live to record may not) and removes them. It runs before the executor
+// starts shims of its own.
+func sweepPoolCgroups(parent string) error {
+	entries, err := os.ReadDir(parent)
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, e := range entries {
+		if !e.IsDir() || !strings.HasPrefix(e.Name(), PoolCgroupPrefix) {
+			continue
+		}
+		cg := &taskCgroup{path: filepath.Join(parent, e.Name()), fd: -1}
+		cg.kill()
+		deadline := time.Now().Add(killWait)
+		for cg.populated() && time.Now().Before(deadline) {
+			time.Sleep(10 * time.Millisecond)
+		}
+		if err := removeCgroupTree(cg.path); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
