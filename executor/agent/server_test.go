@@ -41,8 +41,8 @@ func TestMain(m *testing.M) {
 
 // testCgroupParent keeps this package's task cgroups apart from those of
 // the executor's tests and of other checkouts' test runs, which may run at
-// the same time: an agent empties the stale cgroups under its parent when it
-// starts.
+// the same time: an agent at the tenant level empties the pooled shims'
+// cgroups under its parent when it starts.
 var testCgroupParent = fmt.Sprintf("bashtask-agent-test-%d", os.Getpid())
 
 // rig is one agent server on loopback with mTLS, and a client for it.

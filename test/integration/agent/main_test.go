@@ -123,7 +123,7 @@ func startAgent(t *testing.T, p *pki, stateDir, bucketURL string, env []string, 
 		"--progress-interval", "100ms",
 		"--tls-cert-file", p.serverCert, "--tls-key-file", p.serverKey, "--tls-ca-file", p.caFile,
 		"--metrics-address", "", "--health-probe-address", "",
-		"--cgroup-parent", fmt.Sprintf("bashtask-agent-it-%d", os.Getpid()), // one per test run: an agent empties the stale cgroups under its parent
+		"--cgroup-parent", fmt.Sprintf("bashtask-agent-it-%d", os.Getpid()), // one per test run: an agent at the tenant level empties the pooled shims' cgroups under its parent
 		"--log-format", "json",
 	}
 	cmd := exec.Command(agentBin, append(args, extra...)...)
