@@ -18,8 +18,12 @@ say() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
 die() { printf 'demo: error: %s\n' "$*" >&2; exit 1; }
 
 say "Building the binaries and the control plane (the first time takes several minutes)"
-hack/setup-envtest.sh >/dev/null
-go build -o bin/ ./cmd/...
+# Side by side: the project's binaries compile while the control plane's
+# modules download and its links run on one core.
+go build -o bin/ ./cmd/... &
+build=$!
+hack/setup-envtest.sh >/dev/null || { wait "${build}" || true; die "building the control plane failed"; }
+wait "${build}" || die "building the binaries failed"
 
 mkdir -p "${DIR}"
 bin/bashtask-local up --dir "${DIR}" --agents 2 --agent-env DEMO_API_KEY=agent-only-secret >"${DIR}/launcher.log" 2>&1 &

@@ -126,32 +126,37 @@ if (( CONTROL_PLANE_CURRENT )); then
   exit 0
 fi
 
+# etcd builds beside kube-apiserver: its module resolution waits on the
+# network, and each link runs on one core while the other compiles.
+build_etcd() {
+  log "building etcd ${ETCD_VERSION}"
+  {
+    echo "module bashtask.dev/envtest-etcd"
+    echo
+    echo "go 1.26"
+    echo
+    echo "require go.etcd.io/etcd/server/v3 ${ETCD_VERSION}"
+    echo
+    for m in api/v3 client/pkg/v3 client/v3 pkg/v3 server/v3; do
+      echo "replace go.etcd.io/etcd/${m} => go.etcd.io/etcd/${m} ${ETCD_VERSION}"
+    done
+  } > "${WORK}/etcd/go.mod"
+  printf 'package tools\n\nimport _ "go.etcd.io/etcd/server/v3"\n' > "${WORK}/etcd/tools.go"
+  cd "${WORK}/etcd"
+  "${GO}" mod tidy >"${WORK}/etcd.log" 2>&1 || { cat "${WORK}/etcd.log" >&2; exit 1; }
+  CGO_ENABLED=0 "${GO}" build -trimpath -ldflags "-s -w" -o "${OUT}/etcd.new" go.etcd.io/etcd/server/v3
+}
+( build_etcd ) &
+etcd_pid=$!
+
 log "building kube-apiserver and kubectl ${K8S_VERSION} (${#STAGING[@]} staging modules mapped to ${LIB_VERSION}); the first build takes several minutes"
 (
   cd "${WORK}/kube"
   CGO_ENABLED=0 "${GO}" build -trimpath -ldflags "${KUBE_LDFLAGS}" -o "${OUT}/kube-apiserver.new" k8s.io/kubernetes/cmd/kube-apiserver
   # kubectl reads its version from client-go's copy of the version package.
   CGO_ENABLED=0 "${GO}" build -trimpath -ldflags "${KUBE_LDFLAGS} ${KUBE_LDFLAGS//k8s.io\/component-base\/version/k8s.io\/client-go\/pkg\/version}" -o "${OUT}/kubectl.new" k8s.io/kubernetes/cmd/kubectl
-) || die "building kube-apiserver and kubectl ${K8S_VERSION} failed (see the output above)"
-
-log "building etcd ${ETCD_VERSION}"
-{
-  echo "module bashtask.dev/envtest-etcd"
-  echo
-  echo "go 1.26"
-  echo
-  echo "require go.etcd.io/etcd/server/v3 ${ETCD_VERSION}"
-  echo
-  for m in api/v3 client/pkg/v3 client/v3 pkg/v3 server/v3; do
-    echo "replace go.etcd.io/etcd/${m} => go.etcd.io/etcd/${m} ${ETCD_VERSION}"
-  done
-} > "${WORK}/etcd/go.mod"
-printf 'package tools\n\nimport _ "go.etcd.io/etcd/server/v3"\n' > "${WORK}/etcd/tools.go"
-(
-  cd "${WORK}/etcd"
-  "${GO}" mod tidy >"${WORK}/etcd.log" 2>&1 || { cat "${WORK}/etcd.log" >&2; exit 1; }
-  CGO_ENABLED=0 "${GO}" build -trimpath -ldflags "-s -w" -o "${OUT}/etcd.new" go.etcd.io/etcd/server/v3
-) || die "building etcd ${ETCD_VERSION} failed (see the output above)"
+) || { wait "${etcd_pid}" || true; die "building kube-apiserver and kubectl ${K8S_VERSION} failed (see the output above)"; }
+wait "${etcd_pid}" || die "building etcd ${ETCD_VERSION} failed (see the output above)"
 
 mv -f "${OUT}/kube-apiserver.new" "${OUT}/kube-apiserver"
 mv -f "${OUT}/kubectl.new" "${OUT}/kubectl"
