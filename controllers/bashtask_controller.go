@@ -585,11 +585,36 @@ func (r *BashTaskReconciler) removeFinalizer(ctx context.Context, bt *bashtaskv1
 // writeStatus writes bt's status through the status subresource when it
 // differs from old, after fitting it into the status budget. kind labels
 // the write in metrics.
+//
+// The write is an Update carrying bt's resourceVersion, the version old and
+// the new status were computed from: when the object changed since (another
+// pass, a metadata edit, an earlier leader), the API server refuses it with
+// a conflict and Reconcile waits for the newer version's watch event, so a
+// status computed from a stale view is never stored. guardStatus keeps the
+// terminal fields as first written and refuses a status that would go
+// backwards.
 func (r *BashTaskReconciler) writeStatus(ctx context.Context, bt *bashtaskv1alpha1.BashTask, old *bashtaskv1alpha1.BashTaskStatus, kind string) error {
 	// Everything in the status is computed for this generation, also the
 	// conditions this pass left as they were: tools compare each
 	// condition's observedGeneration with the generation.
 	bt.Status.ObservedGeneration = ptr.To(bt.Generation)
+	restored, err := guardStatus(old, &bt.Status)
+	if len(restored) > 0 || err != nil {
+		if r.metrics != nil {
+			for _, f := range restored {
+				r.metrics.StatusRegressions.WithLabelValues(f).Inc()
+			}
+			if err != nil {
+				r.metrics.StatusRegressions.WithLabelValues("refused").Inc()
+			}
+		}
+		if len(restored) > 0 {
+			ctrl.LoggerFrom(ctx).Info("Kept terminal status fields this pass would have changed", "kind", kind, "fields", restored)
+		}
+		if err != nil {
+			return fmt.Errorf("writing %s status of %s: %w", kind, klog.KObj(bt), err)
+		}
+	}
 	setReadiness(bt)
 	for i := range bt.Status.Conditions {
 		bt.Status.Conditions[i].ObservedGeneration = bt.Generation

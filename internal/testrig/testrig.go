@@ -13,6 +13,7 @@ import (
 	"net"
 	"os"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap/zapcore"
@@ -23,9 +24,11 @@ import (
 	"google.golang.org/grpc/keepalive"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	"k8s.io/utils/clock"
+	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/config"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
@@ -62,11 +65,21 @@ type Rig struct {
 	Registry *controllers.AgentRegistry
 	// Orphans is the controller's check for tasks whose BashTask is gone.
 	Orphans *controllers.OrphanCollector
+	// Metrics are the controller's metrics (not registered anywhere).
+	Metrics *controllers.Metrics
 	// Dir holds certificates and the agents' state directories.
 	Dir string
 
 	cancel context.CancelFunc
 	done   chan struct{}
+
+	// The controller runs under a context of its own so that
+	// RestartController can end it while the agents keep running.
+	ctx         context.Context
+	ctrlCancel  context.CancelFunc
+	ctrlFiles   *tlsutil.Files
+	ctrlOpts    controllers.Options
+	ctrlWorkers int
 }
 
 // Agent is one in-process agent server.
@@ -82,11 +95,16 @@ type Agent struct {
 	tls    *tls.Config
 	cancel context.CancelFunc
 	done   chan struct{}
+	// offline is set between Disconnect and Reconnect.
+	offline atomic.Bool
 }
 
 // Disconnect stops serving gRPC, as if the agent vanished from the network;
 // its tasks keep running until Stop.
-func (a *Agent) Disconnect() { a.grpc.Stop() }
+func (a *Agent) Disconnect() {
+	a.offline.Store(true)
+	a.grpc.Stop()
+}
 
 // Reconnect serves gRPC again at the same address after Disconnect, as if
 // the agent came back on the network; the controller's Watch stream
@@ -98,6 +116,7 @@ func (a *Agent) Reconnect() error {
 	}
 	a.grpc = newGRPCServer(a.tls, a.Server)
 	go func() { _ = a.grpc.Serve(lis) }()
+	a.offline.Store(false)
 	return nil
 }
 
@@ -161,10 +180,25 @@ func Start(opts Options) (rig *Rig, err error) {
 	if err := localcluster.CreateAgentObjects(ctx, r.Client, opts.Agents, port); err != nil {
 		return nil, err
 	}
-	if err := r.startController(ctx, certs.Controller, copts, opts.Workers); err != nil {
+	r.ctx, r.ctrlFiles, r.ctrlOpts, r.ctrlWorkers = ctx, certs.Controller, copts, opts.Workers
+	if err := r.startController(); err != nil {
 		return nil, err
 	}
 	return r, nil
+}
+
+// RestartController stops the controller's manager (its cache, workers,
+// agent connections and orphan checks) as a process exit would, then
+// starts a new one with the same options, which starts from nothing: a
+// fresh cache, new Watch streams to every agent. It returns once every
+// agent is connected and ready again. Registry and Orphans name the new
+// controller's afterwards.
+func (r *Rig) RestartController() error {
+	r.ctrlCancel()
+	<-r.done
+	r.done = make(chan struct{})
+	r.Registry, r.Orphans, r.Metrics = nil, nil, nil
+	return r.startController()
 }
 
 // Stop ends the controller, the agents and the control plane, and removes
@@ -211,14 +245,20 @@ func startAgent(ctx context.Context, node, addr, stateDir string, files *tlsutil
 	return a, nil
 }
 
-func (r *Rig) startController(ctx context.Context, files *tlsutil.Files, opts controllers.Options, workers int) error {
+func (r *Rig) startController() error {
+	files, opts, workers := r.ctrlFiles, r.ctrlOpts, r.ctrlWorkers
+	ctx, cancel := context.WithCancel(r.ctx)
+	r.ctrlCancel = cancel
 	ctrl.SetLogger(zap.New(zap.WriteTo(os.Stderr), zap.Level(logLevel())))
 	tlsCfg, err := tlsutil.ClientConfig(files, localcluster.AgentServerName)
 	if err != nil {
 		return err
 	}
 	mgr, err := ctrl.NewManager(r.Env.Config, ctrl.Options{
-		Scheme:                 r.Env.Scheme,
+		Scheme: r.Env.Scheme,
+		// Each manager of a restarted rig registers its controllers
+		// under the same names.
+		Controller:             config.Controller{SkipNameValidation: ptr.To(true)},
 		Metrics:                metricsserver.Options{BindAddress: "0"},
 		HealthProbeBindAddress: "0",
 		Cache: cache.Options{ByObject: map[client.Object]cache.ByObject{
@@ -258,13 +298,21 @@ func (r *Rig) startController(ctx context.Context, files *tlsutil.Files, opts co
 	}
 	r.Registry = registry
 	r.Orphans = orphans
+	r.Metrics = metrics
 	go func() {
 		defer close(r.done)
 		if err := mgr.Start(ctx); err != nil {
 			fmt.Fprintln(os.Stderr, "testrig: manager:", err)
 		}
 	}()
-	// Start from a steady state: every agent connected and ready.
+	// Start from a steady state: every agent connected and ready (but
+	// those a test disconnected).
+	want := 0
+	for _, a := range r.Agents {
+		if !a.offline.Load() {
+			want++
+		}
+	}
 	deadline := time.Now().Add(30 * time.Second)
 	for time.Now().Before(deadline) {
 		ready := 0
@@ -273,7 +321,7 @@ func (r *Rig) startController(ctx context.Context, files *tlsutil.Files, opts co
 				ready++
 			}
 		}
-		if ready == len(r.Agents) {
+		if ready >= want {
 			return nil
 		}
 		time.Sleep(50 * time.Millisecond)
