@@ -288,6 +288,13 @@ func (r *BashTaskReconciler) reconcilePending(ctx context.Context, bt *bashtaskv
 		setPending(bt, ReasonNoAgent, why)
 		return reconcile.Result{RequeueAfter: r.opts.RetryInterval}, r.writeStatus(ctx, bt, old, "pending")
 	}
+	// Checked before the write-ahead: a task the agent would refuse is
+	// never dispatched, and the message says by how much it is over.
+	if msg := startSizeError(r.taskSpecOn(bt, resolved, agent.Node), agent); msg != "" {
+		release()
+		setTerminal(bt, bashtaskv1alpha1.ReasonInvalidSpec, msg, now)
+		return reconcile.Result{}, r.writeStatus(ctx, bt, old, "terminal")
+	}
 
 	if !controllerutil.ContainsFinalizer(bt, Finalizer) {
 		controllerutil.AddFinalizer(bt, Finalizer)
@@ -332,6 +339,17 @@ func (r *BashTaskReconciler) start(ctx context.Context, bt *bashtaskv1alpha1.Bas
 	}
 	spec := r.taskSpec(bt, resolved)
 	node := nodeOf(&bt.Status)
+	if agent := r.agents.Agent(node); agent.Connected {
+		// The values may have changed since the dispatch was written.
+		if msg := startSizeError(spec, &agent); msg != "" {
+			old := bt.Status.DeepCopy()
+			setTerminal(bt, bashtaskv1alpha1.ReasonInvalidSpec, msg, r.clock.Now())
+			if err := r.writeStatus(ctx, bt, old, "terminal"); err != nil {
+				return reconcile.Result{}, err
+			}
+			return r.reconcileFinished(ctx, bt)
+		}
+	}
 	ts, err := r.agents.StartTask(ctx, node, spec)
 	if status.Code(err) == codes.ResourceExhausted {
 		// The agent runs its maximum and started nothing; the task waits

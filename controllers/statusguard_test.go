@@ -40,18 +40,30 @@ func TestGuardStatus(t *testing.T) {
 			wantRestored: []string{"startTime", "reason", "message", "exitCode", "signal", "completionTime"},
 		},
 		"finished, phase would change": {
-			old:          finished(),
-			next:         func() *bashtaskv1alpha1.BashTaskStatus { s := finished(); s.Phase = ptr.To(bashtaskv1alpha1.PhaseSucceeded); return s }(),
+			old: finished(),
+			next: func() *bashtaskv1alpha1.BashTaskStatus {
+				s := finished()
+				s.Phase = ptr.To(bashtaskv1alpha1.PhaseSucceeded)
+				return s
+			}(),
 			wantRestored: []string{"phase"},
 		},
 		"running to pending": {
-			old:     running(),
-			next:    func() *bashtaskv1alpha1.BashTaskStatus { s := running(); s.Phase = ptr.To(bashtaskv1alpha1.PhasePending); return s }(),
+			old: running(),
+			next: func() *bashtaskv1alpha1.BashTaskStatus {
+				s := running()
+				s.Phase = ptr.To(bashtaskv1alpha1.PhasePending)
+				return s
+			}(),
 			wantErr: true,
 		},
 		"observedGeneration decreases": {
-			old:     running(),
-			next:    func() *bashtaskv1alpha1.BashTaskStatus { s := running(); s.ObservedGeneration = ptr.To[int64](1); return s }(),
+			old: running(),
+			next: func() *bashtaskv1alpha1.BashTaskStatus {
+				s := running()
+				s.ObservedGeneration = ptr.To[int64](1)
+				return s
+			}(),
 			wantErr: true,
 		},
 		"start time moves while running": {

@@ -192,6 +192,9 @@ func run(cmd *cobra.Command, o *options) error {
 	if err := m.Register(metrics.Registry); err != nil {
 		return fmt.Errorf("registering metrics: %w", err)
 	}
+	if err := metrics.Registry.Register(registry.StreamEnds); err != nil {
+		return fmt.Errorf("registering metrics: %w", err)
+	}
 	ropts := controllers.DefaultOptions()
 	ropts.MaxRunningPerOwner = o.maxRunningPerOwner
 	ropts.ProgressInterval = o.progressInterval

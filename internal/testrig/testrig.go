@@ -6,6 +6,7 @@
 package testrig
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -33,6 +34,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
+	agentv1 "github.com/bashtask/bashtask-operator/api/agent/v1"
 	bashtaskv1alpha1 "github.com/bashtask/bashtask-operator/api/v1alpha1"
 	"github.com/bashtask/bashtask-operator/controllers"
 	"github.com/bashtask/bashtask-operator/executor"
@@ -51,6 +53,9 @@ type Options struct {
 	Controller *controllers.Options
 	// Workers is the number of concurrent reconciles; zero means 4.
 	Workers int
+	// AgentCapacity is each agent's maximum of running tasks; zero means
+	// 16.
+	AgentCapacity int
 }
 
 // Rig is a running control plane, agents and controller.
@@ -122,6 +127,9 @@ func (a *Agent) Reconnect() error {
 
 func newGRPCServer(tlsCfg *tls.Config, srv *agent.Server) *grpc.Server {
 	g := grpc.NewServer(grpc.Creds(credentials.NewTLS(tlsCfg)),
+		// As bashtask-agent serve: a Start may be far over gRPC's 4 MiB
+		// default.
+		grpc.MaxRecvMsgSize(agentv1.MaxRequestBytes),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}))
 	srv.Register(g)
 	return g
@@ -171,7 +179,7 @@ func Start(opts Options) (rig *Rig, err error) {
 		return nil, err
 	}
 	for _, a := range opts.Agents {
-		ag, err := startAgent(ctx, a.Node, net.JoinHostPort(a.IP, strconv.Itoa(port)), r.Dir+"/"+a.Node, certs.Agent)
+		ag, err := startAgent(ctx, a.Node, net.JoinHostPort(a.IP, strconv.Itoa(port)), r.Dir+"/"+a.Node, certs.Agent, cmp.Or(opts.AgentCapacity, 16))
 		if err != nil {
 			return nil, fmt.Errorf("starting the agent of %s: %w", a.Node, err)
 		}
@@ -217,7 +225,7 @@ func (r *Rig) Stop() {
 	}
 }
 
-func startAgent(ctx context.Context, node, addr, stateDir string, files *tlsutil.Files) (*Agent, error) {
+func startAgent(ctx context.Context, node, addr, stateDir string, files *tlsutil.Files, capacity int) (*Agent, error) {
 	tlsCfg, err := tlsutil.ServerConfig(files, localcluster.ControllerIdentity)
 	if err != nil {
 		return nil, err
@@ -226,7 +234,7 @@ func startAgent(ctx context.Context, node, addr, stateDir string, files *tlsutil
 		NodeName:         node,
 		PodName:          "bashtask-agent-" + node,
 		StateDir:         stateDir,
-		MaxConcurrent:    16,
+		MaxConcurrent:    capacity,
 		ProgressInterval: 200 * time.Millisecond,
 		Executor:         executor.Config{Shell: "/bin/bash"},
 	})
