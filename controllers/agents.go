@@ -104,6 +104,10 @@ type AgentRegistryOptions struct {
 	// Watch stream (its CURRENT events), so that tasks whose BashTask is
 	// gone are found on every (re)connect; see OrphanCollector.
 	Held chan<- HeldTask
+	// Fence, when set (leader election on), supplies the fence sent with
+	// Start, Cancel and Watch; Start, Cancel, Forget and Watch are not
+	// made while it reports that this controller is not sure it leads.
+	Fence Fencer
 	// Log is the registry's logger.
 	Log logr.Logger
 }
@@ -346,7 +350,12 @@ func (r *AgentRegistry) StartTask(ctx context.Context, node string, spec *agentv
 	if err != nil {
 		return nil, err
 	}
-	resp, err := a.client.Start(ctx, &agentv1.StartRequest{Spec: spec})
+	ctx, cancel, fence, err := fenceFor(ctx, r.opts.Fence, "Start")
+	if err != nil {
+		return nil, fmt.Errorf("starting task on node %q: %w", node, err)
+	}
+	defer cancel()
+	resp, err := a.client.Start(ctx, &agentv1.StartRequest{Spec: spec, Fence: fence})
 	if err != nil {
 		return nil, fmt.Errorf("starting task on node %q: %w", node, err)
 	}
@@ -378,7 +387,12 @@ func (r *AgentRegistry) CancelTask(ctx context.Context, node, uid string) (*agen
 	if err != nil {
 		return nil, err
 	}
-	resp, err := a.client.Cancel(ctx, &agentv1.CancelRequest{Uid: uid})
+	ctx, cancel, fence, err := fenceFor(ctx, r.opts.Fence, "Cancel")
+	if err != nil {
+		return nil, fmt.Errorf("cancelling task %s on node %q: %w", uid, node, err)
+	}
+	defer cancel()
+	resp, err := a.client.Cancel(ctx, &agentv1.CancelRequest{Uid: uid, Fence: fence})
 	if status.Code(err) == codes.NotFound {
 		return nil, fmt.Errorf("task %s on node %q: %w", uid, node, ErrTaskUnknown)
 	}
@@ -427,6 +441,11 @@ func (r *AgentRegistry) ForgetTask(ctx context.Context, node, uid string) (bool,
 	if err != nil {
 		return false, err
 	}
+	ctx, cancel, _, err := fenceFor(ctx, r.opts.Fence, "Forget")
+	if err != nil {
+		return false, fmt.Errorf("forgetting task %s on node %q: %w", uid, node, err)
+	}
+	defer cancel()
 	resp, err := a.client.Forget(ctx, &agentv1.ForgetRequest{Uid: uid})
 	if err != nil {
 		return false, fmt.Errorf("forgetting task %s on node %q: %w", uid, node, err)
@@ -595,7 +614,15 @@ func (a *agentConn) watchLoop(ctx context.Context, r *AgentRegistry) {
 // watchOnce runs one Watch stream until it fails. healthy reports whether
 // the stream got as far as the agent's info.
 func (a *agentConn) watchOnce(ctx context.Context, r *AgentRegistry) (healthy bool, err error) {
-	stream, err := a.client.Watch(ctx, &agentv1.WatchRequest{})
+	// The stream outlives any one renewal of the lease: only the fence is
+	// taken here, not its deadline. The agent records a newer epoch before
+	// it answers, which is what makes it refuse an earlier leader.
+	_, cancel, fence, err := fenceFor(ctx, r.opts.Fence, "Watch")
+	if err != nil {
+		return false, err
+	}
+	cancel()
+	stream, err := a.client.Watch(ctx, &agentv1.WatchRequest{Fence: fence})
 	if err != nil {
 		return false, err
 	}

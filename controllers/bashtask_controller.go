@@ -86,6 +86,11 @@ type Options struct {
 	// the agents hold against the API (see OrphanCollector); zero or less
 	// leaves only the checks on connect and on deletion.
 	OrphanCheckInterval time.Duration
+	// Fence, when set (leader election on), is asked before every status
+	// write and before a task's finalizer is added: while this controller
+	// is not sure it leads, it writes nothing (see LeaderFence). Not a
+	// flag: the binary sets it from its leader election.
+	Fence Fencer
 }
 
 // DefaultOptions returns the flag defaults of bashtask-controller.
@@ -297,6 +302,10 @@ func (r *BashTaskReconciler) reconcilePending(ctx context.Context, bt *bashtaskv
 	}
 
 	if !controllerutil.ContainsFinalizer(bt, Finalizer) {
+		if err := r.leading("finalizer"); err != nil {
+			release()
+			return reconcile.Result{}, fmt.Errorf("dispatching %s: %w", klog.KObj(bt), err)
+		}
 		controllerutil.AddFinalizer(bt, Finalizer)
 		if err := r.client.Update(ctx, bt); err != nil {
 			release()
@@ -640,6 +649,9 @@ func (r *BashTaskReconciler) writeStatus(ctx context.Context, bt *bashtaskv1alph
 	if equality.Semantic.DeepEqual(old, &bt.Status) {
 		return nil
 	}
+	if err := r.leading("status"); err != nil {
+		return fmt.Errorf("writing %s status of %s: %w", kind, klog.KObj(bt), err)
+	}
 	if err := FitStatusBudget(&bt.Status, r.opts.StatusBudgetBytes); err != nil {
 		return fmt.Errorf("fitting the status of %s into %d bytes: %w", klog.KObj(bt), r.opts.StatusBudgetBytes, err)
 	}
@@ -650,6 +662,17 @@ func (r *BashTaskReconciler) writeStatus(ctx context.Context, bt *bashtaskv1alph
 	if r.metrics != nil {
 		r.metrics.StatusWrites.WithLabelValues(kind).Inc()
 	}
+	return nil
+}
+
+// leading returns an error wrapping ErrNotLeader when this controller is
+// not sure it leads; action names what it was about to do, for the metric.
+func (r *BashTaskReconciler) leading(action string) error {
+	_, cancel, _, err := fenceFor(context.Background(), r.opts.Fence, action)
+	if err != nil {
+		return err
+	}
+	cancel()
 	return nil
 }
 

@@ -56,6 +56,13 @@ type Options struct {
 	// AgentCapacity is each agent's maximum of running tasks; zero means
 	// 16.
 	AgentCapacity int
+	// NoController starts no controller: a test runs its own (as
+	// processes, with leader election) against the agents.
+	NoController bool
+	// Unary and Stream, when set, intercept every call each agent serves,
+	// so a test can see what the agents were asked and what they answered.
+	Unary  grpc.UnaryServerInterceptor
+	Stream grpc.StreamServerInterceptor
 }
 
 // Rig is a running control plane, agents and controller.
@@ -74,6 +81,8 @@ type Rig struct {
 	Metrics *controllers.Metrics
 	// Dir holds certificates and the agents' state directories.
 	Dir string
+	// Certs are the agents' and the controller's certificates.
+	Certs *localcluster.Certs
 
 	cancel context.CancelFunc
 	done   chan struct{}
@@ -98,6 +107,7 @@ type Agent struct {
 
 	grpc   *grpc.Server
 	tls    *tls.Config
+	opts   []grpc.ServerOption
 	cancel context.CancelFunc
 	done   chan struct{}
 	// offline is set between Disconnect and Reconnect.
@@ -119,18 +129,18 @@ func (a *Agent) Reconnect() error {
 	if err != nil {
 		return err
 	}
-	a.grpc = newGRPCServer(a.tls, a.Server)
+	a.grpc = newGRPCServer(a.tls, a.Server, a.opts...)
 	go func() { _ = a.grpc.Serve(lis) }()
 	a.offline.Store(false)
 	return nil
 }
 
-func newGRPCServer(tlsCfg *tls.Config, srv *agent.Server) *grpc.Server {
-	g := grpc.NewServer(grpc.Creds(credentials.NewTLS(tlsCfg)),
+func newGRPCServer(tlsCfg *tls.Config, srv *agent.Server, extra ...grpc.ServerOption) *grpc.Server {
+	g := grpc.NewServer(append([]grpc.ServerOption{grpc.Creds(credentials.NewTLS(tlsCfg)),
 		// As bashtask-agent serve: a Start may be far over gRPC's 4 MiB
 		// default.
 		grpc.MaxRecvMsgSize(agentv1.MaxRequestBytes),
-		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}))
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true})}, extra...)...)
 	srv.Register(g)
 	return g
 }
@@ -174,12 +184,20 @@ func Start(opts Options) (rig *Rig, err error) {
 	if err != nil {
 		return nil, err
 	}
+	r.Certs = certs
+	var serverOpts []grpc.ServerOption
+	if opts.Unary != nil {
+		serverOpts = append(serverOpts, grpc.ChainUnaryInterceptor(opts.Unary))
+	}
+	if opts.Stream != nil {
+		serverOpts = append(serverOpts, grpc.ChainStreamInterceptor(opts.Stream))
+	}
 	port, err := localcluster.FreePort(opts.Agents[0].IP)
 	if err != nil {
 		return nil, err
 	}
 	for _, a := range opts.Agents {
-		ag, err := startAgent(ctx, a.Node, net.JoinHostPort(a.IP, strconv.Itoa(port)), r.Dir+"/"+a.Node, certs.Agent, cmp.Or(opts.AgentCapacity, 16))
+		ag, err := startAgent(ctx, a.Node, net.JoinHostPort(a.IP, strconv.Itoa(port)), r.Dir+"/"+a.Node, certs.Agent, cmp.Or(opts.AgentCapacity, 16), serverOpts)
 		if err != nil {
 			return nil, fmt.Errorf("starting the agent of %s: %w", a.Node, err)
 		}
@@ -189,6 +207,9 @@ func Start(opts Options) (rig *Rig, err error) {
 		return nil, err
 	}
 	r.ctx, r.ctrlFiles, r.ctrlOpts, r.ctrlWorkers = ctx, certs.Controller, copts, opts.Workers
+	if opts.NoController {
+		return r, nil
+	}
 	if err := r.startController(); err != nil {
 		return nil, err
 	}
@@ -225,7 +246,7 @@ func (r *Rig) Stop() {
 	}
 }
 
-func startAgent(ctx context.Context, node, addr, stateDir string, files *tlsutil.Files, capacity int) (*Agent, error) {
+func startAgent(ctx context.Context, node, addr, stateDir string, files *tlsutil.Files, capacity int, serverOpts []grpc.ServerOption) (*Agent, error) {
 	tlsCfg, err := tlsutil.ServerConfig(files, localcluster.ControllerIdentity)
 	if err != nil {
 		return nil, err
@@ -241,14 +262,14 @@ func startAgent(ctx context.Context, node, addr, stateDir string, files *tlsutil
 	if err != nil {
 		return nil, err
 	}
-	g := newGRPCServer(tlsCfg, srv)
+	g := newGRPCServer(tlsCfg, srv, serverOpts...)
 	lis, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, errors.Join(err, srv.Close())
 	}
 	go func() { _ = g.Serve(lis) }()
 	runCtx, cancel := context.WithCancel(ctx)
-	a := &Agent{Node: node, Addr: addr, Server: srv, StateDir: stateDir, grpc: g, tls: tlsCfg, cancel: cancel, done: make(chan struct{})}
+	a := &Agent{Node: node, Addr: addr, Server: srv, StateDir: stateDir, grpc: g, tls: tlsCfg, opts: serverOpts, cancel: cancel, done: make(chan struct{})}
 	go func() { defer close(a.done); _ = srv.Run(runCtx) }()
 	return a, nil
 }
