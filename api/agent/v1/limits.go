@@ -1,3 +1,6 @@
+// Package agentv1 is the protocol between the bashtask controller and the
+// node-local agent: the Go code generated from agent.proto, and the limits
+// both sides check a request against.
 package agentv1
 
 // MaxRequestBytes is the largest request message the agent's gRPC server
