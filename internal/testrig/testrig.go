@@ -342,7 +342,9 @@ func (r *Rig) startController() error {
 			want++
 		}
 	}
-	deadline := time.Now().Add(30 * time.Second)
+	// A restart with many large tasks first lists them all into the new
+	// cache, on a machine the test may share: allow for it.
+	deadline := time.Now().Add(90 * time.Second)
 	for time.Now().Before(deadline) {
 		ready := 0
 		for _, a := range registry.Agents() {
@@ -355,7 +357,13 @@ func (r *Rig) startController() error {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	return fmt.Errorf("agents not all ready after 30s: %+v", registry.Agents())
+	elected := false
+	select {
+	case <-mgr.Elected():
+		elected = true // the caches synced and the runnables started
+	default:
+	}
+	return fmt.Errorf("agents not all ready after 90s (manager started its runnables: %v): %+v", elected, registry.Agents())
 }
 
 // logLevel keeps test output to errors unless BASHTASK_TEST_VERBOSE is set.
