@@ -226,10 +226,13 @@ func (r *BashTaskReconciler) Reconcile(ctx context.Context, req reconcile.Reques
 		res, err = r.reconcilePending(ctx, bt)
 	}
 	if apierrors.IsConflict(err) {
-		// The cache was behind the object. The watch event of the newer
-		// version triggers the next pass, which starts from fresh state.
+		// The cache was behind the object: nothing computed from it was
+		// stored. The watch event of the newer version triggers the next
+		// pass, which starts from fresh state; the requeue is the safety
+		// net should that event have been coalesced into this pass. It
+		// costs a read of the cache, never a write.
 		ctrl.LoggerFrom(ctx).V(1).Info("Stale object; waiting for the newer version", "err", err)
-		return reconcile.Result{}, nil
+		return reconcile.Result{RequeueAfter: r.opts.RetryInterval}, nil
 	}
 	return res, err
 }
