@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
@@ -70,6 +71,15 @@ type AgentState struct {
 	// Capabilities are what the agent detected its node allows
 	// ("namespaces", "netns", "landlock", "seccomp", "cgroup", "pids").
 	Capabilities []string
+	// Shell is the absolute path of the agent's shell.
+	Shell string
+	// ArgEnvLimit is the most bytes the agent's execve accepts for a
+	// task's arguments and environment together (its ARG_MAX); 0 when
+	// the agent does not report it.
+	ArgEnvLimit int64
+	// MaxRequestBytes is the largest request message the agent accepts;
+	// 0 when the agent does not report it.
+	MaxRequestBytes int64
 }
 
 // AgentRegistryOptions configures an [AgentRegistry].
@@ -94,6 +104,10 @@ type AgentRegistryOptions struct {
 	// Watch stream (its CURRENT events), so that tasks whose BashTask is
 	// gone are found on every (re)connect; see OrphanCollector.
 	Held chan<- HeldTask
+	// Fence, when set (leader election on), supplies the fence sent with
+	// Start, Cancel and Watch; Start, Cancel, Forget and Watch are not
+	// made while it reports that this controller is not sure it leads.
+	Fence Fencer
 	// Log is the registry's logger.
 	Log logr.Logger
 }
@@ -102,6 +116,14 @@ type AgentRegistryOptions struct {
 // ready agent endpoint, keyed by node name, and relays task events as
 // reconcile triggers. It implements manager.Runnable.
 type AgentRegistry struct {
+	// StreamEnds counts Watch streams that ended other than by the
+	// registry closing them, by gRPC code (bashtask_agent_watch_ends_total):
+	// "Unavailable" for an agent that went away, "ResourceExhausted" for
+	// a message over a size limit or a watcher that fell behind,
+	// "FailedPrecondition" for a stream refused by leader fencing. Add it
+	// to a Prometheus registry to export it.
+	StreamEnds *prometheus.CounterVec
+
 	opts    AgentRegistryOptions
 	started time.Time
 
@@ -123,6 +145,9 @@ func NewAgentRegistry(opts AgentRegistryOptions) (*AgentRegistry, error) {
 		opts.Clock = clock.RealClock{}
 	}
 	return &AgentRegistry{
+		StreamEnds: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "bashtask_agent_watch_ends_total", Help: "Agent Watch streams that ended, by gRPC code.",
+		}, []string{"code"}),
 		opts:    opts,
 		started: opts.Clock.Now(),
 		agents:  map[string]*agentConn{},
@@ -325,7 +350,12 @@ func (r *AgentRegistry) StartTask(ctx context.Context, node string, spec *agentv
 	if err != nil {
 		return nil, err
 	}
-	resp, err := a.client.Start(ctx, &agentv1.StartRequest{Spec: spec})
+	ctx, cancel, fence, err := fenceFor(ctx, r.opts.Fence, "Start")
+	if err != nil {
+		return nil, fmt.Errorf("starting task on node %q: %w", node, err)
+	}
+	defer cancel()
+	resp, err := a.client.Start(ctx, &agentv1.StartRequest{Spec: spec, Fence: fence})
 	if err != nil {
 		return nil, fmt.Errorf("starting task on node %q: %w", node, err)
 	}
@@ -357,7 +387,12 @@ func (r *AgentRegistry) CancelTask(ctx context.Context, node, uid string) (*agen
 	if err != nil {
 		return nil, err
 	}
-	resp, err := a.client.Cancel(ctx, &agentv1.CancelRequest{Uid: uid})
+	ctx, cancel, fence, err := fenceFor(ctx, r.opts.Fence, "Cancel")
+	if err != nil {
+		return nil, fmt.Errorf("cancelling task %s on node %q: %w", uid, node, err)
+	}
+	defer cancel()
+	resp, err := a.client.Cancel(ctx, &agentv1.CancelRequest{Uid: uid, Fence: fence})
 	if status.Code(err) == codes.NotFound {
 		return nil, fmt.Errorf("task %s on node %q: %w", uid, node, ErrTaskUnknown)
 	}
@@ -406,6 +441,11 @@ func (r *AgentRegistry) ForgetTask(ctx context.Context, node, uid string) (bool,
 	if err != nil {
 		return false, err
 	}
+	ctx, cancel, _, err := fenceFor(ctx, r.opts.Fence, "Forget")
+	if err != nil {
+		return false, fmt.Errorf("forgetting task %s on node %q: %w", uid, node, err)
+	}
+	defer cancel()
 	resp, err := a.client.Forget(ctx, &agentv1.ForgetRequest{Uid: uid})
 	if err != nil {
 		return false, fmt.Errorf("forgetting task %s on node %q: %w", uid, node, err)
@@ -497,6 +537,9 @@ func (a *agentConn) state(now time.Time) AgentState {
 		s.Isolation = a.info.GetReadiness().GetIsolation()
 		s.TaskNetwork = a.info.GetReadiness().GetTaskNetwork()
 		s.Capabilities = slices.Clone(a.info.GetReadiness().GetCapabilities())
+		s.Shell = a.info.GetReadiness().GetShell()
+		s.ArgEnvLimit = a.info.GetArgEnvLimitBytes()
+		s.MaxRequestBytes = a.info.GetMaxRequestBytes()
 	}
 	if !s.Connected && !a.unreachableSince.IsZero() {
 		s.UnreachableFor = now.Sub(a.unreachableSince)
@@ -551,7 +594,15 @@ func (a *agentConn) watchLoop(ctx context.Context, r *AgentRegistry) {
 		if healthy {
 			backoff = wait.Backoff{Duration: 100 * time.Millisecond, Factor: 2, Jitter: 0.2, Steps: 1 << 30, Cap: 5 * time.Second}
 		}
-		r.opts.Log.V(1).Info("Agent watch ended; reconnecting", "node", a.node, "address", a.addr, "err", err)
+		code := status.Code(err)
+		r.StreamEnds.WithLabelValues(code.String()).Inc()
+		switch code {
+		case codes.Unavailable, codes.Canceled, codes.DeadlineExceeded:
+			// The agent went away or restarts: routine.
+			r.opts.Log.V(1).Info("Agent watch ended; reconnecting", "node", a.node, "address", a.addr, "err", err)
+		default:
+			r.opts.Log.Info("Agent watch failed; reconnecting", "node", a.node, "address", a.addr, "code", code.String(), "err", err)
+		}
 		select {
 		case <-ctx.Done():
 			return
@@ -563,7 +614,15 @@ func (a *agentConn) watchLoop(ctx context.Context, r *AgentRegistry) {
 // watchOnce runs one Watch stream until it fails. healthy reports whether
 // the stream got as far as the agent's info.
 func (a *agentConn) watchOnce(ctx context.Context, r *AgentRegistry) (healthy bool, err error) {
-	stream, err := a.client.Watch(ctx, &agentv1.WatchRequest{})
+	// The stream outlives any one renewal of the lease: only the fence is
+	// taken here, not its deadline. The agent records a newer epoch before
+	// it answers, which is what makes it refuse an earlier leader.
+	_, cancel, fence, err := fenceFor(ctx, r.opts.Fence, "Watch")
+	if err != nil {
+		return false, err
+	}
+	cancel()
+	stream, err := a.client.Watch(ctx, &agentv1.WatchRequest{Fence: fence})
 	if err != nil {
 		return false, err
 	}

@@ -86,6 +86,11 @@ type Options struct {
 	// the agents hold against the API (see OrphanCollector); zero or less
 	// leaves only the checks on connect and on deletion.
 	OrphanCheckInterval time.Duration
+	// Fence, when set (leader election on), is asked before every status
+	// write and before a task's finalizer is added: while this controller
+	// is not sure it leads, it writes nothing (see LeaderFence). Not a
+	// flag: the binary sets it from its leader election.
+	Fence Fencer
 }
 
 // DefaultOptions returns the flag defaults of bashtask-controller.
@@ -221,10 +226,13 @@ func (r *BashTaskReconciler) Reconcile(ctx context.Context, req reconcile.Reques
 		res, err = r.reconcilePending(ctx, bt)
 	}
 	if apierrors.IsConflict(err) {
-		// The cache was behind the object. The watch event of the newer
-		// version triggers the next pass, which starts from fresh state.
+		// The cache was behind the object: nothing computed from it was
+		// stored. The watch event of the newer version triggers the next
+		// pass, which starts from fresh state; the requeue is the safety
+		// net should that event have been coalesced into this pass. It
+		// costs a read of the cache, never a write.
 		ctrl.LoggerFrom(ctx).V(1).Info("Stale object; waiting for the newer version", "err", err)
-		return reconcile.Result{}, nil
+		return reconcile.Result{RequeueAfter: r.opts.RetryInterval}, nil
 	}
 	return res, err
 }
@@ -288,8 +296,19 @@ func (r *BashTaskReconciler) reconcilePending(ctx context.Context, bt *bashtaskv
 		setPending(bt, ReasonNoAgent, why)
 		return reconcile.Result{RequeueAfter: r.opts.RetryInterval}, r.writeStatus(ctx, bt, old, "pending")
 	}
+	// Checked before the write-ahead: a task the agent would refuse is
+	// never dispatched, and the message says by how much it is over.
+	if msg := startSizeError(r.taskSpecOn(bt, resolved, agent.Node), agent); msg != "" {
+		release()
+		setTerminal(bt, bashtaskv1alpha1.ReasonInvalidSpec, msg, now)
+		return reconcile.Result{}, r.writeStatus(ctx, bt, old, "terminal")
+	}
 
 	if !controllerutil.ContainsFinalizer(bt, Finalizer) {
+		if err := r.leading("finalizer"); err != nil {
+			release()
+			return reconcile.Result{}, fmt.Errorf("dispatching %s: %w", klog.KObj(bt), err)
+		}
 		controllerutil.AddFinalizer(bt, Finalizer)
 		if err := r.client.Update(ctx, bt); err != nil {
 			release()
@@ -332,6 +351,17 @@ func (r *BashTaskReconciler) start(ctx context.Context, bt *bashtaskv1alpha1.Bas
 	}
 	spec := r.taskSpec(bt, resolved)
 	node := nodeOf(&bt.Status)
+	if agent := r.agents.Agent(node); agent.Connected {
+		// The values may have changed since the dispatch was written.
+		if msg := startSizeError(spec, &agent); msg != "" {
+			old := bt.Status.DeepCopy()
+			setTerminal(bt, bashtaskv1alpha1.ReasonInvalidSpec, msg, r.clock.Now())
+			if err := r.writeStatus(ctx, bt, old, "terminal"); err != nil {
+				return reconcile.Result{}, err
+			}
+			return r.reconcileFinished(ctx, bt)
+		}
+	}
 	ts, err := r.agents.StartTask(ctx, node, spec)
 	if status.Code(err) == codes.ResourceExhausted {
 		// The agent runs its maximum and started nothing; the task waits
@@ -585,17 +615,45 @@ func (r *BashTaskReconciler) removeFinalizer(ctx context.Context, bt *bashtaskv1
 // writeStatus writes bt's status through the status subresource when it
 // differs from old, after fitting it into the status budget. kind labels
 // the write in metrics.
+//
+// The write is an Update carrying bt's resourceVersion, the version old and
+// the new status were computed from: when the object changed since (another
+// pass, a metadata edit, an earlier leader), the API server refuses it with
+// a conflict and Reconcile waits for the newer version's watch event, so a
+// status computed from a stale view is never stored. guardStatus keeps the
+// terminal fields as first written and refuses a status that would go
+// backwards.
 func (r *BashTaskReconciler) writeStatus(ctx context.Context, bt *bashtaskv1alpha1.BashTask, old *bashtaskv1alpha1.BashTaskStatus, kind string) error {
 	// Everything in the status is computed for this generation, also the
 	// conditions this pass left as they were: tools compare each
 	// condition's observedGeneration with the generation.
 	bt.Status.ObservedGeneration = ptr.To(bt.Generation)
+	restored, err := guardStatus(old, &bt.Status)
+	if len(restored) > 0 || err != nil {
+		if r.metrics != nil {
+			for _, f := range restored {
+				r.metrics.StatusRegressions.WithLabelValues(f).Inc()
+			}
+			if err != nil {
+				r.metrics.StatusRegressions.WithLabelValues("refused").Inc()
+			}
+		}
+		if len(restored) > 0 {
+			ctrl.LoggerFrom(ctx).Info("Kept terminal status fields this pass would have changed", "kind", kind, "fields", restored)
+		}
+		if err != nil {
+			return fmt.Errorf("writing %s status of %s: %w", kind, klog.KObj(bt), err)
+		}
+	}
 	setReadiness(bt)
 	for i := range bt.Status.Conditions {
 		bt.Status.Conditions[i].ObservedGeneration = bt.Generation
 	}
 	if equality.Semantic.DeepEqual(old, &bt.Status) {
 		return nil
+	}
+	if err := r.leading("status"); err != nil {
+		return fmt.Errorf("writing %s status of %s: %w", kind, klog.KObj(bt), err)
 	}
 	if err := FitStatusBudget(&bt.Status, r.opts.StatusBudgetBytes); err != nil {
 		return fmt.Errorf("fitting the status of %s into %d bytes: %w", klog.KObj(bt), r.opts.StatusBudgetBytes, err)
@@ -607,6 +665,17 @@ func (r *BashTaskReconciler) writeStatus(ctx context.Context, bt *bashtaskv1alph
 	if r.metrics != nil {
 		r.metrics.StatusWrites.WithLabelValues(kind).Inc()
 	}
+	return nil
+}
+
+// leading returns an error wrapping ErrNotLeader when this controller is
+// not sure it leads; action names what it was about to do, for the metric.
+func (r *BashTaskReconciler) leading(action string) error {
+	_, cancel, _, err := fenceFor(context.Background(), r.opts.Fence, action)
+	if err != nil {
+		return err
+	}
+	cancel()
 	return nil
 }
 

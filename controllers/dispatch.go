@@ -1,12 +1,15 @@
 package controllers
 
 import (
+	"cmp"
 	"context"
 	"fmt"
+	"math"
 	"slices"
 	"strings"
 	"time"
 
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -268,6 +271,18 @@ func missingCapability(bt *bashtaskv1alpha1.BashTask, a *AgentState) string {
 	return ""
 }
 
+// taskSpecOn is taskSpec for a task about to be dispatched to node, whose
+// status does not name the node yet (BASHTASK_NODE is part of the request).
+func (r *BashTaskReconciler) taskSpecOn(bt *bashtaskv1alpha1.BashTask, in *resolvedInput, node string) *agentv1.TaskSpec {
+	spec := r.taskSpec(bt, in)
+	for _, e := range spec.ManagedEnv {
+		if e.Name == ManagedEnvNode {
+			e.Value = node
+		}
+	}
+	return spec
+}
+
 // taskSpec builds the agent request: everything resolved, defaults applied.
 func (r *BashTaskReconciler) taskSpec(bt *bashtaskv1alpha1.BashTask, in *resolvedInput) *agentv1.TaskSpec {
 	timeout := int32(bashtaskv1alpha1.DefaultTimeoutSeconds)
@@ -330,4 +345,49 @@ func (r *BashTaskReconciler) taskSpec(bt *bashtaskv1alpha1.BashTask, in *resolve
 		}
 	}
 	return spec
+}
+
+// startSizeError checks a Start for spec against what the agent a accepts
+// and returns, for one it would refuse, why: the command and resolved
+// environment against the agent's ARG_MAX (AgentInfo.arg_env_limit_bytes:
+// execve's limit on arguments and environment together, which the agent
+// reports from its stack size limit), and the whole request, environment
+// and stdin included, against its largest request message
+// (agentv1.MaxRequestBytes, as the agent reports it). The message gives the
+// sizes and the limit and names the largest entries. It returns "" when the
+// agent reports no limits or the request fits.
+//
+// The agent adds its own entries (LANG, TERM, ... and the scrubbed ambient
+// environment) to what is measured here; a task that only fails with
+// those still ends StartFailed with the agent's figures.
+func startSizeError(spec *agentv1.TaskSpec, a *AgentState) string {
+	shell := cmp.Or(a.Shell, "/bin/bash")
+	envBytes := agentv1.ArgEnvBytes(spec, shell)
+	if a.ArgEnvLimit > 0 && envBytes > a.ArgEnvLimit {
+		return fmt.Sprintf("the command (%d bytes) and resolved environment (%d entries) take %d bytes as execve counts them, over the limit of %d bytes the agent on node %s accepts for arguments and environment together (ARG_MAX, which follows its stack size limit)%s",
+			len(spec.GetCommand()), len(spec.GetEnv())+len(spec.GetManagedEnv()), envBytes, a.ArgEnvLimit, a.Node, largestEntries(spec.GetEnv()))
+	}
+	if a.MaxRequestBytes > 0 {
+		if n := int64(proto.Size(&agentv1.StartRequest{Spec: spec, Fence: &agentv1.Fence{Holder: strings.Repeat("x", 253), Epoch: math.MaxInt64}})); n > a.MaxRequestBytes {
+			return fmt.Sprintf("the request to start the task is %d bytes (environment %d bytes, stdin %d bytes, command %d bytes), over the limit of %d bytes per request of the agent on node %s",
+				n, envBytes, len(spec.GetStdin().GetData()), len(spec.GetCommand()), a.MaxRequestBytes, a.Node)
+		}
+	}
+	return ""
+}
+
+// largestEntries names the three largest environment entries with their
+// sizes, for a message that should say what to shrink.
+func largestEntries(env []*agentv1.EnvVar) string {
+	sorted := slices.SortedStableFunc(slices.Values(env), func(a, b *agentv1.EnvVar) int {
+		return len(b.GetName()) + len(b.GetValue()) - (len(a.GetName()) + len(a.GetValue()))
+	})
+	if len(sorted) == 0 {
+		return ""
+	}
+	parts := make([]string, 0, 3)
+	for _, e := range sorted[:min(3, len(sorted))] {
+		parts = append(parts, fmt.Sprintf("%s (%d bytes)", e.GetName(), len(e.GetName())+1+len(e.GetValue())))
+	}
+	return "; the largest entries: " + strings.Join(parts, ", ")
 }

@@ -22,6 +22,13 @@ type Metrics struct {
 	// StatusWrites counts status writes by kind: pending, dispatch,
 	// running, progress, terminal, upload.
 	StatusWrites *prometheus.CounterVec
+	// StatusRegressions counts status writes that would have moved a task
+	// backwards, by field: a terminal field (reason, message, exitCode,
+	// signal, completionTime, phase) or startTime kept as first written,
+	// or "refused" for a write not made (a phase going back, a lower
+	// observedGeneration). Any count means a pass computed its status from
+	// a stale view; the guard kept it out of the API.
+	StatusRegressions *prometheus.CounterVec
 	// OrphansStopped counts tasks an agent held whose BashTask no longer
 	// existed with that UID, which the controller stopped and forgot.
 	OrphansStopped prometheus.Counter
@@ -46,6 +53,9 @@ func NewMetrics(agents func() []AgentState) *Metrics {
 		StatusWrites: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "bashtask_status_writes_total", Help: "BashTask status writes by kind.",
 		}, []string{"kind"}),
+		StatusRegressions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "bashtask_status_regressions_total", Help: "BashTask status writes that would have gone backwards, by field kept (or refused for a write not made).",
+		}, []string{"field"}),
 		OrphansStopped: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "bashtask_orphan_tasks_stopped_total", Help: "Tasks an agent held whose BashTask no longer existed with that UID, stopped and forgotten by the controller.",
 		}),
@@ -68,7 +78,7 @@ func NewMetrics(agents func() []AgentState) *Metrics {
 
 // Register adds every metric to reg.
 func (m *Metrics) Register(reg prometheus.Registerer) error {
-	for _, c := range []prometheus.Collector{m.DispatchLatency, m.RunDuration, m.Finished, m.StatusWrites, m.OrphansStopped, m.AgentsConnected} {
+	for _, c := range []prometheus.Collector{m.DispatchLatency, m.RunDuration, m.Finished, m.StatusWrites, m.StatusRegressions, m.OrphansStopped, m.AgentsConnected} {
 		if err := reg.Register(c); err != nil {
 			return err
 		}

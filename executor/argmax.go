@@ -79,3 +79,10 @@ func argEnvMessage(path string, argv, env []string, stack int64) string {
 	}
 	return b.String()
 }
+
+// CurrentArgEnvLimit is [ArgEnvLimit] for the stack size limit this process
+// passes on to the tasks it starts (its RLIMIT_STACK soft limit); without
+// one (unlimited, or not Linux) it is the ceiling of three quarters of
+// 8 MiB. The agent reports it to the controller, which refuses a task over
+// it before sending it.
+func CurrentArgEnvLimit() int64 { return ArgEnvLimit(stackLimit()) }

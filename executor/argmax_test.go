@@ -3,6 +3,8 @@ package executor
 import (
 	"strings"
 	"testing"
+
+	agentv1 "github.com/bashtask/bashtask-operator/api/agent/v1"
 )
 
 func TestArgEnvLimit(t *testing.T) {
@@ -37,5 +39,26 @@ func TestArgEnvMessage(t *testing.T) {
 		"the largest entries: B (302 bytes), D (202 bytes), A (102 bytes)"
 	if got != want {
 		t.Errorf("message\n got %q\nwant %q", got, want)
+	}
+}
+
+// TestArgEnvBytesMatchesTheExecutor checks that what the controller measures
+// before sending a task (agentv1.ArgEnvBytes) is what the executor counts
+// against the same limit for the task's own part of the environment.
+func TestArgEnvBytesMatchesTheExecutor(t *testing.T) {
+	spec := &agentv1.TaskSpec{
+		Command: "echo " + strings.Repeat("x", 5000),
+		Env: []*agentv1.EnvVar{
+			{Name: "A", Value: strings.Repeat("a", 1000)},
+			{Name: "B", Value: ""},
+			{Name: "A", Value: "later wins"},
+		},
+		ManagedEnv: []*agentv1.EnvVar{{Name: "BASHTASK_NODE", Value: "node-a"}},
+	}
+	env := []string{"B=", "A=later wins", "BASHTASK_NODE=node-a"}
+	shell := "/bin/bash"
+	want := argEnvSize(shell, []string{shell, "-c", spec.GetCommand()}, env)
+	if got := agentv1.ArgEnvBytes(spec, shell); got != want {
+		t.Errorf("ArgEnvBytes = %d, the executor counts %d", got, want)
 	}
 }

@@ -34,13 +34,11 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/keepalive"
 
+	agentv1 "github.com/bashtask/bashtask-operator/api/agent/v1"
 	"github.com/bashtask/bashtask-operator/executor"
 	"github.com/bashtask/bashtask-operator/executor/agent"
 	"github.com/bashtask/bashtask-operator/internal/tlsutil"
 )
-
-// maxStartMessageBytes bounds one request message (a Start) in bytes.
-const maxStartMessageBytes = 64 << 20
 
 // serveOptions are the flags of the agent server.
 type serveOptions struct {
@@ -201,7 +199,7 @@ func runServe(ctx context.Context, o *serveOptions) error {
 		// A Start may carry a 128 KiB command, 256 KiB of stdin and up to
 		// 256 environment entries resolved from Secrets; gRPC's 4 MiB
 		// default would refuse specs the API accepts.
-		grpc.MaxRecvMsgSize(maxStartMessageBytes),
+		grpc.MaxRecvMsgSize(agentv1.MaxRequestBytes),
 		// The controller keeps one Watch stream open per agent; pings
 		// find a dead peer behind a silent network.
 		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 10 * time.Second}),

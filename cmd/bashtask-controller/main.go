@@ -16,6 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/tools/leaderelection/resourcelock"
 	"k8s.io/utils/clock"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
@@ -37,6 +38,8 @@ type options struct {
 	pprofAddr                      string
 	leaderElect                    bool
 	leaderElectionNamespace        string
+	leaseDuration, renewDeadline   time.Duration
+	retryPeriod                    time.Duration
 	agentService, agentNamespace   string
 	agentPortName, agentServerName string
 	certFile, keyFile, caFile      string
@@ -79,6 +82,9 @@ func newCommand() *cobra.Command {
 	f.StringVar(&o.pprofAddr, "pprof-bind-address", "", "address of the Go profiler's /debug/pprof endpoints (plain HTTP, unauthenticated: bind to loopback); empty or 0 disables them")
 	f.BoolVar(&o.leaderElect, "leader-elect", true, "elect one active replica through a Lease, so several replicas can run")
 	f.StringVar(&o.leaderElectionNamespace, "leader-election-namespace", "", "namespace of the leader-election Lease; empty means the namespace the controller runs in")
+	f.DurationVar(&o.leaseDuration, "leader-election-lease-duration", 15*time.Second, "how long other replicas wait, after they last saw the leader renew its Lease, before they may take it over")
+	f.DurationVar(&o.renewDeadline, "leader-election-renew-deadline", 10*time.Second, "how long the leader tries to renew before it gives up; it stops dispatching and writing status once its last renewal is this old (must be shorter than the lease duration: the difference is the fencing margin)")
+	f.DurationVar(&o.retryPeriod, "leader-election-retry-period", 2*time.Second, "time between two attempts to acquire or renew the Lease")
 	f.StringVar(&o.agentService, "agent-service", "bashtask-agent", "name of the agents' headless Service, whose EndpointSlices list the agents")
 	f.StringVar(&o.agentNamespace, "agent-namespace", "bashtask-system", "namespace of the agents' Service")
 	f.StringVar(&o.agentPortName, "agent-port-name", "grpc", "name of the agents' gRPC port in the EndpointSlices; empty takes the first port")
@@ -142,14 +148,37 @@ func run(cmd *cobra.Command, o *options) error {
 	}
 	restCfg.QPS, restCfg.Burst = o.qps, o.burst
 
+	// With leader election, the manager's elector holds the Lease through
+	// a LeaderFence, which the registry and the reconciler ask before
+	// every agent call and status write (docs/architecture.md, leader
+	// fencing).
+	var fence *controllers.LeaderFence
+	var fencer controllers.Fencer
+	var lock resourcelock.Interface
+	if o.leaderElect {
+		if err := o.checkLeaderTimings(); err != nil {
+			return err
+		}
+		if fence, err = newLeaderFence(restCfg, o); err != nil {
+			return err
+		}
+		fencer, lock = fence, fence
+	}
+
 	mgr, err := ctrl.NewManager(restCfg, ctrl.Options{
 		Scheme:                  scheme,
 		Metrics:                 metricsserver.Options{BindAddress: o.metricsAddr},
 		HealthProbeBindAddress:  o.probeAddr,
 		PprofBindAddress:        o.pprofAddr,
 		LeaderElection:          o.leaderElect,
-		LeaderElectionID:        "bashtask-controller.bashtask.dev",
+		LeaderElectionID:        leaderElectionID,
 		LeaderElectionNamespace: o.leaderElectionNamespace,
+		LeaseDuration:           &o.leaseDuration,
+		RenewDeadline:           &o.renewDeadline,
+		RetryPeriod:             &o.retryPeriod,
+		// The manager's elector renews through the fence, which is how
+		// the fence knows when this controller last renewed.
+		LeaderElectionResourceLockInterface: lock,
 		Cache: cache.Options{
 			// managedFields are a large share of a cached object and the
 			// controller never reads them: at 10000 tasks that is memory
@@ -179,6 +208,7 @@ func run(cmd *cobra.Command, o *options) error {
 		Clock:            clock.RealClock{},
 		Notify:           agentEvents,
 		Held:             held,
+		Fence:            fencer,
 		Log:              ctrl.Log.WithName("agents"),
 	})
 	if err != nil {
@@ -192,6 +222,14 @@ func run(cmd *cobra.Command, o *options) error {
 	if err := m.Register(metrics.Registry); err != nil {
 		return fmt.Errorf("registering metrics: %w", err)
 	}
+	if err := metrics.Registry.Register(registry.StreamEnds); err != nil {
+		return fmt.Errorf("registering metrics: %w", err)
+	}
+	if fence != nil {
+		if err := metrics.Registry.Register(fence.Collector()); err != nil {
+			return fmt.Errorf("registering metrics: %w", err)
+		}
+	}
 	ropts := controllers.DefaultOptions()
 	ropts.MaxRunningPerOwner = o.maxRunningPerOwner
 	ropts.ProgressInterval = o.progressInterval
@@ -201,6 +239,7 @@ func run(cmd *cobra.Command, o *options) error {
 	ropts.StatusBudgetBytes = o.statusBudget
 	ropts.MaxTimeoutSeconds = o.maxTimeout
 	ropts.TTLDeletesGitOpsManaged = o.ttlDeletesGitOpsManaged
+	ropts.Fence = fencer
 	if o.defaultTTL >= 0 {
 		ttl := o.defaultTTL
 		ropts.DefaultTTLSecondsAfterFinished = &ttl

@@ -25,6 +25,13 @@ type Metrics struct {
 	// source: "pool" (started ahead of the task) or "started" (the pool
 	// was empty and the task waited for its shim's start).
 	TaskShims *prometheus.CounterVec
+	// FencedRequests counts Start, Cancel and Watch requests refused
+	// because their leader fence was older than the newest seen, by RPC
+	// ("Start", "Cancel", "Watch").
+	FencedRequests *prometheus.CounterVec
+	// LeaderEpoch is the newest leader epoch seen (the Lease's
+	// leaseTransitions of the controller that sent it); 0 before any.
+	LeaderEpoch prometheus.Gauge
 }
 
 // NewMetrics creates the metrics and registers them with reg (nil: not
@@ -46,9 +53,13 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			Name: "task_shims_total", Help: "Shims of tasks started at the tenant level, by source: pool (started ahead of the task) or started (the task waited for it)."}, []string{"source"}),
 		UploadBacklog: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub,
 			Name: "upload_backlog", Help: "Streams whose upload has not succeeded yet."}),
+		FencedRequests: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
+			Name: "fenced_requests_total", Help: "Requests refused because they came from a leader epoch older than the newest seen, by RPC."}, []string{"rpc"}),
+		LeaderEpoch: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub,
+			Name: "leader_epoch", Help: "Newest controller leader epoch (Lease transitions) this agent has seen."}),
 	}
 	if reg != nil {
-		for _, c := range []prometheus.Collector{m.Running, m.Finished, m.OutputBytes, m.LeftoverKilled, m.Uploads, m.UploadBacklog, m.TaskShims} {
+		for _, c := range []prometheus.Collector{m.Running, m.Finished, m.OutputBytes, m.LeftoverKilled, m.Uploads, m.UploadBacklog, m.TaskShims, m.FencedRequests, m.LeaderEpoch} {
 			if err := reg.Register(c); err != nil {
 				return nil, err
 			}

@@ -118,6 +118,7 @@ type Server struct {
 	cfg         Config
 	log         *slog.Logger
 	store       *store
+	fence       *fencing
 	incarnation string
 	bucket      *blob.Bucket
 	bucketBase  string // bucket URL without query, for object URLs
@@ -187,6 +188,10 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 	if err := prepareStateDir(cfg.StateDir); err != nil {
 		return nil, err
 	}
+	fence, err := loadFencing(cfg.StateDir)
+	if err != nil {
+		return nil, err
+	}
 	setDefaults(&cfg)
 	s := &Server{
 		cfg:      cfg,
@@ -197,7 +202,9 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 		stopCh:   make(chan struct{}),
 		tasks:    map[string]*entry{},
 		watchers: map[*watcher]struct{}{},
+		fence:    fence,
 	}
+	s.metrics.LeaderEpoch.Set(float64(fence.current().GetEpoch()))
 	st, err := openStore(cfg.StateDir, filepath.Join(cfg.StateDir, "tasks"))
 	if err != nil {
 		return nil, err
@@ -386,7 +393,12 @@ func (s *Server) Register(g grpc.ServiceRegistrar) {
 }
 
 // Start implements the Start RPC.
-func (s *Server) Start(_ context.Context, req *agentv1.StartRequest) (*agentv1.StartResponse, error) {
+func (s *Server) Start(ctx context.Context, req *agentv1.StartRequest) (*agentv1.StartResponse, error) {
+	release, err := s.admitFence(ctx, "Start", req.GetFence())
+	if err != nil {
+		return nil, err
+	}
+	defer release()
 	spec := req.GetSpec()
 	if err := validateSpec(spec); err != nil {
 		return nil, status.Error(codes.InvalidArgument, err.Error())
@@ -674,7 +686,12 @@ func (s *Server) releaseLeaseLocked(e *entry) {
 }
 
 // Cancel implements the Cancel RPC.
-func (s *Server) Cancel(_ context.Context, req *agentv1.CancelRequest) (*agentv1.CancelResponse, error) {
+func (s *Server) Cancel(ctx context.Context, req *agentv1.CancelRequest) (*agentv1.CancelResponse, error) {
+	release, err := s.admitFence(ctx, "Cancel", req.GetFence())
+	if err != nil {
+		return nil, err
+	}
+	defer release()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	e, ok := s.tasks[req.GetUid()]
@@ -703,17 +720,77 @@ func (s *Server) Get(_ context.Context, req *agentv1.GetRequest) (*agentv1.GetRe
 	return &agentv1.GetResponse{Status: clone(e.status)}, nil
 }
 
-// List implements the List RPC.
-func (s *Server) List(context.Context, *agentv1.ListRequest) (*agentv1.ListResponse, error) {
+// Page bounds of the List RPC.
+const (
+	// DefaultListPageSize is the page size of a List request that names
+	// none.
+	DefaultListPageSize = 100
+	// MaxListPageSize is the largest page size a List request gets.
+	MaxListPageSize = 1000
+	// MaxListPageBytes bounds the encoded statuses of one List page (but
+	// for a page of a single task): 1 MiB, a quarter of gRPC's default
+	// 4 MiB receive limit, whatever the number of tasks and their tails.
+	MaxListPageBytes = 1 << 20
+)
+
+// List implements the List RPC: one page of the tasks, sorted by UID,
+// starting after the page token (the last UID of the previous page).
+func (s *Server) List(_ context.Context, req *agentv1.ListRequest) (*agentv1.ListResponse, error) {
+	size := int(req.GetPageSize())
+	switch {
+	case size < 0:
+		return nil, status.Errorf(codes.InvalidArgument, "page_size %d is negative", size)
+	case size == 0:
+		size = DefaultListPageSize
+	case size > MaxListPageSize:
+		size = MaxListPageSize
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	uids := s.sortedUIDsLocked()
+	start, _ := slices.BinarySearch(uids, req.GetPageToken())
+	if tok := req.GetPageToken(); tok != "" && start < len(uids) && uids[start] == tok {
+		start++
+	}
 	resp := &agentv1.ListResponse{}
-	for _, uid := range s.sortedUIDsLocked() {
-		e := s.tasks[uid]
+	bytes := 0
+	for i := start; i < len(uids); i++ {
+		e := s.tasks[uids[i]]
 		s.refreshLocked(e)
-		resp.Tasks = append(resp.Tasks, clone(e.status))
+		st := clone(e.status)
+		n := proto.Size(st)
+		if len(resp.Tasks) == size || (len(resp.Tasks) > 0 && bytes+n > MaxListPageBytes) {
+			resp.NextPageToken = uids[i-1]
+			break
+		}
+		resp.Tasks = append(resp.Tasks, st)
+		bytes += n
 	}
 	return resp, nil
+}
+
+// admitFence applies the leader fence of a Start, Cancel or Watch request
+// (see fencing). A refused request is counted and logged; a newer epoch
+// is logged once. release ends the request's hold on the fence.
+func (s *Server) admitFence(ctx context.Context, rpc string, got *agentv1.Fence) (release func(), err error) {
+	if err := ctx.Err(); err != nil {
+		// The caller gave up (its deadline passed, as when a paused
+		// controller resumes): nothing it asked for should happen now.
+		return nil, status.FromContextError(err).Err()
+	}
+	release, newEpoch, err := s.fence.admit(rpc, got)
+	if err != nil {
+		if status.Code(err) == codes.FailedPrecondition {
+			s.metrics.FencedRequests.WithLabelValues(rpc).Inc()
+			s.log.Warn("refused a request from an earlier leader", "rpc", rpc, "epoch", got.GetEpoch(), "holder", got.GetHolder(), "err", err)
+		}
+		return nil, err
+	}
+	if newEpoch {
+		s.metrics.LeaderEpoch.Set(float64(got.GetEpoch()))
+		s.log.Info("new leader epoch", "rpc", rpc, "epoch", got.GetEpoch(), "holder", got.GetHolder())
+	}
+	return release, nil
 }
 
 // Forget implements the Forget RPC.
@@ -754,7 +831,13 @@ func (s *Server) forgetLocked(e *entry) error {
 }
 
 // Watch implements the Watch RPC.
-func (s *Server) Watch(_ *agentv1.WatchRequest, stream agentv1.Executor_WatchServer) error {
+func (s *Server) Watch(req *agentv1.WatchRequest, stream agentv1.Executor_WatchServer) error {
+	release, err := s.admitFence(stream.Context(), "Watch", req.GetFence())
+	if err != nil {
+		return err
+	}
+	// The stream only reports: it does not hold the fence while it lasts.
+	release()
 	s.mu.Lock()
 	if s.stopping {
 		s.mu.Unlock()
@@ -861,12 +944,15 @@ func (s *Server) agentInfoLocked() *agentv1.AgentInfo {
 		r.LandlockAbi = int32(caps.LandlockABI)
 	}
 	return &agentv1.AgentInfo{
-		NodeName:      s.cfg.NodeName,
-		PodName:       s.cfg.PodName,
-		IncarnationId: s.incarnation,
-		Capacity:      int32(s.cfg.MaxConcurrent),
-		Running:       int32(s.running),
-		Readiness:     r,
+		NodeName:         s.cfg.NodeName,
+		PodName:          s.cfg.PodName,
+		IncarnationId:    s.incarnation,
+		Capacity:         int32(s.cfg.MaxConcurrent),
+		Running:          int32(s.running),
+		Readiness:        r,
+		ArgEnvLimitBytes: executor.CurrentArgEnvLimit(),
+		MaxRequestBytes:  agentv1.MaxRequestBytes,
+		Fence:            s.fence.current(),
 	}
 }
 

@@ -241,7 +241,8 @@ func TestRoundTrip(t *testing.T) {
 	wantInfo := &agentv1.AgentInfo{
 		NodeName: "node-a", PodName: "agent-a", IncarnationId: r.srv.IncarnationID(),
 		Capacity: DefaultMaxConcurrent, Running: 0,
-		Readiness: &agentv1.Readiness{Ready: true, AmbientEnv: "scrub", Shell: executor.DefaultShell, Isolation: "process", TaskNetwork: "Node"},
+		Readiness:        &agentv1.Readiness{Ready: true, AmbientEnv: "scrub", Shell: executor.DefaultShell, Isolation: "process", TaskNetwork: "Node"},
+		ArgEnvLimitBytes: executor.CurrentArgEnvLimit(), MaxRequestBytes: agentv1.MaxRequestBytes,
 	}
 	if diff := cmp.Diff(wantInfo, info, protocmp.Transform(),
 		protocmp.IgnoreFields(&agentv1.Readiness{}, "mechanism", "cgroup_controllers", "capabilities", "landlock_abi")); diff != "" {

@@ -86,3 +86,17 @@ func RepoRoot() (string, error) {
 		dir = parent
 	}
 }
+
+// WriteKubeconfig writes a kubeconfig for a new cluster administrator
+// (group system:masters) to path, for processes a test starts.
+func (e *Env) WriteKubeconfig(path string) error {
+	user, err := e.env.AddUser(envtest.User{Name: "bashtask-test-admin", Groups: []string{"system:masters"}}, e.Config)
+	if err != nil {
+		return fmt.Errorf("creating the administrator: %w", err)
+	}
+	raw, err := user.KubeConfig()
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(path, raw, 0o600)
+}

@@ -6,6 +6,7 @@
 package testrig
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -13,6 +14,7 @@ import (
 	"net"
 	"os"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap/zapcore"
@@ -23,13 +25,16 @@ import (
 	"google.golang.org/grpc/keepalive"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	"k8s.io/utils/clock"
+	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/config"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
+	agentv1 "github.com/bashtask/bashtask-operator/api/agent/v1"
 	bashtaskv1alpha1 "github.com/bashtask/bashtask-operator/api/v1alpha1"
 	"github.com/bashtask/bashtask-operator/controllers"
 	"github.com/bashtask/bashtask-operator/executor"
@@ -48,6 +53,16 @@ type Options struct {
 	Controller *controllers.Options
 	// Workers is the number of concurrent reconciles; zero means 4.
 	Workers int
+	// AgentCapacity is each agent's maximum of running tasks; zero means
+	// 16.
+	AgentCapacity int
+	// NoController starts no controller: a test runs its own (as
+	// processes, with leader election) against the agents.
+	NoController bool
+	// Unary and Stream, when set, intercept every call each agent serves,
+	// so a test can see what the agents were asked and what they answered.
+	Unary  grpc.UnaryServerInterceptor
+	Stream grpc.StreamServerInterceptor
 }
 
 // Rig is a running control plane, agents and controller.
@@ -62,11 +77,23 @@ type Rig struct {
 	Registry *controllers.AgentRegistry
 	// Orphans is the controller's check for tasks whose BashTask is gone.
 	Orphans *controllers.OrphanCollector
+	// Metrics are the controller's metrics (not registered anywhere).
+	Metrics *controllers.Metrics
 	// Dir holds certificates and the agents' state directories.
 	Dir string
+	// Certs are the agents' and the controller's certificates.
+	Certs *localcluster.Certs
 
 	cancel context.CancelFunc
 	done   chan struct{}
+
+	// The controller runs under a context of its own so that
+	// RestartController can end it while the agents keep running.
+	ctx         context.Context
+	ctrlCancel  context.CancelFunc
+	ctrlFiles   *tlsutil.Files
+	ctrlOpts    controllers.Options
+	ctrlWorkers int
 }
 
 // Agent is one in-process agent server.
@@ -80,13 +107,19 @@ type Agent struct {
 
 	grpc   *grpc.Server
 	tls    *tls.Config
+	opts   []grpc.ServerOption
 	cancel context.CancelFunc
 	done   chan struct{}
+	// offline is set between Disconnect and Reconnect.
+	offline atomic.Bool
 }
 
 // Disconnect stops serving gRPC, as if the agent vanished from the network;
 // its tasks keep running until Stop.
-func (a *Agent) Disconnect() { a.grpc.Stop() }
+func (a *Agent) Disconnect() {
+	a.offline.Store(true)
+	a.grpc.Stop()
+}
 
 // Reconnect serves gRPC again at the same address after Disconnect, as if
 // the agent came back on the network; the controller's Watch stream
@@ -96,14 +129,18 @@ func (a *Agent) Reconnect() error {
 	if err != nil {
 		return err
 	}
-	a.grpc = newGRPCServer(a.tls, a.Server)
+	a.grpc = newGRPCServer(a.tls, a.Server, a.opts...)
 	go func() { _ = a.grpc.Serve(lis) }()
+	a.offline.Store(false)
 	return nil
 }
 
-func newGRPCServer(tlsCfg *tls.Config, srv *agent.Server) *grpc.Server {
-	g := grpc.NewServer(grpc.Creds(credentials.NewTLS(tlsCfg)),
-		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}))
+func newGRPCServer(tlsCfg *tls.Config, srv *agent.Server, extra ...grpc.ServerOption) *grpc.Server {
+	g := grpc.NewServer(append([]grpc.ServerOption{grpc.Creds(credentials.NewTLS(tlsCfg)),
+		// As bashtask-agent serve: a Start may be far over gRPC's 4 MiB
+		// default.
+		grpc.MaxRecvMsgSize(agentv1.MaxRequestBytes),
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true})}, extra...)...)
 	srv.Register(g)
 	return g
 }
@@ -147,12 +184,20 @@ func Start(opts Options) (rig *Rig, err error) {
 	if err != nil {
 		return nil, err
 	}
+	r.Certs = certs
+	var serverOpts []grpc.ServerOption
+	if opts.Unary != nil {
+		serverOpts = append(serverOpts, grpc.ChainUnaryInterceptor(opts.Unary))
+	}
+	if opts.Stream != nil {
+		serverOpts = append(serverOpts, grpc.ChainStreamInterceptor(opts.Stream))
+	}
 	port, err := localcluster.FreePort(opts.Agents[0].IP)
 	if err != nil {
 		return nil, err
 	}
 	for _, a := range opts.Agents {
-		ag, err := startAgent(ctx, a.Node, net.JoinHostPort(a.IP, strconv.Itoa(port)), r.Dir+"/"+a.Node, certs.Agent)
+		ag, err := startAgent(ctx, a.Node, net.JoinHostPort(a.IP, strconv.Itoa(port)), r.Dir+"/"+a.Node, certs.Agent, cmp.Or(opts.AgentCapacity, 16), serverOpts)
 		if err != nil {
 			return nil, fmt.Errorf("starting the agent of %s: %w", a.Node, err)
 		}
@@ -161,10 +206,28 @@ func Start(opts Options) (rig *Rig, err error) {
 	if err := localcluster.CreateAgentObjects(ctx, r.Client, opts.Agents, port); err != nil {
 		return nil, err
 	}
-	if err := r.startController(ctx, certs.Controller, copts, opts.Workers); err != nil {
+	r.ctx, r.ctrlFiles, r.ctrlOpts, r.ctrlWorkers = ctx, certs.Controller, copts, opts.Workers
+	if opts.NoController {
+		return r, nil
+	}
+	if err := r.startController(); err != nil {
 		return nil, err
 	}
 	return r, nil
+}
+
+// RestartController stops the controller's manager (its cache, workers,
+// agent connections and orphan checks) as a process exit would, then
+// starts a new one with the same options, which starts from nothing: a
+// fresh cache, new Watch streams to every agent. It returns once every
+// agent is connected and ready again. Registry and Orphans name the new
+// controller's afterwards.
+func (r *Rig) RestartController() error {
+	r.ctrlCancel()
+	<-r.done
+	r.done = make(chan struct{})
+	r.Registry, r.Orphans, r.Metrics = nil, nil, nil
+	return r.startController()
 }
 
 // Stop ends the controller, the agents and the control plane, and removes
@@ -183,7 +246,7 @@ func (r *Rig) Stop() {
 	}
 }
 
-func startAgent(ctx context.Context, node, addr, stateDir string, files *tlsutil.Files) (*Agent, error) {
+func startAgent(ctx context.Context, node, addr, stateDir string, files *tlsutil.Files, capacity int, serverOpts []grpc.ServerOption) (*Agent, error) {
 	tlsCfg, err := tlsutil.ServerConfig(files, localcluster.ControllerIdentity)
 	if err != nil {
 		return nil, err
@@ -192,33 +255,39 @@ func startAgent(ctx context.Context, node, addr, stateDir string, files *tlsutil
 		NodeName:         node,
 		PodName:          "bashtask-agent-" + node,
 		StateDir:         stateDir,
-		MaxConcurrent:    16,
+		MaxConcurrent:    capacity,
 		ProgressInterval: 200 * time.Millisecond,
 		Executor:         executor.Config{Shell: "/bin/bash"},
 	})
 	if err != nil {
 		return nil, err
 	}
-	g := newGRPCServer(tlsCfg, srv)
+	g := newGRPCServer(tlsCfg, srv, serverOpts...)
 	lis, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, errors.Join(err, srv.Close())
 	}
 	go func() { _ = g.Serve(lis) }()
 	runCtx, cancel := context.WithCancel(ctx)
-	a := &Agent{Node: node, Addr: addr, Server: srv, StateDir: stateDir, grpc: g, tls: tlsCfg, cancel: cancel, done: make(chan struct{})}
+	a := &Agent{Node: node, Addr: addr, Server: srv, StateDir: stateDir, grpc: g, tls: tlsCfg, opts: serverOpts, cancel: cancel, done: make(chan struct{})}
 	go func() { defer close(a.done); _ = srv.Run(runCtx) }()
 	return a, nil
 }
 
-func (r *Rig) startController(ctx context.Context, files *tlsutil.Files, opts controllers.Options, workers int) error {
+func (r *Rig) startController() error {
+	files, opts, workers := r.ctrlFiles, r.ctrlOpts, r.ctrlWorkers
+	ctx, cancel := context.WithCancel(r.ctx)
+	r.ctrlCancel = cancel
 	ctrl.SetLogger(zap.New(zap.WriteTo(os.Stderr), zap.Level(logLevel())))
 	tlsCfg, err := tlsutil.ClientConfig(files, localcluster.AgentServerName)
 	if err != nil {
 		return err
 	}
 	mgr, err := ctrl.NewManager(r.Env.Config, ctrl.Options{
-		Scheme:                 r.Env.Scheme,
+		Scheme: r.Env.Scheme,
+		// Each manager of a restarted rig registers its controllers
+		// under the same names.
+		Controller:             config.Controller{SkipNameValidation: ptr.To(true)},
 		Metrics:                metricsserver.Options{BindAddress: "0"},
 		HealthProbeBindAddress: "0",
 		Cache: cache.Options{ByObject: map[client.Object]cache.ByObject{
@@ -258,14 +327,24 @@ func (r *Rig) startController(ctx context.Context, files *tlsutil.Files, opts co
 	}
 	r.Registry = registry
 	r.Orphans = orphans
+	r.Metrics = metrics
 	go func() {
 		defer close(r.done)
 		if err := mgr.Start(ctx); err != nil {
 			fmt.Fprintln(os.Stderr, "testrig: manager:", err)
 		}
 	}()
-	// Start from a steady state: every agent connected and ready.
-	deadline := time.Now().Add(30 * time.Second)
+	// Start from a steady state: every agent connected and ready (but
+	// those a test disconnected).
+	want := 0
+	for _, a := range r.Agents {
+		if !a.offline.Load() {
+			want++
+		}
+	}
+	// A restart with many large tasks first lists them all into the new
+	// cache, on a machine the test may share: allow for it.
+	deadline := time.Now().Add(90 * time.Second)
 	for time.Now().Before(deadline) {
 		ready := 0
 		for _, a := range registry.Agents() {
@@ -273,12 +352,18 @@ func (r *Rig) startController(ctx context.Context, files *tlsutil.Files, opts co
 				ready++
 			}
 		}
-		if ready == len(r.Agents) {
+		if ready >= want {
 			return nil
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	return fmt.Errorf("agents not all ready after 30s: %+v", registry.Agents())
+	elected := false
+	select {
+	case <-mgr.Elected():
+		elected = true // the caches synced and the runnables started
+	default:
+	}
+	return fmt.Errorf("agents not all ready after 90s (manager started its runnables: %v): %+v", elected, registry.Agents())
 }
 
 // logLevel keeps test output to errors unless BASHTASK_TEST_VERBOSE is set.

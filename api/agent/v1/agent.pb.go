@@ -1202,18 +1202,84 @@ func (x *TaskIsolation) GetPidsLimit() string {
 	return ""
 }
 
+// Fence identifies the controller that sends a request: the holder of the
+// leader-election Lease and the Lease's transition count when it acquired
+// it (its epoch). Each new leader has a higher epoch. The agent records the
+// newest fence it has seen in its state directory (so a restart keeps it)
+// and refuses Start, Cancel and Watch requests whose epoch is older, or
+// whose epoch is the same with another holder, with FAILED_PRECONDITION:
+// an earlier leader that still believes it leads can no longer start or
+// stop tasks once its successor has reached the agent. A request without a
+// fence (a controller running without leader election) is accepted until
+// the agent has seen a fenced one.
+type Fence struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// holder is the Lease's holderIdentity.
+	Holder string `protobuf:"bytes,1,opt,name=holder,proto3" json:"holder,omitempty"`
+	// epoch is the Lease's leaseTransitions when holder acquired it.
+	Epoch         int64 `protobuf:"varint,2,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Fence) Reset() {
+	*x = Fence{}
+	mi := &file_agent_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Fence) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Fence) ProtoMessage() {}
+
+func (x *Fence) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Fence.ProtoReflect.Descriptor instead.
+func (*Fence) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *Fence) GetHolder() string {
+	if x != nil {
+		return x.Holder
+	}
+	return ""
+}
+
+func (x *Fence) GetEpoch() int64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
 // StartRequest asks to run a task.
 type StartRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// spec of the task.
-	Spec          *TaskSpec `protobuf:"bytes,1,opt,name=spec,proto3" json:"spec,omitempty"`
+	Spec *TaskSpec `protobuf:"bytes,1,opt,name=spec,proto3" json:"spec,omitempty"`
+	// fence of the sending controller; absent without leader election.
+	Fence         *Fence `protobuf:"bytes,2,opt,name=fence,proto3" json:"fence,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *StartRequest) Reset() {
 	*x = StartRequest{}
-	mi := &file_agent_proto_msgTypes[10]
+	mi := &file_agent_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1225,7 +1291,7 @@ func (x *StartRequest) String() string {
 func (*StartRequest) ProtoMessage() {}
 
 func (x *StartRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[10]
+	mi := &file_agent_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1238,12 +1304,19 @@ func (x *StartRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StartRequest.ProtoReflect.Descriptor instead.
 func (*StartRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{10}
+	return file_agent_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *StartRequest) GetSpec() *TaskSpec {
 	if x != nil {
 		return x.Spec
+	}
+	return nil
+}
+
+func (x *StartRequest) GetFence() *Fence {
+	if x != nil {
+		return x.Fence
 	}
 	return nil
 }
@@ -1262,7 +1335,7 @@ type StartResponse struct {
 
 func (x *StartResponse) Reset() {
 	*x = StartResponse{}
-	mi := &file_agent_proto_msgTypes[11]
+	mi := &file_agent_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1274,7 +1347,7 @@ func (x *StartResponse) String() string {
 func (*StartResponse) ProtoMessage() {}
 
 func (x *StartResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[11]
+	mi := &file_agent_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1287,7 +1360,7 @@ func (x *StartResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StartResponse.ProtoReflect.Descriptor instead.
 func (*StartResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{11}
+	return file_agent_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *StartResponse) GetStatus() *TaskStatus {
@@ -1308,14 +1381,16 @@ func (x *StartResponse) GetAlreadyKnown() bool {
 type CancelRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// uid of the task.
-	Uid           string `protobuf:"bytes,1,opt,name=uid,proto3" json:"uid,omitempty"`
+	Uid string `protobuf:"bytes,1,opt,name=uid,proto3" json:"uid,omitempty"`
+	// fence of the sending controller; absent without leader election.
+	Fence         *Fence `protobuf:"bytes,2,opt,name=fence,proto3" json:"fence,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *CancelRequest) Reset() {
 	*x = CancelRequest{}
-	mi := &file_agent_proto_msgTypes[12]
+	mi := &file_agent_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1327,7 +1402,7 @@ func (x *CancelRequest) String() string {
 func (*CancelRequest) ProtoMessage() {}
 
 func (x *CancelRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[12]
+	mi := &file_agent_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1340,7 +1415,7 @@ func (x *CancelRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelRequest.ProtoReflect.Descriptor instead.
 func (*CancelRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{12}
+	return file_agent_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *CancelRequest) GetUid() string {
@@ -1348,6 +1423,13 @@ func (x *CancelRequest) GetUid() string {
 		return x.Uid
 	}
 	return ""
+}
+
+func (x *CancelRequest) GetFence() *Fence {
+	if x != nil {
+		return x.Fence
+	}
+	return nil
 }
 
 // CancelResponse returns the task's status when the cancel was accepted; the
@@ -1362,7 +1444,7 @@ type CancelResponse struct {
 
 func (x *CancelResponse) Reset() {
 	*x = CancelResponse{}
-	mi := &file_agent_proto_msgTypes[13]
+	mi := &file_agent_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1374,7 +1456,7 @@ func (x *CancelResponse) String() string {
 func (*CancelResponse) ProtoMessage() {}
 
 func (x *CancelResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[13]
+	mi := &file_agent_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1387,7 +1469,7 @@ func (x *CancelResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelResponse.ProtoReflect.Descriptor instead.
 func (*CancelResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{13}
+	return file_agent_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *CancelResponse) GetStatus() *TaskStatus {
@@ -1408,7 +1490,7 @@ type GetRequest struct {
 
 func (x *GetRequest) Reset() {
 	*x = GetRequest{}
-	mi := &file_agent_proto_msgTypes[14]
+	mi := &file_agent_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1420,7 +1502,7 @@ func (x *GetRequest) String() string {
 func (*GetRequest) ProtoMessage() {}
 
 func (x *GetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[14]
+	mi := &file_agent_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1433,7 +1515,7 @@ func (x *GetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRequest.ProtoReflect.Descriptor instead.
 func (*GetRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{14}
+	return file_agent_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *GetRequest) GetUid() string {
@@ -1454,7 +1536,7 @@ type GetResponse struct {
 
 func (x *GetResponse) Reset() {
 	*x = GetResponse{}
-	mi := &file_agent_proto_msgTypes[15]
+	mi := &file_agent_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1466,7 +1548,7 @@ func (x *GetResponse) String() string {
 func (*GetResponse) ProtoMessage() {}
 
 func (x *GetResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[15]
+	mi := &file_agent_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1479,7 +1561,7 @@ func (x *GetResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetResponse.ProtoReflect.Descriptor instead.
 func (*GetResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{15}
+	return file_agent_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *GetResponse) GetStatus() *TaskStatus {
@@ -1489,16 +1571,22 @@ func (x *GetResponse) GetStatus() *TaskStatus {
 	return nil
 }
 
-// ListRequest asks for every task.
+// ListRequest asks for one page of the agent's tasks.
 type ListRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// page_size is the most tasks in the page; 0 means 100, and more than
+	// 1000 means 1000.
+	PageSize int32 `protobuf:"varint,1,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	// page_token is the next_page_token of the previous page; empty for the
+	// first page.
+	PageToken     string `protobuf:"bytes,2,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ListRequest) Reset() {
 	*x = ListRequest{}
-	mi := &file_agent_proto_msgTypes[16]
+	mi := &file_agent_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1510,7 +1598,7 @@ func (x *ListRequest) String() string {
 func (*ListRequest) ProtoMessage() {}
 
 func (x *ListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[16]
+	mi := &file_agent_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1523,21 +1611,37 @@ func (x *ListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRequest.ProtoReflect.Descriptor instead.
 func (*ListRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{16}
+	return file_agent_proto_rawDescGZIP(), []int{17}
 }
 
-// ListResponse holds every task's status.
+func (x *ListRequest) GetPageSize() int32 {
+	if x != nil {
+		return x.PageSize
+	}
+	return 0
+}
+
+func (x *ListRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
+}
+
+// ListResponse holds one page of the tasks' statuses.
 type ListResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// tasks sorted by UID.
-	Tasks         []*TaskStatus `protobuf:"bytes,1,rep,name=tasks,proto3" json:"tasks,omitempty"`
+	Tasks []*TaskStatus `protobuf:"bytes,1,rep,name=tasks,proto3" json:"tasks,omitempty"`
+	// next_page_token asks for the next page; empty on the last page.
+	NextPageToken string `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ListResponse) Reset() {
 	*x = ListResponse{}
-	mi := &file_agent_proto_msgTypes[17]
+	mi := &file_agent_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1549,7 +1653,7 @@ func (x *ListResponse) String() string {
 func (*ListResponse) ProtoMessage() {}
 
 func (x *ListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[17]
+	mi := &file_agent_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1562,7 +1666,7 @@ func (x *ListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListResponse.ProtoReflect.Descriptor instead.
 func (*ListResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{17}
+	return file_agent_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ListResponse) GetTasks() []*TaskStatus {
@@ -1570,6 +1674,13 @@ func (x *ListResponse) GetTasks() []*TaskStatus {
 		return x.Tasks
 	}
 	return nil
+}
+
+func (x *ListResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
 }
 
 // ForgetRequest names a task whose terminal status was recorded.
@@ -1583,7 +1694,7 @@ type ForgetRequest struct {
 
 func (x *ForgetRequest) Reset() {
 	*x = ForgetRequest{}
-	mi := &file_agent_proto_msgTypes[18]
+	mi := &file_agent_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1595,7 +1706,7 @@ func (x *ForgetRequest) String() string {
 func (*ForgetRequest) ProtoMessage() {}
 
 func (x *ForgetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[18]
+	mi := &file_agent_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1608,7 +1719,7 @@ func (x *ForgetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForgetRequest.ProtoReflect.Descriptor instead.
 func (*ForgetRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{18}
+	return file_agent_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ForgetRequest) GetUid() string {
@@ -1631,7 +1742,7 @@ type ForgetResponse struct {
 
 func (x *ForgetResponse) Reset() {
 	*x = ForgetResponse{}
-	mi := &file_agent_proto_msgTypes[19]
+	mi := &file_agent_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1643,7 +1754,7 @@ func (x *ForgetResponse) String() string {
 func (*ForgetResponse) ProtoMessage() {}
 
 func (x *ForgetResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[19]
+	mi := &file_agent_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1656,7 +1767,7 @@ func (x *ForgetResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForgetResponse.ProtoReflect.Descriptor instead.
 func (*ForgetResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{19}
+	return file_agent_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *ForgetResponse) GetForgotten() bool {
@@ -1668,14 +1779,18 @@ func (x *ForgetResponse) GetForgotten() bool {
 
 // WatchRequest opens the event stream.
 type WatchRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// fence of the sending controller; absent without leader election. A
+	// new leader's Watch is what tells every agent about its epoch, before
+	// it starts or cancels anything.
+	Fence         *Fence `protobuf:"bytes,1,opt,name=fence,proto3" json:"fence,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *WatchRequest) Reset() {
 	*x = WatchRequest{}
-	mi := &file_agent_proto_msgTypes[20]
+	mi := &file_agent_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1687,7 +1802,7 @@ func (x *WatchRequest) String() string {
 func (*WatchRequest) ProtoMessage() {}
 
 func (x *WatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[20]
+	mi := &file_agent_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1700,7 +1815,14 @@ func (x *WatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRequest.ProtoReflect.Descriptor instead.
 func (*WatchRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{20}
+	return file_agent_proto_rawDescGZIP(), []int{21}
+}
+
+func (x *WatchRequest) GetFence() *Fence {
+	if x != nil {
+		return x.Fence
+	}
+	return nil
 }
 
 // Readiness tells the controller whether to dispatch to this agent and how
@@ -1736,7 +1858,7 @@ type Readiness struct {
 
 func (x *Readiness) Reset() {
 	*x = Readiness{}
-	mi := &file_agent_proto_msgTypes[21]
+	mi := &file_agent_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1748,7 +1870,7 @@ func (x *Readiness) String() string {
 func (*Readiness) ProtoMessage() {}
 
 func (x *Readiness) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[21]
+	mi := &file_agent_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1761,7 +1883,7 @@ func (x *Readiness) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Readiness.ProtoReflect.Descriptor instead.
 func (*Readiness) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{21}
+	return file_agent_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *Readiness) GetReady() bool {
@@ -1848,14 +1970,26 @@ type AgentInfo struct {
 	// running is the number of tasks running now.
 	Running int32 `protobuf:"varint,5,opt,name=running,proto3" json:"running,omitempty"`
 	// readiness of the agent.
-	Readiness     *Readiness `protobuf:"bytes,6,opt,name=readiness,proto3" json:"readiness,omitempty"`
+	Readiness *Readiness `protobuf:"bytes,6,opt,name=readiness,proto3" json:"readiness,omitempty"`
+	// arg_env_limit_bytes is the most bytes execve accepts on this agent for
+	// a task's arguments and environment together (ARG_MAX: a quarter of the
+	// agent's stack size limit, between 128 KiB and 6 MiB), counted as the
+	// kernel does: each string with its NUL plus an 8-byte pointer. The
+	// controller refuses a task whose command and resolved environment
+	// exceed it before sending it.
+	ArgEnvLimitBytes int64 `protobuf:"varint,7,opt,name=arg_env_limit_bytes,json=argEnvLimitBytes,proto3" json:"arg_env_limit_bytes,omitempty"`
+	// max_request_bytes is the largest request message the agent accepts
+	// (a Start carrying the command, environment and stdin).
+	MaxRequestBytes int64 `protobuf:"varint,8,opt,name=max_request_bytes,json=maxRequestBytes,proto3" json:"max_request_bytes,omitempty"`
+	// fence is the newest fence the agent has seen; absent when none.
+	Fence         *Fence `protobuf:"bytes,9,opt,name=fence,proto3" json:"fence,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *AgentInfo) Reset() {
 	*x = AgentInfo{}
-	mi := &file_agent_proto_msgTypes[22]
+	mi := &file_agent_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1867,7 +2001,7 @@ func (x *AgentInfo) String() string {
 func (*AgentInfo) ProtoMessage() {}
 
 func (x *AgentInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[22]
+	mi := &file_agent_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1880,7 +2014,7 @@ func (x *AgentInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AgentInfo.ProtoReflect.Descriptor instead.
 func (*AgentInfo) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{22}
+	return file_agent_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *AgentInfo) GetNodeName() string {
@@ -1925,6 +2059,27 @@ func (x *AgentInfo) GetReadiness() *Readiness {
 	return nil
 }
 
+func (x *AgentInfo) GetArgEnvLimitBytes() int64 {
+	if x != nil {
+		return x.ArgEnvLimitBytes
+	}
+	return 0
+}
+
+func (x *AgentInfo) GetMaxRequestBytes() int64 {
+	if x != nil {
+		return x.MaxRequestBytes
+	}
+	return 0
+}
+
+func (x *AgentInfo) GetFence() *Fence {
+	if x != nil {
+		return x.Fence
+	}
+	return nil
+}
+
 // TaskEvent is one change of a task.
 type TaskEvent struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1938,7 +2093,7 @@ type TaskEvent struct {
 
 func (x *TaskEvent) Reset() {
 	*x = TaskEvent{}
-	mi := &file_agent_proto_msgTypes[23]
+	mi := &file_agent_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1950,7 +2105,7 @@ func (x *TaskEvent) String() string {
 func (*TaskEvent) ProtoMessage() {}
 
 func (x *TaskEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[23]
+	mi := &file_agent_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1963,7 +2118,7 @@ func (x *TaskEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TaskEvent.ProtoReflect.Descriptor instead.
 func (*TaskEvent) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{23}
+	return file_agent_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *TaskEvent) GetType() EventType {
@@ -1996,7 +2151,7 @@ type WatchResponse struct {
 
 func (x *WatchResponse) Reset() {
 	*x = WatchResponse{}
-	mi := &file_agent_proto_msgTypes[24]
+	mi := &file_agent_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2008,7 +2163,7 @@ func (x *WatchResponse) String() string {
 func (*WatchResponse) ProtoMessage() {}
 
 func (x *WatchResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[24]
+	mi := &file_agent_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2021,7 +2176,7 @@ func (x *WatchResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchResponse.ProtoReflect.Descriptor instead.
 func (*WatchResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{24}
+	return file_agent_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *WatchResponse) GetEvent() isWatchResponse_Event {
@@ -2155,29 +2310,39 @@ const file_agent_proto_rawDesc = "" +
 	"\anetwork\x18\x06 \x01(\tR\anetwork\x12\x1d\n" +
 	"\n" +
 	"pids_limit\x18\a \x01(\tR\tpidsLimitB\a\n" +
-	"\x05_user\"?\n" +
+	"\x05_user\"5\n" +
+	"\x05Fence\x12\x16\n" +
+	"\x06holder\x18\x01 \x01(\tR\x06holder\x12\x14\n" +
+	"\x05epoch\x18\x02 \x01(\x03R\x05epoch\"o\n" +
 	"\fStartRequest\x12/\n" +
-	"\x04spec\x18\x01 \x01(\v2\x1b.bashtask.agent.v1.TaskSpecR\x04spec\"k\n" +
+	"\x04spec\x18\x01 \x01(\v2\x1b.bashtask.agent.v1.TaskSpecR\x04spec\x12.\n" +
+	"\x05fence\x18\x02 \x01(\v2\x18.bashtask.agent.v1.FenceR\x05fence\"k\n" +
 	"\rStartResponse\x125\n" +
 	"\x06status\x18\x01 \x01(\v2\x1d.bashtask.agent.v1.TaskStatusR\x06status\x12#\n" +
-	"\ralready_known\x18\x02 \x01(\bR\falreadyKnown\"!\n" +
+	"\ralready_known\x18\x02 \x01(\bR\falreadyKnown\"Q\n" +
 	"\rCancelRequest\x12\x10\n" +
-	"\x03uid\x18\x01 \x01(\tR\x03uid\"G\n" +
+	"\x03uid\x18\x01 \x01(\tR\x03uid\x12.\n" +
+	"\x05fence\x18\x02 \x01(\v2\x18.bashtask.agent.v1.FenceR\x05fence\"G\n" +
 	"\x0eCancelResponse\x125\n" +
 	"\x06status\x18\x01 \x01(\v2\x1d.bashtask.agent.v1.TaskStatusR\x06status\"\x1e\n" +
 	"\n" +
 	"GetRequest\x12\x10\n" +
 	"\x03uid\x18\x01 \x01(\tR\x03uid\"D\n" +
 	"\vGetResponse\x125\n" +
-	"\x06status\x18\x01 \x01(\v2\x1d.bashtask.agent.v1.TaskStatusR\x06status\"\r\n" +
-	"\vListRequest\"C\n" +
+	"\x06status\x18\x01 \x01(\v2\x1d.bashtask.agent.v1.TaskStatusR\x06status\"I\n" +
+	"\vListRequest\x12\x1b\n" +
+	"\tpage_size\x18\x01 \x01(\x05R\bpageSize\x12\x1d\n" +
+	"\n" +
+	"page_token\x18\x02 \x01(\tR\tpageToken\"k\n" +
 	"\fListResponse\x123\n" +
-	"\x05tasks\x18\x01 \x03(\v2\x1d.bashtask.agent.v1.TaskStatusR\x05tasks\"!\n" +
+	"\x05tasks\x18\x01 \x03(\v2\x1d.bashtask.agent.v1.TaskStatusR\x05tasks\x12&\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"!\n" +
 	"\rForgetRequest\x12\x10\n" +
 	"\x03uid\x18\x01 \x01(\tR\x03uid\".\n" +
 	"\x0eForgetResponse\x12\x1c\n" +
-	"\tforgotten\x18\x01 \x01(\bR\tforgotten\"\x0e\n" +
-	"\fWatchRequest\"\xc9\x02\n" +
+	"\tforgotten\x18\x01 \x01(\bR\tforgotten\">\n" +
+	"\fWatchRequest\x12.\n" +
+	"\x05fence\x18\x01 \x01(\v2\x18.bashtask.agent.v1.FenceR\x05fence\"\xc9\x02\n" +
 	"\tReadiness\x12\x14\n" +
 	"\x05ready\x18\x01 \x01(\bR\x05ready\x12\x1a\n" +
 	"\bproblems\x18\x02 \x03(\tR\bproblems\x12\x1f\n" +
@@ -2190,14 +2355,17 @@ const file_agent_proto_rawDesc = "" +
 	"\ftask_network\x18\b \x01(\tR\vtaskNetwork\x12\"\n" +
 	"\fcapabilities\x18\t \x03(\tR\fcapabilities\x12!\n" +
 	"\flandlock_abi\x18\n" +
-	" \x01(\x05R\vlandlockAbi\"\xdc\x01\n" +
+	" \x01(\x05R\vlandlockAbi\"\xe7\x02\n" +
 	"\tAgentInfo\x12\x1b\n" +
 	"\tnode_name\x18\x01 \x01(\tR\bnodeName\x12\x19\n" +
 	"\bpod_name\x18\x02 \x01(\tR\apodName\x12%\n" +
 	"\x0eincarnation_id\x18\x03 \x01(\tR\rincarnationId\x12\x1a\n" +
 	"\bcapacity\x18\x04 \x01(\x05R\bcapacity\x12\x18\n" +
 	"\arunning\x18\x05 \x01(\x05R\arunning\x12:\n" +
-	"\treadiness\x18\x06 \x01(\v2\x1c.bashtask.agent.v1.ReadinessR\treadiness\"t\n" +
+	"\treadiness\x18\x06 \x01(\v2\x1c.bashtask.agent.v1.ReadinessR\treadiness\x12-\n" +
+	"\x13arg_env_limit_bytes\x18\a \x01(\x03R\x10argEnvLimitBytes\x12*\n" +
+	"\x11max_request_bytes\x18\b \x01(\x03R\x0fmaxRequestBytes\x12.\n" +
+	"\x05fence\x18\t \x01(\v2\x18.bashtask.agent.v1.FenceR\x05fence\"t\n" +
 	"\tTaskEvent\x120\n" +
 	"\x04type\x18\x01 \x01(\x0e2\x1c.bashtask.agent.v1.EventTypeR\x04type\x125\n" +
 	"\x06status\x18\x02 \x01(\v2\x1d.bashtask.agent.v1.TaskStatusR\x06status\"\x82\x01\n" +
@@ -2249,7 +2417,7 @@ func file_agent_proto_rawDescGZIP() []byte {
 }
 
 var file_agent_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 25)
+var file_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 26)
 var file_agent_proto_goTypes = []any{
 	(UploadPolicy)(0),             // 0: bashtask.agent.v1.UploadPolicy
 	(TaskState)(0),                // 1: bashtask.agent.v1.TaskState
@@ -2265,23 +2433,24 @@ var file_agent_proto_goTypes = []any{
 	(*StreamStatus)(nil),          // 11: bashtask.agent.v1.StreamStatus
 	(*TaskStatus)(nil),            // 12: bashtask.agent.v1.TaskStatus
 	(*TaskIsolation)(nil),         // 13: bashtask.agent.v1.TaskIsolation
-	(*StartRequest)(nil),          // 14: bashtask.agent.v1.StartRequest
-	(*StartResponse)(nil),         // 15: bashtask.agent.v1.StartResponse
-	(*CancelRequest)(nil),         // 16: bashtask.agent.v1.CancelRequest
-	(*CancelResponse)(nil),        // 17: bashtask.agent.v1.CancelResponse
-	(*GetRequest)(nil),            // 18: bashtask.agent.v1.GetRequest
-	(*GetResponse)(nil),           // 19: bashtask.agent.v1.GetResponse
-	(*ListRequest)(nil),           // 20: bashtask.agent.v1.ListRequest
-	(*ListResponse)(nil),          // 21: bashtask.agent.v1.ListResponse
-	(*ForgetRequest)(nil),         // 22: bashtask.agent.v1.ForgetRequest
-	(*ForgetResponse)(nil),        // 23: bashtask.agent.v1.ForgetResponse
-	(*WatchRequest)(nil),          // 24: bashtask.agent.v1.WatchRequest
-	(*Readiness)(nil),             // 25: bashtask.agent.v1.Readiness
-	(*AgentInfo)(nil),             // 26: bashtask.agent.v1.AgentInfo
-	(*TaskEvent)(nil),             // 27: bashtask.agent.v1.TaskEvent
-	(*WatchResponse)(nil),         // 28: bashtask.agent.v1.WatchResponse
-	(*durationpb.Duration)(nil),   // 29: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil), // 30: google.protobuf.Timestamp
+	(*Fence)(nil),                 // 14: bashtask.agent.v1.Fence
+	(*StartRequest)(nil),          // 15: bashtask.agent.v1.StartRequest
+	(*StartResponse)(nil),         // 16: bashtask.agent.v1.StartResponse
+	(*CancelRequest)(nil),         // 17: bashtask.agent.v1.CancelRequest
+	(*CancelResponse)(nil),        // 18: bashtask.agent.v1.CancelResponse
+	(*GetRequest)(nil),            // 19: bashtask.agent.v1.GetRequest
+	(*GetResponse)(nil),           // 20: bashtask.agent.v1.GetResponse
+	(*ListRequest)(nil),           // 21: bashtask.agent.v1.ListRequest
+	(*ListResponse)(nil),          // 22: bashtask.agent.v1.ListResponse
+	(*ForgetRequest)(nil),         // 23: bashtask.agent.v1.ForgetRequest
+	(*ForgetResponse)(nil),        // 24: bashtask.agent.v1.ForgetResponse
+	(*WatchRequest)(nil),          // 25: bashtask.agent.v1.WatchRequest
+	(*Readiness)(nil),             // 26: bashtask.agent.v1.Readiness
+	(*AgentInfo)(nil),             // 27: bashtask.agent.v1.AgentInfo
+	(*TaskEvent)(nil),             // 28: bashtask.agent.v1.TaskEvent
+	(*WatchResponse)(nil),         // 29: bashtask.agent.v1.WatchResponse
+	(*durationpb.Duration)(nil),   // 30: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil), // 31: google.protobuf.Timestamp
 }
 var file_agent_proto_depIdxs = []int32{
 	0,  // 0: bashtask.agent.v1.OutputSettings.upload:type_name -> bashtask.agent.v1.UploadPolicy
@@ -2289,46 +2458,50 @@ var file_agent_proto_depIdxs = []int32{
 	6,  // 2: bashtask.agent.v1.TaskSpec.stdin:type_name -> bashtask.agent.v1.Stdin
 	5,  // 3: bashtask.agent.v1.TaskSpec.env:type_name -> bashtask.agent.v1.EnvVar
 	5,  // 4: bashtask.agent.v1.TaskSpec.managed_env:type_name -> bashtask.agent.v1.EnvVar
-	29, // 5: bashtask.agent.v1.TaskSpec.timeout:type_name -> google.protobuf.Duration
-	29, // 6: bashtask.agent.v1.TaskSpec.kill_grace:type_name -> google.protobuf.Duration
+	30, // 5: bashtask.agent.v1.TaskSpec.timeout:type_name -> google.protobuf.Duration
+	30, // 6: bashtask.agent.v1.TaskSpec.kill_grace:type_name -> google.protobuf.Duration
 	7,  // 7: bashtask.agent.v1.TaskSpec.output:type_name -> bashtask.agent.v1.OutputSettings
 	8,  // 8: bashtask.agent.v1.TaskSpec.resources:type_name -> bashtask.agent.v1.Resources
 	2,  // 9: bashtask.agent.v1.Spill.upload_state:type_name -> bashtask.agent.v1.UploadState
 	10, // 10: bashtask.agent.v1.StreamStatus.spill:type_name -> bashtask.agent.v1.Spill
 	4,  // 11: bashtask.agent.v1.TaskStatus.ref:type_name -> bashtask.agent.v1.TaskRef
 	1,  // 12: bashtask.agent.v1.TaskStatus.state:type_name -> bashtask.agent.v1.TaskState
-	30, // 13: bashtask.agent.v1.TaskStatus.start_time:type_name -> google.protobuf.Timestamp
-	30, // 14: bashtask.agent.v1.TaskStatus.completion_time:type_name -> google.protobuf.Timestamp
+	31, // 13: bashtask.agent.v1.TaskStatus.start_time:type_name -> google.protobuf.Timestamp
+	31, // 14: bashtask.agent.v1.TaskStatus.completion_time:type_name -> google.protobuf.Timestamp
 	11, // 15: bashtask.agent.v1.TaskStatus.stdout:type_name -> bashtask.agent.v1.StreamStatus
 	11, // 16: bashtask.agent.v1.TaskStatus.stderr:type_name -> bashtask.agent.v1.StreamStatus
 	13, // 17: bashtask.agent.v1.TaskStatus.isolation:type_name -> bashtask.agent.v1.TaskIsolation
 	9,  // 18: bashtask.agent.v1.StartRequest.spec:type_name -> bashtask.agent.v1.TaskSpec
-	12, // 19: bashtask.agent.v1.StartResponse.status:type_name -> bashtask.agent.v1.TaskStatus
-	12, // 20: bashtask.agent.v1.CancelResponse.status:type_name -> bashtask.agent.v1.TaskStatus
-	12, // 21: bashtask.agent.v1.GetResponse.status:type_name -> bashtask.agent.v1.TaskStatus
-	12, // 22: bashtask.agent.v1.ListResponse.tasks:type_name -> bashtask.agent.v1.TaskStatus
-	25, // 23: bashtask.agent.v1.AgentInfo.readiness:type_name -> bashtask.agent.v1.Readiness
-	3,  // 24: bashtask.agent.v1.TaskEvent.type:type_name -> bashtask.agent.v1.EventType
-	12, // 25: bashtask.agent.v1.TaskEvent.status:type_name -> bashtask.agent.v1.TaskStatus
-	26, // 26: bashtask.agent.v1.WatchResponse.agent:type_name -> bashtask.agent.v1.AgentInfo
-	27, // 27: bashtask.agent.v1.WatchResponse.task:type_name -> bashtask.agent.v1.TaskEvent
-	14, // 28: bashtask.agent.v1.Executor.Start:input_type -> bashtask.agent.v1.StartRequest
-	16, // 29: bashtask.agent.v1.Executor.Cancel:input_type -> bashtask.agent.v1.CancelRequest
-	18, // 30: bashtask.agent.v1.Executor.Get:input_type -> bashtask.agent.v1.GetRequest
-	20, // 31: bashtask.agent.v1.Executor.List:input_type -> bashtask.agent.v1.ListRequest
-	22, // 32: bashtask.agent.v1.Executor.Forget:input_type -> bashtask.agent.v1.ForgetRequest
-	24, // 33: bashtask.agent.v1.Executor.Watch:input_type -> bashtask.agent.v1.WatchRequest
-	15, // 34: bashtask.agent.v1.Executor.Start:output_type -> bashtask.agent.v1.StartResponse
-	17, // 35: bashtask.agent.v1.Executor.Cancel:output_type -> bashtask.agent.v1.CancelResponse
-	19, // 36: bashtask.agent.v1.Executor.Get:output_type -> bashtask.agent.v1.GetResponse
-	21, // 37: bashtask.agent.v1.Executor.List:output_type -> bashtask.agent.v1.ListResponse
-	23, // 38: bashtask.agent.v1.Executor.Forget:output_type -> bashtask.agent.v1.ForgetResponse
-	28, // 39: bashtask.agent.v1.Executor.Watch:output_type -> bashtask.agent.v1.WatchResponse
-	34, // [34:40] is the sub-list for method output_type
-	28, // [28:34] is the sub-list for method input_type
-	28, // [28:28] is the sub-list for extension type_name
-	28, // [28:28] is the sub-list for extension extendee
-	0,  // [0:28] is the sub-list for field type_name
+	14, // 19: bashtask.agent.v1.StartRequest.fence:type_name -> bashtask.agent.v1.Fence
+	12, // 20: bashtask.agent.v1.StartResponse.status:type_name -> bashtask.agent.v1.TaskStatus
+	14, // 21: bashtask.agent.v1.CancelRequest.fence:type_name -> bashtask.agent.v1.Fence
+	12, // 22: bashtask.agent.v1.CancelResponse.status:type_name -> bashtask.agent.v1.TaskStatus
+	12, // 23: bashtask.agent.v1.GetResponse.status:type_name -> bashtask.agent.v1.TaskStatus
+	12, // 24: bashtask.agent.v1.ListResponse.tasks:type_name -> bashtask.agent.v1.TaskStatus
+	14, // 25: bashtask.agent.v1.WatchRequest.fence:type_name -> bashtask.agent.v1.Fence
+	26, // 26: bashtask.agent.v1.AgentInfo.readiness:type_name -> bashtask.agent.v1.Readiness
+	14, // 27: bashtask.agent.v1.AgentInfo.fence:type_name -> bashtask.agent.v1.Fence
+	3,  // 28: bashtask.agent.v1.TaskEvent.type:type_name -> bashtask.agent.v1.EventType
+	12, // 29: bashtask.agent.v1.TaskEvent.status:type_name -> bashtask.agent.v1.TaskStatus
+	27, // 30: bashtask.agent.v1.WatchResponse.agent:type_name -> bashtask.agent.v1.AgentInfo
+	28, // 31: bashtask.agent.v1.WatchResponse.task:type_name -> bashtask.agent.v1.TaskEvent
+	15, // 32: bashtask.agent.v1.Executor.Start:input_type -> bashtask.agent.v1.StartRequest
+	17, // 33: bashtask.agent.v1.Executor.Cancel:input_type -> bashtask.agent.v1.CancelRequest
+	19, // 34: bashtask.agent.v1.Executor.Get:input_type -> bashtask.agent.v1.GetRequest
+	21, // 35: bashtask.agent.v1.Executor.List:input_type -> bashtask.agent.v1.ListRequest
+	23, // 36: bashtask.agent.v1.Executor.Forget:input_type -> bashtask.agent.v1.ForgetRequest
+	25, // 37: bashtask.agent.v1.Executor.Watch:input_type -> bashtask.agent.v1.WatchRequest
+	16, // 38: bashtask.agent.v1.Executor.Start:output_type -> bashtask.agent.v1.StartResponse
+	18, // 39: bashtask.agent.v1.Executor.Cancel:output_type -> bashtask.agent.v1.CancelResponse
+	20, // 40: bashtask.agent.v1.Executor.Get:output_type -> bashtask.agent.v1.GetResponse
+	22, // 41: bashtask.agent.v1.Executor.List:output_type -> bashtask.agent.v1.ListResponse
+	24, // 42: bashtask.agent.v1.Executor.Forget:output_type -> bashtask.agent.v1.ForgetResponse
+	29, // 43: bashtask.agent.v1.Executor.Watch:output_type -> bashtask.agent.v1.WatchResponse
+	38, // [38:44] is the sub-list for method output_type
+	32, // [32:38] is the sub-list for method input_type
+	32, // [32:32] is the sub-list for extension type_name
+	32, // [32:32] is the sub-list for extension extendee
+	0,  // [0:32] is the sub-list for field type_name
 }
 
 func init() { file_agent_proto_init() }
@@ -2337,7 +2510,7 @@ func file_agent_proto_init() {
 		return
 	}
 	file_agent_proto_msgTypes[9].OneofWrappers = []any{}
-	file_agent_proto_msgTypes[24].OneofWrappers = []any{
+	file_agent_proto_msgTypes[25].OneofWrappers = []any{
 		(*WatchResponse_Agent)(nil),
 		(*WatchResponse_Task)(nil),
 	}
@@ -2347,7 +2520,7 @@ func file_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_agent_proto_rawDesc), len(file_agent_proto_rawDesc)),
 			NumEnums:      4,
-			NumMessages:   25,
+			NumMessages:   26,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -47,14 +47,20 @@ type ExecutorClient interface {
 	// the agent runs its maximum number of tasks; UNAVAILABLE while the agent
 	// is not ready. A command that fails its pre-start checks is not an RPC
 	// error: the task is finished with reason StartFailed.
+	// FAILED_PRECONDITION, naming both epochs, when the request's fence is
+	// older than the newest the agent has seen (see Fence).
 	Start(ctx context.Context, in *StartRequest, opts ...grpc.CallOption) (*StartResponse, error)
 	// Cancel stops a running task (SIGTERM, grace, SIGKILL); it is idempotent
 	// and leaves a finished task's status unchanged. NOT_FOUND for an unknown
-	// UID.
+	// UID; FAILED_PRECONDITION for a fence older than the newest seen.
 	Cancel(ctx context.Context, in *CancelRequest, opts ...grpc.CallOption) (*CancelResponse, error)
 	// Get returns the current status of one task; NOT_FOUND for an unknown UID.
 	Get(ctx context.Context, in *GetRequest, opts ...grpc.CallOption) (*GetResponse, error)
-	// List returns the status of every task the agent knows, sorted by UID.
+	// List returns the status of the tasks the agent knows, sorted by UID, one
+	// page at a time: a page holds at most page_size tasks and, but for a
+	// page of one task, at most 1 MiB of encoded statuses, so no message
+	// grows with the number of tasks. Ask again with next_page_token until it
+	// is empty.
 	List(ctx context.Context, in *ListRequest, opts ...grpc.CallOption) (*ListResponse, error)
 	// Forget tells the agent that the controller has recorded the terminal
 	// status. The agent drops the task from its table once the task is
@@ -63,8 +69,11 @@ type ExecutorClient interface {
 	// UID succeeds (it is idempotent).
 	Forget(ctx context.Context, in *ForgetRequest, opts ...grpc.CallOption) (*ForgetResponse, error)
 	// Watch streams every task event of this agent. The first message is the
-	// agent's info; then one CURRENT event per known task, then events as they
-	// happen. A watcher that does not keep up is disconnected with
+	// agent's info; then one CURRENT event per known task (one message each,
+	// so the report after a connect never grows with the number of tasks),
+	// then events as they happen. A request whose fence is older than the
+	// newest the agent has seen is refused with FAILED_PRECONDITION; a newer
+	// one becomes the newest. A watcher that does not keep up is disconnected with
 	// RESOURCE_EXHAUSTED and should watch again (it gets the current state
 	// again).
 	Watch(ctx context.Context, in *WatchRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchResponse], error)
@@ -160,14 +169,20 @@ type ExecutorServer interface {
 	// the agent runs its maximum number of tasks; UNAVAILABLE while the agent
 	// is not ready. A command that fails its pre-start checks is not an RPC
 	// error: the task is finished with reason StartFailed.
+	// FAILED_PRECONDITION, naming both epochs, when the request's fence is
+	// older than the newest the agent has seen (see Fence).
 	Start(context.Context, *StartRequest) (*StartResponse, error)
 	// Cancel stops a running task (SIGTERM, grace, SIGKILL); it is idempotent
 	// and leaves a finished task's status unchanged. NOT_FOUND for an unknown
-	// UID.
+	// UID; FAILED_PRECONDITION for a fence older than the newest seen.
 	Cancel(context.Context, *CancelRequest) (*CancelResponse, error)
 	// Get returns the current status of one task; NOT_FOUND for an unknown UID.
 	Get(context.Context, *GetRequest) (*GetResponse, error)
-	// List returns the status of every task the agent knows, sorted by UID.
+	// List returns the status of the tasks the agent knows, sorted by UID, one
+	// page at a time: a page holds at most page_size tasks and, but for a
+	// page of one task, at most 1 MiB of encoded statuses, so no message
+	// grows with the number of tasks. Ask again with next_page_token until it
+	// is empty.
 	List(context.Context, *ListRequest) (*ListResponse, error)
 	// Forget tells the agent that the controller has recorded the terminal
 	// status. The agent drops the task from its table once the task is
@@ -176,8 +191,11 @@ type ExecutorServer interface {
 	// UID succeeds (it is idempotent).
 	Forget(context.Context, *ForgetRequest) (*ForgetResponse, error)
 	// Watch streams every task event of this agent. The first message is the
-	// agent's info; then one CURRENT event per known task, then events as they
-	// happen. A watcher that does not keep up is disconnected with
+	// agent's info; then one CURRENT event per known task (one message each,
+	// so the report after a connect never grows with the number of tasks),
+	// then events as they happen. A request whose fence is older than the
+	// newest the agent has seen is refused with FAILED_PRECONDITION; a newer
+	// one becomes the newest. A watcher that does not keep up is disconnected with
 	// RESOURCE_EXHAUSTED and should watch again (it gets the current state
 	// again).
 	Watch(*WatchRequest, grpc.ServerStreamingServer[WatchResponse]) error
