@@ -356,6 +356,7 @@ func (r *AgentRegistry) StartTask(ctx context.Context, node string, spec *agentv
 	}
 	defer cancel()
 	resp, err := a.client.Start(ctx, &agentv1.StartRequest{Spec: spec, Fence: fence})
+	noteFenced(r.opts.Fence, err)
 	if err != nil {
 		return nil, fmt.Errorf("starting task on node %q: %w", node, err)
 	}
@@ -393,6 +394,7 @@ func (r *AgentRegistry) CancelTask(ctx context.Context, node, uid string) (*agen
 	}
 	defer cancel()
 	resp, err := a.client.Cancel(ctx, &agentv1.CancelRequest{Uid: uid, Fence: fence})
+	noteFenced(r.opts.Fence, err)
 	if status.Code(err) == codes.NotFound {
 		return nil, fmt.Errorf("task %s on node %q: %w", uid, node, ErrTaskUnknown)
 	}
@@ -628,6 +630,7 @@ func (a *agentConn) watchOnce(ctx context.Context, r *AgentRegistry) (healthy bo
 	}
 	first, err := stream.Recv()
 	if err != nil {
+		noteFenced(r.opts.Fence, err)
 		return false, err
 	}
 	info := first.GetAgent()

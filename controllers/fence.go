@@ -9,6 +9,8 @@ import (
 
 	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"k8s.io/client-go/tools/leaderelection/resourcelock"
 	"k8s.io/utils/clock"
 
@@ -60,6 +62,10 @@ type LeaderFence struct {
 	mu         sync.Mutex
 	fence      *agentv1.Fence // nil while not holding
 	validUntil time.Time
+	// floor is the lowest leaseTransitions this controller writes as the
+	// holder: one above the newest epoch an agent refused it for. Zero
+	// until an agent refuses it.
+	floor int64
 }
 
 // NewLeaderFence wraps inner, the Lease lock passed to the manager as
@@ -111,6 +117,7 @@ func (f *LeaderFence) Get(ctx context.Context) (*resourcelock.LeaderElectionReco
 
 // Create implements resourcelock.Interface.
 func (f *LeaderFence) Create(ctx context.Context, ler resourcelock.LeaderElectionRecord) error {
+	f.raiseEpoch(&ler)
 	sent := f.clock.Now()
 	err := f.inner.Create(ctx, ler)
 	f.observe(ler, sent, err)
@@ -119,10 +126,42 @@ func (f *LeaderFence) Create(ctx context.Context, ler resourcelock.LeaderElectio
 
 // Update implements resourcelock.Interface.
 func (f *LeaderFence) Update(ctx context.Context, ler resourcelock.LeaderElectionRecord) error {
+	f.raiseEpoch(&ler)
 	sent := f.clock.Now()
 	err := f.inner.Update(ctx, ler)
 	f.observe(ler, sent, err)
 	return err
+}
+
+// raiseEpoch lifts the transitions of a record this controller writes as
+// the holder to the floor. Every write of the elector passes here, the
+// renewals that copy its own older view of the count included, so the
+// Lease keeps the raised count. Raising it is as safe as the count
+// itself: the write succeeds only for the Lease's current holder, since
+// Lease writes are conditional on its resourceVersion.
+func (f *LeaderFence) raiseEpoch(ler *resourcelock.LeaderElectionRecord) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if ler.HolderIdentity == f.inner.Identity() && int64(ler.LeaderTransitions) < f.floor {
+		ler.LeaderTransitions = int(f.floor)
+	}
+}
+
+// refusedBy notes that an agent refused this controller's fence because it
+// has seen newest. When this controller holds the Lease at a lower epoch,
+// the Lease's count went back (it was deleted and created again, or moved
+// to another namespace): its next renewal raises the count above newest,
+// and its calls are accepted again. An earlier leader that is refused
+// raises nothing: it no longer manages to write the Lease.
+func (f *LeaderFence) refusedBy(newest *agentv1.Fence) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.fence == nil || newest.GetEpoch() < f.fence.GetEpoch() || newest.GetEpoch()+1 <= f.floor {
+		return
+	}
+	f.floor = newest.GetEpoch() + 1
+	f.log.Info("An agent has seen a newer leader epoch than the Lease's; raising the epoch at the next renewal",
+		"epoch", f.fence.GetEpoch(), "agentEpoch", newest.GetEpoch(), "agentHolder", newest.GetHolder(), "newEpoch", f.floor)
 }
 
 // observe records a Lease write sent at sent. A failed write changes
@@ -154,6 +193,20 @@ func (f *LeaderFence) Identity() string { return f.inner.Identity() }
 
 // Describe implements resourcelock.Interface.
 func (f *LeaderFence) Describe() string { return f.inner.Describe() }
+
+// noteFenced passes the newest fence an agent refused a call for (the
+// FAILED_PRECONDITION's detail) to fencer.
+func noteFenced(fencer Fencer, err error) {
+	lf, ok := fencer.(*LeaderFence)
+	if !ok || status.Code(err) != codes.FailedPrecondition {
+		return
+	}
+	for _, d := range status.Convert(err).Details() {
+		if newest, ok := d.(*agentv1.Fence); ok {
+			lf.refusedBy(newest)
+		}
+	}
+}
 
 // fenceFor returns the fence of a call (nil without leader election) and a
 // context that ends when this controller stops being sure it leads, so a

@@ -7,26 +7,37 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"k8s.io/client-go/tools/leaderelection/resourcelock"
 	clocktesting "k8s.io/utils/clock/testing"
+
+	agentv1 "github.com/bashtask/bashtask-operator/api/agent/v1"
 )
 
 // stubLock is a resourcelock.Interface whose writes succeed or fail on
 // demand; the elector's use of a real Lease is covered by
 // test/integration/fencing.
 type stubLock struct {
-	id   string
-	fail error
+	id      string
+	fail    error
+	written resourcelock.LeaderElectionRecord // the last record written
 }
 
 func (l *stubLock) Get(context.Context) (*resourcelock.LeaderElectionRecord, []byte, error) {
 	return nil, nil, errors.New("not used")
 }
-func (l *stubLock) Create(context.Context, resourcelock.LeaderElectionRecord) error { return l.fail }
-func (l *stubLock) Update(context.Context, resourcelock.LeaderElectionRecord) error { return l.fail }
-func (l *stubLock) RecordEvent(string)                                              {}
-func (l *stubLock) Identity() string                                                { return l.id }
-func (l *stubLock) Describe() string                                                { return "stub" }
+func (l *stubLock) Create(_ context.Context, ler resourcelock.LeaderElectionRecord) error {
+	l.written = ler
+	return l.fail
+}
+func (l *stubLock) Update(_ context.Context, ler resourcelock.LeaderElectionRecord) error {
+	l.written = ler
+	return l.fail
+}
+func (l *stubLock) RecordEvent(string) {}
+func (l *stubLock) Identity() string   { return l.id }
+func (l *stubLock) Describe() string   { return "stub" }
 
 func TestLeaderFence(t *testing.T) {
 	const renew = 10 * time.Second
@@ -73,6 +84,23 @@ func TestLeaderFence(t *testing.T) {
 		t.Errorf("after re-acquiring: fence %v, err %v; want epoch 6", fence, err)
 	}
 
+	// An agent that has seen a newer epoch than the Lease's (the Lease was
+	// created again and counts from 0) makes the next renewal raise the
+	// count above it, also when the elector writes its older view.
+	noteFenced(f, fencedError(t, 9))
+	if err := f.Update(ctx, resourcelock.LeaderElectionRecord{HolderIdentity: "me", LeaderTransitions: 6}); err != nil {
+		t.Fatal(err)
+	}
+	if fence, _, err := f.Fence(); err != nil || fence.GetEpoch() != 10 || lock.written.LeaderTransitions != 10 {
+		t.Errorf("after a refusal at epoch 9: fence %v (err %v), Lease written with %d transitions; want 10", fence, err, lock.written.LeaderTransitions)
+	}
+	// A refusal for an older epoch than ours raises nothing.
+	noteFenced(f, fencedError(t, 3))
+	_ = f.Update(ctx, resourcelock.LeaderElectionRecord{HolderIdentity: "me", LeaderTransitions: 10})
+	if lock.written.LeaderTransitions != 10 {
+		t.Errorf("a refusal at an older epoch changed the count to %d", lock.written.LeaderTransitions)
+	}
+
 	// A release (the record names no holder) ends the lead at once.
 	if err := f.Update(ctx, resourcelock.LeaderElectionRecord{HolderIdentity: ""}); err != nil {
 		t.Fatal(err)
@@ -89,4 +117,14 @@ func TestLeaderFence(t *testing.T) {
 	} else {
 		cancel()
 	}
+}
+
+// fencedError is an agent's refusal naming the newest epoch it has seen.
+func fencedError(t *testing.T, epoch int64) error {
+	t.Helper()
+	st, err := status.New(codes.FailedPrecondition, "fenced").WithDetails(&agentv1.Fence{Holder: "other", Epoch: epoch})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st.Err()
 }

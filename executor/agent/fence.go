@@ -67,21 +67,28 @@ func (f *fencing) current() *agentv1.Fence {
 	return proto.CloneOf(f.newest)
 }
 
-// errFenced builds the FAILED_PRECONDITION error of a refused request.
+// errFenced builds the FAILED_PRECONDITION error of a refused request. The
+// newest fence rides along as the status's detail, so that a controller
+// that holds the Lease but whose epoch went back (a Lease deleted and
+// created again) can raise its epoch above it.
 func errFenced(rpc string, got, newest *agentv1.Fence) error {
-	if got == nil {
-		return status.Errorf(codes.FailedPrecondition,
-			"fenced: %s carries no leader fence, and this agent has seen leader epoch %d (holder %q); only the current leader may start or cancel tasks",
+	var msg string
+	switch {
+	case got == nil:
+		msg = fmt.Sprintf("fenced: %s carries no leader fence, and this agent has seen leader epoch %d (holder %q); only the current leader may start or cancel tasks",
 			rpc, newest.GetEpoch(), newest.GetHolder())
-	}
-	if got.GetEpoch() == newest.GetEpoch() {
-		return status.Errorf(codes.FailedPrecondition,
-			"fenced: %s comes from holder %q at leader epoch %d, but this agent has seen holder %q at the same epoch",
+	case got.GetEpoch() == newest.GetEpoch():
+		msg = fmt.Sprintf("fenced: %s comes from holder %q at leader epoch %d, but this agent has seen holder %q at the same epoch",
 			rpc, got.GetHolder(), got.GetEpoch(), newest.GetHolder())
+	default:
+		msg = fmt.Sprintf("fenced: %s comes from leader epoch %d (holder %q), older than epoch %d (holder %q), the newest this agent has seen",
+			rpc, got.GetEpoch(), got.GetHolder(), newest.GetEpoch(), newest.GetHolder())
 	}
-	return status.Errorf(codes.FailedPrecondition,
-		"fenced: %s comes from leader epoch %d (holder %q), older than epoch %d (holder %q), the newest this agent has seen",
-		rpc, got.GetEpoch(), got.GetHolder(), newest.GetEpoch(), newest.GetHolder())
+	st := status.New(codes.FailedPrecondition, msg)
+	if withDetail, err := st.WithDetails(proto.CloneOf(newest)); err == nil {
+		st = withDetail
+	}
+	return st.Err()
 }
 
 // admit decides on a request carrying got. On success it returns with mu

@@ -46,6 +46,13 @@ func TestFenceRefusesEarlierLeaders(t *testing.T) {
 
 	_, err := r.client.Cancel(ctx, &agentv1.CancelRequest{Uid: "u1", Fence: fence("ctrl-b", 1)})
 	wantFenced(t, err, 1, 2)
+	// The newest fence is the refusal's detail, for a controller that
+	// must raise its epoch above it.
+	if d := status.Convert(err).Details(); len(d) != 1 {
+		t.Errorf("refusal details %v, want the newest fence", d)
+	} else if m, ok := d[0].(proto.Message); !ok || !proto.Equal(m, fence("ctrl-a", 2)) {
+		t.Errorf("refusal detail %v, want ctrl-a at epoch 2", d[0])
+	}
 	_, err = r.client.Start(ctx, &agentv1.StartRequest{Spec: taskSpec("u2", "true"), Fence: fence("ctrl-b", 1)})
 	wantFenced(t, err, 1, 2)
 	_, err = r.client.Start(ctx, &agentv1.StartRequest{Spec: taskSpec("u2", "true")})

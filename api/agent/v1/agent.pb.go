@@ -1207,9 +1207,10 @@ func (x *TaskIsolation) GetPidsLimit() string {
 // it (its epoch). Each new leader has a higher epoch. The agent records the
 // newest fence it has seen in its state directory (so a restart keeps it)
 // and refuses Start, Cancel and Watch requests whose epoch is older, or
-// whose epoch is the same with another holder, with FAILED_PRECONDITION:
-// an earlier leader that still believes it leads can no longer start or
-// stop tasks once its successor has reached the agent. A request without a
+// whose epoch is the same with another holder, with FAILED_PRECONDITION
+// whose detail is the newest Fence: an earlier leader that still believes
+// it leads can no longer start or stop tasks once its successor has
+// reached the agent. A request without a
 // fence (a controller running without leader election) is accepted until
 // the agent has seen a fenced one.
 type Fence struct {

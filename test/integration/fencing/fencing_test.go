@@ -279,3 +279,83 @@ func TestPausedLeaderMakesNoAcceptedCall(t *testing.T) {
 	t.Logf("%d tasks; %d starts by controller-a before the pause, %d by controller-b", len(tasks),
 		accepted(oldHolder, time.Time{}, "Start"), accepted(newHolder, time.Time{}, "Start"))
 }
+
+// TestLeaseCountGoesBack makes the Lease's count go back under the
+// agents' epoch, as deleting the Lease (or moving it to another namespace)
+// does: an operator raises the count, the leader stops, the Lease is
+// deleted, and a new controller creates it again from 0. The agents refuse
+// the new leader's first calls; it raises the count above their epoch at
+// its next renewal and goes on dispatching.
+func TestLeaseCountGoesBack(t *testing.T) {
+	ctx := t.Context()
+	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
+	if err := rig.Env.WriteKubeconfig(kubeconfig); err != nil {
+		t.Fatal(err)
+	}
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "lease-"}}
+	if err := rig.Client.Create(ctx, ns); err != nil {
+		t.Fatal(err)
+	}
+	run := func(name string) {
+		t.Helper()
+		bt := &v1.BashTask{ObjectMeta: metav1.ObjectMeta{Namespace: ns.Name, Name: name},
+			Spec: v1.BashTaskSpec{Command: "true", TimeoutSeconds: ptr.To[int32](30)}}
+		if err := rig.Client.Create(ctx, bt); err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, name+" succeeds", 30*time.Second, func() bool {
+			var got v1.BashTask
+			return rig.Client.Get(ctx, client.ObjectKeyFromObject(bt), &got) == nil &&
+				ptr.Deref(got.Status.Reason, "") == v1.ReasonSucceeded
+		})
+	}
+	leads := func(c *controller) func() bool {
+		return func() bool { h, _ := leaseHolder(ctx); return h != "" && strings.Contains(c.out.String(), h) }
+	}
+
+	c := startController(t, "controller-c", kubeconfig)
+	waitFor(t, "controller-c leads", 60*time.Second, leads(c))
+	run("before")
+	// An operator raises the count (the documented way out); the leader
+	// keeps it and the agents see it.
+	_, was := leaseHolder(ctx)
+	raised := was + 5
+	lease := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: leaseNS, Name: leaseName}}
+	patch := fmt.Appendf(nil, `{"spec":{"leaseTransitions":%d}}`, raised)
+	if err := rig.Client.Patch(ctx, lease, client.RawPatch("application/merge-patch+json", patch)); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "controller-c renews at the patched count", 30*time.Second, func() bool {
+		return strings.Contains(c.out.String(), fmt.Sprintf(`"epoch":%d`, raised))
+	})
+	patched := time.Now()
+	run("patched")
+	for _, cl := range calls.all() {
+		if cl.accepted && cl.rpc == "Start" && !cl.at.Before(patched) && cl.fence.GetEpoch() != int64(raised) {
+			t.Errorf("after the patch a Start carried epoch %d, want %d", cl.fence.GetEpoch(), raised)
+		}
+	}
+
+	// The leader stops, the Lease goes, a new controller starts from 0.
+	_ = c.cmd.Process.Signal(syscall.SIGTERM)
+	<-c.done
+	if err := rig.Client.Delete(ctx, lease); err != nil {
+		t.Fatal(err)
+	}
+	d := startController(t, "controller-d", kubeconfig)
+	waitFor(t, "controller-d leads", 60*time.Second, leads(d))
+	for i := range 3 {
+		run(fmt.Sprintf("after-%d", i))
+	}
+	h, after := leaseHolder(ctx)
+	if !strings.Contains(d.out.String(), h) || after <= raised {
+		t.Errorf("the Lease is held by %q with %d transitions; want controller-d above %d", h, after, raised)
+	}
+	if !strings.Contains(d.out.String(), "raising the epoch") {
+		t.Errorf("controller-d did not log raising its epoch")
+	}
+	if d.exited() {
+		t.Errorf("controller-d exited: %v", d.err)
+	}
+	t.Logf("Lease transitions %d, raised to %d, created again and raised to %d", was, raised, after)
+}
