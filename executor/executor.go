@@ -354,6 +354,13 @@ func (e *Executor) prepare(spec Spec) (*prepared, error) {
 	if err := checkShell(e.shell); err != nil {
 		return nil, err
 	}
+	if p.WorkingDir != "" && e.isolation == IsolationTenant {
+		dir, err := e.tenantWorkDir(p.WorkingDir)
+		if err != nil {
+			return nil, err
+		}
+		p.WorkingDir = dir
+	}
 	if p.WorkingDir != "" {
 		fi, err := os.Stat(p.WorkingDir)
 		switch {
@@ -447,6 +454,53 @@ func (d *spillDir) ensure() error {
 		d.err = err
 	})
 	return d.err
+}
+
+// tenantSharedDirs are where a working directory named in the spec may
+// not lie at IsolationTenant: the task's shim mounts a fresh /proc, a
+// private /tmp and /dev/shm, and the node's /sys and /dev are the node's;
+// the working directory is a writable clone of the node's directory
+// placed over the task's view, so one there would show the task the
+// node's instead (every process's command line in /proc, what other
+// tenants left in /tmp). Fresh working directories, which the executor
+// creates under its own root, are not named in the spec.
+var tenantSharedDirs = []string{"/proc", "/sys", "/dev", "/tmp"}
+
+// tenantWorkDir checks a working directory named in the spec against what
+// IsolationTenant promises and returns it with symbolic links resolved,
+// the path the shim then uses. It refuses the root directory, a directory
+// in tenantSharedDirs or in a masked path or holding one, and a directory
+// every user may write (shared between tenants); the error wraps
+// ErrInvalidSpec and says which rule.
+func (e *Executor) tenantWorkDir(wd string) (string, error) {
+	refuse := func(why string) error {
+		return startErr(ErrInvalidSpec, fmt.Sprintf("working directory %s %s; at the tenant isolation level leave spec.workingDir unset for a fresh private directory", wd, why), nil)
+	}
+	dir, err := filepath.EvalSymlinks(wd)
+	if errors.Is(err, os.ErrNotExist) {
+		return "", startErr(ErrWorkingDirMissing, wd, nil)
+	}
+	if err != nil {
+		return "", startErr(ErrWorkingDirMissing, wd, err)
+	}
+	within := func(path, dir string) bool { return path == dir || strings.HasPrefix(path, dir+"/") }
+	if dir == "/" {
+		return "", refuse("is the root directory, which would make the whole file system writable to the task")
+	}
+	for _, shared := range tenantSharedDirs {
+		if within(dir, shared) {
+			return "", refuse(fmt.Sprintf("lies in %s, which the task must see as its own, not the node's", shared))
+		}
+	}
+	for _, m := range e.mask {
+		if within(dir, m) || within(m, dir) {
+			return "", refuse(fmt.Sprintf("is or holds %s, which the agent hides from tasks", m))
+		}
+	}
+	if fi, err := os.Stat(dir); err == nil && fi.IsDir() && fi.Mode().Perm()&0o002 != 0 {
+		return "", refuse("is writable by every user, so other tenants' tasks share it")
+	}
+	return dir, nil
 }
 
 // makeWorkDir creates a fresh working directory owned by the task's user.

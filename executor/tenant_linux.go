@@ -4,6 +4,7 @@ package executor
 
 import (
 	"bufio"
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -82,11 +83,13 @@ func (e *Executor) newShimLaunch(p *prepared, cgroupPids bool) *shimLaunch {
 	switch {
 	case p.Limits.Pids > 0 && cgroupPids:
 		l.iso.PidsLimit, l.iso.Procs = PidsLimitCgroup, p.Limits.Pids
-	case e.taskProcs > 0 && p.User != nil:
+	case p.User != nil && (p.Limits.Pids > 0 || e.taskProcs > 0):
 		// Counted per real UID by the kernel: a per-task limit only
-		// because the UID is the task's own.
-		l.cfg.NProc = uint64(e.taskProcs)
-		l.iso.PidsLimit, l.iso.Procs = PidsLimitRlimit, e.taskProcs
+		// because the UID is the task's own. The spec's limit where it
+		// sets one, the agent's default otherwise.
+		procs := cmp.Or(p.Limits.Pids, e.taskProcs)
+		l.cfg.NProc = uint64(procs)
+		l.iso.PidsLimit, l.iso.Procs = PidsLimitRlimit, procs
 	}
 	return l
 }
@@ -124,6 +127,10 @@ func (e *Executor) startTenant(t *Task) error {
 		if sp, err = e.startShim(p.Network, s.cg); err != nil {
 			return startErr(ErrProcessStart, "starting the shim "+e.shimPath, err)
 		}
+	}
+	if l.iso.PidsLimit == PidsLimitRlimit {
+		// The spec's pids limit holds, through RLIMIT_NPROC.
+		s.notEnforced = slices.DeleteFunc(s.notEnforced, func(c string) bool { return c == "pids" })
 	}
 	if p.Stdin == nil {
 		// The shim gives the shell /dev/null (Config.NullStdin).

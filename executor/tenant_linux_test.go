@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -126,5 +127,85 @@ func TestTaskSignalsItsShim(t *testing.T) {
 	res := run(t, ex, spec)
 	if res.Stdout.Tail != "alive\n" || res.Reason != ReasonSignaled || res.Signal != "SIGTERM" {
 		t.Errorf("%s %s %q: want alive, then Signaled by SIGTERM", res.Reason, res.Signal, res.Stdout.Tail)
+	}
+}
+
+// At the tenant level a working directory named in the spec is placed
+// writable over the task's view, so one that would show the task the
+// node's /proc, /tmp or /dev, a hidden path, the whole root or a directory
+// shared by every user is refused before anything runs; an ordinary
+// directory is used, symbolic links resolved.
+func TestTenantWorkingDirRules(t *testing.T) {
+	t.Parallel()
+	const masked = "/usr/share" // hidden from this executor's tasks only
+	ex := newTestExecutor(t, CgroupAuto, func(c *Config) { c.Isolation = IsolationTenant; c.MaskPaths = []string{masked} })
+	shared := t.TempDir()
+	if err := os.Chmod(shared, 0o1777); err != nil {
+		t.Fatal(err)
+	}
+	link := filepath.Join(t.TempDir(), "to-proc")
+	if err := os.Symlink("/proc", link); err != nil {
+		t.Fatal(err)
+	}
+	for dir, why := range map[string]string{
+		"/":                  "root directory",
+		"/proc":              "lies in /proc",
+		"/proc/1":            "lies in /proc",
+		link:                 "lies in /proc",
+		"/dev/shm":           "lies in /dev",
+		"/tmp":               "lies in /tmp",
+		filepath.Dir(masked): "holds " + masked,
+		masked:               "holds " + masked,
+		shared:               "lies in /tmp", // t.TempDir is under /tmp here
+		"/sys/fs":            "lies in /sys",
+	} {
+		spec := testSpec(t, "echo ran")
+		spec.WorkingDir = dir
+		_, err := ex.Start(spec)
+		if !errors.Is(err, ErrInvalidSpec) || !strings.Contains(err.Error(), why) {
+			t.Errorf("working directory %s: %v, want ErrInvalidSpec saying %q", dir, err, why)
+		}
+	}
+	// World-writable outside /tmp: /var/tmp where it exists as usual.
+	if fi, err := os.Stat("/var/tmp"); err == nil && fi.Mode().Perm()&0o002 != 0 {
+		spec := testSpec(t, "echo ran")
+		spec.WorkingDir = "/var/tmp"
+		if _, err := ex.Start(spec); !errors.Is(err, ErrInvalidSpec) || !strings.Contains(err.Error(), "writable by every user") {
+			t.Errorf("working directory /var/tmp: %v, want ErrInvalidSpec naming the shared directory", err)
+		}
+	}
+	spec := testSpec(t, "pwd")
+	spec.WorkingDir = "/usr/bin"
+	spec.User = &User{UID: 2000124, GID: 2000124}
+	if res := run(t, ex, spec); res.Reason != ReasonSucceeded || res.Stdout.Tail != "/usr/bin\n" {
+		t.Errorf("working directory /usr/bin: %s (%s), stdout %q", res.Reason, res.Message, res.Stdout.Tail)
+	}
+}
+
+// The spec's pids limit holds at the tenant level whatever the node's
+// cgroup offers: pids.max with the pids controller, RLIMIT_NPROC on the
+// task's own UID without it.
+func TestTenantSpecPidsLimit(t *testing.T) {
+	t.Parallel()
+	ex := newTestExecutor(t, CgroupAuto, func(c *Config) { c.Isolation = IsolationTenant })
+	spec := testSpec(t, "ulimit -u")
+	spec.User = &User{UID: 2000125, GID: 2000125}
+	spec.Limits.Pids = 10
+	res := run(t, ex, spec)
+	if res.Reason != ReasonSucceeded {
+		t.Fatalf("%s (%s)", res.Reason, res.Message)
+	}
+	iso := res.Isolation
+	switch iso.PidsLimit {
+	case PidsLimitRlimit:
+		if res.Stdout.Tail != "10\n" {
+			t.Errorf("ulimit -u = %q, want the spec's 10", res.Stdout.Tail)
+		}
+	case PidsLimitCgroup:
+	default:
+		t.Errorf("process limit enforced through %q, want %s or %s", iso.PidsLimit, PidsLimitCgroup, PidsLimitRlimit)
+	}
+	if iso.Procs != 10 || slices.Contains(res.LimitsNotEnforced, "pids") {
+		t.Errorf("isolation %+v, limits not enforced %v: want 10 processes, enforced", iso, res.LimitsNotEnforced)
 	}
 }

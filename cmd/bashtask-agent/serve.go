@@ -40,6 +40,10 @@ import (
 	"github.com/bashtask/bashtask-operator/internal/tlsutil"
 )
 
+// maxShimPoolSize bounds --shim-pool-size: each pooled shim is a process
+// and a cgroup kept per network tasks ask for.
+const maxShimPoolSize = 64
+
 // serveOptions are the flags of the agent server.
 type serveOptions struct {
 	listen             string
@@ -314,6 +318,9 @@ func (o *serveOptions) agentConfig(log *slog.Logger) (agent.Config, error) {
 	uids, err := agent.ParseUIDRange(o.taskUIDRange)
 	if err != nil {
 		return agent.Config{}, fmt.Errorf("--task-uid-range: %w", err)
+	}
+	if o.shimPoolSize < 0 || o.shimPoolSize > maxShimPoolSize {
+		return agent.Config{}, fmt.Errorf("--shim-pool-size %d: want 0 (none) to %d", o.shimPoolSize, maxShimPoolSize)
 	}
 	if o.taskIdentity != "leased" && o.taskIdentity != "shared" {
 		return agent.Config{}, fmt.Errorf("--task-identity %q: want leased or shared", o.taskIdentity)

@@ -7,6 +7,7 @@ import (
 	"unsafe"
 
 	seccomp "github.com/elastic/go-seccomp-bpf"
+	"github.com/elastic/go-seccomp-bpf/arch"
 	"github.com/landlock-lsm/go-landlock/landlock"
 	llsyscall "github.com/landlock-lsm/go-landlock/landlock/syscall"
 	"golang.org/x/net/bpf"
@@ -48,13 +49,27 @@ func seccompPolicy() seccomp.Policy {
 }
 
 // assembleSeccomp assembles the filter of seccompPolicy into the kernel's
-// form.
+// form, behind a first check that refuses, with ENOSYS, every system call
+// made through another architecture's interface than the agent's own (the
+// 32-bit int 0x80 entry on x86-64, AArch32 on arm64): the policy's
+// library lets those through untouched, and they reach unshare and keyctl
+// under other numbers.
 func assembleSeccomp() ([]unix.SockFilter, error) {
 	policy := seccompPolicy()
 	insts, err := policy.Assemble()
 	if err != nil {
 		return nil, fmt.Errorf("assembling the seccomp policy: %w", err)
 	}
+	native, err := arch.GetInfo("")
+	if err != nil {
+		return nil, fmt.Errorf("the seccomp policy's architecture: %w", err)
+	}
+	const archOffset = 4 // struct seccomp_data: int nr; __u32 arch; ...
+	insts = append([]bpf.Instruction{
+		bpf.LoadAbsolute{Off: archOffset, Size: 4},
+		bpf.JumpIf{Cond: bpf.JumpEqual, Val: uint32(native.ID), SkipTrue: 1},
+		bpf.RetConstant{Val: unix.SECCOMP_RET_ERRNO | uint32(unix.ENOSYS)},
+	}, insts...)
 	raw, err := bpf.Assemble(insts)
 	if err != nil {
 		return nil, fmt.Errorf("assembling the seccomp filter: %w", err)

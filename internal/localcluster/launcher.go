@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"io"
 	"log/slog"
 	"net"
@@ -63,6 +64,20 @@ type LauncherOptions struct {
 	ControllerArgs []string
 	// Log receives progress messages.
 	Log *slog.Logger
+}
+
+// uidsPerAgent is how many task UIDs each local agent leases from.
+const uidsPerAgent = 4096
+
+// agentUIDRange is the --task-uid-range of the index-th agent (fewer than
+// 250) of the cluster tagged tag: uidsPerAgent UIDs from 2000000 (the
+// agent's default range starts there) in one of 1000 slots per agent
+// index, chosen by the tag, so agents of one cluster never overlap and
+// two clusters on one host overlap with a probability of 1 in 1000. The
+// highest UID is below 2000000 + 1000*250*4096, about 1.03e9.
+func agentUIDRange(tag uint32, index int) string {
+	first := 2000000 + (uint64(tag%1000)*250+uint64(index))*uidsPerAgent
+	return fmt.Sprintf("%d-%d", first, first+uidsPerAgent-1)
 }
 
 // Cluster is a running local cluster.
@@ -208,7 +223,16 @@ func (c *Cluster) up(ctx context.Context) error {
 		}
 		c.BucketURL = "file://" + objects + "?no_tmp_dir=true"
 	}
-	for _, a := range c.Agents {
+	// Agents on one host must not share what each assumes is its own: the
+	// cgroup parent (a starting agent at the tenant level empties the
+	// pooled shims' cgroups under it) and the task UIDs (two tasks with
+	// one UID are one tenant). Each gets its own, derived from the
+	// cluster's directory and the node, so two local clusters on one host
+	// are apart too.
+	tag := fnv.New32a()
+	_, _ = tag.Write([]byte(absPath(o.Dir)))
+	clusterTag := tag.Sum32()
+	for i, a := range c.Agents {
 		stateDir := absPath(filepath.Join(o.Dir, "agents", a.Node))
 		bucket := c.BucketURL
 		args := []string{"serve",
@@ -221,7 +245,9 @@ func (c *Cluster) up(ctx context.Context) error {
 			"--tls-cert-file", certs.AgentCertFile, "--tls-key-file", certs.AgentKeyFile, "--tls-ca-file", certs.CAFile,
 			"--progress-interval", "500ms", "--log-format", "text",
 		}
-		args = append(args, "--isolation="+c.Isolation)
+		args = append(args, "--isolation="+c.Isolation,
+			fmt.Sprintf("--cgroup-parent=bashtask-local-%08x-%s", clusterTag, a.Node),
+			"--task-uid-range="+agentUIDRange(clusterTag, i))
 		args = append(args, o.AgentArgs...)
 		env := append(append(os.Environ(), bucketEnv...), o.AgentEnv...)
 		if err := c.start("agent-"+a.Node, filepath.Join(o.BinDir, "bashtask-agent"), args, env); err != nil {
