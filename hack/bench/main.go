@@ -1247,10 +1247,10 @@ func (b *bench) rawWindow(ctx context.Context, o options, prefix string, n int, 
 		if err := b.c.Create(ctx, bt); err != nil {
 			return fmt.Errorf("creating %s: %w", name, err)
 		}
-		// The controller caches tasks without managedFields and so never
-		// sends them back; neither does this client.
-		bt.ManagedFields = nil
 		for _, t := range templates {
+			// The controller caches tasks without managedFields and so
+			// never sends them back; neither does this client.
+			bt.ManagedFields = nil
 			bt.Status = stamp(t, bt.Generation)
 			if err := b.c.Status().Update(ctx, bt); err != nil {
 				return fmt.Errorf("writing the status of %s: %w", name, err)
