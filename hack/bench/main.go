@@ -993,7 +993,7 @@ func (w requestCounts) setN(n int) { w[requestKey{verb: "#tasks"}] = float64(n) 
 
 func (w requestCounts) print() {
 	n := w[requestKey{verb: "#tasks"}]
-	fmt.Printf("API requests in the throughput phase (apiserver_request_total), %0.f tasks; writes_per_task counts writes on bashtasks only:\n", n)
+	fmt.Printf("API requests in the full-system windows (apiserver_request_total), %0.f tasks; writes_per_task counts writes on bashtasks only:\n", n)
 	keys := make([]requestKey, 0, len(w))
 	for k := range w {
 		if k.verb != "#tasks" {
@@ -1157,7 +1157,7 @@ func printController(before, after map[string]float64, n int) {
 		return
 	}
 	d := func(k string) float64 { return after[k] - before[k] }
-	fmt.Println("controller in the throughput phase (its /metrics), per task:")
+	fmt.Println("controller in the full-system windows (its /metrics), per task:")
 	for _, k := range sortedKeys(after) {
 		if strings.HasPrefix(k, "status writes, ") || strings.HasPrefix(k, "reconciles, ") {
 			if v := d(k); v > 0 {
