@@ -342,7 +342,11 @@ func runCluster(ctx context.Context, o options, dir string, f *figures) error {
 	perWindow := o.throughputTasks / o.pairs
 	profileAt := min(1, o.pairs-1) // a warm window
 	var full, raw []float64
-	fmt.Printf("\n== throughput: %d pairs of windows (raw API, full system) of %d tasks each, %d workers\n", o.pairs, perWindow, o.workers)
+	if rb != nil {
+		fmt.Printf("\n== throughput: %d pairs of windows (raw API, full system) of %d tasks each, %d workers\n", o.pairs, perWindow, o.workers)
+	} else {
+		fmt.Printf("\n== throughput: %d full-system windows of %d tasks each, %d workers\n", o.pairs, perWindow, o.workers)
+	}
 	for i := range o.pairs {
 		if rb != nil {
 			var prof func()
@@ -1378,7 +1382,7 @@ func report(o options, f figures) bool {
 	add("e2e.ratio_to_raw", f.ratio(), "%.2f", ">= 0.80", f.ratio() >= minRatioToRaw)
 	add("e2e.ratio_to_raw_spread", f.ratioSpread(), "± %.2f", fmt.Sprintf("(over %d pairs)", len(f.ratios)), true)
 	rows[len(rows)-1].noTarget = true
-	add("e2e.apiserver_cpu_ms_per_task", f.apiCPU, "%.2f", fmt.Sprintf("(raw API: %.2f)", f.rawAPICPU), true)
+	add("e2e.apiserver_cpu_ms_per_task", f.apiCPU, "%.2f", "(raw API: "+num(f.rawAPICPU, "%.2f")+")", true)
 	rows[len(rows)-1].noTarget = true
 	add("e2e.writes_per_task", f.writesPerTask, "%.2f", "<= 3", f.writesPerTask <= 3)
 	add("controller.rss_mb_10k", f.rssMB, "%.1f", fmt.Sprintf("< 300 (%d tasks)", o.rssTotal), f.rssMB < 300)
