@@ -232,6 +232,15 @@ bench: build envtest ## Latency, throughput, writes per task, raw API limit and 
 	$(if $(BENCH_EXECUTOR),$(GO) run ./hack/bench-executor -json _output/bench-executor.json,@echo "bench: executor part skipped (BENCH_SKIP_EXECUTOR)")
 	$(GO) run ./hack/bench -json _output/bench.json $(if $(BENCH_EXECUTOR),-executor-json _output/bench-executor.json) $(BENCH_ARGS)
 
+# kube-apiserver CPU per task for variants of the CRD's validation rules and
+# of the status writes (hack/bench-apiserver; docs/performance.md), e.g.
+# BENCH_APISERVER_ARGS='-variants=base,nocel,base/nocond'.
+BENCH_APISERVER_ARGS ?=
+
+.PHONY: bench-apiserver
+bench-apiserver: envtest ## kube-apiserver CPU per task for variants of the CRD's rules and of the status writes, in alternating windows.
+	$(GO) run ./hack/bench-apiserver $(BENCH_APISERVER_ARGS)
+
 ##@ Tools
 
 .PHONY: tools

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
@@ -141,30 +142,82 @@ func snapshotCPU(cs []component) cpuSnapshot {
 	return s
 }
 
-// printCPU prints, per component, the CPU it used between two snapshots:
-// in cores (CPU seconds per second of the phase) and in milliseconds per
-// task. The rest of the machine's CPU went to the kernel's own work and to
+// cpuTotal adds up the CPU each component used over several windows, and
+// the windows' wall time.
+type cpuTotal struct {
+	wall time.Duration
+	cpu  map[string]time.Duration
+}
+
+// add counts the CPU used between two snapshots of the same components;
+// a component missing from either is left out.
+func (t *cpuTotal) add(before, after cpuSnapshot) {
+	if t.cpu == nil {
+		t.cpu = map[string]time.Duration{}
+	}
+	t.wall += after.at.Sub(before.at)
+	for name, v := range after.cpu {
+		if b, ok := before.cpu[name]; ok {
+			t.cpu[name] += v - b
+		}
+	}
+}
+
+// msPerTask is the CPU of one component in milliseconds per task, NaN
+// when it was not measured.
+func (t cpuTotal) msPerTask(name string, tasks int) float64 {
+	used, ok := t.cpu[name]
+	if !ok || tasks == 0 {
+		return math.NaN()
+	}
+	return float64(used.Microseconds()) / 1000 / float64(tasks)
+}
+
+// idleCores is the CPU of every component but the excluded one divided by
+// the wall time, in cores.
+func idleCores(t cpuTotal, exclude string) float64 {
+	if t.wall <= 0 {
+		return math.NaN()
+	}
+	var sum time.Duration
+	for name, v := range t.cpu {
+		if name != exclude {
+			sum += v
+		}
+	}
+	return sum.Seconds() / t.wall.Seconds()
+}
+
+// print prints, per component, the CPU it used in the windows: in cores
+// (CPU seconds per second of the windows) and in milliseconds per task.
+// The rest of the machine's CPU went to the kernel's own work and to
 // whatever else ran on the machine.
-func printCPU(phase string, before, after cpuSnapshot, tasks int) {
-	wall := after.at.Sub(before.at)
-	if wall <= 0 || tasks == 0 {
+func (t cpuTotal) print(phase string, tasks int) {
+	if t.wall <= 0 || tasks == 0 {
 		return
 	}
-	fmt.Printf("CPU per component in the %s (%.1f s, /proc/<pid>/stat, children not included):\n", phase, wall.Seconds())
+	fmt.Printf("CPU per component in the %s (%.1f s, /proc/<pid>/stat, children not included):\n", phase, t.wall.Seconds())
 	tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
 	fmt.Fprintf(tw, "  component\tcores\tms per task\n")
 	var total time.Duration
-	for _, name := range sortedKeys(after.cpu) {
-		d, ok := before.cpu[name]
-		if !ok {
-			continue
-		}
-		used := after.cpu[name] - d
+	for _, name := range sortedKeys(t.cpu) {
+		used := t.cpu[name]
 		total += used
-		fmt.Fprintf(tw, "  %s\t%.2f\t%.2f\n", name, used.Seconds()/wall.Seconds(), float64(used.Milliseconds())/float64(tasks))
+		fmt.Fprintf(tw, "  %s\t%.2f\t%.2f\n", name, used.Seconds()/t.wall.Seconds(), float64(used.Microseconds())/1000/float64(tasks))
 	}
-	fmt.Fprintf(tw, "  all of the above\t%.2f\t%.2f\n", total.Seconds()/wall.Seconds(), float64(total.Milliseconds())/float64(tasks))
+	fmt.Fprintf(tw, "  all of the above\t%.2f\t%.2f\n", total.Seconds()/t.wall.Seconds(), float64(total.Microseconds())/1000/float64(tasks))
 	_ = tw.Flush()
+}
+
+// startProfiles starts CPU profiles of length d (profileComponents) and
+// returns a function that waits until they are written.
+func (b *bench) startProfiles(ctx context.Context, cs []component, dir string, d time.Duration) (wait func()) {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		b.profileComponents(ctx, cs, dir, d)
+	}()
+	return func() { <-done }
 }
 
 // profileComponents takes a CPU profile of length d from the API server
@@ -203,5 +256,5 @@ func (b *bench) profileComponents(ctx context.Context, cs []component, dir strin
 		}
 	}
 	wg.Wait()
-	fmt.Printf("CPU profiles of %s in the throughput phase written to %s\n", d, dir)
+	fmt.Printf("CPU profiles of %s written to %s\n", d, dir)
 }
