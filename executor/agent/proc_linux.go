@@ -190,10 +190,20 @@ func killCgroup(path string) ([]int, error) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	if err := unix.Rmdir(path); err != nil && !errors.Is(err, unix.ENOENT) {
-		return procs, fmt.Errorf("removing cgroup %s: %w", path, err)
+	// A killed process stays charged to the cgroup until its parent reaps
+	// it, and the parent of an earlier incarnation's process is now the
+	// node's init or subreaper: rmdir fails with EBUSY until then.
+	deadline = time.Now().Add(5 * time.Second)
+	for {
+		err := unix.Rmdir(path)
+		if err == nil || errors.Is(err, unix.ENOENT) {
+			return procs, nil
+		}
+		if !errors.Is(err, unix.EBUSY) || time.Now().After(deadline) {
+			return procs, fmt.Errorf("removing cgroup %s: %w", path, err)
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
-	return procs, nil
 }
 
 func cgroupProcs(path string) ([]int, error) {
