@@ -483,6 +483,13 @@ func (e *Executor) tenantWorkDir(wd string) (string, error) {
 	if err != nil {
 		return "", startErr(ErrWorkingDirMissing, wd, err)
 	}
+	fi, err := os.Stat(dir)
+	switch {
+	case err != nil:
+		return "", startErr(ErrWorkingDirMissing, wd, err)
+	case !fi.IsDir():
+		return "", startErr(ErrWorkingDirNotDir, wd, nil)
+	}
 	within := func(path, dir string) bool { return path == dir || strings.HasPrefix(path, dir+"/") }
 	if dir == "/" {
 		return "", refuse("is the root directory, which would make the whole file system writable to the task")
@@ -497,7 +504,7 @@ func (e *Executor) tenantWorkDir(wd string) (string, error) {
 			return "", refuse(fmt.Sprintf("is or holds %s, which the agent hides from tasks", m))
 		}
 	}
-	if fi, err := os.Stat(dir); err == nil && fi.IsDir() && fi.Mode().Perm()&0o002 != 0 {
+	if fi.Mode().Perm()&0o002 != 0 {
 		return "", refuse("is writable by every user, so other tenants' tasks share it")
 	}
 	return dir, nil
