@@ -37,6 +37,8 @@ type options struct {
 	pprofAddr                      string
 	leaderElect                    bool
 	leaderElectionNamespace        string
+	leaseDuration, renewDeadline   time.Duration
+	retryPeriod                    time.Duration
 	agentService, agentNamespace   string
 	agentPortName, agentServerName string
 	certFile, keyFile, caFile      string
@@ -79,6 +81,9 @@ func newCommand() *cobra.Command {
 	f.StringVar(&o.pprofAddr, "pprof-bind-address", "", "address of the Go profiler's /debug/pprof endpoints (plain HTTP, unauthenticated: bind to loopback); empty or 0 disables them")
 	f.BoolVar(&o.leaderElect, "leader-elect", true, "elect one active replica through a Lease, so several replicas can run")
 	f.StringVar(&o.leaderElectionNamespace, "leader-election-namespace", "", "namespace of the leader-election Lease; empty means the namespace the controller runs in")
+	f.DurationVar(&o.leaseDuration, "leader-election-lease-duration", 15*time.Second, "how long a replica that is not the leader waits after the last renewal before it takes the Lease over")
+	f.DurationVar(&o.renewDeadline, "leader-election-renew-deadline", 10*time.Second, "how long the leader keeps trying to renew the Lease before it gives up leading (and exits); shorter than --leader-election-lease-duration")
+	f.DurationVar(&o.retryPeriod, "leader-election-retry-period", 2*time.Second, "time between two attempts to acquire or renew the Lease")
 	f.StringVar(&o.agentService, "agent-service", "bashtask-agent", "name of the agents' headless Service, whose EndpointSlices list the agents")
 	f.StringVar(&o.agentNamespace, "agent-namespace", "bashtask-system", "namespace of the agents' Service")
 	f.StringVar(&o.agentPortName, "agent-port-name", "grpc", "name of the agents' gRPC port in the EndpointSlices; empty takes the first port")
@@ -111,7 +116,27 @@ func newCommand() *cobra.Command {
 	return cmd
 }
 
+// checkLeaseTimes returns an error naming the flag when the leader-election
+// durations cannot work together. The rules are client-go's
+// (leaderelection.NewLeaderElector): the lease outlasts the renew deadline,
+// and the renew deadline leaves room for more than one retry with its
+// jitter (factor 1.2).
+func checkLeaseTimes(lease, renew, retry time.Duration) error {
+	switch {
+	case retry <= 0:
+		return fmt.Errorf("--leader-election-retry-period must be positive, got %s", retry)
+	case renew <= time.Duration(1.2*float64(retry)):
+		return fmt.Errorf("--leader-election-renew-deadline (%s) must be longer than 1.2 times --leader-election-retry-period (%s)", renew, retry)
+	case lease <= renew:
+		return fmt.Errorf("--leader-election-lease-duration (%s) must be longer than --leader-election-renew-deadline (%s)", lease, renew)
+	}
+	return nil
+}
+
 func run(cmd *cobra.Command, o *options) error {
+	if err := checkLeaseTimes(o.leaseDuration, o.renewDeadline, o.retryPeriod); err != nil {
+		return err
+	}
 	ctrl.SetLogger(zap.New(zap.UseFlagOptions(&o.zapOpts)))
 	log := ctrl.Log.WithName("setup")
 
@@ -150,6 +175,9 @@ func run(cmd *cobra.Command, o *options) error {
 		LeaderElection:          o.leaderElect,
 		LeaderElectionID:        "bashtask-controller.bashtask.dev",
 		LeaderElectionNamespace: o.leaderElectionNamespace,
+		LeaseDuration:           &o.leaseDuration,
+		RenewDeadline:           &o.renewDeadline,
+		RetryPeriod:             &o.retryPeriod,
 		Cache: cache.Options{
 			// managedFields are a large share of a cached object and the
 			// controller never reads them: at 10000 tasks that is memory
