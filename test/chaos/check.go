@@ -96,9 +96,13 @@ type Evidence struct {
 	Tasks []TaskInfo
 	// Events are the watch observations per task UID, in arrival order.
 	Events map[string][]Observation
-	// WatchGaps describe moments the watch lost events; any gap makes the
-	// watch-based checks unsound.
+	// WatchGaps name the tasks whose states the watch may have missed
+	// (they changed while it could not resume); any gap makes the
+	// watch-based checks unsound for that task.
 	WatchGaps []string
+	// WatchResumes describe the moments the watch re-read the state, for
+	// the report.
+	WatchResumes []string
 	// Starts are the start records per task UID.
 	Starts map[string][]StartRecord
 	// Objects are the bucket's objects by the URL the status names.

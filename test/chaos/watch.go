@@ -27,11 +27,12 @@ type recorder struct {
 	c  client.WithWatch
 	ns string
 
-	mu     sync.Mutex
-	events map[string][]Observation
-	byName map[string]*v1.BashTask
-	gaps   []string
-	rv     string
+	mu      sync.Mutex
+	events  map[string][]Observation
+	byName  map[string]*v1.BashTask
+	gaps    []string
+	resumes []string
+	rv      string
 }
 
 func newRecorder(ctx context.Context, c client.WithWatch, ns string) (*recorder, error) {
@@ -113,7 +114,11 @@ func (r *recorder) record(typ string, o *v1.BashTask) {
 	r.rv = o.ResourceVersion
 }
 
-// relist records a gap and reads the current state of every task.
+// relist re-reads the state of every task after the watch could not
+// resume (a restarted kube-apiserver's watch cache starts at the current
+// revision). A task whose resourceVersion is still the last one the watch
+// saw lost nothing; one that changed or vanished meanwhile may have had
+// states nobody saw, and is recorded as a gap naming it.
 func (r *recorder) relist(ctx context.Context, rv string, cause error) {
 	var list v1.BashTaskList
 	for ctx.Err() == nil {
@@ -122,10 +127,35 @@ func (r *recorder) relist(ctx context.Context, rv string, cause error) {
 		}
 		sleepCtx(ctx, 500*time.Millisecond)
 	}
+	if ctx.Err() != nil {
+		return
+	}
 	r.mu.Lock()
-	r.gaps = append(r.gaps, fmt.Sprintf("watch from rv %s refused (%v); state re-read at rv %s, events between are lost", rv, cause, list.ResourceVersion))
-	r.mu.Unlock()
+	r.resumes = append(r.resumes, fmt.Sprintf("watch from rv %s refused (%v); state re-read at rv %s", rv, cause, list.ResourceVersion))
+	listed := map[string]bool{}
+	var changed []int
 	for i := range list.Items {
+		o := &list.Items[i]
+		uid := string(o.UID)
+		listed[uid] = true
+		obs := r.events[uid]
+		switch {
+		case len(obs) == 0:
+			r.gaps = append(r.gaps, fmt.Sprintf("task %s appeared while the watch was down (rv %s); its states before are unseen", o.Name, o.ResourceVersion))
+			changed = append(changed, i)
+		case obs[len(obs)-1].ResourceVersion != o.ResourceVersion:
+			r.gaps = append(r.gaps, fmt.Sprintf("task %s changed while the watch was down (rv %s -> %s); states between are unseen",
+				o.Name, obs[len(obs)-1].ResourceVersion, o.ResourceVersion))
+			changed = append(changed, i)
+		}
+	}
+	for uid, obs := range r.events {
+		if last := obs[len(obs)-1]; !listed[uid] && last.Type != "DELETED" {
+			r.gaps = append(r.gaps, fmt.Sprintf("task uid %s was deleted while the watch was down (last seen rv %s); its final states are unseen", uid, last.ResourceVersion))
+		}
+	}
+	r.mu.Unlock()
+	for _, i := range changed {
 		r.record("RELIST", &list.Items[i])
 	}
 	r.mu.Lock()
@@ -180,15 +210,16 @@ func (r *recorder) unsettled(tasks []TaskInfo) []string {
 	return out
 }
 
-// snapshot returns a copy of the events and gaps.
-func (r *recorder) snapshot() (map[string][]Observation, []string) {
+// snapshot returns a copy of the events, the gaps, and the moments the
+// watch had to re-read the state.
+func (r *recorder) snapshot() (events map[string][]Observation, gaps, resumes []string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	ev := make(map[string][]Observation, len(r.events))
+	events = make(map[string][]Observation, len(r.events))
 	for k, v := range r.events {
-		ev[k] = append([]Observation(nil), v...)
+		events[k] = append([]Observation(nil), v...)
 	}
-	return ev, append([]string(nil), r.gaps...)
+	return events, append([]string(nil), r.gaps...), append([]string(nil), r.resumes...)
 }
 
 func sleepCtx(ctx context.Context, d time.Duration) {
