@@ -49,10 +49,9 @@ type TaskInfo struct {
 type Observation struct {
 	// At is when the harness received the event.
 	At time.Time
-	// Type is ADDED, MODIFIED, DELETED, or RELIST for a state read by a
-	// list after the watch lost events.
+	// Type is ADDED, MODIFIED or DELETED.
 	Type string
-	// ResourceVersion of the object.
+	// ResourceVersion of the object: the etcd revision of the write.
 	ResourceVersion string
 	// Generation is metadata.generation.
 	Generation int64
@@ -96,13 +95,9 @@ type Evidence struct {
 	Tasks []TaskInfo
 	// Events are the watch observations per task UID, in arrival order.
 	Events map[string][]Observation
-	// WatchGaps name the tasks whose states the watch may have missed
-	// (they changed while it could not resume); any gap makes the
-	// watch-based checks unsound for that task.
+	// WatchGaps describe revisions the watch did not see (compacted
+	// before it read them); any gap makes the watch-based checks unsound.
 	WatchGaps []string
-	// WatchResumes describe the moments the watch re-read the state, for
-	// the report.
-	WatchResumes []string
 	// Starts are the start records per task UID.
 	Starts map[string][]StartRecord
 	// Objects are the bucket's objects by the URL the status names.
@@ -180,7 +175,7 @@ func Check(e *Evidence) []Result {
 func (t TaskInfo) label() string { return t.Name }
 
 func checkWatchComplete(e *Evidence) Result {
-	r := Result{ID: "0", Name: "evidence: the watch saw every event of every task (no gap)", Checked: 1}
+	r := Result{ID: "0", Name: "evidence: the watch saw every stored state of every task (no gap)", Checked: 1}
 	for _, g := range e.WatchGaps {
 		r.Violations = append(r.Violations, Violation{Task: "watch", Evidence: g})
 	}

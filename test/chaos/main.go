@@ -221,7 +221,7 @@ func exercise(ctx context.Context, cfg config, c *cluster, plan []plannedTask, f
 	if err := w.prepare(ctx); err != nil {
 		return nil, err
 	}
-	rec, err := newRecorder(ctx, k8s, namespace)
+	rec, err := newRecorder(ctx, c.cp.Env.ControlPlane.Etcd.URL.String(), namespace)
 	if err != nil {
 		return nil, err
 	}
@@ -303,7 +303,7 @@ func exercise(ctx context.Context, cfg config, c *cluster, plan []plannedTask, f
 		return nil, fmt.Errorf("listing the tasks at the end: %w", err)
 	}
 	stopWatch()
-	e.Events, e.WatchGaps, e.WatchResumes = rec.snapshot()
+	e.Events, e.WatchGaps = rec.snapshot()
 	if err := readCommandStarts(startsDir, e.Starts); err != nil {
 		return nil, fmt.Errorf("reading the commands' start records: %w", err)
 	}
@@ -424,10 +424,6 @@ func report(out *os.File, cfg config, e *Evidence, results []Result) {
 	}
 	if worstName != "" {
 		fmt.Fprintf(out, "\nSlowest short task, creation to terminal status: %s (%s)\n", worst.Round(100*time.Millisecond), worstName)
-	}
-
-	for _, r := range e.WatchResumes {
-		fmt.Fprintf(out, "\nWatch: %s\n", r)
 	}
 
 	fmt.Fprintln(out, "\nInvariants:")

@@ -1,106 +1,206 @@
 package main
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"net/http"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/utils/ptr"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1 "github.com/bashtask/bashtask-operator/api/v1alpha1"
 )
 
 // recorder watches every BashTask of the namespace from before the first
-// is created, keeping each event as received. When the watch breaks (the
-// API server was killed, etcd paused) it resumes from the last
-// resourceVersion it saw, so no event is lost; if the server no longer has
-// that version (410 Gone), the gap is recorded and the state re-read by a
-// list.
+// is created, keeping each stored state as received. It watches etcd, the
+// API server's storage, under the namespace's key prefix (through etcd's
+// JSON gateway): that watch sees every write, whoever made it, survives a
+// restart of kube-apiserver (whose own watch cache starts again at the
+// current revision, so an API watch cannot resume across it) and resumes
+// after a pause of etcd from the next revision. Only a compaction of
+// revisions it has not seen would lose states; that is recorded as a gap.
 type recorder struct {
-	c  client.WithWatch
-	ns string
+	etcdURL string
+	prefix  string
+	hc      *http.Client
 
-	mu      sync.Mutex
-	events  map[string][]Observation
-	byName  map[string]*v1.BashTask
-	gaps    []string
-	resumes []string
-	rv      string
+	mu     sync.Mutex
+	events map[string][]Observation
+	byName map[string]*v1.BashTask
+	gaps   []string
+	rev    int64 // the last revision seen
 }
 
-func newRecorder(ctx context.Context, c client.WithWatch, ns string) (*recorder, error) {
-	r := &recorder{c: c, ns: ns, events: map[string][]Observation{}, byName: map[string]*v1.BashTask{}}
-	var list v1.BashTaskList
-	if err := c.List(ctx, &list, client.InNamespace(ns)); err != nil {
-		return nil, fmt.Errorf("listing BashTasks before the run: %w", err)
+// bashTaskPrefix is where kube-apiserver stores the BashTasks of ns: its
+// default --etcd-prefix, then group, resource and namespace.
+func bashTaskPrefix(ns string) string {
+	return "/registry/" + v1.GroupVersion.Group + "/bashtasks/" + ns + "/"
+}
+
+// prefixEnd is the end of the key range of prefix.
+func prefixEnd(prefix string) string {
+	b := []byte(prefix)
+	b[len(b)-1]++
+	return string(b)
+}
+
+// etcdKV and etcdEvent are etcd's mvccpb messages as its JSON gateway
+// writes them: bytes in base64, 64-bit integers as strings, zero values
+// left out (a PUT event has no type).
+type etcdKV struct {
+	Key            []byte `json:"key"`
+	Value          []byte `json:"value"`
+	CreateRevision int64  `json:"create_revision,string"`
+	ModRevision    int64  `json:"mod_revision,string"`
+}
+
+type etcdEvent struct {
+	Type   string  `json:"type"`
+	KV     *etcdKV `json:"kv"`
+	PrevKV *etcdKV `json:"prev_kv"`
+}
+
+type etcdHeader struct {
+	Revision int64 `json:"revision,string"`
+}
+
+func newRecorder(ctx context.Context, etcdURL, ns string) (*recorder, error) {
+	r := &recorder{etcdURL: strings.TrimSuffix(etcdURL, "/"), prefix: bashTaskPrefix(ns), hc: &http.Client{},
+		events: map[string][]Observation{}, byName: map[string]*v1.BashTask{}}
+	body, _ := json.Marshal(map[string]any{"key": []byte(r.prefix), "range_end": []byte(prefixEnd(r.prefix)), "count_only": true})
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, r.etcdURL+"/v3/kv/range", bytes.NewReader(body))
+	if err != nil {
+		return nil, err
 	}
-	if len(list.Items) != 0 {
-		return nil, fmt.Errorf("namespace %s already holds %d BashTasks", ns, len(list.Items))
+	resp, err := r.hc.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("reading %s from etcd at %s: %w", r.prefix, etcdURL, err)
 	}
-	r.rv = list.ResourceVersion
+	defer func() { _ = resp.Body.Close() }()
+	var out struct {
+		Header etcdHeader `json:"header"`
+		Count  int64      `json:"count,string"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil || resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("reading %s from etcd at %s: status %s: %v", r.prefix, etcdURL, resp.Status, err)
+	}
+	if out.Count != 0 {
+		return nil, fmt.Errorf("etcd already holds %d BashTasks under %s", out.Count, r.prefix)
+	}
+	if out.Header.Revision == 0 {
+		return nil, fmt.Errorf("etcd at %s answered without a revision", etcdURL)
+	}
+	r.rev = out.Header.Revision
 	return r, nil
 }
 
 // run watches until ctx ends.
 func (r *recorder) run(ctx context.Context) {
 	for ctx.Err() == nil {
-		r.mu.Lock()
-		rv := r.rv
-		r.mu.Unlock()
-		w, err := r.c.Watch(ctx, &v1.BashTaskList{}, client.InNamespace(r.ns),
-			&client.ListOptions{Raw: &metav1.ListOptions{ResourceVersion: rv, AllowWatchBookmarks: true}})
-		if err != nil {
-			if apierrors.IsResourceExpired(err) || apierrors.IsGone(err) {
-				r.relist(ctx, rv, err)
-			}
+		if err := r.watchOnce(ctx); err != nil && ctx.Err() == nil {
 			sleepCtx(ctx, 200*time.Millisecond)
-			continue
 		}
-		r.consume(ctx, w, rv)
-		w.Stop()
 	}
 }
 
-func (r *recorder) consume(ctx context.Context, w watch.Interface, startRV string) {
+// watchOnce opens one watch stream from the revision after the last seen
+// and records its events until the stream ends.
+func (r *recorder) watchOnce(ctx context.Context) error {
+	r.mu.Lock()
+	from := r.rev + 1
+	r.mu.Unlock()
+	body, _ := json.Marshal(map[string]any{"create_request": map[string]any{
+		"key": []byte(r.prefix), "range_end": []byte(prefixEnd(r.prefix)), "start_revision": strconv.FormatInt(from, 10), "prev_kv": true,
+	}})
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, r.etcdURL+"/v3/watch", bytes.NewReader(body))
+	if err != nil {
+		return err
+	}
+	resp, err := r.hc.Do(req)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = resp.Body.Close() }()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("etcd watch: %s", resp.Status)
+	}
+	dec := json.NewDecoder(resp.Body)
 	for {
-		select {
-		case <-ctx.Done():
-			return
-		case ev, ok := <-w.ResultChan():
-			if !ok {
-				return
-			}
-			switch ev.Type {
-			case watch.Error:
-				if st, ok := ev.Object.(*metav1.Status); ok && (st.Code == http.StatusGone || st.Reason == metav1.StatusReasonExpired) {
-					r.relist(ctx, startRV, fmt.Errorf("%s", st.Message))
-				}
-				return
-			case watch.Bookmark:
-				if o, ok := ev.Object.(*v1.BashTask); ok {
-					r.mu.Lock()
-					r.rv = o.ResourceVersion
-					r.mu.Unlock()
-				}
-			case watch.Added, watch.Modified, watch.Deleted:
-				o, ok := ev.Object.(*v1.BashTask)
-				if !ok {
-					continue
-				}
-				r.record(string(ev.Type), o)
-			}
+		var msg struct {
+			Result struct {
+				Header          etcdHeader  `json:"header"`
+				CompactRevision int64       `json:"compact_revision,string"`
+				Canceled        bool        `json:"canceled"`
+				CancelReason    string      `json:"cancel_reason"`
+				Events          []etcdEvent `json:"events"`
+			} `json:"result"`
+			Error *struct {
+				Message string `json:"message"`
+			} `json:"error"`
+		}
+		if err := dec.Decode(&msg); err != nil {
+			return err
+		}
+		if msg.Error != nil {
+			return fmt.Errorf("etcd watch: %s", msg.Error.Message)
+		}
+		res := msg.Result
+		if res.CompactRevision != 0 {
+			r.mu.Lock()
+			r.gaps = append(r.gaps, fmt.Sprintf("etcd compacted revisions %d to %d before the watch saw them", from, res.CompactRevision))
+			r.rev = res.CompactRevision - 1
+			r.mu.Unlock()
+			return nil
+		}
+		if res.Canceled {
+			return fmt.Errorf("etcd watch cancelled: %s", res.CancelReason)
+		}
+		for _, ev := range res.Events {
+			r.recordEvent(ev)
 		}
 	}
 }
 
-func (r *recorder) record(typ string, o *v1.BashTask) {
+func (r *recorder) recordEvent(ev etcdEvent) {
+	if ev.KV == nil {
+		return
+	}
+	kv, typ := ev.KV, "MODIFIED"
+	rev := ev.KV.ModRevision
+	switch {
+	case ev.Type == "DELETE":
+		typ = "DELETED"
+		kv = ev.PrevKV
+	case ev.KV.CreateRevision == ev.KV.ModRevision:
+		typ = "ADDED"
+	}
+	if kv == nil {
+		r.mu.Lock()
+		r.gaps = append(r.gaps, fmt.Sprintf("key %s deleted at revision %d without its last value", ev.KV.Key, rev))
+		r.rev = rev
+		r.mu.Unlock()
+		return
+	}
+	var o v1.BashTask
+	if err := json.Unmarshal(kv.Value, &o); err != nil {
+		r.mu.Lock()
+		r.gaps = append(r.gaps, fmt.Sprintf("value of %s at revision %d unreadable: %v", kv.Key, rev, err))
+		r.rev = rev
+		r.mu.Unlock()
+		return
+	}
+	// The stored object carries no resourceVersion: it is the revision.
+	o.ResourceVersion = strconv.FormatInt(rev, 10)
+	r.record(typ, &o, rev)
+}
+
+func (r *recorder) record(typ string, o *v1.BashTask, rev int64) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.events[string(o.UID)] = append(r.events[string(o.UID)], Observation{
@@ -111,56 +211,7 @@ func (r *recorder) record(typ string, o *v1.BashTask) {
 	} else {
 		r.byName[o.Name] = o.DeepCopy()
 	}
-	r.rv = o.ResourceVersion
-}
-
-// relist re-reads the state of every task after the watch could not
-// resume (a restarted kube-apiserver's watch cache starts at the current
-// revision). A task whose resourceVersion is still the last one the watch
-// saw lost nothing; one that changed or vanished meanwhile may have had
-// states nobody saw, and is recorded as a gap naming it.
-func (r *recorder) relist(ctx context.Context, rv string, cause error) {
-	var list v1.BashTaskList
-	for ctx.Err() == nil {
-		if err := r.c.List(ctx, &list, client.InNamespace(r.ns)); err == nil {
-			break
-		}
-		sleepCtx(ctx, 500*time.Millisecond)
-	}
-	if ctx.Err() != nil {
-		return
-	}
-	r.mu.Lock()
-	r.resumes = append(r.resumes, fmt.Sprintf("watch from rv %s refused (%v); state re-read at rv %s", rv, cause, list.ResourceVersion))
-	listed := map[string]bool{}
-	var changed []int
-	for i := range list.Items {
-		o := &list.Items[i]
-		uid := string(o.UID)
-		listed[uid] = true
-		obs := r.events[uid]
-		switch {
-		case len(obs) == 0:
-			r.gaps = append(r.gaps, fmt.Sprintf("task %s appeared while the watch was down (rv %s); its states before are unseen", o.Name, o.ResourceVersion))
-			changed = append(changed, i)
-		case obs[len(obs)-1].ResourceVersion != o.ResourceVersion:
-			r.gaps = append(r.gaps, fmt.Sprintf("task %s changed while the watch was down (rv %s -> %s); states between are unseen",
-				o.Name, obs[len(obs)-1].ResourceVersion, o.ResourceVersion))
-			changed = append(changed, i)
-		}
-	}
-	for uid, obs := range r.events {
-		if last := obs[len(obs)-1]; !listed[uid] && last.Type != "DELETED" {
-			r.gaps = append(r.gaps, fmt.Sprintf("task uid %s was deleted while the watch was down (last seen rv %s); its final states are unseen", uid, last.ResourceVersion))
-		}
-	}
-	r.mu.Unlock()
-	for _, i := range changed {
-		r.record("RELIST", &list.Items[i])
-	}
-	r.mu.Lock()
-	r.rv = list.ResourceVersion
-	r.mu.Unlock()
+	r.rev = rev
 }
 
 // task returns the latest state of the named task, or nil.
@@ -210,16 +261,15 @@ func (r *recorder) unsettled(tasks []TaskInfo) []string {
 	return out
 }
 
-// snapshot returns a copy of the events, the gaps, and the moments the
-// watch had to re-read the state.
-func (r *recorder) snapshot() (events map[string][]Observation, gaps, resumes []string) {
+// snapshot returns a copy of the events and the gaps.
+func (r *recorder) snapshot() (events map[string][]Observation, gaps []string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	events = make(map[string][]Observation, len(r.events))
 	for k, v := range r.events {
 		events[k] = append([]Observation(nil), v...)
 	}
-	return events, append([]string(nil), r.gaps...), append([]string(nil), r.resumes...)
+	return events, append([]string(nil), r.gaps...)
 }
 
 func sleepCtx(ctx context.Context, d time.Duration) {
