@@ -171,7 +171,7 @@ func (in *injector) inject(ctx context.Context, f plannedFault) (FaultWindow, er
 		a.proxy.heal()
 		w.End = time.Now()
 	case faultAPIServerKill:
-		w.Target, w.Allowance = "kube-apiserver", 10*time.Second
+		w.Target, w.Allowance = "kube-apiserver", set.leaseDuration+10*time.Second
 		w.Start = time.Now()
 		if err := c.killAPIServer(f.length); err != nil {
 			w.End = time.Now()

@@ -113,16 +113,6 @@ func (p *proc) run() (*exec.Cmd, chan struct{}, error) {
 	return cmd, p.exited, nil
 }
 
-// pid returns the current run's pid, 0 when none runs.
-func (p *proc) pid() int {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.cmd == nil || p.cmd.ProcessState != nil {
-		return 0
-	}
-	return p.cmd.Process.Pid
-}
-
 // kill sends SIGKILL to the current run and has the supervisor start the
 // next one restartAfter after it exited. It returns once the run exited.
 func (p *proc) kill(restartAfter time.Duration) error {

@@ -87,8 +87,11 @@ func newRecorder(ctx context.Context, etcdURL, ns string) (*recorder, error) {
 		Header etcdHeader `json:"header"`
 		Count  int64      `json:"count,string"`
 	}
-	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil || resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("reading %s from etcd at %s: status %s: %v", r.prefix, etcdURL, resp.Status, err)
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("reading %s from etcd at %s: status %s", r.prefix, etcdURL, resp.Status)
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
+		return nil, fmt.Errorf("reading %s from etcd at %s: %w", r.prefix, etcdURL, err)
 	}
 	if out.Count != 0 {
 		return nil, fmt.Errorf("etcd already holds %d BashTasks under %s", out.Count, r.prefix)
