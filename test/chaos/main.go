@@ -29,6 +29,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"math/rand/v2"
 	"os"
@@ -191,6 +192,10 @@ func run(ctx context.Context, cfg config) int {
 	}
 	results := Check(e)
 	report(os.Stdout, cfg, e, results)
+	if raw, err := json.MarshalIndent(e, "", " "); err == nil {
+		// Every observation of every task, for reading a failure.
+		_ = os.WriteFile(filepath.Join(tmp, "evidence.json"), raw, 0o600)
+	}
 	if Failed(results) {
 		fmt.Printf("chaos: FAILED; replay with CHAOS_SEED=%d\n", cfg.seed)
 		return 1
