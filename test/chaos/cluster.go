@@ -328,17 +328,23 @@ func (n *controllerNode) leads(ctx context.Context) bool {
 	return false
 }
 
-// leader returns the controller that leads now, or nil.
+// leader returns the controller that leads now, or nil. While two say
+// they lead (an old leader that has not yet noticed it lost the lease),
+// neither is taken for the leader: the harness waits for one.
 func (c *cluster) leader(ctx context.Context) *controllerNode {
+	var leading []*controllerNode
 	for _, n := range c.controllers {
 		n.proc.mu.Lock()
 		stopped := n.proc.stopped
 		n.proc.mu.Unlock()
 		if !stopped && n.leads(ctx) {
-			return n
+			leading = append(leading, n)
 		}
 	}
-	return nil
+	if len(leading) != 1 {
+		return nil
+	}
+	return leading[0]
 }
 
 // waitLeader waits until a controller leads.
@@ -349,7 +355,7 @@ func (c *cluster) waitLeader(ctx context.Context, timeout time.Duration) (*contr
 			return l, nil
 		}
 		if time.Now().After(deadline) {
-			return nil, fmt.Errorf("no controller leads after %s", timeout)
+			return nil, fmt.Errorf("no single controller leads after %s", timeout)
 		}
 		select {
 		case <-ctx.Done():

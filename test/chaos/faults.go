@@ -129,9 +129,9 @@ func (in *injector) inject(ctx context.Context, f plannedFault) (FaultWindow, er
 	leaderBack := func() bool { return c.leader(bg) != nil }
 	switch f.kind {
 	case faultControllerKill, faultControllerStop:
-		l := c.leader(bg)
-		if l == nil {
-			return w, fmt.Errorf("no controller leads now; skipped")
+		l, err := c.waitLeader(bg, 15*time.Second)
+		if err != nil {
+			return w, fmt.Errorf("%w; fault skipped", err)
 		}
 		w.Target = l.proc.name
 		w.Allowance = set.leaseDuration + 5*time.Second
