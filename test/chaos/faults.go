@@ -44,7 +44,7 @@ func planFaults(rng *rand.Rand, set settings, n int) []plannedFault {
 		if i < len(order) {
 			kind = order[i]
 		}
-		f := plannedFault{kind: kind, gap: time.Duration(3000+rng.IntN(7000)) * time.Millisecond, agent: rng.IntN(3)}
+		f := plannedFault{kind: kind, gap: time.Duration(2000+rng.IntN(4000)) * time.Millisecond, agent: rng.IntN(3)}
 		ms := func(lo, hi time.Duration) time.Duration {
 			return lo + time.Duration(rng.Int64N(int64(hi-lo)+1))
 		}
