@@ -155,6 +155,14 @@ test-cluster: build tools ## The Helm chart on a real one-node cluster (kubelet,
 	hack/setup-envtest.sh --node >/dev/null
 	$(GO) test $(TEST_FLAGS) -timeout $(CLUSTER_TIMEOUT) $(CLUSTER_PKGS)
 
+# The chaos run (test/chaos, docs/chaos.md): a local cluster of processes
+# under random faults, with invariants checked from independent evidence.
+# The seed is printed first; CHAOS_SEED replays a run, CHAOS_DURATION=30m
+# is the long profile.
+.PHONY: test-chaos
+test-chaos: envtest setup-s3 build ## Randomized faults on a local cluster (two controllers, three agents, S3); prints the seed, then the invariant table.
+	@$(GO) run ./test/chaos
+
 ##@ One-node cluster
 
 .PHONY: cluster-up

@@ -1,0 +1,220 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// Fault kinds.
+const (
+	faultControllerKill = "controller-kill"
+	faultControllerStop = "controller-stop"
+	faultAgentKill      = "agent-kill"
+	faultAPIServerKill  = "apiserver-kill"
+	faultEtcdStop       = "etcd-stop"
+	faultS3Stop         = "s3-stop"
+	faultS3Kill         = "s3-kill"
+	faultPartition      = "agent-partition"
+)
+
+var faultKinds = []string{faultControllerKill, faultControllerStop, faultAgentKill, faultAPIServerKill,
+	faultEtcdStop, faultS3Stop, faultS3Kill, faultPartition}
+
+// plannedFault is one fault decided from the seed: its kind, the pause
+// before it (after the previous fault recovered), its length and target.
+type plannedFault struct {
+	kind   string
+	gap    time.Duration
+	length time.Duration // stop or partition length, or delay before a restart
+	agent  int           // index of the target agent
+}
+
+// planFaults decides n faults: every kind once in a seeded order, then
+// kinds at random.
+func planFaults(rng *rand.Rand, set settings, n int) []plannedFault {
+	var out []plannedFault
+	order := append([]string(nil), faultKinds...)
+	rng.Shuffle(len(order), func(i, j int) { order[i], order[j] = order[j], order[i] })
+	for i := range n {
+		kind := faultKinds[rng.IntN(len(faultKinds))]
+		if i < len(order) {
+			kind = order[i]
+		}
+		f := plannedFault{kind: kind, gap: time.Duration(2000+rng.IntN(4000)) * time.Millisecond, agent: rng.IntN(3)}
+		ms := func(lo, hi time.Duration) time.Duration {
+			return lo + time.Duration(rng.Int64N(int64(hi-lo)+1))
+		}
+		switch kind {
+		case faultControllerKill:
+			f.length = ms(0, 4*time.Second)
+		case faultControllerStop:
+			f.length = set.leaseDuration + ms(2*time.Second, 6*time.Second)
+		case faultAgentKill:
+			// Sometimes back before --agent-lost-after, sometimes after.
+			f.length = ms(time.Second, set.agentLostAfter*3/2)
+		case faultAPIServerKill:
+			f.length = ms(0, 3*time.Second)
+		case faultEtcdStop:
+			f.length = ms(2*time.Second, 6*time.Second)
+		case faultS3Stop:
+			f.length = ms(3*time.Second, 15*time.Second)
+		case faultS3Kill:
+			f.length = ms(time.Second, 10*time.Second)
+		case faultPartition:
+			f.length = set.agentLostAfter + ms(3*time.Second, 10*time.Second)
+		}
+		out = append(out, f)
+	}
+	return out
+}
+
+// injector runs the planned faults one after the other until its context
+// ends, waiting after each for the component to serve again.
+type injector struct {
+	c   *cluster
+	log func(string, ...any)
+
+	mu     sync.Mutex
+	faults []FaultWindow
+}
+
+func (in *injector) run(ctx context.Context, plan []plannedFault) {
+	for _, f := range plan {
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(f.gap):
+		}
+		w, err := in.inject(ctx, f)
+		if err != nil {
+			in.log("fault %s: %v", f.kind, err)
+		}
+		if !w.Start.IsZero() {
+			in.mu.Lock()
+			in.faults = append(in.faults, w)
+			in.mu.Unlock()
+			in.log("fault %-16s %-14s %6.1fs (planned %s)", w.Kind, w.Target, w.End.Sub(w.Start).Seconds(), f.length.Round(100*time.Millisecond))
+		}
+	}
+}
+
+// windows returns the faults injected so far.
+func (in *injector) windows() []FaultWindow {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	return append([]FaultWindow(nil), in.faults...)
+}
+
+// waitFor polls ok until it holds or 2 minutes pass; it returns when it
+// stopped waiting.
+func waitFor(ctx context.Context, ok func() bool) time.Time {
+	deadline := time.Now().Add(2 * time.Minute)
+	for !ok() && time.Now().Before(deadline) && ctx.Err() == nil {
+		sleepCtx(ctx, 100*time.Millisecond)
+	}
+	return time.Now()
+}
+
+func (in *injector) inject(ctx context.Context, f plannedFault) (FaultWindow, error) {
+	c := in.c
+	set := c.set
+	w := FaultWindow{Kind: f.kind}
+	// The background context: once injected, a fault is always undone,
+	// even when the run's context ended meanwhile.
+	bg := context.WithoutCancel(ctx)
+	leaderBack := func() bool { return c.leader(bg) != nil }
+	switch f.kind {
+	case faultControllerKill, faultControllerStop:
+		l, err := c.waitLeader(bg, 15*time.Second)
+		if err != nil {
+			return w, fmt.Errorf("%w; fault skipped", err)
+		}
+		w.Target = l.proc.name
+		w.Allowance = set.leaseDuration + 5*time.Second
+		w.Start = time.Now()
+		if f.kind == faultControllerKill {
+			if err := l.proc.kill(f.length); err != nil {
+				w.End = time.Now()
+				return w, err
+			}
+		} else {
+			if err := l.proc.signal(syscall.SIGSTOP); err != nil {
+				w.End = time.Now()
+				return w, err
+			}
+			time.Sleep(f.length)
+			if err := l.proc.signal(syscall.SIGCONT); err != nil {
+				w.End = time.Now()
+				return w, err
+			}
+		}
+		w.End = waitFor(bg, leaderBack)
+	case faultAgentKill:
+		a := c.agents[f.agent]
+		w.Target, w.Allowance = a.Node, 5*time.Second
+		w.Start = time.Now()
+		if err := a.proc.kill(f.length); err != nil {
+			w.End = time.Now()
+			return w, err
+		}
+		w.End = waitFor(bg, func() bool { return waitHTTP(bg, a.healthURL, 0) == nil })
+	case faultPartition:
+		a := c.agents[f.agent]
+		w.Target, w.Allowance = a.Node, 5*time.Second
+		w.Start = time.Now()
+		a.proxy.partition()
+		time.Sleep(f.length)
+		a.proxy.heal()
+		w.End = time.Now()
+	case faultAPIServerKill:
+		w.Target, w.Allowance = "kube-apiserver", set.leaseDuration+10*time.Second
+		w.Start = time.Now()
+		if err := c.killAPIServer(f.length); err != nil {
+			w.End = time.Now()
+			return w, err
+		}
+		w.End = waitFor(bg, func() bool { return c.apiReady(bg) })
+	case faultEtcdStop:
+		pid, err := childByComm("etcd")
+		if err != nil {
+			return w, err
+		}
+		w.Target, w.Allowance = "etcd", set.leaseDuration+5*time.Second
+		w.Start = time.Now()
+		if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+			w.End = time.Now()
+			return w, err
+		}
+		time.Sleep(f.length)
+		err = syscall.Kill(pid, syscall.SIGCONT)
+		w.End = waitFor(bg, func() bool { return c.apiReady(bg) })
+		if err != nil {
+			return w, err
+		}
+	case faultS3Stop, faultS3Kill:
+		w.Target, w.Allowance = "versitygw", 5*time.Second
+		w.Start = time.Now()
+		if f.kind == faultS3Kill {
+			if err := c.s3.kill(f.length); err != nil {
+				w.End = time.Now()
+				return w, err
+			}
+		} else {
+			if err := c.s3.signal(syscall.SIGSTOP); err != nil {
+				w.End = time.Now()
+				return w, err
+			}
+			time.Sleep(f.length)
+			if err := c.s3.signal(syscall.SIGCONT); err != nil {
+				w.End = time.Now()
+				return w, err
+			}
+		}
+		w.End = waitFor(bg, func() bool { return c.s3Ready(bg) })
+	}
+	return w, nil
+}
