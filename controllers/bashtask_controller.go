@@ -566,6 +566,17 @@ func (r *BashTaskReconciler) reconcileFinished(ctx context.Context, bt *bashtask
 	}
 
 	if connected && !uploadPending(bt) && r.agents.Holds(node, string(bt.UID)) {
+		if ts, ok := r.agents.Latest(node, string(bt.UID)); ok && ts.GetState() == agentv1.TaskState_TASK_STATE_RUNNING {
+			// Recorded terminal while its agent still runs it: the node
+			// was declared lost while unreachable (AgentLost) and is back.
+			// The recorded outcome stands; the command is stopped, and
+			// the agent's report of its end brings the task here again to
+			// be forgotten.
+			if _, err := r.agents.CancelTask(ctx, node, string(bt.UID)); err != nil && !errors.Is(err, ErrTaskUnknown) {
+				return reconcile.Result{}, err
+			}
+			return reconcile.Result{}, nil
+		}
 		// The terminal status and the object references are recorded: the
 		// agent may drop its copy. Not earlier: an agent that forgot a task
 		// can no longer tell where its output went.

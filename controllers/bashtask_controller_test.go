@@ -469,7 +469,7 @@ func TestOwnerLimit(t *testing.T) {
 
 func TestAgentLost(t *testing.T) { // C30, agent gone
 	ns := newNamespace(t)
-	bt := newTask(ns, "lost", "echo before; sleep 60", func(bt *v1.BashTask) { bt.Spec.NodeName = ptr.To("node-c") })
+	bt := newTask(ns, "lost", "echo before; sleep 600", func(bt *v1.BashTask) { bt.Spec.NodeName = ptr.To("node-c") })
 	create(t, bt)
 	g := NewWithT(t)
 	g.Eventually(func(g Gomega) {
@@ -484,6 +484,16 @@ func TestAgentLost(t *testing.T) { // C30, agent gone
 	g.Expect(got.Status.Reason).To(HaveValue(Equal(v1.ReasonAgentLost)))
 	g.Expect(got.Status.Stdout.Tail).To(HaveValue(Equal("before\n")), "output captured before the loss is kept")
 	g.Expect(time.Since(stoppedAt)).To(BeNumerically(">=", agentLostAfter-500*time.Millisecond))
+	// The agent comes back with the command still running: the recorded
+	// outcome stands, the command is stopped and the agent forgets it.
+	agentC := rig.Agents["node-c"]
+	g.Expect(agentC.Reconnect()).To(Succeed())
+	g.Eventually(func(g Gomega) {
+		_, err := agentC.Server.Get(t.Context(), &agentv1.GetRequest{Uid: string(got.UID)})
+		g.Expect(status.Code(err)).To(Equal(codes.NotFound), "the agent still holds the task: %v", err)
+	}).WithTimeout(10 * time.Second).Should(Succeed(), "stopped at once, not when something else notices")
+	g.Expect(get(g, bt).Status.Reason).To(HaveValue(Equal(v1.ReasonAgentLost)))
+	agentC.Disconnect()
 	// Deleting a task of a lost agent does not wait for the agent.
 	g.Expect(k8s.Delete(t.Context(), bt)).To(Succeed())
 	g.Eventually(func() bool {
