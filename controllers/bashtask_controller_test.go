@@ -491,7 +491,7 @@ func TestAgentLost(t *testing.T) { // C30, agent gone
 	g.Eventually(func(g Gomega) {
 		_, err := agentC.Server.Get(t.Context(), &agentv1.GetRequest{Uid: string(got.UID)})
 		g.Expect(status.Code(err)).To(Equal(codes.NotFound), "the agent still holds the task: %v", err)
-	}).WithTimeout(10 * time.Second).Should(Succeed(), "stopped at once, not when something else notices")
+	}).WithTimeout(10*time.Second).Should(Succeed(), "stopped at once, not when something else notices")
 	g.Expect(get(g, bt).Status.Reason).To(HaveValue(Equal(v1.ReasonAgentLost)))
 	agentC.Disconnect()
 	// Deleting a task of a lost agent does not wait for the agent.
