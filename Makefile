@@ -132,7 +132,7 @@ envtest: ## Build kube-apiserver, etcd and kubectl from the Go module proxy into
 	hack/setup-envtest.sh >/dev/null
 
 .PHONY: test
-test: test-unit test-integration test-e2e test-cluster ## Run unit, integration (real API server), e2e, then the one-node cluster tests.
+test: test-unit test-integration test-e2e test-chaos test-cluster ## Run unit, integration (real API server), e2e, the short fault run, then the one-node cluster tests.
 
 .PHONY: test-unit
 test-unit: ## Unit tests (no control plane), with the race detector.
