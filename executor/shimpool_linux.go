@@ -118,7 +118,10 @@ func (sp *shimProc) awaitReady() error {
 	buf := make([]byte, len(shim.ReadyLine))
 	if _, err := io.ReadFull(sp.repR, buf); err != nil || string(buf) != shim.ReadyLine {
 		sp.discard()
-		return fmt.Errorf("the shim did not report ready: %q, %v", buf, err)
+		if err == nil {
+			err = fmt.Errorf("it reported %q", buf)
+		}
+		return fmt.Errorf("the shim did not report ready: %w", err)
 	}
 	return nil
 }

@@ -1,6 +1,7 @@
 package exampletasks
 
 import (
+	"errors"
 	"os/exec"
 	"testing"
 
@@ -43,7 +44,8 @@ func TestRunCounterUnreachableFails(t *testing.T) {
 		t.Fatal(err)
 	}
 	out, err := exec.Command("bash", "-c", cmd).CombinedOutput()
-	if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 97 {
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != 97 {
 		t.Fatalf("counting command with the counter closed: %v, output %q; want exit 97", err, out)
 	}
 }
