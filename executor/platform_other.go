@@ -22,6 +22,9 @@ func (t *Task) PID() int { return 0 }
 // 0 outside Linux.
 func (t *Task) ProcessStart() uint64 { return 0 }
 
+// Isolation is the isolation the task got; always empty outside Linux.
+func (t *Task) Isolation() IsolationResult { return IsolationResult{} }
+
 // PooledShim reports whether the task took a shim started ahead of it;
 // always false outside Linux.
 func (t *Task) PooledShim() bool { return false }

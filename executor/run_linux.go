@@ -244,6 +244,10 @@ func (t *Task) ProcessStart() uint64 { return t.sys.startTicks }
 // to start.
 func (t *Task) PooledShim() bool { return t.sys.pooledShim }
 
+// Isolation is the isolation the task got, as [Result.Isolation] will
+// report it; known once Start returned, so a running task can show it.
+func (t *Task) Isolation() IsolationResult { return t.sys.iso }
+
 // CgroupPath is the absolute path of the task's own cgroup directory, empty
 // when the task has none (MechanismProcessGroup). The executor removes the
 // directory when the task ends.

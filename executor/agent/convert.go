@@ -92,17 +92,23 @@ func applyResult(status *agentv1.TaskStatus, r executor.Result) {
 	status.LimitsNotEnforced = append([]string(nil), r.LimitsNotEnforced...)
 	status.Stdout = streamStatus(r.Stdout)
 	status.Stderr = streamStatus(r.Stderr)
-	if r.Isolation.Level != "" {
-		iso := r.Isolation
-		status.Isolation = &agentv1.TaskIsolation{
-			Level:       string(iso.Level),
-			User:        iso.UID,
-			Namespaces:  append([]string(nil), iso.Namespaces...),
-			LandlockAbi: int32(iso.LandlockABI),
-			Seccomp:     iso.Seccomp,
-			Network:     apiNetwork(iso.Network),
-			PidsLimit:   iso.PidsLimit,
-		}
+	status.Isolation = taskIsolation(r.Isolation)
+}
+
+// taskIsolation is the protocol's form of iso, nil when iso says nothing
+// (a task that did not start).
+func taskIsolation(iso executor.IsolationResult) *agentv1.TaskIsolation {
+	if iso.Level == "" {
+		return nil
+	}
+	return &agentv1.TaskIsolation{
+		Level:       string(iso.Level),
+		User:        iso.UID,
+		Namespaces:  append([]string(nil), iso.Namespaces...),
+		LandlockAbi: int32(iso.LandlockABI),
+		Seccomp:     iso.Seccomp,
+		Network:     apiNetwork(iso.Network),
+		PidsLimit:   iso.PidsLimit,
 	}
 }
 

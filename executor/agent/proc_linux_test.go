@@ -124,8 +124,13 @@ func TestStartRecordsProcessIdentity(t *testing.T) {
 	r := newRig(t)
 	_, next := r.watch()
 	const uid = "uid-identity"
-	if _, err := r.client.Start(t.Context(), &agentv1.StartRequest{Spec: taskSpec(uid, "exec sleep 60")}); err != nil {
+	resp, err := r.client.Start(t.Context(), &agentv1.StartRequest{Spec: taskSpec(uid, "exec sleep 60")})
+	if err != nil {
 		t.Fatal(err)
+	}
+	// A running task shows the isolation it got, not only a finished one.
+	if st := resp.GetStatus(); st.GetState() != agentv1.TaskState_TASK_STATE_RUNNING || st.GetIsolation().GetLevel() != string(r.srv.ex.Isolation()) {
+		t.Errorf("Start answered state %s, isolation %v; want a running task at level %s", st.GetState(), st.GetIsolation(), r.srv.ex.Isolation())
 	}
 	rec, _, err := r.srv.store.read(uid)
 	if err != nil {

@@ -532,6 +532,9 @@ func (s *Server) Start(ctx context.Context, req *agentv1.StartRequest) (*agentv1
 	}
 	rec.Process.PID, rec.Process.StartTicks = task.PID(), task.ProcessStart()
 	rec.Process.Cgroup = task.CgroupPath()
+	// What the task got is known now: a running task shows it, not only
+	// a finished one.
+	st.Isolation = taskIsolation(task.Isolation())
 	if es.WorkingDir == "" {
 		rec.Process.WorkDir = task.WorkingDir()
 	}
