@@ -354,22 +354,16 @@ func (e *Executor) prepare(spec Spec) (*prepared, error) {
 	if err := checkShell(e.shell); err != nil {
 		return nil, err
 	}
-	if p.WorkingDir != "" && e.isolation == IsolationTenant {
+	switch {
+	case p.WorkingDir != "" && e.isolation == IsolationTenant:
 		dir, err := e.tenantWorkDir(p.WorkingDir)
 		if err != nil {
 			return nil, err
 		}
 		p.WorkingDir = dir
-	}
-	if p.WorkingDir != "" {
-		fi, err := os.Stat(p.WorkingDir)
-		switch {
-		case errors.Is(err, os.ErrNotExist):
-			return nil, startErr(ErrWorkingDirMissing, p.WorkingDir, nil)
-		case err != nil:
-			return nil, startErr(ErrWorkingDirMissing, p.WorkingDir, err)
-		case !fi.IsDir():
-			return nil, startErr(ErrWorkingDirNotDir, p.WorkingDir, nil)
+	case p.WorkingDir != "":
+		if _, err := statWorkDir(p.WorkingDir, p.WorkingDir); err != nil {
+			return nil, err
 		}
 	}
 	if err := p.setupSpillDir(); err != nil {
@@ -456,6 +450,22 @@ func (d *spillDir) ensure() error {
 	return d.err
 }
 
+// statWorkDir checks that path, the working directory named as name in
+// errors, exists and is a directory, with ErrWorkingDirMissing or
+// ErrWorkingDirNotDir when not.
+func statWorkDir(path, name string) (os.FileInfo, error) {
+	fi, err := os.Stat(path)
+	switch {
+	case errors.Is(err, os.ErrNotExist):
+		return nil, startErr(ErrWorkingDirMissing, name, nil)
+	case err != nil:
+		return nil, startErr(ErrWorkingDirMissing, name, err)
+	case !fi.IsDir():
+		return nil, startErr(ErrWorkingDirNotDir, name, nil)
+	}
+	return fi, nil
+}
+
 // tenantSharedDirs are where a working directory named in the spec may
 // not lie at IsolationTenant: the task's shim mounts a fresh /proc, a
 // private /tmp and /dev/shm, and the node's /sys and /dev are the node's;
@@ -483,12 +493,9 @@ func (e *Executor) tenantWorkDir(wd string) (string, error) {
 	if err != nil {
 		return "", startErr(ErrWorkingDirMissing, wd, err)
 	}
-	fi, err := os.Stat(dir)
-	switch {
-	case err != nil:
-		return "", startErr(ErrWorkingDirMissing, wd, err)
-	case !fi.IsDir():
-		return "", startErr(ErrWorkingDirNotDir, wd, nil)
+	fi, err := statWorkDir(dir, wd)
+	if err != nil {
+		return "", err
 	}
 	within := func(path, dir string) bool { return path == dir || strings.HasPrefix(path, dir+"/") }
 	if dir == "/" {

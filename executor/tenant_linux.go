@@ -101,7 +101,8 @@ func (e *Executor) newShimLaunch(p *prepared, cgroupPids bool) *shimLaunch {
 // command ran and the shim is gone.
 func (e *Executor) startTenant(t *Task) error {
 	s, p := &t.sys, t.spec
-	l := e.newShimLaunch(p, slices.Contains(e.Controllers(), "pids"))
+	// The parent's list as it is: Controllers would copy it on every start.
+	l := e.newShimLaunch(p, e.cg != nil && slices.Contains(e.cg.controllers, "pids"))
 	s.iso = l.iso
 	var sp *shimProc
 	if e.pool != nil {
