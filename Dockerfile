@@ -30,7 +30,7 @@ COPY internal/ internal/
 # Static binaries (no cgo): the controller's base has no C library.
 RUN --mount=type=cache,target=/go/pkg/mod --mount=type=cache,target=/root/.cache/go-build \
     CGO_ENABLED=0 GOOS=${TARGETOS} GOARCH=${TARGETARCH} \
-    go build -trimpath -ldflags='-s -w' -o /out/ ./cmd/bashtask-controller ./cmd/bashtask-agent
+    go build -trimpath -ldflags='-s -w' -o /out/ ./cmd/bashtask-controller ./cmd/bashtask-agent ./cmd/bashtask-shim
 
 FROM ${CONTROLLER_BASE_IMAGE} AS controller
 ARG VERSION=dev
@@ -68,6 +68,9 @@ RUN apt-get update \
 RUN groupadd --gid 10001 bashtask \
  && useradd --uid 10001 --gid 10001 --create-home --home-dir /home/bashtask --shell /bin/bash bashtask
 COPY --from=build /out/bashtask-agent /usr/local/bin/bashtask-agent
+# Each task's shim at the tenant isolation level: the agent starts it from
+# beside its own binary (docs/agent.md, --shim-path).
+COPY --from=build /out/bashtask-shim /usr/local/bin/bashtask-shim
 # The agent itself runs as root: it creates the tasks' cgroups, starts each
 # task as the unprivileged user above and must be able to signal every
 # process a task started. docs/install.md explains each privilege.

@@ -117,9 +117,17 @@ demo: ## Start a local cluster, run every example in examples/, check the outcom
 ##@ Build
 
 .PHONY: build
-build: ## Build every binary into bin/.
+build: ## Build every package, and every binary into bin/.
 	$(GO) build ./...
-	@if [[ -n "$$($(GO) list ./cmd/... 2>/dev/null)" ]]; then $(GO) build -o $(LOCALBIN)/ ./cmd/...; fi
+	$(MAKE) -s binaries
+
+# bashtask-shim is built static, as in the images: it starts once per task
+# at the agent's tenant level, and a static binary skips the dynamic loader
+# and the C library's start.
+.PHONY: binaries
+binaries: ## Build every binary into bin/.
+	$(GO) build -o $(LOCALBIN)/ ./cmd/...
+	CGO_ENABLED=0 $(GO) build -o $(LOCALBIN)/bashtask-shim ./cmd/bashtask-shim
 
 ##@ Test
 

@@ -239,6 +239,15 @@ func removeAll(dir string) error { return os.RemoveAll(dir) }
 // Isolation is the executor's isolation level.
 func (e *Executor) Isolation() Isolation { return e.isolation }
 
+// ShimPath is the binary started as each task's shim at IsolationTenant
+// (Config.ShimPath, or DefaultShimPath); empty at the other levels.
+func (e *Executor) ShimPath() string {
+	if e.isolation != IsolationTenant {
+		return ""
+	}
+	return e.shimPath
+}
+
 func slices0(s []string) []string { return append([]string(nil), s...) }
 
 // Mechanism says how tasks of this executor are held: MechanismCgroup when

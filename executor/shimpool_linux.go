@@ -5,7 +5,6 @@ package executor
 import (
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 	"slices"
@@ -111,16 +110,24 @@ func (e *Executor) startShim(network Network, cg *taskCgroup) (_ *shimProc, err 
 }
 
 // awaitReady waits for the shim's ready report, so that a pooled shim is
-// taken only once it runs, and discards the shim when it does not come.
-// Nothing else is in the pipe before the Config is sent, so the line is
-// read without a buffer that could keep later reports.
+// taken only once it runs, and discards the shim when it does not come or
+// names another protocol (a shim binary of another build). Nothing else is
+// in the pipe before the Config is sent, and the shim writes the line in
+// one write of less than PIPE_BUF bytes, which pipe(7) makes atomic: one
+// read returns the whole line, whatever its length, and no later report.
 func (sp *shimProc) awaitReady() error {
-	buf := make([]byte, len(shim.ReadyLine))
-	if _, err := io.ReadFull(sp.repR, buf); err != nil || string(buf) != shim.ReadyLine {
-		sp.discard()
-		if err == nil {
-			err = fmt.Errorf("it reported %q", buf)
+	buf := make([]byte, 64)
+	n, err := sp.repR.Read(buf)
+	if err == nil && string(buf[:n]) != shim.ReadyLine {
+		line := strings.TrimSuffix(string(buf[:n]), "\n")
+		if _, perr := shim.ParseReport(line); perr != nil {
+			err = perr
+		} else {
+			err = fmt.Errorf("it reported %q", line)
 		}
+	}
+	if err != nil {
+		sp.discard()
 		return fmt.Errorf("the shim did not report ready: %w", err)
 	}
 	return nil
@@ -281,7 +288,7 @@ func (p *shimPool) start(network Network) (*shimProc, error) {
 	}
 	sp.cg = cg
 	if err := sp.awaitReady(); err != nil {
-		return nil, err
+		return nil, fmt.Errorf("%s: %w", p.e.shimPath, err)
 	}
 	return sp, nil
 }

@@ -38,10 +38,11 @@ func (ts *tenantSys) gone() bool {
 }
 
 // shimLaunch is what a task's shim is given: its Config, and the
-// isolation the task gets from it.
+// isolation the task gets from it; path is the shim's binary.
 type shimLaunch struct {
-	cfg shim.Config
-	iso IsolationResult
+	cfg  shim.Config
+	iso  IsolationResult
+	path string
 }
 
 // newShimLaunch prepares the shim Config of p. cgroupPids says whether the
@@ -49,6 +50,7 @@ type shimLaunch struct {
 // not set RLIMIT_NPROC.
 func (e *Executor) newShimLaunch(p *prepared, cgroupPids bool) *shimLaunch {
 	l := &shimLaunch{
+		path: e.shimPath,
 		cfg: shim.Config{
 			Shell:        e.shell,
 			Command:      p.Command,
@@ -175,7 +177,10 @@ func (l *shimLaunch) handshake(sp *shimProc) (<-chan exitStatus, *tenantSys, err
 	}
 	r := bufio.NewReader(sp.repR)
 	rep, err := readReport(r)
-	if err == nil && rep.Ready {
+	if err != nil {
+		// The shim did not run, or is of another build: name the binary.
+		err = fmt.Errorf("%s: %w", l.path, err)
+	} else if rep.Ready {
 		rep, err = readReport(r)
 	}
 	if err == nil && rep.Step != "" {

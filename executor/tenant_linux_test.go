@@ -4,6 +4,7 @@ package executor
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -11,6 +12,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/bashtask/bashtask-operator/executor/shim"
 )
 
 // The executor cases (CASES.md C01-C27) hold at the tenant level too: the
@@ -117,16 +120,47 @@ func TestTenantView(t *testing.T) {
 	}
 }
 
-// The task's signals to its PID 1 do not crash the shim; SIGTERM to it
-// stops the task as a stop from the agent does.
+// The task's signals to its PID 1 do not crash the shim, whichever the
+// signal (all 64 but the three it forwards, SIGHUP, SIGINT and SIGTERM,
+// and SIGKILL and SIGSTOP, which the kernel does not deliver to PID 1 from
+// inside its namespace); SIGTERM to it stops the task as a stop from the
+// agent does.
 func TestTaskSignalsItsShim(t *testing.T) {
 	t.Parallel()
 	ex := newTestExecutor(t, CgroupAuto, func(c *Config) { c.Isolation = IsolationTenant })
-	spec := testSpec(t, `for s in QUIT ABRT USR1 SYS; do kill -$s 1; done; sleep 0.2; echo alive; kill -TERM 1; sleep 5; echo not-stopped`)
+	spec := testSpec(t, `for s in $(seq 64); do case $s in 1|2|9|15|19) continue; esac; kill -n $s 1 || exit; done
+sleep 0.2; echo alive; kill -TERM 1; sleep 5; echo not-stopped`)
 	spec.User = &User{UID: 2000124, GID: 2000124}
 	res := run(t, ex, spec)
 	if res.Stdout.Tail != "alive\n" || res.Reason != ReasonSignaled || res.Signal != "SIGTERM" {
 		t.Errorf("%s %s %q: want alive, then Signaled by SIGTERM", res.Reason, res.Signal, res.Stdout.Tail)
+	}
+}
+
+// A shim binary of another build (its ready report names another protocol,
+// or none, as before protocols) is refused when the executor starts, by its
+// probe task, with both protocols in the error; it is never given a Config.
+func TestShimOfAnotherBuildIsRefused(t *testing.T) {
+	t.Parallel()
+	for name, ready := range map[string]string{"no protocol": "ready", "another protocol": "ready 0"} {
+		t.Run(name, func(t *testing.T) {
+			dir := t.TempDir()
+			stale := filepath.Join(dir, "bashtask-shim")
+			got := filepath.Join(dir, "config-read")
+			script := fmt.Sprintf("#!/bin/sh\necho '%s' >&4\ncat <&3 > %s\n", ready, got)
+			if err := os.WriteFile(stale, []byte(script), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			_, err := New(Config{Cgroups: CgroupAuto, CgroupParent: fmt.Sprintf("bashtask-test-%d-%d", os.Getpid(), executorSeq.Add(1)),
+				WorkDirRoot: t.TempDir(), Isolation: IsolationTenant, ShimPath: stale})
+			if err == nil || !strings.Contains(err.Error(), "protocol") || !strings.Contains(err.Error(), shim.Protocol) {
+				t.Fatalf("New with %s: %v; want an error naming the protocols", name, err)
+			}
+			t.Log(err)
+			if data, _ := os.ReadFile(got); len(data) > 0 {
+				t.Errorf("the stale shim was given a Config: %q", data)
+			}
+		})
 	}
 }
 

@@ -20,7 +20,7 @@ die() { printf 'demo: error: %s\n' "$*" >&2; exit 1; }
 say "Building the binaries and the control plane (the first time takes several minutes)"
 # Side by side: the project's binaries compile while the control plane's
 # modules download and its links run on one core.
-go build -o bin/ ./cmd/... &
+make -s binaries &
 build=$!
 hack/setup-envtest.sh >/dev/null || { wait "${build}" || true; die "building the control plane failed"; }
 wait "${build}" || die "building the binaries failed"

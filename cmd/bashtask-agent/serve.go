@@ -75,6 +75,7 @@ type serveOptions struct {
 	taskTmpSize        int64
 	taskProcs          int64
 	shimPoolSize       int
+	shimPath           string
 	backoffInitial     time.Duration
 	backoffMax         time.Duration
 	uploadTimeout      time.Duration
@@ -142,6 +143,7 @@ func bindServeFlags(f *pflag.FlagSet, o *serveOptions) {
 	f.StringVar(&o.taskUIDRange, "task-uid-range", agent.DefaultTaskUIDRange.String(), "FIRST-LAST range of UIDs leased to tasks at --isolation=tenant, one per live task")
 	f.StringVar(&o.taskNetwork, "task-network", string(executor.NetworkNode), "network of tasks whose spec names none: node (whatever this pod reaches) or none (only loopback; needs --isolation=tenant)")
 	f.Int64Var(&o.taskTmpSize, "task-tmp-size", executor.DefaultTmpSizeBytes, "size in bytes of each task's private /tmp and /dev/shm at --isolation=tenant")
+	f.StringVar(&o.shimPath, "shim-path", "", "absolute path of the binary started as each task's shim at --isolation=tenant; empty: "+shimBinary+" beside this binary when it is there, else this binary itself")
 	f.IntVar(&o.shimPoolSize, "shim-pool-size", executor.DefaultShimPoolSize, "task shims kept started ahead of tasks at --isolation=tenant, per network tasks ask for (each a blocked process of a few MiB, in a cgroup of its own); 0 for none")
 	f.Int64Var(&o.taskProcs, "task-procs", executor.DefaultTaskProcs, "processes and threads of one task at --isolation=tenant when its spec sets no pids limit (pids.max, else RLIMIT_NPROC on its UID); -1 for no limit")
 	f.DurationVar(&o.backoffInitial, "upload-backoff-initial", agent.DefaultUploadBackoffInitial, "wait after the first failed upload; doubled after each further failure")
@@ -322,6 +324,10 @@ func (o *serveOptions) agentConfig(log *slog.Logger) (agent.Config, error) {
 	if o.shimPoolSize < 0 || o.shimPoolSize > maxShimPoolSize {
 		return agent.Config{}, fmt.Errorf("--shim-pool-size %d: want 0 (none) to %d", o.shimPoolSize, maxShimPoolSize)
 	}
+	shimPath, err := resolveShimPath(o.shimPath)
+	if err != nil {
+		return agent.Config{}, err
+	}
 	if o.taskIdentity != "leased" && o.taskIdentity != "shared" {
 		return agent.Config{}, fmt.Errorf("--task-identity %q: want leased or shared", o.taskIdentity)
 	}
@@ -358,6 +364,7 @@ func (o *serveOptions) agentConfig(log *slog.Logger) (agent.Config, error) {
 			TmpSizeBytes:     o.taskTmpSize,
 			TaskProcs:        o.taskProcs,
 			ShimPoolSize:     cmp.Or(o.shimPoolSize, -1),
+			ShimPath:         shimPath,
 			MaskPaths:        mask,
 		},
 		RunAs:                user,
@@ -369,6 +376,48 @@ func (o *serveOptions) agentConfig(log *slog.Logger) (agent.Config, error) {
 		UploadTimeout:        o.uploadTimeout,
 		Logger:               log,
 	}, nil
+}
+
+// shimBinary is the file name of the shim binary (cmd/bashtask-shim) that
+// --shim-path looks for beside the agent's own binary.
+const shimBinary = "bashtask-shim"
+
+// resolveShimPath returns the task shim the executor starts at the tenant
+// level. A --shim-path flag must name an absolute path of an executable
+// regular file; without it, bashtask-shim in the directory of this binary
+// when it is one, else this binary itself (executor.DefaultShimPath), which
+// is a shim too. A wrong build of the shim is refused later, by the
+// executor's probe task: the shim's ready report names its protocol.
+func resolveShimPath(flag string) (string, error) {
+	usable := func(p string) error {
+		fi, err := os.Stat(p)
+		switch {
+		case err != nil:
+			return err
+		case !fi.Mode().IsRegular():
+			return errors.New("not a regular file")
+		case fi.Mode().Perm()&0o111 == 0:
+			return errors.New("not executable")
+		}
+		return nil
+	}
+	if flag != "" {
+		if !filepath.IsAbs(flag) {
+			return "", fmt.Errorf("--shim-path %q: want an absolute path", flag)
+		}
+		if err := usable(flag); err != nil {
+			return "", fmt.Errorf("--shim-path %s: %w", flag, err)
+		}
+		return flag, nil
+	}
+	self, err := os.Executable()
+	if err != nil {
+		return executor.DefaultShimPath, nil
+	}
+	if beside := filepath.Join(filepath.Dir(self), shimBinary); usable(beside) == nil {
+		return beside, nil
+	}
+	return executor.DefaultShimPath, nil
 }
 
 // parseUser reads "UID" or "UID:GID" (numeric; a bare UID uses the same

@@ -1,8 +1,12 @@
 package main
 
 import (
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/bashtask/bashtask-operator/executor"
 )
 
 func TestServeRejectsShimPoolSizeOutOfRange(t *testing.T) {
@@ -11,5 +15,45 @@ func TestServeRejectsShimPoolSizeOutOfRange(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), "--shim-pool-size "+v+": want 0 (none) to 64") {
 			t.Errorf("serve --shim-pool-size=%s: %v, want the flag's range in the error", v, err)
 		}
+	}
+}
+
+func TestServeRejectsUnusableShimPath(t *testing.T) {
+	dir := t.TempDir()
+	notExec := filepath.Join(dir, "shim")
+	if err := os.WriteFile(notExec, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for path, want := range map[string]string{
+		"bashtask-shim":               `--shim-path "bashtask-shim": want an absolute path`,
+		filepath.Join(dir, "missing"): "no such file",
+		dir:                           "not a regular file",
+		notExec:                       "not executable",
+	} {
+		_, err := execute(t, "serve", "--state-dir", t.TempDir(), "--shim-path="+path)
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("serve --shim-path=%s: %v, want %q in the error", path, err, want)
+		}
+	}
+}
+
+// Without --shim-path the agent starts bashtask-shim from beside its own
+// binary when there is one, and itself otherwise.
+func TestShimPathDefault(t *testing.T) {
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	beside := filepath.Join(filepath.Dir(self), shimBinary)
+	got, err := resolveShimPath("")
+	if err != nil || got != executor.DefaultShimPath {
+		t.Fatalf("without a shim beside the test binary: %q, %v; want %s", got, err, executor.DefaultShimPath)
+	}
+	if err := os.WriteFile(beside, []byte("#!/bin/true\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.Remove(beside) })
+	if got, err = resolveShimPath(""); err != nil || got != beside {
+		t.Errorf("with a shim beside the test binary: %q, %v; want %s", got, err, beside)
 	}
 }

@@ -1024,7 +1024,7 @@ func (s *Server) updateReadinessLocked() {
 			s.ex = ex
 			s.log.Info("executor ready", "shell", s.cfg.Executor.Shell, "mechanism", string(ex.Mechanism()),
 				"cgroup", ex.CgroupPath(), "controllers", ex.Controllers(), "ambientEnv", string(ex.AmbientMode()),
-				"isolation", string(ex.Isolation()), "capabilities", ex.Capabilities().Names(),
+				"isolation", string(ex.Isolation()), "shim", ex.ShimPath(), "capabilities", ex.Capabilities().Names(),
 				"landlockABI", ex.Capabilities().LandlockABI)
 		}
 	}

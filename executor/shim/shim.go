@@ -8,8 +8,8 @@
 // once the last process of the namespace is gone.
 //
 // The parent gives the shim its [Config] as JSON on descriptor [ConfigFD]
-// and reads its [Report] lines on descriptor [ReportFD]: "ready" once the
-// shim runs, then either "error <step>: <message>" when a step failed
+// and reads its [Report] lines on descriptor [ReportFD]: "ready <protocol>"
+// ([ReadyLine]) once the shim runs, then either "error <step>: <message>" when a step failed
 // (nothing of the command ran), or "started <pid>" and, when the shell
 // exits, "exit <wait status>". Standard
 // input (or /dev/null, [Config.NullStdin]), output and error (descriptors
@@ -97,9 +97,17 @@ type Report struct {
 	Status uint32
 }
 
+// Protocol is the version of the Config and report formats. The agent
+// may start a shim binary of its own (bashtask-shim, shipped beside it)
+// rather than itself, and a shim of another build could read a Config it
+// does not understand; the ready report names the shim's Protocol and the
+// executor refuses a shim whose Protocol is not its own. Any change to
+// [Config] or to the reports bumps it.
+const Protocol = "1"
+
 // ReadyLine is the shim's first report, written once it runs and before it
-// reads its Config.
-const ReadyLine = "ready\n"
+// reads its Config: "ready" and the shim's [Protocol].
+const ReadyLine = "ready " + Protocol + "\n"
 
 // ParseReport parses one report line without its newline. It returns an
 // error for a line that is none of the four forms.
@@ -107,9 +115,10 @@ func ParseReport(line string) (Report, error) {
 	kind, rest, _ := strings.Cut(line, " ")
 	switch kind {
 	case "ready":
-		if rest == "" {
-			return Report{Ready: true}, nil
+		if rest != Protocol {
+			return Report{}, fmt.Errorf("the shim speaks protocol %q, this executor %q: it is not of this build", rest, Protocol)
 		}
+		return Report{Ready: true}, nil
 	case "error":
 		step, msg, _ := strings.Cut(rest, ": ")
 		return Report{Step: step, Err: msg}, nil

@@ -1,6 +1,9 @@
 package shim
 
 import (
+	"fmt"
+	"reflect"
+	"strings"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -12,12 +15,15 @@ func TestParseReport(t *testing.T) {
 		want    Report
 		wantErr bool
 	}{
-		"step failed":   {line: "error mounts: making / read-only: EPERM", want: Report{Step: "mounts", Err: "making / read-only: EPERM"}},
-		"started":       {line: "started 10", want: Report{PID: 10}},
-		"exit":          {line: "exit 15", want: Report{Exited: true, Status: 15}},
-		"garbage":       {line: "hello", wantErr: true},
-		"bad exit":      {line: "exit x", wantErr: true},
-		"started no id": {line: "started", wantErr: true},
+		"ready":                                 {line: "ready " + Protocol, want: Report{Ready: true}},
+		"ready of a shim from before protocols": {line: "ready", wantErr: true},
+		"ready of another protocol":             {line: "ready 0", wantErr: true},
+		"step failed":                           {line: "error mounts: making / read-only: EPERM", want: Report{Step: "mounts", Err: "making / read-only: EPERM"}},
+		"started":                               {line: "started 10", want: Report{PID: 10}},
+		"exit":                                  {line: "exit 15", want: Report{Exited: true, Status: 15}},
+		"garbage":                               {line: "hello", wantErr: true},
+		"bad exit":                              {line: "exit x", wantErr: true},
+		"started no id":                         {line: "started", wantErr: true},
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
@@ -29,5 +35,29 @@ func TestParseReport(t *testing.T) {
 				t.Errorf("(-want +got)\n%s", diff)
 			}
 		})
+	}
+}
+
+// The agent and a shim binary of another build must not agree on a Config
+// they read differently: a change to Config's fields fails this test until
+// Protocol is bumped and the list below updated with it.
+func TestProtocolCoversConfig(t *testing.T) {
+	const wantProtocol = "1"
+	want := strings.Join([]string{
+		"Shell string shell", "Command string command", "Env []string env",
+		"WorkDir string workDir", "NullStdin bool nullStdin,omitempty",
+		"TmpSizeBytes int64 tmpSizeBytes,omitempty", "Mask []string mask,omitempty",
+		"Hostname string hostname,omitempty", "Loopback bool loopback,omitempty",
+		"NProc uint64 nproc,omitempty", "UID *uint32 uid,omitempty", "GID *uint32 gid,omitempty",
+		"Landlock bool landlock,omitempty", "Seccomp bool seccomp,omitempty",
+	}, "\n")
+	var got []string
+	ct := reflect.TypeFor[Config]()
+	for i := range ct.NumField() {
+		f := ct.Field(i)
+		got = append(got, fmt.Sprintf("%s %s %s", f.Name, f.Type, f.Tag.Get("json")))
+	}
+	if g := strings.Join(got, "\n"); g != want || Protocol != wantProtocol {
+		t.Errorf("Config's fields are now\n%s\nwith Protocol %q: a change to them bumps Protocol; then update this test's list and wantProtocol", g, Protocol)
 	}
 }

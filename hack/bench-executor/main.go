@@ -14,7 +14,15 @@
 //   - the start of `true` at the tenant isolation level (the task shim in
 //     new namespaces, a UID of its own, Landlock and seccomp), with the
 //     node's network and with a network namespace of its own (None), as
-//     the median overhead over the plain fork/exec.
+//     the median overhead over the plain fork/exec;
+//   - the CPU time one task of `true` costs, at the cgroup (process) level
+//     and at the tenant level: the task's own processes (the shell, and at
+//     the tenant level its shim) and the executor's.
+//
+// The tenant level starts the shim the agent starts: bashtask-shim, built
+// from this tree into a temporary directory as a static binary (-shim), unless -shim=self
+// makes this binary the shim, as the agent's own binary is when no
+// bashtask-shim lies beside it.
 //
 // The 2 GB task runs in a child process of this program (re-executed with
 // -child), so its peak RSS (VmHWM) is measured without the rest of the
@@ -53,6 +61,7 @@ func main() {
 		shell   = flag.String("shell", executor.DefaultShell, "shell to run")
 		child   = flag.Bool("child", false, "internal: run the 2 GB task and report on stdout")
 		stream  = flag.Bool("stream", true, "also measure the 2 GB stream (throughput and memory)")
+		shimBin = flag.String("shim", "", "the tenant level's shim binary: empty builds ./cmd/bashtask-shim from this tree; self is this binary")
 	)
 	// This binary is also the task shim of the tenant level.
 	shim.Main()
@@ -64,13 +73,13 @@ func main() {
 		}
 		return
 	}
-	if err := run(*jsonOut, *iters, *dir, *shell, *stream); err != nil {
+	if err := run(*jsonOut, *iters, *dir, *shell, *shimBin, *stream); err != nil {
 		fmt.Fprintln(os.Stderr, "bench-executor:", err)
 		os.Exit(1)
 	}
 }
 
-func run(jsonOut string, iters int, dir, shell string, stream bool) error {
+func run(jsonOut string, iters int, dir, shell, shimBin string, stream bool) error {
 	if dir == "" {
 		d, err := os.MkdirTemp("", "bench-executor-")
 		if err != nil {
@@ -78,6 +87,10 @@ func run(jsonOut string, iters int, dir, shell string, stream bool) error {
 		}
 		defer os.RemoveAll(d)
 		dir = d
+	}
+	shimPath, err := shimBinary(shimBin, dir)
+	if err != nil {
+		return err
 	}
 	// The plain baseline uses os/exec, so this process does not become a
 	// subreaper (its reaper would take os/exec's statuses); the child that
@@ -92,7 +105,7 @@ func run(jsonOut string, iters int, dir, shell string, stream bool) error {
 	}
 	defer withCg.Close()
 	tenant, err := executor.New(executor.Config{Shell: shell, Cgroups: executor.CgroupAuto, CgroupParent: fmt.Sprintf("bashtask-bench-tenant-%d", os.Getpid()),
-		WorkDirRoot: dir, Isolation: executor.IsolationTenant})
+		WorkDirRoot: dir, Isolation: executor.IsolationTenant, ShimPath: shimPath})
 	if err != nil {
 		return err
 	}
@@ -135,6 +148,20 @@ func run(jsonOut string, iters int, dir, shell string, stream bool) error {
 	mPlain, mPlainSid, mNoCg, mCg := median(plain), median(plainSid), median(exNoCg), median(exCg)
 	mTenant, mTenantNone := median(times[4]), median(times[5])
 
+	// CPU per task, after the interleaved rounds so that no other
+	// variant's processes are reaped (and counted) meanwhile.
+	cpuCg, err := taskCPU(iters, func(i int) error { _, err := timeTask(withCg, dir, iters+i); return err })
+	if err != nil {
+		return err
+	}
+	cpuTenant, err := taskCPU(iters, func(i int) error {
+		_, err := timeTenant(tenant, dir, iters+10+i, executor.NetworkNode)
+		return err
+	})
+	if err != nil {
+		return err
+	}
+
 	var plainMBs, drainMBs, taskMBs, rssGrowthMB float64
 	var cr childReport
 	if stream {
@@ -167,6 +194,8 @@ func run(jsonOut string, iters int, dir, shell string, stream bool) error {
 	fmt.Fprintf(w, "(plain with a new session, for reference)\t%v\t%v\t%.2f\t\t\n", mPlainSid, mPlain, ratio(mPlainSid, mPlain))
 	fmt.Fprintf(w, "start `true`, tenant, network Node (median of %d)\t%v\t%v\t+%v\t<= +3ms\t\n", iters, mTenant, mPlain, (mTenant - mPlain).Round(10*time.Microsecond))
 	fmt.Fprintf(w, "start `true`, tenant, network None (median of %d)\t%v\t%v\t+%v\t\t\n", iters, mTenantNone, mPlain, (mTenantNone - mPlain).Round(10*time.Microsecond))
+	fmt.Fprintf(w, "CPU of a task `true`, %s (mean of %d): its processes, executor, ms\t%.2f\t%.2f\t\t\t\n", cgName, iters, cpuCg.task, cpuCg.executor)
+	fmt.Fprintf(w, "CPU of a task `true`, tenant, network Node (mean of %d): its processes, executor, ms\t%.2f\t%.2f\t\t\t\n", iters, cpuTenant.task, cpuTenant.executor)
 	if stream {
 		fmt.Fprintf(w, "2 GB stdout, MB/s\t%.0f\t%.0f\t%.2f\t>= 0.50\t\n", taskMBs, plainMBs, taskMBs/plainMBs)
 		fmt.Fprintf(w, "2 GB stdout against a plain pipe drain, MB/s\t%.0f\t%.0f\t%.2f\t>= 0.75\t\n", taskMBs, drainMBs, taskMBs/drainMBs)
@@ -175,8 +204,8 @@ func run(jsonOut string, iters int, dir, shell string, stream bool) error {
 	if err := w.Flush(); err != nil {
 		return err
 	}
-	fmt.Printf("tenant starts that took a shim started ahead of them (--shim-pool-size %d): network Node %d of %d, None %d of %d\n",
-		executor.DefaultShimPoolSize, pooledStarts[executor.NetworkNode], iters+10, pooledStarts[executor.NetworkNone], iters+10)
+	fmt.Printf("tenant starts that took a shim started ahead of them (--shim-pool-size %d): network Node %d of %d, None %d of %d; shim %s\n",
+		executor.DefaultShimPoolSize, pooledStarts[executor.NetworkNode], 2*iters+10, pooledStarts[executor.NetworkNone], iters+10, shimBin)
 	if stream {
 		fmt.Printf("2 GB task: %s, %d bytes, sha256 %s, peak RSS %d KiB (before %d KiB)\n",
 			cr.Reason, cr.TotalBytes, cr.SHA256, cr.HWMAfterKB, cr.HWMBeforeKB)
@@ -194,6 +223,8 @@ func run(jsonOut string, iters int, dir, shell string, stream bool) error {
 			"executor.rss_growth_mb":           round(rssGrowthMB),
 			"executor.tenant_overhead_ms":      round(float64(mTenant-mPlain) / float64(time.Millisecond)),
 			"executor.tenant_none_overhead_ms": round(float64(mTenantNone-mPlain) / float64(time.Millisecond)),
+			"executor.task_cpu_ms":             round(cpuCg.task),
+			"executor.tenant_task_cpu_ms":      round(cpuTenant.task),
 		}, "", "  ")
 		if err != nil {
 			return err
@@ -227,6 +258,51 @@ func timeTask(ex *executor.Executor, dir string, i int) (time.Duration, error) {
 	spill := filepath.Join(dir, "spill-"+strconv.Itoa(i)+"-"+string(ex.Mechanism()))
 	d, _, err := timeStart(ex, executor.Spec{Command: "true", WorkingDir: dir, SpillDir: spill}, "true through the executor")
 	return d, err
+}
+
+// shimBinary returns the tenant level's shim for the -shim flag: the
+// executor's default (this binary) for "self", bashtask-shim built from
+// this tree into dir for "", else the path given.
+func shimBinary(flagValue, dir string) (string, error) {
+	switch flagValue {
+	case "self":
+		return executor.DefaultShimPath, nil
+	case "":
+		out := filepath.Join(dir, "bashtask-shim")
+		// Static, as the images and `make build` build it.
+		cmd := exec.Command("go", "build", "-o", out, "./cmd/bashtask-shim")
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+		if b, err := cmd.CombinedOutput(); err != nil {
+			return "", fmt.Errorf("building bashtask-shim (run from the repository's root, or give -shim): %w: %s", err, b)
+		}
+		return out, nil
+	}
+	return flagValue, nil
+}
+
+// cpuPerTask is the CPU time of one task in ms: its own processes, reaped
+// by the executor (RUSAGE_CHILDREN), and this process (the executor).
+type cpuPerTask struct{ task, executor float64 }
+
+// taskCPU runs n tasks one after another through start and returns their
+// mean CPU time. At the tenant level the pool's shims are reaped by the
+// task that took them; the few still idle at the end (started ahead) are
+// counted in the next measurement, not this one.
+func taskCPU(n int, start func(i int) error) (cpuPerTask, error) {
+	usage := func(who int) time.Duration {
+		var ru syscall.Rusage
+		_ = syscall.Getrusage(who, &ru)
+		return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+	}
+	c0, s0 := usage(syscall.RUSAGE_CHILDREN), usage(syscall.RUSAGE_SELF)
+	for i := range n {
+		if err := start(i); err != nil {
+			return cpuPerTask{}, err
+		}
+	}
+	c1, s1 := usage(syscall.RUSAGE_CHILDREN), usage(syscall.RUSAGE_SELF)
+	per := func(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) / float64(n) }
+	return cpuPerTask{task: per(c1 - c0), executor: per(s1 - s0)}, nil
 }
 
 // benchUID is the task UID of the tenant measurements (the agent's default

@@ -110,6 +110,15 @@ type image struct {
 	user         string
 	entrypoint   []string
 	cmd          []string
+	// extra are the image's other programs, each its own layer after the
+	// first program's, as a COPY line each in the Dockerfile.
+	extra []program
+}
+
+// program is one more program of an image: the name `go build` gives it,
+// its path in the image and its package, relative to RepoRoot.
+type program struct {
+	binary, path, pkg string
 }
 
 // images returns the description of every kind.
@@ -144,6 +153,9 @@ func images() map[Kind]image {
 			pkg:         "./cmd/bashtask-agent",
 			entrypoint:  []string{"/usr/local/bin/bashtask-agent"},
 			cmd:         []string{"serve"},
+			// The agent starts it from beside its own binary as each
+			// task's shim at the tenant isolation level.
+			extra: []program{{binary: "bashtask-shim", path: "/usr/local/bin/bashtask-shim", pkg: "./cmd/bashtask-shim"}},
 		},
 		// The group is given too: the image has no /etc/group to look the
 		// user's group up in. 65535 is the user of the upstream pause image.
@@ -199,6 +211,9 @@ func Build(ctx context.Context, o Options) ([]Image, error) {
 	var pkgs []string
 	for _, k := range kinds {
 		pkgs = append(pkgs, specs[k].pkg)
+		for _, p := range specs[k].extra {
+			pkgs = append(pkgs, p.pkg)
+		}
 	}
 	binDir := filepath.Join(work, "bin")
 	if err := buildBinaries(ctx, o, binDir, pkgs); err != nil {
@@ -302,7 +317,9 @@ func writeImages(o Options, kinds []Kind, binDir string, base map[Kind]string, w
 	return out, nil
 }
 
-// writeImage assembles one image and writes its archive.
+// writeImage assembles one image and writes its archive. binary is the
+// built file of the image's first program; its extra programs are read
+// from the same directory.
 func writeImage(o Options, spec image, binary, baseLayer, work string) (Image, error) {
 	tag, err := o.tag(spec)
 	if err != nil {
@@ -319,18 +336,25 @@ func writeImage(o Options, spec image, binary, baseLayer, work string) (Image, e
 			CreatedBy: fmt.Sprintf("debootstrap --variant=%s %s %s, packages and user %s", debianVariant, debianSuite, o.DebianMirror, agentUser),
 		}})
 	}
-	layerFile := filepath.Join(work, spec.binary+".tar.gz")
-	if err := writeFileLayer(layerFile, binary, spec.path); err != nil {
-		return Image{}, fmt.Errorf("packing %s: %w", spec.binary, err)
+	programs := append([]program{{binary: spec.binary, path: spec.path}}, spec.extra...)
+	for i, p := range programs {
+		src := binary
+		if i > 0 {
+			src = filepath.Join(filepath.Dir(binary), p.binary)
+		}
+		layerFile := filepath.Join(work, p.binary+".tar.gz")
+		if err := writeFileLayer(layerFile, src, p.path); err != nil {
+			return Image{}, fmt.Errorf("packing %s: %w", p.binary, err)
+		}
+		l, err := tarball.LayerFromFile(layerFile)
+		if err != nil {
+			return Image{}, fmt.Errorf("reading the layer of %s: %w", p.binary, err)
+		}
+		adds = append(adds, mutate.Addendum{Layer: l, History: v1.History{
+			Created:   v1.Time{Time: o.Created},
+			CreatedBy: fmt.Sprintf("COPY %s %s", p.binary, p.path),
+		}})
 	}
-	l, err := tarball.LayerFromFile(layerFile)
-	if err != nil {
-		return Image{}, fmt.Errorf("reading the layer of %s: %w", spec.binary, err)
-	}
-	adds = append(adds, mutate.Addendum{Layer: l, History: v1.History{
-		Created:   v1.Time{Time: o.Created},
-		CreatedBy: fmt.Sprintf("COPY %s %s", spec.binary, spec.path),
-	}})
 	img, err := mutate.Append(empty.Image, adds...)
 	if err != nil {
 		return Image{}, fmt.Errorf("adding the layers: %w", err)

@@ -305,6 +305,7 @@ func TestAgentImage(t *testing.T) {
 	}
 	o := testOptions(t, Agent)
 	fakeBinary(t, filepath.Join(work, "bin"), "bashtask-agent")
+	fakeBinary(t, filepath.Join(work, "bin"), "bashtask-shim")
 	got, err := writeImages(o, []Kind{Agent}, filepath.Join(work, "bin"), map[Kind]string{Agent: base}, work)
 	if err != nil {
 		t.Fatal(err)
@@ -346,11 +347,17 @@ func TestAgentImage(t *testing.T) {
 		{Name: "usr/local", Type: tar.TypeDir, Mode: 0o755},
 		{Name: "usr/local/bin", Type: tar.TypeDir, Mode: 0o755},
 		{Name: "usr/local/bin/bashtask-agent", Type: tar.TypeReg, Mode: 0o755},
+	}, {
+		{Name: "usr", Type: tar.TypeDir, Mode: 0o755},
+		{Name: "usr/local", Type: tar.TypeDir, Mode: 0o755},
+		{Name: "usr/local/bin", Type: tar.TypeDir, Mode: 0o755},
+		{Name: "usr/local/bin/bashtask-shim", Type: tar.TypeReg, Mode: 0o755},
 	}}
 	if diff := cmp.Diff(wantLayers, layers); diff != "" {
 		t.Errorf("layers (-want +got):\n%s", diff)
 	}
-	if len(cfg.History) != 2 || !strings.HasPrefix(cfg.History[0].CreatedBy, "debootstrap --variant=minbase bookworm") {
+	if len(cfg.History) != 3 || !strings.HasPrefix(cfg.History[0].CreatedBy, "debootstrap --variant=minbase bookworm") ||
+		cfg.History[2].CreatedBy != "COPY bashtask-shim /usr/local/bin/bashtask-shim" {
 		t.Errorf("history: %+v", cfg.History)
 	}
 }
