@@ -83,6 +83,7 @@ type options struct {
 	crdDir, admissionDir    string
 	agents                  int
 	controllerArgs          []string
+	isolation               string
 	latencyTasks            int
 	latencyRate             float64
 	throughputTasks         int
@@ -121,6 +122,7 @@ func main() {
 		o.controllerArgs = append(o.controllerArgs, s)
 		return nil
 	})
+	flag.StringVar(&o.isolation, "isolation", "", "isolation level of the agents, passed to bashtask-local --isolation (empty: its default, tenant as root)")
 	flag.IntVar(&o.latencyTasks, "latency-tasks", 500, "tasks of the latency phase")
 	flag.Float64Var(&o.latencyRate, "latency-rate", 10, "tasks created per second in the latency phase")
 	flag.IntVar(&o.throughputTasks, "throughput-tasks", 2000, "tasks of the throughput phase, and of the raw API phase, each split evenly over the windows")
@@ -459,6 +461,9 @@ func startLocal(ctx context.Context, o options, dir string) (*localCluster, erro
 		"--crd-dir", o.crdDir, "--admission-dir", o.admissionDir, "--agents", strconv.Itoa(o.agents)}
 	for _, a := range o.controllerArgs {
 		args = append(args, "--controller-arg="+a)
+	}
+	if o.isolation != "" {
+		args = append(args, "--isolation="+o.isolation)
 	}
 	fmt.Printf("starting bashtask-local %s\n", strings.Join(args, " "))
 	cmd := exec.Command(filepath.Join(o.binDir, "bashtask-local"), args...)
