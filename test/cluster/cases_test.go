@@ -106,8 +106,8 @@ func TestCgroupContainsEscapees(t *testing.T) {
 
 // TestUnprivilegedScrubbed: at the chart's default isolation level,
 // tenant, the task runs as a UID of its own leased from
-// agent.taskUIDRange, never root, in namespaces of its own, and sees none
-// of the agent's bucket credentials.
+// agent.taskUIDRange, never root, in namespaces of its own, under the
+// image's bashtask-shim, and sees none of the agent's bucket credentials.
 func TestUnprivilegedScrubbed(t *testing.T) {
 	ns := newNamespace(t)
 	newTask(t, ns, "whoami", "id -u; id -g; env")
@@ -132,6 +132,11 @@ func TestUnprivilegedScrubbed(t *testing.T) {
 		if strings.Contains(env, leak) {
 			t.Errorf("the task's environment holds %q from the agent's bucket credentials", leak)
 		}
+	}
+	// The task's shim is the image's static bashtask-shim, not the agent's
+	// own binary (docs/agent.md, --shim-path).
+	if logs := kubectl(t, "-n", releaseNS, "logs", agentPod(t)); !strings.Contains(logs, "shim=/usr/local/bin/bashtask-shim ") {
+		t.Errorf("the agent's log does not name /usr/local/bin/bashtask-shim as the shim: %q", firstLine(logs, "executor ready"))
 	}
 	// The agent itself does have them: the scrub is what kept them out.
 	agentEnv := kubectl(t, "-n", releaseNS, "exec", agentPod(t), "--", "printenv", "AWS_SECRET_ACCESS_KEY")

@@ -226,3 +226,14 @@ func checkObject(t *testing.T, bt *v1.BashTask, stream string, s *v1.StreamStatu
 func describe(bt *v1.BashTask) string {
 	return fmt.Sprintf("%s: phase %s reason %s (%s) exit %v", bt.Name, ptr.Deref(bt.Status.Phase, ""), ptr.Deref(bt.Status.Reason, ""), ptr.Deref(bt.Status.Message, ""), ptr.Deref(bt.Status.ExitCode, -1))
 }
+
+// firstLine returns the first line of s that contains substr, or "" when
+// none does.
+func firstLine(s, substr string) string {
+	for line := range strings.Lines(s) {
+		if strings.Contains(line, substr) {
+			return strings.TrimSuffix(line, "\n")
+		}
+	}
+	return ""
+}
