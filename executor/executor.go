@@ -10,6 +10,7 @@ import (
 	"regexp"
 	"strings"
 	"sync"
+	"time"
 )
 
 // CgroupMode says whether the executor uses cgroup v2.
@@ -88,6 +89,12 @@ type Config struct {
 	// does not wait for the shim's exec and runtime start; 0 means
 	// DefaultShimPoolSize, negative means none (every task starts its own).
 	ShimPoolSize int
+	// ShimReportTimeout bounds each wait for one of a shim's first
+	// reports at IsolationTenant: "ready" after its start, then the
+	// shell's start or a failed step after its Config. A shim that stays
+	// silent longer is killed and the start fails naming it; 0 means
+	// DefaultShimReportTimeout.
+	ShimReportTimeout time.Duration
 }
 
 // Executor runs tasks with one configuration. It is safe for concurrent
@@ -104,6 +111,7 @@ type Executor struct {
 	hostname   string
 	mask       []string
 	shimPath   string
+	shimWait   time.Duration // ShimReportTimeout
 	tmpSize    int64
 	taskProcs  int64
 	noLandlock bool
@@ -214,6 +222,9 @@ func (e *Executor) configureIsolation(cfg Config) error {
 	}
 	if e.shimPath == "" {
 		e.shimPath = DefaultShimPath
+	}
+	if e.shimWait = cfg.ShimReportTimeout; e.shimWait <= 0 {
+		e.shimWait = DefaultShimReportTimeout
 	}
 	if e.hostname = cfg.Hostname; e.hostname == "" {
 		e.hostname = DefaultHostname

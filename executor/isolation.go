@@ -1,6 +1,9 @@
 package executor
 
-import "fmt"
+import (
+	"fmt"
+	"time"
+)
 
 // Isolation is the isolation level of an executor's tasks (DESIGN.md
 // section 9, the agent's --isolation flag).
@@ -61,6 +64,9 @@ const (
 	// DefaultShimPath is the binary started in shim mode: the running
 	// binary itself, which must call shim.Main first thing in main.
 	DefaultShimPath = "/proc/self/exe"
+	// DefaultShimReportTimeout is how long a task's shim may take to say
+	// it runs, and then to start the shell or name the step that failed.
+	DefaultShimReportTimeout = 30 * time.Second
 	// DefaultHostname is the host name tasks see at the tenant level.
 	DefaultHostname = "bashtask"
 	// DefaultTmpSizeBytes caps each task's private /tmp and /dev/shm

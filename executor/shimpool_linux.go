@@ -109,16 +109,21 @@ func (e *Executor) startShim(network Network, cg *taskCgroup) (_ *shimProc, err 
 	return sp, nil
 }
 
-// awaitReady waits for the shim's ready report, so that a pooled shim is
-// taken only once it runs, and discards the shim when it does not come or
-// names another protocol (a shim binary of another build). Nothing else is
-// in the pipe before the Config is sent, and the shim writes the line in
-// one write of less than PIPE_BUF bytes, which pipe(7) makes atomic: one
-// read returns the whole line, whatever its length, and no later report.
-func (sp *shimProc) awaitReady() error {
+// awaitReady waits up to timeout for the shim's ready report, so that a
+// pooled shim is taken only once it runs, and discards the shim when the
+// report does not come or names another protocol (a shim binary of another
+// build). The shim writes nothing else before it has its Config, and it
+// writes the line in one write of less than PIPE_BUF bytes, which pipe(7)
+// makes atomic: one read returns the whole line and nothing more.
+func (sp *shimProc) awaitReady(timeout time.Duration) error {
 	buf := make([]byte, 64)
+	_ = sp.repR.SetReadDeadline(time.Now().Add(timeout))
 	n, err := sp.repR.Read(buf)
-	if err == nil && string(buf[:n]) != shim.ReadyLine {
+	_ = sp.repR.SetReadDeadline(time.Time{})
+	switch {
+	case errors.Is(err, os.ErrDeadlineExceeded):
+		err = fmt.Errorf("no report within %v", timeout)
+	case err == nil && string(buf[:n]) != shim.ReadyLine:
 		line := strings.TrimSuffix(string(buf[:n]), "\n")
 		if _, perr := shim.ParseReport(line); perr != nil {
 			err = perr
@@ -287,7 +292,7 @@ func (p *shimPool) start(network Network) (*shimProc, error) {
 		return nil, err
 	}
 	sp.cg = cg
-	if err := sp.awaitReady(); err != nil {
+	if err := sp.awaitReady(p.e.shimWait); err != nil {
 		return nil, fmt.Errorf("%s: %w", p.e.shimPath, err)
 	}
 	return sp, nil

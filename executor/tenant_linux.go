@@ -38,11 +38,13 @@ func (ts *tenantSys) gone() bool {
 }
 
 // shimLaunch is what a task's shim is given: its Config, and the
-// isolation the task gets from it; path is the shim's binary.
+// isolation the task gets from it; path is the shim's binary and wait
+// bounds each of its first reports (Config.ShimReportTimeout).
 type shimLaunch struct {
 	cfg  shim.Config
 	iso  IsolationResult
 	path string
+	wait time.Duration
 }
 
 // newShimLaunch prepares the shim Config of p. cgroupPids says whether the
@@ -51,6 +53,7 @@ type shimLaunch struct {
 func (e *Executor) newShimLaunch(p *prepared, cgroupPids bool) *shimLaunch {
 	l := &shimLaunch{
 		path: e.shimPath,
+		wait: e.shimWait,
 		cfg: shim.Config{
 			Shell:        e.shell,
 			Command:      p.Command,
@@ -130,6 +133,12 @@ func (e *Executor) startTenant(t *Task) error {
 		if sp, err = e.startShim(p.Network, s.cg); err != nil {
 			return startErr(ErrProcessStart, "starting the shim "+e.shimPath, err)
 		}
+		// Its ready report before its Config, as for a pooled shim: a
+		// shim of another build is never handed a Config it might read
+		// differently.
+		if err := sp.awaitReady(e.shimWait); err != nil {
+			return startErr(ErrIsolation, "", fmt.Errorf("%s: %w", e.shimPath, err))
+		}
 	}
 	if l.iso.PidsLimit == PidsLimitRlimit {
 		// The spec's pids limit holds, through RLIMIT_NPROC.
@@ -150,8 +159,8 @@ func (e *Executor) startTenant(t *Task) error {
 	return nil
 }
 
-// handshake sends the Config to sp and reads its first report: the shell
-// started, or the step that failed. On failure the shim is discarded and
+// handshake sends the Config to sp, which has reported ready, and reads its
+// next report: the shell started, or the step that failed. On failure the shim is discarded and
 // the error is a [*StartError] with ErrIsolation naming the step. On
 // success it returns the channel that receives the shell's exit status
 // (the shim's own if it died without reporting one) and the shim's state.
@@ -176,12 +185,21 @@ func (l *shimLaunch) handshake(sp *shimProc) (<-chan exitStatus, *tenantSys, err
 		go send()
 	}
 	r := bufio.NewReader(sp.repR)
+	// The ready report was taken (awaitReady): this is the shell's start
+	// or the step that failed.
+	_ = sp.repR.SetReadDeadline(time.Now().Add(l.wait))
 	rep, err := readReport(r)
+	_ = sp.repR.SetReadDeadline(time.Time{})
+	if err == nil && rep.Ready {
+		err = errors.New("the shim reported ready twice")
+	}
+	if errors.Is(err, os.ErrDeadlineExceeded) {
+		err = fmt.Errorf("no report within %v", l.wait)
+	}
 	if err != nil {
-		// The shim did not run, or is of another build: name the binary.
+		// The shim did not run, is of another build, or died before it
+		// reported: name the binary.
 		err = fmt.Errorf("%s: %w", l.path, err)
-	} else if rep.Ready {
-		rep, err = readReport(r)
 	}
 	if err == nil && rep.Step != "" {
 		err = fmt.Errorf("step %s: %s", rep.Step, rep.Err)
@@ -213,9 +231,14 @@ func (l *shimLaunch) handshake(sp *shimProc) (<-chan exitStatus, *tenantSys, err
 		st := <-exitCh
 		close(ts.shimDone)
 		if !sent {
-			// Killed before the shell's status was reported (SIGKILL
-			// reaches the shim as PID 1 and the kernel then kills the
-			// namespace): the shim's status is the task's.
+			if st.err == nil && st.status.Exited() {
+				// The shim ended on its own without the shell's status
+				// (it failed): no exit code is the shell's.
+				st = exitStatus{err: fmt.Errorf("the task's shim exited with status %d before it reported the shell's exit", st.status.ExitStatus())}
+			}
+			// Else killed before the shell's status was reported
+			// (SIGKILL reaches the shim as PID 1 and the kernel then
+			// kills the namespace): the shim's status is the task's.
 			shellCh <- st
 		}
 	}()

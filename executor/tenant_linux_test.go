@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/bashtask/bashtask-operator/executor/shim"
 )
@@ -120,11 +121,12 @@ func TestTenantView(t *testing.T) {
 	}
 }
 
-// The task's signals to its PID 1 do not crash the shim, whichever the
-// signal (all 64 but the three it forwards, SIGHUP, SIGINT and SIGTERM,
-// and SIGKILL and SIGSTOP, which the kernel does not deliver to PID 1 from
-// inside its namespace); SIGTERM to it stops the task as a stop from the
-// agent does.
+// The task's signals to its PID 1 through kill(2) do not crash the shim,
+// whichever the signal (all 64 but the three it forwards, SIGHUP, SIGINT
+// and SIGTERM, and SIGKILL and SIGSTOP, which the kernel does not deliver
+// to PID 1 from inside its namespace); SIGTERM to it stops the task as a
+// stop from the agent does. (Signals queued with a code of the task's
+// choosing are refused by the filter: the attack suite in executor/agent.)
 func TestTaskSignalsItsShim(t *testing.T) {
 	t.Parallel()
 	ex := newTestExecutor(t, CgroupAuto, func(c *Config) { c.Isolation = IsolationTenant })
@@ -137,26 +139,63 @@ sleep 0.2; echo alive; kill -TERM 1; sleep 5; echo not-stopped`)
 	}
 }
 
-// A shim binary of another build (its ready report names another protocol,
-// or none, as before protocols) is refused when the executor starts, by its
-// probe task, with both protocols in the error; it is never given a Config.
-func TestShimOfAnotherBuildIsRefused(t *testing.T) {
+// A shim that misbehaves fails the executor's start (its probe task) with
+// an error naming the binary and what went wrong, within the report
+// timeout, and never runs a task: one of another build (its ready report
+// names another protocol, or none, as before protocols) is never given a
+// Config; a silent one is killed; one that dies after the shell's start
+// without reporting its exit does not pass its own status off as the
+// shell's.
+func TestMisbehavingShimIsRefused(t *testing.T) {
 	t.Parallel()
-	for name, ready := range map[string]string{"no protocol": "ready", "another protocol": "ready 0"} {
+	ready := "echo 'ready " + shim.Protocol + "' >&4"
+	tests := map[string]struct {
+		script  string // sh; the Config is on fd 3, reports go to fd 4
+		want    []string
+		noStale bool // the shim must not be given its Config
+		task    bool // the shim ran the probe task: its result says what failed
+	}{
+		"no protocol":            {script: "echo ready >&4", want: []string{`protocol ""`, `this executor "` + shim.Protocol + `"`}, noStale: true},
+		"another protocol":       {script: "echo 'ready 0' >&4", want: []string{`protocol "0"`}, noStale: true},
+		"silent":                 {script: "exec sleep 60", want: []string{"did not report ready: no report within 1s"}},
+		"silent after its ready": {script: ready + "; cat <&3 >/dev/null; exec sleep 60", want: []string{"no report within 1s"}},
+		"dies after the start": {script: ready + "; cat <&3 >/dev/null; echo 'started 2' >&4; exit 2", task: true,
+			want: []string{"probe task: NonZeroExit exit status lost: the task's shim exited with status 2 before it reported the shell's exit"}},
+	}
+	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
+			t.Parallel()
 			dir := t.TempDir()
-			stale := filepath.Join(dir, "bashtask-shim")
+			fake := filepath.Join(dir, "bashtask-shim")
 			got := filepath.Join(dir, "config-read")
-			script := fmt.Sprintf("#!/bin/sh\necho '%s' >&4\ncat <&3 > %s\n", ready, got)
-			if err := os.WriteFile(stale, []byte(script), 0o755); err != nil {
+			script := "#!/bin/sh\n" + tc.script + "\n"
+			if tc.noStale {
+				script += "cat <&3 > " + got + "\n"
+			}
+			if err := os.WriteFile(fake, []byte(script), 0o755); err != nil {
 				t.Fatal(err)
 			}
+			begin := time.Now()
 			_, err := New(Config{Cgroups: CgroupAuto, CgroupParent: fmt.Sprintf("bashtask-test-%d-%d", os.Getpid(), executorSeq.Add(1)),
-				WorkDirRoot: t.TempDir(), Isolation: IsolationTenant, ShimPath: stale})
-			if err == nil || !strings.Contains(err.Error(), "protocol") || !strings.Contains(err.Error(), shim.Protocol) {
-				t.Fatalf("New with %s: %v; want an error naming the protocols", name, err)
+				WorkDirRoot: t.TempDir(), Isolation: IsolationTenant, ShimPath: fake, ShimReportTimeout: time.Second})
+			took := time.Since(begin)
+			if err == nil {
+				t.Fatal("New succeeded")
 			}
 			t.Log(err)
+			want := tc.want
+			if !tc.task {
+				want = append(want, fake)
+			}
+			for _, w := range want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("New: %v; want %q in the error", err, w)
+				}
+			}
+			// The probe may start two shims (the pool's, then its own).
+			if took > 10*time.Second {
+				t.Errorf("New took %v with a report timeout of 1s", took)
+			}
 			if data, _ := os.ReadFile(got); len(data) > 0 {
 				t.Errorf("the stale shim was given a Config: %q", data)
 			}

@@ -385,8 +385,8 @@ const shimBinary = "bashtask-shim"
 // resolveShimPath returns the task shim the executor starts at the tenant
 // level. A --shim-path flag must name an absolute path of an executable
 // regular file; without it, bashtask-shim in the directory of this binary
-// when it is one, else this binary itself (executor.DefaultShimPath), which
-// is a shim too. A wrong build of the shim is refused later, by the
+// when there is one (an error when it is not an executable regular file),
+// else this binary itself (executor.DefaultShimPath), which is a shim too. A wrong build of the shim is refused later, by the
 // executor's probe task: the shim's ready report names its protocol.
 func resolveShimPath(flag string) (string, error) {
 	usable := func(p string) error {
@@ -414,10 +414,16 @@ func resolveShimPath(flag string) (string, error) {
 	if err != nil {
 		return executor.DefaultShimPath, nil
 	}
-	if beside := filepath.Join(filepath.Dir(self), shimBinary); usable(beside) == nil {
-		return beside, nil
+	beside := filepath.Join(filepath.Dir(self), shimBinary)
+	if _, err := os.Lstat(beside); err != nil {
+		return executor.DefaultShimPath, nil
 	}
-	return executor.DefaultShimPath, nil
+	// One is there: a broken one is an installation fault, not a reason
+	// to fall back quietly to the slower shim.
+	if err := usable(beside); err != nil {
+		return "", fmt.Errorf("%s beside the agent: %w (fix it, or name a shim with --shim-path)", beside, err)
+	}
+	return beside, nil
 }
 
 // parseUser reads "UID" or "UID:GID" (numeric; a bare UID uses the same

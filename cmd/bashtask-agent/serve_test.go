@@ -38,7 +38,8 @@ func TestServeRejectsUnusableShimPath(t *testing.T) {
 }
 
 // Without --shim-path the agent starts bashtask-shim from beside its own
-// binary when there is one, and itself otherwise.
+// binary when there is one, refuses to start when that one is not
+// executable, and starts itself when there is none.
 func TestShimPathDefault(t *testing.T) {
 	self, err := os.Executable()
 	if err != nil {
@@ -49,10 +50,16 @@ func TestShimPathDefault(t *testing.T) {
 	if err != nil || got != executor.DefaultShimPath {
 		t.Fatalf("without a shim beside the test binary: %q, %v; want %s", got, err, executor.DefaultShimPath)
 	}
-	if err := os.WriteFile(beside, []byte("#!/bin/true\n"), 0o755); err != nil {
+	if err := os.WriteFile(beside, []byte("#!/bin/true\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.Remove(beside) })
+	if got, err = resolveShimPath(""); err == nil || !strings.Contains(err.Error(), beside+" beside the agent: not executable") {
+		t.Errorf("with a shim beside the test binary that is not executable: %q, %v; want an error naming it", got, err)
+	}
+	if err := os.Chmod(beside, 0o755); err != nil {
+		t.Fatal(err)
+	}
 	if got, err = resolveShimPath(""); err != nil || got != beside {
 		t.Errorf("with a shim beside the test binary: %q, %v; want %s", got, err, beside)
 	}

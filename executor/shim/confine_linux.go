@@ -33,8 +33,20 @@ var DeniedSyscalls = []string{
 // namespace, and clone3, whose flags a filter cannot read, fails with
 // ENOSYS (SECCOMP_RET_TRACE without a tracer, and ptrace is denied) so
 // that C libraries fall back to clone.
+//
+// The signals a task can send its shim (PID 1 of its namespace) with a
+// code of its choosing fail with EPERM too: rt_sigqueueinfo and
+// rt_tgsigqueueinfo to pid 1, pidfd_send_signal with a siginfo (a pidfd
+// of pid 1 is one pidfd_open away), and fcntl F_SETSIG, which makes the
+// kernel send a chosen signal to a file's owner (F_SETOWN 1) with a
+// kernel code. The Go runtime takes a SIGSEGV, SIGBUS, SIGFPE, SIGILL,
+// SIGTRAP, SIGSTKFLT or SIGSYS that does not carry kill(2)'s or tkill(2)'s
+// code for a fault of its own and crashes, whatever signal.Notify asked
+// for; kill, tkill and tgkill, which the shim catches, stay allowed, as do
+// queued signals to the task's other processes.
 func seccompPolicy() seccomp.Policy {
 	newUser := []seccomp.Condition{{Argument: 0, Operation: seccomp.BitsSet, Value: unix.CLONE_NEWUSER}}
+	toPID1 := []seccomp.Condition{{Argument: 0, Operation: seccomp.Equal, Value: 1}}
 	return seccomp.Policy{
 		DefaultAction: seccomp.ActionAllow,
 		Syscalls: []seccomp.SyscallGroup{
@@ -42,6 +54,13 @@ func seccompPolicy() seccomp.Policy {
 			{Action: seccomp.ActionErrno, NamesWithCondtions: []seccomp.NameWithConditions{
 				{Name: "unshare", Conditions: newUser},
 				{Name: "clone", Conditions: newUser},
+				{Name: "rt_sigqueueinfo", Conditions: toPID1},
+				{Name: "rt_tgsigqueueinfo", Conditions: toPID1},
+				{Name: "pidfd_send_signal", Conditions: []seccomp.Condition{{Argument: 2, Operation: seccomp.NotEqual, Value: 0}}},
+				{Name: "fcntl", Conditions: []seccomp.Condition{
+					{Argument: 1, Operation: seccomp.Equal, Value: unix.F_SETSIG},
+					{Argument: 2, Operation: seccomp.NotEqual, Value: 0},
+				}},
 			}},
 			{Action: seccomp.ActionTrace, Names: []string{"clone3"}},
 		},
