@@ -135,7 +135,9 @@ func TestUnprivilegedScrubbed(t *testing.T) {
 	}
 	// The task's shim is the image's static bashtask-shim, not the agent's
 	// own binary (docs/agent.md, --shim-path).
-	if logs := kubectl(t, "-n", releaseNS, "logs", agentPod(t)); !strings.Contains(logs, "shim=/usr/local/bin/bashtask-shim ") {
+	// The chart's agent logs JSON; text has key=value.
+	if logs := kubectl(t, "-n", releaseNS, "logs", agentPod(t)); !strings.Contains(logs, `"shim":"/usr/local/bin/bashtask-shim"`) &&
+		!strings.Contains(logs, "shim=/usr/local/bin/bashtask-shim ") {
 		t.Errorf("the agent's log does not name /usr/local/bin/bashtask-shim as the shim: %q", firstLine(logs, "executor ready"))
 	}
 	// The agent itself does have them: the scrub is what kept them out.
