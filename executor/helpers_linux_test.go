@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/bashtask/bashtask-operator/internal/procfs"
+	"github.com/bashtask/bashtask-operator/internal/testshim"
 )
 
 // noReaperEnv makes a test binary run without BecomeSubreaper, so the
@@ -45,7 +46,9 @@ const isolationEnv = "EXECUTOR_TEST_ISOLATION"
 var executorSeq atomic.Int64
 
 // newTestExecutor returns an executor with its own parent cgroup (removed
-// at cleanup), or process groups only when cgroups is CgroupOff.
+// at cleanup), or process groups only when cgroups is CgroupOff. At
+// IsolationTenant it starts the static bashtask-shim (testshim.Path) unless
+// mutate names another shim.
 func newTestExecutor(t *testing.T, cgroups CgroupMode, mutate ...func(*Config)) *Executor {
 	t.Helper()
 	cfg := Config{
@@ -56,6 +59,9 @@ func newTestExecutor(t *testing.T, cgroups CgroupMode, mutate ...func(*Config)) 
 	}
 	for _, m := range mutate {
 		m(&cfg)
+	}
+	if cfg.Isolation == IsolationTenant && cfg.ShimPath == "" {
+		cfg.ShimPath = testshim.Path(t)
 	}
 	ex, err := New(cfg)
 	if err != nil {

@@ -1,17 +1,22 @@
 package executor
 
 import (
+	"os"
 	"testing"
 
 	"go.uber.org/goleak"
 
 	"github.com/bashtask/bashtask-operator/executor/shim"
+	"github.com/bashtask/bashtask-operator/internal/testshim"
 )
 
 func TestMain(m *testing.M) {
-	// The test binary is also the task shim of the tenant level.
+	// The test binary is also a task shim of the tenant level (the agent's
+	// binary is one too); newTestExecutor's tenant executors start the
+	// static bashtask-shim (testshim) unless a test names this one.
 	shim.Main()
 	setupTestProcess()
 	// The reaper loop lives as long as the process by design.
-	goleak.VerifyTestMain(m, goleak.IgnoreAnyFunction("github.com/bashtask/bashtask-operator/executor.(*reaper).loop"))
+	goleak.VerifyTestMain(m, goleak.IgnoreAnyFunction("github.com/bashtask/bashtask-operator/executor.(*reaper).loop"),
+		goleak.Cleanup(func(code int) { testshim.Remove(); os.Exit(code) }))
 }

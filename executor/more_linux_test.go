@@ -16,6 +16,8 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"golang.org/x/sys/unix"
+
+	"github.com/bashtask/bashtask-operator/internal/testshim"
 )
 
 // A process that leaves the session with setsid is still in the task's
@@ -264,7 +266,7 @@ func TestDirectWaitMode(t *testing.T) {
 		t.Fatal(err)
 	}
 	spec := testSpec(t, fmt.Sprintf("exec %s -test.run '^(TestC0[1-7]|TestC1[0-4]|TestC2[2-6]|TestExitCodeAndSignalMapping|TestStdinModes|TestCancelDuringHeavyOutput|TestReaperConcurrentStartsGetTheirOwnStatus|TestTaskIdentity)' -test.count=1 2>&1", self))
-	spec.Env = []EnvVar{{noReaperEnv, "1"}}
+	spec.Env = []EnvVar{{noReaperEnv, "1"}, {testshim.EnvVar, testshim.Path(t)}}
 	spec.TailBytes = MaxTailBytes
 	spec.Timeout = 2 * time.Minute
 	res := run(t, newTestExecutor(t, CgroupAuto), spec)

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/bashtask/bashtask-operator/executor/shim"
+	"github.com/bashtask/bashtask-operator/internal/testshim"
 )
 
 // The executor cases (CASES.md C01-C27) hold at the tenant level too: the
@@ -127,15 +128,26 @@ func TestTenantView(t *testing.T) {
 // to PID 1 from inside its namespace); SIGTERM to it stops the task as a
 // stop from the agent does. (Signals queued with a code of the task's
 // choosing are refused by the filter: the attack suite in executor/agent.)
+//
+// Both shims: bashtask-shim, and the agent's own binary when none lies
+// beside it (here the test binary, which links cgo like a default build).
 func TestTaskSignalsItsShim(t *testing.T) {
 	t.Parallel()
-	ex := newTestExecutor(t, CgroupAuto, func(c *Config) { c.Isolation = IsolationTenant })
-	spec := testSpec(t, `for s in $(seq 64); do case $s in 1|2|9|15|19) continue; esac; kill -n $s 1 || exit; done
+	for name, tc := range map[string]struct {
+		path string
+		uid  uint32
+	}{"bashtask-shim": {testshim.Path(t), 2000124}, "the test binary": {DefaultShimPath, 2000129}} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			ex := newTestExecutor(t, CgroupAuto, func(c *Config) { c.Isolation = IsolationTenant; c.ShimPath = tc.path })
+			spec := testSpec(t, `for s in $(seq 64); do case $s in 1|2|9|15|19) continue; esac; kill -n $s 1 || exit; done
 sleep 0.2; echo alive; kill -TERM 1; sleep 5; echo not-stopped`)
-	spec.User = &User{UID: 2000124, GID: 2000124}
-	res := run(t, ex, spec)
-	if res.Stdout.Tail != "alive\n" || res.Reason != ReasonSignaled || res.Signal != "SIGTERM" {
-		t.Errorf("%s %s %q: want alive, then Signaled by SIGTERM", res.Reason, res.Signal, res.Stdout.Tail)
+			spec.User = &User{UID: tc.uid, GID: tc.uid}
+			res := run(t, ex, spec)
+			if res.Stdout.Tail != "alive\n" || res.Reason != ReasonSignaled || res.Signal != "SIGTERM" {
+				t.Errorf("%s %s %q: want alive, then Signaled by SIGTERM", res.Reason, res.Signal, res.Stdout.Tail)
+			}
+		})
 	}
 }
 

@@ -30,13 +30,15 @@ import (
 	agentv1 "github.com/bashtask/bashtask-operator/api/agent/v1"
 	"github.com/bashtask/bashtask-operator/executor"
 	"github.com/bashtask/bashtask-operator/executor/shim"
+	"github.com/bashtask/bashtask-operator/internal/testshim"
 	"github.com/bashtask/bashtask-operator/internal/tlsutil"
 )
 
 func TestMain(m *testing.M) {
-	// The test binary is also the task shim of the tenant level.
+	// The test binary is also a task shim of the tenant level; the rigs'
+	// agents start the static bashtask-shim (testshim) instead.
 	shim.Main()
-	goleak.VerifyTestMain(m)
+	goleak.VerifyTestMain(m, goleak.Cleanup(func(code int) { testshim.Remove(); os.Exit(code) }))
 }
 
 // testCgroupParent keeps this package's task cgroups apart from those of
@@ -89,7 +91,7 @@ func newRig(t *testing.T, opts ...rigOption) *rig {
 		PodName:          "agent-a",
 		StateDir:         filepath.Join(dir, "state"),
 		ProgressInterval: 50 * time.Millisecond,
-		Executor:         executor.Config{CgroupParent: testCgroupParent, WorkDirRoot: dir},
+		Executor:         executor.Config{CgroupParent: testCgroupParent, WorkDirRoot: dir, ShimPath: testshim.Path(t)},
 		CertCheck:        files.Check,
 		Logger:           slog.New(slog.NewTextHandler(t.Output(), nil)),
 	}

@@ -1,0 +1,75 @@
+// Package testshim builds the task shim the agent ships, cmd/bashtask-shim,
+// for tests that run tasks at the tenant isolation level. It builds it the
+// way `make binaries` and the images do (static, CGO_ENABLED=0), so those
+// tests run the binary users run rather than the test binary re-executed,
+// which links cgo and everything else the tests import.
+package testshim
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+)
+
+// EnvVar names a bashtask-shim already built, for a test binary that runs
+// as a task of another (outside the module, with a scrubbed environment):
+// the parent passes Path's result in it, and Path returns it as it is.
+const EnvVar = "BASHTASK_TEST_SHIM"
+
+// built is the one build of a test process.
+var built struct {
+	once      sync.Once
+	dir, path string
+	err       error
+}
+
+// Path returns bashtask-shim built for this test process, building it on
+// the first call, from the module around the working directory and with
+// the go command on PATH, as `go test` runs tests. A failed build fails t.
+// With EnvVar set, it returns that path and builds nothing.
+func Path(t testing.TB) string {
+	t.Helper()
+	if p := os.Getenv(EnvVar); p != "" {
+		return p
+	}
+	built.once.Do(func() {
+		built.dir, built.err = os.MkdirTemp("", "bashtask-test-shim-")
+		if built.err == nil {
+			built.path, built.err = build(built.dir)
+		}
+	})
+	if built.err != nil {
+		t.Fatalf("bashtask-shim for the tests: %v", built.err)
+	}
+	return built.path
+}
+
+// Remove deletes what Path built; TestMain calls it before the process
+// exits.
+func Remove() {
+	if built.dir != "" {
+		os.RemoveAll(built.dir)
+	}
+}
+
+// build builds cmd/bashtask-shim into dir and returns the binary's path;
+// the error carries the build's output.
+func build(dir string) (string, error) {
+	gomod, err := exec.Command("go", "env", "GOMOD").Output()
+	if err != nil {
+		return "", fmt.Errorf("finding the module: go env GOMOD: %w", err)
+	}
+	root := filepath.Dir(strings.TrimSpace(string(gomod)))
+	out := filepath.Join(dir, "bashtask-shim")
+	cmd := exec.Command("go", "build", "-o", out, "./cmd/bashtask-shim")
+	cmd.Dir = root
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if b, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("building it in %s: %w: %s", root, err, b)
+	}
+	return out, nil
+}
