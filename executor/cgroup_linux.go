@@ -3,7 +3,6 @@
 package executor
 
 import (
-	"bufio"
 	"bytes"
 	"crypto/rand"
 	"encoding/hex"
@@ -263,18 +262,76 @@ func (cg *taskCgroup) populated() bool {
 
 // procs lists the processes in the cgroup.
 func (cg *taskCgroup) procs() []int {
-	b, err := os.ReadFile(filepath.Join(cg.path, "cgroup.procs"))
+	out, _ := CgroupProcs(cg.path)
+	return out
+}
+
+// CgroupProcs lists the processes of the cgroup v2 at path (its
+// cgroup.procs). The error is the read's: os.ErrNotExist when the cgroup
+// is gone.
+func CgroupProcs(path string) ([]int, error) {
+	b, err := os.ReadFile(filepath.Join(path, "cgroup.procs"))
 	if err != nil {
-		return nil
+		return nil, err
 	}
 	var out []int
-	sc := bufio.NewScanner(bytes.NewReader(b))
-	for sc.Scan() {
-		if pid, err := strconv.Atoi(sc.Text()); err == nil {
+	for f := range strings.FieldsSeq(string(b)) {
+		if pid, err := strconv.Atoi(f); err == nil {
 			out = append(out, pid)
 		}
 	}
-	return out
+	return out, nil
+}
+
+// KillCgroup kills every process of the cgroup v2 at path with SIGKILL
+// (see taskCgroup.kill), waits up to two seconds for it to empty, and
+// removes it and its child cgroups, waiting up to five seconds while the
+// kernel reports it busy: a killed process stays charged to the cgroup
+// until its parent reaps it, and the parent of an earlier agent's process
+// is the node's init or subreaper. It returns the pids it found; a
+// missing cgroup is no error. For what an earlier agent or executor left:
+// a task's cgroup, a pooled shim's.
+func KillCgroup(path string) ([]int, error) {
+	procs, err := CgroupProcs(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("reading cgroup %s: %w", path, err)
+	}
+	if len(procs) > 0 {
+		(&taskCgroup{path: path, fd: -1}).kill()
+	}
+	deadline := time.Now().Add(2 * time.Second)
+	for {
+		left, err := CgroupProcs(path)
+		if err != nil || len(left) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			return procs, fmt.Errorf("cgroup %s still has %d processes after SIGKILL", path, len(left))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	entries, _ := os.ReadDir(path)
+	for _, e := range entries {
+		if e.IsDir() {
+			if err := removeCgroupTree(filepath.Join(path, e.Name())); err != nil {
+				return procs, err
+			}
+		}
+	}
+	deadline = time.Now().Add(5 * time.Second)
+	for {
+		err := unix.Rmdir(path)
+		if err == nil || errors.Is(err, unix.ENOENT) {
+			return procs, nil
+		}
+		if !errors.Is(err, unix.EBUSY) || time.Now().After(deadline) {
+			return procs, fmt.Errorf("removing cgroup %s: %w", path, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }
 
 // kill sends SIGKILL to every process in the cgroup. cgroup.kill (Linux

@@ -51,3 +51,9 @@ func newShimPool(*Executor, int) *shimPool { return nil }
 func (*shimPool) close() {}
 
 func sweepPoolCgroups(string) error { return nil }
+
+// CgroupProcs needs Linux.
+func CgroupProcs(string) ([]int, error) { return nil, ErrNoCgroupV2 }
+
+// KillCgroup needs Linux.
+func KillCgroup(string) ([]int, error) { return nil, ErrNoCgroupV2 }

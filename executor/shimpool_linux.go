@@ -346,13 +346,7 @@ func sweepPoolCgroups(parent string) error {
 		if !e.IsDir() || !strings.HasPrefix(e.Name(), PoolCgroupPrefix) {
 			continue
 		}
-		cg := &taskCgroup{path: filepath.Join(parent, e.Name()), fd: -1}
-		cg.kill()
-		deadline := time.Now().Add(killWait)
-		for cg.populated() && time.Now().Before(deadline) {
-			time.Sleep(10 * time.Millisecond)
-		}
-		if err := removeCgroupTree(cg.path); err != nil {
+		if _, err := KillCgroup(filepath.Join(parent, e.Name())); err != nil {
 			errs = append(errs, err)
 		}
 	}

@@ -80,7 +80,7 @@ func stopLeftovers(p processRecord, marker string) (int, error) {
 			path = pooledCgroupOf(filepath.Dir(p.Cgroup), marker)
 		}
 		if path != "" {
-			victims, err := killCgroup(path)
+			victims, err := executor.KillCgroup(path)
 			return len(victims), err
 		}
 	}
@@ -111,7 +111,7 @@ func stopLeftovers(p processRecord, marker string) (int, error) {
 		}
 	}
 	// kill(2) returns before the target has run its exit: wait (up to two
-	// seconds, as killCgroup does) until every victim is gone or a zombie,
+	// seconds, as executor.KillCgroup does) until every victim is gone or a zombie,
 	// so "stopped" in the report means stopped.
 	if left := waitGone(victims, 2*time.Second); len(left) > 0 {
 		errs = append(errs, fmt.Errorf("processes %v still alive 2 s after SIGKILL", left))
@@ -151,7 +151,7 @@ func pooledCgroupOf(parent, marker string) string {
 			continue
 		}
 		path := filepath.Join(parent, e.Name())
-		procs, _ := cgroupProcs(path)
+		procs, _ := executor.CgroupProcs(path)
 		for _, pid := range procs {
 			if hasEnv(pid, marker) {
 				return path
@@ -159,63 +159,4 @@ func pooledCgroupOf(parent, marker string) string {
 		}
 	}
 	return ""
-}
-
-// killCgroup kills every process of the cgroup at path, waits up to two
-// seconds for it to empty and removes it; it returns the pids it found.
-func killCgroup(path string) ([]int, error) {
-	procs, err := cgroupProcs(path)
-	if errors.Is(err, os.ErrNotExist) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, fmt.Errorf("reading cgroup %s: %w", path, err)
-	}
-	if len(procs) > 0 {
-		if err := os.WriteFile(filepath.Join(path, "cgroup.kill"), []byte("1"), 0); err != nil {
-			// Kernels before 5.14 have no cgroup.kill: one pass of kill(2).
-			for _, pid := range procs {
-				_ = unix.Kill(pid, unix.SIGKILL)
-			}
-		}
-	}
-	deadline := time.Now().Add(2 * time.Second)
-	for {
-		left, err := cgroupProcs(path)
-		if err != nil || len(left) == 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			return procs, fmt.Errorf("cgroup %s still has %d processes after SIGKILL", path, len(left))
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	// A killed process stays charged to the cgroup until its parent reaps
-	// it, and the parent of an earlier incarnation's process is now the
-	// node's init or subreaper: rmdir fails with EBUSY until then.
-	deadline = time.Now().Add(5 * time.Second)
-	for {
-		err := unix.Rmdir(path)
-		if err == nil || errors.Is(err, unix.ENOENT) {
-			return procs, nil
-		}
-		if !errors.Is(err, unix.EBUSY) || time.Now().After(deadline) {
-			return procs, fmt.Errorf("removing cgroup %s: %w", path, err)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
-func cgroupProcs(path string) ([]int, error) {
-	b, err := os.ReadFile(filepath.Join(path, "cgroup.procs"))
-	if err != nil {
-		return nil, err
-	}
-	var out []int
-	for _, f := range strings.Fields(string(b)) {
-		if pid, err := strconv.Atoi(f); err == nil {
-			out = append(out, pid)
-		}
-	}
-	return out, nil
 }

@@ -200,7 +200,7 @@ func TestStopLeftoversPooledCgroup(t *testing.T) {
 	if _, err := os.Stat(ours); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("%s: %v, want it removed", ours, err)
 	}
-	if procs, err := cgroupProcs(theirs); err != nil || len(procs) != 1 {
+	if procs, err := executor.CgroupProcs(theirs); err != nil || len(procs) != 1 {
 		t.Errorf("the other pooled cgroup holds %v (err %v), want its process untouched", procs, err)
 	}
 }
