@@ -313,25 +313,7 @@ func KillCgroup(path string) ([]int, error) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	entries, _ := os.ReadDir(path)
-	for _, e := range entries {
-		if e.IsDir() {
-			if err := removeCgroupTree(filepath.Join(path, e.Name())); err != nil {
-				return procs, err
-			}
-		}
-	}
-	deadline = time.Now().Add(5 * time.Second)
-	for {
-		err := unix.Rmdir(path)
-		if err == nil || errors.Is(err, unix.ENOENT) {
-			return procs, nil
-		}
-		if !errors.Is(err, unix.EBUSY) || time.Now().After(deadline) {
-			return procs, fmt.Errorf("removing cgroup %s: %w", path, err)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	return procs, removeCgroupTreeWithin(path, 5*time.Second)
 }
 
 // kill sends SIGKILL to every process in the cgroup. cgroup.kill (Linux
@@ -371,35 +353,47 @@ func (cg *taskCgroup) remove() error {
 
 // removeCgroupTree removes an unpopulated cgroup and its child cgroups,
 // children first (rmdir(2) only removes a cgroup without children).
-func removeCgroupTree(path string) error {
+func removeCgroupTree(path string) error { return removeCgroupTreeWithin(path, removeBusyWait) }
+
+// removeCgroupTreeWithin is removeCgroupTree waiting up to busy on each
+// cgroup the kernel reports busy.
+func removeCgroupTreeWithin(path string, busy time.Duration) error {
 	entries, err := os.ReadDir(path)
 	if err != nil && !errors.Is(err, os.ErrNotExist) {
 		return err
 	}
 	for _, e := range entries {
 		if e.IsDir() {
-			if err := removeCgroupTree(filepath.Join(path, e.Name())); err != nil {
+			if err := removeCgroupTreeWithin(filepath.Join(path, e.Name()), busy); err != nil {
 				return err
 			}
 		}
 	}
-	return removeCgroup(path)
+	return removeCgroupWithin(path, busy)
 }
 
+// removeBusyWait is how long removeCgroup retries a cgroup the kernel
+// reports busy while the last exiting process is still being torn down.
+const removeBusyWait = 500 * time.Millisecond
+
 // removeCgroup removes an empty cgroup directory, retrying for a moment
-// because the kernel may report EBUSY while the last exiting process is
-// still being torn down.
-func removeCgroup(path string) error {
-	var err error
-	for delay := time.Millisecond; delay < 500*time.Millisecond; delay *= 2 {
-		err = unix.Rmdir(path)
+// (removeBusyWait) while the kernel reports EBUSY.
+func removeCgroup(path string) error { return removeCgroupWithin(path, removeBusyWait) }
+
+// removeCgroupWithin is removeCgroup retrying EBUSY for up to busy, with
+// delays doubling from a millisecond to 20 ms.
+func removeCgroupWithin(path string, busy time.Duration) error {
+	deadline := time.Now().Add(busy)
+	delay := time.Millisecond
+	for {
+		err := unix.Rmdir(path)
 		if err == nil || errors.Is(err, unix.ENOENT) {
 			return nil
 		}
-		if !errors.Is(err, unix.EBUSY) {
-			break
+		if !errors.Is(err, unix.EBUSY) || time.Now().After(deadline) {
+			return fmt.Errorf("removing cgroup %s: %w", path, err)
 		}
 		time.Sleep(delay)
+		delay = min(2*delay, 20*time.Millisecond)
 	}
-	return fmt.Errorf("removing cgroup %s: %w", path, err)
 }

@@ -194,6 +194,7 @@ func New(cfg Config) (*Executor, error) {
 	}
 	if e.isolation == IsolationTenant && e.cg != nil {
 		if err := sweepPoolCgroups(e.cg.path); err != nil {
+			_ = e.Close()
 			return nil, fmt.Errorf("removing the cgroups of an earlier executor's shims: %w", err)
 		}
 	}

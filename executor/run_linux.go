@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"slices"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -85,7 +84,7 @@ func (e *Executor) start(p *prepared) (_ *Task, err error) {
 	}
 
 	tenant := e.isolation == IsolationTenant
-	if tenant && e.cg != nil && p.Limits.Pids == 0 && e.taskProcs > 0 && slices.Contains(e.cg.controllers, "pids") {
+	if tenant && p.Limits.Pids == 0 && e.taskProcs > 0 && e.caps.Pids {
 		p.Limits.Pids = e.taskProcs
 	}
 	if tenant {

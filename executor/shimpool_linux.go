@@ -3,6 +3,7 @@
 package executor
 
 import (
+	"bufio"
 	"errors"
 	"fmt"
 	"os"
@@ -23,7 +24,6 @@ import (
 // [NetworkNone]), blocked reading its Config, with the executor's ends of
 // its pipes.
 type shimProc struct {
-	network    Network
 	cg         *taskCgroup // the pooled shim's cgroup until a task takes it; nil without cgroups
 	proc       *os.Process
 	startTicks uint64
@@ -32,6 +32,10 @@ type shimProc struct {
 
 	cfgW, repR               *os.File // the Config in, the reports out
 	stdinW, stdoutR, stderrR *os.File // the task's streams
+
+	rep  *bufio.Reader // on repR, for every report
+	path string        // the shim's binary (Config.ShimPath)
+	wait time.Duration // bound of each of its first reports (Config.ShimReportTimeout)
 }
 
 // shimCloneflags are the namespaces a task's shim is created in.
@@ -47,7 +51,7 @@ func shimCloneflags(network Network) uintptr {
 // from its first instruction. The shim's standard streams are new pipes
 // whose other ends the shimProc holds.
 func (e *Executor) startShim(network Network, cg *taskCgroup) (_ *shimProc, err error) {
-	sp := &shimProc{network: network}
+	sp := &shimProc{path: e.shimPath, wait: e.shimWait}
 	var own, child []*os.File
 	defer func() {
 		for _, f := range child {
@@ -88,6 +92,7 @@ func (e *Executor) startShim(network Network, cg *taskCgroup) (_ *shimProc, err 
 		return nil, err
 	}
 	own, child, sp.repR = append(own, repR), append(child, repW), repR
+	sp.rep = bufio.NewReader(repR)
 	sys := &syscall.SysProcAttr{Setsid: true, Cloneflags: shimCloneflags(network)}
 	if cg != nil {
 		// clone3(CLONE_INTO_CGROUP), as for the shell at the process level:
@@ -109,33 +114,34 @@ func (e *Executor) startShim(network Network, cg *taskCgroup) (_ *shimProc, err 
 	return sp, nil
 }
 
-// awaitReady waits up to timeout for the shim's ready report, so that a
-// pooled shim is taken only once it runs, and discards the shim when the
-// report does not come or names another protocol (a shim binary of another
-// build). The shim writes nothing else before it has its Config, and it
-// writes the line in one write of less than PIPE_BUF bytes, which pipe(7)
-// makes atomic: one read returns the whole line and nothing more.
-func (sp *shimProc) awaitReady(timeout time.Duration) error {
-	buf := make([]byte, 64)
-	_ = sp.repR.SetReadDeadline(time.Now().Add(timeout))
-	n, err := sp.repR.Read(buf)
-	_ = sp.repR.SetReadDeadline(time.Time{})
-	switch {
-	case errors.Is(err, os.ErrDeadlineExceeded):
-		err = fmt.Errorf("no report within %v", timeout)
-	case err == nil && string(buf[:n]) != shim.ReadyLine:
-		line := strings.TrimSuffix(string(buf[:n]), "\n")
-		if _, perr := shim.ParseReport(line); perr != nil {
-			err = perr
-		} else {
-			err = fmt.Errorf("it reported %q", line)
-		}
+// awaitReady waits for the shim's ready report, so that a pooled shim is
+// taken only once it runs and no shim is handed a Config before it said
+// which protocol it speaks; it discards the shim when the report does not
+// come, names another protocol (a shim binary of another build) or is
+// another report. The error names the shim's binary.
+func (sp *shimProc) awaitReady() error {
+	rep, err := sp.nextReport()
+	if err == nil && !rep.Ready {
+		err = fmt.Errorf("its first report was %+v", rep)
 	}
 	if err != nil {
 		sp.discard()
-		return fmt.Errorf("the shim did not report ready: %w", err)
+		return fmt.Errorf("%s: the shim did not report ready: %w", sp.path, err)
 	}
 	return nil
+}
+
+// nextReport reads the shim's next report, waiting up to sp.wait; the
+// deadline applies to the first reports only (ready, then the shell's
+// start or the failed step), after which reports come when the task ends.
+func (sp *shimProc) nextReport() (shim.Report, error) {
+	_ = sp.repR.SetReadDeadline(time.Now().Add(sp.wait))
+	rep, err := readReport(sp.rep)
+	_ = sp.repR.SetReadDeadline(time.Time{})
+	if errors.Is(err, os.ErrDeadlineExceeded) {
+		err = fmt.Errorf("no report within %v", sp.wait)
+	}
+	return rep, err
 }
 
 // gone reports whether the shim has exited, without waiting.
@@ -190,9 +196,8 @@ type shimPool struct {
 	size int
 
 	mu     sync.Mutex
-	idle   map[Network][]*shimProc
-	wanted []Network // kept filled, in the order first asked for
-	closed bool
+	idle   map[Network][]*shimProc // nil once closed
+	wanted []Network               // kept filled, in the order first asked for
 
 	kick chan struct{} // a fill is due
 	stop chan struct{} // closed by close
@@ -226,7 +231,7 @@ func (p *shimPool) take(network Network) *shimProc {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	defer p.signal()
-	if p.closed {
+	if p.idle == nil {
 		return nil
 	}
 	if !slices.Contains(p.wanted, network) {
@@ -260,7 +265,7 @@ func (p *shimPool) fill() {
 				break
 			}
 			p.mu.Lock()
-			if p.closed {
+			if p.idle == nil {
 				p.mu.Unlock()
 				sp.discard()
 				return
@@ -292,8 +297,8 @@ func (p *shimPool) start(network Network) (*shimProc, error) {
 		return nil, err
 	}
 	sp.cg = cg
-	if err := sp.awaitReady(p.e.shimWait); err != nil {
-		return nil, fmt.Errorf("%s: %w", p.e.shimPath, err)
+	if err := sp.awaitReady(); err != nil {
+		return nil, err
 	}
 	return sp, nil
 }
@@ -314,11 +319,10 @@ func (p *shimPool) networksShort() []Network {
 // close stops the filling and kills every idle shim.
 func (p *shimPool) close() {
 	p.mu.Lock()
-	if p.closed {
+	if p.idle == nil {
 		p.mu.Unlock()
 		return
 	}
-	p.closed = true
 	idle := p.idle
 	p.idle = nil
 	p.mu.Unlock()

@@ -38,13 +38,10 @@ func (ts *tenantSys) gone() bool {
 }
 
 // shimLaunch is what a task's shim is given: its Config, and the
-// isolation the task gets from it; path is the shim's binary and wait
-// bounds each of its first reports (Config.ShimReportTimeout).
+// isolation the task gets from it.
 type shimLaunch struct {
-	cfg  shim.Config
-	iso  IsolationResult
-	path string
-	wait time.Duration
+	cfg shim.Config
+	iso IsolationResult
 }
 
 // newShimLaunch prepares the shim Config of p. cgroupPids says whether the
@@ -52,8 +49,6 @@ type shimLaunch struct {
 // not set RLIMIT_NPROC.
 func (e *Executor) newShimLaunch(p *prepared, cgroupPids bool) *shimLaunch {
 	l := &shimLaunch{
-		path: e.shimPath,
-		wait: e.shimWait,
 		cfg: shim.Config{
 			Shell:        e.shell,
 			Command:      p.Command,
@@ -106,8 +101,7 @@ func (e *Executor) newShimLaunch(p *prepared, cgroupPids bool) *shimLaunch {
 // command ran and the shim is gone.
 func (e *Executor) startTenant(t *Task) error {
 	s, p := &t.sys, t.spec
-	// The parent's list as it is: Controllers would copy it on every start.
-	l := e.newShimLaunch(p, e.cg != nil && slices.Contains(e.cg.controllers, "pids"))
+	l := e.newShimLaunch(p, e.caps.Pids)
 	s.iso = l.iso
 	var sp *shimProc
 	if e.pool != nil {
@@ -136,8 +130,8 @@ func (e *Executor) startTenant(t *Task) error {
 		// Its ready report before its Config, as for a pooled shim: a
 		// shim of another build is never handed a Config it might read
 		// differently.
-		if err := sp.awaitReady(e.shimWait); err != nil {
-			return startErr(ErrIsolation, "", fmt.Errorf("%s: %w", e.shimPath, err))
+		if err := sp.awaitReady(); err != nil {
+			return startErr(ErrIsolation, "", err)
 		}
 	}
 	if l.iso.PidsLimit == PidsLimitRlimit {
@@ -184,22 +178,15 @@ func (l *shimLaunch) handshake(sp *shimProc) (<-chan exitStatus, *tenantSys, err
 	} else {
 		go send()
 	}
-	r := bufio.NewReader(sp.repR)
 	// The ready report was taken (awaitReady): this is the shell's start
 	// or the step that failed.
-	_ = sp.repR.SetReadDeadline(time.Now().Add(l.wait))
-	rep, err := readReport(r)
-	_ = sp.repR.SetReadDeadline(time.Time{})
+	rep, err := sp.nextReport()
 	if err == nil && rep.Ready {
 		err = errors.New("the shim reported ready twice")
 	}
-	if errors.Is(err, os.ErrDeadlineExceeded) {
-		err = fmt.Errorf("no report within %v", l.wait)
-	}
 	if err != nil {
-		// The shim did not run, is of another build, or died before it
-		// reported: name the binary.
-		err = fmt.Errorf("%s: %w", l.path, err)
+		// The shim died or hangs before it reported: name the binary.
+		err = fmt.Errorf("%s: %w", sp.path, err)
 	}
 	if err == nil && rep.Step != "" {
 		err = fmt.Errorf("step %s: %s", rep.Step, rep.Err)
@@ -214,7 +201,7 @@ func (l *shimLaunch) handshake(sp *shimProc) (<-chan exitStatus, *tenantSys, err
 	ts := &tenantSys{shimDone: make(chan struct{})}
 	ts.pidNS, _ = os.Readlink(fmt.Sprintf("/proc/%d/ns/pid", sp.proc.Pid))
 	shellCh := make(chan exitStatus, 1)
-	repR, exitCh := sp.repR, sp.exitCh
+	r, repR, exitCh := sp.rep, sp.repR, sp.exitCh
 	go func() {
 		defer repR.Close()
 		var sent bool
