@@ -29,7 +29,7 @@ func TestCasesAtTenantLevel(t *testing.T) {
 	}
 	t.Parallel()
 	cmd := exec.CommandContext(t.Context(), os.Args[0], "-test.run", `^(TestC[0-2][0-9]_|TestExitCodeAndSignalMapping|TestStdinModes|TestAmbientModes)`, "-test.count=1")
-	cmd.Env = append(os.Environ(), isolationEnv+"="+string(IsolationTenant), noTenantEnv+"=1")
+	cmd.Env = append(os.Environ(), isolationEnv+"="+string(IsolationTenant), noTenantEnv+"=1", testshim.EnvVar+"="+testshim.Path(t))
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		t.Fatalf("cases at the tenant level: %v\n%s", err, out)

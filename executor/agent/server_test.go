@@ -38,6 +38,12 @@ func TestMain(m *testing.M) {
 	// The test binary is also a task shim of the tenant level; the rigs'
 	// agents start the static bashtask-shim (testshim) instead.
 	shim.Main()
+	// Built before any agent makes this process a subreaper, whose reaper
+	// would take the go command's exit status.
+	if err := testshim.Prepare(); err != nil {
+		fmt.Fprintln(os.Stderr, "agent tests: bashtask-shim:", err)
+		os.Exit(1)
+	}
 	goleak.VerifyTestMain(m, goleak.Cleanup(func(code int) { testshim.Remove(); os.Exit(code) }))
 }
 

@@ -27,14 +27,15 @@ var built struct {
 	err       error
 }
 
-// Path returns bashtask-shim built for this test process, building it on
-// the first call, from the module around the working directory and with
-// the go command on PATH, as `go test` runs tests. A failed build fails t.
-// With EnvVar set, it returns that path and builds nothing.
-func Path(t testing.TB) string {
-	t.Helper()
-	if p := os.Getenv(EnvVar); p != "" {
-		return p
+// Prepare builds bashtask-shim for this test process, from the module
+// around the working directory and with the go command on PATH, as `go
+// test` runs tests; with EnvVar set it builds nothing. A TestMain whose
+// process becomes a subreaper (its reaper reaps every child, the go
+// command's too) calls it before that; other test processes may leave the
+// build to the first Path.
+func Prepare() error {
+	if os.Getenv(EnvVar) != "" {
+		return nil
 	}
 	built.once.Do(func() {
 		built.dir, built.err = os.MkdirTemp("", "bashtask-test-shim-")
@@ -42,8 +43,18 @@ func Path(t testing.TB) string {
 			built.path, built.err = build(built.dir)
 		}
 	})
-	if built.err != nil {
-		t.Fatalf("bashtask-shim for the tests: %v", built.err)
+	return built.err
+}
+
+// Path returns bashtask-shim built for this test process (see Prepare,
+// which it calls), or EnvVar's path when it is set. A failed build fails t.
+func Path(t testing.TB) string {
+	t.Helper()
+	if p := os.Getenv(EnvVar); p != "" {
+		return p
+	}
+	if err := Prepare(); err != nil {
+		t.Fatalf("bashtask-shim for the tests: %v", err)
 	}
 	return built.path
 }
