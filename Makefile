@@ -126,7 +126,7 @@ build: ## Build every package, and every binary into bin/.
 # and the C library's start.
 .PHONY: binaries
 binaries: ## Build every binary into bin/.
-	$(GO) build -o $(LOCALBIN)/ ./cmd/...
+	$(GO) build -o $(LOCALBIN)/ $$($(GO) list ./cmd/... | grep -v '/cmd/bashtask-shim$$')
 	CGO_ENABLED=0 $(GO) build -o $(LOCALBIN)/bashtask-shim ./cmd/bashtask-shim
 
 ##@ Test

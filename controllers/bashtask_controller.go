@@ -565,8 +565,9 @@ func (r *BashTaskReconciler) reconcileFinished(ctx context.Context, bt *bashtask
 		}
 	}
 
-	if connected && !uploadPending(bt) && r.agents.Holds(node, string(bt.UID)) {
-		if ts, ok := r.agents.Latest(node, string(bt.UID)); ok && ts.GetState() == agentv1.TaskState_TASK_STATE_RUNNING {
+	// Latest's ok is Holds: the connected agent still reports the task.
+	if ts, held := r.agents.Latest(node, string(bt.UID)); connected && !uploadPending(bt) && held {
+		if ts.GetState() == agentv1.TaskState_TASK_STATE_RUNNING {
 			// Recorded terminal while its agent still runs it: the node
 			// was declared lost while unreachable (AgentLost) and is back.
 			// The recorded outcome stands; the command is stopped, and

@@ -52,6 +52,7 @@ import (
 
 	"github.com/bashtask/bashtask-operator/executor"
 	"github.com/bashtask/bashtask-operator/executor/shim"
+	"github.com/bashtask/bashtask-operator/internal/testshim"
 )
 
 const streamBytes = 2_000_000_000
@@ -278,12 +279,9 @@ func shimBinary(flagValue, dir string) (string, error) {
 	case "self":
 		return executor.DefaultShimPath, nil
 	case "":
-		out := filepath.Join(dir, "bashtask-shim")
-		// Static, as the images and `make build` build it.
-		cmd := exec.Command("go", "build", "-o", out, "./cmd/bashtask-shim")
-		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-		if b, err := cmd.CombinedOutput(); err != nil {
-			return "", fmt.Errorf("building bashtask-shim (run from the repository's root, or give -shim): %w: %s", err, b)
+		out, err := testshim.Build(dir)
+		if err != nil {
+			return "", fmt.Errorf("bashtask-shim (run from the repository, or give -shim): %w", err)
 		}
 		return out, nil
 	}

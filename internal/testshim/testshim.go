@@ -1,5 +1,5 @@
 // Package testshim builds the task shim the agent ships, cmd/bashtask-shim,
-// for tests that run tasks at the tenant isolation level. It builds it the
+// for tests and benchmarks that run tasks at the tenant isolation level. It builds it the
 // way `make binaries` and the images do (static, CGO_ENABLED=0), so those
 // tests run the binary users run rather than the test binary re-executed,
 // which links cgo and everything else the tests import.
@@ -40,7 +40,7 @@ func Prepare() error {
 	built.once.Do(func() {
 		built.dir, built.err = os.MkdirTemp("", "bashtask-test-shim-")
 		if built.err == nil {
-			built.path, built.err = build(built.dir)
+			built.path, built.err = Build(built.dir)
 		}
 	})
 	return built.err
@@ -67,16 +67,18 @@ func Remove() {
 	}
 }
 
-// build builds cmd/bashtask-shim into dir and returns the binary's path;
-// the error carries the build's output.
-func build(dir string) (string, error) {
+// Build builds cmd/bashtask-shim of the module around the working
+// directory into dir as the images do (static, -trimpath, no symbols) and
+// returns the binary's path; the error carries the build's output. It
+// needs the go command on PATH.
+func Build(dir string) (string, error) {
 	gomod, err := exec.Command("go", "env", "GOMOD").Output()
 	if err != nil {
 		return "", fmt.Errorf("finding the module: go env GOMOD: %w", err)
 	}
 	root := filepath.Dir(strings.TrimSpace(string(gomod)))
 	out := filepath.Join(dir, "bashtask-shim")
-	cmd := exec.Command("go", "build", "-o", out, "./cmd/bashtask-shim")
+	cmd := exec.Command("go", "build", "-trimpath", "-ldflags=-s -w", "-o", out, "./cmd/bashtask-shim")
 	cmd.Dir = root
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if b, err := cmd.CombinedOutput(); err != nil {
