@@ -193,26 +193,12 @@ func TestCheckFindsViolations(t *testing.T) {
 			},
 		},
 		"uploaded object differs from the status": {
-			mutate: func(e *Evidence) {
-				obs := e.Events["uid-a"]
-				obs[len(obs)-1].Status.Conditions = append(obs[len(obs)-1].Status.Conditions,
-					metav1.Condition{Type: v1.ConditionOutputUploaded, Status: metav1.ConditionTrue, Reason: "Uploaded"})
-				obs[len(obs)-1].Status.Stdout = &v1.StreamStatus{TotalBytes: ptr.To[int64](1000), Truncated: ptr.To(true), SHA256: ptr.To("aaaa"),
-					Spill: &v1.SpillRef{URL: ptr.To("s3://b/x/stdout"), Bytes: ptr.To[int64](1000), Complete: ptr.To(true)}}
-				e.Objects["s3://b/x/stdout"] = ObjectInfo{Size: 640, SHA256: "bbbb"}
-			},
-			want: map[string][]string{"3a": {"task-a: stdout s3://b/x/stdout: object holds 640 bytes, status spill.bytes 1000"}},
+			mutate: uploadedStdout(ObjectInfo{Size: 640, SHA256: "bbbb"}),
+			want:   map[string][]string{"3a": {"task-a: stdout s3://b/x/stdout: object holds 640 bytes, status spill.bytes 1000"}},
 		},
 		"uploaded object with another checksum": {
-			mutate: func(e *Evidence) {
-				obs := e.Events["uid-a"]
-				obs[len(obs)-1].Status.Conditions = append(obs[len(obs)-1].Status.Conditions,
-					metav1.Condition{Type: v1.ConditionOutputUploaded, Status: metav1.ConditionTrue, Reason: "Uploaded"})
-				obs[len(obs)-1].Status.Stdout = &v1.StreamStatus{TotalBytes: ptr.To[int64](1000), Truncated: ptr.To(true), SHA256: ptr.To("aaaa"),
-					Spill: &v1.SpillRef{URL: ptr.To("s3://b/x/stdout"), Bytes: ptr.To[int64](1000), Complete: ptr.To(true)}}
-				e.Objects["s3://b/x/stdout"] = ObjectInfo{Size: 1000, SHA256: "bbbb"}
-			},
-			want: map[string][]string{"3a": {"task-a: stdout s3://b/x/stdout: object sha256 bbbb, status sha256 aaaa"}},
+			mutate: uploadedStdout(ObjectInfo{Size: 1000, SHA256: "bbbb"}),
+			want:   map[string][]string{"3a": {"task-a: stdout s3://b/x/stdout: object sha256 bbbb, status sha256 aaaa"}},
 		},
 		"upload pending at the end": {
 			mutate: func(e *Evidence) {
@@ -292,5 +278,19 @@ func TestDeadlineStartOwnerLimited(t *testing.T) {
 	ti.ReadyAt = at(7)
 	if got := deadlineStart(ti, b.obs); !got.Equal(at(7)) {
 		t.Errorf("deadline start %s, want %s", got, at(7))
+	}
+}
+
+// uploadedStdout makes task-a's last status say its 1000 bytes of stdout
+// (sha256 aaaa) are uploaded to s3://b/x/stdout, and the bucket hold obj
+// there.
+func uploadedStdout(obj ObjectInfo) func(*Evidence) {
+	return func(e *Evidence) {
+		obs := e.Events["uid-a"]
+		obs[len(obs)-1].Status.Conditions = append(obs[len(obs)-1].Status.Conditions,
+			metav1.Condition{Type: v1.ConditionOutputUploaded, Status: metav1.ConditionTrue, Reason: "Uploaded"})
+		obs[len(obs)-1].Status.Stdout = &v1.StreamStatus{TotalBytes: ptr.To[int64](1000), Truncated: ptr.To(true), SHA256: ptr.To("aaaa"),
+			Spill: &v1.SpillRef{URL: ptr.To("s3://b/x/stdout"), Bytes: ptr.To[int64](1000), Complete: ptr.To(true)}}
+		e.Objects["s3://b/x/stdout"] = obj
 	}
 }

@@ -136,21 +136,9 @@ func (in *injector) inject(ctx context.Context, f plannedFault) (FaultWindow, er
 		w.Target = l.proc.name
 		w.Allowance = set.leaseDuration + 5*time.Second
 		w.Start = time.Now()
-		if f.kind == faultControllerKill {
-			if err := l.proc.kill(f.length); err != nil {
-				w.End = time.Now()
-				return w, err
-			}
-		} else {
-			if err := l.proc.signal(syscall.SIGSTOP); err != nil {
-				w.End = time.Now()
-				return w, err
-			}
-			time.Sleep(f.length)
-			if err := l.proc.signal(syscall.SIGCONT); err != nil {
-				w.End = time.Now()
-				return w, err
-			}
+		if err := l.proc.disrupt(f.kind == faultControllerKill, f.length); err != nil {
+			w.End = time.Now()
+			return w, err
 		}
 		w.End = waitFor(bg, leaderBack)
 	case faultAgentKill:
@@ -198,21 +186,9 @@ func (in *injector) inject(ctx context.Context, f plannedFault) (FaultWindow, er
 	case faultS3Stop, faultS3Kill:
 		w.Target, w.Allowance = "versitygw", 5*time.Second
 		w.Start = time.Now()
-		if f.kind == faultS3Kill {
-			if err := c.s3.kill(f.length); err != nil {
-				w.End = time.Now()
-				return w, err
-			}
-		} else {
-			if err := c.s3.signal(syscall.SIGSTOP); err != nil {
-				w.End = time.Now()
-				return w, err
-			}
-			time.Sleep(f.length)
-			if err := c.s3.signal(syscall.SIGCONT); err != nil {
-				w.End = time.Now()
-				return w, err
-			}
+		if err := c.s3.disrupt(f.kind == faultS3Kill, f.length); err != nil {
+			w.End = time.Now()
+			return w, err
 		}
 		w.End = waitFor(bg, func() bool { return c.s3Ready(bg) })
 	}

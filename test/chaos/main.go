@@ -365,7 +365,6 @@ func report(out *os.File, cfg config, e *Evidence, results []Result) {
 
 	// Outcomes by kind.
 	counts := map[string]map[string]int{}
-	reasons := map[string]bool{}
 	for _, t := range e.Tasks {
 		r := "<none>"
 		if st := finalStatus(e, t.UID); st != nil && st.Reason != nil {
@@ -378,7 +377,6 @@ func report(out *os.File, cfg config, e *Evidence, results []Result) {
 			counts[t.Kind] = map[string]int{}
 		}
 		counts[t.Kind][r]++
-		reasons[r] = true
 	}
 	fmt.Fprintln(out, "\nOutcomes by kind:")
 	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)

@@ -169,3 +169,16 @@ func (p *proc) stop(grace time.Duration) {
 	}
 	<-p.done
 }
+
+// disrupt kills the process, restarting it after d (kill true), or stops
+// it with SIGSTOP for d and resumes it with SIGCONT.
+func (p *proc) disrupt(kill bool, d time.Duration) error {
+	if kill {
+		return p.kill(d)
+	}
+	if err := p.signal(syscall.SIGSTOP); err != nil {
+		return err
+	}
+	time.Sleep(d)
+	return p.signal(syscall.SIGCONT)
+}

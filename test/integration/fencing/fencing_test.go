@@ -142,14 +142,7 @@ func contains(s []string, v string) bool {
 // exits, and that every task ran exactly once.
 func TestPausedLeaderMakesNoAcceptedCall(t *testing.T) {
 	ctx := t.Context()
-	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
-	if err := rig.Env.WriteKubeconfig(kubeconfig); err != nil {
-		t.Fatal(err)
-	}
-	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "fencing-"}}
-	if err := rig.Client.Create(ctx, ns); err != nil {
-		t.Fatal(err)
-	}
+	kubeconfig, ns := newRun(t, "fencing-")
 	a := startController(t, "controller-a", kubeconfig)
 	waitFor(t, "controller-a leads", 30*time.Second, func() bool { h, _ := leaseHolder(ctx); return h != "" })
 	b := startController(t, "controller-b", kubeconfig)
@@ -288,14 +281,7 @@ func TestPausedLeaderMakesNoAcceptedCall(t *testing.T) {
 // its next renewal and goes on dispatching.
 func TestLeaseCountGoesBack(t *testing.T) {
 	ctx := t.Context()
-	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
-	if err := rig.Env.WriteKubeconfig(kubeconfig); err != nil {
-		t.Fatal(err)
-	}
-	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "lease-"}}
-	if err := rig.Client.Create(ctx, ns); err != nil {
-		t.Fatal(err)
-	}
+	kubeconfig, ns := newRun(t, "lease-")
 	run := func(name string) {
 		t.Helper()
 		bt := &v1.BashTask{ObjectMeta: metav1.ObjectMeta{Namespace: ns.Name, Name: name},
@@ -358,4 +344,20 @@ func TestLeaseCountGoesBack(t *testing.T) {
 		t.Errorf("controller-d exited: %v", d.err)
 	}
 	t.Logf("Lease transitions %d, raised to %d, created again and raised to %d", was, raised, after)
+}
+
+// newRun writes the administrator's kubeconfig for the controller
+// processes of one test and creates the test's namespace, named from
+// prefix.
+func newRun(t *testing.T, prefix string) (kubeconfig string, ns *corev1.Namespace) {
+	t.Helper()
+	kubeconfig = filepath.Join(t.TempDir(), "kubeconfig")
+	if err := rig.Env.WriteKubeconfig(kubeconfig); err != nil {
+		t.Fatal(err)
+	}
+	ns = &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: prefix}}
+	if err := rig.Client.Create(t.Context(), ns); err != nil {
+		t.Fatal(err)
+	}
+	return kubeconfig, ns
 }
