@@ -76,7 +76,7 @@ type Config struct {
 	// Landlock applies the Landlock rules best effort (nothing on a kernel
 	// without Landlock).
 	Landlock bool `json:"landlock,omitempty"`
-	// Seccomp installs the seccomp filter (see [DeniedSyscalls]).
+	// Seccomp installs the seccomp filter (see [AllowedSyscalls]).
 	Seccomp bool `json:"seccomp,omitempty"`
 }
 
