@@ -210,7 +210,7 @@ func argumentRules() []argRule {
 	}
 	return []argRule{
 		{name: "fcntl", otherwise: retAllow,
-			why: "all but F_SETSIG with a signal, which has the kernel send a file's owner (PID 1, after F_SETOWN) a signal with a code the Go runtime takes for a fault",
+			why:     "all but F_SETSIG with a signal, which has the kernel send a file's owner (PID 1, after F_SETOWN) a signal with a code the Go runtime takes for a fault",
 			clauses: []argClause{{tests: []argTest{lowEq(1, unix.F_SETSIG), {arg: 2, not: true}}, ret: retEPERM}}},
 		{name: "clone", otherwise: retAllow, why: "without namespace flags (nsFlags)",
 			clauses: []argClause{{tests: []argTest{{arg: 0, bits: true, val: nsFlags}}, ret: retEPERM}}},

@@ -251,9 +251,9 @@ func TestSeccompArgumentFilters(t *testing.T) {
 		{"personality", []uint64{0x0040008}, eperm, eperm, ""},
 		{"personality", []uint64{1 << 32}, eperm, allow, "the kernel reads an unsigned int: this is personality(0)"},
 		// clone: the reference refuses any namespace flag.
-		{"clone", []uint64{uint64(unix.SIGCHLD) | unix.CLONE_CHILD_SETTID | unix.CLONE_CHILD_CLEARTID}, allow, allow, ""}, // glibc's fork
+		{"clone", []uint64{uint64(unix.SIGCHLD) | unix.CLONE_CHILD_SETTID | unix.CLONE_CHILD_CLEARTID}, allow, allow, ""},                                     // glibc's fork
 		{"clone", []uint64{unix.CLONE_VM | unix.CLONE_FS | unix.CLONE_FILES | unix.CLONE_SIGHAND | unix.CLONE_SYSVSEM | unix.CLONE_THREAD}, allow, allow, ""}, // a thread
-		{"clone", []uint64{unix.CLONE_VM | unix.CLONE_VFORK | unix.CLONE_PIDFD | uint64(unix.SIGCHLD)}, allow, allow, ""},                                   // Go's os.StartProcess
+		{"clone", []uint64{unix.CLONE_VM | unix.CLONE_VFORK | unix.CLONE_PIDFD | uint64(unix.SIGCHLD)}, allow, allow, ""},                                     // Go's os.StartProcess
 		{"clone", []uint64{unix.CLONE_NEWNS}, eperm, eperm, ""},
 		{"clone", []uint64{unix.CLONE_NEWCGROUP}, eperm, eperm, ""},
 		{"clone", []uint64{unix.CLONE_NEWUTS}, eperm, eperm, ""},
