@@ -157,6 +157,12 @@ func mountStep(st *state) error {
 	if err := os.MkdirAll(wd, 0o755); err != nil && !errors.Is(err, unix.EROFS) {
 		return fmt.Errorf("making mount point %s: %w", wd, err)
 	}
+	// The working directory's mounts come from before the tree turned
+	// nosuid: they become nosuid and nodev too.
+	wdAttr := &unix.MountAttr{Attr_set: unix.MOUNT_ATTR_NOSUID | unix.MOUNT_ATTR_NODEV}
+	if err := unix.MountSetattr(tree, "", unix.AT_EMPTY_PATH|unix.AT_RECURSIVE, wdAttr); err != nil {
+		return fmt.Errorf("making working directory %s nosuid: %w", wd, err)
+	}
 	if err := unix.MoveMount(tree, "", unix.AT_FDCWD, wd, unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
 		return fmt.Errorf("mounting working directory %s: %w", wd, err)
 	}
@@ -189,6 +195,11 @@ func mask(path string) error {
 		err = unix.Mount("tmpfs", path, "tmpfs", unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "size=4k,mode=0555")
 	default:
 		err = unix.Mount(os.DevNull, path, "", unix.MS_BIND, "")
+		if err == nil {
+			// A bind takes none of the flags asked with it: read-only
+			// and nosuid by a remount (not nodev: it is /dev/null).
+			err = unix.Mount("", path, "", unix.MS_REMOUNT|unix.MS_BIND|unix.MS_RDONLY|unix.MS_NOSUID, "")
+		}
 	}
 	if err != nil {
 		return fmt.Errorf("masking %s: %w", path, err)
