@@ -253,7 +253,9 @@ echo "submounts: $(awk '$1 ~ "^/(dev|sys|run)/" {n++} END {print n+0}' "$PWD/.mo
 		if err := os.WriteFile(filepath.Join(workDirOf(uid), "go"), nil, 0o644); err != nil {
 			t.Fatal(err)
 		}
-		ctlIn.Write([]byte("\n"))
+		if _, err := ctlIn.Write([]byte("\n")); err != nil {
+			t.Fatal(err)
+		}
 		ctlSeen, _ := ctlLines.ReadString('\n')
 		_ = ctl.Wait()
 		out := stdoutOf(a.finish(uid))
@@ -279,7 +281,7 @@ echo "submounts: $(awk '$1 ~ "^/(dev|sys|run)/" {n++} END {print n+0}' "$PWD/.mo
 			t.Fatalf("mq_open: %v", e)
 		}
 		unix.Close(int(fd))
-		t.Cleanup(func() { unix.Syscall(unix.SYS_MQ_UNLINK, uintptr(unsafe.Pointer(name)), 0, 0) })
+		t.Cleanup(func() { _, _, _ = unix.Syscall(unix.SYS_MQ_UNLINK, uintptr(unsafe.Pointer(name)), 0, 0) })
 		probe := fmt.Sprintf(`/usr/bin/python3 -c '
 import ctypes, os
 libc = ctypes.CDLL(None, use_errno=True)
