@@ -294,3 +294,63 @@ func TestTenantSpecPidsLimit(t *testing.T) {
 		t.Errorf("isolation %+v, limits not enforced %v: want 10 processes, enforced", iso, res.LimitsNotEnforced)
 	}
 }
+
+// Ordinary work runs under the tenant level's allow-list filter: an
+// interpreter with threads and subprocesses, git, a C compiler and the
+// program it builds (glibc's fork, threads and posix_spawn try clone3
+// first and fall back to clone on its ENOSYS). A tool missing on the
+// machine is skipped by name.
+func TestTenantRealWorkloads(t *testing.T) {
+	t.Parallel()
+	ex := newTestExecutor(t, CgroupAuto, func(c *Config) { c.Isolation = IsolationTenant; c.TmpSizeBytes = 64 << 20 })
+	const prog = `#include <pthread.h>
+#include <spawn.h>
+#include <stdio.h>
+#include <sys/wait.h>
+#include <unistd.h>
+extern char **environ;
+static void *th(void *a) { return a; }
+int main(void) {
+	pthread_t t; void *r;
+	if (pthread_create(&t, 0, th, (void *)42) || pthread_join(t, &r)) return 1;
+	pid_t p = fork(); if (p == 0) _exit(7);
+	int st; waitpid(p, &st, 0);
+	char *argv[] = {"true", 0}; pid_t q;
+	if (posix_spawn(&q, "/bin/true", 0, 0, argv, environ)) return 2;
+	int st2; waitpid(q, &st2, 0);
+	printf("c: thread=%ld fork=%d spawn=%d\n", (long)r, WEXITSTATUS(st), WEXITSTATUS(st2));
+	return 0;
+}`
+	rows := []struct {
+		tool, command, want string
+	}{
+		{"/usr/bin/python3", `/usr/bin/python3 -c '
+import concurrent.futures, subprocess, tempfile, sqlite3
+with concurrent.futures.ThreadPoolExecutor(4) as ex:
+    s = sum(ex.map(lambda x: x * x, range(100)))
+out = subprocess.run(["echo", "sub"], capture_output=True, text=True).stdout.strip()
+db = sqlite3.connect(tempfile.mktemp(dir="."))
+db.execute("create table t(x)")
+print("python:", s, out, db.execute("select 1").fetchone()[0])
+'`, "python: 328350 sub 1"},
+		{"/usr/bin/git", `export HOME=$PWD GIT_AUTHOR_NAME=a GIT_AUTHOR_EMAIL=a@b GIT_COMMITTER_NAME=a GIT_COMMITTER_EMAIL=a@b
+git init -q repo && cd repo && echo x > f && git add f && git commit -qm first && echo "git: $(git log --oneline | wc -l)"`, "git: 1"},
+		{"/usr/bin/gcc", `cat > p.c <<'C'
+` + prog + `
+C
+/usr/bin/gcc -pthread -o p p.c && ./p`, "c: thread=42 fork=7 spawn=0"},
+	}
+	for _, r := range rows {
+		t.Run(filepath.Base(r.tool), func(t *testing.T) {
+			t.Parallel()
+			if _, err := os.Stat(r.tool); err != nil {
+				t.Skipf("%s is not installed: %v", r.tool, err)
+			}
+			spec := testSpec(t, r.command)
+			res := run(t, ex, spec)
+			if res.Reason != ReasonSucceeded || !strings.Contains(res.Stdout.Tail, r.want) {
+				t.Errorf("%s (%s): stdout %q, stderr %q; want %q", res.Reason, res.Message, res.Stdout.Tail, res.Stderr.Tail, r.want)
+			}
+		})
+	}
+}

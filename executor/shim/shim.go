@@ -2,7 +2,8 @@
 // own binary re-executed in a shim mode, as PID 1 of a task's new mount,
 // PID, IPC and UTS namespaces (and network namespace when asked). It
 // applies the task's isolation in a fixed order of named steps (mounts,
-// host name, loopback, limits, identity, no_new_privs, Landlock, seccomp),
+// host name, loopback, limits, identity, session keyring, no_new_privs,
+// Landlock, seccomp),
 // then forks the shell, forwards SIGTERM, SIGINT and SIGHUP to every process
 // of its PID namespace, reaps every orphan and exits with the shell's status
 // once the last process of the namespace is gone.
@@ -76,7 +77,7 @@ type Config struct {
 	// Landlock applies the Landlock rules best effort (nothing on a kernel
 	// without Landlock).
 	Landlock bool `json:"landlock,omitempty"`
-	// Seccomp installs the seccomp filter (see [DeniedSyscalls]).
+	// Seccomp installs the seccomp filter (see [AllowedSyscalls]).
 	Seccomp bool `json:"seccomp,omitempty"`
 }
 

@@ -41,6 +41,7 @@ var steps = []step{
 	{"loopback", loopbackStep},
 	{"limits", limitsStep},
 	{"identity", identityStep},
+	{"keyring", keyringStep},
 	{"no_new_privs", noNewPrivsStep},
 	{"landlock", landlockStep},
 	{"seccomp", seccompStep},
@@ -141,7 +142,14 @@ func mountStep(st *state) error {
 			return fmt.Errorf("mounting tmpfs on %s: %w", dir, err)
 		}
 	}
-	for _, path := range st.cfg.Mask {
+	// The task's IPC namespace is new, the node's /dev/mqueue shows the
+	// node's queues: a mqueue mounted from here shows the task's own.
+	if fi, err := os.Stat("/dev/mqueue"); err == nil && fi.IsDir() {
+		if err := unix.Mount("mqueue", "/dev/mqueue", "mqueue", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
+			return fmt.Errorf("mounting mqueue on /dev/mqueue: %w", err)
+		}
+	}
+	for _, path := range append(kernelMasks, st.cfg.Mask...) {
 		if err := mask(path); err != nil {
 			return err
 		}
@@ -149,10 +157,29 @@ func mountStep(st *state) error {
 	if err := os.MkdirAll(wd, 0o755); err != nil && !errors.Is(err, unix.EROFS) {
 		return fmt.Errorf("making mount point %s: %w", wd, err)
 	}
+	// The working directory's mounts come from before the tree turned
+	// nosuid: they become nosuid and nodev too.
+	wdAttr := &unix.MountAttr{Attr_set: unix.MOUNT_ATTR_NOSUID | unix.MOUNT_ATTR_NODEV}
+	if err := unix.MountSetattr(tree, "", unix.AT_EMPTY_PATH|unix.AT_RECURSIVE, wdAttr); err != nil {
+		return fmt.Errorf("making working directory %s nosuid: %w", wd, err)
+	}
 	if err := unix.MoveMount(tree, "", unix.AT_FDCWD, wd, unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
 		return fmt.Errorf("mounting working directory %s: %w", wd, err)
 	}
 	return nil
+}
+
+// kernelMasks are the node-wide kernel files hidden from every task:
+// the kernel log (/dev/kmsg: every process's messages, readable where
+// kernel.dmesg_restrict is 0), the kernel's memory and timers, the key
+// list, the scheduler's and latency statistics (other tenants' process
+// names and pids), and firmware and power-capping interfaces. Missing
+// ones are skipped.
+var kernelMasks = []string{
+	"/dev/kmsg",
+	"/proc/kcore", "/proc/keys", "/proc/timer_list", "/proc/sched_debug",
+	"/proc/latency_stats", "/proc/acpi", "/proc/scsi", "/proc/asound",
+	"/sys/firmware", "/sys/devices/virtual/powercap",
 }
 
 // mask hides path: an empty read-only tmpfs over a directory, /dev/null
@@ -168,6 +195,11 @@ func mask(path string) error {
 		err = unix.Mount("tmpfs", path, "tmpfs", unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "size=4k,mode=0555")
 	default:
 		err = unix.Mount(os.DevNull, path, "", unix.MS_BIND, "")
+		if err == nil {
+			// A bind takes none of the flags asked with it: read-only
+			// and nosuid by a remount (not nodev: it is /dev/null).
+			err = unix.Mount("", path, "", unix.MS_REMOUNT|unix.MS_BIND|unix.MS_RDONLY|unix.MS_NOSUID, "")
+		}
 	}
 	if err != nil {
 		return fmt.Errorf("masking %s: %w", path, err)
@@ -225,12 +257,40 @@ func identityStep(st *state) error {
 	if _, _, e := unix.RawSyscall(unix.SYS_SETGROUPS, 0, 0, 0); e != 0 {
 		return fmt.Errorf("setgroups: %w", e)
 	}
+	// No capability survives in the bounding set, so that nothing the
+	// task runs could regain one (no_new_privs already stops setuid and
+	// file capabilities; this is the second lock), and the ambient set is
+	// empty.
+	for c := 0; c <= unix.CAP_LAST_CAP; c++ {
+		if _, _, e := unix.RawSyscall(unix.SYS_PRCTL, unix.PR_CAPBSET_DROP, uintptr(c), 0); e != 0 && e != unix.EINVAL {
+			return fmt.Errorf("dropping capability %d from the bounding set: %w", c, e)
+		}
+	}
+	if _, _, e := unix.RawSyscall(unix.SYS_PRCTL, unix.PR_CAP_AMBIENT, unix.PR_CAP_AMBIENT_CLEAR_ALL, 0); e != 0 {
+		return fmt.Errorf("clearing the ambient capabilities: %w", e)
+	}
 	g, u := uintptr(*st.cfg.GID), uintptr(*st.cfg.UID)
 	if _, _, e := unix.RawSyscall(unix.SYS_SETRESGID, g, g, g); e != 0 {
 		return fmt.Errorf("setresgid %d: %w", g, e)
 	}
 	if _, _, e := unix.RawSyscall(unix.SYS_SETRESUID, u, u, u); e != 0 {
 		return fmt.Errorf("setresuid %d: %w", u, e)
+	}
+	return nil
+}
+
+// keyringStep gives this thread (see run), and so the task, a new
+// anonymous session keyring of the task's UID instead of the agent's,
+// whose keys the task would otherwise possess and see in /proc/keys. The
+// filter refuses keyctl, add_key and request_key afterwards, so the task
+// cannot put anything in it or in its UID's keyrings, which the kernel
+// keeps per UID across tasks.
+func keyringStep(st *state) error {
+	if st.cfg.UID == nil {
+		return nil
+	}
+	if _, _, e := unix.RawSyscall(unix.SYS_KEYCTL, unix.KEYCTL_JOIN_SESSION_KEYRING, 0, 0); e != 0 {
+		return fmt.Errorf("joining a new session keyring: %w", e)
 	}
 	return nil
 }
