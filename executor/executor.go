@@ -361,7 +361,7 @@ func (e *Executor) prepare(spec Spec) (*prepared, error) {
 	if len(p.Command)+1 > MaxArgStrlen {
 		return nil, startErr(ErrArgumentTooLong, fmt.Sprintf("command is %d bytes, limit %d", len(p.Command), MaxArgStrlen-1), nil)
 	}
-	env, err := BuildEnv(EnvOptions{Mode: AmbientInherit, Ambient: e.ambient, Explicit: p.Env, Managed: p.ManagedEnv})
+	env, err := BuildEnv(EnvOptions{Mode: AmbientInherit, Ambient: e.ambient, Identity: e.identityEnv(p), Explicit: p.Env, Managed: p.ManagedEnv})
 	if err != nil {
 		return nil, err
 	}

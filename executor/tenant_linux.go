@@ -78,6 +78,7 @@ func (e *Executor) newShimLaunch(p *prepared, cgroupPids bool) *shimLaunch {
 	if u := p.User; u != nil {
 		uid, gid := u.UID, u.GID
 		l.cfg.UID, l.cfg.GID = &uid, &gid
+		l.cfg.User = &shim.UserEntry{Name: TaskUserName, Gecos: TaskUserGecos, Home: TaskHome, PrivateHome: true}
 		l.iso.UID = &uid
 	}
 	switch {

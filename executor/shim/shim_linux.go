@@ -26,10 +26,11 @@ type step struct {
 
 // state is what the steps share.
 type state struct {
-	cfg     Config
-	report  *os.File
-	wdTree  int               // detached clone of the working directory (open_tree), -1 once attached
-	seccomp []unix.SockFilter // the filter, assembled before the Config arrives
+	cfg       Config
+	report    *os.File
+	wdTree    int               // detached clone of the working directory (open_tree), -1 once attached
+	seccomp   []unix.SockFilter // the filter, assembled before the Config arrives
+	nodeUsers nodeUserFiles     // the node's passwd and group, read before the Config arrives
 }
 
 // steps is the fixed order of DESIGN.md section 9: mounts, then the
@@ -37,6 +38,7 @@ type state struct {
 // filter needs a system call it denies.
 var steps = []step{
 	{"mounts", mountStep},
+	{"user", userStep},
 	{"hostname", hostnameStep},
 	{"loopback", loopbackStep},
 	{"limits", limitsStep},
@@ -78,6 +80,7 @@ func run() int {
 		return fail("seccomp", err)
 	}
 	st.seccomp = prog
+	st.nodeUsers = readNodeUserFiles()
 	if _, err := io.WriteString(report, ReadyLine); err != nil {
 		return 127 // nobody reads the reports: the parent is gone
 	}
