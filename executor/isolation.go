@@ -150,10 +150,14 @@ type Capabilities struct {
 	Cgroup bool
 	// Pids is true when task cgroups have the pids controller.
 	Pids bool
+	// DiskQuota is true when fresh working directories at the tenant
+	// level get a file system of their own with a size and an inode
+	// limit (Config.DiskQuotaBytes set and the node able to).
+	DiskQuota bool
 }
 
 // Names lists the capabilities present: "namespaces", "netns",
-// "landlock", "seccomp", "cgroup", "pids".
+// "landlock", "seccomp", "cgroup", "pids", "disk-quota".
 func (c Capabilities) Names() []string {
 	var out []string
 	for _, n := range []struct {
@@ -161,7 +165,7 @@ func (c Capabilities) Names() []string {
 		ok   bool
 	}{
 		{"namespaces", c.Namespaces}, {"netns", c.NetNS}, {"landlock", c.LandlockABI > 0},
-		{"seccomp", c.Seccomp}, {"cgroup", c.Cgroup}, {"pids", c.Pids},
+		{"seccomp", c.Seccomp}, {"cgroup", c.Cgroup}, {"pids", c.Pids}, {"disk-quota", c.DiskQuota},
 	} {
 		if n.ok {
 			out = append(out, n.name)
@@ -188,3 +192,8 @@ func (e *Executor) identityEnv(p *prepared) []EnvVar {
 		{"EMAIL", TaskUserName + "@" + e.hostname},
 	}
 }
+
+// LimitEphemeralStorage is the name, in Result.LimitsNotEnforced, of the
+// working directory's disk quota (Config.DiskQuotaBytes) on a node that
+// cannot enforce it; as in Kubernetes' resource names.
+const LimitEphemeralStorage = "ephemeral-storage"

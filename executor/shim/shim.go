@@ -32,7 +32,9 @@ const Arg0 = "bashtask-shim"
 
 // Descriptors the parent passes besides 0, 1 and 2.
 const (
-	// ConfigFD is the read end of a pipe carrying the JSON [Config].
+	// ConfigFD is the shim's end of a Unix stream socket carrying the
+	// JSON [Config] (and the working directory, [Config.WorkTree]) up to
+	// the parent's shutdown of its end.
 	ConfigFD = 3
 	// ReportFD is the write end of the pipe the shim reports on.
 	ReportFD = 4
@@ -49,6 +51,13 @@ type Config struct {
 	// WorkDir is the absolute working directory of the shell; it stays
 	// writable, the rest of the root file system is read-only.
 	WorkDir string `json:"workDir"`
+	// WorkTree says that the Config's first bytes carry, as SCM_RIGHTS
+	// on the config socket, a detached clone of the working directory's
+	// mounts (open_tree(2) OPEN_TREE_CLONE) taken by the parent, which the
+	// shim attaches at WorkDir instead of cloning WorkDir of its own
+	// mount namespace: a shim started ahead of its task has the mounts of
+	// its start, not a file system mounted at WorkDir since.
+	WorkTree bool `json:"workTree,omitempty"`
 	// NullStdin gives the shell /dev/null as standard input, a character
 	// device (`test -c /dev/stdin` holds), instead of the shim's own
 	// standard input.

@@ -84,11 +84,20 @@ func run() int {
 	if _, err := io.WriteString(report, ReadyLine); err != nil {
 		return 127 // nobody reads the reports: the parent is gone
 	}
-	cfgFile := os.NewFile(ConfigFD, "config")
-	data, err := io.ReadAll(cfgFile)
-	cfgFile.Close()
+	data, fds, err := readConfig(ConfigFD)
+	unix.Close(ConfigFD)
 	if err == nil {
 		err = json.Unmarshal(data, &st.cfg)
+	}
+	if err == nil && st.cfg.WorkTree {
+		if len(fds) != 1 {
+			err = fmt.Errorf("the Config came with %d descriptors, want the working directory's tree", len(fds))
+		} else {
+			st.wdTree, fds = fds[0], nil
+		}
+	}
+	for _, fd := range fds {
+		unix.Close(fd)
 	}
 	if err != nil {
 		return fail("config", err)
@@ -116,11 +125,17 @@ func mountStep(st *state) error {
 	}
 	// A clone of the working directory taken before anything is mounted
 	// over its path (a working directory under /tmp would be hidden by the
-	// private /tmp) and before the tree turns read-only.
-	tree, err := unix.OpenTree(unix.AT_FDCWD, wd, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC|unix.AT_RECURSIVE)
-	if err != nil {
-		return fmt.Errorf("cloning working directory %s: %w", wd, err)
+	// private /tmp) and before the tree turns read-only: the parent's
+	// (Config.WorkTree), or one of this namespace's.
+	tree := st.wdTree
+	if tree < 0 {
+		var err error
+		tree, err = unix.OpenTree(unix.AT_FDCWD, wd, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC|unix.AT_RECURSIVE)
+		if err != nil {
+			return fmt.Errorf("cloning working directory %s: %w", wd, err)
+		}
 	}
+	st.wdTree = -1
 	defer unix.Close(tree)
 	ro := &unix.MountAttr{Attr_set: unix.MOUNT_ATTR_RDONLY | unix.MOUNT_ATTR_NOSUID}
 	if err := unix.MountSetattr(unix.AT_FDCWD, "/", unix.AT_RECURSIVE, ro); err != nil {
@@ -347,4 +362,37 @@ func exitCode(ws unix.WaitStatus) int {
 		return 128 + int(ws.Signal())
 	}
 	return ws.ExitStatus()
+}
+
+// readConfig reads the config socket fd to its end, with the descriptors
+// that came with it (SCM_RIGHTS).
+func readConfig(fd int) ([]byte, []int, error) {
+	var data []byte
+	var fds []int
+	buf := make([]byte, 64<<10)
+	oob := make([]byte, unix.CmsgSpace(4*4))
+	for {
+		n, oobn, _, _, err := unix.Recvmsg(fd, buf, oob, unix.MSG_CMSG_CLOEXEC)
+		if errors.Is(err, unix.EINTR) {
+			continue
+		}
+		if err != nil {
+			return nil, fds, fmt.Errorf("reading the Config: %w", err)
+		}
+		if oobn > 0 {
+			msgs, err := unix.ParseSocketControlMessage(oob[:oobn])
+			if err != nil {
+				return nil, fds, err
+			}
+			for _, m := range msgs {
+				if rights, err := unix.ParseUnixRights(&m); err == nil {
+					fds = append(fds, rights...)
+				}
+			}
+		}
+		if n == 0 {
+			return data, fds, nil
+		}
+		data = append(data, buf[:n]...)
+	}
 }

@@ -45,7 +45,7 @@ func TestProtocolCoversConfig(t *testing.T) {
 	const wantProtocol = "2"
 	want := strings.Join([]string{
 		"Shell string shell", "Command string command", "Env []string env",
-		"WorkDir string workDir", "NullStdin bool nullStdin,omitempty",
+		"WorkDir string workDir", "WorkTree bool workTree,omitempty", "NullStdin bool nullStdin,omitempty",
 		"TmpSizeBytes int64 tmpSizeBytes,omitempty", "Mask []string mask,omitempty",
 		"Hostname string hostname,omitempty", "Loopback bool loopback,omitempty",
 		"NProc uint64 nproc,omitempty", "UID *uint32 uid,omitempty", "GID *uint32 gid,omitempty",
