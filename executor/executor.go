@@ -323,6 +323,16 @@ func (e *Executor) Controllers() []string {
 	return slices0(e.cg.controllers)
 }
 
+// DiskCap is the largest Limits.DiskBytes the executor accepts, in bytes
+// (Config.DiskQuotaCapBytes); 0 when fresh working directories get no
+// quota (none configured, or the node cannot).
+func (e *Executor) DiskCap() int64 {
+	if e.quota == nil {
+		return 0
+	}
+	return e.quotaCap
+}
+
 // AmbientMode is the ambient environment mode in effect (for the agent's
 // readiness info: AmbientInherit must be visible to the controller).
 func (e *Executor) AmbientMode() AmbientMode { return e.envMode }
