@@ -636,13 +636,13 @@ func (e *Executor) checkDiskLimit(p *prepared) error {
 }
 
 // removeWorkDir removes the task's fresh working directory: a file system
-// of its own is unmounted and its image deleted, without walking the
-// task's files; a plain directory is removed with os.RemoveAll, which
-// opens each level relative to the last and does not follow symbolic
-// links.
+// of its own is closed to the task's UID at once and unmounted, its image
+// deleted, in the background (quotaFS.retire), without walking the task's
+// files; a plain directory is removed with os.RemoveAll, which opens each
+// level relative to the last and does not follow symbolic links.
 func (p *prepared) removeWorkDir() error {
 	if p.quotaFS != nil {
-		return p.quotaFS.remove()
+		return p.quotaFS.retire()
 	}
 	return os.RemoveAll(p.WorkingDir)
 }

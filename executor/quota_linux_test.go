@@ -10,7 +10,9 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 )
 
 // quotaExecutor is a tenant-level executor whose fresh working
@@ -95,12 +97,14 @@ func TestDiskQuota(t *testing.T) {
 			t.Errorf("LimitsNotEnforced %v on a node with loop devices", res.LimitsNotEnforced)
 		}
 	}
-	if _, err := os.Stat(wd); !errors.Is(err, os.ErrNotExist) {
-		t.Errorf("working directory %s after the end: %v, want it removed", wd, err)
+	// Closed to the task's UID at its end, unmounted and removed soon after.
+	if fi, err := os.Stat(wd); err == nil && (fi.Mode().Perm() != 0o700 || fi.Sys().(*syscall.Stat_t).Uid != 0) {
+		t.Errorf("working directory %s after the end: mode %v, uid %d, want root's, 0700", wd, fi.Mode().Perm(), fi.Sys().(*syscall.Stat_t).Uid)
 	}
-	if m := ourLoopMounts(t, images); slices.Contains(m, wd) {
-		t.Errorf("the file system of %s is still mounted", wd)
-	}
+	waitFor(t, 30*time.Second, "the working directory's file system unmounted and removed", func() bool {
+		_, err := os.Stat(wd)
+		return errors.Is(err, os.ErrNotExist) && !slices.Contains(ourLoopMounts(t, images), wd)
+	})
 
 	// Inodes: 2000 in all, some of them ext4's own.
 	files := testSpec(t, `for i in $(seq 3000); do : > f$i 2>/dev/null || { echo failed=$i; exit 3; }; done`)
@@ -132,10 +136,10 @@ func TestDiskQuota(t *testing.T) {
 	if _, err := ex.Start(over); !errors.Is(err, ErrInvalidSpec) || !strings.Contains(err.Error(), "spec.resources.ephemeralStorage") || !strings.Contains(err.Error(), strconv.Itoa(128<<20)) {
 		t.Errorf("over the cap: %v, want ErrInvalidSpec naming the field and the cap", err)
 	}
-	entries, _ := os.ReadDir(images)
-	if len(entries) > diskPoolSize+1 {
-		t.Errorf("%d images in %s with every task over, want at most the pool's %d and the one its filler holds", len(entries), images, diskPoolSize)
-	}
+	waitFor(t, 30*time.Second, "no more images than the pool's and the one its filler holds", func() bool {
+		entries, _ := os.ReadDir(images)
+		return len(entries) <= diskPoolSize+1
+	})
 }
 
 // What an executor that died left (a mounted image, a loose image) is

@@ -7,6 +7,8 @@ type quotaFS struct{ dir string }
 
 func (*quotaFS) remove() error { return nil }
 
+func (*quotaFS) retire() error { return nil }
+
 // diskQuota exists only on Linux.
 type diskQuota struct{}
 
