@@ -333,6 +333,11 @@ func (e *Executor) DiskCap() int64 {
 	return e.quotaCap
 }
 
+// DiskQuotaProblem says why fresh working directories get no disk quota
+// although Config.DiskQuotaBytes asked for one (no loop devices, no
+// mkfs.ext4); empty when they get it or none was asked for.
+func (e *Executor) DiskQuotaProblem() string { return e.quotaReason }
+
 // AmbientMode is the ambient environment mode in effect (for the agent's
 // readiness info: AmbientInherit must be visible to the controller).
 func (e *Executor) AmbientMode() AmbientMode { return e.envMode }

@@ -1032,6 +1032,9 @@ func (s *Server) updateReadinessLocked() {
 				"cgroup", ex.CgroupPath(), "controllers", ex.Controllers(), "ambientEnv", string(ex.AmbientMode()),
 				"isolation", string(ex.Isolation()), "shim", ex.ShimPath(), "capabilities", ex.Capabilities().Names(),
 				"landlockABI", ex.Capabilities().LandlockABI)
+			if why := ex.DiskQuotaProblem(); why != "" {
+				s.log.Warn("tasks' working directories get no disk quota: a task can fill the node's disk", "reason", why)
+			}
 		}
 	}
 	if s.ex != nil {
