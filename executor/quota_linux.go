@@ -98,7 +98,7 @@ func newDiskQuota(cfg Config, workRoot string) (*diskQuota, error) {
 		return nil, fmt.Errorf("%w: disk inode limit %d is below 16", ErrInvalidConfig, q.inodes)
 	}
 	if err := os.MkdirAll(q.imageDir, 0o700); err != nil {
-		return nil, fmt.Errorf("%w: disk image directory: %v", ErrInvalidConfig, err)
+		return nil, fmt.Errorf("%w: disk image directory: %w", ErrInvalidConfig, err)
 	}
 	if err := SweepDiskImages(q.imageDir); err != nil {
 		return nil, fmt.Errorf("removing the file systems of an earlier executor: %w", err)

@@ -202,7 +202,8 @@ func (u UserEntry) Validate() error {
 		return fmt.Errorf("home %q: want an absolute path (below a parent directory when private), no ':' or newline", u.Home)
 	}
 	for _, c := range u.Name {
-		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '.' || c == '_' || c == '-') {
+		portable := c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '.' || c == '_' || c == '-'
+		if !portable {
 			return fmt.Errorf("user name %q: %q is not a portable character", u.Name, c)
 		}
 	}
