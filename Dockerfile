@@ -57,12 +57,13 @@ LABEL org.opencontainers.image.title="bashtask-agent" \
       org.opencontainers.image.revision="${REVISION}" \
       org.opencontainers.image.created="${CREATED}"
 # Tools tasks commonly expect. ca-certificates is also the agent's own: it
-# uploads output to object storage over HTTPS.
+# uploads output to object storage over HTTPS; e2fsprogs (mkfs.ext4) makes
+# the file systems of the tasks' working directories (--task-disk-size).
 # hadolint ignore=DL3008
 RUN apt-get update \
  && apt-get install -y --no-install-recommends \
       bash coreutils findutils grep sed gawk diffutils procps util-linux \
-      tar gzip xz-utils bzip2 unzip zip ca-certificates curl jq git openssh-client \
+      tar gzip xz-utils bzip2 unzip zip ca-certificates curl jq git openssh-client e2fsprogs \
  && rm -rf /var/lib/apt/lists/*
 # The unprivileged account tasks run as (the chart's agent.runAsUser).
 RUN groupadd --gid 10001 bashtask \

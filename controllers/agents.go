@@ -80,6 +80,10 @@ type AgentState struct {
 	// MaxRequestBytes is the largest request message the agent accepts;
 	// 0 when the agent does not report it.
 	MaxRequestBytes int64
+	// DiskCap is the largest spec.resources.ephemeralStorage the agent
+	// accepts, in bytes (its --task-disk-cap); 0 when it has no disk quota
+	// or does not report it.
+	DiskCap int64
 }
 
 // AgentRegistryOptions configures an [AgentRegistry].
@@ -542,6 +546,7 @@ func (a *agentConn) state(now time.Time) AgentState {
 		s.Shell = a.info.GetReadiness().GetShell()
 		s.ArgEnvLimit = a.info.GetArgEnvLimitBytes()
 		s.MaxRequestBytes = a.info.GetMaxRequestBytes()
+		s.DiskCap = a.info.GetReadiness().GetDiskCapBytes()
 	}
 	if !s.Connected && !a.unreachableSince.IsZero() {
 		s.UnreachableFor = now.Sub(a.unreachableSince)

@@ -343,12 +343,16 @@ func (r *BashTaskReconciler) taskSpec(bt *bashtaskv1alpha1.BashTask, in *resolve
 		if res.PIDs != nil {
 			spec.Resources.Pids = *res.PIDs
 		}
+		if res.EphemeralStorage != nil {
+			spec.Resources.EphemeralStorageBytes = res.EphemeralStorage.Value()
+		}
 	}
 	return spec
 }
 
 // startSizeError checks a Start for spec against what the agent a accepts
-// and returns, for one it would refuse, why: the command and resolved
+// and returns, for one it would refuse, why: the working directory's size
+// against the agent's disk cap (Readiness.disk_cap_bytes), the command and resolved
 // environment against the agent's ARG_MAX (AgentInfo.arg_env_limit_bytes:
 // execve's limit on arguments and environment together, which the agent
 // reports from its stack size limit), and the whole request, environment
@@ -366,6 +370,9 @@ func startSizeError(spec *agentv1.TaskSpec, a *AgentState) string {
 	if a.ArgEnvLimit > 0 && envBytes > a.ArgEnvLimit {
 		return fmt.Sprintf("the command (%d bytes) and resolved environment (%d entries) take %d bytes as execve counts them, over the limit of %d bytes the agent on node %s accepts for arguments and environment together (ARG_MAX, which follows its stack size limit)%s",
 			len(spec.GetCommand()), len(spec.GetEnv())+len(spec.GetManagedEnv()), envBytes, a.ArgEnvLimit, a.Node, largestEntries(spec.GetEnv()))
+	}
+	if d := spec.GetResources().GetEphemeralStorageBytes(); a.DiskCap > 0 && d > a.DiskCap {
+		return fmt.Sprintf("spec.resources.ephemeralStorage of %d bytes is over the cap of %d bytes of the agent on node %s (--task-disk-cap)", d, a.DiskCap, a.Node)
 	}
 	if a.MaxRequestBytes > 0 {
 		if n := int64(proto.Size(&agentv1.StartRequest{Spec: spec, Fence: &agentv1.Fence{Holder: strings.Repeat("x", 253), Epoch: math.MaxInt64}})); n > a.MaxRequestBytes {

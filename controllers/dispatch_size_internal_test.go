@@ -10,9 +10,10 @@ import (
 
 func TestStartSizeError(t *testing.T) {
 	spec := &agentv1.TaskSpec{
-		Command: "cat",
-		Env:     []*agentv1.EnvVar{{Name: "SMALL", Value: "x"}, {Name: "LARGE", Value: strings.Repeat("l", 3000)}},
-		Stdin:   &agentv1.Stdin{Data: make([]byte, 50000)},
+		Command:   "cat",
+		Env:       []*agentv1.EnvVar{{Name: "SMALL", Value: "x"}, {Name: "LARGE", Value: strings.Repeat("l", 3000)}},
+		Stdin:     &agentv1.Stdin{Data: make([]byte, 50000)},
+		Resources: &agentv1.Resources{EphemeralStorageBytes: 2 << 30},
 	}
 	envBytes := agentv1.ArgEnvBytes(spec, "/bin/bash")
 	tests := map[string]struct {
@@ -20,7 +21,11 @@ func TestStartSizeError(t *testing.T) {
 		want  []string // substrings; none for a request that fits
 	}{
 		"no limits reported": {agent: AgentState{Node: "n"}},
-		"fits":               {agent: AgentState{Node: "n", ArgEnvLimit: 1 << 20, MaxRequestBytes: 1 << 20}},
+		"fits":               {agent: AgentState{Node: "n", ArgEnvLimit: 1 << 20, MaxRequestBytes: 1 << 20, DiskCap: 2 << 30}},
+		"working directory over the disk cap": {
+			agent: AgentState{Node: "n", DiskCap: 1 << 30},
+			want:  []string{"spec.resources.ephemeralStorage of 2147483648 bytes is over the cap of 1073741824 bytes of the agent on node n"},
+		},
 		"environment over ARG_MAX": {
 			agent: AgentState{Node: "n", ArgEnvLimit: 2000, MaxRequestBytes: 1 << 20},
 			want:  []string{"over the limit of 2000 bytes the agent on node n accepts", "ARG_MAX", "LARGE (3006 bytes), SMALL (7 bytes)"},

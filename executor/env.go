@@ -15,6 +15,12 @@ type EnvOptions struct {
 	// Ambient is the agent's environment as NAME=VALUE strings (os.Environ
 	// form); entries without '=' are ignored, a later duplicate wins.
 	Ambient []string
+	// Identity describes the user the task runs as (HOME, USER, LOGNAME,
+	// EMAIL at the tenant level), applied after the terminal settings and
+	// before Explicit: they replace the agent's own values, which name the
+	// agent's user, and a task that sets one of them explicitly (a HOME in
+	// its working directory) gets its own value, as for any other name.
+	Identity []EnvVar
 	// Explicit is the task's own environment.
 	Explicit []EnvVar
 	// Managed are the managed facts, applied last.
@@ -82,11 +88,12 @@ func ValidateEnvVar(v EnvVar) error {
 // name, built in the order of DESIGN.md section 5 with later steps winning:
 // LANG=C.UTF-8 when the result would set neither LANG nor LC_ALL; the
 // ambient environment filtered by Mode; the fixed terminal settings; the
-// explicit entries; the managed entries. Explicit and managed entries are
+// identity entries; the explicit entries; the managed entries. Identity,
+// explicit and managed entries are
 // validated with [ValidateEnvVar]; the first invalid one is returned as the
 // error. Ambient entries are passed as the agent received them.
 func BuildEnv(o EnvOptions) ([]string, error) {
-	for _, list := range [][]EnvVar{o.Explicit, o.Managed} {
+	for _, list := range [][]EnvVar{o.Identity, o.Explicit, o.Managed} {
 		for _, v := range list {
 			if err := ValidateEnvVar(v); err != nil {
 				return nil, err
@@ -98,7 +105,7 @@ func BuildEnv(o EnvOptions) ([]string, error) {
 		return nil, err
 	}
 
-	env := make(map[string]string, len(o.Ambient)+len(terminalEnv)+len(o.Explicit)+len(o.Managed)+1)
+	env := make(map[string]string, len(o.Ambient)+len(terminalEnv)+len(o.Identity)+len(o.Explicit)+len(o.Managed)+1)
 	for _, kv := range o.Ambient {
 		name, value, ok := strings.Cut(kv, "=")
 		// An entry without '=' or with an empty name cannot be passed on
@@ -110,7 +117,7 @@ func BuildEnv(o EnvOptions) ([]string, error) {
 		}
 		env[name] = value
 	}
-	for _, list := range [][]EnvVar{terminalEnv, o.Explicit, o.Managed} {
+	for _, list := range [][]EnvVar{terminalEnv, o.Identity, o.Explicit, o.Managed} {
 		for _, v := range list {
 			env[v.Name] = v.Value
 		}

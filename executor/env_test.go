@@ -61,6 +61,11 @@ func TestBuildEnv(t *testing.T) {
 			want: with(map[string]string{"BASHTASK_NAME": "real", "LANG": "C.UTF-8"}),
 		},
 		{
+			name: "identity replaces the agent's HOME, explicit HOME wins over the identity",
+			opts: EnvOptions{Ambient: []string{"HOME=/root", "USER=root"}, Identity: []EnvVar{{"HOME", "/home/task"}, {"USER", "task"}}, Explicit: []EnvVar{{"HOME", "/w"}}},
+			want: with(map[string]string{"HOME": "/w", "USER": "task", "LANG": "C.UTF-8"}),
+		},
+		{
 			name: "explicit entry overrides terminal settings",
 			opts: EnvOptions{Explicit: []EnvVar{{"TERM", "xterm"}}},
 			want: with(map[string]string{"TERM": "xterm", "LANG": "C.UTF-8"}),

@@ -89,6 +89,29 @@ type Config struct {
 	// does not wait for the shim's exec and runtime start; 0 means
 	// DefaultShimPoolSize, negative means none (every task starts its own).
 	ShimPoolSize int
+	// DiskQuotaBytes is the size of the file system each fresh working
+	// directory gets at IsolationTenant, in bytes (at least
+	// MinDiskQuotaBytes): writes past it fail with ENOSPC in that task
+	// only. 0 means no quota. Where the node cannot (no loop devices or
+	// mkfs.ext4), New does not fail: Capabilities().DiskQuota is false
+	// and every task's Result.LimitsNotEnforced names
+	// "ephemeral-storage".
+	DiskQuotaBytes int64
+	// DiskQuotaCapBytes is the largest Limits.DiskBytes a task may ask
+	// for, in bytes; 0 means DiskQuotaBytes.
+	DiskQuotaCapBytes int64
+	// DiskQuotaInodes is the inode limit of each working directory (files,
+	// directories, links); 0 means DefaultDiskQuotaInodes. A file system
+	// has at most one inode per 4 KiB block.
+	DiskQuotaInodes int64
+	// DiskImageDir is where the working directories' file system images
+	// live, a directory of the executor's alone (the agent's state
+	// directory): New removes every image it finds there and unmounts
+	// what was mounted from them. Required with DiskQuotaBytes.
+	DiskImageDir string
+	// loopControl replaces /dev/loop-control in tests of a node without
+	// loop devices.
+	loopControl string
 	// ShimReportTimeout bounds each wait for one of a shim's first
 	// reports at IsolationTenant: "ready" after its start, then the
 	// shell's start or a failed step after its Config. A shim that stays
@@ -118,6 +141,11 @@ type Executor struct {
 	noSeccomp  bool
 	caps       Capabilities
 	pool       *shimPool // nil: every tenant task starts its own shim
+
+	quota       *diskQuota // nil: no disk quota
+	quotaWanted bool       // Config.DiskQuotaBytes set; with quota nil the node cannot
+	quotaCap    int64      // Config.DiskQuotaCapBytes
+	quotaReason string     // why the node cannot, when quotaWanted and quota is nil
 }
 
 // cgroupParent is the parent cgroup of the executor's tasks.
@@ -198,10 +226,15 @@ func New(cfg Config) (*Executor, error) {
 			return nil, fmt.Errorf("removing the cgroups of an earlier executor's shims: %w", err)
 		}
 	}
+	if err := e.setupDiskQuota(cfg); err != nil {
+		_ = e.Close()
+		return nil, err
+	}
 	if err := e.detectCapabilities(); err != nil {
 		_ = e.Close()
 		return nil, err
 	}
+	e.caps.DiskQuota = e.quota != nil
 	if size := cmp.Or(cfg.ShimPoolSize, DefaultShimPoolSize); e.isolation == IsolationTenant && size > 0 {
 		e.pool = newShimPool(e, size)
 	}
@@ -290,6 +323,21 @@ func (e *Executor) Controllers() []string {
 	return slices0(e.cg.controllers)
 }
 
+// DiskCap is the largest Limits.DiskBytes the executor accepts, in bytes
+// (Config.DiskQuotaCapBytes); 0 when fresh working directories get no
+// quota (none configured, or the node cannot).
+func (e *Executor) DiskCap() int64 {
+	if e.quota == nil {
+		return 0
+	}
+	return e.quotaCap
+}
+
+// DiskQuotaProblem says why fresh working directories get no disk quota
+// although Config.DiskQuotaBytes asked for one (no loop devices, no
+// mkfs.ext4); empty when they get it or none was asked for.
+func (e *Executor) DiskQuotaProblem() string { return e.quotaReason }
+
 // AmbientMode is the ambient environment mode in effect (for the agent's
 // readiness info: AmbientInherit must be visible to the controller).
 func (e *Executor) AmbientMode() AmbientMode { return e.envMode }
@@ -300,6 +348,9 @@ func (e *Executor) AmbientMode() AmbientMode { return e.envMode }
 func (e *Executor) Close() error {
 	if e.pool != nil {
 		e.pool.close()
+	}
+	if e.quota != nil {
+		e.quota.close()
 	}
 	if e.cg == nil || !e.cg.created {
 		return nil
@@ -314,10 +365,12 @@ var validName = regexp.MustCompile(`^[A-Za-z0-9_][A-Za-z0-9_.-]{0,199}$`)
 // prepared is a Spec with defaults applied and checks passed.
 type prepared struct {
 	Spec
-	env        []string
-	ownWorkDir bool // WorkingDir was created for the task
-	ownSpill   bool // SpillDir was created for the task
-	spill      *spillDir
+	env             []string
+	ownWorkDir      bool // WorkingDir was created for the task
+	ownSpill        bool // SpillDir was created for the task
+	spill           *spillDir
+	quotaFS         *quotaFS // the working directory's own file system, nil without
+	diskNotEnforced bool     // the executor wants a disk quota the node cannot give
 }
 
 // prepare applies defaults and runs the pre-start checks in a fixed order:
@@ -361,7 +414,7 @@ func (e *Executor) prepare(spec Spec) (*prepared, error) {
 	if len(p.Command)+1 > MaxArgStrlen {
 		return nil, startErr(ErrArgumentTooLong, fmt.Sprintf("command is %d bytes, limit %d", len(p.Command), MaxArgStrlen-1), nil)
 	}
-	env, err := BuildEnv(EnvOptions{Mode: AmbientInherit, Ambient: e.ambient, Explicit: p.Env, Managed: p.ManagedEnv})
+	env, err := BuildEnv(EnvOptions{Mode: AmbientInherit, Ambient: e.ambient, Identity: e.identityEnv(p), Explicit: p.Env, Managed: p.ManagedEnv})
 	if err != nil {
 		return nil, err
 	}
@@ -390,8 +443,12 @@ func (e *Executor) prepare(spec Spec) (*prepared, error) {
 	if err := p.setupSpillDir(); err != nil {
 		return nil, err
 	}
+	if err := e.checkDiskLimit(p); err != nil {
+		p.cleanupDirs()
+		return nil, err
+	}
 	if p.WorkingDir == "" {
-		if err := p.makeWorkDir(e.workRoot); err != nil {
+		if err := e.makeWorkDir(p); err != nil {
 			p.cleanupDirs()
 			return nil, err
 		}
@@ -538,26 +595,67 @@ func (e *Executor) tenantWorkDir(wd string) (string, error) {
 	return dir, nil
 }
 
-// makeWorkDir creates a fresh working directory owned by the task's user.
-func (p *prepared) makeWorkDir(root string) error {
-	dir, err := os.MkdirTemp(root, "bashtask-work-")
-	if err != nil {
-		return startErr(ErrWorkingDirMissing, root, err)
+// makeWorkDir creates a fresh working directory owned by the task's user:
+// at IsolationTenant with a disk quota the root of a file system of its
+// own (diskQuota), else a directory under the work root.
+func (e *Executor) makeWorkDir(p *prepared) error {
+	if e.quota != nil && e.isolation == IsolationTenant {
+		fs, err := e.quota.take(p.Limits.DiskBytes)
+		if err != nil {
+			return startErr(ErrProcessStart, "making the working directory's file system", err)
+		}
+		p.WorkingDir, p.ownWorkDir, p.quotaFS = fs.dir, true, fs
+		// mkfs makes the root 0755: 0700 as without a quota.
+		if err := os.Chmod(fs.dir, 0o700); err != nil {
+			return startErr(ErrProcessStart, "chmod working directory "+fs.dir, err)
+		}
+	} else {
+		dir, err := os.MkdirTemp(e.workRoot, "bashtask-work-")
+		if err != nil {
+			return startErr(ErrWorkingDirMissing, e.workRoot, err)
+		}
+		p.WorkingDir, p.ownWorkDir = dir, true
 	}
 	if p.User != nil {
-		if err := os.Chown(dir, int(p.User.UID), int(p.User.GID)); err != nil {
-			os.Remove(dir)
-			return startErr(ErrProcessStart, "chown working directory "+dir, err)
+		if err := os.Chown(p.WorkingDir, int(p.User.UID), int(p.User.GID)); err != nil {
+			return startErr(ErrProcessStart, "chown working directory "+p.WorkingDir, err)
 		}
 	}
-	p.WorkingDir, p.ownWorkDir = dir, true
 	return nil
+}
+
+// checkDiskLimit refuses a disk size over the cap and notes a quota the
+// node cannot give.
+func (e *Executor) checkDiskLimit(p *prepared) error {
+	if e.isolation != IsolationTenant || !e.quotaWanted {
+		return nil
+	}
+	if d := p.Limits.DiskBytes; d > e.quotaCap {
+		return startErr(ErrInvalidSpec, fmt.Sprintf("spec.resources.ephemeralStorage of %d bytes is over the agent's cap of %d bytes (--task-disk-cap)", d, e.quotaCap), nil)
+	}
+	if d := p.Limits.DiskBytes; d != 0 && d < MinDiskQuotaBytes {
+		return startErr(ErrInvalidSpec, fmt.Sprintf("spec.resources.ephemeralStorage of %d bytes is below the smallest working directory file system, %d bytes", d, MinDiskQuotaBytes), nil)
+	}
+	p.diskNotEnforced = e.quota == nil && p.WorkingDir == ""
+	return nil
+}
+
+// removeWorkDir removes the task's fresh working directory: a file system
+// of its own is closed to the task's UID at once and unmounted, its image
+// deleted, in the background (quotaFS.retire), without walking the task's
+// files; a plain directory is removed with os.RemoveAll, which opens each
+// level relative to the last and does not follow symbolic links.
+func (p *prepared) removeWorkDir() error {
+	if p.quotaFS != nil {
+		return p.quotaFS.retire()
+	}
+	return os.RemoveAll(p.WorkingDir)
 }
 
 // cleanupDirs removes what prepare created when the task cannot start.
 func (p *prepared) cleanupDirs() {
 	if p.ownWorkDir {
-		os.RemoveAll(p.WorkingDir)
+		_ = p.removeWorkDir()
 	}
 	if p.ownSpill {
 		os.RemoveAll(p.SpillDir)

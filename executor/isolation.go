@@ -69,6 +69,21 @@ const (
 	DefaultShimReportTimeout = 30 * time.Second
 	// DefaultHostname is the host name tasks see at the tenant level.
 	DefaultHostname = "bashtask"
+	// TaskUserName is the name of every task's leased UID and GID at the
+	// tenant level, in the passwd and group files of the task's mount
+	// namespace. One name for all: a task sees only its own entry (and
+	// the node's), scripts and tools may count on it (HOME=/home/task),
+	// and the UID behind it is the task's own; numeric ids stay what logs
+	// and the status report (status.isolation.uid).
+	TaskUserName = "task"
+	// TaskUserGecos is the passwd comment (full name) of the task user:
+	// git takes the author name of a commit from it when no user.name is
+	// configured.
+	TaskUserGecos = "BashTask task"
+	// TaskHome is the task user's HOME at the tenant level: a fresh
+	// directory owned by the task on a private tmpfs over /home (capped
+	// like /tmp, gone with the task).
+	TaskHome = "/home/" + TaskUserName
 	// DefaultTmpSizeBytes caps each task's private /tmp and /dev/shm
 	// (64 MiB each).
 	DefaultTmpSizeBytes = 64 << 20
@@ -135,10 +150,14 @@ type Capabilities struct {
 	Cgroup bool
 	// Pids is true when task cgroups have the pids controller.
 	Pids bool
+	// DiskQuota is true when fresh working directories at the tenant
+	// level get a file system of their own with a size and an inode
+	// limit (Config.DiskQuotaBytes set and the node able to).
+	DiskQuota bool
 }
 
 // Names lists the capabilities present: "namespaces", "netns",
-// "landlock", "seccomp", "cgroup", "pids".
+// "landlock", "seccomp", "cgroup", "pids", "disk-quota".
 func (c Capabilities) Names() []string {
 	var out []string
 	for _, n := range []struct {
@@ -146,7 +165,7 @@ func (c Capabilities) Names() []string {
 		ok   bool
 	}{
 		{"namespaces", c.Namespaces}, {"netns", c.NetNS}, {"landlock", c.LandlockABI > 0},
-		{"seccomp", c.Seccomp}, {"cgroup", c.Cgroup}, {"pids", c.Pids},
+		{"seccomp", c.Seccomp}, {"cgroup", c.Cgroup}, {"pids", c.Pids}, {"disk-quota", c.DiskQuota},
 	} {
 		if n.ok {
 			out = append(out, n.name)
@@ -154,3 +173,27 @@ func (c Capabilities) Names() []string {
 	}
 	return out
 }
+
+// identityEnv is the environment that describes the task's user at the
+// tenant level, where the task runs under a leased UID named
+// [TaskUserName]: HOME, USER, LOGNAME, and EMAIL as TaskUserName@hostname,
+// which git takes for the author's address (without it git would build
+// one from the host name, find no domain in it and refuse to commit). Nil
+// at the process level, whose tasks keep the agent's identity and its
+// HOME.
+func (e *Executor) identityEnv(p *prepared) []EnvVar {
+	if e.isolation != IsolationTenant || p.User == nil {
+		return nil
+	}
+	return []EnvVar{
+		{"HOME", TaskHome},
+		{"USER", TaskUserName},
+		{"LOGNAME", TaskUserName},
+		{"EMAIL", TaskUserName + "@" + e.hostname},
+	}
+}
+
+// LimitEphemeralStorage is the name, in Result.LimitsNotEnforced, of the
+// working directory's disk quota (Config.DiskQuotaBytes) on a node that
+// cannot enforce it; as in Kubernetes' resource names.
+const LimitEphemeralStorage = "ephemeral-storage"

@@ -362,7 +362,7 @@ func (t *Task) supervise() {
 		problems = append(problems, err.Error())
 	}
 	if t.spec.ownWorkDir {
-		if err := os.RemoveAll(t.spec.WorkingDir); err != nil {
+		if err := t.spec.removeWorkDir(); err != nil {
 			problems = append(problems, err.Error())
 			cleanupFailed = true
 		}

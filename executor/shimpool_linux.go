@@ -80,12 +80,14 @@ func (e *Executor) startShim(network Network, cg *taskCgroup) (_ *shimProc, err 
 			return nil, err
 		}
 	}
-	// The config and report pipes carry a few hundred bytes: the default
-	// pipe size.
-	cfgR, cfgW, err := os.Pipe()
+	// The Config goes through a Unix socket, which also carries the
+	// working directory as a detached mount (shim.Config.WorkTree); the
+	// report pipe carries a few hundred bytes: the default pipe size.
+	pair, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		return nil, err
 	}
+	cfgW, cfgR := os.NewFile(uintptr(pair[0]), "config"), os.NewFile(uintptr(pair[1]), "config")
 	own, child, sp.cfgW = append(own, cfgW), append(child, cfgR), cfgW
 	repR, repW, err := os.Pipe()
 	if err != nil {

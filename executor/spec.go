@@ -122,6 +122,11 @@ type Limits struct {
 	CPUMillis int64
 	// Pids is the maximum number of processes and threads (pids.max).
 	Pids int64
+	// DiskBytes is the size of the file system of the task's fresh
+	// working directory at IsolationTenant, in bytes, when the executor
+	// has a disk quota (Config.DiskQuotaBytes): 0 means that default, more
+	// than Config.DiskQuotaCapBytes is ErrInvalidSpec. Not a cgroup limit.
+	DiskBytes int64
 }
 
 // User is the identity a task runs as. The agent must run as root (or hold

@@ -54,6 +54,7 @@ func (e *Executor) newShimLaunch(p *prepared, cgroupPids bool) *shimLaunch {
 			Command:      p.Command,
 			Env:          p.env,
 			WorkDir:      p.WorkingDir,
+			WorkTree:     true,
 			NullStdin:    p.Stdin == nil,
 			TmpSizeBytes: e.tmpSize,
 			Hostname:     e.hostname,
@@ -78,6 +79,7 @@ func (e *Executor) newShimLaunch(p *prepared, cgroupPids bool) *shimLaunch {
 	if u := p.User; u != nil {
 		uid, gid := u.UID, u.GID
 		l.cfg.UID, l.cfg.GID = &uid, &gid
+		l.cfg.User = &shim.UserEntry{Name: TaskUserName, Gecos: TaskUserGecos, Home: TaskHome, PrivateHome: true}
 		l.iso.UID = &uid
 	}
 	switch {
@@ -134,6 +136,9 @@ func (e *Executor) startTenant(t *Task) error {
 			return startErr(ErrIsolation, "", err)
 		}
 	}
+	if p.diskNotEnforced {
+		s.notEnforced = append(s.notEnforced, LimitEphemeralStorage)
+	}
 	if l.iso.PidsLimit == PidsLimitRlimit {
 		// The spec's pids limit holds, through RLIMIT_NPROC.
 		s.notEnforced = slices.DeleteFunc(s.notEnforced, func(c string) bool { return c == "pids" })
@@ -164,11 +169,25 @@ func (l *shimLaunch) handshake(sp *shimProc) (<-chan exitStatus, *tenantSys, err
 		sp.discard()
 		return nil, nil, err
 	}
+	// The working directory as this process sees it now, a detached
+	// clone of its mounts: a shim started ahead of its task has a copy of
+	// the mounts of its start, without the working directory's own file
+	// system (diskQuota) mounted since.
+	tree, err := unix.OpenTree(unix.AT_FDCWD, l.cfg.WorkDir, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC|unix.AT_RECURSIVE)
+	if err != nil {
+		sp.discard()
+		return nil, nil, startErr(ErrIsolation, "", fmt.Errorf("cloning working directory %s: %w", l.cfg.WorkDir, err))
+	}
 	cfgW := sp.cfgW
 	sp.cfgW = nil
 	send := func() {
-		// EPIPE when the shim died first; its report says why.
-		_, _ = cfgW.Write(data)
+		defer unix.Close(tree)
+		// EPIPE when the shim died first; its report says why. The
+		// first bytes carry the tree (SCM_RIGHTS), the rest follows.
+		n, err := unix.SendmsgN(int(cfgW.Fd()), data, unix.UnixRights(tree), nil, 0)
+		if err == nil && n < len(data) {
+			_, _ = cfgW.Write(data[n:])
+		}
 		_ = cfgW.Close()
 	}
 	if len(data) <= pipeCapacity {

@@ -354,3 +354,66 @@ C
 		})
 	}
 }
+
+// At the tenant level the task's leased UID has a name (TaskUserName), a
+// group, a gecos and a HOME the task owns, in passwd and group files the
+// task cannot write: whoami, id, Python's getpass (through the passwd
+// entry, with LOGNAME and USER unset) and a git commit without any
+// configuration work as for a user of the node.
+func TestTenantUser(t *testing.T) {
+	t.Parallel()
+	python := "/usr/bin/python3"
+	if _, err := os.Stat(python); err != nil {
+		t.Skipf("%s: %v", python, err)
+	}
+	git, err := exec.LookPath("git")
+	if err != nil {
+		t.Skip("no git on this node")
+	}
+	ex := newTestExecutor(t, CgroupAuto, func(c *Config) { c.Isolation = IsolationTenant })
+	spec := testSpec(t, strings.Join([]string{
+		`echo whoami=$(whoami) id=$(id -un):$(id -gn)`,
+		`echo getpass=$(env -u LOGNAME -u USER -u LNAME -u USERNAME ` + python + ` -c 'import getpass; print(getpass.getuser())')`,
+		`echo env=$HOME:$USER:$LOGNAME`,
+		`echo home=$(stat -c %u:%g:%a "$HOME") $(touch "$HOME/f" && echo homewrite=ok)`,
+		`echo rootfiles=$(stat -c %U /)`,
+		`(echo 'x:x:0:0::/:/bin/sh' >> /etc/passwd) 2>/dev/null && echo passwd=writable || echo passwd=denied`,
+		`(echo 'x:x:0:' >> /etc/group) 2>/dev/null && echo group=writable || echo group=denied`,
+		`echo passwdmode=$(stat -c %u:%a /etc/passwd)`,
+		git + ` init -q && ` + git + ` commit -q --allow-empty -m x && ` + git + ` log -1 --format='author=%an <%ae>'`,
+	}, "; "))
+	spec.User = &User{UID: 2000131, GID: 2000131}
+	res := run(t, ex, spec)
+	if res.Reason != ReasonSucceeded {
+		t.Fatalf("%s: %s\n%s\n%s", res.Reason, res.Message, res.Stdout.Tail, res.Stderr.Tail)
+	}
+	for _, want := range []string{
+		"whoami=task id=task:task\n",
+		"getpass=task\n",
+		"env=/home/task:task:task\n",
+		"home=2000131:2000131:700 homewrite=ok\n",
+		"rootfiles=root\n",
+		"passwd=denied\n",
+		"group=denied\n",
+		"passwdmode=0:644\n",
+		"author=BashTask task <task@bashtask>\n",
+	} {
+		if !strings.Contains(res.Stdout.Tail, want) {
+			t.Errorf("stdout lacks %q:\n%s\nstderr:\n%s", want, res.Stdout.Tail, res.Stderr.Tail)
+		}
+	}
+	// The node's files are untouched.
+	if b, err := os.ReadFile("/etc/passwd"); err != nil || strings.Contains(string(b), ":2000131:") {
+		t.Errorf("the node's /etc/passwd (err %v) names the task's UID", err)
+	}
+
+	// An explicit HOME is the task's choice (DESIGN.md section 5: the
+	// explicit entries come after the identity).
+	spec = testSpec(t, `echo home=$HOME user=$USER`)
+	spec.User = &User{UID: 2000132, GID: 2000132}
+	spec.Env = []EnvVar{{"HOME", "/tmp"}}
+	res = run(t, ex, spec)
+	if want := "home=/tmp user=task\n"; res.Stdout.Tail != want {
+		t.Errorf("with an explicit HOME: stdout %q, want %q (stderr %q)", res.Stdout.Tail, want, res.Stderr.Tail)
+	}
+}

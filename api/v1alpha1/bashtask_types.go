@@ -166,8 +166,9 @@ type BashTaskSpec struct {
 	NodeSelector map[string]string `json:"nodeSelector,omitempty"`
 
 	// resources limits memory, CPU and process count through the task's
-	// cgroup, where the node delegates those controllers; status.isolation
-	// says whether they were enforced. Immutable.
+	// cgroup, where the node delegates those controllers, and the size of
+	// its working directory; status.isolation says whether they were
+	// enforced. Immutable.
 	// +optional
 	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="spec.resources is immutable: a task runs its command once. To run a new command, create a task with a new name; Argo CD does that with the sync options Force=true,Replace=true or a hook with hook-delete-policy BeforeHookCreation, Flux with the annotation kustomize.toolkit.fluxcd.io/force: enabled"
 	Resources *ResourceLimits `json:"resources,omitempty"`
@@ -322,6 +323,20 @@ type ResourceLimits struct {
 	// +kubebuilder:validation:Minimum=1
 	// +kubebuilder:validation:Maximum=4194304
 	PIDs *int64 `json:"pids,omitempty"`
+
+	// ephemeralStorage is the size of the task's fresh working directory
+	// at the tenant isolation level, a quantity from 32Mi (the smallest
+	// file system the agent makes) to 16Ti, such as 2Gi: a write past it
+	// fails with "No space left on device" in this task only. Unset means
+	// the agent's default (--task-disk-size, 10Gi in the chart); above
+	// the agent's cap (--task-disk-cap) the task ends InvalidSpec. Named
+	// after the container resource; not a cgroup limit, and without effect
+	// on a working directory named in spec.workingDir or at the process
+	// level. status.isolation says when the node could not enforce it.
+	// +optional
+	// +kubebuilder:validation:XValidation:rule="quantity(string(self)).compareTo(quantity('32Mi')) >= 0",message="resources.ephemeralStorage must be at least 32Mi"
+	// +kubebuilder:validation:XValidation:rule="quantity(string(self)).compareTo(quantity('16Ti')) <= 0",message="resources.ephemeralStorage must be at most 16Ti"
+	EphemeralStorage *resource.Quantity `json:"ephemeralStorage,omitempty"`
 }
 
 // Phase is a summary of where a task is in its life, mirroring its

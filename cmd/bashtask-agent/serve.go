@@ -33,6 +33,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/keepalive"
+	"k8s.io/apimachinery/pkg/api/resource"
 
 	agentv1 "github.com/bashtask/bashtask-operator/api/agent/v1"
 	"github.com/bashtask/bashtask-operator/executor"
@@ -73,6 +74,9 @@ type serveOptions struct {
 	taskUIDRange       string
 	taskNetwork        string
 	taskTmpSize        int64
+	taskDiskSize       string
+	taskDiskCap        string
+	taskDiskInodes     int64
 	taskProcs          int64
 	shimPoolSize       int
 	shimPath           string
@@ -143,6 +147,9 @@ func bindServeFlags(f *pflag.FlagSet, o *serveOptions) {
 	f.StringVar(&o.taskUIDRange, "task-uid-range", agent.DefaultTaskUIDRange.String(), "FIRST-LAST range of UIDs leased to tasks at --isolation=tenant, one per live task")
 	f.StringVar(&o.taskNetwork, "task-network", string(executor.NetworkNode), "network of tasks whose spec names none: node (whatever this pod reaches) or none (only loopback; needs --isolation=tenant)")
 	f.Int64Var(&o.taskTmpSize, "task-tmp-size", executor.DefaultTmpSizeBytes, "size in bytes of each task's private /tmp and /dev/shm at --isolation=tenant")
+	f.StringVar(&o.taskDiskSize, "task-disk-size", "10Gi", "size of each fresh working directory at --isolation=tenant, a quantity (10Gi): a file system of its own on a loop device, so that a task that fills it fails alone (ENOSPC); 0 for no quota. Without loop devices tasks run without and their status says so")
+	f.StringVar(&o.taskDiskCap, "task-disk-cap", "100Gi", "largest spec.resources.ephemeralStorage a task may ask for, a quantity; at least --task-disk-size")
+	f.Int64Var(&o.taskDiskInodes, "task-disk-inodes", executor.DefaultDiskQuotaInodes, "inodes (files, directories, links) of each fresh working directory at --isolation=tenant; at most one per 4 KiB of its size")
 	f.StringVar(&o.shimPath, "shim-path", "", "absolute path of the binary started as each task's shim at --isolation=tenant; empty: "+shimBinary+" beside this binary when it is there, else this binary itself")
 	f.IntVar(&o.shimPoolSize, "shim-pool-size", executor.DefaultShimPoolSize, "task shims kept started ahead of tasks at --isolation=tenant, per network tasks ask for (each a blocked process of a few MiB, in a cgroup of its own); 0 for none")
 	f.Int64Var(&o.taskProcs, "task-procs", executor.DefaultTaskProcs, "processes and threads of one task at --isolation=tenant when its spec sets no pids limit (pids.max, else RLIMIT_NPROC on its UID); -1 for no limit")
@@ -324,6 +331,17 @@ func (o *serveOptions) agentConfig(log *slog.Logger) (agent.Config, error) {
 	if o.shimPoolSize < 0 || o.shimPoolSize > maxShimPoolSize {
 		return agent.Config{}, fmt.Errorf("--shim-pool-size %d: want 0 (none) to %d", o.shimPoolSize, maxShimPoolSize)
 	}
+	diskSize, err := parseBytes("--task-disk-size", o.taskDiskSize)
+	if err != nil {
+		return agent.Config{}, err
+	}
+	diskCap, err := parseBytes("--task-disk-cap", o.taskDiskCap)
+	if err != nil {
+		return agent.Config{}, err
+	}
+	if diskSize > 0 && diskCap < diskSize {
+		return agent.Config{}, fmt.Errorf("--task-disk-cap %s is below --task-disk-size %s", o.taskDiskCap, o.taskDiskSize)
+	}
 	shimPath, err := resolveShimPath(o.shimPath)
 	if err != nil {
 		return agent.Config{}, err
@@ -353,19 +371,22 @@ func (o *serveOptions) agentConfig(log *slog.Logger) (agent.Config, error) {
 		MaxConcurrent:    o.maxConcurrent,
 		ProgressInterval: o.progressInterval,
 		Executor: executor.Config{
-			Shell:            o.shell,
-			AmbientEnv:       mode,
-			AmbientAllowlist: o.ambientAllow,
-			Cgroups:          executor.CgroupMode(o.cgroups),
-			CgroupRoot:       o.cgroupRoot,
-			CgroupParent:     o.cgroupParent,
-			WorkDirRoot:      o.workDirRoot,
-			Isolation:        isolation,
-			TmpSizeBytes:     o.taskTmpSize,
-			TaskProcs:        o.taskProcs,
-			ShimPoolSize:     cmp.Or(o.shimPoolSize, -1),
-			ShimPath:         shimPath,
-			MaskPaths:        mask,
+			Shell:             o.shell,
+			AmbientEnv:        mode,
+			AmbientAllowlist:  o.ambientAllow,
+			Cgroups:           executor.CgroupMode(o.cgroups),
+			CgroupRoot:        o.cgroupRoot,
+			CgroupParent:      o.cgroupParent,
+			WorkDirRoot:       o.workDirRoot,
+			Isolation:         isolation,
+			TmpSizeBytes:      o.taskTmpSize,
+			DiskQuotaBytes:    diskSize,
+			DiskQuotaCapBytes: diskCap,
+			DiskQuotaInodes:   o.taskDiskInodes,
+			TaskProcs:         o.taskProcs,
+			ShimPoolSize:      cmp.Or(o.shimPoolSize, -1),
+			ShimPath:          shimPath,
+			MaskPaths:         mask,
 		},
 		RunAs:                user,
 		TaskUIDs:             uids,
@@ -461,4 +482,17 @@ func newLogger(format, level string) (*slog.Logger, error) {
 	default:
 		return nil, fmt.Errorf("--log-format %q: want json or text", format)
 	}
+}
+
+// parseBytes reads a flag's quantity (10Gi, 500M, 1073741824) as bytes.
+func parseBytes(flag, v string) (int64, error) {
+	q, err := resource.ParseQuantity(v)
+	if err != nil {
+		return 0, fmt.Errorf("%s %q: want a quantity such as 10Gi: %w", flag, v, err)
+	}
+	n, ok := q.AsInt64()
+	if !ok || n < 0 {
+		return 0, fmt.Errorf("%s %q: want a whole number of bytes, not negative", flag, v)
+	}
+	return n, nil
 }

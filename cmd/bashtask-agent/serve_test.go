@@ -64,3 +64,18 @@ func TestShimPathDefault(t *testing.T) {
 		t.Errorf("with a shim beside the test binary: %q, %v; want %s", got, err, beside)
 	}
 }
+
+func TestServeRejectsBadDiskFlags(t *testing.T) {
+	for _, tc := range []struct{ args, want []string }{
+		{[]string{"--task-disk-size=ten"}, []string{`--task-disk-size "ten": want a quantity such as 10Gi`}},
+		{[]string{"--task-disk-cap=-1Gi"}, []string{`--task-disk-cap "-1Gi": want a whole number of bytes, not negative`}},
+		{[]string{"--task-disk-size=20Gi", "--task-disk-cap=10Gi"}, []string{"--task-disk-cap 10Gi is below --task-disk-size 20Gi"}},
+	} {
+		_, err := execute(t, append([]string{"serve", "--state-dir", t.TempDir()}, tc.args...)...)
+		for _, w := range tc.want {
+			if err == nil || !strings.Contains(err.Error(), w) {
+				t.Errorf("serve %v: %v, want %q in the error", tc.args, err, w)
+			}
+		}
+	}
+}

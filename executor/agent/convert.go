@@ -49,6 +49,7 @@ func (s *Server) toExecSpec(spec *agentv1.TaskSpec) executor.Spec {
 			MemoryBytes: spec.GetResources().GetMemoryBytes(),
 			CPUMillis:   spec.GetResources().GetCpuMillis(),
 			Pids:        spec.GetResources().GetPids(),
+			DiskBytes:   spec.GetResources().GetEphemeralStorageBytes(),
 		},
 		User:    s.cfg.RunAs,
 		Network: s.cfg.TaskNetwork,

@@ -9,6 +9,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	agentv1 "github.com/bashtask/bashtask-operator/api/agent/v1"
+	"github.com/bashtask/bashtask-operator/executor"
 )
 
 // recoverTasks loads every record of the state directory. Finished tasks
@@ -17,6 +18,14 @@ import (
 // AgentRestarted. An unreadable record is logged and its files are left
 // alone for an operator to look at.
 func (s *Server) recoverTasks() {
+	if dir := s.cfg.Executor.DiskImageDir; dir != "" {
+		// The earlier incarnation's working directory file systems:
+		// unmounted first, so that removing a working directory below
+		// removes an empty mount point and never walks what a task wrote.
+		if err := executor.SweepDiskImages(dir); err != nil {
+			s.log.Error("removing the working directory file systems of an earlier incarnation", "dir", dir, "err", err)
+		}
+	}
 	uids, loaded := s.store.records()
 	s.mu.Lock()
 	defer s.mu.Unlock()

@@ -259,6 +259,11 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 			return nil, fmt.Errorf("the state directory %s: %w", cfg.StateDir, err)
 		}
 		s.cfg.Executor.MaskPaths = append(s.cfg.Executor.MaskPaths, stateDir)
+		if s.cfg.Executor.DiskQuotaBytes > 0 && s.cfg.Executor.DiskImageDir == "" {
+			// The working directories' images: the agent's own, hidden
+			// from tasks with the rest of the state directory.
+			s.cfg.Executor.DiskImageDir = filepath.Join(stateDir, "disk-images")
+		}
 	}
 	if cfg.Executor.Isolation == executor.IsolationTenant && !cfg.SharedIdentity {
 		r := cfg.TaskUIDs
@@ -945,6 +950,7 @@ func (s *Server) agentInfoLocked() *agentv1.AgentInfo {
 		caps := s.ex.Capabilities()
 		r.Capabilities = caps.Names()
 		r.LandlockAbi = int32(caps.LandlockABI)
+		r.DiskCapBytes = s.ex.DiskCap()
 	}
 	return &agentv1.AgentInfo{
 		NodeName:         s.cfg.NodeName,
@@ -1026,6 +1032,9 @@ func (s *Server) updateReadinessLocked() {
 				"cgroup", ex.CgroupPath(), "controllers", ex.Controllers(), "ambientEnv", string(ex.AmbientMode()),
 				"isolation", string(ex.Isolation()), "shim", ex.ShimPath(), "capabilities", ex.Capabilities().Names(),
 				"landlockABI", ex.Capabilities().LandlockABI)
+			if why := ex.DiskQuotaProblem(); why != "" {
+				s.log.Warn("tasks' working directories get no disk quota: a task can fill the node's disk", "reason", why)
+			}
 		}
 	}
 	if s.ex != nil {

@@ -34,8 +34,8 @@ func seccompStep(st *state) error {
 var devFiles = []string{"/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom", "/dev/tty"}
 
 // landlockStep restricts the file system to what the mounts already allow
-// (read and execute everywhere, write in the working directory, /tmp,
-// /dev/shm and the usual device files) and, from ABI 6 on, scopes signals
+// (read and execute everywhere, write in the working directory, the home
+// directory, /tmp, /dev/shm and the usual device files) and, from ABI 6 on, scopes signals
 // and abstract Unix sockets to the task's own domain, for this thread (see
 // run; landlock_restrict_self(2) without thread synchronization applies to
 // the caller). Best effort: a kernel without Landlock gets the mounts
@@ -48,9 +48,13 @@ func landlockStep(st *state) error {
 	// network namespace's business (spec.network), not Landlock's.
 	cfg := landlock.V6
 	cfg.HandledAccessNet = 0
+	rw := []string{st.cfg.WorkDir, "/tmp", "/dev/shm"}
+	if u := st.cfg.User; u != nil {
+		rw = append(rw, u.Home)
+	}
 	fd, flags, err := cfg.BestEffort().NewRulesetFD(
 		landlock.RODirs("/"),
-		landlock.RWDirs(st.cfg.WorkDir, "/tmp", "/dev/shm").IgnoreIfMissing(),
+		landlock.RWDirs(rw...).IgnoreIfMissing(),
 		landlock.RWFiles(devFiles...).IgnoreIfMissing(),
 	)
 	if err != nil {

@@ -2,8 +2,8 @@
 // own binary re-executed in a shim mode, as PID 1 of a task's new mount,
 // PID, IPC and UTS namespaces (and network namespace when asked). It
 // applies the task's isolation in a fixed order of named steps (mounts,
-// host name, loopback, limits, identity, session keyring, no_new_privs,
-// Landlock, seccomp),
+// user names and home, host name, loopback, limits, identity, session
+// keyring, no_new_privs, Landlock, seccomp),
 // then forks the shell, forwards SIGTERM, SIGINT and SIGHUP to every process
 // of its PID namespace, reaps every orphan and exits with the shell's status
 // once the last process of the namespace is gone.
@@ -32,7 +32,9 @@ const Arg0 = "bashtask-shim"
 
 // Descriptors the parent passes besides 0, 1 and 2.
 const (
-	// ConfigFD is the read end of a pipe carrying the JSON [Config].
+	// ConfigFD is the shim's end of a Unix stream socket carrying the
+	// JSON [Config] (and the working directory, [Config.WorkTree]) up to
+	// the parent's shutdown of its end.
 	ConfigFD = 3
 	// ReportFD is the write end of the pipe the shim reports on.
 	ReportFD = 4
@@ -49,6 +51,13 @@ type Config struct {
 	// WorkDir is the absolute working directory of the shell; it stays
 	// writable, the rest of the root file system is read-only.
 	WorkDir string `json:"workDir"`
+	// WorkTree says that the Config's first bytes carry, as SCM_RIGHTS
+	// on the config socket, a detached clone of the working directory's
+	// mounts (open_tree(2) OPEN_TREE_CLONE) taken by the parent, which the
+	// shim attaches at WorkDir instead of cloning WorkDir of its own
+	// mount namespace: a shim started ahead of its task has the mounts of
+	// its start, not a file system mounted at WorkDir since.
+	WorkTree bool `json:"workTree,omitempty"`
 	// NullStdin gives the shell /dev/null as standard input, a character
 	// device (`test -c /dev/stdin` holds), instead of the shim's own
 	// standard input.
@@ -74,11 +83,36 @@ type Config struct {
 	// shell, with no supplementary groups; nil keeps the shim's.
 	UID *uint32 `json:"uid,omitempty"`
 	GID *uint32 `json:"gid,omitempty"`
+	// User names UID and GID in the task's view: with UID and GID set,
+	// the shim puts a copy of the node's /etc/passwd and /etc/group with
+	// one more entry each (and none other for that name or id) read-only
+	// over the node's, so that whoami, getpwuid(3) and ls -l find a name;
+	// nil leaves the node's files.
+	User *UserEntry `json:"user,omitempty"`
 	// Landlock applies the Landlock rules best effort (nothing on a kernel
 	// without Landlock).
 	Landlock bool `json:"landlock,omitempty"`
 	// Seccomp installs the seccomp filter (see [AllowedSyscalls]).
 	Seccomp bool `json:"seccomp,omitempty"`
+}
+
+// UserEntry is the task's user in the passwd and group files of its
+// mount namespace (see [Config.User]).
+type UserEntry struct {
+	// Name is the user's and the group's name, a POSIX portable user
+	// name (letters, digits, '.', '_', '-', not starting with '-').
+	Name string `json:"name"`
+	// Gecos is the passwd comment field, the user's full name (git
+	// takes its author name from it); no ':' or newline.
+	Gecos string `json:"gecos,omitempty"`
+	// Home is the absolute path of the home directory in the task's view.
+	Home string `json:"home"`
+	// PrivateHome makes Home a fresh empty directory owned by the task on
+	// a private tmpfs (capped at TmpSizeBytes) mounted over Home's parent
+	// directory, which must exist on the node (/home on every Debian
+	// root). Without it Home must already be a directory the task may
+	// write, e.g. inside its working directory.
+	PrivateHome bool `json:"privateHome,omitempty"`
 }
 
 // Report is one line the shim writes on [ReportFD].
@@ -104,7 +138,7 @@ type Report struct {
 // does not understand; the ready report names the shim's Protocol and the
 // executor refuses a shim whose Protocol is not its own. Any change to
 // [Config] or to the reports bumps it.
-const Protocol = "1"
+const Protocol = "2"
 
 // ReadyLine is the shim's first report, written once it runs and before it
 // reads its Config: "ready" and the shim's [Protocol].
@@ -151,4 +185,63 @@ func Main() {
 		return
 	}
 	os.Exit(run())
+}
+
+// Validate checks what the passwd format and Config.User require: a
+// portable user name (POSIX: letters, digits, '.', '_' and '-', not
+// starting with '-'; at most 32 bytes, useradd's limit), a gecos field
+// without ':' or a newline, and an absolute home path of at least two
+// elements (its parent is where PrivateHome mounts).
+func (u UserEntry) Validate() error {
+	switch {
+	case u.Name == "" || len(u.Name) > 32 || u.Name[0] == '-':
+		return fmt.Errorf("user name %q: want 1 to 32 bytes, not starting with '-'", u.Name)
+	case strings.ContainsAny(u.Gecos, ":\n"):
+		return fmt.Errorf("gecos %q contains ':' or a newline", u.Gecos)
+	case !strings.HasPrefix(u.Home, "/") || strings.ContainsAny(u.Home, ":\n") || strings.Count(strings.TrimSuffix(u.Home, "/"), "/") < 2 && u.PrivateHome:
+		return fmt.Errorf("home %q: want an absolute path (below a parent directory when private), no ':' or newline", u.Home)
+	}
+	for _, c := range u.Name {
+		portable := c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '.' || c == '_' || c == '-'
+		if !portable {
+			return fmt.Errorf("user name %q: %q is not a portable character", u.Name, c)
+		}
+	}
+	return nil
+}
+
+// PasswdWithUser returns the passwd file node (passwd(5) lines) without
+// any entry named u.Name or of the id uid, plus the entry of u with uid,
+// gid and shell. The node's other entries stay so that the files of root
+// and of the system users keep their names in ls -l.
+func PasswdWithUser(node []byte, u UserEntry, uid, gid uint32, shell string) []byte {
+	out := withoutEntry(node, u.Name, uid)
+	return fmt.Appendf(out, "%s:x:%d:%d:%s:%s:%s\n", u.Name, uid, gid, u.Gecos, u.Home, shell)
+}
+
+// GroupWithUser returns the group file node (group(5) lines) without any
+// group named name or of the id gid, plus the group name with gid and no
+// members.
+func GroupWithUser(node []byte, name string, gid uint32) []byte {
+	out := withoutEntry(node, name, gid)
+	return fmt.Appendf(out, "%s:x:%d:\n", name, gid)
+}
+
+// withoutEntry copies the lines of a passwd or group file except those
+// whose first field is name or whose third field (the id) is id; the copy
+// ends with a newline unless empty.
+func withoutEntry(file []byte, name string, id uint32) []byte {
+	out := make([]byte, 0, len(file)+128)
+	idStr := strconv.FormatUint(uint64(id), 10)
+	for line := range strings.Lines(string(file)) {
+		fields := strings.SplitN(strings.TrimSuffix(line, "\n"), ":", 4)
+		if fields[0] == name || len(fields) > 2 && fields[2] == idStr {
+			continue
+		}
+		out = append(out, line...)
+		if !strings.HasSuffix(line, "\n") {
+			out = append(out, '\n')
+		}
+	}
+	return out
 }

@@ -26,10 +26,11 @@ type step struct {
 
 // state is what the steps share.
 type state struct {
-	cfg     Config
-	report  *os.File
-	wdTree  int               // detached clone of the working directory (open_tree), -1 once attached
-	seccomp []unix.SockFilter // the filter, assembled before the Config arrives
+	cfg       Config
+	report    *os.File
+	wdTree    int               // detached clone of the working directory (open_tree), -1 once attached
+	seccomp   []unix.SockFilter // the filter, assembled before the Config arrives
+	nodeUsers nodeUserFiles     // the node's passwd and group, read before the Config arrives
 }
 
 // steps is the fixed order of DESIGN.md section 9: mounts, then the
@@ -37,6 +38,7 @@ type state struct {
 // filter needs a system call it denies.
 var steps = []step{
 	{"mounts", mountStep},
+	{"user", userStep},
 	{"hostname", hostnameStep},
 	{"loopback", loopbackStep},
 	{"limits", limitsStep},
@@ -79,14 +81,24 @@ func run() int {
 		return fail("seccomp", err)
 	}
 	st.seccomp = prog
+	st.nodeUsers = readNodeUserFiles()
 	if _, err := io.WriteString(report, ReadyLine); err != nil {
 		return 127 // nobody reads the reports: the parent is gone
 	}
-	cfgFile := os.NewFile(ConfigFD, "config")
-	data, err := io.ReadAll(cfgFile)
-	cfgFile.Close()
+	data, fds, err := readConfig(ConfigFD)
+	unix.Close(ConfigFD)
 	if err == nil {
 		err = json.Unmarshal(data, &st.cfg)
+	}
+	if err == nil && st.cfg.WorkTree {
+		if len(fds) != 1 {
+			err = fmt.Errorf("the Config came with %d descriptors, want the working directory's tree", len(fds))
+		} else {
+			st.wdTree, fds = fds[0], nil
+		}
+	}
+	for _, fd := range fds {
+		unix.Close(fd)
 	}
 	if err != nil {
 		return fail("config", err)
@@ -114,11 +126,17 @@ func mountStep(st *state) error {
 	}
 	// A clone of the working directory taken before anything is mounted
 	// over its path (a working directory under /tmp would be hidden by the
-	// private /tmp) and before the tree turns read-only.
-	tree, err := unix.OpenTree(unix.AT_FDCWD, wd, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC|unix.AT_RECURSIVE)
-	if err != nil {
-		return fmt.Errorf("cloning working directory %s: %w", wd, err)
+	// private /tmp) and before the tree turns read-only: the parent's
+	// (Config.WorkTree), or one of this namespace's.
+	tree := st.wdTree
+	if tree < 0 {
+		var err error
+		tree, err = unix.OpenTree(unix.AT_FDCWD, wd, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC|unix.AT_RECURSIVE)
+		if err != nil {
+			return fmt.Errorf("cloning working directory %s: %w", wd, err)
+		}
 	}
+	st.wdTree = -1
 	defer unix.Close(tree)
 	ro := &unix.MountAttr{Attr_set: unix.MOUNT_ATTR_RDONLY | unix.MOUNT_ATTR_NOSUID}
 	if err := unix.MountSetattr(unix.AT_FDCWD, "/", unix.AT_RECURSIVE, ro); err != nil {
@@ -404,4 +422,37 @@ func exitCode(ws unix.WaitStatus) int {
 		return 128 + int(ws.Signal())
 	}
 	return ws.ExitStatus()
+}
+
+// readConfig reads the config socket fd to its end, with the descriptors
+// that came with it (SCM_RIGHTS).
+func readConfig(fd int) ([]byte, []int, error) {
+	var data []byte
+	var fds []int
+	buf := make([]byte, 64<<10)
+	oob := make([]byte, unix.CmsgSpace(4*4))
+	for {
+		n, oobn, _, _, err := unix.Recvmsg(fd, buf, oob, unix.MSG_CMSG_CLOEXEC)
+		if errors.Is(err, unix.EINTR) {
+			continue
+		}
+		if err != nil {
+			return nil, fds, fmt.Errorf("reading the Config: %w", err)
+		}
+		if oobn > 0 {
+			msgs, err := unix.ParseSocketControlMessage(oob[:oobn])
+			if err != nil {
+				return nil, fds, err
+			}
+			for _, m := range msgs {
+				if rights, err := unix.ParseUnixRights(&m); err == nil {
+					fds = append(fds, rights...)
+				}
+			}
+		}
+		if n == 0 {
+			return data, fds, nil
+		}
+		data = append(data, buf[:n]...)
+	}
 }

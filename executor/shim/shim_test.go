@@ -42,13 +42,14 @@ func TestParseReport(t *testing.T) {
 // they read differently: a change to Config's fields fails this test until
 // Protocol is bumped and the list below updated with it.
 func TestProtocolCoversConfig(t *testing.T) {
-	const wantProtocol = "1"
+	const wantProtocol = "2"
 	want := strings.Join([]string{
 		"Shell string shell", "Command string command", "Env []string env",
-		"WorkDir string workDir", "NullStdin bool nullStdin,omitempty",
+		"WorkDir string workDir", "WorkTree bool workTree,omitempty", "NullStdin bool nullStdin,omitempty",
 		"TmpSizeBytes int64 tmpSizeBytes,omitempty", "Mask []string mask,omitempty",
 		"Hostname string hostname,omitempty", "Loopback bool loopback,omitempty",
 		"NProc uint64 nproc,omitempty", "UID *uint32 uid,omitempty", "GID *uint32 gid,omitempty",
+		"User *shim.UserEntry user,omitempty",
 		"Landlock bool landlock,omitempty", "Seccomp bool seccomp,omitempty",
 	}, "\n")
 	var got []string
@@ -59,5 +60,43 @@ func TestProtocolCoversConfig(t *testing.T) {
 	}
 	if g := strings.Join(got, "\n"); g != want || Protocol != wantProtocol {
 		t.Errorf("Config's fields are now\n%s\nwith Protocol %q: a change to them bumps Protocol; then update this test's list and wantProtocol", g, Protocol)
+	}
+}
+
+func TestPasswdWithUser(t *testing.T) {
+	u := UserEntry{Name: "task", Gecos: "BashTask task", Home: "/home/task"}
+	node := "root:x:0:0:root:/root:/bin/bash\n# comment\ntask:x:1000:1000::/home/x:/bin/sh\nold:x:2000131:5::/:/bin/sh\nnobody:x:65534:65534::/:/usr/sbin/nologin"
+	want := "root:x:0:0:root:/root:/bin/bash\n# comment\nnobody:x:65534:65534::/:/usr/sbin/nologin\n" +
+		"task:x:2000131:2000131:BashTask task:/home/task:/bin/bash\n"
+	if diff := cmp.Diff(want, string(PasswdWithUser([]byte(node), u, 2000131, 2000131, "/bin/bash"))); diff != "" {
+		t.Errorf("passwd (-want +got)\n%s", diff)
+	}
+	group := "root:x:0:\ntask:x:7:\nother:x:2000131:a,b\nusers:x:100:\n"
+	wantGroup := "root:x:0:\nusers:x:100:\ntask:x:2000131:\n"
+	if diff := cmp.Diff(wantGroup, string(GroupWithUser([]byte(group), "task", 2000131))); diff != "" {
+		t.Errorf("group (-want +got)\n%s", diff)
+	}
+	if got := string(PasswdWithUser(nil, u, 5, 6, "/bin/sh")); got != "task:x:5:6:BashTask task:/home/task:/bin/sh\n" {
+		t.Errorf("from no node file: %q", got)
+	}
+}
+
+func TestUserEntryValidate(t *testing.T) {
+	ok := UserEntry{Name: "task", Gecos: "BashTask task", Home: "/home/task", PrivateHome: true}
+	if err := ok.Validate(); err != nil {
+		t.Errorf("%+v: %v", ok, err)
+	}
+	for name, u := range map[string]UserEntry{
+		"empty name":         {Home: "/home/task"},
+		"colon in name":      {Name: "a:b", Home: "/home/task"},
+		"newline in gecos":   {Name: "task", Gecos: "a\nroot:x:0:0::/:/bin/sh", Home: "/home/task"},
+		"relative home":      {Name: "task", Home: "home/task"},
+		"private home at /x": {Name: "task", Home: "/task", PrivateHome: true},
+		"leading dash":       {Name: "-task", Home: "/home/task"},
+		"name over 32 bytes": {Name: strings.Repeat("t", 33), Home: "/home/task"},
+	} {
+		if err := u.Validate(); err == nil {
+			t.Errorf("%s: %+v accepted", name, u)
+		}
 	}
 }

@@ -17,6 +17,9 @@
 //     new namespaces, a UID of its own, Landlock and seccomp), with the
 //     node's network and with a network namespace of its own (None), as
 //     the median overhead over the plain fork/exec;
+//   - the same start with a disk quota on the working directory, a file
+//     system taken from the pool made ahead of tasks (10Gi) and one of
+//     another size made on the start (1Gi), against the tenant start;
 //   - the CPU time one task of `true` costs, at the cgroup (process) level
 //     and at the tenant level: the task's own processes (the shell, and at
 //     the tenant level its shim) and the executor's.
@@ -114,6 +117,22 @@ func run(jsonOut string, iters int, dir, shell, shimBin string, stream bool) err
 		return err
 	}
 	defer tenant.Close()
+	// The tenant level with a disk quota on each working directory (the
+	// agent's --task-disk-size): the default size, taken from the pool of
+	// file systems made ahead of tasks, and a size of the task's own,
+	// made (mkfs.ext4, loop device, mount) on its start.
+	images, err := os.MkdirTemp(dir, "disk-images-")
+	if err != nil {
+		return err
+	}
+	tenantDisk, err := executor.New(executor.Config{Shell: shell, Cgroups: executor.CgroupAuto, CgroupParent: fmt.Sprintf("bashtask-bench-disk-%d", os.Getpid()),
+		WorkDirRoot: dir, Isolation: executor.IsolationTenant, ShimPath: shimPath,
+		DiskQuotaBytes: 10 << 30, DiskQuotaCapBytes: 20 << 30, DiskImageDir: images})
+	if err != nil {
+		return err
+	}
+	defer tenantDisk.Close()
+	diskOK := tenantDisk.Capabilities().DiskQuota
 
 	// The baseline gets the environment a task gets: bash starts measurably
 	// slower with LANG=C.UTF-8 (it loads the locale), and that is the
@@ -134,6 +153,8 @@ func run(jsonOut string, iters int, dir, shell, shimBin string, stream bool) err
 		func(i int) (time.Duration, error) { return timeTask(withCg, dir, i) },
 		func(i int) (time.Duration, error) { return timeTenant(tenant, dir, i, executor.NetworkNode) },
 		func(i int) (time.Duration, error) { return timeTenant(tenant, dir, i, executor.NetworkNone) },
+		func(i int) (time.Duration, error) { return timeTenantDisk(tenantDisk, dir, i, 0) },
+		func(i int) (time.Duration, error) { return timeTenantDisk(tenantDisk, dir, i, 1<<30) },
 	}
 	times := make([][]time.Duration, len(variants))
 	for i := range iters + 10 {
@@ -151,6 +172,7 @@ func run(jsonOut string, iters int, dir, shell, shimBin string, stream bool) err
 	plain, plainSid, exNoCg, exCg := times[0], times[1], times[2], times[3]
 	mPlain, mPlainSid, mNoCg, mCg := median(plain), median(plainSid), median(exNoCg), median(exCg)
 	mTenant, mTenantNone := median(times[4]), median(times[5])
+	mDisk, mDiskOwn := median(times[6]), median(times[7])
 
 	// CPU per task, after the interleaved rounds so that no other
 	// variant's processes are reaped (and counted) meanwhile.
@@ -199,6 +221,12 @@ func run(jsonOut string, iters int, dir, shell, shimBin string, stream bool) err
 	fmt.Fprintf(w, "(plain with a new session, for reference)\t%v\t%v\t%.2f\t\t\n", mPlainSid, mPlain, ratio(mPlainSid, mPlain))
 	fmt.Fprintf(w, "start `true`, tenant, network Node (median of %d)\t%v\t%v\t+%v\t<= +3ms\t\n", iters, mTenant, mPlain, (mTenant - mPlain).Round(10*time.Microsecond))
 	fmt.Fprintf(w, "start `true`, tenant, network None (median of %d)\t%v\t%v\t+%v\t\t\n", iters, mTenantNone, mPlain, (mTenantNone - mPlain).Round(10*time.Microsecond))
+	diskName := "disk quota"
+	if !diskOK {
+		diskName = "disk quota UNAVAILABLE (no loop devices or mkfs.ext4)"
+	}
+	fmt.Fprintf(w, "start `true`, tenant, %s 10Gi, pooled (median of %d)\t%v\t%v\t+%v\t\t\n", diskName, iters, mDisk, mTenant, (mDisk - mTenant).Round(10*time.Microsecond))
+	fmt.Fprintf(w, "start `true`, tenant, %s 1Gi, made at start (median of %d)\t%v\t%v\t+%v\t\t\n", diskName, iters, mDiskOwn, mTenant, (mDiskOwn - mTenant).Round(10*time.Microsecond))
 	fmt.Fprintf(w, "CPU of a task `true`, its processes, tenant (Node) against %s (mean of %d), ms\t%.2f\t%.2f\t+%.2f\t\t\n",
 		cgName, iters, cpuTenant.task, cpuCg.task, cpuTenant.task-cpuCg.task)
 	fmt.Fprintf(w, "CPU of a task `true`, the executor's, tenant (Node) against %s (mean of %d), ms\t%.2f\t%.2f\t+%.2f\t\t\n",
@@ -223,19 +251,20 @@ func run(jsonOut string, iters int, dir, shell, shimBin string, stream bool) err
 
 	if jsonOut != "" {
 		b, err := json.MarshalIndent(map[string]float64{
-			"executor.overhead_ratio":          round(ratio(mNoCg, mPlain)),
-			"executor.overhead_ratio_cgroup":   round(ratio(mCg, mPlain)),
-			"executor.session_ratio":           round(ratio(mPlainSid, mPlain)),
-			"executor.throughput_mb_s":         round(taskMBs),
-			"executor.plain_write_mb_s":        round(plainMBs),
-			"executor.pipe_drain_mb_s":         round(drainMBs),
-			"executor.throughput_ratio":        round(taskMBs / drainMBs),
-			"executor.sha256_mb_s":             round(hashMBs),
-			"executor.rss_growth_mb":           round(rssGrowthMB),
-			"executor.tenant_overhead_ms":      round(float64(mTenant-mPlain) / float64(time.Millisecond)),
-			"executor.tenant_none_overhead_ms": round(float64(mTenantNone-mPlain) / float64(time.Millisecond)),
-			"executor.task_cpu_ms":             round(cpuCg.task),
-			"executor.tenant_task_cpu_ms":      round(cpuTenant.task),
+			"executor.overhead_ratio":                round(ratio(mNoCg, mPlain)),
+			"executor.overhead_ratio_cgroup":         round(ratio(mCg, mPlain)),
+			"executor.session_ratio":                 round(ratio(mPlainSid, mPlain)),
+			"executor.throughput_mb_s":               round(taskMBs),
+			"executor.plain_write_mb_s":              round(plainMBs),
+			"executor.pipe_drain_mb_s":               round(drainMBs),
+			"executor.throughput_ratio":              round(taskMBs / drainMBs),
+			"executor.sha256_mb_s":                   round(hashMBs),
+			"executor.rss_growth_mb":                 round(rssGrowthMB),
+			"executor.tenant_overhead_ms":            round(float64(mTenant-mPlain) / float64(time.Millisecond)),
+			"executor.tenant_none_overhead_ms":       round(float64(mTenantNone-mPlain) / float64(time.Millisecond)),
+			"executor.tenant_disk_quota_overhead_ms": round(float64(mDisk-mTenant) / float64(time.Millisecond)),
+			"executor.task_cpu_ms":                   round(cpuCg.task),
+			"executor.tenant_task_cpu_ms":            round(cpuTenant.task),
 		}, "", "  ")
 		if err != nil {
 			return err
@@ -341,6 +370,15 @@ func timeTenant(ex *executor.Executor, dir string, i int, network executor.Netwo
 	if err == nil && task.PooledShim() {
 		pooledStarts[network]++
 	}
+	return d, err
+}
+
+// timeTenantDisk times `true` at the tenant level with a working
+// directory of size bytes (0: the executor's default).
+func timeTenantDisk(ex *executor.Executor, dir string, i int, size int64) (time.Duration, error) {
+	spill := filepath.Join(dir, "spill-"+strconv.Itoa(i)+"-disk-"+strconv.FormatInt(size, 10))
+	d, _, err := timeStart(ex, executor.Spec{Command: "true", SpillDir: spill, Limits: executor.Limits{DiskBytes: size}, User: &executor.User{UID: benchUID, GID: benchUID}},
+		"true at the tenant level with a disk quota")
 	return d, err
 }
 

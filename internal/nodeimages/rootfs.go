@@ -42,6 +42,7 @@ func agentPackages() []string {
 	return []string{
 		"bash", "coreutils", "findutils", "grep", "sed", "gawk", "diffutils", "procps", "util-linux",
 		"tar", "gzip", "xz-utils", "bzip2", "unzip", "zip", "ca-certificates", "curl", "jq", "git", "openssh-client",
+		"e2fsprogs", // mkfs.ext4, for the working directories' file systems (--task-disk-size)
 	}
 }
 

@@ -519,9 +519,14 @@ type Resources struct {
 	// cpu_millis is the CPU quota in thousandths of a CPU.
 	CpuMillis int64 `protobuf:"varint,2,opt,name=cpu_millis,json=cpuMillis,proto3" json:"cpu_millis,omitempty"`
 	// pids is the maximum number of processes and threads.
-	Pids          int64 `protobuf:"varint,3,opt,name=pids,proto3" json:"pids,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Pids int64 `protobuf:"varint,3,opt,name=pids,proto3" json:"pids,omitempty"`
+	// ephemeral_storage_bytes is the size of the file system of the task's
+	// fresh working directory at the tenant level (the agent's
+	// --task-disk-size when 0); over the agent's --task-disk-cap the task is
+	// refused with InvalidSpec. Not a cgroup limit.
+	EphemeralStorageBytes int64 `protobuf:"varint,4,opt,name=ephemeral_storage_bytes,json=ephemeralStorageBytes,proto3" json:"ephemeral_storage_bytes,omitempty"`
+	unknownFields         protoimpl.UnknownFields
+	sizeCache             protoimpl.SizeCache
 }
 
 func (x *Resources) Reset() {
@@ -571,6 +576,13 @@ func (x *Resources) GetCpuMillis() int64 {
 func (x *Resources) GetPids() int64 {
 	if x != nil {
 		return x.Pids
+	}
+	return 0
+}
+
+func (x *Resources) GetEphemeralStorageBytes() int64 {
+	if x != nil {
+		return x.EphemeralStorageBytes
 	}
 	return 0
 }
@@ -1849,10 +1861,15 @@ type Readiness struct {
 	TaskNetwork string `protobuf:"bytes,8,opt,name=task_network,json=taskNetwork,proto3" json:"task_network,omitempty"`
 	// capabilities the agent detected at start: "namespaces" (mount, PID,
 	// IPC, UTS), "netns", "landlock" (with landlock_abi), "seccomp",
-	// "cgroup", "pids" (the pids controller for task cgroups).
+	// "cgroup", "pids" (the pids controller for task cgroups),
+	// "disk-quota" (fresh working directories have a size and an inode
+	// limit).
 	Capabilities []string `protobuf:"bytes,9,rep,name=capabilities,proto3" json:"capabilities,omitempty"`
 	// landlock_abi is the kernel's Landlock ABI version, 0 without Landlock.
-	LandlockAbi   int32 `protobuf:"varint,10,opt,name=landlock_abi,json=landlockAbi,proto3" json:"landlock_abi,omitempty"`
+	LandlockAbi int32 `protobuf:"varint,10,opt,name=landlock_abi,json=landlockAbi,proto3" json:"landlock_abi,omitempty"`
+	// disk_cap_bytes is the largest ephemeral_storage_bytes the agent takes
+	// (--task-disk-cap), 0 when it has no disk quota.
+	DiskCapBytes  int64 `protobuf:"varint,11,opt,name=disk_cap_bytes,json=diskCapBytes,proto3" json:"disk_cap_bytes,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1953,6 +1970,13 @@ func (x *Readiness) GetCapabilities() []string {
 func (x *Readiness) GetLandlockAbi() int32 {
 	if x != nil {
 		return x.LandlockAbi
+	}
+	return 0
+}
+
+func (x *Readiness) GetDiskCapBytes() int64 {
+	if x != nil {
+		return x.DiskCapBytes
 	}
 	return 0
 }
@@ -2241,12 +2265,13 @@ const file_agent_proto_rawDesc = "" +
 	"\n" +
 	"tail_bytes\x18\x01 \x01(\x05R\ttailBytes\x12*\n" +
 	"\x11spill_limit_bytes\x18\x02 \x01(\x03R\x0fspillLimitBytes\x127\n" +
-	"\x06upload\x18\x03 \x01(\x0e2\x1f.bashtask.agent.v1.UploadPolicyR\x06upload\"a\n" +
+	"\x06upload\x18\x03 \x01(\x0e2\x1f.bashtask.agent.v1.UploadPolicyR\x06upload\"\x99\x01\n" +
 	"\tResources\x12!\n" +
 	"\fmemory_bytes\x18\x01 \x01(\x03R\vmemoryBytes\x12\x1d\n" +
 	"\n" +
 	"cpu_millis\x18\x02 \x01(\x03R\tcpuMillis\x12\x12\n" +
-	"\x04pids\x18\x03 \x01(\x03R\x04pids\"\x8c\x04\n" +
+	"\x04pids\x18\x03 \x01(\x03R\x04pids\x126\n" +
+	"\x17ephemeral_storage_bytes\x18\x04 \x01(\x03R\x15ephemeralStorageBytes\"\x8c\x04\n" +
 	"\bTaskSpec\x12,\n" +
 	"\x03ref\x18\x01 \x01(\v2\x1a.bashtask.agent.v1.TaskRefR\x03ref\x12\x18\n" +
 	"\acommand\x18\x02 \x01(\tR\acommand\x12.\n" +
@@ -2343,7 +2368,7 @@ const file_agent_proto_rawDesc = "" +
 	"\x0eForgetResponse\x12\x1c\n" +
 	"\tforgotten\x18\x01 \x01(\bR\tforgotten\">\n" +
 	"\fWatchRequest\x12.\n" +
-	"\x05fence\x18\x01 \x01(\v2\x18.bashtask.agent.v1.FenceR\x05fence\"\xc9\x02\n" +
+	"\x05fence\x18\x01 \x01(\v2\x18.bashtask.agent.v1.FenceR\x05fence\"\xef\x02\n" +
 	"\tReadiness\x12\x14\n" +
 	"\x05ready\x18\x01 \x01(\bR\x05ready\x12\x1a\n" +
 	"\bproblems\x18\x02 \x03(\tR\bproblems\x12\x1f\n" +
@@ -2356,7 +2381,8 @@ const file_agent_proto_rawDesc = "" +
 	"\ftask_network\x18\b \x01(\tR\vtaskNetwork\x12\"\n" +
 	"\fcapabilities\x18\t \x03(\tR\fcapabilities\x12!\n" +
 	"\flandlock_abi\x18\n" +
-	" \x01(\x05R\vlandlockAbi\"\xe7\x02\n" +
+	" \x01(\x05R\vlandlockAbi\x12$\n" +
+	"\x0edisk_cap_bytes\x18\v \x01(\x03R\fdiskCapBytes\"\xe7\x02\n" +
 	"\tAgentInfo\x12\x1b\n" +
 	"\tnode_name\x18\x01 \x01(\tR\bnodeName\x12\x19\n" +
 	"\bpod_name\x18\x02 \x01(\tR\apodName\x12%\n" +

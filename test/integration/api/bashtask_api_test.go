@@ -106,7 +106,7 @@ func TestCreateValidation(t *testing.T) {
 				bt.Spec.NodeName = ptr.To("node-a")
 				bt.Spec.NodeSelector = map[string]string{"kubernetes.io/os": "linux"}
 				mem, cpu := resource.MustParse("64Mi"), resource.MustParse("500m")
-				bt.Spec.Resources = &v1.ResourceLimits{Memory: &mem, CPU: &cpu, PIDs: ptr.To[int64](100)}
+				bt.Spec.Resources = &v1.ResourceLimits{Memory: &mem, CPU: &cpu, PIDs: ptr.To[int64](100), EphemeralStorage: ptr.To(resource.MustParse("1Gi"))}
 				bt.Spec.Suspend = ptr.To(true)
 				bt.Spec.TTLSecondsAfterFinished = ptr.To[int32](60)
 			},
@@ -234,6 +234,23 @@ func TestCreateValidation(t *testing.T) {
 		"pids over PID_MAX_LIMIT": {
 			mutate:  func(bt *v1.BashTask) { bt.Spec.Resources = &v1.ResourceLimits{PIDs: ptr.To[int64](4194305)} },
 			wantErr: "spec.resources.pids",
+		},
+		"ephemeralStorage below the smallest file system": {
+			mutate: func(bt *v1.BashTask) {
+				bt.Spec.Resources = &v1.ResourceLimits{EphemeralStorage: ptr.To(resource.MustParse("31Mi"))}
+			},
+			wantErr: "resources.ephemeralStorage must be at least 32Mi",
+		},
+		"ephemeralStorage over 16Ti": {
+			mutate: func(bt *v1.BashTask) {
+				bt.Spec.Resources = &v1.ResourceLimits{EphemeralStorage: ptr.To(resource.MustParse("17Ti"))}
+			},
+			wantErr: "resources.ephemeralStorage must be at most 16Ti",
+		},
+		"ephemeralStorage of 2Gi": {
+			mutate: func(bt *v1.BashTask) {
+				bt.Spec.Resources = &v1.ResourceLimits{EphemeralStorage: ptr.To(resource.MustParse("2Gi"))}
+			},
 		},
 	}
 	i := 0
