@@ -191,7 +191,9 @@ echo "mounts: $(wc -l < "$PWD/.mounts")"
 echo "submounts: $(awk '$1 ~ "^/(dev|sys|run)/" {n++} END {print n+0}' "$PWD/.mounts")"`, "")
 		out := stdoutOf(st)
 		wd := workDirOfFinished(a, fmt.Sprintf("e-%d", seq))
-		allowedRW := []string{wd, "/tmp", "/dev/shm", "/proc", "/dev/mqueue"}
+		// /home is the task's private tmpfs holding its HOME (the shim's
+		// user step), no node path reaches it.
+		allowedRW := []string{wd, "/tmp", "/dev/shm", "/proc", "/dev/mqueue", "/home"}
 		for line := range strings.SplitSeq(out, "\n") {
 			kind, mp, _ := strings.Cut(line, ": ")
 			switch kind {
