@@ -66,6 +66,11 @@ type Config struct {
 	Hostname string `json:"hostname,omitempty"`
 	// Loopback brings up lo: the shim runs in a new network namespace.
 	Loopback bool `json:"loopback,omitempty"`
+	// ResolvConf is the absolute path of a file bound read-only over
+	// /etc/resolv.conf (the resolvers of network Egress); empty keeps the
+	// node's. It is bound before anything is mounted over its directory
+	// (a file under /tmp stays usable) and /etc/resolv.conf must exist.
+	ResolvConf string `json:"resolvConf,omitempty"`
 	// NProc is RLIMIT_NPROC (processes and threads of the task's UID); 0
 	// leaves the limit as inherited.
 	NProc uint64 `json:"nproc,omitempty"`
@@ -103,7 +108,7 @@ type Report struct {
 // does not understand; the ready report names the shim's Protocol and the
 // executor refuses a shim whose Protocol is not its own. Any change to
 // [Config] or to the reports bumps it.
-const Protocol = "1"
+const Protocol = "2"
 
 // ReadyLine is the shim's first report, written once it runs and before it
 // reads its Config: "ready" and the shim's [Protocol].

@@ -42,12 +42,13 @@ func TestParseReport(t *testing.T) {
 // they read differently: a change to Config's fields fails this test until
 // Protocol is bumped and the list below updated with it.
 func TestProtocolCoversConfig(t *testing.T) {
-	const wantProtocol = "1"
+	const wantProtocol = "2"
 	want := strings.Join([]string{
 		"Shell string shell", "Command string command", "Env []string env",
 		"WorkDir string workDir", "NullStdin bool nullStdin,omitempty",
 		"TmpSizeBytes int64 tmpSizeBytes,omitempty", "Mask []string mask,omitempty",
 		"Hostname string hostname,omitempty", "Loopback bool loopback,omitempty",
+		"ResolvConf string resolvConf,omitempty",
 		"NProc uint64 nproc,omitempty", "UID *uint32 uid,omitempty", "GID *uint32 gid,omitempty",
 		"Landlock bool landlock,omitempty", "Seccomp bool seccomp,omitempty",
 	}, "\n")
