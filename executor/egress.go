@@ -224,3 +224,10 @@ func ParseResolvConf(data []byte) ResolvConf {
 	}
 	return rc
 }
+
+// Validate checks c as New would; the error wraps ErrInvalidConfig and
+// names the field.
+func (c EgressConfig) Validate() error {
+	_, err := planEgress(c)
+	return err
+}

@@ -1845,16 +1845,25 @@ type Readiness struct {
 	Shell string `protobuf:"bytes,6,opt,name=shell,proto3" json:"shell,omitempty"`
 	// isolation is the --isolation level: "process" or "tenant".
 	Isolation string `protobuf:"bytes,7,opt,name=isolation,proto3" json:"isolation,omitempty"`
-	// task_network is the --task-network default: "Node" or "None".
+	// task_network is the --task-network default: "Node", "None" or
+	// "Egress".
 	TaskNetwork string `protobuf:"bytes,8,opt,name=task_network,json=taskNetwork,proto3" json:"task_network,omitempty"`
 	// capabilities the agent detected at start: "namespaces" (mount, PID,
-	// IPC, UTS), "netns", "landlock" (with landlock_abi), "seccomp",
-	// "cgroup", "pids" (the pids controller for task cgroups).
+	// IPC, UTS), "netns", "egress" (network Egress was set up: its
+	// nftables table, forwarding and resolvers), "landlock" (with
+	// landlock_abi), "seccomp", "cgroup", "pids" (the pids controller for
+	// task cgroups).
 	Capabilities []string `protobuf:"bytes,9,rep,name=capabilities,proto3" json:"capabilities,omitempty"`
 	// landlock_abi is the kernel's Landlock ABI version, 0 without Landlock.
-	LandlockAbi   int32 `protobuf:"varint,10,opt,name=landlock_abi,json=landlockAbi,proto3" json:"landlock_abi,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	LandlockAbi int32 `protobuf:"varint,10,opt,name=landlock_abi,json=landlockAbi,proto3" json:"landlock_abi,omitempty"`
+	// allowed_networks are the values of spec.network this agent runs
+	// (--allowed-networks, in the API's spelling: "Node", "None",
+	// "Egress"); a task asking for another is refused with InvalidSpec.
+	// Empty from an agent older than the field: then only task_network's
+	// rule holds.
+	AllowedNetworks []string `protobuf:"bytes,11,rep,name=allowed_networks,json=allowedNetworks,proto3" json:"allowed_networks,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *Readiness) Reset() {
@@ -1955,6 +1964,13 @@ func (x *Readiness) GetLandlockAbi() int32 {
 		return x.LandlockAbi
 	}
 	return 0
+}
+
+func (x *Readiness) GetAllowedNetworks() []string {
+	if x != nil {
+		return x.AllowedNetworks
+	}
+	return nil
 }
 
 // AgentInfo is the first message of every Watch stream.
@@ -2343,7 +2359,7 @@ const file_agent_proto_rawDesc = "" +
 	"\x0eForgetResponse\x12\x1c\n" +
 	"\tforgotten\x18\x01 \x01(\bR\tforgotten\">\n" +
 	"\fWatchRequest\x12.\n" +
-	"\x05fence\x18\x01 \x01(\v2\x18.bashtask.agent.v1.FenceR\x05fence\"\xc9\x02\n" +
+	"\x05fence\x18\x01 \x01(\v2\x18.bashtask.agent.v1.FenceR\x05fence\"\xf4\x02\n" +
 	"\tReadiness\x12\x14\n" +
 	"\x05ready\x18\x01 \x01(\bR\x05ready\x12\x1a\n" +
 	"\bproblems\x18\x02 \x03(\tR\bproblems\x12\x1f\n" +
@@ -2356,7 +2372,8 @@ const file_agent_proto_rawDesc = "" +
 	"\ftask_network\x18\b \x01(\tR\vtaskNetwork\x12\"\n" +
 	"\fcapabilities\x18\t \x03(\tR\fcapabilities\x12!\n" +
 	"\flandlock_abi\x18\n" +
-	" \x01(\x05R\vlandlockAbi\"\xe7\x02\n" +
+	" \x01(\x05R\vlandlockAbi\x12)\n" +
+	"\x10allowed_networks\x18\v \x03(\tR\x0fallowedNetworks\"\xe7\x02\n" +
 	"\tAgentInfo\x12\x1b\n" +
 	"\tnode_name\x18\x01 \x01(\tR\bnodeName\x12\x19\n" +
 	"\bpod_name\x18\x02 \x01(\tR\apodName\x12%\n" +
