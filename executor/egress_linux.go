@@ -58,6 +58,8 @@ type egress struct {
 	mu   sync.Mutex
 	used []bool // per slot
 	next int    // where the search for a free slot starts: slots are reused last
+
+	releasing sync.WaitGroup // deletions of pairs under way
 }
 
 // egressLink is one task's veth pair.
@@ -258,6 +260,7 @@ func verdict(k expr.VerdictKind) []expr.Any { return []expr.Any{&expr.Verdict{Ki
 
 // close deletes the table and every task link left, and the resolv.conf.
 func (e *egress) close() error {
+	e.releasing.Wait()
 	var errs []error
 	if c, err := nftables.New(); err == nil {
 		t := &nftables.Table{Family: nftables.TableFamilyINet, Name: e.plan.table}
@@ -361,15 +364,23 @@ func addr(a netip.Addr) *netlink.Addr {
 	return &netlink.Addr{IPNet: &net.IPNet{IP: a.AsSlice(), Mask: net.CIDRMask(32-egressSlotBits, 32)}}
 }
 
-// release deletes the pair (the task's end goes with the host's) and frees
-// the slot. It is safe on nil and more than once.
+// release deletes the pair (the task's end goes with the host's) and then
+// frees the slot, in the background: unregistering a network device waits
+// for RCU grace periods, tens of milliseconds a task's Result need not
+// wait for, and the slot (the link's name and addresses) is reused only
+// once the device is gone. It is safe on nil and more than once.
 func (l *egressLink) release() {
 	if l == nil || l.e == nil {
 		return
 	}
-	if link, err := netlink.LinkByName(l.name); err == nil {
-		_ = netlink.LinkDel(link)
-	}
-	l.e.free(l.slot)
+	e, name, slot := l.e, l.name, l.slot
 	l.e = nil
+	e.releasing.Add(1)
+	go func() {
+		defer e.releasing.Done()
+		if link, err := netlink.LinkByName(name); err == nil {
+			_ = netlink.LinkDel(link)
+		}
+		e.free(slot)
+	}()
 }
