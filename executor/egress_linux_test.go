@@ -269,7 +269,8 @@ func newTestInternet(t *testing.T) *testInternet {
 // range are this process's own.
 func egressTestConfig(ti *testInternet) *EgressConfig {
 	pid := os.Getpid()
-	cidr := netip.PrefixFrom(netip.AddrFrom4([4]byte{100, byte(64 + (pid>>8)%64), byte(pid), 0}), 24)
+	// 100.64.0.0/11: the agent package's tests take 100.96.0.0/11.
+	cidr := netip.PrefixFrom(netip.AddrFrom4([4]byte{100, byte(64 + (pid>>8)%32), byte(pid), 0}), 24)
 	return &EgressConfig{
 		ID:        fmt.Sprintf("t%x", pid%(1<<24)),
 		CIDR:      cidr.String(),
