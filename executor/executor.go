@@ -378,11 +378,12 @@ func (e *Executor) prepare(spec Spec) (*prepared, error) {
 		return nil, startErr(ErrInvalidSpec, "network "+string(network)+" needs the tenant isolation level", nil)
 	}
 	if network == NetworkEgress && e.egress == nil {
-		why := "this executor was not configured for it"
 		if e.egressErr != nil {
-			why = e.egressErr.Error()
+			// egressErr wraps ErrIsolation already: its text appears once.
+			why := strings.TrimPrefix(e.egressErr.Error(), ErrIsolation.Error()+": ")
+			return nil, startErr(ErrIsolation, "network egress is not available: "+why, nil)
 		}
-		return nil, startErr(ErrIsolation, "network egress is not available: "+why, nil)
+		return nil, startErr(ErrIsolation, "network egress is not available: this executor was not configured for it", nil)
 	}
 	if p.KillGrace == 0 {
 		p.KillGrace = DefaultKillGrace

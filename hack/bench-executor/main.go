@@ -241,22 +241,25 @@ func run(jsonOut string, iters int, dir, shell, shimBin string, stream bool) err
 	}
 
 	if jsonOut != "" {
-		b, err := json.MarshalIndent(map[string]float64{
-			"executor.overhead_ratio":            round(ratio(mNoCg, mPlain)),
-			"executor.overhead_ratio_cgroup":     round(ratio(mCg, mPlain)),
-			"executor.session_ratio":             round(ratio(mPlainSid, mPlain)),
-			"executor.throughput_mb_s":           round(taskMBs),
-			"executor.plain_write_mb_s":          round(plainMBs),
-			"executor.pipe_drain_mb_s":           round(drainMBs),
-			"executor.throughput_ratio":          round(taskMBs / drainMBs),
-			"executor.sha256_mb_s":               round(hashMBs),
-			"executor.rss_growth_mb":             round(rssGrowthMB),
-			"executor.tenant_overhead_ms":        round(float64(mTenant-mPlain) / float64(time.Millisecond)),
-			"executor.tenant_none_overhead_ms":   round(float64(mTenantNone-mPlain) / float64(time.Millisecond)),
-			"executor.tenant_egress_overhead_ms": round(float64(mTenantEgress-mPlain) / float64(time.Millisecond)),
-			"executor.task_cpu_ms":               round(cpuCg.task),
-			"executor.tenant_task_cpu_ms":        round(cpuTenant.task),
-		}, "", "  ")
+		figures := map[string]float64{
+			"executor.overhead_ratio":          round(ratio(mNoCg, mPlain)),
+			"executor.overhead_ratio_cgroup":   round(ratio(mCg, mPlain)),
+			"executor.session_ratio":           round(ratio(mPlainSid, mPlain)),
+			"executor.throughput_mb_s":         round(taskMBs),
+			"executor.plain_write_mb_s":        round(plainMBs),
+			"executor.pipe_drain_mb_s":         round(drainMBs),
+			"executor.throughput_ratio":        round(taskMBs / drainMBs),
+			"executor.sha256_mb_s":             round(hashMBs),
+			"executor.rss_growth_mb":           round(rssGrowthMB),
+			"executor.tenant_overhead_ms":      round(float64(mTenant-mPlain) / float64(time.Millisecond)),
+			"executor.tenant_none_overhead_ms": round(float64(mTenantNone-mPlain) / float64(time.Millisecond)),
+			"executor.task_cpu_ms":             round(cpuCg.task),
+			"executor.tenant_task_cpu_ms":      round(cpuTenant.task),
+		}
+		if egressOK {
+			figures["executor.tenant_egress_overhead_ms"] = round(float64(mTenantEgress-mPlain) / float64(time.Millisecond))
+		}
+		b, err := json.MarshalIndent(figures, "", "  ")
 		if err != nil {
 			return err
 		}
