@@ -311,7 +311,7 @@ func runProbes(t *testing.T, ex *Executor, network Network, targets map[string]s
 	}
 	got := map[string]string{}
 	var rest []string
-	for _, line := range strings.Split(strings.TrimSpace(string(res.Stdout.Tail)), "\n") {
+	for _, line := range strings.Split(strings.TrimSpace(res.Stdout.Tail), "\n") {
 		name, outcome, _ := strings.Cut(line, " ")
 		if _, ok := targets[name]; ok {
 			got[name] = outcome

@@ -84,7 +84,7 @@ func agentUIDRange(tag uint32, index int) string {
 // tagged tag: a /20 of 100.64.0.0/10 (1024 tasks at once). Agents on one
 // host share its routing table, so their task ranges must not overlap.
 func agentEgressCIDR(tag uint32, index int) string {
-	block := (uint32(tag%1000)*8 + uint32(index)) % 1024
+	block := (tag%1000*8 + uint32(index)) % 1024
 	return fmt.Sprintf("100.%d.%d.0/20", 64+block>>4, (block&15)<<4)
 }
 
