@@ -510,3 +510,38 @@ func TestEgressRefusedWithoutSetup(t *testing.T) {
 		t.Errorf("Start at the process level: %v, want ErrInvalidSpec", err)
 	}
 }
+
+// Where Egress cannot be set up, New still succeeds without the egress
+// capability, EgressError says why, and a task asking for Egress is refused
+// naming that reason: here the probe's veth pair cannot be created, since
+// a link of another kind holds the first slot's name.
+func TestEgressRefusedWhenSetupFails(t *testing.T) {
+	requireEgressHost(t)
+	ti := newTestInternet(t)
+	cfg := egressTestConfig(ti)
+	plan, err := planEgress(*cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	squatter := &netlink.Ifb{LinkAttrs: netlink.LinkAttrs{Name: plan.linkName(0)}}
+	if err := netlink.LinkAdd(squatter); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = netlink.LinkDel(squatter) })
+	ex := newTestExecutor(t, CgroupAuto, func(c *Config) { c.Isolation = IsolationTenant; c.Egress = cfg; c.ShimPoolSize = -1 })
+	if ex.Capabilities().Egress || !errors.Is(ex.EgressError(), ErrIsolation) {
+		t.Fatalf("capabilities %v, EgressError %v: want no egress and an ErrIsolation", ex.Capabilities().Names(), ex.EgressError())
+	}
+	spec := testSpec(t, "echo ran")
+	spec.Network = NetworkEgress
+	_, err = ex.Start(spec)
+	t.Logf("the refusal: %v", err)
+	want := "cannot isolate task: network egress is not available: egress: probe task:"
+	if !errors.Is(err, ErrIsolation) || !strings.HasPrefix(err.Error(), want) || !strings.Contains(err.Error(), plan.linkName(0)) {
+		t.Errorf("Start: %v, want an ErrIsolation starting %q and naming the link", err, want)
+	}
+	spec.Network = NetworkNone
+	if res := run(t, ex, spec); res.Reason != ReasonSucceeded {
+		t.Errorf("a None task beside it: %s %s", res.Reason, res.Message)
+	}
+}
