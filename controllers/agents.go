@@ -65,11 +65,15 @@ type AgentState struct {
 	AmbientEnv string
 	// Isolation is the agent's --isolation level ("process" or "tenant").
 	Isolation string
-	// TaskNetwork is the agent's default network for tasks ("Node" or
-	// "None").
+	// TaskNetwork is the agent's default network for tasks ("Node",
+	// "None" or "Egress").
 	TaskNetwork string
+	// AllowedNetworks are the values of spec.network the agent runs (its
+	// --allowed-networks); empty from an agent that does not report them.
+	AllowedNetworks []string
 	// Capabilities are what the agent detected its node allows
-	// ("namespaces", "netns", "landlock", "seccomp", "cgroup", "pids").
+	// ("namespaces", "netns", "egress", "landlock", "seccomp", "cgroup",
+	// "pids").
 	Capabilities []string
 	// Shell is the absolute path of the agent's shell.
 	Shell string
@@ -542,6 +546,7 @@ func (a *agentConn) state(now time.Time) AgentState {
 		s.Ready = s.Connected && a.info.GetReadiness().GetReady()
 		s.Isolation = a.info.GetReadiness().GetIsolation()
 		s.TaskNetwork = a.info.GetReadiness().GetTaskNetwork()
+		s.AllowedNetworks = slices.Clone(a.info.GetReadiness().GetAllowedNetworks())
 		s.Capabilities = slices.Clone(a.info.GetReadiness().GetCapabilities())
 		s.Shell = a.info.GetReadiness().GetShell()
 		s.ArgEnvLimit = a.info.GetArgEnvLimitBytes()

@@ -290,7 +290,12 @@ func (r *BashTaskReconciler) reconcilePending(ctx context.Context, bt *bashtaskv
 		return reconcile.Result{RequeueAfter: r.opts.RetryInterval}, r.writeStatus(ctx, bt, old, "pending")
 	}
 
-	agent, why := r.place(ctx, bt)
+	agent, why, refused := r.place(ctx, bt)
+	if refused != "" {
+		release()
+		setTerminal(bt, bashtaskv1alpha1.ReasonInvalidSpec, refused, now)
+		return reconcile.Result{}, r.writeStatus(ctx, bt, old, "terminal")
+	}
 	if agent == nil {
 		release()
 		setPending(bt, ReasonNoAgent, why)

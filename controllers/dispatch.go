@@ -188,8 +188,10 @@ func (r *BashTaskReconciler) admitOwner(ctx context.Context, bt *bashtaskv1alpha
 // place chooses the agent for a task: spec.nodeName, else the agents whose
 // Node matches spec.nodeSelector, else every agent; among those, a ready
 // one with free capacity and the fewest running tasks. It returns nil and a
-// reason when none fits.
-func (r *BashTaskReconciler) place(ctx context.Context, bt *bashtaskv1alpha1.BashTask) (*AgentState, string) {
+// reason when none fits, and then a non-empty invalid when every ready
+// candidate refuses spec.network by its --allowed-networks: a policy of the
+// nodes, not a wait, so the task ends InvalidSpec.
+func (r *BashTaskReconciler) place(ctx context.Context, bt *bashtaskv1alpha1.BashTask) (_ *AgentState, why, invalid string) {
 	var candidates []AgentState
 	node := ptr.Deref(bt.Spec.NodeName, "")
 	if node != "" {
@@ -212,12 +214,17 @@ func (r *BashTaskReconciler) place(ctx context.Context, bt *bashtaskv1alpha1.Bas
 		candidates = kept
 	}
 	var best *AgentState
-	notReady, full, lacking := 0, 0, 0
-	missing := ""
+	notReady, full, lacking, refused := 0, 0, 0, 0
+	missing, refusal := "", ""
 	for i := range candidates {
 		a := &candidates[i]
 		if !a.Ready {
 			notReady++
+			continue
+		}
+		if m := networkNotAllowed(bt, a); m != "" {
+			refused++
+			refusal = m
 			continue
 		}
 		if m := missingCapability(bt, a); m != "" {
@@ -234,10 +241,13 @@ func (r *BashTaskReconciler) place(ctx context.Context, bt *bashtaskv1alpha1.Bas
 		}
 	}
 	if best != nil {
-		return best, ""
+		return best, "", ""
+	}
+	if refused > 0 && refused == len(candidates) {
+		return nil, refusal, refusal
 	}
 	if node != "" && len(candidates) == 1 && candidates[0].Incarnation == "" && !candidates[0].Connected {
-		return nil, fmt.Sprintf("no agent has reported from node %s (spec.nodeName); retrying", node)
+		return nil, fmt.Sprintf("no agent has reported from node %s (spec.nodeName); retrying", node), ""
 	}
 	where := "any node"
 	switch {
@@ -247,21 +257,37 @@ func (r *BashTaskReconciler) place(ctx context.Context, bt *bashtaskv1alpha1.Bas
 		where = "nodes matching " + labels.SelectorFromSet(bt.Spec.NodeSelector).String()
 	}
 	if lacking > 0 && full == 0 && lacking+notReady == len(candidates) {
-		return nil, fmt.Sprintf("no ready agent on %s offers what the task asks for: %s (%d matching, %d not ready, %d lacking it); retrying", where, missing, len(candidates), notReady, lacking)
+		return nil, fmt.Sprintf("no ready agent on %s offers what the task asks for: %s (%d matching, %d not ready, %d lacking it); retrying", where, missing, len(candidates), notReady, lacking), ""
 	}
-	return nil, fmt.Sprintf("no ready agent with free capacity on %s (%d matching, %d not ready, %d at capacity, %d lacking a capability); retrying", where, len(candidates), notReady, full, lacking)
+	return nil, fmt.Sprintf("no ready agent with free capacity on %s (%d matching, %d not ready, %d at capacity, %d lacking a capability, %d not allowing spec.network); retrying", where, len(candidates), notReady, full, lacking, refused), ""
+}
+
+// networkNotAllowed names the refusal of bt's spec.network by agent a's
+// --allowed-networks (the field, the value and the list), empty when a
+// allows it or does not report the list.
+func networkNotAllowed(bt *bashtaskv1alpha1.BashTask, a *AgentState) string {
+	n := ptr.Deref(bt.Spec.Network, "")
+	if n == "" || len(a.AllowedNetworks) == 0 || slices.Contains(a.AllowedNetworks, string(n)) {
+		return ""
+	}
+	return fmt.Sprintf("spec.network %s is not allowed on node %s: its agent's --allowed-networks are %s", n, a.Node, strings.Join(a.AllowedNetworks, ", "))
 }
 
 // missingCapability names what agent a lacks for bt, empty when it offers
 // everything bt asks for: network None needs the tenant level with a
-// network namespace ("netns"); network Node needs an agent whose default
-// is not None (a task may ask for less network than its agent offers,
-// never more).
+// network namespace ("netns"); network Egress the tenant level with the
+// "egress" capability (its nftables table was set up); network Node needs
+// an agent whose default is not None (a task may ask for less network than
+// its agent offers, never more).
 func missingCapability(bt *bashtaskv1alpha1.BashTask, a *AgentState) string {
 	switch ptr.Deref(bt.Spec.Network, "") {
 	case bashtaskv1alpha1.NetworkNone:
 		if a.Isolation != string(bashtaskv1alpha1.IsolationLevelTenant) || !slices.Contains(a.Capabilities, "netns") {
 			return "spec.network None needs an agent at the tenant isolation level with the netns capability"
+		}
+	case bashtaskv1alpha1.NetworkEgress:
+		if a.Isolation != string(bashtaskv1alpha1.IsolationLevelTenant) || !slices.Contains(a.Capabilities, "egress") {
+			return "spec.network Egress needs an agent at the tenant isolation level with the egress capability"
 		}
 	case bashtaskv1alpha1.NetworkNode:
 		if a.TaskNetwork == string(bashtaskv1alpha1.NetworkNone) {

@@ -17,6 +17,7 @@ func TestMissingCapability(t *testing.T) {
 	tenantNoNet := AgentState{Isolation: "tenant", TaskNetwork: "Node", Capabilities: []string{"namespaces", "seccomp"}}
 	process := AgentState{Isolation: "process", TaskNetwork: "Node"}
 	noneDefault := AgentState{Isolation: "tenant", TaskNetwork: "None", Capabilities: []string{"namespaces", "netns"}}
+	egress := AgentState{Isolation: "tenant", TaskNetwork: "Egress", Capabilities: []string{"namespaces", "netns", "egress"}}
 	tests := map[string]struct {
 		network *bashtaskv1alpha1.TaskNetwork
 		agent   AgentState
@@ -29,6 +30,9 @@ func TestMissingCapability(t *testing.T) {
 		"None on tenant without net": {network: ptr.To(bashtaskv1alpha1.NetworkNone), agent: tenantNoNet, want: "netns"},
 		"Node on a none default":     {network: ptr.To(bashtaskv1alpha1.NetworkNode), agent: noneDefault, want: "--task-network is node"},
 		"Node on process":            {network: ptr.To(bashtaskv1alpha1.NetworkNode), agent: process},
+		"Egress on tenant":           {network: ptr.To(bashtaskv1alpha1.NetworkEgress), agent: egress},
+		"Egress without egress":      {network: ptr.To(bashtaskv1alpha1.NetworkEgress), agent: tenant, want: "tenant isolation level with the egress capability"},
+		"Egress on process":          {network: ptr.To(bashtaskv1alpha1.NetworkEgress), agent: process, want: "egress capability"},
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
@@ -36,6 +40,31 @@ func TestMissingCapability(t *testing.T) {
 			got := missingCapability(bt, &tc.agent)
 			if (got == "") != (tc.want == "") || !strings.Contains(got, tc.want) {
 				t.Errorf("missingCapability = %q, want one containing %q", got, tc.want)
+			}
+		})
+	}
+}
+
+// A network outside an agent's --allowed-networks is named with the field,
+// the value and the list; an agent that reports no list refuses nothing.
+func TestNetworkNotAllowed(t *testing.T) {
+	tenant := AgentState{Node: "n1", Isolation: "tenant", AllowedNetworks: []string{"Egress", "None"}}
+	old := AgentState{Node: "n2", Isolation: "tenant"}
+	tests := map[string]struct {
+		network *bashtaskv1alpha1.TaskNetwork
+		agent   AgentState
+		want    string
+	}{
+		"unset":              {agent: tenant},
+		"Egress allowed":     {network: ptr.To(bashtaskv1alpha1.NetworkEgress), agent: tenant},
+		"Node refused":       {network: ptr.To(bashtaskv1alpha1.NetworkNode), agent: tenant, want: "spec.network Node is not allowed on node n1: its agent's --allowed-networks are Egress, None"},
+		"Node on an old one": {network: ptr.To(bashtaskv1alpha1.NetworkNode), agent: old},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			bt := &bashtaskv1alpha1.BashTask{Spec: bashtaskv1alpha1.BashTaskSpec{Command: "true", Network: tc.network}}
+			if got := networkNotAllowed(bt, &tc.agent); got != tc.want {
+				t.Errorf("networkNotAllowed = %q, want %q", got, tc.want)
 			}
 		})
 	}

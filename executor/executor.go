@@ -118,6 +118,14 @@ type Config struct {
 	// silent longer is killed and the start fails naming it; 0 means
 	// DefaultShimReportTimeout.
 	ShimReportTimeout time.Duration
+	// Egress configures NetworkEgress at IsolationTenant; nil offers no
+	// NetworkEgress. Its setup (an nftables table, IPv4 forwarding, the
+	// tasks' resolv.conf) runs in New; where it fails (no nf_tables, no
+	// CAP_NET_ADMIN) New still succeeds, Capabilities().Egress is false,
+	// EgressError says why and a task asking for NetworkEgress fails to
+	// start with ErrIsolation naming that reason: never another network
+	// in its place.
+	Egress *EgressConfig
 }
 
 // Executor runs tasks with one configuration. It is safe for concurrent
@@ -146,6 +154,8 @@ type Executor struct {
 	quotaWanted bool       // Config.DiskQuotaBytes set; with quota nil the node cannot
 	quotaCap    int64      // Config.DiskQuotaCapBytes
 	quotaReason string     // why the node cannot, when quotaWanted and quota is nil
+	egress      *egress    // nil: no NetworkEgress
+	egressErr   error      // why egress is nil although Config.Egress was set
 }
 
 // cgroupParent is the parent cgroup of the executor's tasks.
@@ -230,6 +240,18 @@ func New(cfg Config) (*Executor, error) {
 		_ = e.Close()
 		return nil, err
 	}
+	if cfg.Egress != nil {
+		if e.isolation != IsolationTenant {
+			_ = e.Close()
+			return nil, fmt.Errorf("%w: network egress needs the tenant isolation level", ErrInvalidConfig)
+		}
+		plan, err := planEgress(*cfg.Egress)
+		if err != nil {
+			_ = e.Close()
+			return nil, err
+		}
+		e.egress, e.egressErr = newEgress(plan)
+	}
 	if err := e.detectCapabilities(); err != nil {
 		_ = e.Close()
 		return nil, err
@@ -278,6 +300,11 @@ func (e *Executor) configureIsolation(cfg Config) error {
 // Capabilities is what the node allows for task isolation, as detected by
 // New.
 func (e *Executor) Capabilities() Capabilities { return e.caps }
+
+// EgressError says why NetworkEgress is not offered although
+// Config.Egress was set (its setup failed: the error wraps ErrIsolation);
+// nil when it is offered or was not asked for.
+func (e *Executor) EgressError() error { return e.egressErr }
 
 func removeAll(dir string) error { return os.RemoveAll(dir) }
 
@@ -352,10 +379,15 @@ func (e *Executor) Close() error {
 	if e.quota != nil {
 		e.quota.close()
 	}
-	if e.cg == nil || !e.cg.created {
-		return nil
+	var errs []error
+	if e.egress != nil {
+		errs = append(errs, e.egress.close())
+		e.egress = nil
 	}
-	return removeCgroup(e.cg.path)
+	if e.cg != nil && e.cg.created {
+		errs = append(errs, removeCgroup(e.cg.path))
+	}
+	return errors.Join(errs...)
 }
 
 // validName is what Spec.ID and Config.CgroupParent may look like: one path
@@ -395,8 +427,16 @@ func (e *Executor) prepare(spec Spec) (*prepared, error) {
 	if err != nil {
 		return nil, startErr(ErrInvalidSpec, "", err)
 	}
-	if p.Network = network; network == NetworkNone && e.isolation != IsolationTenant {
-		return nil, startErr(ErrInvalidSpec, "network none needs the tenant isolation level", nil)
+	if p.Network = network; network != NetworkNode && e.isolation != IsolationTenant {
+		return nil, startErr(ErrInvalidSpec, "network "+string(network)+" needs the tenant isolation level", nil)
+	}
+	if network == NetworkEgress && e.egress == nil {
+		if e.egressErr != nil {
+			// egressErr wraps ErrIsolation already: its text appears once.
+			why := strings.TrimPrefix(e.egressErr.Error(), ErrIsolation.Error()+": ")
+			return nil, startErr(ErrIsolation, "network egress is not available: "+why, nil)
+		}
+		return nil, startErr(ErrIsolation, "network egress is not available: this executor was not configured for it", nil)
 	}
 	if p.KillGrace == 0 {
 		p.KillGrace = DefaultKillGrace

@@ -18,8 +18,8 @@ const (
 	// private /tmp and /dev/shm, /proc with hidepid=invisible, a read-only
 	// root but for the working directory, the identity of [Spec.User] with
 	// no supplementary groups, no_new_privs, Landlock where the kernel has
-	// it, a seccomp filter, and with [NetworkNone] a network namespace with
-	// only loopback.
+	// it, a seccomp filter, and with [NetworkNone] or [NetworkEgress] a
+	// network namespace of its own.
 	IsolationTenant Isolation = "tenant"
 )
 
@@ -45,6 +45,13 @@ const (
 	// NetworkNone gives the task a network namespace of its own with only
 	// loopback up (IsolationTenant only).
 	NetworkNone Network = "none"
+	// NetworkEgress gives the task a network namespace of its own with
+	// loopback and a route out through the agent's network namespace (a
+	// veth pair and NAT, see [EgressConfig]): the node's own addresses,
+	// link-local addresses, the denied ranges and other tasks are out of
+	// reach, the rest of the network is not (IsolationTenant only, and
+	// only where [Config.Egress] is set and its setup succeeded).
+	NetworkEgress Network = "egress"
 )
 
 // ParseNetwork converts a flag value; empty selects NetworkNode. Other
@@ -53,10 +60,10 @@ func ParseNetwork(s string) (Network, error) {
 	switch n := Network(s); n {
 	case "":
 		return NetworkNode, nil
-	case NetworkNode, NetworkNone:
+	case NetworkNode, NetworkNone, NetworkEgress:
 		return n, nil
 	}
-	return "", fmt.Errorf("%w: network %q is not one of node, none", ErrInvalidConfig, s)
+	return "", fmt.Errorf("%w: network %q is not one of node, none, egress", ErrInvalidConfig, s)
 }
 
 // Defaults of the tenant level.
@@ -142,6 +149,10 @@ type Capabilities struct {
 	// NetNS is true when the probe also got a network namespace with
 	// loopback up (IsolationTenant only).
 	NetNS bool
+	// Egress is true when [NetworkEgress] is offered: Config.Egress was
+	// set and its nftables table, forwarding and resolv.conf were set up
+	// (IsolationTenant only). [Executor.EgressError] says why not.
+	Egress bool
 	// LandlockABI is the kernel's Landlock ABI version, 0 without Landlock.
 	LandlockABI int
 	// Seccomp is true when the kernel offers seccomp filters.
@@ -156,7 +167,7 @@ type Capabilities struct {
 	DiskQuota bool
 }
 
-// Names lists the capabilities present: "namespaces", "netns",
+// Names lists the capabilities present: "namespaces", "netns", "egress",
 // "landlock", "seccomp", "cgroup", "pids", "disk-quota".
 func (c Capabilities) Names() []string {
 	var out []string
@@ -164,7 +175,7 @@ func (c Capabilities) Names() []string {
 		name string
 		ok   bool
 	}{
-		{"namespaces", c.Namespaces}, {"netns", c.NetNS}, {"landlock", c.LandlockABI > 0},
+		{"namespaces", c.Namespaces}, {"netns", c.NetNS}, {"egress", c.Egress}, {"landlock", c.LandlockABI > 0},
 		{"seccomp", c.Seccomp}, {"cgroup", c.Cgroup}, {"pids", c.Pids}, {"disk-quota", c.DiskQuota},
 	} {
 		if n.ok {

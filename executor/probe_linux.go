@@ -42,5 +42,31 @@ func (e *Executor) detectCapabilities() error {
 		return fmt.Errorf("%w: probe task: %s %s", ErrIsolation, res.Reason, res.Message)
 	}
 	e.caps.Namespaces, e.caps.NetNS = true, true
+	if e.egress != nil {
+		// The veth pair, the addresses and the route are set up only for
+		// a task: a probe finds a kernel without veth or a namespace
+		// netlink refuses before a task does.
+		if err := e.probe(NetworkEgress); err != nil {
+			_ = e.egress.close()
+			e.egress, e.egressErr = nil, fmt.Errorf("%w: egress: %w", ErrIsolation, err)
+		}
+	}
+	e.caps.Egress = e.egress != nil
+	return nil
+}
+
+// probe runs `exit 0` in network and says why it did not succeed.
+func (e *Executor) probe(network Network) error {
+	task, err := e.Start(Spec{Command: "exit 0", Network: network, Timeout: probeTimeout, SpillDir: "", TailBytes: 1024, SpillLimitBytes: 1})
+	if err != nil {
+		return fmt.Errorf("probe task: %w", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), probeTimeout+time.Minute)
+	defer cancel()
+	res, err := task.Wait(ctx)
+	_ = removeAll(task.SpillDir())
+	if err != nil || res.Reason != ReasonSucceeded {
+		return fmt.Errorf("probe task: %s %s", res.Reason, res.Message)
+	}
 	return nil
 }

@@ -54,6 +54,7 @@ type taskSys struct {
 	tenant      *tenantSys // nil at the process level
 	pooledShim  bool       // the task's shim was started ahead of it
 	iso         IsolationResult
+	net         *egressLink // NetworkEgress: the task's veth pair, released when it ended
 
 	stdinW           *os.File // nil when stdin is /dev/null
 	stdoutR, stderrR *os.File
@@ -352,6 +353,8 @@ func (t *Task) supervise() {
 			cleanupFailed = true
 		}
 	}
+	// Every process of the task is gone: its address may be reused.
+	s.net.release()
 	_ = s.proc.Release()
 	stdout, err := t.stdout.finish()
 	if err != nil {

@@ -21,8 +21,8 @@ import (
 
 // shimProc is a started shim that has not been given its task yet: PID 1
 // of its own mount, PID, IPC and UTS namespaces (and network namespace for
-// [NetworkNone]), blocked reading its Config, with the executor's ends of
-// its pipes.
+// [NetworkNone] and [NetworkEgress], the latter with its veth pair set
+// up), blocked reading its Config, with the executor's ends of its pipes.
 type shimProc struct {
 	cg         *taskCgroup // the pooled shim's cgroup until a task takes it; nil without cgroups
 	proc       *os.Process
@@ -33,6 +33,8 @@ type shimProc struct {
 	cfgW, repR               *os.File // the Config in, the reports out
 	stdinW, stdoutR, stderrR *os.File // the task's streams
 
+	net *egressLink // NetworkEgress: its veth pair, until a task takes it
+
 	rep  *bufio.Reader // on repR, for every report
 	path string        // the shim's binary (Config.ShimPath)
 	wait time.Duration // bound of each of its first reports (Config.ShimReportTimeout)
@@ -41,7 +43,7 @@ type shimProc struct {
 // shimCloneflags are the namespaces a task's shim is created in.
 func shimCloneflags(network Network) uintptr {
 	flags := uintptr(unix.CLONE_NEWNS | unix.CLONE_NEWPID | unix.CLONE_NEWIPC | unix.CLONE_NEWUTS)
-	if network == NetworkNone {
+	if network == NetworkNone || network == NetworkEgress {
 		flags |= unix.CLONE_NEWNET
 	}
 	return flags
@@ -113,6 +115,14 @@ func (e *Executor) startShim(network Network, cg *taskCgroup) (_ *shimProc, err 
 	if err != nil {
 		return nil, err
 	}
+	if network == NetworkEgress {
+		// While the shim's runtime starts: the namespace exists from the
+		// clone on, and the shim runs nothing of a task before its Config.
+		if sp.net, err = e.egress.attach(sp.proc.Pid); err != nil {
+			sp.discard()
+			return nil, fmt.Errorf("the task's network: %w", err)
+		}
+	}
 	return sp, nil
 }
 
@@ -169,6 +179,8 @@ func (sp *shimProc) discard() {
 	}
 	_ = sp.proc.Release()
 	sp.closeEnds()
+	sp.net.release()
+	sp.net = nil
 	if sp.cg != nil {
 		_ = sp.cg.remove()
 		sp.cg = nil
@@ -189,8 +201,9 @@ func (sp *shimProc) closeEnds() {
 // (milliseconds on every start); the task takes the shim's cgroup as its
 // own. A
 // network is kept filled once a task has asked for it ([NetworkNode] from
-// the start); the namespaces are created off the task's path, the network
-// namespace of [NetworkNone] too. A pooled shim does nothing until it is
+// the start, [NetworkEgress] too where it is offered); the namespaces are
+// created off the task's path, the network namespaces of [NetworkNone] and
+// [NetworkEgress] and the latter's veth pair too. A pooled shim does nothing until it is
 // taken: it is blocked reading its Config, holds no task data, and exits
 // when the executor's end of its config pipe closes (the agent died).
 type shimPool struct {
@@ -214,6 +227,10 @@ func newShimPool(e *Executor, size int) *shimPool {
 		kick:   make(chan struct{}, 1),
 		stop:   make(chan struct{}),
 		done:   make(chan struct{}),
+	}
+	if e.egress != nil {
+		// The tenant level's default network where the agent offers it.
+		p.wanted = append(p.wanted, NetworkEgress)
 	}
 	go p.fill()
 	p.signal()

@@ -72,8 +72,15 @@ func (e *Executor) newShimLaunch(p *prepared, cgroupPids bool) *shimLaunch {
 	if !e.noLandlock {
 		l.iso.LandlockABI = min(shim.LandlockABI(), 6)
 	}
-	if p.Network == NetworkNone {
+	switch p.Network {
+	case NetworkNone:
 		l.cfg.Loopback = true
+		l.iso.Namespaces = append(l.iso.Namespaces, "net")
+	case NetworkEgress:
+		// The veth pair was set up by the executor (egress.attach) when
+		// the shim started; the shim brings lo up and binds the resolvers.
+		l.cfg.Loopback = true
+		l.cfg.ResolvConf = e.egress.resolvPath
 		l.iso.Namespaces = append(l.iso.Namespaces, "net")
 	}
 	if u := p.User; u != nil {
@@ -152,6 +159,7 @@ func (e *Executor) startTenant(t *Task) error {
 	if err != nil {
 		return err
 	}
+	s.net, sp.net = sp.net, nil
 	s.startTime = time.Now()
 	s.proc, s.pid, s.startTicks, s.exitCh, s.tenant = sp.proc, sp.proc.Pid, sp.startTicks, exitCh, ts
 	s.stdinW, s.stdoutR, s.stderrR = sp.stdinW, sp.stdoutR, sp.stderrR

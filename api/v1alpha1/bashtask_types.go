@@ -175,11 +175,15 @@ type BashTaskSpec struct {
 
 	// network is the network the task reaches: Node (whatever the agent's
 	// pod reaches, including a cloud's metadata address and the cluster's
-	// Services) or None (a network namespace of its own with only loopback
-	// up; needs an agent at the tenant isolation level). Unset means the
-	// agent's default (its --task-network). A task may ask for less network
-	// than its agent offers, never more: Node on an agent whose default is
-	// none ends StartFailed. Immutable.
+	// Services), None (a network namespace of its own with only loopback
+	// up) or Egress (a network namespace of its own with a NATed IPv4 route
+	// out that reaches neither the node's addresses, link-local addresses,
+	// the ranges the agent denies nor other tasks; DNS through the agent's
+	// resolvers). None and Egress need an agent at the tenant isolation
+	// level. Unset means the agent's default (its --task-network: Egress at
+	// the tenant level). An agent runs only the networks of its
+	// --allowed-networks (Egress and None at the tenant level unless Node
+	// is opted in): another ends InvalidSpec. Immutable.
 	// +optional
 	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="spec.network is immutable: a task runs its command once. To run a new command, create a task with a new name; Argo CD does that with the sync options Force=true,Replace=true or a hook with hook-delete-policy BeforeHookCreation, Flux with the annotation kustomize.toolkit.fluxcd.io/force: enabled"
 	Network *TaskNetwork `json:"network,omitempty"`
@@ -445,7 +449,7 @@ const (
 
 // TaskNetwork is the network a task reaches.
 //
-// +kubebuilder:validation:Enum=Node;None
+// +kubebuilder:validation:Enum=Node;None;Egress
 type TaskNetwork string
 
 const (
@@ -454,6 +458,13 @@ const (
 	// NetworkNone gives the task a network namespace of its own with only
 	// loopback up.
 	NetworkNone TaskNetwork = "None"
+	// NetworkEgress gives the task a network namespace of its own with
+	// loopback and a NATed IPv4 route out through the agent: it reaches
+	// the outside but not the node's addresses, link-local addresses (a
+	// cloud's metadata service), the ranges the agent denies (the
+	// cluster's pods and Services) or other tasks; DNS goes to the agent's
+	// resolvers. The default at the tenant isolation level.
+	NetworkEgress TaskNetwork = "Egress"
 )
 
 // IsolationLevel is the agent's isolation level (its --isolation).
@@ -608,7 +619,7 @@ type IsolationStatus struct {
 	// +optional
 	Seccomp *bool `json:"seccomp,omitempty"`
 
-	// network is the network the task reached: Node or None.
+	// network is the network the task reached: Node, None or Egress.
 	// +optional
 	Network *TaskNetwork `json:"network,omitempty"`
 

@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -73,6 +74,10 @@ type serveOptions struct {
 	taskIdentity       string
 	taskUIDRange       string
 	taskNetwork        string
+	allowedNetworks    []string
+	egressCIDR         string
+	egressDeny         []string
+	egressResolvers    []string
 	taskTmpSize        int64
 	taskDiskSize       string
 	taskDiskCap        string
@@ -145,7 +150,11 @@ func bindServeFlags(f *pflag.FlagSet, o *serveOptions) {
 	f.StringVar(&o.isolation, "isolation", string(executor.IsolationProcess), "isolation level of tasks: process (a session, process group and cgroup each, one user for all) or tenant (also a leased UID, namespaces, a read-only root, private /tmp, Landlock and seccomp per task; see docs/security.md)")
 	f.StringVar(&o.taskIdentity, "task-identity", "leased", "at --isolation=tenant: leased (a UID per task from --task-uid-range) or shared (every task runs as --run-as-user; single-tenant nodes only)")
 	f.StringVar(&o.taskUIDRange, "task-uid-range", agent.DefaultTaskUIDRange.String(), "FIRST-LAST range of UIDs leased to tasks at --isolation=tenant, one per live task")
-	f.StringVar(&o.taskNetwork, "task-network", string(executor.NetworkNode), "network of tasks whose spec names none: node (whatever this pod reaches) or none (only loopback; needs --isolation=tenant)")
+	f.StringVar(&o.taskNetwork, "task-network", "", "network of tasks whose spec names none: node (whatever this pod reaches), none (only loopback) or egress (a network namespace with a NATed route out that reaches neither this pod's addresses, link-local addresses, --egress-deny-cidr nor other tasks); none and egress need --isolation=tenant; empty means egress at --isolation=tenant, node at process")
+	f.StringSliceVar(&o.allowedNetworks, "allowed-networks", nil, "networks a task may ask for (comma-separated or repeated): node, none, egress; others are refused with InvalidSpec; empty means egress,none at --isolation=tenant and node at process (the only one there)")
+	f.StringVar(&o.egressCIDR, "egress-cidr", executor.DefaultEgressCIDR, "IPv4 range task addresses of network egress come from, a /30 per task; must not overlap a network tasks or this pod must reach")
+	f.StringSliceVar(&o.egressDeny, "egress-deny-cidr", nil, "IPv4 CIDR tasks of network egress must not reach (repeatable): the cluster's pod and service ranges, the node network; loopback, link-local (169.254.0.0/16, the metadata address), multicast and this agent's own addresses are always denied")
+	f.StringSliceVar(&o.egressResolvers, "egress-resolver", nil, "IPv4 address of a DNS server tasks of network egress get in /etc/resolv.conf and may reach on port 53 even inside a denied range (repeatable); empty means the non-loopback nameservers of this pod's /etc/resolv.conf (else of /run/systemd/resolve/resolv.conf)")
 	f.Int64Var(&o.taskTmpSize, "task-tmp-size", executor.DefaultTmpSizeBytes, "size in bytes of each task's private /tmp and /dev/shm at --isolation=tenant")
 	f.StringVar(&o.taskDiskSize, "task-disk-size", "10Gi", "size of each fresh working directory at --isolation=tenant, a quantity (10Gi): a file system of its own on a loop device, so that a task that fills it fails alone (ENOSPC); 0 for no quota. Without loop devices tasks run without and their status says so")
 	f.StringVar(&o.taskDiskCap, "task-disk-cap", "100Gi", "largest spec.resources.ephemeralStorage a task may ask for, a quantity; at least --task-disk-size")
@@ -317,12 +326,9 @@ func (o *serveOptions) agentConfig(log *slog.Logger) (agent.Config, error) {
 	if err != nil {
 		return agent.Config{}, fmt.Errorf("--isolation: %w", err)
 	}
-	network, err := executor.ParseNetwork(o.taskNetwork)
+	network, allowed, err := o.networks(isolation)
 	if err != nil {
-		return agent.Config{}, fmt.Errorf("--task-network: %w", err)
-	}
-	if network == executor.NetworkNone && isolation != executor.IsolationTenant {
-		return agent.Config{}, errors.New("--task-network=none needs --isolation=tenant")
+		return agent.Config{}, err
 	}
 	uids, err := agent.ParseUIDRange(o.taskUIDRange)
 	if err != nil {
@@ -363,7 +369,7 @@ func (o *serveOptions) agentConfig(log *slog.Logger) (agent.Config, error) {
 			mask = append(mask, dir)
 		}
 	}
-	return agent.Config{
+	cfg := agent.Config{
 		NodeName:         node,
 		PodName:          o.podName,
 		StateDir:         o.stateDir,
@@ -388,6 +394,7 @@ func (o *serveOptions) agentConfig(log *slog.Logger) (agent.Config, error) {
 			ShimPath:          shimPath,
 			MaskPaths:         mask,
 		},
+		AllowedNetworks:      allowed,
 		RunAs:                user,
 		TaskUIDs:             uids,
 		SharedIdentity:       o.taskIdentity == "shared",
@@ -396,7 +403,13 @@ func (o *serveOptions) agentConfig(log *slog.Logger) (agent.Config, error) {
 		UploadBackoffMax:     o.backoffMax,
 		UploadTimeout:        o.uploadTimeout,
 		Logger:               log,
-	}, nil
+	}
+	if slices.Contains(allowed, executor.NetworkEgress) {
+		if cfg.Executor.Egress, err = o.egressConfig(); err != nil {
+			return agent.Config{}, err
+		}
+	}
+	return cfg, nil
 }
 
 // shimBinary is the file name of the shim binary (cmd/bashtask-shim) that

@@ -18,6 +18,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	agentv1 "github.com/bashtask/bashtask-operator/api/agent/v1"
+	"github.com/bashtask/bashtask-operator/executor"
 )
 
 // The attack suite of the tenant level: two owners' tasks, A and B, on one
@@ -99,6 +100,11 @@ func newAttackRig(t *testing.T, first, last uint32) *attackRig {
 		c.Executor.TmpSizeBytes = attackTmpSize
 		c.Executor.TaskProcs = attackProcs
 		c.Executor.MaskPaths = []string{filepath.Dir(a.tlsKey)} // as serve.go does for --tls-key-file
+		// Network Egress with an ID and a task range of this process's
+		// own (the executor package's tests take 100.64.0.0/11).
+		pid := os.Getpid()
+		c.Executor.Egress = &executor.EgressConfig{ID: fmt.Sprintf("a%x", pid%(1<<24)),
+			CIDR: fmt.Sprintf("100.%d.%d.0/24", 96+(pid>>8)%32, pid%256), Resolvers: []string{"192.0.2.53"}}
 	})
 	return a
 }
@@ -156,6 +162,23 @@ func (a *attackRig) run(uid, command, network string) *agentv1.TaskStatus {
 	a.t.Helper()
 	a.start(uid, command, network)
 	return a.finish(uid)
+}
+
+// nodeAddress is a non-loopback IPv4 address of the host, where a
+// listener on the wildcard address answers.
+func nodeAddress(t *testing.T) string {
+	t.Helper()
+	addrs, err := net.InterfaceAddrs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, a := range addrs {
+		if n, ok := a.(*net.IPNet); ok && n.IP.To4() != nil && !n.IP.IsLoopback() {
+			return n.IP.String()
+		}
+	}
+	t.Skip("the host has no non-loopback IPv4 address")
+	return ""
 }
 
 // victim is B's task: files in its working directory, /tmp and /dev/shm,
@@ -400,6 +423,44 @@ c agent %s; c node %s; echo "links: $(ls /sys/class/net | tr '\n' ' ')"`, agentP
 		seq++
 		node := a.run(fmt.Sprintf("a-%d", seq), cmd, "Node")
 		expectEach(t, stdoutOf(node), map[string]string{"agent": "connected", "node": "connected"})
+	})
+
+	t.Run("A with network Egress connects to the agent's port, a node listener and the node's address", func(t *testing.T) {
+		a.srv.mu.Lock()
+		ex := a.srv.ex
+		a.srv.mu.Unlock()
+		if !ex.Capabilities().Egress {
+			t.Skipf("no network Egress on this host: %v", ex.EgressError())
+		}
+		lis, err := net.Listen("tcp", "0.0.0.0:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer lis.Close()
+		go func() {
+			for {
+				c, err := lis.Accept()
+				if err != nil {
+					return
+				}
+				c.Close()
+			}
+		}()
+		_, agentPort, _ := net.SplitHostPort(a.addr)
+		_, nodePort, _ := net.SplitHostPort(lis.Addr().String())
+		hostAddr := nodeAddress(t)
+		cmd := fmt.Sprintf(`
+c() { if timeout 3 bash -c "exec 3<>/dev/tcp/$2/$3" 2>/dev/null; then echo "$1: connected"; else echo "$1: failed"; fi; }
+c agent 127.0.0.1 %s; c node 127.0.0.1 %s; c nodeaddr %s %s; echo "resolver: $(grep -c '^nameserver 192.0.2.53$' /etc/resolv.conf)"`, agentPort, nodePort, hostAddr, nodePort)
+		seq++
+		egress := a.run(fmt.Sprintf("a-%d", seq), cmd, "Egress")
+		expectEach(t, stdoutOf(egress), map[string]string{"agent": "failed", "node": "failed", "nodeaddr": "failed", "resolver": "1"})
+		if got := egress.GetIsolation(); got.GetNetwork() != "Egress" || !strings.Contains(strings.Join(got.GetNamespaces(), ","), "net") {
+			t.Errorf("isolation of the Egress task: %v", got)
+		}
+		seq++
+		node := a.run(fmt.Sprintf("a-%d", seq), cmd, "Node")
+		expectEach(t, stdoutOf(node), map[string]string{"agent": "connected", "node": "connected", "nodeaddr": "connected"})
 	})
 
 	t.Run("A runs a fork bomb; B finishes in its usual time", func(t *testing.T) {

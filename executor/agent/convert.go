@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"strings"
 
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -54,8 +53,8 @@ func (s *Server) toExecSpec(spec *agentv1.TaskSpec) executor.Spec {
 		User:    s.cfg.RunAs,
 		Network: s.cfg.TaskNetwork,
 	}
-	if strings.EqualFold(spec.GetNetwork(), string(executor.NetworkNone)) {
-		es.Network = executor.NetworkNone
+	if n, ok := execNetwork(spec.GetNetwork()); ok {
+		es.Network = n
 	}
 	if in := spec.GetStdin(); in != nil {
 		es.Stdin = append([]byte{}, in.GetData()...) // non-nil: a pipe, even when empty
@@ -111,14 +110,6 @@ func taskIsolation(iso executor.IsolationResult) *agentv1.TaskIsolation {
 		Network:     apiNetwork(iso.Network),
 		PidsLimit:   iso.PidsLimit,
 	}
-}
-
-// apiNetwork is the API's spelling of a network: "Node" or "None".
-func apiNetwork(n executor.Network) string {
-	if n == executor.NetworkNone {
-		return "None"
-	}
-	return "Node"
 }
 
 func streamStatus(s executor.StreamResult) *agentv1.StreamStatus {

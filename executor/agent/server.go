@@ -87,6 +87,12 @@ type Config struct {
 	// --task-network flag); empty means executor.NetworkNode. With
 	// executor.NetworkNone a task asking for "Node" is refused.
 	TaskNetwork executor.Network
+	// AllowedNetworks are the networks a task may ask for
+	// (--allowed-networks); a spec naming another is refused with
+	// InvalidSpec naming the field, the value and this list. Empty allows
+	// every network of the isolation level (TaskNetwork's rule aside).
+	// The readiness info lists them for the controller.
+	AllowedNetworks []executor.Network
 	// UploadBackoffInitial and UploadBackoffMax shape the capped
 	// exponential backoff between upload attempts; zero means the
 	// defaults.
@@ -666,20 +672,6 @@ func credentialFiles(getenv func(string) string) []string {
 	return append(out, serviceAccountDirs...)
 }
 
-// networkError refuses a spec that asks for more network than the agent
-// offers: "Node" where --task-network is none. The error is a StartFailed.
-func (s *Server) networkError(spec *agentv1.TaskSpec) error {
-	switch n := spec.GetNetwork(); {
-	case n == "" || strings.EqualFold(n, string(executor.NetworkNone)):
-		return nil
-	case !strings.EqualFold(n, string(executor.NetworkNode)):
-		return &executor.StartError{Kind: executor.ErrInvalidSpec, Subject: fmt.Sprintf("network %q is not Node or None", n)}
-	case s.cfg.TaskNetwork == executor.NetworkNone:
-		return &executor.StartError{Kind: executor.ErrInvalidSpec, Subject: "network Node: this agent gives tasks no network (--task-network=none)"}
-	}
-	return nil
-}
-
 // releaseLeaseLocked returns the task's UID to the pool; the record is
 // written by the caller.
 func (s *Server) releaseLeaseLocked(e *entry) {
@@ -943,6 +935,7 @@ func (s *Server) agentInfoLocked() *agentv1.AgentInfo {
 	}
 	r.Isolation = string(cmpOr(s.cfg.Executor.Isolation, executor.IsolationProcess))
 	r.TaskNetwork = apiNetwork(cmpOr(s.cfg.TaskNetwork, executor.NetworkNode))
+	r.AllowedNetworks = s.allowedNetworkNames()
 	if s.ex != nil {
 		r.AmbientEnv = string(s.ex.AmbientMode())
 		r.Mechanism = string(s.ex.Mechanism())
@@ -1034,6 +1027,14 @@ func (s *Server) updateReadinessLocked() {
 				"landlockABI", ex.Capabilities().LandlockABI)
 			if why := ex.DiskQuotaProblem(); why != "" {
 				s.log.Warn("tasks' working directories get no disk quota: a task can fill the node's disk", "reason", why)
+			}
+			if err := ex.EgressError(); err != nil {
+				s.log.Warn("network Egress is not available: tasks asking for it are refused", "err", err)
+				if s.cfg.TaskNetwork == executor.NetworkEgress {
+					// Every task without spec.network would fail: no
+					// other network is given in its place.
+					problems = append(problems, fmt.Sprintf("--task-network=egress: %v", err))
+				}
 			}
 		}
 	}

@@ -76,6 +76,11 @@ type Config struct {
 	Hostname string `json:"hostname,omitempty"`
 	// Loopback brings up lo: the shim runs in a new network namespace.
 	Loopback bool `json:"loopback,omitempty"`
+	// ResolvConf is the absolute path of a file bound read-only over
+	// /etc/resolv.conf (the resolvers of network Egress); empty keeps the
+	// node's. It is bound before anything is mounted over its directory
+	// (a file under /tmp stays usable) and /etc/resolv.conf must exist.
+	ResolvConf string `json:"resolvConf,omitempty"`
 	// NProc is RLIMIT_NPROC (processes and threads of the task's UID); 0
 	// leaves the limit as inherited.
 	NProc uint64 `json:"nproc,omitempty"`

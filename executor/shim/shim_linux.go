@@ -124,6 +124,13 @@ func mountStep(st *state) error {
 	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
 		return fmt.Errorf("making mounts private: %w", err)
 	}
+	if rc := st.cfg.ResolvConf; rc != "" {
+		// Before the private /tmp hides its source, and before the tree
+		// turns read-only, which then covers this bind too.
+		if err := unix.Mount(rc, "/etc/resolv.conf", "", unix.MS_BIND, ""); err != nil {
+			return fmt.Errorf("binding %s over /etc/resolv.conf: %w", rc, err)
+		}
+	}
 	// A clone of the working directory taken before anything is mounted
 	// over its path (a working directory under /tmp would be hidden by the
 	// private /tmp) and before the tree turns read-only: the parent's

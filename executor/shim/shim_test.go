@@ -48,6 +48,7 @@ func TestProtocolCoversConfig(t *testing.T) {
 		"WorkDir string workDir", "WorkTree bool workTree,omitempty", "NullStdin bool nullStdin,omitempty",
 		"TmpSizeBytes int64 tmpSizeBytes,omitempty", "Mask []string mask,omitempty",
 		"Hostname string hostname,omitempty", "Loopback bool loopback,omitempty",
+		"ResolvConf string resolvConf,omitempty",
 		"NProc uint64 nproc,omitempty", "UID *uint32 uid,omitempty", "GID *uint32 gid,omitempty",
 		"User *shim.UserEntry user,omitempty",
 		"Landlock bool landlock,omitempty", "Seccomp bool seccomp,omitempty",

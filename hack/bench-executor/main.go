@@ -111,8 +111,13 @@ func run(jsonOut string, iters int, dir, shell, shimBin string, stream bool) err
 		return err
 	}
 	defer withCg.Close()
+	// Network Egress with a task range and an ID of this process's own, so
+	// that an agent or another benchmark on the host is not disturbed.
+	pid := os.Getpid()
+	egress := &executor.EgressConfig{ID: fmt.Sprintf("b%x", pid%(1<<24)),
+		CIDR: fmt.Sprintf("100.%d.%d.0/24", 64+(pid>>8)%64, pid%256)}
 	tenant, err := executor.New(executor.Config{Shell: shell, Cgroups: executor.CgroupAuto, CgroupParent: fmt.Sprintf("bashtask-bench-tenant-%d", os.Getpid()),
-		WorkDirRoot: dir, Isolation: executor.IsolationTenant, ShimPath: shimPath})
+		WorkDirRoot: dir, Isolation: executor.IsolationTenant, ShimPath: shimPath, Egress: egress})
 	if err != nil {
 		return err
 	}
@@ -156,6 +161,10 @@ func run(jsonOut string, iters int, dir, shell, shimBin string, stream bool) err
 		func(i int) (time.Duration, error) { return timeTenantDisk(tenantDisk, dir, i, 0) },
 		func(i int) (time.Duration, error) { return timeTenantDisk(tenantDisk, dir, i, 1<<30) },
 	}
+	egressOK := tenant.Capabilities().Egress
+	if egressOK {
+		variants = append(variants, func(i int) (time.Duration, error) { return timeTenant(tenant, dir, i, executor.NetworkEgress) })
+	}
 	times := make([][]time.Duration, len(variants))
 	for i := range iters + 10 {
 		for k := range variants {
@@ -173,6 +182,10 @@ func run(jsonOut string, iters int, dir, shell, shimBin string, stream bool) err
 	mPlain, mPlainSid, mNoCg, mCg := median(plain), median(plainSid), median(exNoCg), median(exCg)
 	mTenant, mTenantNone := median(times[4]), median(times[5])
 	mDisk, mDiskOwn := median(times[6]), median(times[7])
+	var mTenantEgress time.Duration
+	if egressOK {
+		mTenantEgress = median(times[8])
+	}
 
 	// CPU per task, after the interleaved rounds so that no other
 	// variant's processes are reaped (and counted) meanwhile.
@@ -227,6 +240,11 @@ func run(jsonOut string, iters int, dir, shell, shimBin string, stream bool) err
 	}
 	fmt.Fprintf(w, "start `true`, tenant, %s 10Gi, pooled (median of %d)\t%v\t%v\t+%v\t\t\n", diskName, iters, mDisk, mTenant, (mDisk - mTenant).Round(10*time.Microsecond))
 	fmt.Fprintf(w, "start `true`, tenant, %s 1Gi, made at start (median of %d)\t%v\t%v\t+%v\t\t\n", diskName, iters, mDiskOwn, mTenant, (mDiskOwn - mTenant).Round(10*time.Microsecond))
+	if egressOK {
+		fmt.Fprintf(w, "start `true`, tenant, network Egress (median of %d)\t%v\t%v\t+%v\t<= +3ms\t\n", iters, mTenantEgress, mPlain, (mTenantEgress - mPlain).Round(10*time.Microsecond))
+	} else {
+		fmt.Fprintf(w, "start `true`, tenant, network Egress UNAVAILABLE: %v\t\t\t\t\t\n", tenant.EgressError())
+	}
 	fmt.Fprintf(w, "CPU of a task `true`, its processes, tenant (Node) against %s (mean of %d), ms\t%.2f\t%.2f\t+%.2f\t\t\n",
 		cgName, iters, cpuTenant.task, cpuCg.task, cpuTenant.task-cpuCg.task)
 	fmt.Fprintf(w, "CPU of a task `true`, the executor's, tenant (Node) against %s (mean of %d), ms\t%.2f\t%.2f\t+%.2f\t\t\n",
@@ -242,15 +260,16 @@ func run(jsonOut string, iters int, dir, shell, shimBin string, stream bool) err
 	if err := w.Flush(); err != nil {
 		return err
 	}
-	fmt.Printf("tenant starts that took a shim started ahead of them (--shim-pool-size %d): network Node %d of %d, None %d of %d; shim %s\n",
-		executor.DefaultShimPoolSize, pooledStarts[executor.NetworkNode], 2*iters+10, pooledStarts[executor.NetworkNone], iters+10, shimDesc(shimBin))
+	fmt.Printf("tenant starts that took a shim started ahead of them (--shim-pool-size %d): network Node %d of %d, None %d of %d, Egress %d of %d; shim %s\n",
+		executor.DefaultShimPoolSize, pooledStarts[executor.NetworkNode], 2*iters+10, pooledStarts[executor.NetworkNone], iters+10,
+		pooledStarts[executor.NetworkEgress], iters+10, shimDesc(shimBin))
 	if stream {
 		fmt.Printf("2 GB task: %s, %d bytes, sha256 %s, peak RSS %d KiB (before %d KiB)\n",
 			cr.Reason, cr.TotalBytes, cr.SHA256, cr.HWMAfterKB, cr.HWMBeforeKB)
 	}
 
 	if jsonOut != "" {
-		b, err := json.MarshalIndent(map[string]float64{
+		figures := map[string]float64{
 			"executor.overhead_ratio":                round(ratio(mNoCg, mPlain)),
 			"executor.overhead_ratio_cgroup":         round(ratio(mCg, mPlain)),
 			"executor.session_ratio":                 round(ratio(mPlainSid, mPlain)),
@@ -265,7 +284,11 @@ func run(jsonOut string, iters int, dir, shell, shimBin string, stream bool) err
 			"executor.tenant_disk_quota_overhead_ms": round(float64(mDisk-mTenant) / float64(time.Millisecond)),
 			"executor.task_cpu_ms":                   round(cpuCg.task),
 			"executor.tenant_task_cpu_ms":            round(cpuTenant.task),
-		}, "", "  ")
+		}
+		if egressOK {
+			figures["executor.tenant_egress_overhead_ms"] = round(float64(mTenantEgress-mPlain) / float64(time.Millisecond))
+		}
+		b, err := json.MarshalIndent(figures, "", "  ")
 		if err != nil {
 			return err
 		}

@@ -80,6 +80,14 @@ func agentUIDRange(tag uint32, index int) string {
 	return fmt.Sprintf("%d-%d", first, first+uidsPerAgent-1)
 }
 
+// agentEgressCIDR is the task range of the index-th agent of the cluster
+// tagged tag: a /20 of 100.64.0.0/10 (1024 tasks at once). Agents on one
+// host share its routing table, so their task ranges must not overlap.
+func agentEgressCIDR(tag uint32, index int) string {
+	block := (tag%1000*8 + uint32(index)) % 1024
+	return fmt.Sprintf("100.%d.%d.0/20", 64+block>>4, (block&15)<<4)
+}
+
 // Cluster is a running local cluster.
 type Cluster struct {
 	// Kubeconfig is the path of an administrator's kubeconfig.
@@ -248,6 +256,14 @@ func (c *Cluster) up(ctx context.Context) error {
 		args = append(args, "--isolation="+c.Isolation,
 			fmt.Sprintf("--cgroup-parent=bashtask-local-%08x-%s", clusterTag, a.Node),
 			"--task-uid-range="+agentUIDRange(clusterTag, i))
+		if c.Isolation == "tenant" {
+			// The local cluster's services listen on the host's addresses,
+			// which an Egress task does not reach: its tasks keep the node's
+			// network by default, and Egress (its own range per agent) and
+			// None are there to ask for.
+			args = append(args, "--task-network=node", "--allowed-networks=node,egress,none",
+				"--egress-cidr="+agentEgressCIDR(clusterTag, i))
+		}
 		args = append(args, o.AgentArgs...)
 		env := append(append(os.Environ(), bucketEnv...), o.AgentEnv...)
 		if err := c.start("agent-"+a.Node, filepath.Join(o.BinDir, "bashtask-agent"), args, env); err != nil {

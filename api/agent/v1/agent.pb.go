@@ -1857,21 +1857,29 @@ type Readiness struct {
 	Shell string `protobuf:"bytes,6,opt,name=shell,proto3" json:"shell,omitempty"`
 	// isolation is the --isolation level: "process" or "tenant".
 	Isolation string `protobuf:"bytes,7,opt,name=isolation,proto3" json:"isolation,omitempty"`
-	// task_network is the --task-network default: "Node" or "None".
+	// task_network is the --task-network default: "Node", "None" or
+	// "Egress".
 	TaskNetwork string `protobuf:"bytes,8,opt,name=task_network,json=taskNetwork,proto3" json:"task_network,omitempty"`
 	// capabilities the agent detected at start: "namespaces" (mount, PID,
-	// IPC, UTS), "netns", "landlock" (with landlock_abi), "seccomp",
-	// "cgroup", "pids" (the pids controller for task cgroups),
-	// "disk-quota" (fresh working directories have a size and an inode
-	// limit).
+	// IPC, UTS), "netns", "egress" (network Egress was set up: its
+	// nftables table, forwarding and resolvers), "landlock" (with
+	// landlock_abi), "seccomp", "cgroup", "pids" (the pids controller for
+	// task cgroups), "disk-quota" (fresh working directories have a size
+	// and an inode limit).
 	Capabilities []string `protobuf:"bytes,9,rep,name=capabilities,proto3" json:"capabilities,omitempty"`
 	// landlock_abi is the kernel's Landlock ABI version, 0 without Landlock.
 	LandlockAbi int32 `protobuf:"varint,10,opt,name=landlock_abi,json=landlockAbi,proto3" json:"landlock_abi,omitempty"`
 	// disk_cap_bytes is the largest ephemeral_storage_bytes the agent takes
 	// (--task-disk-cap), 0 when it has no disk quota.
-	DiskCapBytes  int64 `protobuf:"varint,11,opt,name=disk_cap_bytes,json=diskCapBytes,proto3" json:"disk_cap_bytes,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	DiskCapBytes int64 `protobuf:"varint,11,opt,name=disk_cap_bytes,json=diskCapBytes,proto3" json:"disk_cap_bytes,omitempty"`
+	// allowed_networks are the values of spec.network this agent runs
+	// (--allowed-networks, in the API's spelling: "Node", "None",
+	// "Egress"); a task asking for another is refused with InvalidSpec.
+	// Empty from an agent older than the field: then only task_network's
+	// rule holds.
+	AllowedNetworks []string `protobuf:"bytes,12,rep,name=allowed_networks,json=allowedNetworks,proto3" json:"allowed_networks,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *Readiness) Reset() {
@@ -1979,6 +1987,13 @@ func (x *Readiness) GetDiskCapBytes() int64 {
 		return x.DiskCapBytes
 	}
 	return 0
+}
+
+func (x *Readiness) GetAllowedNetworks() []string {
+	if x != nil {
+		return x.AllowedNetworks
+	}
+	return nil
 }
 
 // AgentInfo is the first message of every Watch stream.
@@ -2368,7 +2383,7 @@ const file_agent_proto_rawDesc = "" +
 	"\x0eForgetResponse\x12\x1c\n" +
 	"\tforgotten\x18\x01 \x01(\bR\tforgotten\">\n" +
 	"\fWatchRequest\x12.\n" +
-	"\x05fence\x18\x01 \x01(\v2\x18.bashtask.agent.v1.FenceR\x05fence\"\xef\x02\n" +
+	"\x05fence\x18\x01 \x01(\v2\x18.bashtask.agent.v1.FenceR\x05fence\"\x9a\x03\n" +
 	"\tReadiness\x12\x14\n" +
 	"\x05ready\x18\x01 \x01(\bR\x05ready\x12\x1a\n" +
 	"\bproblems\x18\x02 \x03(\tR\bproblems\x12\x1f\n" +
@@ -2382,7 +2397,8 @@ const file_agent_proto_rawDesc = "" +
 	"\fcapabilities\x18\t \x03(\tR\fcapabilities\x12!\n" +
 	"\flandlock_abi\x18\n" +
 	" \x01(\x05R\vlandlockAbi\x12$\n" +
-	"\x0edisk_cap_bytes\x18\v \x01(\x03R\fdiskCapBytes\"\xe7\x02\n" +
+	"\x0edisk_cap_bytes\x18\v \x01(\x03R\fdiskCapBytes\x12)\n" +
+	"\x10allowed_networks\x18\f \x03(\tR\x0fallowedNetworks\"\xe7\x02\n" +
 	"\tAgentInfo\x12\x1b\n" +
 	"\tnode_name\x18\x01 \x01(\tR\bnodeName\x12\x19\n" +
 	"\bpod_name\x18\x02 \x01(\tR\apodName\x12%\n" +

@@ -220,6 +220,13 @@ func TestCreateValidation(t *testing.T) {
 			mutate:  func(bt *v1.BashTask) { bt.Spec.Network = ptr.To[v1.TaskNetwork]("Host") },
 			wantErr: "spec.network: Unsupported value",
 		},
+		"network Egress": {
+			mutate: func(bt *v1.BashTask) { bt.Spec.Network = ptr.To(v1.NetworkEgress) },
+		},
+		"network egress in lower case": {
+			mutate:  func(bt *v1.BashTask) { bt.Spec.Network = ptr.To[v1.TaskNetwork]("egress") },
+			wantErr: "spec.network: Unsupported value",
+		},
 		"unknown upload policy": {
 			mutate:  func(bt *v1.BashTask) { bt.Spec.Output = &v1.OutputSpec{Upload: ptr.To[v1.UploadPolicy]("Sometimes")} },
 			wantErr: "spec.output.upload: Unsupported value",
