@@ -257,11 +257,13 @@ func (c *Cluster) up(ctx context.Context) error {
 			fmt.Sprintf("--cgroup-parent=bashtask-local-%08x-%s", clusterTag, a.Node),
 			"--task-uid-range="+agentUIDRange(clusterTag, i))
 		if c.Isolation == "tenant" {
-			// The local cluster's services listen on the host's addresses,
-			// which an Egress task does not reach: its tasks keep the node's
-			// network by default, and Egress (its own range per agent) and
-			// None are there to ask for.
-			args = append(args, "--task-network=node", "--allowed-networks=node,egress,none",
+			// Egress by default, as the chart's agents at this level (each
+			// agent with a task range of its own: agents on one host share
+			// its routing table). Node stays allowed, for a task that must
+			// reach a service of the local cluster on the host's addresses
+			// (the e2e suite's run counter), which Egress never reaches;
+			// --agent-arg=--task-network=node makes it the default again.
+			args = append(args, "--task-network=egress", "--allowed-networks=node,egress,none",
 				"--egress-cidr="+agentEgressCIDR(clusterTag, i))
 		}
 		args = append(args, o.AgentArgs...)

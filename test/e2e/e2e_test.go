@@ -77,6 +77,9 @@ func run(m *testing.M) int {
 	launcher := exec.Command(filepath.Join(binDir, "bashtask-local"), "up", "--dir", clusterDir, "--bin-dir", binDir,
 		"--assets-dir", filepath.Join(binDir, "k8s"), "--crd-dir", filepath.Join(root, "config", "crd", "bases"), "--admission-dir", filepath.Join(root, "config", "admission"),
 		"--agents", "2", "--s3", "--agent-env", "DEMO_API_KEY=agent-only-secret",
+		// The run counter listens on the host's loopback, which the tenant
+		// level's default network (Egress) does not reach.
+		"--agent-arg=--task-network=node",
 		"--controller-arg=--agent-lost-after=20s", "--controller-arg=--progress-interval=500ms",
 		"--controller-arg=--workers=16", "--controller-arg=--kube-api-qps=500", "--controller-arg=--kube-api-burst=1000",
 		// Empty: the launcher's default, tenant as root like the chart's.
