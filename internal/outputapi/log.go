@@ -263,6 +263,12 @@ func (s *Server) streamLog(ctx context.Context, lr *logResponse, task *bashtaskv
 		if finished(task) && !errors.Is(err, errAgentBroke) {
 			return s.fromStorage(ctx, lr, task, stream, o, err)
 		}
+		if !o.Follow && !lr.started && status.Code(err) == codes.NotFound {
+			// Dispatched (the node is written first) but not started on
+			// the agent yet: nothing written so far.
+			lr.start(task.UID, lr.offset, 0, false)
+			return nil
+		}
 		if !o.Follow && !lr.started && !finished(task) {
 			return apierrors.NewServiceUnavailable(fmt.Sprintf("%s of task %s/%s: %v", o.Stream, task.Namespace, task.Name, err))
 		}
