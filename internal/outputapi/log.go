@@ -153,8 +153,8 @@ func (s *Server) serveLog(w http.ResponseWriter, req *http.Request, r rest.Respo
 	if err == nil {
 		return
 	}
-	if c := context.Cause(ctx); errors.Is(c, errTaskGone) {
-		err = fmt.Errorf("%s of task %s/%s (uid %s) from offset %d: %w", o.Stream, ns, name, uid, lr.offset, c)
+	if errors.Is(err, errTaskGone) || errors.Is(context.Cause(ctx), errTaskGone) {
+		err = fmt.Errorf("%s of task %s/%s (uid %s) from offset %d: %w", o.Stream, ns, name, uid, lr.offset, errTaskGone)
 		if !lr.started {
 			r.Error(apierrors.NewGone(err.Error()))
 			return
@@ -197,7 +197,10 @@ func (s *Server) watchTask(ctx context.Context, cancel context.CancelCauseFunc, 
 		}
 		var t bashtaskv1alpha1.BashTask
 		err := s.cfg.Tasks.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, &t)
-		if apierrors.IsNotFound(err) || (err == nil && (t.UID != uid || t.DeletionTimestamp != nil)) {
+		// A task being deleted is stopped by the controller, so its stream
+		// ends on its own, with every byte: only its disappearance ends
+		// the follow here.
+		if apierrors.IsNotFound(err) || (err == nil && t.UID != uid) {
 			cancel(errTaskGone)
 			return
 		}
@@ -252,12 +255,9 @@ func (s *Server) streamLog(ctx context.Context, lr *logResponse, task *bashtaskv
 		// The agent does not hold the task (forgotten) or cannot be
 		// reached: a finished task's output is in object storage or in
 		// its status; a running one waits for its agent.
-		fresh, gerr := s.getTask(ctx, task.Namespace, task.Name)
+		fresh, gerr := s.refetch(ctx, task)
 		if gerr != nil {
 			return gerr
-		}
-		if fresh.UID != task.UID {
-			return errTaskGone
 		}
 		task = fresh
 		if finished(task) && !errors.Is(err, errAgentBroke) {
@@ -277,14 +277,21 @@ func (s *Server) streamLog(ctx context.Context, lr *logResponse, task *bashtaskv
 			return context.Cause(ctx)
 		case <-time.After(agentRetryInterval):
 		}
-		if fresh, gerr = s.getTask(ctx, task.Namespace, task.Name); gerr != nil {
+		if fresh, gerr = s.refetch(ctx, task); gerr != nil {
 			return gerr
-		}
-		if fresh.UID != task.UID {
-			return errTaskGone
 		}
 		task = fresh
 	}
+}
+
+// refetch reads the task again: errTaskGone when it was deleted or
+// re-created under its name.
+func (s *Server) refetch(ctx context.Context, task *bashtaskv1alpha1.BashTask) (*bashtaskv1alpha1.BashTask, error) {
+	t, err := s.getTask(ctx, task.Namespace, task.Name)
+	if apierrors.IsNotFound(err) || (err == nil && t.UID != task.UID) {
+		return nil, errTaskGone
+	}
+	return t, err
 }
 
 // waitTask waits until the task has a node or has finished.
@@ -297,12 +304,9 @@ func (s *Server) waitTask(ctx context.Context, task **bashtaskv1alpha1.BashTask)
 			return context.Cause(ctx)
 		case <-tick.C:
 		}
-		t, err := s.getTask(ctx, (*task).Namespace, (*task).Name)
+		t, err := s.refetch(ctx, *task)
 		if err != nil {
 			return err
-		}
-		if t.UID != (*task).UID {
-			return errTaskGone
 		}
 		if finished(t) || (t.Status.NodeName != nil && *t.Status.NodeName != "") {
 			*task = t
