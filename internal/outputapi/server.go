@@ -12,6 +12,7 @@ import (
 	"gocloud.dev/blob"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/sets"
+	openapinamer "k8s.io/apiserver/pkg/endpoints/openapi"
 	apirequest "k8s.io/apiserver/pkg/endpoints/request"
 	"k8s.io/apiserver/pkg/registry/rest"
 	genericapiserver "k8s.io/apiserver/pkg/server"
@@ -109,6 +110,11 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	rc := genericapiserver.NewRecommendedConfig(codecs)
 	rc.EffectiveVersion = compatibility.NewEffectiveVersionFromString("1.37", "", "")
 	rc.LongRunningFunc = LongRunning
+	namer := openapinamer.NewDefinitionNamer(scheme)
+	rc.OpenAPIConfig = genericapiserver.DefaultOpenAPIConfig(openAPIDefinitions, namer)
+	rc.OpenAPIConfig.Info.Title, rc.OpenAPIConfig.Info.Version = "output.bashtask.dev", Version
+	rc.OpenAPIV3Config = genericapiserver.DefaultOpenAPIV3Config(openAPIDefinitions, namer)
+	rc.OpenAPIV3Config.Info.Title, rc.OpenAPIV3Config.Info.Version = "output.bashtask.dev", Version
 	if err := o.ApplyTo(rc); err != nil {
 		return nil, fmt.Errorf("output API: %w", err)
 	}
