@@ -36,7 +36,7 @@ func addOutputAPI(ctx context.Context, mgr ctrl.Manager, o *options, tlsCfg *tls
 	}
 	srv, err := outputapi.New(ctx, outputapi.Config{
 		BindAddress: bind, Port: o.outputAPIPort, CertDir: o.outputAPICertDir, Kubeconfig: kubeconfig,
-		Tasks: mgr.GetClient(), Agents: agents, BucketURL: o.outputBucketURL,
+		Tasks: mgr.GetClient(), LiveTasks: mgr.GetAPIReader(), Agents: agents, BucketURL: o.outputBucketURL,
 	})
 	if err != nil {
 		return err

@@ -175,7 +175,12 @@ func (s *Server) serveLog(w http.ResponseWriter, req *http.Request, r rest.Respo
 // getTask reads the BashTask from the controller's cache.
 func (s *Server) getTask(ctx context.Context, ns, name string) (*bashtaskv1alpha1.BashTask, error) {
 	var t bashtaskv1alpha1.BashTask
-	if err := s.cfg.Tasks.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, &t); err != nil {
+	err := s.cfg.Tasks.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, &t)
+	if apierrors.IsNotFound(err) && s.cfg.LiveTasks != nil {
+		// A task created a moment ago may not be in the cache yet.
+		err = s.cfg.LiveTasks.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, &t)
+	}
+	if err != nil {
 		if apierrors.IsNotFound(err) {
 			return nil, apierrors.NewNotFound(bashtaskv1alpha1.GroupVersion.WithResource("bashtasks").GroupResource(), name)
 		}
@@ -255,7 +260,10 @@ func (s *Server) streamLog(ctx context.Context, lr *logResponse, task *bashtaskv
 		// The agent does not hold the task (forgotten) or cannot be
 		// reached: a finished task's output is in object storage or in
 		// its status; a running one waits for its agent.
-		fresh, gerr := s.refetch(ctx, task)
+		// From kube-apiserver, not the cache: the agent forgets a task
+		// once the controller recorded its end and uploads, which the
+		// cache may not show yet.
+		fresh, gerr := s.refetchLive(ctx, task)
 		if gerr != nil {
 			return gerr
 		}
@@ -282,6 +290,22 @@ func (s *Server) streamLog(ctx context.Context, lr *logResponse, task *bashtaskv
 		}
 		task = fresh
 	}
+}
+
+// refetchLive is refetch from kube-apiserver when a live reader is set.
+func (s *Server) refetchLive(ctx context.Context, task *bashtaskv1alpha1.BashTask) (*bashtaskv1alpha1.BashTask, error) {
+	if s.cfg.LiveTasks == nil {
+		return s.refetch(ctx, task)
+	}
+	var t bashtaskv1alpha1.BashTask
+	err := s.cfg.LiveTasks.Get(ctx, client.ObjectKey{Namespace: task.Namespace, Name: task.Name}, &t)
+	if apierrors.IsNotFound(err) || (err == nil && t.UID != task.UID) {
+		return nil, errTaskGone
+	}
+	if err != nil {
+		return nil, apierrors.NewInternalError(err)
+	}
+	return &t, nil
 }
 
 // refetch reads the task again: errTaskGone when it was deleted or
@@ -474,6 +498,13 @@ func (s *Server) fromStorage(ctx context.Context, lr *logResponse, task *bashtas
 	length := objBytes - lr.offset
 	if r := lr.remaining(); r > 0 {
 		length = min(length, r)
+	}
+	if length == 0 {
+		// At the end: nothing to read (S3 refuses an empty range).
+		if !lr.started {
+			lr.start(task.UID, lr.offset, total, true)
+		}
+		return nil
 	}
 	rd, err := s.bucket.NewRangeReader(ctx, key, lr.offset, length, nil)
 	if err != nil {

@@ -49,6 +49,9 @@ type Config struct {
 	Kubeconfig string
 	// Tasks reads BashTasks (the manager's cache).
 	Tasks client.Reader
+	// LiveTasks, when set, reads a BashTask the cache does not have (yet)
+	// from kube-apiserver (the manager's API reader).
+	LiveTasks client.Reader
 	// Agents reaches the node agents.
 	Agents Agents
 	// BucketURL is the gocloud.dev blob URL of the bucket the agents
