@@ -468,6 +468,14 @@ func (s *Server) fromStorage(ctx context.Context, lr *logResponse, task *bashtas
 		}
 		return apierrors.NewGone(msg)
 	}
+	if ss != nil && ss.TotalBytes != nil && lr.offset == *ss.TotalBytes {
+		// At the end of the ended stream: nothing to serve, nothing lost
+		// (a follower asking whether the stream has ended).
+		if !lr.started {
+			lr.start(task.UID, lr.offset, *ss.TotalBytes, true)
+		}
+		return nil
+	}
 	if ss == nil || ss.Spill == nil || ss.Spill.URL == nil || *ss.Spill.URL == "" {
 		if err := s.fromStatus(lr, task, stream, o); !errors.Is(err, errNotKept) {
 			return err

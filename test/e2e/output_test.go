@@ -390,3 +390,24 @@ func TestOutputAgentRestartedWhileFollowed(t *testing.T) {
 		t.Errorf("reason %s, want AgentRestarted", reason)
 	}
 }
+
+// TestOutputNotKept: a stream whose agent has forgotten it, never uploaded
+// and longer than its tail, is 410 from any offset before its end, and an
+// empty, clean answer at its end (what a follower that read it all asks).
+func TestOutputNotKept(t *testing.T) {
+	ns := newNamespace(t)
+	c := outputClient(t, adminConfig(t))
+	bt := createTask(t, ns, "not-kept", `head -c 100000 /dev/zero | tr '\0' y`, func(bt *v1.BashTask) {
+		bt.Spec.Output = &v1.OutputSpec{Upload: ptr.To(v1.UploadNever)}
+	})
+	done := waitTerminal(t, ns, []string{bt.Name}, time.Minute)[bt.Name]
+	waitForgotten(t, done)
+	if _, err := readAll(t, c, ns, bt.Name, "stdout", 5, false); !isCode(err, http.StatusGone) || !strings.Contains(err.Error(), "offset 5") {
+		t.Errorf("from 5: %v, want 410 naming the offset", err)
+	}
+	for _, follow := range []bool{false, true} {
+		if b, err := readAll(t, c, ns, bt.Name, "stdout", 100000, follow); err != nil || len(b) != 0 {
+			t.Errorf("at the end, follow=%v: %q, %v; want an empty clean end", follow, b, err)
+		}
+	}
+}
