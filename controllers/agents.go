@@ -212,27 +212,9 @@ func (r *AgentRegistry) Start(ctx context.Context) error {
 
 // sync reconciles the set of connections with the ready endpoints.
 func (r *AgentRegistry) sync(ctx context.Context) error {
-	var slices discoveryv1.EndpointSliceList
-	if err := r.opts.Reader.List(ctx, &slices, client.InNamespace(r.opts.ServiceNamespace),
-		client.MatchingLabels{discoveryv1.LabelServiceName: r.opts.ServiceName}); err != nil {
-		return fmt.Errorf("listing EndpointSlices of service %s/%s: %w", r.opts.ServiceNamespace, r.opts.ServiceName, err)
-	}
-	want := map[string]string{} // node -> host:port
-	for i := range slices.Items {
-		s := &slices.Items[i]
-		port := r.pickPort(s)
-		if port == 0 {
-			continue
-		}
-		for _, ep := range s.Endpoints {
-			if ep.NodeName == nil || *ep.NodeName == "" || len(ep.Addresses) == 0 {
-				continue
-			}
-			if ep.Conditions.Ready != nil && !*ep.Conditions.Ready {
-				continue
-			}
-			want[*ep.NodeName] = net.JoinHostPort(ep.Addresses[0], strconv.Itoa(int(port)))
-		}
+	want, err := agentAddresses(ctx, r.opts.Reader, r.opts.ServiceNamespace, r.opts.ServiceName, r.opts.PortName)
+	if err != nil {
+		return err
 	}
 
 	r.mu.Lock()
@@ -267,12 +249,40 @@ func (r *AgentRegistry) sync(ctx context.Context) error {
 	return nil
 }
 
-func (r *AgentRegistry) pickPort(s *discoveryv1.EndpointSlice) int32 {
+// agentAddresses reads the ready agent endpoints of the Service's
+// EndpointSlices: node name to host:port.
+func agentAddresses(ctx context.Context, reader client.Reader, namespace, service, portName string) (map[string]string, error) {
+	var slices discoveryv1.EndpointSliceList
+	if err := reader.List(ctx, &slices, client.InNamespace(namespace),
+		client.MatchingLabels{discoveryv1.LabelServiceName: service}); err != nil {
+		return nil, fmt.Errorf("listing EndpointSlices of service %s/%s: %w", namespace, service, err)
+	}
+	want := map[string]string{} // node -> host:port
+	for i := range slices.Items {
+		s := &slices.Items[i]
+		port := pickPort(s, portName)
+		if port == 0 {
+			continue
+		}
+		for _, ep := range s.Endpoints {
+			if ep.NodeName == nil || *ep.NodeName == "" || len(ep.Addresses) == 0 {
+				continue
+			}
+			if ep.Conditions.Ready != nil && !*ep.Conditions.Ready {
+				continue
+			}
+			want[*ep.NodeName] = net.JoinHostPort(ep.Addresses[0], strconv.Itoa(int(port)))
+		}
+	}
+	return want, nil
+}
+
+func pickPort(s *discoveryv1.EndpointSlice, portName string) int32 {
 	for _, p := range s.Ports {
 		if p.Port == nil {
 			continue
 		}
-		if r.opts.PortName == "" || (p.Name != nil && *p.Name == r.opts.PortName) {
+		if portName == "" || (p.Name != nil && *p.Name == portName) {
 			return *p.Port
 		}
 	}

@@ -787,6 +787,38 @@ func (t *Task) Snapshot() Snapshot {
 	return Snapshot{Stdout: t.stdout.snapshot(), Stderr: t.stderr.snapshot()}
 }
 
+// OutputState is one stream's progress as a reader of its spill file sees
+// it (Task.Output).
+type OutputState struct {
+	// SpillPath is the spill file; it exists once the stream's first byte
+	// was written.
+	SpillPath string
+	// SpillBytes is how many bytes the spill file holds and a reader may
+	// read now: the stream's first bytes, at most SpillLimitBytes.
+	SpillBytes int64
+	// TotalBytes is how many bytes the command wrote to the stream so far.
+	TotalBytes int64
+	// SpillLimitBytes is the cap on the spill file ([Spec.SpillLimitBytes]).
+	SpillLimitBytes int64
+	// SpillFailed is true when writing the spill file failed: it stops at
+	// SpillBytes although the stream may go on.
+	SpillFailed bool
+	// Ended is true once the stream was read to its end: TotalBytes and
+	// SpillBytes are final.
+	Ended bool
+}
+
+// Output returns stdout's (stderr false) or stderr's state and a channel
+// closed at the stream's next change (bytes appended or the stream's end),
+// nil once it has ended. A follower waits on the channel instead of polling
+// the file; the writer pays one check per chunk while nobody waits.
+func (t *Task) Output(stderr bool) (OutputState, <-chan struct{}) {
+	if stderr {
+		return t.stderr.output()
+	}
+	return t.stdout.output()
+}
+
 // SpillDir is the directory holding the task's spill files.
 func (t *Task) SpillDir() string { return t.spec.SpillDir }
 

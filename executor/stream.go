@@ -46,6 +46,15 @@ type stream struct {
 
 	mu   sync.Mutex
 	tail *tailBuffer
+	// Published for readers of the spill file (Task.Output), under mu:
+	// the spill file's size once the bytes are written, whether writing
+	// it failed, whether the stream has ended, and the channel closed at
+	// the next change (nil while nobody waits, so a stream nobody follows
+	// allocates nothing per chunk).
+	pubSpill  int64
+	pubFailed bool
+	ended     bool
+	changed   chan struct{}
 }
 
 // newStream prepares the stream whose spill file is name in dir, after
@@ -110,7 +119,47 @@ func (s *stream) record(p []byte) {
 	}
 	s.mu.Lock()
 	s.tail.Write(p)
+	s.pubSpill, s.pubFailed = s.spillBytes, s.spillErr != nil
+	s.wakeLocked()
 	s.mu.Unlock()
+}
+
+// wakeLocked wakes the readers waiting for a change.
+func (s *stream) wakeLocked() {
+	if s.changed != nil {
+		close(s.changed)
+		s.changed = nil
+	}
+}
+
+// end marks the stream ended (readFrom returned): no byte follows.
+func (s *stream) end() {
+	s.mu.Lock()
+	s.ended = true
+	s.wakeLocked()
+	s.mu.Unlock()
+}
+
+// output returns the stream's state for readers of its spill file and a
+// channel closed at its next change.
+func (s *stream) output() (OutputState, <-chan struct{}) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	st := OutputState{
+		SpillPath:       s.path,
+		SpillBytes:      s.pubSpill,
+		TotalBytes:      s.tail.total,
+		SpillLimitBytes: s.spillLimit,
+		SpillFailed:     s.pubFailed,
+		Ended:           s.ended,
+	}
+	if s.ended {
+		return st, nil
+	}
+	if s.changed == nil {
+		s.changed = make(chan struct{})
+	}
+	return st, s.changed
 }
 
 // hashDepth is how many read buffers may wait for the hash at once. SHA-256
@@ -139,6 +188,7 @@ func (s *stream) readFrom(r io.Reader) {
 	defer func() {
 		close(full)
 		<-hashed
+		s.end()
 		for _, b := range large {
 			largeBufPool.Put(b)
 		}
@@ -205,6 +255,7 @@ func (s *stream) finish() (StreamResult, error) {
 	if s.spill != nil {
 		closeErr = s.spill.Close()
 	}
+	s.end() // also for a stream whose reader never ran
 	s.mu.Lock()
 	tail, truncated, sanitized := s.tail.snapshot(true)
 	total := s.tail.total

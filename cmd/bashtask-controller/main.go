@@ -54,6 +54,10 @@ type options struct {
 	maxTimeout                     int32
 	defaultTTL                     int32
 	ttlDeletesGitOpsManaged        bool
+	outputAPIPort                  int
+	outputAPIBind                  string
+	outputAPICertDir               string
+	outputBucketURL                string
 	zapOpts                        zap.Options
 }
 
@@ -108,6 +112,10 @@ func newCommand() *cobra.Command {
 	f.Int32Var(&o.maxTimeout, "max-timeout-seconds", d.MaxTimeoutSeconds, "cap on spec.timeoutSeconds, in seconds")
 	f.Int32Var(&o.defaultTTL, "default-ttl-seconds-after-finished", -1, "seconds after which finished tasks without spec.ttlSecondsAfterFinished are deleted; negative keeps them")
 	f.BoolVar(&o.ttlDeletesGitOpsManaged, "ttl-deletes-gitops-managed", false, "let the TTL delete tasks an Argo CD or Flux annotation or label marks as managed; by default they are kept, since the tool would create them again and re-run the command")
+	f.IntVar(&o.outputAPIPort, "output-api-port", 0, "HTTPS port of the output.bashtask.dev aggregated API (bashtasks/log, docs/output.md), served on every replica; 0 disables it")
+	f.StringVar(&o.outputAPIBind, "output-api-bind-address", "0.0.0.0", "address the output API listens on")
+	f.StringVar(&o.outputAPICertDir, "output-api-cert-dir", "/etc/bashtask/output-api", "directory of the output API's serving certificate, tls.crt and tls.key; a self-signed pair is generated there when they are missing")
+	f.StringVar(&o.outputBucketURL, "output-bucket-url", "", "gocloud.dev blob URL of the bucket the agents upload output to (their --output-bucket-url), read with the controller's own credentials for output an agent no longer holds; empty serves such output only from status tails")
 	zapFlags := flag.NewFlagSet("zap", flag.ContinueOnError)
 	o.zapOpts.BindFlags(zapFlags)
 	f.AddGoFlagSet(zapFlags)
@@ -258,6 +266,11 @@ func run(cmd *cobra.Command, o *options) error {
 	}
 	if err := orphans.SetupWithManager(mgr); err != nil {
 		return err
+	}
+	if o.outputAPIPort > 0 {
+		if err := addOutputAPI(cmd.Context(), mgr, o, tlsCfg); err != nil {
+			return err
+		}
 	}
 	if err := mgr.AddHealthzCheck("healthz", healthz.Ping); err != nil {
 		return err

@@ -25,7 +25,23 @@ type Certs struct {
 	// AgentCertFile, AgentKeyFile, ControllerCertFile and ControllerKeyFile
 	// are the file paths, for command-line flags.
 	AgentCertFile, AgentKeyFile, ControllerCertFile, ControllerKeyFile string
+	// OutputAPIDir holds tls.crt and tls.key, the output API's serving
+	// pair for OutputAPIServerName, issued by the CA of CAFile (the
+	// APIService's caBundle).
+	OutputAPIDir string
+	// FrontProxyCAFile is kube-apiserver's --requestheader-client-ca-file,
+	// a CA of its own: whoever holds a certificate of it may assert any
+	// user to the aggregated servers.
+	FrontProxyCAFile string
+	// FrontProxyCertFile and FrontProxyKeyFile are kube-apiserver's
+	// --proxy-client-cert-file and key, with the common name
+	// FrontProxyClientName.
+	FrontProxyCertFile, FrontProxyKeyFile string
 }
+
+// FrontProxyClientName is the common name of kube-apiserver's front-proxy
+// client certificate (--requestheader-allowed-names).
+const FrontProxyClientName = "front-proxy-client"
 
 // IssueCerts creates a CA and the two key pairs in dir (mode 0600 files),
 // valid for validity. serverName is the DNS name the agents' certificate
@@ -54,6 +70,32 @@ func IssueCerts(dir, serverName string, validity time.Duration) (*Certs, error) 
 		return nil, err
 	}
 	if c.ControllerCertFile, c.ControllerKeyFile, err = ctrlKP.WriteFiles(dir, "controller"); err != nil {
+		return nil, err
+	}
+	c.OutputAPIDir = filepath.Join(dir, "output-api")
+	if err := os.MkdirAll(c.OutputAPIDir, 0o700); err != nil {
+		return nil, err
+	}
+	apiKP, err := ca.Issue(tlsutil.LeafOptions{CommonName: OutputAPIService, DNSNames: []string{OutputAPIServerName, "localhost"}, Server: true, Validity: validity})
+	if err != nil {
+		return nil, err
+	}
+	if _, _, err = apiKP.WriteFiles(c.OutputAPIDir, "tls"); err != nil {
+		return nil, err
+	}
+	fpCA, err := tlsutil.NewCA("bashtask local front-proxy CA", validity)
+	if err != nil {
+		return nil, err
+	}
+	c.FrontProxyCAFile = filepath.Join(dir, "front-proxy-ca.crt")
+	if err := tlsutil.WriteFileAtomic(c.FrontProxyCAFile, fpCA.CertPEM, 0o600); err != nil {
+		return nil, err
+	}
+	fpKP, err := fpCA.Issue(tlsutil.LeafOptions{CommonName: FrontProxyClientName, Client: true, Validity: validity})
+	if err != nil {
+		return nil, err
+	}
+	if c.FrontProxyCertFile, c.FrontProxyKeyFile, err = fpKP.WriteFiles(dir, "front-proxy-client"); err != nil {
 		return nil, err
 	}
 	if c.Agent, err = tlsutil.NewFiles(c.AgentCertFile, c.AgentKeyFile, c.CAFile); err != nil {

@@ -47,6 +47,15 @@ func NewScheme() (*runtime.Scheme, error) {
 // empty), and waits until the API server accepts a BashTask. On error
 // nothing it started is left running.
 func StartControlPlane(ctx context.Context, assetsDir, crdDir, admissionDir string) (*ControlPlane, error) {
+	return StartControlPlaneWith(ctx, assetsDir, crdDir, admissionDir, nil)
+}
+
+// StartControlPlaneWith is StartControlPlane with kube-apiserver's front
+// proxy set up from certs (nil: none): the requestheader flags that let
+// it proxy requests to aggregated API servers as the requesting user, and
+// aggregator routing to endpoints, since no kube-proxy turns a Service's
+// cluster IP into them here.
+func StartControlPlaneWith(ctx context.Context, assetsDir, crdDir, admissionDir string, certs *Certs) (*ControlPlane, error) {
 	scheme, err := NewScheme()
 	if err != nil {
 		return nil, err
@@ -56,6 +65,17 @@ func StartControlPlane(ctx context.Context, assetsDir, crdDir, admissionDir stri
 		CRDDirectoryPaths:     []string{crdDir},
 		ErrorIfCRDPathMissing: true,
 		Scheme:                scheme,
+	}
+	if certs != nil {
+		args := env.ControlPlane.GetAPIServer().Configure()
+		args.Set("requestheader-client-ca-file", certs.FrontProxyCAFile)
+		args.Set("requestheader-allowed-names", FrontProxyClientName)
+		args.Set("requestheader-username-headers", "X-Remote-User")
+		args.Set("requestheader-group-headers", "X-Remote-Group")
+		args.Set("requestheader-extra-headers-prefix", "X-Remote-Extra-")
+		args.Set("proxy-client-cert-file", certs.FrontProxyCertFile)
+		args.Set("proxy-client-key-file", certs.FrontProxyKeyFile)
+		args.Set("enable-aggregator-routing", "true")
 	}
 	cfg, err := env.Start()
 	if err != nil {

@@ -102,6 +102,9 @@ type Cluster struct {
 	// reach the local S3 server (kubectl bashtask --bucket-query); empty
 	// for a file:// bucket.
 	BucketQuery string
+	// OutputAPIPort is the controller's output.bashtask.dev port on
+	// 127.0.0.1, which kube-apiserver's APIService proxies to.
+	OutputAPIPort int
 	// Isolation is the agents' isolation level, process or tenant.
 	Isolation string
 
@@ -183,7 +186,11 @@ func (c *Cluster) up(ctx context.Context) error {
 	}
 
 	o.Log.Info("Starting etcd and kube-apiserver", "assets", o.AssetsDir)
-	cp, err := StartControlPlane(ctx, o.AssetsDir, o.CRDDir, o.AdmissionDir)
+	certs, err := IssueCerts(filepath.Join(o.Dir, "certs"), AgentServerName, 30*24*time.Hour)
+	if err != nil {
+		return fmt.Errorf("issuing certificates: %w", err)
+	}
+	cp, err := StartControlPlaneWith(ctx, o.AssetsDir, o.CRDDir, o.AdmissionDir, certs)
 	if err != nil {
 		return err
 	}
@@ -201,10 +208,6 @@ func (c *Cluster) up(ctx context.Context) error {
 	}
 	k8s := cp.Client
 
-	certs, err := IssueCerts(filepath.Join(o.Dir, "certs"), AgentServerName, 30*24*time.Hour)
-	if err != nil {
-		return fmt.Errorf("issuing certificates: %w", err)
-	}
 	c.Agents = LoopbackAgents(o.Agents)
 	port, err := FreePort(c.Agents[0].IP)
 	if err != nil {
@@ -289,8 +292,18 @@ func (c *Cluster) up(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	outputPort, err := FreePort("127.0.0.1")
+	if err != nil {
+		return err
+	}
+	c.OutputAPIPort = outputPort
+	if err := CreateOutputAPIObjects(ctx, k8s, outputPort, certs); err != nil {
+		return err
+	}
 	args := append([]string{
 		"--kubeconfig", absPath(c.Kubeconfig),
+		"--output-api-port", strconv.Itoa(outputPort), "--output-api-bind-address", "127.0.0.1",
+		"--output-api-cert-dir", absPath(certs.OutputAPIDir), "--output-bucket-url", c.BucketURL,
 		"--leader-elect=false",
 		"--agent-namespace", AgentNamespace, "--agent-service", AgentService, "--agent-port-name", AgentPortName,
 		"--tls-cert-file", certs.ControllerCertFile, "--tls-key-file", certs.ControllerKeyFile, "--tls-ca-file", certs.CAFile,
@@ -299,13 +312,13 @@ func (c *Cluster) up(ctx context.Context) error {
 		"--pprof-bind-address", net.JoinHostPort("127.0.0.1", strconv.Itoa(ctrlPprof)),
 		"--zap-log-level", "info",
 	}, o.ControllerArgs...)
-	if err := c.start("controller", filepath.Join(o.BinDir, "bashtask-controller"), args, os.Environ()); err != nil {
+	if err := c.start("controller", filepath.Join(o.BinDir, "bashtask-controller"), args, append(os.Environ(), bucketEnv...)); err != nil {
 		return err
 	}
 	if err := c.waitHTTP(ctx, "controller", "http://"+net.JoinHostPort("127.0.0.1", strconv.Itoa(ctrlHealth))+"/readyz"); err != nil {
 		return err
 	}
-	return nil
+	return WaitOutputAPI(ctx, cp.Config, 60*time.Second)
 }
 
 // startS3 runs versitygw with a posix backend on loopback, with credentials

@@ -278,6 +278,59 @@ func (EventType) EnumDescriptor() ([]byte, []int) {
 	return file_agent_proto_rawDescGZIP(), []int{3}
 }
 
+// OutputStream names one of a task's output streams.
+type OutputStream int32
+
+const (
+	// OUTPUT_STREAM_UNSPECIFIED means OUTPUT_STREAM_STDOUT.
+	OutputStream_OUTPUT_STREAM_UNSPECIFIED OutputStream = 0
+	// OUTPUT_STREAM_STDOUT is the command's fd 1.
+	OutputStream_OUTPUT_STREAM_STDOUT OutputStream = 1
+	// OUTPUT_STREAM_STDERR is the command's fd 2.
+	OutputStream_OUTPUT_STREAM_STDERR OutputStream = 2
+)
+
+// Enum value maps for OutputStream.
+var (
+	OutputStream_name = map[int32]string{
+		0: "OUTPUT_STREAM_UNSPECIFIED",
+		1: "OUTPUT_STREAM_STDOUT",
+		2: "OUTPUT_STREAM_STDERR",
+	}
+	OutputStream_value = map[string]int32{
+		"OUTPUT_STREAM_UNSPECIFIED": 0,
+		"OUTPUT_STREAM_STDOUT":      1,
+		"OUTPUT_STREAM_STDERR":      2,
+	}
+)
+
+func (x OutputStream) Enum() *OutputStream {
+	p := new(OutputStream)
+	*p = x
+	return p
+}
+
+func (x OutputStream) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (OutputStream) Descriptor() protoreflect.EnumDescriptor {
+	return file_agent_proto_enumTypes[4].Descriptor()
+}
+
+func (OutputStream) Type() protoreflect.EnumType {
+	return &file_agent_proto_enumTypes[4]
+}
+
+func (x OutputStream) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use OutputStream.Descriptor instead.
+func (OutputStream) EnumDescriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{4}
+}
+
 // TaskRef names a BashTask object.
 type TaskRef struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -2262,6 +2315,230 @@ func (*WatchResponse_Agent) isWatchResponse_Event() {}
 
 func (*WatchResponse_Task) isWatchResponse_Event() {}
 
+// ReadOutputRequest asks for a stream's bytes from an offset.
+type ReadOutputRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// uid of the task.
+	Uid string `protobuf:"bytes,1,opt,name=uid,proto3" json:"uid,omitempty"`
+	// stream to read.
+	Stream OutputStream `protobuf:"varint,2,opt,name=stream,proto3,enum=bashtask.agent.v1.OutputStream" json:"stream,omitempty"`
+	// offset of the first byte wanted, counted from the stream's start; not
+	// negative.
+	Offset int64 `protobuf:"varint,3,opt,name=offset,proto3" json:"offset,omitempty"`
+	// follow waits for new bytes while the task runs; without it the stream
+	// ends after the bytes known at the request.
+	Follow bool `protobuf:"varint,4,opt,name=follow,proto3" json:"follow,omitempty"`
+	// limit_bytes, when positive, ends the stream after that many data bytes.
+	LimitBytes    int64 `protobuf:"varint,5,opt,name=limit_bytes,json=limitBytes,proto3" json:"limit_bytes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReadOutputRequest) Reset() {
+	*x = ReadOutputRequest{}
+	mi := &file_agent_proto_msgTypes[26]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReadOutputRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReadOutputRequest) ProtoMessage() {}
+
+func (x *ReadOutputRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[26]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReadOutputRequest.ProtoReflect.Descriptor instead.
+func (*ReadOutputRequest) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{26}
+}
+
+func (x *ReadOutputRequest) GetUid() string {
+	if x != nil {
+		return x.Uid
+	}
+	return ""
+}
+
+func (x *ReadOutputRequest) GetStream() OutputStream {
+	if x != nil {
+		return x.Stream
+	}
+	return OutputStream_OUTPUT_STREAM_UNSPECIFIED
+}
+
+func (x *ReadOutputRequest) GetOffset() int64 {
+	if x != nil {
+		return x.Offset
+	}
+	return 0
+}
+
+func (x *ReadOutputRequest) GetFollow() bool {
+	if x != nil {
+		return x.Follow
+	}
+	return false
+}
+
+func (x *ReadOutputRequest) GetLimitBytes() int64 {
+	if x != nil {
+		return x.LimitBytes
+	}
+	return 0
+}
+
+// OutputState is what the agent knows of a stream at one moment.
+type OutputState struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// total_bytes the command has written to the stream so far.
+	TotalBytes int64 `protobuf:"varint,1,opt,name=total_bytes,json=totalBytes,proto3" json:"total_bytes,omitempty"`
+	// complete is true once the stream has ended (the task finished and its
+	// output was read to the end): total_bytes is final.
+	Complete bool `protobuf:"varint,2,opt,name=complete,proto3" json:"complete,omitempty"`
+	// spill_bytes is how many of them the spill file holds (its first
+	// bytes); fewer than total_bytes past spill_limit_bytes or after a write
+	// error.
+	SpillBytes    int64 `protobuf:"varint,3,opt,name=spill_bytes,json=spillBytes,proto3" json:"spill_bytes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *OutputState) Reset() {
+	*x = OutputState{}
+	mi := &file_agent_proto_msgTypes[27]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *OutputState) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*OutputState) ProtoMessage() {}
+
+func (x *OutputState) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[27]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use OutputState.ProtoReflect.Descriptor instead.
+func (*OutputState) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{27}
+}
+
+func (x *OutputState) GetTotalBytes() int64 {
+	if x != nil {
+		return x.TotalBytes
+	}
+	return 0
+}
+
+func (x *OutputState) GetComplete() bool {
+	if x != nil {
+		return x.Complete
+	}
+	return false
+}
+
+func (x *OutputState) GetSpillBytes() int64 {
+	if x != nil {
+		return x.SpillBytes
+	}
+	return 0
+}
+
+// OutputChunk is one message of the ReadOutput stream.
+type OutputChunk struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// offset of data's first byte in the stream.
+	Offset int64 `protobuf:"varint,1,opt,name=offset,proto3" json:"offset,omitempty"`
+	// data: the stream's bytes from offset, at most 1 MiB a message.
+	Data []byte `protobuf:"bytes,2,opt,name=data,proto3" json:"data,omitempty"`
+	// header is set on the first message only, for the request's start.
+	Header *OutputState `protobuf:"bytes,3,opt,name=header,proto3" json:"header,omitempty"`
+	// end is set on the last message only.
+	End           *OutputState `protobuf:"bytes,4,opt,name=end,proto3" json:"end,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *OutputChunk) Reset() {
+	*x = OutputChunk{}
+	mi := &file_agent_proto_msgTypes[28]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *OutputChunk) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*OutputChunk) ProtoMessage() {}
+
+func (x *OutputChunk) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[28]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use OutputChunk.ProtoReflect.Descriptor instead.
+func (*OutputChunk) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{28}
+}
+
+func (x *OutputChunk) GetOffset() int64 {
+	if x != nil {
+		return x.Offset
+	}
+	return 0
+}
+
+func (x *OutputChunk) GetData() []byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
+func (x *OutputChunk) GetHeader() *OutputState {
+	if x != nil {
+		return x.Header
+	}
+	return nil
+}
+
+func (x *OutputChunk) GetEnd() *OutputState {
+	if x != nil {
+		return x.End
+	}
+	return nil
+}
+
 var File_agent_proto protoreflect.FileDescriptor
 
 const file_agent_proto_rawDesc = "" +
@@ -2415,7 +2692,25 @@ const file_agent_proto_rawDesc = "" +
 	"\rWatchResponse\x124\n" +
 	"\x05agent\x18\x01 \x01(\v2\x1c.bashtask.agent.v1.AgentInfoH\x00R\x05agent\x122\n" +
 	"\x04task\x18\x02 \x01(\v2\x1c.bashtask.agent.v1.TaskEventH\x00R\x04taskB\a\n" +
-	"\x05event*\x83\x01\n" +
+	"\x05event\"\xaf\x01\n" +
+	"\x11ReadOutputRequest\x12\x10\n" +
+	"\x03uid\x18\x01 \x01(\tR\x03uid\x127\n" +
+	"\x06stream\x18\x02 \x01(\x0e2\x1f.bashtask.agent.v1.OutputStreamR\x06stream\x12\x16\n" +
+	"\x06offset\x18\x03 \x01(\x03R\x06offset\x12\x16\n" +
+	"\x06follow\x18\x04 \x01(\bR\x06follow\x12\x1f\n" +
+	"\vlimit_bytes\x18\x05 \x01(\x03R\n" +
+	"limitBytes\"k\n" +
+	"\vOutputState\x12\x1f\n" +
+	"\vtotal_bytes\x18\x01 \x01(\x03R\n" +
+	"totalBytes\x12\x1a\n" +
+	"\bcomplete\x18\x02 \x01(\bR\bcomplete\x12\x1f\n" +
+	"\vspill_bytes\x18\x03 \x01(\x03R\n" +
+	"spillBytes\"\xa3\x01\n" +
+	"\vOutputChunk\x12\x16\n" +
+	"\x06offset\x18\x01 \x01(\x03R\x06offset\x12\x12\n" +
+	"\x04data\x18\x02 \x01(\fR\x04data\x126\n" +
+	"\x06header\x18\x03 \x01(\v2\x1e.bashtask.agent.v1.OutputStateR\x06header\x120\n" +
+	"\x03end\x18\x04 \x01(\v2\x1e.bashtask.agent.v1.OutputStateR\x03end*\x83\x01\n" +
 	"\fUploadPolicy\x12\x1d\n" +
 	"\x19UPLOAD_POLICY_UNSPECIFIED\x10\x00\x12!\n" +
 	"\x1dUPLOAD_POLICY_WHEN_INCOMPLETE\x10\x01\x12\x18\n" +
@@ -2438,14 +2733,20 @@ const file_agent_proto_rawDesc = "" +
 	"\x13EVENT_TYPE_FINISHED\x10\x04\x12\x17\n" +
 	"\x13EVENT_TYPE_UPLOADED\x10\x05\x12\x18\n" +
 	"\x14EVENT_TYPE_FORGOTTEN\x10\x06\x12\x1c\n" +
-	"\x18EVENT_TYPE_UPLOAD_FAILED\x10\a2\xd1\x03\n" +
+	"\x18EVENT_TYPE_UPLOAD_FAILED\x10\a*a\n" +
+	"\fOutputStream\x12\x1d\n" +
+	"\x19OUTPUT_STREAM_UNSPECIFIED\x10\x00\x12\x18\n" +
+	"\x14OUTPUT_STREAM_STDOUT\x10\x01\x12\x18\n" +
+	"\x14OUTPUT_STREAM_STDERR\x10\x022\xa7\x04\n" +
 	"\bExecutor\x12J\n" +
 	"\x05Start\x12\x1f.bashtask.agent.v1.StartRequest\x1a .bashtask.agent.v1.StartResponse\x12M\n" +
 	"\x06Cancel\x12 .bashtask.agent.v1.CancelRequest\x1a!.bashtask.agent.v1.CancelResponse\x12D\n" +
 	"\x03Get\x12\x1d.bashtask.agent.v1.GetRequest\x1a\x1e.bashtask.agent.v1.GetResponse\x12G\n" +
 	"\x04List\x12\x1e.bashtask.agent.v1.ListRequest\x1a\x1f.bashtask.agent.v1.ListResponse\x12M\n" +
 	"\x06Forget\x12 .bashtask.agent.v1.ForgetRequest\x1a!.bashtask.agent.v1.ForgetResponse\x12L\n" +
-	"\x05Watch\x12\x1f.bashtask.agent.v1.WatchRequest\x1a .bashtask.agent.v1.WatchResponse0\x01B<Z:github.com/bashtask/bashtask-operator/api/agent/v1;agentv1b\x06proto3"
+	"\x05Watch\x12\x1f.bashtask.agent.v1.WatchRequest\x1a .bashtask.agent.v1.WatchResponse0\x01\x12T\n" +
+	"\n" +
+	"ReadOutput\x12$.bashtask.agent.v1.ReadOutputRequest\x1a\x1e.bashtask.agent.v1.OutputChunk0\x01B<Z:github.com/bashtask/bashtask-operator/api/agent/v1;agentv1b\x06proto3"
 
 var (
 	file_agent_proto_rawDescOnce sync.Once
@@ -2459,92 +2760,101 @@ func file_agent_proto_rawDescGZIP() []byte {
 	return file_agent_proto_rawDescData
 }
 
-var file_agent_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 26)
+var file_agent_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
+var file_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 29)
 var file_agent_proto_goTypes = []any{
 	(UploadPolicy)(0),             // 0: bashtask.agent.v1.UploadPolicy
 	(TaskState)(0),                // 1: bashtask.agent.v1.TaskState
 	(UploadState)(0),              // 2: bashtask.agent.v1.UploadState
 	(EventType)(0),                // 3: bashtask.agent.v1.EventType
-	(*TaskRef)(nil),               // 4: bashtask.agent.v1.TaskRef
-	(*EnvVar)(nil),                // 5: bashtask.agent.v1.EnvVar
-	(*Stdin)(nil),                 // 6: bashtask.agent.v1.Stdin
-	(*OutputSettings)(nil),        // 7: bashtask.agent.v1.OutputSettings
-	(*Resources)(nil),             // 8: bashtask.agent.v1.Resources
-	(*TaskSpec)(nil),              // 9: bashtask.agent.v1.TaskSpec
-	(*Spill)(nil),                 // 10: bashtask.agent.v1.Spill
-	(*StreamStatus)(nil),          // 11: bashtask.agent.v1.StreamStatus
-	(*TaskStatus)(nil),            // 12: bashtask.agent.v1.TaskStatus
-	(*TaskIsolation)(nil),         // 13: bashtask.agent.v1.TaskIsolation
-	(*Fence)(nil),                 // 14: bashtask.agent.v1.Fence
-	(*StartRequest)(nil),          // 15: bashtask.agent.v1.StartRequest
-	(*StartResponse)(nil),         // 16: bashtask.agent.v1.StartResponse
-	(*CancelRequest)(nil),         // 17: bashtask.agent.v1.CancelRequest
-	(*CancelResponse)(nil),        // 18: bashtask.agent.v1.CancelResponse
-	(*GetRequest)(nil),            // 19: bashtask.agent.v1.GetRequest
-	(*GetResponse)(nil),           // 20: bashtask.agent.v1.GetResponse
-	(*ListRequest)(nil),           // 21: bashtask.agent.v1.ListRequest
-	(*ListResponse)(nil),          // 22: bashtask.agent.v1.ListResponse
-	(*ForgetRequest)(nil),         // 23: bashtask.agent.v1.ForgetRequest
-	(*ForgetResponse)(nil),        // 24: bashtask.agent.v1.ForgetResponse
-	(*WatchRequest)(nil),          // 25: bashtask.agent.v1.WatchRequest
-	(*Readiness)(nil),             // 26: bashtask.agent.v1.Readiness
-	(*AgentInfo)(nil),             // 27: bashtask.agent.v1.AgentInfo
-	(*TaskEvent)(nil),             // 28: bashtask.agent.v1.TaskEvent
-	(*WatchResponse)(nil),         // 29: bashtask.agent.v1.WatchResponse
-	(*durationpb.Duration)(nil),   // 30: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil), // 31: google.protobuf.Timestamp
+	(OutputStream)(0),             // 4: bashtask.agent.v1.OutputStream
+	(*TaskRef)(nil),               // 5: bashtask.agent.v1.TaskRef
+	(*EnvVar)(nil),                // 6: bashtask.agent.v1.EnvVar
+	(*Stdin)(nil),                 // 7: bashtask.agent.v1.Stdin
+	(*OutputSettings)(nil),        // 8: bashtask.agent.v1.OutputSettings
+	(*Resources)(nil),             // 9: bashtask.agent.v1.Resources
+	(*TaskSpec)(nil),              // 10: bashtask.agent.v1.TaskSpec
+	(*Spill)(nil),                 // 11: bashtask.agent.v1.Spill
+	(*StreamStatus)(nil),          // 12: bashtask.agent.v1.StreamStatus
+	(*TaskStatus)(nil),            // 13: bashtask.agent.v1.TaskStatus
+	(*TaskIsolation)(nil),         // 14: bashtask.agent.v1.TaskIsolation
+	(*Fence)(nil),                 // 15: bashtask.agent.v1.Fence
+	(*StartRequest)(nil),          // 16: bashtask.agent.v1.StartRequest
+	(*StartResponse)(nil),         // 17: bashtask.agent.v1.StartResponse
+	(*CancelRequest)(nil),         // 18: bashtask.agent.v1.CancelRequest
+	(*CancelResponse)(nil),        // 19: bashtask.agent.v1.CancelResponse
+	(*GetRequest)(nil),            // 20: bashtask.agent.v1.GetRequest
+	(*GetResponse)(nil),           // 21: bashtask.agent.v1.GetResponse
+	(*ListRequest)(nil),           // 22: bashtask.agent.v1.ListRequest
+	(*ListResponse)(nil),          // 23: bashtask.agent.v1.ListResponse
+	(*ForgetRequest)(nil),         // 24: bashtask.agent.v1.ForgetRequest
+	(*ForgetResponse)(nil),        // 25: bashtask.agent.v1.ForgetResponse
+	(*WatchRequest)(nil),          // 26: bashtask.agent.v1.WatchRequest
+	(*Readiness)(nil),             // 27: bashtask.agent.v1.Readiness
+	(*AgentInfo)(nil),             // 28: bashtask.agent.v1.AgentInfo
+	(*TaskEvent)(nil),             // 29: bashtask.agent.v1.TaskEvent
+	(*WatchResponse)(nil),         // 30: bashtask.agent.v1.WatchResponse
+	(*ReadOutputRequest)(nil),     // 31: bashtask.agent.v1.ReadOutputRequest
+	(*OutputState)(nil),           // 32: bashtask.agent.v1.OutputState
+	(*OutputChunk)(nil),           // 33: bashtask.agent.v1.OutputChunk
+	(*durationpb.Duration)(nil),   // 34: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil), // 35: google.protobuf.Timestamp
 }
 var file_agent_proto_depIdxs = []int32{
 	0,  // 0: bashtask.agent.v1.OutputSettings.upload:type_name -> bashtask.agent.v1.UploadPolicy
-	4,  // 1: bashtask.agent.v1.TaskSpec.ref:type_name -> bashtask.agent.v1.TaskRef
-	6,  // 2: bashtask.agent.v1.TaskSpec.stdin:type_name -> bashtask.agent.v1.Stdin
-	5,  // 3: bashtask.agent.v1.TaskSpec.env:type_name -> bashtask.agent.v1.EnvVar
-	5,  // 4: bashtask.agent.v1.TaskSpec.managed_env:type_name -> bashtask.agent.v1.EnvVar
-	30, // 5: bashtask.agent.v1.TaskSpec.timeout:type_name -> google.protobuf.Duration
-	30, // 6: bashtask.agent.v1.TaskSpec.kill_grace:type_name -> google.protobuf.Duration
-	7,  // 7: bashtask.agent.v1.TaskSpec.output:type_name -> bashtask.agent.v1.OutputSettings
-	8,  // 8: bashtask.agent.v1.TaskSpec.resources:type_name -> bashtask.agent.v1.Resources
+	5,  // 1: bashtask.agent.v1.TaskSpec.ref:type_name -> bashtask.agent.v1.TaskRef
+	7,  // 2: bashtask.agent.v1.TaskSpec.stdin:type_name -> bashtask.agent.v1.Stdin
+	6,  // 3: bashtask.agent.v1.TaskSpec.env:type_name -> bashtask.agent.v1.EnvVar
+	6,  // 4: bashtask.agent.v1.TaskSpec.managed_env:type_name -> bashtask.agent.v1.EnvVar
+	34, // 5: bashtask.agent.v1.TaskSpec.timeout:type_name -> google.protobuf.Duration
+	34, // 6: bashtask.agent.v1.TaskSpec.kill_grace:type_name -> google.protobuf.Duration
+	8,  // 7: bashtask.agent.v1.TaskSpec.output:type_name -> bashtask.agent.v1.OutputSettings
+	9,  // 8: bashtask.agent.v1.TaskSpec.resources:type_name -> bashtask.agent.v1.Resources
 	2,  // 9: bashtask.agent.v1.Spill.upload_state:type_name -> bashtask.agent.v1.UploadState
-	10, // 10: bashtask.agent.v1.StreamStatus.spill:type_name -> bashtask.agent.v1.Spill
-	4,  // 11: bashtask.agent.v1.TaskStatus.ref:type_name -> bashtask.agent.v1.TaskRef
+	11, // 10: bashtask.agent.v1.StreamStatus.spill:type_name -> bashtask.agent.v1.Spill
+	5,  // 11: bashtask.agent.v1.TaskStatus.ref:type_name -> bashtask.agent.v1.TaskRef
 	1,  // 12: bashtask.agent.v1.TaskStatus.state:type_name -> bashtask.agent.v1.TaskState
-	31, // 13: bashtask.agent.v1.TaskStatus.start_time:type_name -> google.protobuf.Timestamp
-	31, // 14: bashtask.agent.v1.TaskStatus.completion_time:type_name -> google.protobuf.Timestamp
-	11, // 15: bashtask.agent.v1.TaskStatus.stdout:type_name -> bashtask.agent.v1.StreamStatus
-	11, // 16: bashtask.agent.v1.TaskStatus.stderr:type_name -> bashtask.agent.v1.StreamStatus
-	13, // 17: bashtask.agent.v1.TaskStatus.isolation:type_name -> bashtask.agent.v1.TaskIsolation
-	9,  // 18: bashtask.agent.v1.StartRequest.spec:type_name -> bashtask.agent.v1.TaskSpec
-	14, // 19: bashtask.agent.v1.StartRequest.fence:type_name -> bashtask.agent.v1.Fence
-	12, // 20: bashtask.agent.v1.StartResponse.status:type_name -> bashtask.agent.v1.TaskStatus
-	14, // 21: bashtask.agent.v1.CancelRequest.fence:type_name -> bashtask.agent.v1.Fence
-	12, // 22: bashtask.agent.v1.CancelResponse.status:type_name -> bashtask.agent.v1.TaskStatus
-	12, // 23: bashtask.agent.v1.GetResponse.status:type_name -> bashtask.agent.v1.TaskStatus
-	12, // 24: bashtask.agent.v1.ListResponse.tasks:type_name -> bashtask.agent.v1.TaskStatus
-	14, // 25: bashtask.agent.v1.WatchRequest.fence:type_name -> bashtask.agent.v1.Fence
-	26, // 26: bashtask.agent.v1.AgentInfo.readiness:type_name -> bashtask.agent.v1.Readiness
-	14, // 27: bashtask.agent.v1.AgentInfo.fence:type_name -> bashtask.agent.v1.Fence
+	35, // 13: bashtask.agent.v1.TaskStatus.start_time:type_name -> google.protobuf.Timestamp
+	35, // 14: bashtask.agent.v1.TaskStatus.completion_time:type_name -> google.protobuf.Timestamp
+	12, // 15: bashtask.agent.v1.TaskStatus.stdout:type_name -> bashtask.agent.v1.StreamStatus
+	12, // 16: bashtask.agent.v1.TaskStatus.stderr:type_name -> bashtask.agent.v1.StreamStatus
+	14, // 17: bashtask.agent.v1.TaskStatus.isolation:type_name -> bashtask.agent.v1.TaskIsolation
+	10, // 18: bashtask.agent.v1.StartRequest.spec:type_name -> bashtask.agent.v1.TaskSpec
+	15, // 19: bashtask.agent.v1.StartRequest.fence:type_name -> bashtask.agent.v1.Fence
+	13, // 20: bashtask.agent.v1.StartResponse.status:type_name -> bashtask.agent.v1.TaskStatus
+	15, // 21: bashtask.agent.v1.CancelRequest.fence:type_name -> bashtask.agent.v1.Fence
+	13, // 22: bashtask.agent.v1.CancelResponse.status:type_name -> bashtask.agent.v1.TaskStatus
+	13, // 23: bashtask.agent.v1.GetResponse.status:type_name -> bashtask.agent.v1.TaskStatus
+	13, // 24: bashtask.agent.v1.ListResponse.tasks:type_name -> bashtask.agent.v1.TaskStatus
+	15, // 25: bashtask.agent.v1.WatchRequest.fence:type_name -> bashtask.agent.v1.Fence
+	27, // 26: bashtask.agent.v1.AgentInfo.readiness:type_name -> bashtask.agent.v1.Readiness
+	15, // 27: bashtask.agent.v1.AgentInfo.fence:type_name -> bashtask.agent.v1.Fence
 	3,  // 28: bashtask.agent.v1.TaskEvent.type:type_name -> bashtask.agent.v1.EventType
-	12, // 29: bashtask.agent.v1.TaskEvent.status:type_name -> bashtask.agent.v1.TaskStatus
-	27, // 30: bashtask.agent.v1.WatchResponse.agent:type_name -> bashtask.agent.v1.AgentInfo
-	28, // 31: bashtask.agent.v1.WatchResponse.task:type_name -> bashtask.agent.v1.TaskEvent
-	15, // 32: bashtask.agent.v1.Executor.Start:input_type -> bashtask.agent.v1.StartRequest
-	17, // 33: bashtask.agent.v1.Executor.Cancel:input_type -> bashtask.agent.v1.CancelRequest
-	19, // 34: bashtask.agent.v1.Executor.Get:input_type -> bashtask.agent.v1.GetRequest
-	21, // 35: bashtask.agent.v1.Executor.List:input_type -> bashtask.agent.v1.ListRequest
-	23, // 36: bashtask.agent.v1.Executor.Forget:input_type -> bashtask.agent.v1.ForgetRequest
-	25, // 37: bashtask.agent.v1.Executor.Watch:input_type -> bashtask.agent.v1.WatchRequest
-	16, // 38: bashtask.agent.v1.Executor.Start:output_type -> bashtask.agent.v1.StartResponse
-	18, // 39: bashtask.agent.v1.Executor.Cancel:output_type -> bashtask.agent.v1.CancelResponse
-	20, // 40: bashtask.agent.v1.Executor.Get:output_type -> bashtask.agent.v1.GetResponse
-	22, // 41: bashtask.agent.v1.Executor.List:output_type -> bashtask.agent.v1.ListResponse
-	24, // 42: bashtask.agent.v1.Executor.Forget:output_type -> bashtask.agent.v1.ForgetResponse
-	29, // 43: bashtask.agent.v1.Executor.Watch:output_type -> bashtask.agent.v1.WatchResponse
-	38, // [38:44] is the sub-list for method output_type
-	32, // [32:38] is the sub-list for method input_type
-	32, // [32:32] is the sub-list for extension type_name
-	32, // [32:32] is the sub-list for extension extendee
-	0,  // [0:32] is the sub-list for field type_name
+	13, // 29: bashtask.agent.v1.TaskEvent.status:type_name -> bashtask.agent.v1.TaskStatus
+	28, // 30: bashtask.agent.v1.WatchResponse.agent:type_name -> bashtask.agent.v1.AgentInfo
+	29, // 31: bashtask.agent.v1.WatchResponse.task:type_name -> bashtask.agent.v1.TaskEvent
+	4,  // 32: bashtask.agent.v1.ReadOutputRequest.stream:type_name -> bashtask.agent.v1.OutputStream
+	32, // 33: bashtask.agent.v1.OutputChunk.header:type_name -> bashtask.agent.v1.OutputState
+	32, // 34: bashtask.agent.v1.OutputChunk.end:type_name -> bashtask.agent.v1.OutputState
+	16, // 35: bashtask.agent.v1.Executor.Start:input_type -> bashtask.agent.v1.StartRequest
+	18, // 36: bashtask.agent.v1.Executor.Cancel:input_type -> bashtask.agent.v1.CancelRequest
+	20, // 37: bashtask.agent.v1.Executor.Get:input_type -> bashtask.agent.v1.GetRequest
+	22, // 38: bashtask.agent.v1.Executor.List:input_type -> bashtask.agent.v1.ListRequest
+	24, // 39: bashtask.agent.v1.Executor.Forget:input_type -> bashtask.agent.v1.ForgetRequest
+	26, // 40: bashtask.agent.v1.Executor.Watch:input_type -> bashtask.agent.v1.WatchRequest
+	31, // 41: bashtask.agent.v1.Executor.ReadOutput:input_type -> bashtask.agent.v1.ReadOutputRequest
+	17, // 42: bashtask.agent.v1.Executor.Start:output_type -> bashtask.agent.v1.StartResponse
+	19, // 43: bashtask.agent.v1.Executor.Cancel:output_type -> bashtask.agent.v1.CancelResponse
+	21, // 44: bashtask.agent.v1.Executor.Get:output_type -> bashtask.agent.v1.GetResponse
+	23, // 45: bashtask.agent.v1.Executor.List:output_type -> bashtask.agent.v1.ListResponse
+	25, // 46: bashtask.agent.v1.Executor.Forget:output_type -> bashtask.agent.v1.ForgetResponse
+	30, // 47: bashtask.agent.v1.Executor.Watch:output_type -> bashtask.agent.v1.WatchResponse
+	33, // 48: bashtask.agent.v1.Executor.ReadOutput:output_type -> bashtask.agent.v1.OutputChunk
+	42, // [42:49] is the sub-list for method output_type
+	35, // [35:42] is the sub-list for method input_type
+	35, // [35:35] is the sub-list for extension type_name
+	35, // [35:35] is the sub-list for extension extendee
+	0,  // [0:35] is the sub-list for field type_name
 }
 
 func init() { file_agent_proto_init() }
@@ -2562,8 +2872,8 @@ func file_agent_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_agent_proto_rawDesc), len(file_agent_proto_rawDesc)),
-			NumEnums:      4,
-			NumMessages:   26,
+			NumEnums:      5,
+			NumMessages:   29,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

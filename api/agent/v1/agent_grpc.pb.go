@@ -26,12 +26,13 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	Executor_Start_FullMethodName  = "/bashtask.agent.v1.Executor/Start"
-	Executor_Cancel_FullMethodName = "/bashtask.agent.v1.Executor/Cancel"
-	Executor_Get_FullMethodName    = "/bashtask.agent.v1.Executor/Get"
-	Executor_List_FullMethodName   = "/bashtask.agent.v1.Executor/List"
-	Executor_Forget_FullMethodName = "/bashtask.agent.v1.Executor/Forget"
-	Executor_Watch_FullMethodName  = "/bashtask.agent.v1.Executor/Watch"
+	Executor_Start_FullMethodName      = "/bashtask.agent.v1.Executor/Start"
+	Executor_Cancel_FullMethodName     = "/bashtask.agent.v1.Executor/Cancel"
+	Executor_Get_FullMethodName        = "/bashtask.agent.v1.Executor/Get"
+	Executor_List_FullMethodName       = "/bashtask.agent.v1.Executor/List"
+	Executor_Forget_FullMethodName     = "/bashtask.agent.v1.Executor/Forget"
+	Executor_Watch_FullMethodName      = "/bashtask.agent.v1.Executor/Watch"
+	Executor_ReadOutput_FullMethodName = "/bashtask.agent.v1.Executor/ReadOutput"
 )
 
 // ExecutorClient is the client API for Executor service.
@@ -77,6 +78,20 @@ type ExecutorClient interface {
 	// RESOURCE_EXHAUSTED and should watch again (it gets the current state
 	// again).
 	Watch(ctx context.Context, in *WatchRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchResponse], error)
+	// ReadOutput streams one output stream of a task from a byte offset, out
+	// of its spill file: the first message is an OutputChunk with header set
+	// (the stream's bytes known and whether it has ended at the start), then
+	// data chunks in order, each naming its offset, then, once the bytes
+	// known are sent (follow false) or the stream has ended and every byte is
+	// sent (follow true), a last message with end set. With follow the agent
+	// waits for the command's next bytes while the task runs (the executor
+	// wakes it on every append). NOT_FOUND for an unknown UID;
+	// OUT_OF_RANGE, naming the offset, for an offset past the end of an
+	// ended stream; DATA_LOSS, naming the offset and spill_limit_bytes (or
+	// the write error), for bytes the spill file does not hold, before the
+	// first data chunk when known then and as the stream's status when found
+	// later. It takes no fence: it changes nothing.
+	ReadOutput(ctx context.Context, in *ReadOutputRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[OutputChunk], error)
 }
 
 type executorClient struct {
@@ -156,6 +171,25 @@ func (c *executorClient) Watch(ctx context.Context, in *WatchRequest, opts ...gr
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type Executor_WatchClient = grpc.ServerStreamingClient[WatchResponse]
 
+func (c *executorClient) ReadOutput(ctx context.Context, in *ReadOutputRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[OutputChunk], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &Executor_ServiceDesc.Streams[1], Executor_ReadOutput_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[ReadOutputRequest, OutputChunk]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Executor_ReadOutputClient = grpc.ServerStreamingClient[OutputChunk]
+
 // ExecutorServer is the server API for Executor service.
 // All implementations must embed UnimplementedExecutorServer
 // for forward compatibility.
@@ -199,6 +233,20 @@ type ExecutorServer interface {
 	// RESOURCE_EXHAUSTED and should watch again (it gets the current state
 	// again).
 	Watch(*WatchRequest, grpc.ServerStreamingServer[WatchResponse]) error
+	// ReadOutput streams one output stream of a task from a byte offset, out
+	// of its spill file: the first message is an OutputChunk with header set
+	// (the stream's bytes known and whether it has ended at the start), then
+	// data chunks in order, each naming its offset, then, once the bytes
+	// known are sent (follow false) or the stream has ended and every byte is
+	// sent (follow true), a last message with end set. With follow the agent
+	// waits for the command's next bytes while the task runs (the executor
+	// wakes it on every append). NOT_FOUND for an unknown UID;
+	// OUT_OF_RANGE, naming the offset, for an offset past the end of an
+	// ended stream; DATA_LOSS, naming the offset and spill_limit_bytes (or
+	// the write error), for bytes the spill file does not hold, before the
+	// first data chunk when known then and as the stream's status when found
+	// later. It takes no fence: it changes nothing.
+	ReadOutput(*ReadOutputRequest, grpc.ServerStreamingServer[OutputChunk]) error
 	mustEmbedUnimplementedExecutorServer()
 }
 
@@ -226,6 +274,9 @@ func (UnimplementedExecutorServer) Forget(context.Context, *ForgetRequest) (*For
 }
 func (UnimplementedExecutorServer) Watch(*WatchRequest, grpc.ServerStreamingServer[WatchResponse]) error {
 	return status.Error(codes.Unimplemented, "method Watch not implemented")
+}
+func (UnimplementedExecutorServer) ReadOutput(*ReadOutputRequest, grpc.ServerStreamingServer[OutputChunk]) error {
+	return status.Error(codes.Unimplemented, "method ReadOutput not implemented")
 }
 func (UnimplementedExecutorServer) mustEmbedUnimplementedExecutorServer() {}
 func (UnimplementedExecutorServer) testEmbeddedByValue()                  {}
@@ -349,6 +400,17 @@ func _Executor_Watch_Handler(srv interface{}, stream grpc.ServerStream) error {
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type Executor_WatchServer = grpc.ServerStreamingServer[WatchResponse]
 
+func _Executor_ReadOutput_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(ReadOutputRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(ExecutorServer).ReadOutput(m, &grpc.GenericServerStream[ReadOutputRequest, OutputChunk]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Executor_ReadOutputServer = grpc.ServerStreamingServer[OutputChunk]
+
 // Executor_ServiceDesc is the grpc.ServiceDesc for Executor service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -381,6 +443,11 @@ var Executor_ServiceDesc = grpc.ServiceDesc{
 		{
 			StreamName:    "Watch",
 			Handler:       _Executor_Watch_Handler,
+			ServerStreams: true,
+		},
+		{
+			StreamName:    "ReadOutput",
+			Handler:       _Executor_ReadOutput_Handler,
 			ServerStreams: true,
 		},
 	},

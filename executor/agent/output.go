@@ -1,0 +1,208 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	agentv1 "github.com/bashtask/bashtask-operator/api/agent/v1"
+	"github.com/bashtask/bashtask-operator/executor"
+)
+
+// OutputChunkBytes is the most data one OutputChunk carries, 1 MiB: large
+// enough that a follower of a bulk stream costs few messages, well below
+// gRPC's 4 MiB default receive limit. A chunk carries what the spill file
+// holds when it is read, so a slow writer's bytes go out at once and are
+// not held back to fill a chunk.
+const OutputChunkBytes = 1 << 20
+
+// startingPoll is how often ReadOutput looks again at a task that is still
+// starting (its record written, its process not yet created): a few
+// milliseconds at most, so a short poll costs nothing and needs no
+// notification of its own.
+const startingPoll = 10 * time.Millisecond
+
+// outputSource is the stream ReadOutput reads: a task this incarnation ran
+// (its executor stream, which wakes followers on every append), or a
+// finished one an earlier incarnation ran (fixed sizes from its status).
+type outputSource struct {
+	live   *executor.Task
+	stderr bool
+	fixed  executor.OutputState
+}
+
+// state returns the stream's state and a channel closed at its next change;
+// nil when the stream has ended.
+func (o *outputSource) state() (executor.OutputState, <-chan struct{}) {
+	if o.live != nil {
+		return o.live.Output(o.stderr)
+	}
+	return o.fixed, nil
+}
+
+// ReadOutput implements the ReadOutput RPC (docs/agent.md, docs/output.md).
+func (s *Server) ReadOutput(req *agentv1.ReadOutputRequest, srv agentv1.Executor_ReadOutputServer) error {
+	ctx := srv.Context()
+	uid := req.GetUid()
+	if !validUID.MatchString(uid) {
+		return status.Errorf(codes.InvalidArgument, "uid %q: letters, digits, '-', '_' and '.', 1 to 128 bytes", uid)
+	}
+	offset, limit := req.GetOffset(), req.GetLimitBytes()
+	if offset < 0 {
+		return status.Errorf(codes.InvalidArgument, "offset %d: must not be negative", offset)
+	}
+	if limit < 0 {
+		return status.Errorf(codes.InvalidArgument, "limit_bytes %d: must not be negative", limit)
+	}
+	name := streamNames[0]
+	stderr := req.GetStream() == agentv1.OutputStream_OUTPUT_STREAM_STDERR
+	if stderr {
+		name = streamNames[1]
+	}
+	src, err := s.outputSource(ctx, uid, stderr, name)
+	if err != nil {
+		return err
+	}
+
+	st, changed := src.state()
+	if err := checkOutputRange(name, st, offset); err != nil {
+		return err
+	}
+	if err := srv.Send(&agentv1.OutputChunk{Offset: offset, Header: outputState(st)}); err != nil {
+		return err
+	}
+	var f *os.File
+	defer func() {
+		if f != nil {
+			_ = f.Close()
+		}
+	}()
+	var buf []byte
+	sent := int64(0)
+	for {
+		if limit > 0 && sent >= limit {
+			return srv.Send(&agentv1.OutputChunk{Offset: offset, End: outputState(st)})
+		}
+		if offset < st.SpillBytes {
+			if f == nil {
+				// The spill file is opened once, when it holds a byte
+				// wanted; a Forget removing it meanwhile does not take
+				// the open file away.
+				if f, err = os.Open(st.SpillPath); err != nil {
+					return status.Errorf(codes.DataLoss, "%s from offset %d: opening the spill file: %v", name, offset, err)
+				}
+			}
+			n := min(st.SpillBytes-offset, OutputChunkBytes)
+			if limit > 0 {
+				n = min(n, limit-sent)
+			}
+			if buf == nil {
+				buf = make([]byte, min(st.SpillBytes-offset, OutputChunkBytes))
+			}
+			if int64(len(buf)) < n {
+				buf = make([]byte, OutputChunkBytes)
+			}
+			got, rerr := f.ReadAt(buf[:n], offset)
+			if got > 0 {
+				if err := srv.Send(&agentv1.OutputChunk{Offset: offset, Data: buf[:got]}); err != nil {
+					return err
+				}
+				offset += int64(got)
+				sent += int64(got)
+			}
+			if rerr != nil && !(errors.Is(rerr, io.EOF) && got > 0) {
+				// The file is shorter than the count the executor
+				// published after writing it: changed under the agent.
+				return status.Errorf(codes.DataLoss, "%s from offset %d: reading the spill file: %v", name, offset, rerr)
+			}
+			st, changed = src.state()
+			continue
+		}
+		if err := checkOutputRange(name, st, offset); err != nil {
+			return err
+		}
+		if st.Ended || !req.GetFollow() {
+			return srv.Send(&agentv1.OutputChunk{Offset: offset, End: outputState(st)})
+		}
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			return status.FromContextError(ctx.Err()).Err()
+		}
+		st, changed = src.state()
+	}
+}
+
+// outputSource finds the task's stream. A task still starting is waited
+// for; NOT_FOUND for an unknown UID.
+func (s *Server) outputSource(ctx context.Context, uid string, stderr bool, name string) (*outputSource, error) {
+	var tick *time.Ticker
+	for {
+		s.mu.Lock()
+		e, ok := s.tasks[uid]
+		var src *outputSource
+		switch {
+		case !ok:
+			s.mu.Unlock()
+			return nil, status.Errorf(codes.NotFound, "task %s is unknown to this agent", uid)
+		case e.task != nil:
+			src = &outputSource{live: e.task, stderr: stderr}
+		case !e.starting():
+			// Finished without a handle: never started, or run by an
+			// earlier incarnation; its status holds the final sizes.
+			ss := e.status.GetStdout()
+			if stderr {
+				ss = e.status.GetStderr()
+			}
+			src = &outputSource{fixed: executor.OutputState{
+				SpillPath:       filepath.Join(s.store.outputDir(uid), name),
+				SpillBytes:      ss.GetSpill().GetBytes(),
+				TotalBytes:      ss.GetTotalBytes(),
+				SpillLimitBytes: e.rec.SpillLimitBytes,
+				Ended:           true,
+			}}
+		}
+		s.mu.Unlock()
+		if src != nil {
+			return src, nil
+		}
+		if tick == nil {
+			tick = time.NewTicker(startingPoll)
+			defer tick.Stop()
+		}
+		select {
+		case <-tick.C:
+		case <-ctx.Done():
+			return nil, status.FromContextError(ctx.Err()).Err()
+		}
+	}
+}
+
+// checkOutputRange refuses an offset whose bytes cannot be served: past the
+// end of an ended stream (OUT_OF_RANGE), or at or past the end of a spill
+// file that stopped short of the stream (DATA_LOSS). An offset past the
+// bytes known of a running stream is no error: they may still come.
+func checkOutputRange(name string, st executor.OutputState, offset int64) error {
+	if offset >= st.SpillBytes && st.TotalBytes > st.SpillBytes {
+		why := fmt.Sprintf("the spill file holds only the first %d bytes (spillLimitBytes %d)", st.SpillBytes, st.SpillLimitBytes)
+		if st.SpillFailed || st.SpillBytes < st.SpillLimitBytes {
+			why = fmt.Sprintf("writing the spill file failed after %d bytes", st.SpillBytes)
+		}
+		return status.Errorf(codes.DataLoss, "%s from offset %d is not kept: %s of %d written", name, offset, why, st.TotalBytes)
+	}
+	if st.Ended && offset > st.TotalBytes {
+		return status.Errorf(codes.OutOfRange, "%s offset %d is past the stream's end at %d bytes", name, offset, st.TotalBytes)
+	}
+	return nil
+}
+
+func outputState(st executor.OutputState) *agentv1.OutputState {
+	return &agentv1.OutputState{TotalBytes: st.TotalBytes, Complete: st.Ended, SpillBytes: st.SpillBytes}
+}

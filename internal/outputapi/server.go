@@ -1,0 +1,174 @@
+package outputapi
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"net/url"
+	"strings"
+
+	"gocloud.dev/blob"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/sets"
+	openapinamer "k8s.io/apiserver/pkg/endpoints/openapi"
+	apirequest "k8s.io/apiserver/pkg/endpoints/request"
+	"k8s.io/apiserver/pkg/registry/rest"
+	genericapiserver "k8s.io/apiserver/pkg/server"
+	genericfilters "k8s.io/apiserver/pkg/server/filters"
+	genericoptions "k8s.io/apiserver/pkg/server/options"
+	"k8s.io/component-base/compatibility"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	agentv1 "github.com/bashtask/bashtask-operator/api/agent/v1"
+)
+
+// Agents hands out a client for a node's agent (controllers.AgentReaders).
+type Agents interface {
+	// Client returns a client for node's agent, or an error when none is
+	// reachable.
+	Client(ctx context.Context, node string) (agentv1.ExecutorClient, error)
+}
+
+// Config configures the output API server.
+type Config struct {
+	// BindAddress and Port are where the HTTPS server listens; Port is
+	// required (the controller's --output-api-port).
+	BindAddress net.IP
+	Port        int
+	// CertDir holds tls.crt and tls.key, the serving certificate; when
+	// they are missing a self-signed pair is generated there (enough
+	// behind kube-apiserver's aggregation with insecureSkipTLSVerify, or
+	// a caBundle of it).
+	CertDir string
+	// Kubeconfig reaches kube-apiserver for delegated authentication
+	// (TokenReview, the extension-apiserver-authentication ConfigMap) and
+	// authorization (SubjectAccessReview); empty means the in-cluster
+	// configuration.
+	Kubeconfig string
+	// Tasks reads BashTasks (the manager's cache).
+	Tasks client.Reader
+	// LiveTasks, when set, reads a BashTask the cache does not have (yet)
+	// from kube-apiserver (the manager's API reader).
+	LiveTasks client.Reader
+	// Agents reaches the node agents.
+	Agents Agents
+	// BucketURL is the gocloud.dev blob URL of the bucket the agents
+	// upload to, opened with the controller's own credentials, for the
+	// output of tasks whose agent no longer holds it; empty serves such
+	// output only from status tails.
+	BucketURL string
+}
+
+// Server is the aggregated API server of output.bashtask.dev.
+type Server struct {
+	cfg        Config
+	generic    *genericapiserver.GenericAPIServer
+	bucket     *blob.Bucket
+	bucketBase string
+}
+
+// LongRunning reports whether a request is exempt from the request
+// timeout and the max-in-flight limit: every bashtasks/log GET, as
+// kube-apiserver treats pods/log (a read of a large finished stream takes
+// longer than 60 s too), and watches.
+func LongRunning(r *http.Request, ri *apirequest.RequestInfo) bool {
+	if ri != nil && ri.IsResourceRequest && ri.Resource == "bashtasks" && ri.Subresource == "log" {
+		return true
+	}
+	return genericfilters.BasicLongRunningRequestCheck(sets.NewString("watch"), sets.NewString())(r, ri)
+}
+
+// New builds the server: the recommended options of k8s.io/apiserver
+// without etcd, admission or priority and fairness (this server stores
+// nothing), with delegated authentication and authorization.
+func New(ctx context.Context, cfg Config) (*Server, error) {
+	if cfg.Port <= 0 || cfg.Tasks == nil || cfg.Agents == nil {
+		return nil, errors.New("output API: a port, a task reader and the agents are required")
+	}
+	scheme, codecs, err := NewScheme()
+	if err != nil {
+		return nil, err
+	}
+	o := genericoptions.NewRecommendedOptions("", codecs.LegacyCodec(SchemeGroupVersion))
+	o.Etcd = nil
+	o.Admission = nil
+	o.CoreAPI = nil
+	o.Features.EnablePriorityAndFairness = false
+	o.SecureServing.BindPort = cfg.Port
+	if cfg.BindAddress != nil {
+		o.SecureServing.BindAddress = cfg.BindAddress
+	}
+	o.SecureServing.ServerCert.CertDirectory = cfg.CertDir
+	o.SecureServing.ServerCert.PairName = "tls"
+	o.Authentication.RemoteKubeConfigFile = cfg.Kubeconfig
+	o.Authorization.RemoteKubeConfigFile = cfg.Kubeconfig
+	// The front proxy's client CA is required: without it kube-apiserver's
+	// proxied user would not be recognized.
+	o.Authentication.TolerateInClusterLookupFailure = false
+	if err := o.SecureServing.MaybeDefaultWithSelfSignedCerts("localhost", nil, []net.IP{net.IPv4(127, 0, 0, 1)}); err != nil {
+		return nil, fmt.Errorf("output API: the serving certificate: %w", err)
+	}
+	rc := genericapiserver.NewRecommendedConfig(codecs)
+	rc.EffectiveVersion = compatibility.NewEffectiveVersionFromString("1.37", "", "")
+	rc.LongRunningFunc = LongRunning
+	namer := openapinamer.NewDefinitionNamer(scheme)
+	rc.OpenAPIConfig = genericapiserver.DefaultOpenAPIConfig(openAPIDefinitions, namer)
+	rc.OpenAPIConfig.Info.Title, rc.OpenAPIConfig.Info.Version = "output.bashtask.dev", Version
+	rc.OpenAPIV3Config = genericapiserver.DefaultOpenAPIV3Config(openAPIDefinitions, namer)
+	rc.OpenAPIV3Config.Info.Title, rc.OpenAPIV3Config.Info.Version = "output.bashtask.dev", Version
+	if err := o.ApplyTo(rc); err != nil {
+		return nil, fmt.Errorf("output API: %w", err)
+	}
+	g, err := rc.Complete().New("bashtask-output-api", genericapiserver.NewEmptyDelegate())
+	if err != nil {
+		return nil, fmt.Errorf("output API: %w", err)
+	}
+	s := &Server{cfg: cfg, generic: g}
+	if cfg.BucketURL != "" {
+		if s.bucket, s.bucketBase, err = openBucket(ctx, cfg.BucketURL); err != nil {
+			return nil, err
+		}
+	}
+	info := genericapiserver.NewDefaultAPIGroupInfo(Group, scheme, runtime.NewParameterCodec(scheme), codecs)
+	info.VersionedResourcesStorageMap[Version] = map[string]rest.Storage{
+		"bashtasks":     &bashTaskREST{s: s},
+		"bashtasks/log": &logREST{s: s},
+	}
+	if err := g.InstallAPIGroup(&info); err != nil {
+		return nil, fmt.Errorf("output API: installing %s: %w", SchemeGroupVersion, err)
+	}
+	return s, nil
+}
+
+// openBucket opens the bucket and returns the prefix of its objects' URLs
+// as the agents write them into statuses (the URL without query, user
+// information or fragment).
+func openBucket(ctx context.Context, bucketURL string) (*blob.Bucket, string, error) {
+	u, err := url.Parse(bucketURL)
+	if err != nil {
+		return nil, "", fmt.Errorf("parsing --output-bucket-url: %w", err)
+	}
+	u.RawQuery, u.Fragment, u.User = "", "", nil
+	base := strings.TrimSuffix(u.String(), "/")
+	b, err := blob.OpenBucket(ctx, bucketURL)
+	if err != nil {
+		return nil, "", fmt.Errorf("opening the output bucket %s: %w", base, err)
+	}
+	return b, base, nil
+}
+
+// Start serves until ctx ends (manager.Runnable; it runs on every replica,
+// see NeedLeaderElection).
+func (s *Server) Start(ctx context.Context) error {
+	defer func() {
+		if s.bucket != nil {
+			_ = s.bucket.Close()
+		}
+	}()
+	return s.generic.PrepareRun().RunWithContext(ctx)
+}
+
+// NeedLeaderElection is false: every replica serves output.
+func (s *Server) NeedLeaderElection() bool { return false }

@@ -1,0 +1,146 @@
+package outputapi
+
+import (
+	"fmt"
+	"net/url"
+	"strconv"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/conversion"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/runtime/serializer"
+)
+
+// Group and Version of the aggregated API (docs/output.md).
+const (
+	Group   = "output.bashtask.dev"
+	Version = "v1alpha1"
+)
+
+// Response headers and trailers of bashtasks/log (docs/output.md).
+const (
+	// HeaderOffset is the offset of the body's first byte in the stream.
+	HeaderOffset = "Bashtask-Stream-Offset"
+	// HeaderTotal is how many bytes of the stream were known when the
+	// response started.
+	HeaderTotal = "Bashtask-Stream-Total"
+	// HeaderComplete is "true" when the task had ended when the response
+	// started, so HeaderTotal is final.
+	HeaderComplete = "Bashtask-Stream-Complete"
+	// HeaderTaskUID is the task's metadata.uid.
+	HeaderTaskUID = "Bashtask-Task-Uid"
+	// TrailerEndOffset is the offset after the body's last byte, sent when
+	// a response ends early because bytes cannot be served.
+	TrailerEndOffset = "Bashtask-Stream-End-Offset"
+	// TrailerError says why, naming the offset.
+	TrailerError = "Bashtask-Stream-Error"
+)
+
+// SchemeGroupVersion is output.bashtask.dev/v1alpha1.
+var SchemeGroupVersion = schema.GroupVersion{Group: Group, Version: Version}
+
+// BashTask is the aggregated API's view of a bashtask.dev BashTask: its
+// identity and how much of each stream is known. It exists so that
+// bashtasks/log has a parent resource (discovery, `kubectl get --raw`);
+// the task itself is read and written through bashtask.dev.
+type BashTask struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+	// Status is the output known to the task's status.
+	Status BashTaskOutputStatus `json:"status"`
+}
+
+// BashTaskOutputStatus is how much output a task's status reports.
+type BashTaskOutputStatus struct {
+	// NodeName is the node whose agent runs or ran the task.
+	NodeName string `json:"nodeName,omitempty"`
+	// StdoutBytes and StderrBytes are the streams' sizes in bytes as the
+	// status last reported them (refreshed every progress interval).
+	StdoutBytes int64 `json:"stdoutBytes"`
+	StderrBytes int64 `json:"stderrBytes"`
+	// Finished is true once the task has its terminal reason.
+	Finished bool `json:"finished"`
+}
+
+// DeepCopyObject implements runtime.Object.
+func (b *BashTask) DeepCopyObject() runtime.Object {
+	out := *b
+	b.ObjectMeta.DeepCopyInto(&out.ObjectMeta)
+	return &out
+}
+
+// LogOptions are the query parameters of bashtasks/log.
+type LogOptions struct {
+	metav1.TypeMeta `json:",inline"`
+	// Stream is "stdout" (the default) or "stderr".
+	Stream string `json:"stream,omitempty"`
+	// Offset is the first byte wanted, counted from the stream's start
+	// (bytes, not characters); default 0.
+	Offset int64 `json:"offset,omitempty"`
+	// LimitBytes, when positive, ends the body after that many bytes.
+	LimitBytes int64 `json:"limitBytes,omitempty"`
+	// Follow keeps the response open while the task runs and ends it once
+	// the task has ended and every byte has been sent.
+	Follow bool `json:"follow,omitempty"`
+}
+
+// DeepCopyObject implements runtime.Object.
+func (o *LogOptions) DeepCopyObject() runtime.Object {
+	out := *o
+	return &out
+}
+
+// NewScheme returns the scheme of the aggregated API: BashTask and
+// LogOptions in output.bashtask.dev/v1alpha1 (also as the internal
+// version, since this API has one version and no conversions), the meta
+// types, and the decoding of LogOptions from query parameters.
+func NewScheme() (*runtime.Scheme, serializer.CodecFactory, error) {
+	s := runtime.NewScheme()
+	for _, gv := range []schema.GroupVersion{SchemeGroupVersion, {Group: Group, Version: runtime.APIVersionInternal}} {
+		s.AddKnownTypes(gv, &BashTask{}, &LogOptions{})
+	}
+	metav1.AddToGroupVersion(s, SchemeGroupVersion)
+	metav1.AddToGroupVersion(s, schema.GroupVersion{Version: "v1"})
+	s.AddUnversionedTypes(schema.GroupVersion{Version: "v1"},
+		&metav1.Status{}, &metav1.APIVersions{}, &metav1.APIGroupList{}, &metav1.APIGroup{}, &metav1.APIResourceList{})
+	if err := s.AddConversionFunc((*url.Values)(nil), (*LogOptions)(nil), func(a, b any, _ conversion.Scope) error {
+		return decodeLogOptions(*(a.(*url.Values)), b.(*LogOptions))
+	}); err != nil {
+		return nil, serializer.CodecFactory{}, err
+	}
+	if err := s.SetVersionPriority(SchemeGroupVersion); err != nil {
+		return nil, serializer.CodecFactory{}, err
+	}
+	return s, serializer.NewCodecFactory(s), nil
+}
+
+// decodeLogOptions reads the query parameters; a bad value is an error
+// naming the parameter.
+func decodeLogOptions(q url.Values, o *LogOptions) error {
+	o.Stream = q.Get("stream")
+	switch o.Stream {
+	case "":
+		o.Stream = "stdout"
+	case "stdout", "stderr":
+	default:
+		return fmt.Errorf("stream %q: must be stdout or stderr", o.Stream)
+	}
+	var err error
+	if v := q.Get("offset"); v != "" {
+		if o.Offset, err = strconv.ParseInt(v, 10, 64); err != nil || o.Offset < 0 {
+			return fmt.Errorf("offset %q: must be a byte count, 0 or more", v)
+		}
+	}
+	if v := q.Get("limitBytes"); v != "" {
+		if o.LimitBytes, err = strconv.ParseInt(v, 10, 64); err != nil || o.LimitBytes < 1 {
+			return fmt.Errorf("limitBytes %q: must be a byte count, 1 or more", v)
+		}
+	}
+	if v := q.Get("follow"); v != "" {
+		if o.Follow, err = strconv.ParseBool(v); err != nil {
+			return fmt.Errorf("follow %q: must be true or false", v)
+		}
+	}
+	return nil
+}
