@@ -98,8 +98,8 @@ func checkOutputAPI(t *testing.T, objs []*unstructured.Unstructured, namespace s
 	if len(o.apiServices) == 0 {
 		// Disabled (or the kustomize configuration, which does not
 		// register the API): the controller must not serve it either.
-		if v, ok := flags["output-api-bind-address"]; ok && v != "" {
-			t.Errorf("controller --output-api-bind-address=%s, but no APIService registers the API", v)
+		if v, ok := flags["output-api-port"]; ok && v != "0" {
+			t.Errorf("controller --output-api-port=%s, but no APIService registers the API", v)
 		}
 		if len(o.roleBindings) > 0 {
 			t.Errorf("RoleBindings %v rendered without the output API", o.roleBindings[0].Name)
@@ -169,9 +169,13 @@ func checkOutputAPI(t *testing.T, objs []*unstructured.Unstructured, namespace s
 	if containerPort < 0 {
 		t.Fatalf("Service %s targets port %s, which the controller container does not declare", svcName, target.String())
 	}
-	if want := fmt.Sprintf(":%d", containerPort); flags["output-api-bind-address"] != want {
-		t.Errorf("controller --output-api-bind-address=%q, the Service targets container port %d", flags["output-api-bind-address"], containerPort)
+	if want := fmt.Sprint(containerPort); flags["output-api-port"] != want {
+		t.Errorf("controller --output-api-port=%q, the Service targets container port %d", flags["output-api-port"], containerPort)
 	}
+	if v, ok := flags["output-api-bind-address"]; ok && v != "0.0.0.0" && v != "::" {
+		t.Errorf("controller --output-api-bind-address=%s: the Service reaches the pod's address, not only %s", v, v)
+	}
+	checkOutputBucket(t, objs, o, ctrl)
 
 	// The serving certificate the controller reads.
 	certDir := flags["output-api-cert-dir"]
@@ -245,6 +249,45 @@ func checkOutputAPI(t *testing.T, objs []*unstructured.Unstructured, namespace s
 		t.Errorf("a client trusting the APIService's caBundle cannot reach %s with Secret %s: %v", serverName, secretName, err)
 	}
 	checkOutputAPIRBAC(t, o, namespace)
+}
+
+// checkOutputBucket checks that the controller reads the agents' bucket
+// with their credentials: the agents' --output-bucket-url, and the Secret
+// the agents take their bucket credentials from in its environment.
+func checkOutputBucket(t *testing.T, objs []*unstructured.Unstructured, o outputAPIObjects, ctrl corev1.Container) {
+	t.Helper()
+	var agent *corev1.Container
+	for _, u := range objs {
+		if u.GetKind() == "DaemonSet" {
+			ds := &appsv1.DaemonSet{}
+			fromUnstructured(t, u, ds)
+			agent = &ds.Spec.Template.Spec.Containers[0]
+		}
+	}
+	if agent == nil {
+		t.Fatal("no agent DaemonSet")
+	}
+	url := flagValues(agent.Args)["output-bucket-url"]
+	if got := flagValues(ctrl.Args)["output-bucket-url"]; got != url {
+		t.Errorf("controller --output-bucket-url=%q, the agents' is %q", got, url)
+	}
+	if url == "" {
+		return
+	}
+	secretRefs := func(c *corev1.Container) []string {
+		var names []string
+		for _, e := range c.EnvFrom {
+			if e.SecretRef != nil {
+				names = append(names, e.SecretRef.Name)
+			}
+		}
+		return names
+	}
+	for _, name := range secretRefs(agent) {
+		if !slices.Contains(secretRefs(&ctrl), name) {
+			t.Errorf("the agents take bucket credentials from Secret %s, the controller does not", name)
+		}
+	}
 }
 
 // checkOutputAPIRBAC checks the rendered RBAC of the output API: the
