@@ -197,6 +197,22 @@ func (c *Cluster) components() []component {
 			// InternalIP.
 			"--kubelet-preferred-address-types=InternalIP,Hostname",
 			"--endpoint-reconciler-type=lease",
+			// The aggregation layer (the chart's APIService
+			// v1alpha1.output.bashtask.dev): kube-apiserver proxies a
+			// request to an extension API server with the front proxy's
+			// client certificate and the user in these headers, and
+			// publishes the CA and allowed names in
+			// kube-system/extension-apiserver-authentication for the
+			// servers' delegated authentication. It dials the Service's
+			// ClusterIP (no --enable-aggregator-routing): kube-proxy's
+			// nftables rules translate the host's own connections too.
+			"--requestheader-client-ca-file=" + filepath.Join(pki, "front-proxy-ca.crt"),
+			"--requestheader-allowed-names=" + frontProxyClientName,
+			"--requestheader-username-headers=X-Remote-User",
+			"--requestheader-group-headers=X-Remote-Group",
+			"--requestheader-extra-headers-prefix=X-Remote-Extra-",
+			"--proxy-client-cert-file=" + filepath.Join(pki, frontProxyClientName+".crt"),
+			"--proxy-client-key-file=" + filepath.Join(pki, frontProxyClientName+".key"),
 		}},
 		{name: "containerd", bin: "containerd", args: []string{"--config", filepath.Join(c.opts.Dir, "containerd", "config.toml")}},
 		{name: "kube-controller-manager", bin: bin("kube-controller-manager"), args: []string{

@@ -34,8 +34,9 @@ type identity struct {
 }
 
 // writePKI makes the cluster CA, the API server's serving certificate, the
-// service-account signing key and one client certificate and kubeconfig
-// per component, under c.pkiDir() and c.opts.Dir.
+// service-account signing key, the front proxy's CA and client
+// certificate, and one client certificate and kubeconfig per component,
+// under c.pkiDir() and c.opts.Dir.
 func (c *Cluster) writePKI() error {
 	dir := c.pkiDir()
 	if err := os.MkdirAll(dir, 0o700); err != nil {
@@ -66,6 +67,9 @@ func (c *Cluster) writePKI() error {
 	if err := writeServiceAccountKey(dir); err != nil {
 		return err
 	}
+	if err := writeFrontProxyPKI(dir); err != nil {
+		return err
+	}
 	kubeletClient, err := ca.Issue(tlsutil.LeafOptions{
 		CommonName: "kube-apiserver-kubelet-client", Organization: []string{"system:masters"},
 		Client: true, Validity: certValidity,
@@ -93,6 +97,34 @@ func (c *Cluster) writePKI() error {
 		}
 	}
 	return nil
+}
+
+// frontProxyClientName is the common name of the certificate kube-apiserver
+// presents when it proxies a request to an aggregated API server
+// (--proxy-client-cert-file), and the only name such servers accept
+// (--requestheader-allowed-names), as in kubeadm clusters.
+const frontProxyClientName = "front-proxy-client"
+
+// writeFrontProxyPKI writes the front proxy's CA (front-proxy-ca.crt, for
+// --requestheader-client-ca-file) and the client certificate signed by it
+// (front-proxy-client.crt and .key). A CA of its own, as kubeadm makes,
+// so that no certificate of the cluster CA can pass a user name in the
+// X-Remote-User header of a request to an aggregated API server: those
+// servers trust the headers of a client whose certificate this CA signed.
+func writeFrontProxyPKI(dir string) error {
+	ca, err := tlsutil.NewCA("bashtask-front-proxy-ca", certValidity)
+	if err != nil {
+		return err
+	}
+	if err := tlsutil.WriteFileAtomic(filepath.Join(dir, "front-proxy-ca.crt"), ca.CertPEM, 0o644); err != nil {
+		return err
+	}
+	client, err := ca.Issue(tlsutil.LeafOptions{CommonName: frontProxyClientName, Client: true, Validity: certValidity})
+	if err != nil {
+		return err
+	}
+	_, _, err = client.WriteFiles(dir, frontProxyClientName)
+	return err
 }
 
 // apiServiceIP is the `kubernetes` Service's ClusterIP: the first address

@@ -3,6 +3,9 @@
 package cluster
 
 import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"path/filepath"
 	"slices"
@@ -12,10 +15,12 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+	authorizationv1 "k8s.io/api/authorization/v1"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/utils/dump"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -164,6 +169,166 @@ func TestFullStreamInBucket(t *testing.T) {
 	if code != 0 || len(out) != 1288895 || !strings.HasSuffix(out, "\n200000\n") {
 		t.Errorf("logs --full: exit %d, %d bytes, stderr %q", code, len(out), errOut)
 	}
+}
+
+// TestOutputAPI: the chart registers the controller's aggregated API
+// (docs/install.md, "The output API") and the cluster's kube-apiserver
+// proxies to it through its front proxy: the APIService becomes
+// Available; kubectl get --raw of a finished task's bashtasks/log returns
+// its streams byte for byte (sha256 equal to the status; the stdout that
+// went to the bucket, the stderr that did not), from an offset and up to
+// a limit; a user bound to view reads it, a user without RBAC gets 403;
+// and `kubectl get bashtasks` still means the CRD.
+func TestOutputAPI(t *testing.T) {
+	// What the rig and the chart set up, each checked on its own so a
+	// failure says which side is missing.
+	t.Run("front proxy published", func(t *testing.T) {
+		cm, err := cs.CoreV1().ConfigMaps("kube-system").Get(t.Context(), "extension-apiserver-authentication", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(cm.Data["requestheader-client-ca-file"], "BEGIN CERTIFICATE") ||
+			!strings.Contains(cm.Data["requestheader-allowed-names"], "front-proxy-client") ||
+			!strings.Contains(cm.Data["requestheader-username-headers"], "X-Remote-User") {
+			t.Errorf("kube-system/extension-apiserver-authentication lacks the front proxy's settings: %v", keysOf(cm.Data))
+		}
+	})
+	t.Run("delegation RBAC", func(t *testing.T) {
+		sa := "system:serviceaccount:" + releaseNS + ":" + releaseName + "-controller"
+		for _, attrs := range []authorizationv1.ResourceAttributes{
+			{Verb: "create", Group: "authentication.k8s.io", Resource: "tokenreviews"},
+			{Verb: "create", Group: "authorization.k8s.io", Resource: "subjectaccessreviews"},
+			{Verb: "get", Resource: "configmaps", Namespace: "kube-system", Name: "extension-apiserver-authentication"},
+		} {
+			sar := &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{
+				User: sa, Groups: []string{"system:serviceaccounts", "system:serviceaccounts:" + releaseNS, "system:authenticated"},
+				ResourceAttributes: &attrs,
+			}}
+			got, err := cs.AuthorizationV1().SubjectAccessReviews().Create(t.Context(), sar, metav1.CreateOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !got.Status.Allowed {
+				t.Errorf("%s may not %s %s %s/%s: %s", sa, attrs.Verb, attrs.Group, attrs.Resource, attrs.Name, got.Status.Reason)
+			}
+		}
+	})
+	ns := newNamespace(t)
+	t.Run("view, edit and admin include bashtasks/log", func(t *testing.T) {
+		for _, role := range []string{"view", "edit", "admin"} {
+			user := "output-" + role
+			bindRole(t, ns, role, user)
+			// kube-controller-manager aggregates the chart's ClusterRole
+			// into view (and view into edit and admin) asynchronously.
+			waitFor(t, user+" (bound to "+role+") may get bashtasks/log", time.Minute, func() error {
+				if !allowed(t, user, ns) {
+					return fmt.Errorf("denied")
+				}
+				return nil
+			})
+		}
+		if allowed(t, "someone", ns) {
+			t.Errorf("someone, bound to nothing, may get bashtasks/log")
+		}
+	})
+
+	u := &unstructured.Unstructured{}
+	u.SetAPIVersion("apiregistration.k8s.io/v1")
+	u.SetKind("APIService")
+	if err := k8s.Get(t.Context(), client.ObjectKey{Name: outputAPIService}, u); err != nil {
+		t.Fatalf("the chart's APIService: %v", err)
+	}
+	if svc, _, _ := unstructured.NestedString(u.Object, "spec", "service", "name"); svc == "" {
+		t.Fatalf("APIService %s has no service: %v", outputAPIService, u.Object["spec"])
+	}
+	waitFor(t, "APIService "+outputAPIService+" Available", 2*time.Minute, func() error {
+		if err := k8s.Get(t.Context(), client.ObjectKey{Name: outputAPIService}, u); err != nil {
+			return err
+		}
+		conds, _, _ := unstructured.NestedSlice(u.Object, "status", "conditions")
+		for _, c := range conds {
+			c, _ := c.(map[string]any)
+			if c["type"] == "Available" {
+				if c["status"] == "True" {
+					return nil
+				}
+				return fmt.Errorf("Available=%v: %v: %v", c["status"], c["reason"], c["message"])
+			}
+		}
+		return fmt.Errorf("no Available condition yet")
+	})
+
+	newTask(t, ns, "seq", "seq 1 200000; echo done >&2")
+	bt := waitTask(t, ns, "seq", "finished and uploaded", 2*time.Minute, func(bt *v1.BashTask) bool {
+		return ptr.Deref(bt.Status.Reason, "") != "" && meta.IsStatusConditionTrue(bt.Status.Conditions, v1.ConditionOutputUploaded)
+	})
+	if ptr.Deref(bt.Status.Reason, "") != v1.ReasonSucceeded || bt.Status.Stdout == nil || bt.Status.Stderr == nil {
+		t.Fatalf("%s", describe(bt))
+	}
+	var want bytes.Buffer
+	for i := 1; i <= 200000; i++ {
+		fmt.Fprintf(&want, "%d\n", i)
+	}
+	read := func(t *testing.T, query string, as ...string) []byte {
+		t.Helper()
+		args := append([]string{"get", "--raw", logPath(ns, "seq", query)}, as...)
+		out, errOut, err := kubectlOut(t.Context(), args...)
+		if err != nil {
+			t.Fatalf("kubectl %s: %v: %s", strings.Join(args, " "), err, errOut)
+		}
+		return out
+	}
+	checkStream := func(t *testing.T, name string, got []byte, s *v1.StreamStatus) {
+		t.Helper()
+		sum := sha256.Sum256(got)
+		if int64(len(got)) != ptr.Deref(s.TotalBytes, -1) || hex.EncodeToString(sum[:]) != ptr.Deref(s.SHA256, "") {
+			t.Errorf("%s through the API: %d bytes sha256 %x; status: %d bytes sha256 %s",
+				name, len(got), sum, ptr.Deref(s.TotalBytes, -1), ptr.Deref(s.SHA256, ""))
+		}
+	}
+
+	t.Run("stdout whole", func(t *testing.T) {
+		got := read(t, "")
+		checkStream(t, "stdout", got, bt.Status.Stdout)
+		if !bytes.Equal(got, want.Bytes()) {
+			t.Errorf("stdout through the API differs from seq 1 200000's %d bytes", want.Len())
+		}
+	})
+	t.Run("stderr", func(t *testing.T) {
+		got := read(t, "stream=stderr")
+		checkStream(t, "stderr", got, bt.Status.Stderr)
+		if string(got) != "done\n" {
+			t.Errorf("stderr through the API %q, want %q", got, "done\n")
+		}
+	})
+	t.Run("offset and limitBytes", func(t *testing.T) {
+		const offset, limit = 1000000, 4096
+		got := read(t, fmt.Sprintf("stream=stdout&offset=%d&limitBytes=%d", offset, limit))
+		if !bytes.Equal(got, want.Bytes()[offset:offset+limit]) {
+			t.Errorf("offset %d limitBytes %d: got %d bytes %.40q..., want %.40q...", offset, limit, len(got), got, want.Bytes()[offset:])
+		}
+	})
+	t.Run("a viewer reads it", func(t *testing.T) {
+		got := read(t, "stream=stderr", "--as=output-view")
+		if string(got) != "done\n" {
+			t.Errorf("as output-view: %q", got)
+		}
+	})
+	t.Run("no RBAC, 403", func(t *testing.T) {
+		out, errOut, err := kubectlOut(t.Context(), "get", "--raw", logPath(ns, "seq", ""), "--as=someone")
+		if err == nil || !strings.Contains(errOut, "Forbidden") {
+			t.Errorf("as someone: error %v, stderr %q, %d bytes of output; want Forbidden", err, errOut, len(out))
+		}
+		if len(out) > 0 {
+			t.Errorf("as someone: %d bytes of the task's output", len(out))
+		}
+	})
+	t.Run("bashtasks still means the CRD", func(t *testing.T) {
+		out := kubectl(t, "get", "bashtasks", "-n", ns, "-o", "jsonpath={.items[*].apiVersion}")
+		if strings.TrimSpace(out) != "bashtask.dev/v1alpha1" {
+			t.Errorf("kubectl get bashtasks lists %q, want the CRD's bashtask.dev/v1alpha1", out)
+		}
+	})
 }
 
 // TestAgentPodDeleted: deleting the agent's pod while a task runs; the

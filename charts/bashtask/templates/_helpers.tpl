@@ -63,3 +63,10 @@ app.kubernetes.io/component: {{ .component }}
 {{- define "bashtask.image" -}}
 {{- printf "%s:%s" .image.repository (default .ctx.Chart.AppVersion .image.tag) -}}
 {{- end -}}
+
+{{/* The Service in front of every controller replica's output API (the APIService's backend). */}}
+{{- define "bashtask.outputAPI.serviceName" -}}{{ include "bashtask.fullname" . }}-output-api{{- end -}}
+{{/* The Secret of the output API's serving certificate (tls.crt, tls.key and the ca.crt of the APIService's caBundle). */}}
+{{- define "bashtask.outputAPI.tlsSecret" -}}{{ include "bashtask.fullname" . }}-output-api-tls{{- end -}}
+{{/* Where the controller reads that Secret (--output-api-cert-dir). */}}
+{{- define "bashtask.outputAPI.certDir" -}}/etc/bashtask/output-api-tls{{- end -}}

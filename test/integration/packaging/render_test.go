@@ -75,9 +75,23 @@ func renderings() []rendering {
 		}
 		return m
 	}
+	// The output API (output-api.yaml, output-api-rbac.yaml): its Service,
+	// the APIService, the server's two delegation bindings and the readers'
+	// ClusterRole; its serving certificate is one Secret (helm) or
+	// Certificate (cert-manager) more.
+	withOutputAPI := func(m map[string]int) map[string]int {
+		for k, v := range map[string]int{"Service": 1, "APIService": 1, "ClusterRoleBinding": 1, "RoleBinding": 1, "ClusterRole": 1} {
+			m[k] += v
+		}
+		return m
+	}
 	return []rendering{
 		{
 			name: "helm default values", cmd: helm(), namespace: chartNamespace,
+			wantKinds: withOutputAPI(withHook(map[string]int{"Secret": 3})),
+		},
+		{
+			name: "helm without the output API", cmd: helm("--set", "outputAPI.enabled=false"), namespace: chartNamespace,
 			wantKinds: withHook(map[string]int{"Secret": 2}),
 		},
 		{
@@ -91,14 +105,14 @@ func renderings() []rendering {
 				"--set-json", `agent.extraVolumeMounts=[{"name":"gcp","mountPath":"/var/run/gcp","readOnly":true}]`,
 				"--set-json", `agent.extraEnv=[{"name":"GOOGLE_APPLICATION_CREDENTIALS","value":"/var/run/gcp/key.json"}]`),
 			namespace: chartNamespace,
-			wantKinds: withHook(map[string]int{"Certificate": 3, "Issuer": 2, "ServiceMonitor": 2, "PodDisruptionBudget": 1}),
+			wantKinds: withOutputAPI(withHook(map[string]int{"Certificate": 4, "Issuer": 2, "ServiceMonitor": 2, "PodDisruptionBudget": 1})),
 		},
 		{
 			name: "helm cert-manager with an existing ClusterIssuer",
 			cmd: helm("--set", "certificates.source=cert-manager", "--set", "certificates.certManager.issuerRef.name=cluster-ca",
 				"--set", "certificates.certManager.issuerRef.kind=ClusterIssuer", "--set", "certificates.certManager.issuerRef.group=cert-manager.io"),
 			namespace: chartNamespace,
-			wantKinds: withHook(map[string]int{"Certificate": 2}),
+			wantKinds: withOutputAPI(withHook(map[string]int{"Certificate": 3})),
 		},
 		{
 			name: "helm agent without cgroups or privileged mode",
@@ -106,7 +120,7 @@ func renderings() []rendering {
 				`agent.securityContext={"privileged":false,"allowPrivilegeEscalation":false,`+
 					`"capabilities":{"drop":["ALL"],"add":["CHOWN","DAC_OVERRIDE","FOWNER","KILL","SETUID","SETGID"]}}`),
 			namespace: chartNamespace,
-			wantKinds: withHook(map[string]int{"Secret": 2}),
+			wantKinds: withOutputAPI(withHook(map[string]int{"Secret": 3})),
 		},
 		{
 			name: "kustomize config/default", cmd: []string{"kustomize", "build", "config/default"}, namespace: "bashtask-system",
@@ -201,6 +215,9 @@ func TestRenderings(t *testing.T) {
 				t.Errorf("rendered kinds (-want +got):\n%s", diff)
 			}
 			for _, o := range objs {
+				if o.GetKind() == "RoleBinding" && o.GetNamespace() == "kube-system" {
+					continue // the output API's extension-apiserver-authentication-reader binding (checkOutputAPI)
+				}
 				if ns := o.GetNamespace(); ns != "" && ns != r.namespace {
 					t.Errorf("%s %s in namespace %q, want %q", o.GetKind(), o.GetName(), ns, r.namespace)
 				}
@@ -209,6 +226,7 @@ func TestRenderings(t *testing.T) {
 			t.Run("kubeconform", func(t *testing.T) { runKubeconform(t, schemaDir, objs) })
 			t.Run("server-side dry run", func(t *testing.T) { dryRun(t, objs, r.namespace) })
 			t.Run("wiring", func(t *testing.T) { checkWiring(t, objs, r.namespace) })
+			t.Run("output API", func(t *testing.T) { checkOutputAPI(t, objs, r.namespace) })
 		})
 	}
 }
