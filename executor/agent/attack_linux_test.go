@@ -446,9 +446,18 @@ c agent %s; c node %s; echo "links: $(ls /sys/class/net | tr '\n' ' ')"`, agentP
 // that leaves a setsid sleep behind does not hand it to the next tenant.
 func TestAttackUIDReuseAfterSetsidEscapee(t *testing.T) {
 	a := newAttackRig(t, 2300000, 2300000) // one UID: the next task must get A's
-	a.start("a", `setsid sleep 300 & echo started`, "")
+	// A's shell stays until the test has tried the second start: a shell
+	// that ended at once could be finished (and its UID free again) before
+	// that start arrives on a busy machine.
+	a.start("a", `setsid sleep 300 & echo started; until [ -e release ]; do sleep 0.05; done`, "")
 	if _, err := a.client.Start(t.Context(), &agentv1.StartRequest{Spec: taskSpec("early", "true")}); status.Code(err) != codes.ResourceExhausted {
 		t.Fatalf("a second task while A holds the only UID: %v, want ResourceExhausted", err)
+	}
+	a.srv.mu.Lock()
+	workDir := a.srv.tasks["a"].rec.Process.WorkDir
+	a.srv.mu.Unlock()
+	if err := os.WriteFile(filepath.Join(workDir, "release"), nil, 0o644); err != nil {
+		t.Fatal(err)
 	}
 	st := a.finish("a")
 	if st.GetReason() != "Succeeded" || st.GetLeftoverProcesses() != 1 {
