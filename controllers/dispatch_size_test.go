@@ -5,7 +5,6 @@ import (
 	"strconv"
 	"strings"
 	"testing"
-	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -43,12 +42,11 @@ func TestEnvOverTheAgentsLimitIsInvalidSpec(t *testing.T) {
 		bt.Spec.Stdin = ptr.To(strings.Repeat("s", 200000))
 		bt.Spec.NodeName = ptr.To("node-a")
 	})
-	created := time.Now()
+	// How soon the refusal comes is not asserted here (a wall-clock bound
+	// fails on a busy machine, not on a slow controller); that it comes
+	// before any dispatch is, below.
 	create(t, bt)
 	got := waitTerminal(t, bt)
-	if took := time.Since(created); took > 10*time.Second {
-		t.Errorf("the refusal took %s", took)
-	}
 	if r := ptr.Deref(got.Status.Reason, ""); r != v1.ReasonInvalidSpec {
 		t.Fatalf("reason %s (%s), want InvalidSpec", r, ptr.Deref(got.Status.Message, ""))
 	}

@@ -3,6 +3,7 @@ package controllers_test
 import (
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -135,6 +136,7 @@ func TestStatusNeverGoesBackwards(t *testing.T) {
 	// Metadata edits change the resourceVersion under every pass.
 	stopPoking := make(chan struct{})
 	poked := make(chan int)
+	var pokes atomic.Int64 // edits so far, for the wait below
 	go func() {
 		n := 0
 		defer func() { poked <- n }()
@@ -148,6 +150,7 @@ func TestStatusNeverGoesBackwards(t *testing.T) {
 				patch := fmt.Appendf(nil, `{"metadata":{"labels":{"poke":"%d"},"annotations":{"example.com/poke":"%d"}}}`, n, n)
 				if err := k8s.Patch(ctxBackground(), bt.DeepCopy(), client.RawPatch(types.MergePatchType, patch)); err == nil {
 					n++
+					pokes.Add(1)
 				}
 			}
 			time.Sleep(20 * time.Millisecond)
@@ -167,7 +170,13 @@ func TestStatusNeverGoesBackwards(t *testing.T) {
 	}
 	// Keep poking finished tasks for a moment: a pass on a finished task
 	// must not rewrite it either.
+	// How many edits fit in that time depends on the machine's load, so
+	// it goes on until there were enough to make the race the test is
+	// about (checked below), up to a minute.
 	time.Sleep(time.Second)
+	for deadline := time.Now().Add(time.Minute); pokes.Load() < int64(len(tasks)*5) && time.Now().Before(deadline); {
+		time.Sleep(20 * time.Millisecond)
+	}
 	close(stopPoking)
 	edits := <-poked
 	time.Sleep(500 * time.Millisecond) // the last events reach the watch

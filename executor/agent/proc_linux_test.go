@@ -3,10 +3,12 @@
 package agent
 
 import (
+	"bytes"
 	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"syscall"
 	"testing"
 	"time"
@@ -44,14 +46,46 @@ func startGroup(t *testing.T, command string, env ...string) (*exec.Cmd, uint64)
 }
 
 // groupSize counts the live processes of process group pgid.
-func groupSize(pgid int) int {
-	n := 0
+func groupSize(pgid int) int { return len(groupPIDs(pgid)) }
+
+// waitExeced waits until process pid runs prog (its argv[0]) with kv in
+// its environment. exec(2) swaps in the new program's memory before it
+// lays out its arguments and environment there, and a shell's child runs
+// the shell until its own exec: until then /proc shows the test's
+// environment, the shell's, or none at all, so a scan for kv would miss
+// the process for a reason that has nothing to do with the code under test.
+// os/exec's Start returning does not close that window (it learns of the
+// exec from a close-on-exec pipe, which closes before the layout).
+func waitExeced(t *testing.T, pid int, prog, kv string) {
+	t.Helper()
+	dir := filepath.Join("/proc", strconv.Itoa(pid))
+	execed := func() bool {
+		b, err := os.ReadFile(filepath.Join(dir, "cmdline"))
+		if err != nil {
+			return false
+		}
+		argv0, _, _ := bytes.Cut(b, []byte{0})
+		return filepath.Base(string(argv0)) == prog && hasEnv(pid, kv)
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for !execed() {
+		if time.Now().After(deadline) {
+			cmdline, _ := os.ReadFile(filepath.Join(dir, "cmdline"))
+			t.Fatalf("process %d runs %q after 20 s, want %s with %s in its environment", pid, bytes.ReplaceAll(cmdline, []byte{0}, []byte{' '}), prog, kv)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// groupPIDs lists the live processes of process group pgid.
+func groupPIDs(pgid int) []int {
+	var pids []int
 	for _, pid := range procfs.PIDs() {
 		if st, err := procfs.ReadStat(pid); err == nil && st.PGRP == pgid && st.State != 'Z' {
-			n++
+			pids = append(pids, pid)
 		}
 	}
-	return n
+	return pids
 }
 
 func waitGroupSize(t *testing.T, pgid, want int) {
@@ -105,6 +139,9 @@ func TestStopLeftoversMarkerFallback(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitGroupSize(t, pid, 1) // the orphaned sleep
+	// The marker scan reads the environment: it must find a sleep that
+	// has finished its exec, not a forked shell caught in between.
+	waitExeced(t, groupPIDs(pid)[0], "sleep", marker)
 
 	n, err := stopLeftovers(processRecord{PID: pid, StartTicks: ticks, Cgroup: "/nonexistent/cgroup"}, marker)
 	if err != nil || n != 0 || groupSize(pid) != 1 {
@@ -185,6 +222,9 @@ func TestStopLeftoversPooledCgroup(t *testing.T) {
 		}
 		cmd, _ := startGroup(t, "exec sleep 60", env...)
 		t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait(); _ = unix.Rmdir(path) })
+		// The scan looks for the marker in the environment, which the
+		// process shows only once sleep's exec is complete.
+		waitExeced(t, cmd.Process.Pid, "sleep", env[0])
 		if err := os.WriteFile(filepath.Join(path, "cgroup.procs"), []byte(itoa(cmd.Process.Pid)), 0); err != nil {
 			t.Fatal(err)
 		}

@@ -83,7 +83,10 @@ func TestUploadCountsOnlyAfterClose(t *testing.T) {
 	}
 
 	// The node's copy loses bytes: uploading it would store a short
-	// object under a complete-looking status.
+	// object under a complete-looking status. The bucket stays broken
+	// until the short copy has been refused: the agent retries every
+	// 20-100 ms, and an attempt that read the whole file before the
+	// truncation would otherwise reach a repaired bucket and succeed.
 	spill := filepath.Join(r.dir, "state", "tasks", "uid-c", "stdout")
 	whole, err := os.ReadFile(spill)
 	if err != nil {
@@ -92,14 +95,27 @@ func TestUploadCountsOnlyAfterClose(t *testing.T) {
 	if err := os.Truncate(spill, 1000); err != nil {
 		t.Fatal(err)
 	}
+	// An attempt that read the file while it shrank fails in yet
+	// another way first; the refusal of the short copy is the one sought.
+	const short = "holds 1000 bytes, the stream's count is 210001"
+	for failed = nil; !strings.Contains(failed.GetUploadError(), short); {
+		failed = until(t, next, agentv1.EventType_EVENT_TYPE_UPLOAD_FAILED).GetStatus().GetStdout().GetSpill()
+	}
+	// Now a bucket that works: attempts that begin after the repair
+	// still refuse the short copy. Counted from a status read after it:
+	// with at most one attempt in flight then, the second failure after
+	// that read is an attempt that began after the repair.
 	if err := os.Remove(attrsDir); err != nil {
 		t.Fatal(err)
 	}
-	failed = until(t, next, agentv1.EventType_EVENT_TYPE_UPLOAD_FAILED).GetStatus().GetStdout().GetSpill()
-	if want := "holds 1000 bytes, the stream's count is 210001"; !strings.Contains(failed.GetUploadError(), want) {
-		t.Errorf("UPLOAD_FAILED event's error %q, want one containing %q", failed.GetUploadError(), want)
+	after := waitUploadError(t, r, "uid-c", short).GetUploadAttempts()
+	deadline := time.Now().Add(20 * time.Second)
+	for sp = waitUploadError(t, r, "uid-c", short); sp.GetUploadAttempts() < after+2; sp = waitUploadError(t, r, "uid-c", short) {
+		if time.Now().After(deadline) {
+			t.Fatalf("spill %v: no second attempt after the repair within 20 s", sp)
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
-	sp = waitUploadError(t, r, "uid-c", "holds 1000 bytes, the stream's count is 210001")
 	if sp.GetUploadState() != agentv1.UploadState_UPLOAD_STATE_PENDING {
 		t.Errorf("upload state with a short spill file: %v, want PENDING", sp.GetUploadState())
 	}

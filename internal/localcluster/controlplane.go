@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"time"
 
 	"k8s.io/apimachinery/pkg/runtime"
@@ -65,6 +66,11 @@ func StartControlPlaneWith(ctx context.Context, assetsDir, crdDir, admissionDir 
 		CRDDirectoryPaths:     []string{crdDir},
 		ErrorIfCRDPathMissing: true,
 		Scheme:                scheme,
+		// envtest waits for each process's health check, but only 20 s
+		// by default: kube-apiserver alone can take longer than that on
+		// a two-core machine that is building and testing at the same
+		// time. KUBEBUILDER_CONTROLPLANE_START_TIMEOUT still overrides.
+		ControlPlaneStartTimeout: controlPlaneStartTimeout(),
 	}
 	if certs != nil {
 		args := env.ControlPlane.GetAPIServer().Configure()
@@ -88,6 +94,16 @@ func StartControlPlaneWith(ctx context.Context, assetsDir, crdDir, admissionDir 
 		return nil, errors.Join(err, env.Stop())
 	}
 	return cp, nil
+}
+
+// controlPlaneStartTimeout is how long etcd and kube-apiserver each get to
+// become healthy: KUBEBUILDER_CONTROLPLANE_START_TIMEOUT when set (envtest's
+// own variable), else 2 minutes.
+func controlPlaneStartTimeout() time.Duration {
+	if d, err := time.ParseDuration(os.Getenv("KUBEBUILDER_CONTROLPLANE_START_TIMEOUT")); err == nil && d > 0 {
+		return d
+	}
+	return 2 * time.Minute
 }
 
 func (cp *ControlPlane) prepare(ctx context.Context, admissionDir string) error {

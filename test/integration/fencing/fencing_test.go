@@ -144,7 +144,9 @@ func TestPausedLeaderMakesNoAcceptedCall(t *testing.T) {
 	ctx := t.Context()
 	kubeconfig, ns := newRun(t, "fencing-")
 	a := startController(t, "controller-a", kubeconfig)
-	waitFor(t, "controller-a leads", 30*time.Second, func() bool { h, _ := leaseHolder(ctx); return h != "" })
+	// The Lease outlives each test with the holder of the last one (until
+	// it expires): controller-a leads once the holder is its own identity.
+	waitFor(t, "controller-a leads", 30*time.Second, func() bool { h, _ := leaseHolder(ctx); return h != "" && strings.Contains(a.out.String(), h) })
 	b := startController(t, "controller-b", kubeconfig)
 	oldHolder, oldEpoch := leaseHolder(ctx)
 	if !strings.Contains(a.out.String(), oldHolder) {
