@@ -8,4 +8,9 @@
 // and authorizes them with SubjectAccessReviews, as pods/log is: RBAC names
 // `get` on `bashtasks/log` in the group output.bashtask.dev. docs/output.md
 // is the contract.
+//
+// Its types are served by this package, not by a CRD: controller-gen,
+// which reads every package for CRDs and RBAC markers, skips it.
+//
+// +kubebuilder:skip
 package outputapi
