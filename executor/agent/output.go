@@ -117,7 +117,7 @@ func (s *Server) ReadOutput(req *agentv1.ReadOutputRequest, srv agentv1.Executor
 				offset += int64(got)
 				sent += int64(got)
 			}
-			if rerr != nil && !(errors.Is(rerr, io.EOF) && got > 0) {
+			if rerr != nil && (!errors.Is(rerr, io.EOF) || got == 0) {
 				// The file is shorter than the count the executor
 				// published after writing it: changed under the agent.
 				return status.Errorf(codes.DataLoss, "%s from offset %d: reading the spill file: %v", name, offset, rerr)

@@ -98,7 +98,7 @@ func WaitOutputAPI(ctx context.Context, cfg *rest.Config, timeout time.Duration)
 			}
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("kube-apiserver does not serve %s after %s: %v", OutputAPIGroupVersion, timeout, err)
+			return fmt.Errorf("kube-apiserver does not serve %s after %s: %w", OutputAPIGroupVersion, timeout, err)
 		}
 		select {
 		case <-ctx.Done():

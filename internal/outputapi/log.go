@@ -156,7 +156,7 @@ func (s *Server) serveLog(w http.ResponseWriter, req *http.Request, r rest.Respo
 	if errors.Is(err, errTaskGone) || errors.Is(context.Cause(ctx), errTaskGone) {
 		err = fmt.Errorf("%s of task %s/%s (uid %s) from offset %d: %w", o.Stream, ns, name, uid, lr.offset, errTaskGone)
 		if !lr.started {
-			r.Error(apierrors.NewGone(err.Error()))
+			r.Error(goneError(err.Error()))
 			return
 		}
 		lr.fail(err.Error())
@@ -369,7 +369,7 @@ func (s *Server) fromAgent(ctx context.Context, lr *logResponse, task *bashtaskv
 			switch status.Code(err) {
 			case codes.DataLoss:
 				if !lr.started {
-					return true, apierrors.NewGone(status.Convert(err).Message())
+					return true, goneError(status.Convert(err).Message())
 				}
 				return true, errors.New(status.Convert(err).Message())
 			case codes.OutOfRange:
@@ -382,7 +382,7 @@ func (s *Server) fromAgent(ctx context.Context, lr *logResponse, task *bashtaskv
 				}
 			}
 			if gotAny {
-				return false, fmt.Errorf("%w: %v", errAgentBroke, err)
+				return false, fmt.Errorf("%w: %w", errAgentBroke, err)
 			}
 			return false, err
 		}
@@ -466,7 +466,7 @@ func (s *Server) fromStorage(ctx context.Context, lr *logResponse, task *bashtas
 		if lr.started {
 			return errors.New(msg)
 		}
-		return apierrors.NewGone(msg)
+		return goneError(msg)
 	}
 	if ss != nil && ss.TotalBytes != nil && lr.offset == *ss.TotalBytes {
 		// At the end of the ended stream: nothing to serve, nothing lost
@@ -551,4 +551,17 @@ func (s *Server) fromStorage(ctx context.Context, lr *logResponse, task *bashtas
 		return fmt.Errorf("%s from offset %d is not kept: the uploaded copy holds only the first %d bytes of %d (spillLimitBytes)", o.Stream, lr.offset, objBytes, total)
 	}
 	return nil
+}
+
+// goneError is a 410 Gone Status with reason Gone: bytes of the stream
+// that are no longer kept anywhere. apierrors.NewGone is deprecated in
+// favour of NewResourceExpired, whose reason (Expired) speaks of a watch's
+// resourceVersion, not of a stream's bytes.
+func goneError(msg string) *apierrors.StatusError {
+	return &apierrors.StatusError{ErrStatus: metav1.Status{
+		Status:  metav1.StatusFailure,
+		Code:    http.StatusGone,
+		Reason:  metav1.StatusReasonGone,
+		Message: msg,
+	}}
 }

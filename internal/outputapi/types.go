@@ -66,7 +66,7 @@ type BashTaskOutputStatus struct {
 // DeepCopyObject implements runtime.Object.
 func (b *BashTask) DeepCopyObject() runtime.Object {
 	out := *b
-	b.ObjectMeta.DeepCopyInto(&out.ObjectMeta)
+	b.DeepCopyInto(&out.ObjectMeta)
 	return &out
 }
 

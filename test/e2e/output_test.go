@@ -202,7 +202,7 @@ type cutBody struct {
 
 func (b *cutBody) Read(p []byte) (int, error) {
 	if b.left <= 0 {
-		_ = b.ReadCloser.Close()
+		_ = b.Close()
 		return 0, errCut
 	}
 	if int64(len(p)) > b.left {
