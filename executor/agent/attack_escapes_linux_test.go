@@ -480,6 +480,24 @@ echo "mnt-namespaces: $(readlink /proc/[0-9]*/ns/mnt 2>/dev/null | sort -u | wc 
 		}
 	})
 
+	t.Run("E15 a tmpfs holds a bounded number of files and SysV memory the size of /dev/shm", func(t *testing.T) {
+		// Empty files cost kernel memory that no size cap counts, and
+		// SysV segments live outside /dev/shm: both are bounded like
+		// the bytes. Controls: files up to the inode limit and a small
+		// segment are made.
+		out := labels(stdoutOf(attack(fmt.Sprintf(`n=0; while [ $n -lt %d ]; do : 2>/tmp/err > /tmp/f$n || break; n=$((n+1)); done
+echo "files: $n"; echo "err: $(sed 's/.*: //' /tmp/err)"; rm -f /tmp/f*
+echo "small: $(ipcmk -M 4096 >/dev/null 2>&1 && echo made || echo refused)"
+echo "big: $(ipcmk -M %d >/dev/null 2>&1 && echo made || echo refused)"`, 2*attackTmpSize/2048, 2*attackTmpSize), "")))
+		files, _ := strconv.Atoi(out["files"])
+		if files < 1000 || files >= 2*attackTmpSize/2048 || out["err"] != "No space left on device" {
+			t.Errorf("empty files in /tmp: %v, want ENOSPC after about %d files", out, attackTmpSize/2048)
+		}
+		if out["small"] != "made" || out["big"] != "refused" {
+			t.Errorf("SysV shared memory: %v, want a 4 KiB segment made and one of %d bytes refused", out, 2*attackTmpSize)
+		}
+	})
+
 	t.Run("E15 memory", func(t *testing.T) {
 		spec := taskSpec("e-mem", `/usr/bin/python3 -c 'b = b"x" * (256 << 20); print("allocated")'`)
 		spec.Resources = &agentv1.Resources{MemoryBytes: 64 << 20}

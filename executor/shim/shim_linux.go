@@ -157,7 +157,8 @@ func mountStep(st *state) error {
 	}
 	opts := "mode=1777"
 	if st.cfg.TmpSizeBytes > 0 {
-		opts += ",size=" + strconv.FormatInt(st.cfg.TmpSizeBytes, 10)
+		opts += ",size=" + strconv.FormatInt(st.cfg.TmpSizeBytes, 10) +
+			",nr_inodes=" + strconv.FormatInt(tmpInodes(st.cfg.TmpSizeBytes), 10)
 	}
 	for _, dir := range []string{"/tmp", "/dev/shm"} {
 		if fi, err := os.Stat(dir); err != nil || !fi.IsDir() {
@@ -206,6 +207,16 @@ var kernelMasks = []string{
 	"/proc/latency_stats", "/proc/acpi", "/proc/scsi", "/proc/asound",
 	"/sys/firmware", "/sys/devices/virtual/powercap",
 }
+
+// BytesPerTmpInode sizes the inode limit of the task's tmpfs mounts (/tmp,
+// /dev/shm and the one holding HOME): one inode per 2 KiB of the size
+// cap, at least 1024. The kernel's default, half the node's RAM pages,
+// would let a task create millions of empty files, each a few hundred
+// bytes of unreclaimable kernel memory that the size cap never sees.
+const BytesPerTmpInode = 2048
+
+// tmpInodes is the nr_inodes of a task tmpfs of size bytes.
+func tmpInodes(size int64) int64 { return max(size/BytesPerTmpInode, 1024) }
 
 // mask hides path: an empty read-only tmpfs over a directory, /dev/null
 // over anything else.
@@ -265,7 +276,21 @@ func loopbackStep(st *state) error {
 
 // limitsStep sets RLIMIT_NPROC. The kernel counts it per real UID, so with
 // a UID per task it is a limit per task.
+//
+// With a tmpfs size cap it also bounds SysV shared memory in the task's
+// IPC namespace, whose limits (kernel.shmmax, shmall) start unlimited in
+// every new namespace: all segments together hold at most the cap, like
+// /dev/shm. The sysctls are the namespace's own, written while the shim
+// is still root; the task cannot change them.
 func limitsStep(st *state) error {
+	if size := st.cfg.TmpSizeBytes; size > 0 {
+		page := int64(os.Getpagesize())
+		for name, v := range map[string]int64{"shmmax": size, "shmall": (size + page - 1) / page} {
+			if err := os.WriteFile("/proc/sys/kernel/"+name, []byte(strconv.FormatInt(v, 10)), 0); err != nil {
+				return fmt.Errorf("bounding SysV shared memory: %w", err)
+			}
+		}
+	}
 	if st.cfg.NProc == 0 {
 		return nil
 	}

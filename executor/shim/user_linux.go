@@ -54,11 +54,12 @@ func userStep(st *state) error {
 		return fmt.Errorf("fsopen tmpfs: %w", err)
 	}
 	defer unix.Close(fsfd)
-	size := "64m"
+	sizeBytes := int64(64 << 20)
 	if st.cfg.TmpSizeBytes > 0 {
-		size = strconv.FormatInt(st.cfg.TmpSizeBytes, 10)
+		sizeBytes = st.cfg.TmpSizeBytes
 	}
-	for _, kv := range [][2]string{{"mode", "0755"}, {"size", size}} {
+	size, inodes := strconv.FormatInt(sizeBytes, 10), strconv.FormatInt(tmpInodes(sizeBytes), 10)
+	for _, kv := range [][2]string{{"mode", "0755"}, {"size", size}, {"nr_inodes", inodes}} {
 		if err := unix.FsconfigSetString(fsfd, kv[0], kv[1]); err != nil {
 			return fmt.Errorf("tmpfs option %s=%s: %w", kv[0], kv[1], err)
 		}
