@@ -209,8 +209,8 @@ func (q *diskQuota) make(size int64) (_ *quotaFS, err error) {
 	// the noinit_itable mount option: the sparse file reads as zeros, so
 	// the inode tables need no writing, neither now nor in the kernel's
 	// background thread later.
-	out, err := exec.Command(q.mkfs, "-q", "-F", "-t", "ext4", "-O", "^has_journal", "-m", "0",
-		"-b", "4096", "-N", strconv.FormatInt(inodes, 10), "-E", "lazy_itable_init=1,nodiscard", fs.image).CombinedOutput()
+	out, err := runHelper(q.mkfs, "-q", "-F", "-t", "ext4", "-O", "^has_journal", "-m", "0",
+		"-b", "4096", "-N", strconv.FormatInt(inodes, 10), "-E", "lazy_itable_init=1,nodiscard", fs.image)
 	if err != nil {
 		return nil, fmt.Errorf("mkfs.ext4 %s: %w: %s", fs.image, err, bytes.TrimSpace(out))
 	}

@@ -3,8 +3,10 @@
 package executor
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
+	"io"
 	"math"
 	"os"
 	"os/signal"
@@ -392,4 +394,57 @@ func startTicksOf(pid int) uint64 {
 		return 0
 	}
 	return st.StartTicks
+}
+
+// helperOutputLimit bounds the output runHelper keeps (bytes); the rest is
+// read and dropped, so a chatty helper cannot block on a full pipe.
+const helperOutputLimit = 64 << 10
+
+// runHelper runs a program of the executor's own (mkfs.ext4) to its end
+// and returns its standard output and error together, the first
+// helperOutputLimit bytes of them. It waits through startWaited, as for
+// tasks: when the process is a subreaper the reaper's loop owns every wait
+// of the process, and exec.Cmd's own wait would find its child already
+// reaped ("waitid: no child processes"). A helper that does not exit 0 is
+// an error naming its status.
+func runHelper(path string, args ...string) ([]byte, error) {
+	r, w, err := os.Pipe()
+	if err != nil {
+		return nil, err
+	}
+	defer r.Close()
+	devNull, err := os.Open(os.DevNull)
+	if err != nil {
+		w.Close()
+		return nil, err
+	}
+	sys := &syscall.SysProcAttr{}
+	attr := &os.ProcAttr{
+		Env:   []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL=C"},
+		Files: []*os.File{devNull, w, w},
+		Sys:   sys,
+	}
+	p, _, exitCh, err := startWaited(func(pidfd *int) (*os.Process, error) {
+		sys.PidFD = pidfd
+		return os.StartProcess(path, append([]string{path}, args...), attr)
+	})
+	w.Close()
+	devNull.Close()
+	if err != nil {
+		return nil, err
+	}
+	defer func() { _ = p.Release() }()
+	var out bytes.Buffer
+	_, _ = io.Copy(&out, io.LimitReader(r, helperOutputLimit))
+	_, _ = io.Copy(io.Discard, r)
+	st := <-exitCh
+	switch {
+	case st.err != nil:
+		return out.Bytes(), st.err
+	case st.status.Signaled():
+		return out.Bytes(), fmt.Errorf("killed by %v", st.status.Signal())
+	case st.status.ExitStatus() != 0:
+		return out.Bytes(), fmt.Errorf("exit status %d", st.status.ExitStatus())
+	}
+	return out.Bytes(), nil
 }
