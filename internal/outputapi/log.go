@@ -23,6 +23,7 @@ import (
 
 	agentv1 "github.com/bashtask/bashtask-operator/api/agent/v1"
 	bashtaskv1alpha1 "github.com/bashtask/bashtask-operator/api/v1alpha1"
+	btclient "github.com/bashtask/bashtask-operator/client"
 )
 
 // Intervals of a followed response.
@@ -95,11 +96,11 @@ func (lr *logResponse) start(uid types.UID, offset, total int64, complete bool) 
 	h.Set("Content-Type", "application/octet-stream")
 	h.Set("X-Content-Type-Options", "nosniff")
 	h.Set("Cache-Control", "no-store")
-	h.Set(HeaderOffset, strconv.FormatInt(offset, 10))
-	h.Set(HeaderTotal, strconv.FormatInt(total, 10))
-	h.Set(HeaderComplete, strconv.FormatBool(complete))
-	h.Set(HeaderTaskUID, string(uid))
-	h.Set("Trailer", TrailerEndOffset+", "+TrailerError)
+	h.Set(btclient.HeaderOffset, strconv.FormatInt(offset, 10))
+	h.Set(btclient.HeaderTotal, strconv.FormatInt(total, 10))
+	h.Set(btclient.HeaderComplete, strconv.FormatBool(complete))
+	h.Set(btclient.HeaderTaskUID, string(uid))
+	h.Set("Trailer", btclient.TrailerEndOffset+", "+btclient.TrailerError)
 	lr.w.WriteHeader(http.StatusOK)
 	_ = lr.rc.Flush()
 	lr.started = true
@@ -118,8 +119,8 @@ func (lr *logResponse) write(p []byte) error {
 
 // fail ends a started response with the trailers naming where and why.
 func (lr *logResponse) fail(msg string) {
-	lr.w.Header().Set(TrailerEndOffset, strconv.FormatInt(lr.offset, 10))
-	lr.w.Header().Set(TrailerError, msg)
+	lr.w.Header().Set(btclient.TrailerEndOffset, strconv.FormatInt(lr.offset, 10))
+	lr.w.Header().Set(btclient.TrailerError, msg)
 }
 
 func (lr *logResponse) remaining() int64 {

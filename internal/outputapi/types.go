@@ -18,24 +18,9 @@ const (
 	Version = "v1alpha1"
 )
 
-// Response headers and trailers of bashtasks/log (docs/output.md).
-const (
-	// HeaderOffset is the offset of the body's first byte in the stream.
-	HeaderOffset = "Bashtask-Stream-Offset"
-	// HeaderTotal is how many bytes of the stream were known when the
-	// response started.
-	HeaderTotal = "Bashtask-Stream-Total"
-	// HeaderComplete is "true" when the task had ended when the response
-	// started, so HeaderTotal is final.
-	HeaderComplete = "Bashtask-Stream-Complete"
-	// HeaderTaskUID is the task's metadata.uid.
-	HeaderTaskUID = "Bashtask-Task-Uid"
-	// TrailerEndOffset is the offset after the body's last byte, sent when
-	// a response ends early because bytes cannot be served.
-	TrailerEndOffset = "Bashtask-Stream-End-Offset"
-	// TrailerError says why, naming the offset.
-	TrailerError = "Bashtask-Stream-Error"
-)
+// The response headers and trailers of bashtasks/log are the client
+// package's (client.HeaderOffset and the rest): the contract has one
+// spelling, in the package platforms import.
 
 // SchemeGroupVersion is output.bashtask.dev/v1alpha1.
 var SchemeGroupVersion = schema.GroupVersion{Group: Group, Version: Version}
