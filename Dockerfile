@@ -23,6 +23,7 @@ WORKDIR /src
 COPY go.mod go.sum ./
 RUN --mount=type=cache,target=/go/pkg/mod go mod download
 COPY api/ api/
+COPY client/ client/
 COPY cmd/ cmd/
 COPY controllers/ controllers/
 COPY executor/ executor/
