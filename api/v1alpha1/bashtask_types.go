@@ -63,6 +63,11 @@ const (
 // +kubebuilder:validation:XValidation:rule="has(self.nodeSelector) == has(oldSelf.nodeSelector)",message="spec.nodeSelector is immutable (it cannot be added or removed): a task runs its command once. To run a new command, create a task with a new name; Argo CD does that with the sync options Force=true,Replace=true or a hook with hook-delete-policy BeforeHookCreation, Flux with the annotation kustomize.toolkit.fluxcd.io/force: enabled"
 // +kubebuilder:validation:XValidation:rule="has(self.resources) == has(oldSelf.resources)",message="spec.resources is immutable (it cannot be added or removed): a task runs its command once. To run a new command, create a task with a new name; Argo CD does that with the sync options Force=true,Replace=true or a hook with hook-delete-policy BeforeHookCreation, Flux with the annotation kustomize.toolkit.fluxcd.io/force: enabled"
 // +kubebuilder:validation:XValidation:rule="has(self.network) == has(oldSelf.network)",message="spec.network is immutable (it cannot be added or removed): a task runs its command once. To run a new command, create a task with a new name; Argo CD does that with the sync options Force=true,Replace=true or a hook with hook-delete-policy BeforeHookCreation, Flux with the annotation kustomize.toolkit.fluxcd.io/force: enabled"
+// +kubebuilder:validation:XValidation:rule="has(self.workspace) == has(oldSelf.workspace)",message="spec.workspace is immutable (it cannot be added or removed): a task runs its command once. To run a new command, create a task with a new name; Argo CD does that with the sync options Force=true,Replace=true or a hook with hook-delete-policy BeforeHookCreation, Flux with the annotation kustomize.toolkit.fluxcd.io/force: enabled"
+// +kubebuilder:validation:XValidation:rule="!has(self.workspace) || (!has(self.nodeName) && !has(self.nodeSelector))",message="spec.nodeName and spec.nodeSelector must be unset with spec.workspace: the task runs on the workspace's node"
+// +kubebuilder:validation:XValidation:rule="!has(self.workspace) || !has(self.network)",message="spec.network must be unset with spec.workspace: the task gets the workspace's network (its spec.network)"
+// +kubebuilder:validation:XValidation:rule="!has(self.workspace) || !has(self.resources) || !has(self.resources.ephemeralStorage)",message="spec.resources.ephemeralStorage must be unset with spec.workspace: the task writes to the workspace, whose size is its spec.storage"
+// +kubebuilder:validation:XValidation:rule="!has(self.workingDir) || has(self.workspace) || self.workingDir.startsWith('/')",message="workingDir must be an absolute path (start with /); with spec.workspace it may also be relative to the workspace's root"
 // +kubebuilder:validation:XValidation:rule="!has(oldSelf.cancelRequested) || !oldSelf.cancelRequested || (has(self.cancelRequested) && self.cancelRequested)",message="cancelRequested cannot be unset once it is true: cancellation is one-way"
 type BashTaskSpec struct {
 	// command is the string given to `bash -c`, 1 to 131071 bytes (the
@@ -116,12 +121,14 @@ type BashTaskSpec struct {
 	Owner *string `json:"owner,omitempty"`
 
 	// workingDir is the absolute directory the command starts in. Unset: a
-	// fresh per-task directory owned by the task's user. At most 4095 bytes
-	// (PATH_MAX less the NUL). Immutable.
+	// fresh per-task directory owned by the task's user. With
+	// spec.workspace it is resolved inside the workspace and cannot leave
+	// it: a relative path is taken from the workspace's root, an absolute
+	// one with the root as "/"; unset there means the workspace's carried
+	// directory. At most 4095 bytes (PATH_MAX less the NUL). Immutable.
 	// +optional
 	// +kubebuilder:validation:MinLength=1
 	// +kubebuilder:validation:MaxLength=4095
-	// +kubebuilder:validation:XValidation:rule="self.startsWith('/')",message="workingDir must be an absolute path (start with /)"
 	// +kubebuilder:validation:XValidation:rule="!self.contains('\\u0000')",message="workingDir must not contain a NUL byte"
 	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="spec.workingDir is immutable: a task runs its command once. To run a new command, create a task with a new name; Argo CD does that with the sync options Force=true,Replace=true or a hook with hook-delete-policy BeforeHookCreation, Flux with the annotation kustomize.toolkit.fluxcd.io/force: enabled"
 	WorkingDir *string `json:"workingDir,omitempty"`
@@ -187,6 +194,22 @@ type BashTaskSpec struct {
 	// +optional
 	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="spec.network is immutable: a task runs its command once. To run a new command, create a task with a new name; Argo CD does that with the sync options Force=true,Replace=true or a hook with hook-delete-policy BeforeHookCreation, Flux with the annotation kustomize.toolkit.fluxcd.io/force: enabled"
 	Network *TaskNetwork `json:"network,omitempty"`
+
+	// workspace names a BashWorkspace in the task's namespace to run in:
+	// as its UID, in its network, with its HOME, starting in the directory
+	// its last task ended in. The workspace's spec.owner, when set, must
+	// equal this task's spec.owner (else InvalidSpec naming both). A task
+	// naming a workspace that does not exist yet, or is not Ready, stays
+	// Pending with the Scheduled condition saying why, so that a GitOps
+	// apply of both works in any order. nodeName, nodeSelector, network and
+	// resources.ephemeralStorage must be unset. A DNS subdomain of at most
+	// 253 characters. Immutable.
+	// +optional
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$`
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="spec.workspace is immutable: a task runs its command once. To run a new command, create a task with a new name; Argo CD does that with the sync options Force=true,Replace=true or a hook with hook-delete-policy BeforeHookCreation, Flux with the annotation kustomize.toolkit.fluxcd.io/force: enabled"
+	Workspace *string `json:"workspace,omitempty"`
 
 	// cancelRequested stops the task when set to true: SIGTERM, the grace
 	// period, then SIGKILL, and the reason Cancelled. It can only go from
@@ -561,6 +584,12 @@ type BashTaskStatus struct {
 	// +optional
 	// +kubebuilder:validation:Minimum=0
 	LeftoverProcesses *int32 `json:"leftoverProcesses,omitempty"`
+
+	// workingDir is the directory the command started in, as it saw it;
+	// set for a task of a workspace.
+	// +optional
+	// +kubebuilder:validation:MaxLength=4096
+	WorkingDir *string `json:"workingDir,omitempty"`
 }
 
 // AgentRef identifies one incarnation of a node's agent.
@@ -691,6 +720,7 @@ type SpillRef struct {
 // +kubebuilder:resource:shortName=bt
 // +kubebuilder:selectablefield:JSONPath=`.spec.owner`
 // +kubebuilder:selectablefield:JSONPath=`.status.phase`
+// +kubebuilder:selectablefield:JSONPath=`.spec.workspace`
 // +kubebuilder:printcolumn:name="Phase",type=string,JSONPath=`.status.phase`
 // +kubebuilder:printcolumn:name="Reason",type=string,JSONPath=`.status.reason`
 // +kubebuilder:printcolumn:name="Exit",type=integer,JSONPath=`.status.exitCode`

@@ -21,12 +21,13 @@ var (
 	// SchemeBuilder collects the functions that register this package's types.
 	SchemeBuilder = runtime.NewSchemeBuilder(addKnownTypes)
 
-	// AddToScheme adds BashTask and BashTaskList to a runtime.Scheme.
+	// AddToScheme adds BashTask, BashWorkspace and their lists to a
+	// runtime.Scheme.
 	AddToScheme = SchemeBuilder.AddToScheme
 )
 
 func addKnownTypes(s *runtime.Scheme) error {
-	s.AddKnownTypes(GroupVersion, &BashTask{}, &BashTaskList{})
+	s.AddKnownTypes(GroupVersion, &BashTask{}, &BashTaskList{}, &BashWorkspace{}, &BashWorkspaceList{})
 	metav1.AddToGroupVersion(s, GroupVersion)
 	return nil
 }

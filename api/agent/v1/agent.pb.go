@@ -673,7 +673,15 @@ type TaskSpec struct {
 	// isolation level; "Node" on an agent whose --task-network is none is
 	// refused: a task may ask for less network than the agent offers, never
 	// more.
-	Network       string `protobuf:"bytes,11,opt,name=network,proto3" json:"network,omitempty"`
+	Network string `protobuf:"bytes,11,opt,name=network,proto3" json:"network,omitempty"`
+	// workspace, when set, runs the task in that workspace of this agent
+	// (Workspaces.EnsureWorkspace made it): as its UID, in its network
+	// namespace, with its HOME, starting in its carried directory;
+	// working_dir is then resolved inside the workspace (relative to its
+	// root; an absolute path is taken with the root as "/") and cannot leave
+	// it; network and ephemeral_storage_bytes must be unset. A workspace the
+	// agent does not hold ends the task StartFailed naming it.
+	Workspace     *WorkspaceRef `protobuf:"bytes,12,opt,name=workspace,proto3" json:"workspace,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -783,6 +791,13 @@ func (x *TaskSpec) GetNetwork() string {
 		return x.Network
 	}
 	return ""
+}
+
+func (x *TaskSpec) GetWorkspace() *WorkspaceRef {
+	if x != nil {
+		return x.Workspace
+	}
+	return nil
 }
 
 // Spill describes a stream's spill file and its upload.
@@ -1012,7 +1027,10 @@ type TaskStatus struct {
 	// when its uploads are done.
 	ForgetRequested bool `protobuf:"varint,16,opt,name=forget_requested,json=forgetRequested,proto3" json:"forget_requested,omitempty"`
 	// isolation says what isolation the task got.
-	Isolation     *TaskIsolation `protobuf:"bytes,17,opt,name=isolation,proto3" json:"isolation,omitempty"`
+	Isolation *TaskIsolation `protobuf:"bytes,17,opt,name=isolation,proto3" json:"isolation,omitempty"`
+	// working_dir is the directory the shell started in, as the task saw
+	// it; set for a task of a workspace.
+	WorkingDir    string `protobuf:"bytes,18,opt,name=working_dir,json=workingDir,proto3" json:"working_dir,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1166,6 +1184,13 @@ func (x *TaskStatus) GetIsolation() *TaskIsolation {
 	return nil
 }
 
+func (x *TaskStatus) GetWorkingDir() string {
+	if x != nil {
+		return x.WorkingDir
+	}
+	return ""
+}
+
 // TaskIsolation is what isolation a task got on its node.
 type TaskIsolation struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1267,71 +1292,6 @@ func (x *TaskIsolation) GetPidsLimit() string {
 	return ""
 }
 
-// Fence identifies the controller that sends a request: the holder of the
-// leader-election Lease and the Lease's transition count when it acquired
-// it (its epoch). Each new leader has a higher epoch. The agent records the
-// newest fence it has seen in its state directory (so a restart keeps it)
-// and refuses Start, Cancel and Watch requests whose epoch is older, or
-// whose epoch is the same with another holder, with FAILED_PRECONDITION
-// whose detail is the newest Fence: an earlier leader that still believes
-// it leads can no longer start or stop tasks once its successor has
-// reached the agent. A request without a
-// fence (a controller running without leader election) is accepted until
-// the agent has seen a fenced one.
-type Fence struct {
-	state protoimpl.MessageState `protogen:"open.v1"`
-	// holder is the Lease's holderIdentity.
-	Holder string `protobuf:"bytes,1,opt,name=holder,proto3" json:"holder,omitempty"`
-	// epoch is the Lease's leaseTransitions when holder acquired it.
-	Epoch         int64 `protobuf:"varint,2,opt,name=epoch,proto3" json:"epoch,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
-}
-
-func (x *Fence) Reset() {
-	*x = Fence{}
-	mi := &file_agent_proto_msgTypes[10]
-	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-	ms.StoreMessageInfo(mi)
-}
-
-func (x *Fence) String() string {
-	return protoimpl.X.MessageStringOf(x)
-}
-
-func (*Fence) ProtoMessage() {}
-
-func (x *Fence) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[10]
-	if x != nil {
-		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-		if ms.LoadMessageInfo() == nil {
-			ms.StoreMessageInfo(mi)
-		}
-		return ms
-	}
-	return mi.MessageOf(x)
-}
-
-// Deprecated: Use Fence.ProtoReflect.Descriptor instead.
-func (*Fence) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{10}
-}
-
-func (x *Fence) GetHolder() string {
-	if x != nil {
-		return x.Holder
-	}
-	return ""
-}
-
-func (x *Fence) GetEpoch() int64 {
-	if x != nil {
-		return x.Epoch
-	}
-	return 0
-}
-
 // StartRequest asks to run a task.
 type StartRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1345,7 +1305,7 @@ type StartRequest struct {
 
 func (x *StartRequest) Reset() {
 	*x = StartRequest{}
-	mi := &file_agent_proto_msgTypes[11]
+	mi := &file_agent_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1357,7 +1317,7 @@ func (x *StartRequest) String() string {
 func (*StartRequest) ProtoMessage() {}
 
 func (x *StartRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[11]
+	mi := &file_agent_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1370,7 +1330,7 @@ func (x *StartRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StartRequest.ProtoReflect.Descriptor instead.
 func (*StartRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{11}
+	return file_agent_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *StartRequest) GetSpec() *TaskSpec {
@@ -1401,7 +1361,7 @@ type StartResponse struct {
 
 func (x *StartResponse) Reset() {
 	*x = StartResponse{}
-	mi := &file_agent_proto_msgTypes[12]
+	mi := &file_agent_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1413,7 +1373,7 @@ func (x *StartResponse) String() string {
 func (*StartResponse) ProtoMessage() {}
 
 func (x *StartResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[12]
+	mi := &file_agent_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1426,7 +1386,7 @@ func (x *StartResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StartResponse.ProtoReflect.Descriptor instead.
 func (*StartResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{12}
+	return file_agent_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *StartResponse) GetStatus() *TaskStatus {
@@ -1456,7 +1416,7 @@ type CancelRequest struct {
 
 func (x *CancelRequest) Reset() {
 	*x = CancelRequest{}
-	mi := &file_agent_proto_msgTypes[13]
+	mi := &file_agent_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1468,7 +1428,7 @@ func (x *CancelRequest) String() string {
 func (*CancelRequest) ProtoMessage() {}
 
 func (x *CancelRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[13]
+	mi := &file_agent_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1481,7 +1441,7 @@ func (x *CancelRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelRequest.ProtoReflect.Descriptor instead.
 func (*CancelRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{13}
+	return file_agent_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *CancelRequest) GetUid() string {
@@ -1510,7 +1470,7 @@ type CancelResponse struct {
 
 func (x *CancelResponse) Reset() {
 	*x = CancelResponse{}
-	mi := &file_agent_proto_msgTypes[14]
+	mi := &file_agent_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1522,7 +1482,7 @@ func (x *CancelResponse) String() string {
 func (*CancelResponse) ProtoMessage() {}
 
 func (x *CancelResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[14]
+	mi := &file_agent_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1535,7 +1495,7 @@ func (x *CancelResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelResponse.ProtoReflect.Descriptor instead.
 func (*CancelResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{14}
+	return file_agent_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *CancelResponse) GetStatus() *TaskStatus {
@@ -1556,7 +1516,7 @@ type GetRequest struct {
 
 func (x *GetRequest) Reset() {
 	*x = GetRequest{}
-	mi := &file_agent_proto_msgTypes[15]
+	mi := &file_agent_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1568,7 +1528,7 @@ func (x *GetRequest) String() string {
 func (*GetRequest) ProtoMessage() {}
 
 func (x *GetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[15]
+	mi := &file_agent_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1581,7 +1541,7 @@ func (x *GetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRequest.ProtoReflect.Descriptor instead.
 func (*GetRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{15}
+	return file_agent_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *GetRequest) GetUid() string {
@@ -1602,7 +1562,7 @@ type GetResponse struct {
 
 func (x *GetResponse) Reset() {
 	*x = GetResponse{}
-	mi := &file_agent_proto_msgTypes[16]
+	mi := &file_agent_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1614,7 +1574,7 @@ func (x *GetResponse) String() string {
 func (*GetResponse) ProtoMessage() {}
 
 func (x *GetResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[16]
+	mi := &file_agent_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1627,7 +1587,7 @@ func (x *GetResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetResponse.ProtoReflect.Descriptor instead.
 func (*GetResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{16}
+	return file_agent_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *GetResponse) GetStatus() *TaskStatus {
@@ -1652,7 +1612,7 @@ type ListRequest struct {
 
 func (x *ListRequest) Reset() {
 	*x = ListRequest{}
-	mi := &file_agent_proto_msgTypes[17]
+	mi := &file_agent_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1664,7 +1624,7 @@ func (x *ListRequest) String() string {
 func (*ListRequest) ProtoMessage() {}
 
 func (x *ListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[17]
+	mi := &file_agent_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1677,7 +1637,7 @@ func (x *ListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRequest.ProtoReflect.Descriptor instead.
 func (*ListRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{17}
+	return file_agent_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ListRequest) GetPageSize() int32 {
@@ -1707,7 +1667,7 @@ type ListResponse struct {
 
 func (x *ListResponse) Reset() {
 	*x = ListResponse{}
-	mi := &file_agent_proto_msgTypes[18]
+	mi := &file_agent_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1719,7 +1679,7 @@ func (x *ListResponse) String() string {
 func (*ListResponse) ProtoMessage() {}
 
 func (x *ListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[18]
+	mi := &file_agent_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1732,7 +1692,7 @@ func (x *ListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListResponse.ProtoReflect.Descriptor instead.
 func (*ListResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{18}
+	return file_agent_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ListResponse) GetTasks() []*TaskStatus {
@@ -1760,7 +1720,7 @@ type ForgetRequest struct {
 
 func (x *ForgetRequest) Reset() {
 	*x = ForgetRequest{}
-	mi := &file_agent_proto_msgTypes[19]
+	mi := &file_agent_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1772,7 +1732,7 @@ func (x *ForgetRequest) String() string {
 func (*ForgetRequest) ProtoMessage() {}
 
 func (x *ForgetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[19]
+	mi := &file_agent_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1785,7 +1745,7 @@ func (x *ForgetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForgetRequest.ProtoReflect.Descriptor instead.
 func (*ForgetRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{19}
+	return file_agent_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ForgetRequest) GetUid() string {
@@ -1808,7 +1768,7 @@ type ForgetResponse struct {
 
 func (x *ForgetResponse) Reset() {
 	*x = ForgetResponse{}
-	mi := &file_agent_proto_msgTypes[20]
+	mi := &file_agent_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1820,7 +1780,7 @@ func (x *ForgetResponse) String() string {
 func (*ForgetResponse) ProtoMessage() {}
 
 func (x *ForgetResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[20]
+	mi := &file_agent_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1833,7 +1793,7 @@ func (x *ForgetResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForgetResponse.ProtoReflect.Descriptor instead.
 func (*ForgetResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{20}
+	return file_agent_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ForgetResponse) GetForgotten() bool {
@@ -1856,7 +1816,7 @@ type WatchRequest struct {
 
 func (x *WatchRequest) Reset() {
 	*x = WatchRequest{}
-	mi := &file_agent_proto_msgTypes[21]
+	mi := &file_agent_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1868,7 +1828,7 @@ func (x *WatchRequest) String() string {
 func (*WatchRequest) ProtoMessage() {}
 
 func (x *WatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[21]
+	mi := &file_agent_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1881,7 +1841,7 @@ func (x *WatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRequest.ProtoReflect.Descriptor instead.
 func (*WatchRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{21}
+	return file_agent_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *WatchRequest) GetFence() *Fence {
@@ -1937,7 +1897,7 @@ type Readiness struct {
 
 func (x *Readiness) Reset() {
 	*x = Readiness{}
-	mi := &file_agent_proto_msgTypes[22]
+	mi := &file_agent_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1949,7 +1909,7 @@ func (x *Readiness) String() string {
 func (*Readiness) ProtoMessage() {}
 
 func (x *Readiness) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[22]
+	mi := &file_agent_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1962,7 +1922,7 @@ func (x *Readiness) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Readiness.ProtoReflect.Descriptor instead.
 func (*Readiness) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{22}
+	return file_agent_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *Readiness) GetReady() bool {
@@ -2082,7 +2042,7 @@ type AgentInfo struct {
 
 func (x *AgentInfo) Reset() {
 	*x = AgentInfo{}
-	mi := &file_agent_proto_msgTypes[23]
+	mi := &file_agent_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2094,7 +2054,7 @@ func (x *AgentInfo) String() string {
 func (*AgentInfo) ProtoMessage() {}
 
 func (x *AgentInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[23]
+	mi := &file_agent_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2107,7 +2067,7 @@ func (x *AgentInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AgentInfo.ProtoReflect.Descriptor instead.
 func (*AgentInfo) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{23}
+	return file_agent_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *AgentInfo) GetNodeName() string {
@@ -2186,7 +2146,7 @@ type TaskEvent struct {
 
 func (x *TaskEvent) Reset() {
 	*x = TaskEvent{}
-	mi := &file_agent_proto_msgTypes[24]
+	mi := &file_agent_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2198,7 +2158,7 @@ func (x *TaskEvent) String() string {
 func (*TaskEvent) ProtoMessage() {}
 
 func (x *TaskEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[24]
+	mi := &file_agent_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2211,7 +2171,7 @@ func (x *TaskEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TaskEvent.ProtoReflect.Descriptor instead.
 func (*TaskEvent) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{24}
+	return file_agent_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *TaskEvent) GetType() EventType {
@@ -2244,7 +2204,7 @@ type WatchResponse struct {
 
 func (x *WatchResponse) Reset() {
 	*x = WatchResponse{}
-	mi := &file_agent_proto_msgTypes[25]
+	mi := &file_agent_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2256,7 +2216,7 @@ func (x *WatchResponse) String() string {
 func (*WatchResponse) ProtoMessage() {}
 
 func (x *WatchResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[25]
+	mi := &file_agent_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2269,7 +2229,7 @@ func (x *WatchResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchResponse.ProtoReflect.Descriptor instead.
 func (*WatchResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{25}
+	return file_agent_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *WatchResponse) GetEvent() isWatchResponse_Event {
@@ -2336,7 +2296,7 @@ type ReadOutputRequest struct {
 
 func (x *ReadOutputRequest) Reset() {
 	*x = ReadOutputRequest{}
-	mi := &file_agent_proto_msgTypes[26]
+	mi := &file_agent_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2348,7 +2308,7 @@ func (x *ReadOutputRequest) String() string {
 func (*ReadOutputRequest) ProtoMessage() {}
 
 func (x *ReadOutputRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[26]
+	mi := &file_agent_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2361,7 +2321,7 @@ func (x *ReadOutputRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadOutputRequest.ProtoReflect.Descriptor instead.
 func (*ReadOutputRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{26}
+	return file_agent_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *ReadOutputRequest) GetUid() string {
@@ -2417,7 +2377,7 @@ type OutputState struct {
 
 func (x *OutputState) Reset() {
 	*x = OutputState{}
-	mi := &file_agent_proto_msgTypes[27]
+	mi := &file_agent_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2429,7 +2389,7 @@ func (x *OutputState) String() string {
 func (*OutputState) ProtoMessage() {}
 
 func (x *OutputState) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[27]
+	mi := &file_agent_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2442,7 +2402,7 @@ func (x *OutputState) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OutputState.ProtoReflect.Descriptor instead.
 func (*OutputState) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{27}
+	return file_agent_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *OutputState) GetTotalBytes() int64 {
@@ -2483,7 +2443,7 @@ type OutputChunk struct {
 
 func (x *OutputChunk) Reset() {
 	*x = OutputChunk{}
-	mi := &file_agent_proto_msgTypes[28]
+	mi := &file_agent_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2495,7 +2455,7 @@ func (x *OutputChunk) String() string {
 func (*OutputChunk) ProtoMessage() {}
 
 func (x *OutputChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[28]
+	mi := &file_agent_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2508,7 +2468,7 @@ func (x *OutputChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OutputChunk.ProtoReflect.Descriptor instead.
 func (*OutputChunk) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{28}
+	return file_agent_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *OutputChunk) GetOffset() int64 {
@@ -2543,7 +2503,7 @@ var File_agent_proto protoreflect.FileDescriptor
 
 const file_agent_proto_rawDesc = "" +
 	"\n" +
-	"\vagent.proto\x12\x11bashtask.agent.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"M\n" +
+	"\vagent.proto\x12\x11bashtask.agent.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\vfence.proto\x1a\x0fworkspace.proto\"M\n" +
 	"\aTaskRef\x12\x1c\n" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x10\n" +
@@ -2563,7 +2523,7 @@ const file_agent_proto_rawDesc = "" +
 	"\n" +
 	"cpu_millis\x18\x02 \x01(\x03R\tcpuMillis\x12\x12\n" +
 	"\x04pids\x18\x03 \x01(\x03R\x04pids\x126\n" +
-	"\x17ephemeral_storage_bytes\x18\x04 \x01(\x03R\x15ephemeralStorageBytes\"\x8c\x04\n" +
+	"\x17ephemeral_storage_bytes\x18\x04 \x01(\x03R\x15ephemeralStorageBytes\"\xcb\x04\n" +
 	"\bTaskSpec\x12,\n" +
 	"\x03ref\x18\x01 \x01(\v2\x1a.bashtask.agent.v1.TaskRefR\x03ref\x12\x18\n" +
 	"\acommand\x18\x02 \x01(\tR\acommand\x12.\n" +
@@ -2579,7 +2539,8 @@ const file_agent_proto_rawDesc = "" +
 	"\x06output\x18\t \x01(\v2!.bashtask.agent.v1.OutputSettingsR\x06output\x12:\n" +
 	"\tresources\x18\n" +
 	" \x01(\v2\x1c.bashtask.agent.v1.ResourcesR\tresources\x12\x18\n" +
-	"\anetwork\x18\v \x01(\tR\anetwork\"\xda\x01\n" +
+	"\anetwork\x18\v \x01(\tR\anetwork\x12=\n" +
+	"\tworkspace\x18\f \x01(\v2\x1f.bashtask.agent.v1.WorkspaceRefR\tworkspace\"\xda\x01\n" +
 	"\x05Spill\x12\x10\n" +
 	"\x03url\x18\x01 \x01(\tR\x03url\x12\x14\n" +
 	"\x05bytes\x18\x02 \x01(\x03R\x05bytes\x12\x1a\n" +
@@ -2594,7 +2555,7 @@ const file_agent_proto_rawDesc = "" +
 	"\ttruncated\x18\x03 \x01(\bR\ttruncated\x12\x1c\n" +
 	"\tsanitized\x18\x04 \x01(\bR\tsanitized\x12\x16\n" +
 	"\x06sha256\x18\x05 \x01(\tR\x06sha256\x12.\n" +
-	"\x05spill\x18\x06 \x01(\v2\x18.bashtask.agent.v1.SpillR\x05spill\"\xf7\x05\n" +
+	"\x05spill\x18\x06 \x01(\v2\x18.bashtask.agent.v1.SpillR\x05spill\"\x98\x06\n" +
 	"\n" +
 	"TaskStatus\x12,\n" +
 	"\x03ref\x18\x01 \x01(\v2\x1a.bashtask.agent.v1.TaskRefR\x03ref\x122\n" +
@@ -2616,7 +2577,9 @@ const file_agent_proto_rawDesc = "" +
 	"\vspec_digest\x18\x0f \x01(\tR\n" +
 	"specDigest\x12)\n" +
 	"\x10forget_requested\x18\x10 \x01(\bR\x0fforgetRequested\x12>\n" +
-	"\tisolation\x18\x11 \x01(\v2 .bashtask.agent.v1.TaskIsolationR\tisolation\"\xdd\x01\n" +
+	"\tisolation\x18\x11 \x01(\v2 .bashtask.agent.v1.TaskIsolationR\tisolation\x12\x1f\n" +
+	"\vworking_dir\x18\x12 \x01(\tR\n" +
+	"workingDir\"\xdd\x01\n" +
 	"\rTaskIsolation\x12\x14\n" +
 	"\x05level\x18\x01 \x01(\tR\x05level\x12\x17\n" +
 	"\x04user\x18\x02 \x01(\rH\x00R\x04user\x88\x01\x01\x12\x1e\n" +
@@ -2628,10 +2591,7 @@ const file_agent_proto_rawDesc = "" +
 	"\anetwork\x18\x06 \x01(\tR\anetwork\x12\x1d\n" +
 	"\n" +
 	"pids_limit\x18\a \x01(\tR\tpidsLimitB\a\n" +
-	"\x05_user\"5\n" +
-	"\x05Fence\x12\x16\n" +
-	"\x06holder\x18\x01 \x01(\tR\x06holder\x12\x14\n" +
-	"\x05epoch\x18\x02 \x01(\x03R\x05epoch\"o\n" +
+	"\x05_user\"o\n" +
 	"\fStartRequest\x12/\n" +
 	"\x04spec\x18\x01 \x01(\v2\x1b.bashtask.agent.v1.TaskSpecR\x04spec\x12.\n" +
 	"\x05fence\x18\x02 \x01(\v2\x18.bashtask.agent.v1.FenceR\x05fence\"k\n" +
@@ -2761,7 +2721,7 @@ func file_agent_proto_rawDescGZIP() []byte {
 }
 
 var file_agent_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
-var file_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 29)
+var file_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 28)
 var file_agent_proto_goTypes = []any{
 	(UploadPolicy)(0),             // 0: bashtask.agent.v1.UploadPolicy
 	(TaskState)(0),                // 1: bashtask.agent.v1.TaskState
@@ -2778,27 +2738,28 @@ var file_agent_proto_goTypes = []any{
 	(*StreamStatus)(nil),          // 12: bashtask.agent.v1.StreamStatus
 	(*TaskStatus)(nil),            // 13: bashtask.agent.v1.TaskStatus
 	(*TaskIsolation)(nil),         // 14: bashtask.agent.v1.TaskIsolation
-	(*Fence)(nil),                 // 15: bashtask.agent.v1.Fence
-	(*StartRequest)(nil),          // 16: bashtask.agent.v1.StartRequest
-	(*StartResponse)(nil),         // 17: bashtask.agent.v1.StartResponse
-	(*CancelRequest)(nil),         // 18: bashtask.agent.v1.CancelRequest
-	(*CancelResponse)(nil),        // 19: bashtask.agent.v1.CancelResponse
-	(*GetRequest)(nil),            // 20: bashtask.agent.v1.GetRequest
-	(*GetResponse)(nil),           // 21: bashtask.agent.v1.GetResponse
-	(*ListRequest)(nil),           // 22: bashtask.agent.v1.ListRequest
-	(*ListResponse)(nil),          // 23: bashtask.agent.v1.ListResponse
-	(*ForgetRequest)(nil),         // 24: bashtask.agent.v1.ForgetRequest
-	(*ForgetResponse)(nil),        // 25: bashtask.agent.v1.ForgetResponse
-	(*WatchRequest)(nil),          // 26: bashtask.agent.v1.WatchRequest
-	(*Readiness)(nil),             // 27: bashtask.agent.v1.Readiness
-	(*AgentInfo)(nil),             // 28: bashtask.agent.v1.AgentInfo
-	(*TaskEvent)(nil),             // 29: bashtask.agent.v1.TaskEvent
-	(*WatchResponse)(nil),         // 30: bashtask.agent.v1.WatchResponse
-	(*ReadOutputRequest)(nil),     // 31: bashtask.agent.v1.ReadOutputRequest
-	(*OutputState)(nil),           // 32: bashtask.agent.v1.OutputState
-	(*OutputChunk)(nil),           // 33: bashtask.agent.v1.OutputChunk
-	(*durationpb.Duration)(nil),   // 34: google.protobuf.Duration
+	(*StartRequest)(nil),          // 15: bashtask.agent.v1.StartRequest
+	(*StartResponse)(nil),         // 16: bashtask.agent.v1.StartResponse
+	(*CancelRequest)(nil),         // 17: bashtask.agent.v1.CancelRequest
+	(*CancelResponse)(nil),        // 18: bashtask.agent.v1.CancelResponse
+	(*GetRequest)(nil),            // 19: bashtask.agent.v1.GetRequest
+	(*GetResponse)(nil),           // 20: bashtask.agent.v1.GetResponse
+	(*ListRequest)(nil),           // 21: bashtask.agent.v1.ListRequest
+	(*ListResponse)(nil),          // 22: bashtask.agent.v1.ListResponse
+	(*ForgetRequest)(nil),         // 23: bashtask.agent.v1.ForgetRequest
+	(*ForgetResponse)(nil),        // 24: bashtask.agent.v1.ForgetResponse
+	(*WatchRequest)(nil),          // 25: bashtask.agent.v1.WatchRequest
+	(*Readiness)(nil),             // 26: bashtask.agent.v1.Readiness
+	(*AgentInfo)(nil),             // 27: bashtask.agent.v1.AgentInfo
+	(*TaskEvent)(nil),             // 28: bashtask.agent.v1.TaskEvent
+	(*WatchResponse)(nil),         // 29: bashtask.agent.v1.WatchResponse
+	(*ReadOutputRequest)(nil),     // 30: bashtask.agent.v1.ReadOutputRequest
+	(*OutputState)(nil),           // 31: bashtask.agent.v1.OutputState
+	(*OutputChunk)(nil),           // 32: bashtask.agent.v1.OutputChunk
+	(*durationpb.Duration)(nil),   // 33: google.protobuf.Duration
+	(*WorkspaceRef)(nil),          // 34: bashtask.agent.v1.WorkspaceRef
 	(*timestamppb.Timestamp)(nil), // 35: google.protobuf.Timestamp
+	(*Fence)(nil),                 // 36: bashtask.agent.v1.Fence
 }
 var file_agent_proto_depIdxs = []int32{
 	0,  // 0: bashtask.agent.v1.OutputSettings.upload:type_name -> bashtask.agent.v1.UploadPolicy
@@ -2806,55 +2767,56 @@ var file_agent_proto_depIdxs = []int32{
 	7,  // 2: bashtask.agent.v1.TaskSpec.stdin:type_name -> bashtask.agent.v1.Stdin
 	6,  // 3: bashtask.agent.v1.TaskSpec.env:type_name -> bashtask.agent.v1.EnvVar
 	6,  // 4: bashtask.agent.v1.TaskSpec.managed_env:type_name -> bashtask.agent.v1.EnvVar
-	34, // 5: bashtask.agent.v1.TaskSpec.timeout:type_name -> google.protobuf.Duration
-	34, // 6: bashtask.agent.v1.TaskSpec.kill_grace:type_name -> google.protobuf.Duration
+	33, // 5: bashtask.agent.v1.TaskSpec.timeout:type_name -> google.protobuf.Duration
+	33, // 6: bashtask.agent.v1.TaskSpec.kill_grace:type_name -> google.protobuf.Duration
 	8,  // 7: bashtask.agent.v1.TaskSpec.output:type_name -> bashtask.agent.v1.OutputSettings
 	9,  // 8: bashtask.agent.v1.TaskSpec.resources:type_name -> bashtask.agent.v1.Resources
-	2,  // 9: bashtask.agent.v1.Spill.upload_state:type_name -> bashtask.agent.v1.UploadState
-	11, // 10: bashtask.agent.v1.StreamStatus.spill:type_name -> bashtask.agent.v1.Spill
-	5,  // 11: bashtask.agent.v1.TaskStatus.ref:type_name -> bashtask.agent.v1.TaskRef
-	1,  // 12: bashtask.agent.v1.TaskStatus.state:type_name -> bashtask.agent.v1.TaskState
-	35, // 13: bashtask.agent.v1.TaskStatus.start_time:type_name -> google.protobuf.Timestamp
-	35, // 14: bashtask.agent.v1.TaskStatus.completion_time:type_name -> google.protobuf.Timestamp
-	12, // 15: bashtask.agent.v1.TaskStatus.stdout:type_name -> bashtask.agent.v1.StreamStatus
-	12, // 16: bashtask.agent.v1.TaskStatus.stderr:type_name -> bashtask.agent.v1.StreamStatus
-	14, // 17: bashtask.agent.v1.TaskStatus.isolation:type_name -> bashtask.agent.v1.TaskIsolation
-	10, // 18: bashtask.agent.v1.StartRequest.spec:type_name -> bashtask.agent.v1.TaskSpec
-	15, // 19: bashtask.agent.v1.StartRequest.fence:type_name -> bashtask.agent.v1.Fence
-	13, // 20: bashtask.agent.v1.StartResponse.status:type_name -> bashtask.agent.v1.TaskStatus
-	15, // 21: bashtask.agent.v1.CancelRequest.fence:type_name -> bashtask.agent.v1.Fence
-	13, // 22: bashtask.agent.v1.CancelResponse.status:type_name -> bashtask.agent.v1.TaskStatus
-	13, // 23: bashtask.agent.v1.GetResponse.status:type_name -> bashtask.agent.v1.TaskStatus
-	13, // 24: bashtask.agent.v1.ListResponse.tasks:type_name -> bashtask.agent.v1.TaskStatus
-	15, // 25: bashtask.agent.v1.WatchRequest.fence:type_name -> bashtask.agent.v1.Fence
-	27, // 26: bashtask.agent.v1.AgentInfo.readiness:type_name -> bashtask.agent.v1.Readiness
-	15, // 27: bashtask.agent.v1.AgentInfo.fence:type_name -> bashtask.agent.v1.Fence
-	3,  // 28: bashtask.agent.v1.TaskEvent.type:type_name -> bashtask.agent.v1.EventType
-	13, // 29: bashtask.agent.v1.TaskEvent.status:type_name -> bashtask.agent.v1.TaskStatus
-	28, // 30: bashtask.agent.v1.WatchResponse.agent:type_name -> bashtask.agent.v1.AgentInfo
-	29, // 31: bashtask.agent.v1.WatchResponse.task:type_name -> bashtask.agent.v1.TaskEvent
-	4,  // 32: bashtask.agent.v1.ReadOutputRequest.stream:type_name -> bashtask.agent.v1.OutputStream
-	32, // 33: bashtask.agent.v1.OutputChunk.header:type_name -> bashtask.agent.v1.OutputState
-	32, // 34: bashtask.agent.v1.OutputChunk.end:type_name -> bashtask.agent.v1.OutputState
-	16, // 35: bashtask.agent.v1.Executor.Start:input_type -> bashtask.agent.v1.StartRequest
-	18, // 36: bashtask.agent.v1.Executor.Cancel:input_type -> bashtask.agent.v1.CancelRequest
-	20, // 37: bashtask.agent.v1.Executor.Get:input_type -> bashtask.agent.v1.GetRequest
-	22, // 38: bashtask.agent.v1.Executor.List:input_type -> bashtask.agent.v1.ListRequest
-	24, // 39: bashtask.agent.v1.Executor.Forget:input_type -> bashtask.agent.v1.ForgetRequest
-	26, // 40: bashtask.agent.v1.Executor.Watch:input_type -> bashtask.agent.v1.WatchRequest
-	31, // 41: bashtask.agent.v1.Executor.ReadOutput:input_type -> bashtask.agent.v1.ReadOutputRequest
-	17, // 42: bashtask.agent.v1.Executor.Start:output_type -> bashtask.agent.v1.StartResponse
-	19, // 43: bashtask.agent.v1.Executor.Cancel:output_type -> bashtask.agent.v1.CancelResponse
-	21, // 44: bashtask.agent.v1.Executor.Get:output_type -> bashtask.agent.v1.GetResponse
-	23, // 45: bashtask.agent.v1.Executor.List:output_type -> bashtask.agent.v1.ListResponse
-	25, // 46: bashtask.agent.v1.Executor.Forget:output_type -> bashtask.agent.v1.ForgetResponse
-	30, // 47: bashtask.agent.v1.Executor.Watch:output_type -> bashtask.agent.v1.WatchResponse
-	33, // 48: bashtask.agent.v1.Executor.ReadOutput:output_type -> bashtask.agent.v1.OutputChunk
-	42, // [42:49] is the sub-list for method output_type
-	35, // [35:42] is the sub-list for method input_type
-	35, // [35:35] is the sub-list for extension type_name
-	35, // [35:35] is the sub-list for extension extendee
-	0,  // [0:35] is the sub-list for field type_name
+	34, // 9: bashtask.agent.v1.TaskSpec.workspace:type_name -> bashtask.agent.v1.WorkspaceRef
+	2,  // 10: bashtask.agent.v1.Spill.upload_state:type_name -> bashtask.agent.v1.UploadState
+	11, // 11: bashtask.agent.v1.StreamStatus.spill:type_name -> bashtask.agent.v1.Spill
+	5,  // 12: bashtask.agent.v1.TaskStatus.ref:type_name -> bashtask.agent.v1.TaskRef
+	1,  // 13: bashtask.agent.v1.TaskStatus.state:type_name -> bashtask.agent.v1.TaskState
+	35, // 14: bashtask.agent.v1.TaskStatus.start_time:type_name -> google.protobuf.Timestamp
+	35, // 15: bashtask.agent.v1.TaskStatus.completion_time:type_name -> google.protobuf.Timestamp
+	12, // 16: bashtask.agent.v1.TaskStatus.stdout:type_name -> bashtask.agent.v1.StreamStatus
+	12, // 17: bashtask.agent.v1.TaskStatus.stderr:type_name -> bashtask.agent.v1.StreamStatus
+	14, // 18: bashtask.agent.v1.TaskStatus.isolation:type_name -> bashtask.agent.v1.TaskIsolation
+	10, // 19: bashtask.agent.v1.StartRequest.spec:type_name -> bashtask.agent.v1.TaskSpec
+	36, // 20: bashtask.agent.v1.StartRequest.fence:type_name -> bashtask.agent.v1.Fence
+	13, // 21: bashtask.agent.v1.StartResponse.status:type_name -> bashtask.agent.v1.TaskStatus
+	36, // 22: bashtask.agent.v1.CancelRequest.fence:type_name -> bashtask.agent.v1.Fence
+	13, // 23: bashtask.agent.v1.CancelResponse.status:type_name -> bashtask.agent.v1.TaskStatus
+	13, // 24: bashtask.agent.v1.GetResponse.status:type_name -> bashtask.agent.v1.TaskStatus
+	13, // 25: bashtask.agent.v1.ListResponse.tasks:type_name -> bashtask.agent.v1.TaskStatus
+	36, // 26: bashtask.agent.v1.WatchRequest.fence:type_name -> bashtask.agent.v1.Fence
+	26, // 27: bashtask.agent.v1.AgentInfo.readiness:type_name -> bashtask.agent.v1.Readiness
+	36, // 28: bashtask.agent.v1.AgentInfo.fence:type_name -> bashtask.agent.v1.Fence
+	3,  // 29: bashtask.agent.v1.TaskEvent.type:type_name -> bashtask.agent.v1.EventType
+	13, // 30: bashtask.agent.v1.TaskEvent.status:type_name -> bashtask.agent.v1.TaskStatus
+	27, // 31: bashtask.agent.v1.WatchResponse.agent:type_name -> bashtask.agent.v1.AgentInfo
+	28, // 32: bashtask.agent.v1.WatchResponse.task:type_name -> bashtask.agent.v1.TaskEvent
+	4,  // 33: bashtask.agent.v1.ReadOutputRequest.stream:type_name -> bashtask.agent.v1.OutputStream
+	31, // 34: bashtask.agent.v1.OutputChunk.header:type_name -> bashtask.agent.v1.OutputState
+	31, // 35: bashtask.agent.v1.OutputChunk.end:type_name -> bashtask.agent.v1.OutputState
+	15, // 36: bashtask.agent.v1.Executor.Start:input_type -> bashtask.agent.v1.StartRequest
+	17, // 37: bashtask.agent.v1.Executor.Cancel:input_type -> bashtask.agent.v1.CancelRequest
+	19, // 38: bashtask.agent.v1.Executor.Get:input_type -> bashtask.agent.v1.GetRequest
+	21, // 39: bashtask.agent.v1.Executor.List:input_type -> bashtask.agent.v1.ListRequest
+	23, // 40: bashtask.agent.v1.Executor.Forget:input_type -> bashtask.agent.v1.ForgetRequest
+	25, // 41: bashtask.agent.v1.Executor.Watch:input_type -> bashtask.agent.v1.WatchRequest
+	30, // 42: bashtask.agent.v1.Executor.ReadOutput:input_type -> bashtask.agent.v1.ReadOutputRequest
+	16, // 43: bashtask.agent.v1.Executor.Start:output_type -> bashtask.agent.v1.StartResponse
+	18, // 44: bashtask.agent.v1.Executor.Cancel:output_type -> bashtask.agent.v1.CancelResponse
+	20, // 45: bashtask.agent.v1.Executor.Get:output_type -> bashtask.agent.v1.GetResponse
+	22, // 46: bashtask.agent.v1.Executor.List:output_type -> bashtask.agent.v1.ListResponse
+	24, // 47: bashtask.agent.v1.Executor.Forget:output_type -> bashtask.agent.v1.ForgetResponse
+	29, // 48: bashtask.agent.v1.Executor.Watch:output_type -> bashtask.agent.v1.WatchResponse
+	32, // 49: bashtask.agent.v1.Executor.ReadOutput:output_type -> bashtask.agent.v1.OutputChunk
+	43, // [43:50] is the sub-list for method output_type
+	36, // [36:43] is the sub-list for method input_type
+	36, // [36:36] is the sub-list for extension type_name
+	36, // [36:36] is the sub-list for extension extendee
+	0,  // [0:36] is the sub-list for field type_name
 }
 
 func init() { file_agent_proto_init() }
@@ -2862,8 +2824,10 @@ func file_agent_proto_init() {
 	if File_agent_proto != nil {
 		return
 	}
+	file_fence_proto_init()
+	file_workspace_proto_init()
 	file_agent_proto_msgTypes[9].OneofWrappers = []any{}
-	file_agent_proto_msgTypes[25].OneofWrappers = []any{
+	file_agent_proto_msgTypes[24].OneofWrappers = []any{
 		(*WatchResponse_Agent)(nil),
 		(*WatchResponse_Task)(nil),
 	}
@@ -2873,7 +2837,7 @@ func file_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_agent_proto_rawDesc), len(file_agent_proto_rawDesc)),
 			NumEnums:      5,
-			NumMessages:   29,
+			NumMessages:   28,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -125,8 +125,9 @@ func unstructuredString(obj map[string]any, fields ...string) (string, bool, err
 // rules are the files controller-gen generated into config/.
 func TestChartCopiesOfGeneratedFiles(t *testing.T) {
 	pairs := map[string]string{
-		"config/crd/bases/bashtask.dev_bashtasks.yaml": "charts/bashtask/crds/bashtask.dev_bashtasks.yaml",
-		"config/rbac/role.yaml":                        "charts/bashtask/files/controller-role.yaml",
+		"config/crd/bases/bashtask.dev_bashtasks.yaml":      "charts/bashtask/crds/bashtask.dev_bashtasks.yaml",
+		"config/crd/bases/bashtask.dev_bashworkspaces.yaml": "charts/bashtask/crds/bashtask.dev_bashworkspaces.yaml",
+		"config/rbac/role.yaml":                             "charts/bashtask/files/controller-role.yaml",
 	}
 	for src, dst := range pairs {
 		a, err := os.ReadFile(filepath.Join(root, src))

@@ -1,0 +1,282 @@
+package v1alpha1
+
+import (
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// Limits of the BashWorkspace API, enforced by the CRD schema and repeated
+// here for clients and the controller.
+const (
+	// MaxIdleTimeoutSeconds is the largest spec.idleTimeoutSeconds: 30 days.
+	MaxIdleTimeoutSeconds = 30 * 24 * 3600
+
+	// WorkspacePath is the root of every workspace as its tasks see it, and
+	// their HOME: the same on every node, so that a carried directory and
+	// a path in a script mean the same wherever the workspace lives.
+	WorkspacePath = "/home/task"
+)
+
+// BashWorkspaceSpec is a session's home on one node: a directory with a
+// size limit, a UID leased for its life, a network its tasks share, and
+// what carries over from one task to the next. owner, placement, storage
+// and network are immutable; carryOver and idleTimeoutSeconds may change
+// and apply from the next task on.
+//
+// +kubebuilder:validation:XValidation:rule="has(self.owner) == has(oldSelf.owner)",message="spec.owner of a BashWorkspace is immutable (it cannot be added or removed): create a new workspace for another owner"
+// +kubebuilder:validation:XValidation:rule="has(self.nodeName) == has(oldSelf.nodeName)",message="spec.nodeName of a BashWorkspace is immutable (it cannot be added or removed): the workspace's files live on its node"
+// +kubebuilder:validation:XValidation:rule="has(self.nodeSelector) == has(oldSelf.nodeSelector)",message="spec.nodeSelector of a BashWorkspace is immutable (it cannot be added or removed): the workspace's files live on its node"
+// +kubebuilder:validation:XValidation:rule="has(self.storage) == has(oldSelf.storage)",message="spec.storage of a BashWorkspace is immutable (it cannot be added or removed): its file system is made once"
+// +kubebuilder:validation:XValidation:rule="has(self.network) == has(oldSelf.network)",message="spec.network of a BashWorkspace is immutable (it cannot be added or removed): its tasks share one network namespace"
+type BashWorkspaceSpec struct {
+	// owner is the opaque token of the one owner whose tasks may run here:
+	// a task naming this workspace with another spec.owner (or none, when
+	// this is set) is refused with InvalidSpec naming both. Unset: tasks
+	// of any owner, and tasks without one, may use it. 1 to 253
+	// characters. Immutable.
+	// +optional
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="spec.owner of a BashWorkspace is immutable: create a new workspace for another owner"
+	Owner *string `json:"owner,omitempty"`
+
+	// nodeName makes the workspace on the agent of this node. Immutable.
+	// +optional
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="spec.nodeName of a BashWorkspace is immutable: the workspace's files live on its node"
+	NodeName *string `json:"nodeName,omitempty"`
+
+	// nodeSelector makes the workspace on an agent whose Node carries all
+	// of these labels; unset with nodeName unset: the least loaded agent.
+	// At most 32 entries. Immutable.
+	// +optional
+	// +kubebuilder:validation:MaxProperties=32
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="spec.nodeSelector of a BashWorkspace is immutable: the workspace's files live on its node"
+	NodeSelector map[string]string `json:"nodeSelector,omitempty"`
+
+	// storage is the size of the workspace's file system, a quantity from
+	// 32Mi to 16Ti such as 5Gi: a write past it fails with "No space left
+	// on device" in this workspace only. Unset means the agent's default
+	// (--task-disk-size, 10Gi in the chart); above the agent's cap
+	// (--task-disk-cap) the workspace fails with the reason InvalidSpec.
+	// Immutable.
+	// +optional
+	// +kubebuilder:validation:XValidation:rule="quantity(string(self)).compareTo(quantity('32Mi')) >= 0",message="spec.storage must be at least 32Mi"
+	// +kubebuilder:validation:XValidation:rule="quantity(string(self)).compareTo(quantity('16Ti')) <= 0",message="spec.storage must be at most 16Ti"
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="spec.storage of a BashWorkspace is immutable: its file system is made once"
+	Storage *resource.Quantity `json:"storage,omitempty"`
+
+	// network is the network every task of the workspace reaches, one
+	// network namespace they share (a server one task starts on 127.0.0.1
+	// is reachable from the workspace's other tasks, and from no other
+	// workspace): None (loopback only) or Egress (loopback and a NATed
+	// route out, as for a task), or Node where the agent allows it. Unset
+	// means the agent's default (Egress at the tenant level). Immutable.
+	// +optional
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="spec.network of a BashWorkspace is immutable: its tasks share one network namespace"
+	Network *TaskNetwork `json:"network,omitempty"`
+
+	// carryOver says what the workspace keeps from one task to the next.
+	// Unset: the working directory carries over, the environment does not.
+	// +optional
+	CarryOver *CarryOver `json:"carryOver,omitempty"`
+
+	// idleTimeoutSeconds deletes the workspace after it has had no running
+	// task for this many seconds (counted from its last task's end, or
+	// from its creation before any ran), 1 to 2592000 (30 days). Unset:
+	// kept until deleted.
+	// +optional
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=2592000
+	IdleTimeoutSeconds *int32 `json:"idleTimeoutSeconds,omitempty"`
+}
+
+// CarryOver says what a workspace's next task inherits from the shell of
+// the last task that ended.
+type CarryOver struct {
+	// workingDir starts the next task in the directory the last task's
+	// shell ended in (also after `exit`, a failure or a timeout). Default
+	// true.
+	// +optional
+	// +default=true
+	WorkingDir *bool `json:"workingDir,omitempty"`
+
+	// environment gives the next task the variables the last task's shell
+	// had exported, less the managed BASHTASK_* names and the names the
+	// credential scrub removes (containing KEY, SECRET, TOKEN or
+	// PASSWORD). They stay on the node, readable only by the workspace's
+	// UID, and never appear in the API. A task's own spec.env wins over
+	// them. Default false.
+	// +optional
+	// +default=false
+	Environment *bool `json:"environment,omitempty"`
+}
+
+// WorkspacePhase summarizes where a workspace is in its life.
+//
+// +kubebuilder:validation:Enum=Pending;Ready;Terminating;NodeLost;Failed
+type WorkspacePhase string
+
+const (
+	// WorkspacePending means the workspace waits for an agent or is being
+	// made.
+	WorkspacePending WorkspacePhase = "Pending"
+	// WorkspaceReady means the workspace exists on its node and takes
+	// tasks.
+	WorkspaceReady WorkspacePhase = "Ready"
+	// WorkspaceTerminating means the workspace is being deleted: its
+	// running tasks are stopped, then its directory, network and UID go.
+	WorkspaceTerminating WorkspacePhase = "Terminating"
+	// WorkspaceNodeLost means the workspace's node or agent is gone (its
+	// agent unreachable past the controller's --agent-lost-after, or its
+	// Node deleted, or the agent no longer holds it): its files went with
+	// the node. The object is kept, tasks naming it are refused.
+	WorkspaceNodeLost WorkspacePhase = "NodeLost"
+	// WorkspaceFailed means the workspace cannot be made (a storage size
+	// over the agent's cap, a network the agent does not allow).
+	WorkspaceFailed WorkspacePhase = "Failed"
+)
+
+// Condition types and reasons of a BashWorkspace. Ready, Reconciling and
+// Stalled are the kstatus conditions as for a BashTask
+// (ConditionReady, ConditionReconciling, ConditionStalled).
+const (
+	// WorkspaceReasonPending: no agent fits the placement yet, or the
+	// agent is making the workspace.
+	WorkspaceReasonPending = "Pending"
+	// WorkspaceReasonReady: the workspace exists on its node.
+	WorkspaceReasonReady = "Ready"
+	// WorkspaceReasonTerminating: the workspace is being deleted.
+	WorkspaceReasonTerminating = "Terminating"
+	// WorkspaceReasonNodeLost: the workspace's node or agent is gone.
+	WorkspaceReasonNodeLost = "NodeLost"
+	// WorkspaceReasonInvalidSpec: the agent refused the spec (the message
+	// names the field and the limit).
+	WorkspaceReasonInvalidSpec = "InvalidSpec"
+)
+
+// BashWorkspaceStatus is what the controller observed of a workspace.
+type BashWorkspaceStatus struct {
+	// conditions are Ready, Reconciling and Stalled (kstatus).
+	// +optional
+	// +listType=map
+	// +listMapKey=type
+	// +patchStrategy=merge
+	// +patchMergeKey=type
+	// +kubebuilder:validation:MaxItems=8
+	Conditions []metav1.Condition `json:"conditions,omitempty" patchStrategy:"merge" patchMergeKey:"type"`
+
+	// observedGeneration is the generation the status was computed for.
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	ObservedGeneration *int64 `json:"observedGeneration,omitempty"`
+
+	// phase summarizes the conditions.
+	// +optional
+	Phase *WorkspacePhase `json:"phase,omitempty"`
+
+	// message explains the phase in a sentence.
+	// +optional
+	// +kubebuilder:validation:MaxLength=4096
+	Message *string `json:"message,omitempty"`
+
+	// nodeName is the node that holds the workspace.
+	// +optional
+	// +kubebuilder:validation:MaxLength=253
+	NodeName *string `json:"nodeName,omitempty"`
+
+	// runAsUser is the UID (and GID) the workspace's tasks run as, leased
+	// for the workspace's life.
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	RunAsUser *int64 `json:"runAsUser,omitempty"`
+
+	// path is the workspace's root as its tasks see it, also their HOME
+	// (/home/task).
+	// +optional
+	// +kubebuilder:validation:MaxLength=4096
+	Path *string `json:"path,omitempty"`
+
+	// workingDir is the directory the next task starts in, as tasks see
+	// it.
+	// +optional
+	// +kubebuilder:validation:MaxLength=4096
+	WorkingDir *string `json:"workingDir,omitempty"`
+
+	// carryMessage says why the last task's state did not carry over (its
+	// directory is gone, it ended outside the workspace, its shell was
+	// replaced by exec or killed before it could say); unset when it did.
+	// +optional
+	// +kubebuilder:validation:MaxLength=1024
+	CarryMessage *string `json:"carryMessage,omitempty"`
+
+	// usedBytes is what the workspace's file system holds.
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	UsedBytes *int64 `json:"usedBytes,omitempty"`
+
+	// capacityBytes is the size of the workspace's file system; unset
+	// when the node cannot cap it (see the message).
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	CapacityBytes *int64 `json:"capacityBytes,omitempty"`
+
+	// runningTasks counts the workspace's tasks that run now.
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	RunningTasks *int32 `json:"runningTasks,omitempty"`
+
+	// network is the network the workspace's tasks get.
+	// +optional
+	Network *TaskNetwork `json:"network,omitempty"`
+
+	// lastTaskTime is when the workspace's last task ended, the start of
+	// its idle time.
+	// +optional
+	LastTaskTime *metav1.Time `json:"lastTaskTime,omitempty"`
+}
+
+// BashWorkspace is a session's home on one node that the BashTasks naming
+// it (spec.workspace) share: files, working directory, optionally the
+// environment, and a network, isolated from every other owner.
+//
+// +kubebuilder:object:root=true
+// +kubebuilder:subresource:status
+// +kubebuilder:resource:shortName=bw
+// +kubebuilder:selectablefield:JSONPath=`.spec.owner`
+// +kubebuilder:printcolumn:name="Phase",type=string,JSONPath=`.status.phase`
+// +kubebuilder:printcolumn:name="Node",type=string,JSONPath=`.status.nodeName`
+// +kubebuilder:printcolumn:name="Running",type=integer,JSONPath=`.status.runningTasks`
+// +kubebuilder:printcolumn:name="Used",type=integer,JSONPath=`.status.usedBytes`
+// +kubebuilder:printcolumn:name="Dir",type=string,JSONPath=`.status.workingDir`
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+// +kubebuilder:printcolumn:name="Owner",type=string,JSONPath=`.spec.owner`,priority=10
+// +kubebuilder:printcolumn:name="UID",type=integer,JSONPath=`.status.runAsUser`,priority=10
+type BashWorkspace struct {
+	metav1.TypeMeta `json:",inline"`
+
+	// metadata is the standard object metadata.
+	// +optional
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	// spec is the workspace asked for.
+	// +required
+	Spec BashWorkspaceSpec `json:"spec"`
+
+	// status is what the controller observed.
+	// +optional
+	Status BashWorkspaceStatus `json:"status,omitempty,omitzero"`
+}
+
+// BashWorkspaceList is a list of BashWorkspaces.
+//
+// +kubebuilder:object:root=true
+type BashWorkspaceList struct {
+	metav1.TypeMeta `json:",inline"`
+	// metadata is the standard list metadata.
+	// +optional
+	metav1.ListMeta `json:"metadata,omitempty"`
+	// items are the workspaces.
+	Items []BashWorkspace `json:"items"`
+}
