@@ -235,6 +235,13 @@ type BashWorkspaceStatus struct {
 	// its idle time.
 	// +optional
 	LastTaskTime *metav1.Time `json:"lastTaskTime,omitempty"`
+
+	// lastTask is the name of the BashTask whose end workingDir and the
+	// carried environment come from (or whose end did not carry, see
+	// carryMessage).
+	// +optional
+	// +kubebuilder:validation:MaxLength=253
+	LastTask *string `json:"lastTask,omitempty"`
 }
 
 // BashWorkspace is a session's home on one node that the BashTasks naming

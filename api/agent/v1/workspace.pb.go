@@ -232,6 +232,11 @@ type WorkspaceStatus struct {
 	// carry_env_names lists the names of the carried variables (never
 	// their values).
 	CarryEnvNames []string `protobuf:"bytes,13,rep,name=carry_env_names,json=carryEnvNames,proto3" json:"carry_env_names,omitempty"`
+	// last_task_name and last_task_uid name the task whose end the carried
+	// state (working_dir, the variables) comes from, or whose end did not
+	// carry (carry_message); empty before any task ended.
+	LastTaskName  string `protobuf:"bytes,14,opt,name=last_task_name,json=lastTaskName,proto3" json:"last_task_name,omitempty"`
+	LastTaskUid   string `protobuf:"bytes,15,opt,name=last_task_uid,json=lastTaskUid,proto3" json:"last_task_uid,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -355,6 +360,20 @@ func (x *WorkspaceStatus) GetCarryEnvNames() []string {
 		return x.CarryEnvNames
 	}
 	return nil
+}
+
+func (x *WorkspaceStatus) GetLastTaskName() string {
+	if x != nil {
+		return x.LastTaskName
+	}
+	return ""
+}
+
+func (x *WorkspaceStatus) GetLastTaskUid() string {
+	if x != nil {
+		return x.LastTaskUid
+	}
+	return ""
 }
 
 // EnsureWorkspaceRequest asks for a workspace.
@@ -758,7 +777,7 @@ const file_workspace_proto_rawDesc = "" +
 	"\anetwork\x18\x03 \x01(\tR\anetwork\x12*\n" +
 	"\x11carry_working_dir\x18\x04 \x01(\bR\x0fcarryWorkingDir\x12\x1b\n" +
 	"\tcarry_env\x18\x05 \x01(\bR\bcarryEnv\x12\x14\n" +
-	"\x05owner\x18\x06 \x01(\tR\x05owner\"\x93\x04\n" +
+	"\x05owner\x18\x06 \x01(\tR\x05owner\"\xdd\x04\n" +
 	"\x0fWorkspaceStatus\x121\n" +
 	"\x03ref\x18\x01 \x01(\v2\x1f.bashtask.agent.v1.WorkspaceRefR\x03ref\x12\x1e\n" +
 	"\vrun_as_user\x18\x02 \x01(\rR\trunAsUser\x12\x12\n" +
@@ -776,7 +795,9 @@ const file_workspace_proto_rawDesc = "" +
 	"\anetwork\x18\v \x01(\tR\anetwork\x12;\n" +
 	"\vcreate_time\x18\f \x01(\v2\x1a.google.protobuf.TimestampR\n" +
 	"createTime\x12&\n" +
-	"\x0fcarry_env_names\x18\r \x03(\tR\rcarryEnvNames\"~\n" +
+	"\x0fcarry_env_names\x18\r \x03(\tR\rcarryEnvNames\x12$\n" +
+	"\x0elast_task_name\x18\x0e \x01(\tR\flastTaskName\x12\"\n" +
+	"\rlast_task_uid\x18\x0f \x01(\tR\vlastTaskUid\"~\n" +
 	"\x16EnsureWorkspaceRequest\x124\n" +
 	"\x04spec\x18\x01 \x01(\v2 .bashtask.agent.v1.WorkspaceSpecR\x04spec\x12.\n" +
 	"\x05fence\x18\x02 \x01(\v2\x18.bashtask.agent.v1.FenceR\x05fence\"o\n" +

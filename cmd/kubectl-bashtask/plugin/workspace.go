@@ -1,0 +1,339 @@
+package plugin
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/duration"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	bashtaskv1alpha1 "github.com/bashtask/bashtask-operator/api/v1alpha1"
+)
+
+// workspacePoll is how often workspace create and delete read the
+// workspace while they wait.
+const workspacePoll = 200 * time.Millisecond
+
+type workspaceCreateFlags struct {
+	owner       string
+	node        string
+	selector    []string
+	storage     string
+	network     string
+	carryEnv    bool
+	noCarryDir  bool
+	idleTimeout time.Duration
+	wait        time.Duration
+}
+
+func (a *app) workspaceCommand() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:     "workspace",
+		Aliases: []string{"ws"},
+		Short:   "Create, list and delete BashWorkspaces, the homes that a session's tasks share",
+		Long: `A BashWorkspace is a session's home on one node: a directory with a size
+limit, a UID leased for its life, a network its tasks share, and the working
+directory (and optionally the exported environment) carried from one task to
+the next. Tasks run in it with "kubectl bashtask run --workspace W".
+See docs/workspaces.md.`,
+	}
+	cmd.AddCommand(a.workspaceCreateCommand(), a.workspaceGetCommand(), a.workspaceDeleteCommand())
+	return cmd
+}
+
+func (a *app) workspaceCreateCommand() *cobra.Command {
+	var f workspaceCreateFlags
+	cmd := &cobra.Command{
+		Use:   "create NAME",
+		Short: "Create a workspace and wait until it is Ready",
+		Example: `  kubectl bashtask workspace create s1 --owner session-1
+  kubectl bashtask workspace create s2 --storage 2Gi --network None --carry-env --idle-timeout 2h`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return a.workspaceCreate(cmd.Context(), args[0], f)
+		},
+	}
+	fl := cmd.Flags()
+	fl.StringVar(&f.owner, "owner", "", "spec.owner: only tasks of this owner may run in the workspace")
+	fl.StringVar(&f.node, "node", "", "spec.nodeName: make the workspace on this node")
+	fl.StringArrayVar(&f.selector, "node-selector", nil, "spec.nodeSelector entry KEY=VALUE (repeatable)")
+	fl.StringVar(&f.storage, "storage", "", "spec.storage: size of the workspace's file system, e.g. 2Gi (default: the agent's)")
+	fl.StringVar(&f.network, "network", "", "spec.network: Egress, None or Node (default: the agent's)")
+	fl.BoolVar(&f.carryEnv, "carry-env", false, "carry the variables each task exports to the next task")
+	fl.BoolVar(&f.noCarryDir, "no-carry-dir", false, "start every task at the workspace's root instead of where the last one ended")
+	fl.DurationVar(&f.idleTimeout, "idle-timeout", 0, "spec.idleTimeoutSeconds: delete the workspace after this long without a task (whole seconds)")
+	fl.DurationVar(&f.wait, "wait", time.Minute, "how long to wait for Ready; 0 returns at once")
+	return cmd
+}
+
+// workspaceSpec builds the spec from the flags, checking each against the
+// API's limits first so the error names the flag.
+func workspaceSpec(f workspaceCreateFlags) (bashtaskv1alpha1.BashWorkspaceSpec, error) {
+	var spec bashtaskv1alpha1.BashWorkspaceSpec
+	if f.owner != "" {
+		if len(f.owner) > maxOwnerChars {
+			return spec, fmt.Errorf("--owner: %d characters exceed the limit of %d", len(f.owner), maxOwnerChars)
+		}
+		spec.Owner = ptr.To(f.owner)
+	}
+	if f.node != "" {
+		if len(f.node) > maxNodeNameChars {
+			return spec, fmt.Errorf("--node: %d characters exceed the limit of %d", len(f.node), maxNodeNameChars)
+		}
+		spec.NodeName = ptr.To(f.node)
+	}
+	for _, kv := range f.selector {
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok || k == "" {
+			return spec, fmt.Errorf("--node-selector %q: want KEY=VALUE", kv)
+		}
+		if spec.NodeSelector == nil {
+			spec.NodeSelector = map[string]string{}
+		}
+		spec.NodeSelector[k] = v
+	}
+	if f.storage != "" {
+		q, err := resource.ParseQuantity(f.storage)
+		if err != nil {
+			return spec, fmt.Errorf("--storage %q: %w", f.storage, err)
+		}
+		spec.Storage = &q
+	}
+	if f.network != "" {
+		n, err := parseNetwork(f.network)
+		if err != nil {
+			return spec, err
+		}
+		spec.Network = &n
+	}
+	if f.carryEnv || f.noCarryDir {
+		spec.CarryOver = &bashtaskv1alpha1.CarryOver{WorkingDir: ptr.To(!f.noCarryDir), Environment: ptr.To(f.carryEnv)}
+	}
+	if f.idleTimeout != 0 {
+		s := f.idleTimeout / time.Second
+		if f.idleTimeout%time.Second != 0 || s < 1 || s > bashtaskv1alpha1.MaxIdleTimeoutSeconds {
+			return spec, fmt.Errorf("--idle-timeout %s: whole seconds from 1s to %ds (spec.idleTimeoutSeconds)", f.idleTimeout, bashtaskv1alpha1.MaxIdleTimeoutSeconds)
+		}
+		spec.IdleTimeoutSeconds = ptr.To(int32(s))
+	}
+	return spec, nil
+}
+
+// parseNetwork accepts the API's spelling of a network in any case.
+func parseNetwork(s string) (bashtaskv1alpha1.TaskNetwork, error) {
+	for _, n := range []bashtaskv1alpha1.TaskNetwork{bashtaskv1alpha1.NetworkEgress, bashtaskv1alpha1.NetworkNone, bashtaskv1alpha1.NetworkNode} {
+		if strings.EqualFold(s, string(n)) {
+			return n, nil
+		}
+	}
+	return "", fmt.Errorf("--network %q: one of Egress, None, Node", s)
+}
+
+func (a *app) workspaceCreate(ctx context.Context, name string, f workspaceCreateFlags) error {
+	spec, err := workspaceSpec(f)
+	if err != nil {
+		return err
+	}
+	ctx, stop := a.cancelOnInterrupt(ctx)
+	defer stop()
+	c, ns, err := a.client()
+	if err != nil {
+		return err
+	}
+	ws := &bashtaskv1alpha1.BashWorkspace{Spec: spec}
+	ws.Namespace, ws.Name = ns, name
+	if err := c.Create(ctx, ws); err != nil {
+		return fmt.Errorf("creating workspace %s/%s: %w", ns, name, err)
+	}
+	if f.wait <= 0 {
+		fmt.Fprintf(a.opts.IOStreams.Out, "bashworkspace/%s created\n", name)
+		return nil
+	}
+	got, err := waitWorkspace(ctx, c, ws, f.wait)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(a.opts.IOStreams.Out, "bashworkspace/%s ready on %s (uid %d, %s)\n", name,
+		ptr.Deref(got.Status.NodeName, "?"), ptr.Deref(got.Status.RunAsUser, -1), ptr.Deref(got.Status.WorkingDir, bashtaskv1alpha1.WorkspacePath))
+	return nil
+}
+
+// waitWorkspace waits until ws is Ready, or fails naming its phase and
+// message when it is Failed or NodeLost, or when limit passes.
+func waitWorkspace(ctx context.Context, c client.Client, ws *bashtaskv1alpha1.BashWorkspace, limit time.Duration) (*bashtaskv1alpha1.BashWorkspace, error) {
+	var got bashtaskv1alpha1.BashWorkspace
+	wctx, cancel := context.WithTimeout(ctx, limit)
+	defer cancel()
+	var terminal error
+	err := wait.PollUntilContextCancel(wctx, workspacePoll, true, func(ctx context.Context) (bool, error) {
+		if err := c.Get(ctx, client.ObjectKeyFromObject(ws), &got); err != nil {
+			return false, err
+		}
+		if got.UID != ws.UID {
+			return false, fmt.Errorf("workspace %s/%s was re-created while waiting", ws.Namespace, ws.Name)
+		}
+		switch ptr.Deref(got.Status.Phase, "") {
+		case bashtaskv1alpha1.WorkspaceReady:
+			return true, nil
+		case bashtaskv1alpha1.WorkspaceFailed, bashtaskv1alpha1.WorkspaceNodeLost:
+			terminal = fmt.Errorf("workspace %s/%s is %s: %s", ws.Namespace, ws.Name, *got.Status.Phase, ptr.Deref(got.Status.Message, ""))
+			return true, nil
+		}
+		return false, nil
+	})
+	if terminal != nil {
+		return nil, terminal
+	}
+	if err != nil {
+		if wctx.Err() != nil && ctx.Err() == nil {
+			return nil, fmt.Errorf("workspace %s/%s is not Ready after %s (phase %s: %s)", ws.Namespace, ws.Name, limit,
+				orNone(string(ptr.Deref(got.Status.Phase, ""))), ptr.Deref(got.Status.Message, ""))
+		}
+		return nil, fmt.Errorf("waiting for workspace %s/%s: %w", ws.Namespace, ws.Name, err)
+	}
+	return &got, nil
+}
+
+func (a *app) workspaceGetCommand() *cobra.Command {
+	var allNamespaces bool
+	cmd := &cobra.Command{
+		Use:   "get [NAME...]",
+		Short: "List workspaces with their phase, node, running tasks, disk use and working directory",
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return a.workspaceGet(cmd.Context(), args, allNamespaces)
+		},
+	}
+	cmd.Flags().BoolVarP(&allNamespaces, "all-namespaces", "A", false, "list workspaces of every namespace")
+	return cmd
+}
+
+func (a *app) workspaceGet(ctx context.Context, names []string, allNamespaces bool) error {
+	if len(names) > 0 && allNamespaces {
+		return errors.New("-A lists; it cannot be combined with names")
+	}
+	ctx, stop := a.cancelOnInterrupt(ctx)
+	defer stop()
+	c, ns, err := a.client()
+	if err != nil {
+		return err
+	}
+	var items []bashtaskv1alpha1.BashWorkspace
+	if len(names) > 0 {
+		for _, name := range names {
+			var ws bashtaskv1alpha1.BashWorkspace
+			if err := c.Get(ctx, types.NamespacedName{Namespace: ns, Name: name}, &ws); err != nil {
+				return fmt.Errorf("reading workspace %s/%s: %w", ns, name, err)
+			}
+			items = append(items, ws)
+		}
+	} else {
+		var list bashtaskv1alpha1.BashWorkspaceList
+		var opts []client.ListOption
+		if !allNamespaces {
+			opts = append(opts, client.InNamespace(ns))
+		}
+		if err := c.List(ctx, &list, opts...); err != nil {
+			return fmt.Errorf("listing workspaces: %w", err)
+		}
+		items = list.Items
+	}
+	if len(items) == 0 {
+		a.note("no workspaces found")
+		return nil
+	}
+	return printWorkspaces(a.opts.IOStreams.Out, items, a.opts.Now(), allNamespaces)
+}
+
+// printWorkspaces writes workspaces as kubectl prints resources.
+func printWorkspaces(out io.Writer, items []bashtaskv1alpha1.BashWorkspace, now time.Time, withNamespace bool) error {
+	tw := tabwriter.NewWriter(out, 0, 8, 3, ' ', 0)
+	if withNamespace {
+		fmt.Fprint(tw, "NAMESPACE\t")
+	}
+	fmt.Fprintln(tw, "NAME\tPHASE\tNODE\tOWNER\tRUNNING\tUSED\tDIR\tAGE")
+	for i := range items {
+		ws := &items[i]
+		if withNamespace {
+			fmt.Fprintf(tw, "%s\t", ws.Namespace)
+		}
+		used := "<none>"
+		if ws.Status.UsedBytes != nil {
+			used = resource.NewQuantity(*ws.Status.UsedBytes, resource.BinarySI).String()
+			if ws.Status.CapacityBytes != nil {
+				used += "/" + resource.NewQuantity(*ws.Status.CapacityBytes, resource.BinarySI).String()
+			}
+		}
+		running := "<none>"
+		if ws.Status.RunningTasks != nil {
+			running = fmt.Sprint(*ws.Status.RunningTasks)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", ws.Name,
+			orNone(string(ptr.Deref(ws.Status.Phase, ""))), orNone(ptr.Deref(ws.Status.NodeName, "")),
+			orNone(ptr.Deref(ws.Spec.Owner, "")), running, used, orNone(ptr.Deref(ws.Status.WorkingDir, "")),
+			duration.HumanDuration(now.Sub(ws.CreationTimestamp.Time)))
+	}
+	if err := tw.Flush(); err != nil {
+		return fmt.Errorf("writing the table: %w", err)
+	}
+	return nil
+}
+
+func (a *app) workspaceDeleteCommand() *cobra.Command {
+	var waitFor time.Duration
+	cmd := &cobra.Command{
+		Use:   "delete NAME...",
+		Short: "Delete workspaces: their running tasks are cancelled, then their files, network and UID go",
+		Args:  cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return a.workspaceDelete(cmd.Context(), args, waitFor)
+		},
+	}
+	cmd.Flags().DurationVar(&waitFor, "wait", time.Minute, "how long to wait until each workspace is gone; 0 returns at once")
+	return cmd
+}
+
+func (a *app) workspaceDelete(ctx context.Context, names []string, waitFor time.Duration) error {
+	ctx, stop := a.cancelOnInterrupt(ctx)
+	defer stop()
+	c, ns, err := a.client()
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, name := range names {
+		ws := &bashtaskv1alpha1.BashWorkspace{}
+		ws.Namespace, ws.Name = ns, name
+		if err := c.Delete(ctx, ws); err != nil {
+			errs = append(errs, fmt.Errorf("deleting workspace %s/%s: %w", ns, name, err))
+			continue
+		}
+		if waitFor > 0 {
+			wctx, cancel := context.WithTimeout(ctx, waitFor)
+			err := wait.PollUntilContextCancel(wctx, workspacePoll, true, func(ctx context.Context) (bool, error) {
+				err := c.Get(ctx, client.ObjectKeyFromObject(ws), ws)
+				if apierrors.IsNotFound(err) {
+					return true, nil
+				}
+				return false, err
+			})
+			cancel()
+			if err != nil {
+				errs = append(errs, fmt.Errorf("workspace %s/%s is not gone after %s: %w", ns, name, waitFor, err))
+				continue
+			}
+		}
+		fmt.Fprintf(a.opts.IOStreams.Out, "bashworkspace/%s deleted\n", name)
+	}
+	return errors.Join(errs...)
+}
