@@ -146,7 +146,8 @@ cluster, user and namespace.
 		SilenceErrors: true,
 	}
 	a.flags.AddFlags(root.PersistentFlags())
-	root.AddCommand(a.runCommand(), a.logsCommand(), a.cancelCommand(), a.waitCommand(), a.getCommand())
+	root.AddCommand(a.runCommand(), a.logsCommand(), a.cancelCommand(), a.waitCommand(), a.getCommand(),
+		a.workspaceCommand(), a.shellCommand())
 	return root
 }
 
