@@ -104,3 +104,21 @@ while read -r name expect reason; do
 done < <("${KUBECTL}" get bt -o jsonpath='{range .items[*]}{.metadata.name}{" "}{.metadata.annotations.bashtask\.dev/expect-reason}{" "}{.status.reason}{"\n"}{end}')
 [[ "${failed}" == 0 ]] || die "some examples ended differently from what they expect"
 say "All examples ended as expected"
+
+say "A session: three tasks in one workspace, one after another (examples/workspace)"
+"${KUBECTL}" apply -f examples/workspace/workspace.yaml
+"${KUBECTL}" wait --for=jsonpath='{.status.phase}'=Ready bashworkspace/demo-session --timeout=60s
+KUBECTL="${KUBECTL}" PLUGIN="${PLUGIN}" examples/workspace/session.sh || die "the session in demo-session failed"
+
+say "A task of another owner naming demo-session is refused"
+"${KUBECTL}" apply -f examples/workspace/intruder.yaml
+for _ in $(seq 300); do
+  [[ -n "$("${KUBECTL}" get bt intruder -o jsonpath='{.status.reason}')" ]] && break
+  sleep 0.1
+done
+reason=$("${KUBECTL}" get bt intruder -o jsonpath='{.status.reason}')
+echo "intruder: ${reason}: $("${KUBECTL}" get bt intruder -o jsonpath='{.status.message}')"
+[[ "${reason}" == InvalidSpec ]] || die "the intruder ended ${reason:-<none>}, expected InvalidSpec"
+
+say "kubectl bashtask workspace delete demo-session"
+"${PLUGIN}" workspace delete demo-session
