@@ -172,7 +172,7 @@ func TestGoneIsAStreamError(t *testing.T) {
 		t.Errorf("asStreamError(410) = %v, want a StreamError at 5 with the message", err)
 	}
 	forbidden := &apierrors.StatusError{ErrStatus: metav1.Status{Code: http.StatusForbidden}}
-	if err := asStreamError(forbidden, 0); err != error(forbidden) {
+	if err := asStreamError(forbidden, 0); !errors.Is(err, forbidden) || errors.As(err, &se) {
 		t.Errorf("asStreamError(403) = %v, want it unchanged", err)
 	}
 }
