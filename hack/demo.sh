@@ -90,8 +90,8 @@ total=$("${KUBECTL}" get bt large-output -o jsonpath='{.status.stdout.totalBytes
 got=$("${PLUGIN}" logs --full large-output | sha256sum | cut -d' ' -f1)
 bytes=$("${PLUGIN}" logs --full large-output | wc -c)
 echo "status: ${total} bytes, sha256 ${want}"
-echo "object: ${bytes} bytes, sha256 ${got}"
-[[ "${got}" == "${want}" && "${bytes}" == "${total}" ]] || die "the stored stream does not match the status"
+echo "read:   ${bytes} bytes, sha256 ${got}"
+[[ "${got}" == "${want}" && "${bytes}" == "${total}" ]] || die "the stream read does not match the status"
 
 say "Checking outcomes against bashtask.dev/expect-reason"
 failed=0
