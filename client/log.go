@@ -1,6 +1,7 @@
 package client
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -179,7 +180,7 @@ func (r *LogReader) request() error {
 		body, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
 		var st metav1.Status
 		if json.Unmarshal(body, &st) != nil || st.Kind != "Status" {
-			st = metav1.Status{Status: metav1.StatusFailure, Code: int32(resp.StatusCode), Message: fmt.Sprintf("%s: %s", resp.Status, body)}
+			st = metav1.Status{Status: metav1.StatusFailure, Code: int32(resp.StatusCode), Message: fmt.Sprintf("%s: %s", resp.Status, bytes.TrimSpace(body))}
 		}
 		return &apierrors.StatusError{ErrStatus: st}
 	}

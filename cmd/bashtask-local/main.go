@@ -86,9 +86,6 @@ func up(cmd *cobra.Command, o localcluster.LauncherOptions) error {
 	for _, e := range c.S3Env {
 		fmt.Fprintf(out, "  export %s\n", e)
 	}
-	if c.BucketQuery != "" {
-		fmt.Fprintf(out, "  # S3 bucket query, for kubectl bashtask logs --full --bucket-query:\n  bucket query: %s\n", c.BucketQuery)
-	}
 	fmt.Fprintf(out, "  kubectl apply -f examples/hello.yaml\n")
 	fmt.Fprintf(out, "  kubectl get bt\n")
 	fmt.Fprintf(out, "  kubectl bashtask run -- uname -a\n\n")

@@ -98,10 +98,6 @@ type Cluster struct {
 	BucketURL string
 	// S3Env holds the AWS_* variables a client needs for BucketURL with S3.
 	S3Env []string
-	// BucketQuery is what a client adds to an object URL from status to
-	// reach the local S3 server (kubectl bashtask --bucket-query); empty
-	// for a file:// bucket.
-	BucketQuery string
 	// OutputAPIPort is the controller's output.bashtask.dev port on
 	// 127.0.0.1, which kube-apiserver's APIService proxies to.
 	OutputAPIPort int
@@ -357,8 +353,7 @@ func (c *Cluster) startS3(ctx context.Context) ([]string, error) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	c.BucketQuery = fmt.Sprintf("endpoint=http://%s&region=us-east-1&use_path_style=true", addr)
-	c.BucketURL = "s3://bashtask-outputs?" + c.BucketQuery
+	c.BucketURL = fmt.Sprintf("s3://bashtask-outputs?endpoint=http://%s&region=us-east-1&use_path_style=true", addr)
 	return []string{"AWS_ACCESS_KEY_ID=" + access, "AWS_SECRET_ACCESS_KEY=" + secret, "AWS_REGION=us-east-1"}, nil
 }
 

@@ -39,6 +39,13 @@ type Env struct {
 // server accepts BashTasks. It returns an error naming the fix when the
 // binaries or the CRDs are missing.
 func Start() (*Env, error) {
+	return StartWith(nil)
+}
+
+// StartWith is Start with kube-apiserver's front proxy set up from certs
+// (nil: none), so that it can proxy requests to an aggregated API server
+// such as output.bashtask.dev (localcluster.StartControlPlaneWith).
+func StartWith(certs *localcluster.Certs) (*Env, error) {
 	assets := os.Getenv("KUBEBUILDER_ASSETS")
 	if assets == "" {
 		return nil, errors.New("KUBEBUILDER_ASSETS is not set: run the tests through `make test` or set it to the output of hack/setup-envtest.sh")
@@ -55,8 +62,8 @@ func Start() (*Env, error) {
 
 	// The admission policies ship with the CRD; tests see the API as a
 	// cluster with the operator installed has it.
-	cp, err := localcluster.StartControlPlane(context.Background(), assets,
-		filepath.Join(root, "config", "crd", "bases"), filepath.Join(root, "config", "admission"))
+	cp, err := localcluster.StartControlPlaneWith(context.Background(), assets,
+		filepath.Join(root, "config", "crd", "bases"), filepath.Join(root, "config", "admission"), certs)
 	if err != nil {
 		return nil, err
 	}

@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"path/filepath"
 	"strconv"
 	"sync/atomic"
 	"time"
@@ -40,6 +41,7 @@ import (
 	"github.com/bashtask/bashtask-operator/executor"
 	"github.com/bashtask/bashtask-operator/executor/agent"
 	"github.com/bashtask/bashtask-operator/internal/localcluster"
+	"github.com/bashtask/bashtask-operator/internal/outputapi"
 	"github.com/bashtask/bashtask-operator/internal/testenv"
 	"github.com/bashtask/bashtask-operator/internal/tlsutil"
 )
@@ -63,6 +65,11 @@ type Options struct {
 	// so a test can see what the agents were asked and what they answered.
 	Unary  grpc.UnaryServerInterceptor
 	Stream grpc.StreamServerInterceptor
+	// OutputAPI serves output.bashtask.dev in this process, as the
+	// controller does, behind kube-apiserver's front proxy (set up for
+	// it), and has every agent upload to one file:// bucket, BucketDir,
+	// which the server reads once an agent forgot a task.
+	OutputAPI bool
 }
 
 // Rig is a running control plane, agents and controller.
@@ -83,9 +90,16 @@ type Rig struct {
 	Dir string
 	// Certs are the agents' and the controller's certificates.
 	Certs *localcluster.Certs
+	// BucketDir is the directory of the agents' shared file:// bucket
+	// with Options.OutputAPI; empty otherwise (each agent uploads to
+	// <StateDir>/uploads).
+	BucketDir string
 
 	cancel context.CancelFunc
 	done   chan struct{}
+	// outputDone is closed when the output API server stopped; nil when
+	// none runs.
+	outputDone chan struct{}
 
 	// The controller runs under a context of its own so that
 	// RestartController can end it while the agents keep running.
@@ -166,25 +180,39 @@ func Start(opts Options) (rig *Rig, err error) {
 	if opts.Workers == 0 {
 		opts.Workers = 4
 	}
-	env, err := testenv.Start()
+	dir, err := os.MkdirTemp("", "bashtask-rig-")
 	if err != nil {
 		return nil, err
 	}
+	certs, err := localcluster.IssueCerts(dir+"/certs", localcluster.AgentServerName, time.Hour)
+	if err != nil {
+		return nil, errors.Join(err, os.RemoveAll(dir))
+	}
+	var frontProxy *localcluster.Certs
+	if opts.OutputAPI {
+		frontProxy = certs
+	}
+	env, err := testenv.StartWith(frontProxy)
+	if err != nil {
+		return nil, errors.Join(err, os.RemoveAll(dir))
+	}
 	ctx, cancel := context.WithCancel(context.Background())
-	r := &Rig{Env: env, Client: env.Client, Agents: map[string]*Agent{}, cancel: cancel, done: make(chan struct{})}
+	r := &Rig{Env: env, Client: env.Client, Agents: map[string]*Agent{}, Dir: dir, Certs: certs, cancel: cancel, done: make(chan struct{})}
 	defer func() {
 		if err != nil {
 			r.Stop()
 		}
 	}()
-	if r.Dir, err = os.MkdirTemp("", "bashtask-rig-"); err != nil {
-		return nil, err
+	bucketURL := ""
+	if opts.OutputAPI {
+		// Temporary files next to the objects, so that fileblob's rename
+		// stays on one file system.
+		r.BucketDir = filepath.Join(dir, "bucket")
+		if err := os.MkdirAll(r.BucketDir, 0o700); err != nil {
+			return nil, err
+		}
+		bucketURL = "file://" + r.BucketDir + "?no_tmp_dir=true"
 	}
-	certs, err := localcluster.IssueCerts(r.Dir+"/certs", localcluster.AgentServerName, time.Hour)
-	if err != nil {
-		return nil, err
-	}
-	r.Certs = certs
 	var serverOpts []grpc.ServerOption
 	if opts.Unary != nil {
 		serverOpts = append(serverOpts, grpc.ChainUnaryInterceptor(opts.Unary))
@@ -197,7 +225,7 @@ func Start(opts Options) (rig *Rig, err error) {
 		return nil, err
 	}
 	for _, a := range opts.Agents {
-		ag, err := startAgent(ctx, a.Node, net.JoinHostPort(a.IP, strconv.Itoa(port)), r.Dir+"/"+a.Node, certs.Agent, cmp.Or(opts.AgentCapacity, 16), serverOpts)
+		ag, err := startAgent(ctx, a.Node, net.JoinHostPort(a.IP, strconv.Itoa(port)), r.Dir+"/"+a.Node, bucketURL, certs.Agent, cmp.Or(opts.AgentCapacity, 16), serverOpts)
 		if err != nil {
 			return nil, fmt.Errorf("starting the agent of %s: %w", a.Node, err)
 		}
@@ -207,6 +235,11 @@ func Start(opts Options) (rig *Rig, err error) {
 		return nil, err
 	}
 	r.ctx, r.ctrlFiles, r.ctrlOpts, r.ctrlWorkers = ctx, certs.Controller, copts, opts.Workers
+	if opts.OutputAPI {
+		if err := r.startOutputAPI(bucketURL); err != nil {
+			return nil, fmt.Errorf("starting the output API: %w", err)
+		}
+	}
 	if opts.NoController {
 		return r, nil
 	}
@@ -240,13 +273,16 @@ func (r *Rig) Stop() {
 	if r.Registry != nil {
 		<-r.done
 	}
+	if r.outputDone != nil {
+		<-r.outputDone
+	}
 	_ = r.Env.Stop()
 	if r.Dir != "" {
 		_ = os.RemoveAll(r.Dir)
 	}
 }
 
-func startAgent(ctx context.Context, node, addr, stateDir string, files *tlsutil.Files, capacity int, serverOpts []grpc.ServerOption) (*Agent, error) {
+func startAgent(ctx context.Context, node, addr, stateDir, bucketURL string, files *tlsutil.Files, capacity int, serverOpts []grpc.ServerOption) (*Agent, error) {
 	tlsCfg, err := tlsutil.ServerConfig(files, localcluster.ControllerIdentity)
 	if err != nil {
 		return nil, err
@@ -255,6 +291,7 @@ func startAgent(ctx context.Context, node, addr, stateDir string, files *tlsutil
 		NodeName:         node,
 		PodName:          "bashtask-agent-" + node,
 		StateDir:         stateDir,
+		BucketURL:        bucketURL,
 		MaxConcurrent:    capacity,
 		ProgressInterval: 200 * time.Millisecond,
 		Executor:         executor.Config{Shell: "/bin/bash"},
@@ -364,6 +401,50 @@ func (r *Rig) startController() error {
 	default:
 	}
 	return fmt.Errorf("agents not all ready after 90s (manager started its runnables: %v): %+v", elected, registry.Agents())
+}
+
+// startOutputAPI serves output.bashtask.dev as every controller replica
+// does (cmd/bashtask-controller), reading tasks and agent endpoints with
+// the rig's uncached client, registers it with kube-apiserver
+// (localcluster.CreateOutputAPIObjects) and waits until kube-apiserver
+// serves it. It runs until the rig stops, across RestartController.
+func (r *Rig) startOutputAPI(bucketURL string) error {
+	kubeconfig := filepath.Join(r.Dir, "output-api.kubeconfig")
+	if err := r.Env.WriteKubeconfig(kubeconfig); err != nil {
+		return err
+	}
+	tlsCfg, err := tlsutil.ClientConfig(r.Certs.Controller, localcluster.AgentServerName)
+	if err != nil {
+		return err
+	}
+	agents, err := controllers.NewAgentReaders(r.Client, localcluster.AgentNamespace, localcluster.AgentService, localcluster.AgentPortName, tlsCfg)
+	if err != nil {
+		return err
+	}
+	port, err := localcluster.FreePort("127.0.0.1")
+	if err != nil {
+		return err
+	}
+	srv, err := outputapi.New(r.ctx, outputapi.Config{
+		BindAddress: net.IPv4(127, 0, 0, 1), Port: port, CertDir: r.Certs.OutputAPIDir, Kubeconfig: kubeconfig,
+		Tasks: r.Client, Agents: agents, BucketURL: bucketURL,
+	})
+	if err != nil {
+		agents.Close()
+		return err
+	}
+	r.outputDone = make(chan struct{})
+	go func() {
+		defer close(r.outputDone)
+		defer agents.Close()
+		if err := srv.Start(r.ctx); err != nil && r.ctx.Err() == nil {
+			fmt.Fprintln(os.Stderr, "testrig: output API:", err)
+		}
+	}()
+	if err := localcluster.CreateOutputAPIObjects(r.ctx, r.Client, port, r.Certs); err != nil {
+		return err
+	}
+	return localcluster.WaitOutputAPI(r.ctx, r.Env.Config, 60*time.Second)
 }
 
 // logLevel keeps test output to errors unless BASHTASK_TEST_VERBOSE is set.

@@ -76,7 +76,7 @@ func TestExamples(t *testing.T) {
 	if large == nil || !ptr.Deref(large.Truncated, false) || large.Spill == nil || !strings.HasPrefix(ptr.Deref(large.Spill.URL, ""), "s3://") {
 		t.Fatalf("large-output stdout = %s", dump.OneLine(large))
 	}
-	full, errOut, code := plugin(t.Context(), "", "-n", ns, "logs", "--full", "--bucket-query", bucketQuery, "large-output")
+	full, errOut, code := plugin(t.Context(), "", "-n", ns, "logs", "--full", "large-output")
 	if code != 0 {
 		t.Fatalf("kubectl bashtask logs --full: exit %d: %s", code, errOut)
 	}
@@ -116,11 +116,16 @@ func TestPlugin(t *testing.T) {
 			t.Errorf("exit %d, stdout %q, stderr %q", code, out, errOut)
 		}
 	})
-	t.Run("run: large output is complete", func(t *testing.T) {
-		out, errOut, code := plugin(t.Context(), "", "-n", ns, "run", "--bucket-query", bucketQuery, "--", "seq 1 200000")
+	t.Run("run: output far past the tail is complete", func(t *testing.T) {
+		out, errOut, code := plugin(t.Context(), "", "-n", ns, "run", "--name", "seq", "--", "seq 1 200000")
 		lines := strings.Split(strings.TrimSuffix(out, "\n"), "\n")
 		if code != 0 || len(lines) != 200000 || lines[0] != "1" || lines[199999] != "200000" {
 			t.Errorf("exit %d, %d lines, stderr %q", code, len(lines), errOut)
+		}
+		st := waitTerminal(t, ns, []string{"seq"}, time.Minute)["seq"].Status.Stdout
+		sum := sha256.Sum256([]byte(out))
+		if st == nil || !ptr.Deref(st.Truncated, false) || int64(len(out)) != ptr.Deref(st.TotalBytes, 0) || hex.EncodeToString(sum[:]) != ptr.Deref(st.SHA256, "") {
+			t.Errorf("run wrote %d bytes, sha256 %x; status %s", len(out), sum, dump.OneLine(st))
 		}
 	})
 	t.Run("wait and cancel", func(t *testing.T) {

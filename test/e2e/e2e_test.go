@@ -33,10 +33,6 @@ import (
 var (
 	root, clusterDir, binDir string
 	k8s                      client.Client
-	// bucketQuery lets the plugin reach the local S3 server.
-	bucketQuery string
-	// s3Env holds the S3 credentials the plugin needs.
-	s3Env []string
 	// isolation is the agents' isolation level, as bashtask-local reports it.
 	isolation v1.IsolationLevel
 	// counter counts the runs of the commands that count their executions.
@@ -120,15 +116,6 @@ func run(m *testing.M) int {
 		fmt.Fprintf(os.Stderr, "e2e: bashtask-local did not say its isolation level:\n%s", out.String())
 		return 1
 	}
-	for _, line := range strings.Split(out.String(), "\n") {
-		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "export AWS_"); ok {
-			s3Env = append(s3Env, "AWS_"+v)
-		}
-		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "bucket query: "); ok {
-			bucketQuery = v
-		}
-	}
-
 	cfg, err := clientcmd.BuildConfigFromFlags("", filepath.Join(clusterDir, "kubeconfig"))
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -257,7 +244,9 @@ func countRuns(*testing.T) map[string]int { return counter.Runs() }
 // runs rest.
 func countingCommand(rest string) string { return counter.Command(rest) }
 
-// plugin runs kubectl-bashtask against the local cluster.
+// plugin runs kubectl-bashtask against the local cluster with the
+// administrator's kubeconfig and no bucket credentials: it reads output
+// through the output API.
 func plugin(ctx context.Context, stdin string, args ...string) (stdout, stderr string, code int) {
-	return exampletasks.RunPlugin(ctx, filepath.Join(binDir, "kubectl-bashtask"), filepath.Join(clusterDir, "kubeconfig"), s3Env, stdin, args...)
+	return exampletasks.RunPlugin(ctx, filepath.Join(binDir, "kubectl-bashtask"), filepath.Join(clusterDir, "kubeconfig"), nil, stdin, args...)
 }

@@ -8,7 +8,6 @@ import (
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/types"
@@ -18,12 +17,6 @@ import (
 
 	bashtaskv1alpha1 "github.com/bashtask/bashtask-operator/api/v1alpha1"
 )
-
-// uploadWait bounds how long run and logs wait, after the task ended, for
-// the agent to upload a stream whose tail is not the whole of it. An agent
-// retries failed uploads for much longer; past this the tail is written
-// with a note, and `logs --full` can be run later.
-const uploadWait = 30 * time.Second
 
 // errTaskDeleted means the task was deleted while it was followed. Every
 // error for that wraps it; run, wait and logs -f exit ExitPluginError.
@@ -184,22 +177,6 @@ func drainWatch(ctx context.Context, w watch.Interface, interrupts <-chan os.Sig
 func isFinished(bt *bashtaskv1alpha1.BashTask) bool {
 	phase := ptr.Deref(bt.Status.Phase, "")
 	return phase == bashtaskv1alpha1.PhaseSucceeded || phase == bashtaskv1alpha1.PhaseFailed
-}
-
-// uploadPending reports whether the agent is still uploading output.
-func uploadPending(bt *bashtaskv1alpha1.BashTask) bool {
-	return meta.IsStatusConditionFalse(bt.Status.Conditions, bashtaskv1alpha1.ConditionOutputUploaded)
-}
-
-// missingReason says why a stream has no stored object, for notes.
-func missingReason(bt *bashtaskv1alpha1.BashTask) string {
-	if c := meta.FindStatusCondition(bt.Status.Conditions, bashtaskv1alpha1.ConditionOutputUploaded); c != nil && c.Status == metav1.ConditionFalse {
-		return "OutputUploaded is False: " + c.Message
-	}
-	if o := bt.Spec.Output; o != nil && ptr.Deref(o.Upload, "") == bashtaskv1alpha1.UploadNever {
-		return "spec.output.upload is Never"
-	}
-	return "no stored object in status"
 }
 
 // taskExit maps a finished task to the plugin's exit status, and to a

@@ -2,46 +2,56 @@ package plugin
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"github.com/spf13/cobra"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	bashtaskv1alpha1 "github.com/bashtask/bashtask-operator/api/v1alpha1"
+	btclient "github.com/bashtask/bashtask-operator/client"
 )
 
 type logsFlags struct {
-	stderr, full, follow, tailOK bool
-	bucketQuery                  string
+	stderr, full, follow, tailOK, tailOnly bool
 }
 
 func (a *app) logsCommand() *cobra.Command {
 	var f logsFlags
 	cmd := &cobra.Command{
 		Use:   "logs NAME",
-		Short: "Print a task's stdout or stderr: the tail in status, or the whole stream",
-		Long: `Logs prints the tail of a task's stdout (or stderr with --stderr) kept in its
-status, with a note on stderr when the stream is longer than the tail.
+		Short: "Print a task's stdout or stderr, the whole stream, through the output API",
+		Long: `Logs prints a task's stdout (or stderr with --stderr) from its first byte, as
+"kubectl logs" prints a container's: for a task that has ended, the whole
+stream, checked against status sha256; for a running one, what it wrote so
+far. It reads through the output API (output.bashtask.dev, bashtasks/log)
+with your Kubernetes credentials, which need get on bashtasks/log in that
+group; no bucket credentials.
 
---full prints the whole stream of a finished task: from the copy the agent
-stored in object storage when the tail is not the whole stream, read through
-gocloud.dev/blob with your own credentials (file://, s3://, gs://, azblob://),
-and checked against status sha256. When some bytes cannot be had (the upload
-is pending or failing, the object is missing, or the stream passed the spill
-limit), --full writes the stream up to the first such byte and exits 1 with a
-message saying which bytes and why, so "logs --full > out" never leaves a
-short file behind an exit status of 0. --tail-ok accepts the last bytes
-instead: the tail follows a note and the exit status is 0.
+-f follows a running task, printing each chunk as the node's agent captures
+it, until the task ends.
 
--f follows a running task, printing the stream as its status grows, until the
-task ends. With --full as well, the output is the whole stream from its first
-byte; without it, bytes that went past the tail between two updates are
-skipped with a note.`,
+--full insists on the whole stream: it refuses a task that has not ended
+(add -f to follow it until then). Without -f or --full the same stream is
+printed; --full is there for scripts that say what they mean.
+
+When some bytes cannot be read (the stream passed
+spec.output.spillLimitBytes, or no copy of it is kept: spec.output.upload
+Never after the agent forgot the task, or the agent is unreachable before
+its upload), logs writes the stream up to the first such byte and exits 1
+with a message naming the offset and why, so "logs > out" never leaves a
+short file behind an exit status of 0. --tail-ok accepts the last bytes kept
+in status instead: the tail follows a note and the exit status is 0.
+
+--tail-only prints only the tail kept in the task's status
+(status.stdout.tail), with a note when the stream is longer; it needs no
+access to the output API, only get on bashtasks.`,
 		Example: `  kubectl bashtask logs run-x7k2p
   kubectl bashtask logs run-x7k2p --stderr -f
   kubectl bashtask logs big-report --full > report.txt
-  kubectl bashtask logs t1 --full --bucket-query 'endpoint=http://127.0.0.1:7070&use_path_style=true'`,
+  kubectl bashtask logs run-x7k2p --tail-only`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return a.logs(cmd.Context(), args[0], f)
@@ -49,57 +59,82 @@ skipped with a note.`,
 	}
 	fl := cmd.Flags()
 	fl.BoolVar(&f.stderr, "stderr", false, "print stderr instead of stdout")
-	fl.BoolVar(&f.full, "full", false, "print the whole stream, from object storage when the tail is not all of it")
+	fl.BoolVar(&f.full, "full", false, "print the whole stream of a task that has ended; refuse one that has not (without -f)")
 	fl.BoolVarP(&f.follow, "follow", "f", false, "follow the stream until the task ends")
 	fl.BoolVar(&f.tailOK, "tail-ok", false, tailOKHelp)
-	fl.StringVar(&f.bucketQuery, "bucket-query", "", bucketQueryHelp)
+	fl.BoolVar(&f.tailOnly, "tail-only", false, "print only the tail kept in the task's status, without the output API")
 	return cmd
 }
 
 func (a *app) logs(ctx context.Context, name string, f logsFlags) error {
+	if f.tailOnly && (f.full || f.follow || f.tailOK) {
+		return errors.New("--tail-only prints the tail kept in status; it cannot be combined with --full, -f or --tail-ok")
+	}
 	ctx, stop := a.cancelOnInterrupt(ctx)
 	defer stop()
-	c, ns, err := a.client()
-	if err != nil {
-		return err
-	}
-	key := types.NamespacedName{Namespace: ns, Name: name}
 	stream := "stdout"
 	if f.stderr {
 		stream = "stderr"
 	}
-	w := newStreamWriter(stream, a.opts.IOStreams.Out, a.note, f.full)
-	w.tailOK = f.tailOK
-	var bt *bashtaskv1alpha1.BashTask
-	if f.follow {
-		if bt, err = a.followToEnd(ctx, c, key, nil, nil, w); err != nil {
+	target := streamTarget{name: stream, out: a.opts.IOStreams.Out}
+	if f.tailOnly {
+		c, ns, err := a.client()
+		if err != nil {
 			return err
 		}
-	} else {
-		bt = &bashtaskv1alpha1.BashTask{}
-		if err := c.Get(ctx, key, bt); err != nil {
-			return fmt.Errorf("reading task %s: %w", key, err)
-		}
-		if f.full && !isFinished(bt) {
-			return fmt.Errorf("task %s is %s: --full reads the stored stream once the task has ended; add -f to follow it until then", key, phaseOrPending(bt))
-		}
-		if !f.full {
-			s := streamOf(bt, stream)
-			if s == nil {
-				return nil
-			}
-			tail := ptr.Deref(s.Tail, "")
-			if _, err := fmt.Fprint(a.opts.IOStreams.Out, tail); err != nil {
-				return fmt.Errorf("writing %s: %w", stream, err)
-			}
-			if ptr.Deref(s.Truncated, false) {
-				a.note("%s: showing the last %d of %d bytes; --full prints the whole stream", stream, len(tail), ptr.Deref(s.TotalBytes, 0))
-			}
-			return nil
-		}
+		return a.printTail(ctx, c, types.NamespacedName{Namespace: ns, Name: name}, stream)
 	}
-	if !isFinished(bt) {
+	c, oc, ns, err := a.clients()
+	if err != nil {
+		return err
+	}
+	key := types.NamespacedName{Namespace: ns, Name: name}
+	if f.follow {
+		final, results, err := a.followOutput(ctx, c, oc, key, nil, nil, target)
+		if err != nil {
+			return err
+		}
+		return a.finishStream(target, &results[0], final, f.tailOK)
+	}
+	bt := &bashtaskv1alpha1.BashTask{}
+	if err := c.Get(ctx, key, bt); err != nil {
+		return fmt.Errorf("reading task %s: %w", key, err)
+	}
+	if f.full && !isFinished(bt) {
+		return fmt.Errorf("task %s is %s: --full prints the whole stream once the task has ended; add -f to follow it until then", key, phaseOrPending(bt))
+	}
+	res := copyStream(ctx, oc, key, target, false)
+	var se *btclient.StreamError
+	if res.err != nil && !errors.As(res.err, &se) {
+		return outputError(stream, key, res.err)
+	}
+	if isFinished(bt) {
+		return a.finishStream(target, &res, bt, f.tailOK)
+	}
+	if se != nil {
+		// Running: what its status says of the stream is not final.
+		return &incompleteError{stream: stream, offset: res.written, end: -1, total: -1, why: se.Message}
+	}
+	return nil
+}
+
+// printTail prints the tail of a stream kept in the task's status, for
+// --tail-only.
+func (a *app) printTail(ctx context.Context, c client.Client, key types.NamespacedName, stream string) error {
+	bt := &bashtaskv1alpha1.BashTask{}
+	if err := c.Get(ctx, key, bt); err != nil {
+		return fmt.Errorf("reading task %s: %w", key, err)
+	}
+	s := streamOf(bt, stream)
+	if s == nil {
 		return nil
 	}
-	return w.finish(ctx, streamOf(bt, stream), objectFetcher(bt, stream, f.bucketQuery), missingReason(bt))
+	tail := ptr.Deref(s.Tail, "")
+	if _, err := fmt.Fprint(a.opts.IOStreams.Out, tail); err != nil {
+		return fmt.Errorf("writing %s: %w", stream, err)
+	}
+	if ptr.Deref(s.Truncated, false) {
+		a.note("%s: showing the last %d of %d bytes kept in status; without --tail-only logs prints the whole stream", stream, len(tail), ptr.Deref(s.TotalBytes, 0))
+	}
+	return nil
 }

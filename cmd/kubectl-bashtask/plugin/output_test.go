@@ -2,9 +2,6 @@ package plugin
 
 import (
 	"bytes"
-	"io"
-	"os"
-	"path/filepath"
 	"testing"
 	"time"
 
@@ -90,64 +87,5 @@ b           pending   <none>   <none>   <none>   <none>   <none>   <none>     1s
 `
 	if diff := cmp.Diff(want, out.String()); diff != "" {
 		t.Errorf("table with namespaces (-want +got):\n%s", diff)
-	}
-}
-
-func TestSplitObjectURL(t *testing.T) {
-	const key = "ns/t/0f1e/stdout"
-	tests := map[string]struct {
-		url, query          string
-		wantBucket, wantKey string
-		wantErr             bool
-	}{
-		"file":                    {url: "file:///var/lib/bashtask/uploads/" + key, wantBucket: "file:///var/lib/bashtask/uploads", wantKey: key},
-		"s3 with endpoint params": {url: "s3://bkt/" + key, query: "endpoint=http://127.0.0.1:7070&use_path_style=true", wantBucket: "s3://bkt?endpoint=http://127.0.0.1:7070&use_path_style=true", wantKey: key},
-		"gs with a prefix path":   {url: "gs://bkt/pre/fix/" + key, wantBucket: "gs://bkt/pre/fix", wantKey: key},
-		"other key: last four":    {url: "s3://bkt/x/a/b/c/d", wantBucket: "s3://bkt/x", wantKey: "a/b/c/d"},
-		"too short":               {url: "s3://bkt/a/b", wantErr: true},
-		"no scheme":               {url: "/tmp/" + key, wantErr: true},
-	}
-	for name, tc := range tests {
-		t.Run(name, func(t *testing.T) {
-			bucket, k, err := splitObjectURL(tc.url, key, tc.query)
-			if tc.wantErr {
-				if err == nil {
-					t.Fatalf("splitObjectURL(%q) = %q, %q; want an error", tc.url, bucket, k)
-				}
-				return
-			}
-			if err != nil || bucket != tc.wantBucket || k != tc.wantKey {
-				t.Errorf("splitObjectURL(%q) = %q, %q, %v; want %q, %q", tc.url, bucket, k, err, tc.wantBucket, tc.wantKey)
-			}
-		})
-	}
-}
-
-// TestObjectFetcherReadsAFileBucket opens an object the way an agent's
-// default file:// bucket stores it, at an offset.
-func TestObjectFetcherReadsAFileBucket(t *testing.T) {
-	dir := t.TempDir()
-	bt := &bashtaskv1alpha1.BashTask{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "t", UID: "0f1e"}}
-	path := filepath.Join(dir, "ns", "t", "0f1e", "stdout")
-	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(path, []byte("hello, world"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	fetch := objectFetcher(bt, "stdout", "")
-	r, err := fetch(t.Context(), &bashtaskv1alpha1.SpillRef{URL: ptr.To("file://" + path)}, 7)
-	if err != nil {
-		t.Fatal(err)
-	}
-	got, err := io.ReadAll(r)
-	if err != nil || string(got) != "world" {
-		t.Errorf("read %q, %v; want %q", got, err, "world")
-	}
-	if err := r.Close(); err != nil {
-		t.Errorf("close: %v", err)
-	}
-	if _, err := fetch(t.Context(), &bashtaskv1alpha1.SpillRef{URL: ptr.To("file://" + dir + "/ns/t/0f1e/stderr")}, 0); err == nil {
-		t.Errorf("opening a missing object succeeded")
 	}
 }

@@ -8,7 +8,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
+	"sync"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -21,6 +23,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	bashtaskv1alpha1 "github.com/bashtask/bashtask-operator/api/v1alpha1"
+	btclient "github.com/bashtask/bashtask-operator/client"
 )
 
 // Exit statuses of kubectl-bashtask. run and wait pass the task's own exit
@@ -93,6 +96,22 @@ func (e *exitError) Unwrap() error { return e.err }
 type app struct {
 	opts  Options
 	flags *genericclioptions.ConfigFlags
+	// errOut is the local stderr, shared by the plugin's notes, API
+	// warnings and a task's stderr, which run copies while the plugin
+	// may note something else.
+	errOut io.Writer
+}
+
+// lockedWriter serializes the writes of several goroutines to one writer.
+type lockedWriter struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (l *lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
 }
 
 // Main runs the command tree with args (without the program name) and
@@ -101,12 +120,12 @@ func Main(ctx context.Context, opts Options, args []string) int {
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
-	a := &app{opts: opts, flags: genericclioptions.NewConfigFlags(true)}
+	a := &app{opts: opts, flags: genericclioptions.NewConfigFlags(true), errOut: &lockedWriter{w: opts.IOStreams.ErrOut}}
 	root := a.rootCommand()
 	root.SetArgs(args)
 	root.SetIn(opts.IOStreams.In)
 	root.SetOut(opts.IOStreams.Out)
-	root.SetErr(opts.IOStreams.ErrOut)
+	root.SetErr(a.errOut)
 	cmd, err := root.ExecuteContextC(ctx)
 	if err == nil {
 		return ExitOK
@@ -163,9 +182,9 @@ var scheme = func() *runtime.Scheme {
 	return s
 }()
 
-// client returns an API client with the user's credentials and the
-// namespace that -n or the kubeconfig context selects.
-func (a *app) client() (client.WithWatch, string, error) {
+// restConfig returns the user's REST configuration and the namespace that
+// -n or the kubeconfig context selects.
+func (a *app) restConfig() (*rest.Config, string, error) {
 	cfg, err := a.flags.ToRESTConfig()
 	if err != nil {
 		return nil, "", fmt.Errorf("loading the kubeconfig: %w", err)
@@ -174,10 +193,20 @@ func (a *app) client() (client.WithWatch, string, error) {
 	cfg.UserAgent = "kubectl-bashtask"
 	// API warnings (deprecations, validation hints) go to the user, as
 	// kubectl shows them.
-	cfg.WarningHandler = rest.NewWarningWriter(a.opts.IOStreams.ErrOut, rest.WarningWriterOptions{Deduplicate: true})
+	cfg.WarningHandler = rest.NewWarningWriter(a.errOut, rest.WarningWriterOptions{Deduplicate: true})
 	ns, _, err := a.flags.ToRawKubeConfigLoader().Namespace()
 	if err != nil {
 		return nil, "", fmt.Errorf("finding the namespace: %w", err)
+	}
+	return cfg, ns, nil
+}
+
+// client returns an API client with the user's credentials and the
+// namespace that -n or the kubeconfig context selects.
+func (a *app) client() (client.WithWatch, string, error) {
+	cfg, ns, err := a.restConfig()
+	if err != nil {
+		return nil, "", err
 	}
 	c, err := client.NewWithWatch(cfg, client.Options{Scheme: scheme})
 	if err != nil {
@@ -186,10 +215,30 @@ func (a *app) client() (client.WithWatch, string, error) {
 	return c, ns, nil
 }
 
+// clients returns client's API client and a reader of task output
+// through output.bashtask.dev, both with the user's credentials: reading
+// output takes RBAC (get on bashtasks/log in that group), no bucket
+// credentials.
+func (a *app) clients() (client.WithWatch, *btclient.Client, string, error) {
+	cfg, ns, err := a.restConfig()
+	if err != nil {
+		return nil, nil, "", err
+	}
+	c, err := client.NewWithWatch(cfg, client.Options{Scheme: scheme})
+	if err != nil {
+		return nil, nil, "", fmt.Errorf("creating the API client: %w", err)
+	}
+	oc, err := btclient.New(cfg)
+	if err != nil {
+		return nil, nil, "", fmt.Errorf("creating the output client: %w", err)
+	}
+	return c, oc, ns, nil
+}
+
 // note writes one of the plugin's own messages to the local stderr, where
 // the task's stderr goes too; the prefix tells them apart.
 func (a *app) note(format string, args ...any) {
-	fmt.Fprintf(a.opts.IOStreams.ErrOut, "kubectl-bashtask: "+format+"\n", args...)
+	fmt.Fprintf(a.errOut, "kubectl-bashtask: "+format+"\n", args...)
 }
 
 // cancelOnInterrupt returns a context that ends at the first interrupt,

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"maps"
-	"os"
 	"slices"
 	"time"
 
@@ -19,35 +18,31 @@ import (
 	bashtaskv1alpha1 "github.com/bashtask/bashtask-operator/api/v1alpha1"
 )
 
-const tailOKHelp = "when bytes of a stream cannot be read from object storage (upload pending or failed, object missing, " +
-	"stream past the spill limit), print the tail kept in status after a note instead of failing"
-
-const bucketQueryHelp = "query parameters added to the bucket URL when the full output is read from object storage, " +
-	"e.g. 'endpoint=http://127.0.0.1:7070&use_path_style=true' for an S3 server other than AWS (the URL in status carries none)"
+const tailOKHelp = "when bytes of a stream cannot be read (past spec.output.spillLimitBytes, or no copy kept), " +
+	"print the tail kept in status after a note instead of failing"
 
 func (a *app) runCommand() *cobra.Command {
 	var f runFlags
-	var bucketQuery string
 	var tailOK bool
 	cmd := &cobra.Command{
 		Use:   "run [flags] -- COMMAND [WORDS...]",
 		Short: "Run a command as a BashTask, show its output and exit with its exit code",
 		Long: `Run creates a BashTask that runs COMMAND with bash -c on a cluster node, follows
 it, writes the task's stdout and stderr to the local stdout and stderr as the
-task's status shows them, and exits with the task's exit code, like
+command writes them, and exits with the task's exit code, like
 "kubectl run --rm -i". The words after -- are joined with spaces into the
 command string, as ssh does.
 
-The status keeps only the last bytes of each stream. When a stream grows
-faster than that between two status updates, run says so on stderr and writes
-the rest of that stream when the task ends, from the stored copy in object
-storage (read with your own cloud credentials), so the local output is the
-whole stream. When the stored copy cannot be read (the upload is still
-pending after 30 s or failing, the object is missing, or the stream passed
-spec.output.spillLimitBytes), run stops that stream at the first byte it
-cannot deliver and exits 125 with a message saying which bytes, why, and how
-the task ended; --tail-ok accepts the tail instead, after a note, and passes
-the task's exit code through.
+Both streams are read through the output API (output.bashtask.dev,
+bashtasks/log) with your Kubernetes credentials: each chunk is printed as the
+node's agent captures it, and the local output is the whole stream, checked
+against status sha256 when the task ends. Reading it takes get on
+bashtasks/log in the API group output.bashtask.dev; no bucket credentials.
+When bytes of a stream cannot be read (it passed
+spec.output.spillLimitBytes, or no copy of it is kept), run stops that stream
+at the first byte it cannot deliver and exits 125 with a message naming the
+offset, why, and how the task ended; --tail-ok accepts the tail kept in
+status instead, after a note, and passes the task's exit code through.
 
 Ctrl-C requests cancellation of the task (spec.cancelRequested) and keeps
 waiting for it to end; a second Ctrl-C stops waiting.
@@ -67,7 +62,7 @@ waiting for it to end; a second Ctrl-C stops waiting.
 		// commandFromArgs explains a missing command better than cobra.
 		Args: cobra.ArbitraryArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return a.run(cmd.Context(), f, cmd.Flags().Changed("timeout"), args, bucketQuery, tailOK)
+			return a.run(cmd.Context(), f, cmd.Flags().Changed("timeout"), args, tailOK)
 		},
 	}
 	fl := cmd.Flags()
@@ -81,17 +76,16 @@ waiting for it to end; a second Ctrl-C stops waiting.
 	fl.StringVar(&f.name, "name", "", "the task's name (default: generated, "+generateNamePrefix+"xxxxx)")
 	fl.BoolVar(&f.rm, "rm", false, "delete the task when it ended")
 	fl.BoolVar(&tailOK, "tail-ok", false, tailOKHelp)
-	fl.StringVar(&bucketQuery, "bucket-query", "", bucketQueryHelp)
 	return cmd
 }
 
-func (a *app) run(ctx context.Context, f runFlags, timeoutSet bool, args []string, bucketQuery string, tailOK bool) error {
+func (a *app) run(ctx context.Context, f runFlags, timeoutSet bool, args []string, tailOK bool) error {
 	// Mistakes in the arguments are reported before anything is read or
 	// sent; the Secrets' keys and stdin only add entries checked again below.
 	if _, err := buildTask("", f, timeoutSet, args, nil, nil); err != nil {
 		return err
 	}
-	c, ns, err := a.client()
+	c, oc, ns, err := a.clients()
 	if err != nil {
 		return err
 	}
@@ -123,19 +117,21 @@ func (a *app) run(ctx context.Context, f runFlags, timeoutSet bool, args []strin
 		if interrupts > 1 {
 			return &exitError{code: ExitInterrupted, err: fmt.Errorf("stopped waiting; task %s was asked to cancel and may still be running", key)}
 		}
-		a.note("cancelling task %s; its output follows when it ends (interrupt again to stop waiting)", key)
+		a.note("cancelling task %s; following it until it ends (interrupt again to stop waiting)", key)
 		_, err := cancelTask(ctx, c, key)
 		return err
 	}
-	out := newStreamWriter("stdout", a.opts.IOStreams.Out, a.note, true)
-	errw := newStreamWriter("stderr", a.opts.IOStreams.ErrOut, a.note, true)
-	out.tailOK, errw.tailOK = tailOK, tailOK
-	final, err := a.followToEnd(ctx, c, key, a.opts.Interrupts, onInterrupt, out, errw)
+	targets := []streamTarget{{name: "stdout", out: a.opts.IOStreams.Out}, {name: "stderr", out: a.errOut}}
+	final, results, err := a.followOutput(ctx, c, oc, key, a.opts.Interrupts, onInterrupt, targets...)
 	if err != nil {
 		return err
 	}
 	code, msg := taskExit(final)
-	if err := a.finishStreams(ctx, final, bucketQuery, out, errw); err != nil {
+	var errs []error
+	for i, t := range targets {
+		errs = append(errs, a.finishStream(t, &results[i], final, tailOK))
+	}
+	if err := errors.Join(errs...); err != nil {
 		// The output is short: the task's own exit status would say all
 		// went well when it succeeded. How it ended is still worth saying.
 		ending := msg
@@ -198,57 +194,6 @@ func (a *app) readStdinInterruptible(ctx context.Context) (string, error) {
 	case <-ctx.Done():
 		return "", fmt.Errorf("reading stdin for -i: %w", ctx.Err())
 	}
-}
-
-// followToEnd writes the streams as they grow until the task has ended and,
-// when a stream needs its stored copy, until that copy is uploaded or
-// uploadWait passed. It returns the last state seen.
-func (a *app) followToEnd(ctx context.Context, c client.WithWatch, key types.NamespacedName, interrupts <-chan os.Signal, onInterrupt interruptFunc, writers ...*streamWriter) (*bashtaskv1alpha1.BashTask, error) {
-	var final *bashtaskv1alpha1.BashTask
-	err := watchTask(ctx, c, key, interrupts, onInterrupt, func(bt *bashtaskv1alpha1.BashTask) (bool, error) {
-		final = bt
-		for _, w := range writers {
-			if err := w.update(streamOf(bt, w.name)); err != nil {
-				return false, err
-			}
-		}
-		return isFinished(bt), nil
-	})
-	if err != nil {
-		return nil, err
-	}
-	needed := false
-	for _, w := range writers {
-		if s := streamOf(final, w.name); s != nil && w.complete && w.needsObject(s) {
-			needed = true
-		}
-	}
-	if !needed || !uploadPending(final) {
-		return final, nil
-	}
-	a.note("waiting up to %s for the upload of the full output (%s)", uploadWait, missingReason(final))
-	wctx, cancel := context.WithTimeout(ctx, uploadWait)
-	defer cancel()
-	err = watchTask(wctx, c, key, interrupts, onInterrupt, func(bt *bashtaskv1alpha1.BashTask) (bool, error) {
-		final = bt
-		return !uploadPending(bt), nil
-	})
-	// Past uploadWait, go on with the tails; only the caller's own end
-	// or a real failure stops here.
-	uploadWaitOver := errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil
-	if err != nil && !uploadWaitOver {
-		return nil, err
-	}
-	return final, nil
-}
-
-// finishStreams writes what is left of each stream of a finished task.
-func (a *app) finishStreams(ctx context.Context, bt *bashtaskv1alpha1.BashTask, bucketQuery string, writers ...*streamWriter) error {
-	var errs []error
-	for _, w := range writers {
-		errs = append(errs, w.finish(ctx, streamOf(bt, w.name), objectFetcher(bt, w.name, bucketQuery), missingReason(bt)))
-	}
-	return errors.Join(errs...)
 }
 
 func streamOf(bt *bashtaskv1alpha1.BashTask, name string) *bashtaskv1alpha1.StreamStatus {

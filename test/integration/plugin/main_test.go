@@ -1,6 +1,7 @@
 // Package plugin_test runs kubectl-bashtask's commands in-process against a
-// real kube-apiserver, the controller and two agents (internal/testrig),
-// through a kubeconfig file as a user would.
+// real kube-apiserver, the controller, two agents and the output API behind
+// kube-apiserver's front proxy (internal/testrig), through a kubeconfig
+// file as a user would.
 package plugin_test
 
 import (
@@ -40,7 +41,7 @@ func TestMain(m *testing.M) {
 	opts.ProgressInterval = 200 * time.Millisecond
 	opts.RetryInterval = 500 * time.Millisecond
 	var err error
-	if rig, err = testrig.Start(testrig.Options{Controller: &opts}); err != nil {
+	if rig, err = testrig.Start(testrig.Options{Controller: &opts, OutputAPI: true}); err != nil {
 		fmt.Fprintln(os.Stderr, "starting the test rig:", err)
 		os.Exit(1)
 	}
@@ -79,6 +80,8 @@ type result struct {
 type invocation struct {
 	stdin      io.Reader
 	interrupts chan os.Signal
+	// stdout, when set, takes the plugin's stdout instead of the result.
+	stdout io.Writer
 }
 
 // kubectlBashtask runs the plugin with args in namespace ns.
@@ -94,6 +97,9 @@ func (inv invocation) run(t *testing.T, ns string, args ...string) result {
 	}
 	var out, errOut bytes.Buffer
 	opts := plugin.Options{IOStreams: genericiooptions.IOStreams{In: inv.stdin, Out: &out, ErrOut: &errOut}}
+	if inv.stdout != nil {
+		opts.IOStreams.Out = inv.stdout
+	}
 	if inv.interrupts != nil {
 		opts.Interrupts = inv.interrupts
 	}

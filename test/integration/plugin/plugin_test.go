@@ -108,7 +108,7 @@ func TestLargeOutputRunAndLogsFull(t *testing.T) {
 	ns := newNamespace(t)
 	const size = 2 << 20
 	// Random bytes: not UTF-8, so the tails are sanitized and only the
-	// stored object has the stream; and far more than a tail.
+	// output API has the stream's bytes; and far more than a tail.
 	got := kubectlBashtask(t, ns, "run", "--name", "big", "--", "head -c 2097152 /dev/urandom; echo done >&2")
 	if got.code != 0 || taskLines(got.stderr) != "done\n" {
 		t.Fatalf("run: exit %d, stderr %q", got.code, got.stderr)
@@ -127,9 +127,14 @@ func TestLargeOutputRunAndLogsFull(t *testing.T) {
 	if sum := sha256hex(full.stdout); full.code != 0 || len(full.stdout) != size || sum != want {
 		t.Errorf("logs --full: exit %d, %d bytes, sha256 %s, stderr %q; want %d bytes, sha256 %s", full.code, len(full.stdout), sum, full.stderr, size, want)
 	}
-	tail := kubectlBashtask(t, ns, "logs", "big")
-	if tail.code != 0 || tail.stdout != outTail || !strings.Contains(tail.stderr, "--full") {
-		t.Errorf("logs: exit %d, %d bytes, stderr %q; want the %d-byte tail and a hint at --full", tail.code, len(tail.stdout), tail.stderr, len(outTail))
+	// Like kubectl logs: the whole stream, without --full too.
+	whole := kubectlBashtask(t, ns, "logs", "big")
+	if sum := sha256hex(whole.stdout); whole.code != 0 || sum != want {
+		t.Errorf("logs: exit %d, %d bytes, sha256 %s, stderr %q; want %d bytes, sha256 %s", whole.code, len(whole.stdout), sum, whole.stderr, size, want)
+	}
+	tail := kubectlBashtask(t, ns, "logs", "big", "--tail-only")
+	if tail.code != 0 || tail.stdout != outTail || !strings.Contains(tail.stderr, "without --tail-only logs prints the whole stream") {
+		t.Errorf("logs --tail-only: exit %d, %d bytes, stderr %q; want the %d-byte tail and a note", tail.code, len(tail.stdout), tail.stderr, len(outTail))
 	}
 	errLogs := kubectlBashtask(t, ns, "logs", "big", "--stderr", "--full")
 	if diff := cmp.Diff(result{stdout: "done\n"}, errLogs, cmp.AllowUnexported(result{})); diff != "" {

@@ -1,7 +1,11 @@
 package plugin_test
 
 import (
+	"bytes"
+	"crypto/sha256"
+	"errors"
 	"fmt"
+	"hash"
 	"os"
 	"path/filepath"
 	"strings"
@@ -32,10 +36,26 @@ func uploadCondition(t *testing.T, ns, name string) *metav1.Condition {
 	return meta.FindStatusCondition(getTask(t, ns, name).Status.Conditions, bashtaskv1alpha1.ConditionOutputUploaded)
 }
 
+// waitForgotten waits until the task's agent deleted its spill files,
+// which it does once the controller recorded the end and the uploads are
+// done: from then on only the bucket or the status serves the output.
+func waitForgotten(t *testing.T, ns, name string) {
+	t.Helper()
+	bt := getTask(t, ns, name)
+	dir := filepath.Join(rig.Agents[ptr.Deref(bt.Status.NodeName, "")].StateDir, "tasks", string(bt.UID))
+	eventually(t, "the agent forgot "+name, func() bool {
+		_, err := os.Stat(dir)
+		return errors.Is(err, os.ErrNotExist)
+	})
+}
+
 // TestLogsFullWhileUploadFails (C42): while the bucket refuses a finished
-// task's stdout, logs --full writes nothing and exits 1 with a message
-// naming the bytes and the upload error; --tail-ok prints the tail; once the
-// bucket takes the object, logs --full prints every byte.
+// task's stdout, the agent keeps its copy and logs --full reads every byte
+// from it through the output API. With the agent unreachable as well no
+// copy can be had: logs --full writes nothing and exits 1 with a message
+// naming the offset, never 0 with a short file; --tail-ok prints the tail.
+// Once the bucket takes the object and the agent forgot the task, logs
+// --full reads every byte from the bucket.
 func TestLogsFullWhileUploadFails(t *testing.T) {
 	t.Parallel()
 	ns := newNamespace(t)
@@ -47,9 +67,9 @@ func TestLogsFullWhileUploadFails(t *testing.T) {
 	if err := rig.Client.Create(t.Context(), bt); err != nil {
 		t.Fatal(err)
 	}
-	// The agent's file bucket writes <key>.attrs in the writer's Close: a
+	// The file bucket writes <key>.attrs in the writer's Close: a
 	// directory there makes every Close of this object fail.
-	attrs := filepath.Join(rig.Agents["node-1"].StateDir, "uploads", ns, "seq", string(bt.UID), "stdout.attrs")
+	attrs := filepath.Join(rig.BucketDir, ns, "seq", string(bt.UID), "stdout.attrs")
 	if err := os.MkdirAll(attrs, 0o700); err != nil {
 		t.Fatal(err)
 	}
@@ -68,15 +88,23 @@ func TestLogsFullWhileUploadFails(t *testing.T) {
 	tail := ptr.Deref(st.Stdout.Tail, "")
 
 	full := kubectlBashtask(t, ns, "logs", "seq", "--full")
-	wantMsg := fmt.Sprintf("stdout: bytes 0 to %d of %d are not available (OutputUploaded is False: upload to object storage pending for stdout (attempt ",
-		len(want)-len(tail), len(want))
-	if full.code != plugin.ExitFailure || full.stdout != "" || !strings.Contains(full.stderr, wantMsg) ||
-		!strings.Contains(full.stderr, "closing the object writer") || !strings.Contains(full.stderr, "--tail-ok") {
-		t.Errorf("logs --full while the upload fails: exit %d, %d bytes, stderr %q; want exit 1, nothing, and %q with the error", full.code, len(full.stdout), full.stderr, wantMsg)
+	if full.code != 0 || full.stdout != want {
+		t.Errorf("logs --full while the upload fails: exit %d, %d bytes, stderr %q; want 0 and all %d bytes from the agent", full.code, len(full.stdout), full.stderr, len(want))
+	}
+
+	agent := rig.Agents["node-1"]
+	agent.Disconnect()
+	full = kubectlBashtask(t, ns, "logs", "seq", "--full")
+	wantMsg := fmt.Sprintf("stdout: bytes 0 to %d of %d cannot be read: stdout of task %s/seq from offset 0 cannot be served", len(want)-len(tail), len(want), ns)
+	if full.code != plugin.ExitFailure || full.stdout != "" || !strings.Contains(full.stderr, wantMsg) || !strings.Contains(full.stderr, "--tail-ok") {
+		t.Errorf("logs --full with the upload failing and the agent away: exit %d, %d bytes, stderr %q; want exit 1, nothing, and %q", full.code, len(full.stdout), full.stderr, wantMsg)
 	}
 	tailOnly := kubectlBashtask(t, ns, "logs", "seq", "--full", "--tail-ok")
-	if tailOnly.code != 0 || tailOnly.stdout != tail || !strings.Contains(tailOnly.stderr, "are not available") {
+	if tailOnly.code != 0 || tailOnly.stdout != tail || !strings.Contains(tailOnly.stderr, "cannot be read") {
 		t.Errorf("logs --full --tail-ok: exit %d, %d bytes, stderr %q; want 0, the %d-byte tail and a note", tailOnly.code, len(tailOnly.stdout), tailOnly.stderr, len(tail))
+	}
+	if err := agent.Reconnect(); err != nil {
+		t.Fatal(err)
 	}
 
 	if err := os.Remove(attrs); err != nil {
@@ -86,22 +114,21 @@ func TestLogsFullWhileUploadFails(t *testing.T) {
 		c := uploadCondition(t, ns, "seq")
 		return c != nil && c.Status == metav1.ConditionTrue
 	})
+	waitForgotten(t, ns, "seq")
 	full = kubectlBashtask(t, ns, "logs", "seq", "--full")
 	if sum, status := sha256hex(full.stdout), ptr.Deref(getTask(t, ns, "seq").Status.Stdout.SHA256, ""); full.code != 0 || full.stdout != want || sum != status {
-		t.Errorf("logs --full after the repair: exit %d, %d bytes, sha256 %s (status %s), stderr %q; want 0 and all %d bytes", full.code, len(full.stdout), sum, status, full.stderr, len(want))
+		t.Errorf("logs --full from the bucket: exit %d, %d bytes, sha256 %s (status %s), stderr %q; want 0 and all %d bytes", full.code, len(full.stdout), sum, status, full.stderr, len(want))
 	}
 }
 
-// TestRunWhenTheUploadFails (C42): run promises the whole stream; when the
-// stored copy is still missing after its wait, it exits 125 with the
-// missing bytes, the error and how the task ended, and what it wrote is the
-// stream's beginning, never a stream with a hole.
+// TestRunWhenTheUploadFails: run reads the whole stream from the agent
+// while it runs, so a bucket that refuses the upload changes nothing.
 func TestRunWhenTheUploadFails(t *testing.T) {
 	t.Parallel()
 	ns := newNamespace(t)
-	// A file where the agent's file bucket needs the directory
+	// A file where the file bucket needs the directory
 	// <namespace>/<name>: every upload of this task fails.
-	dir := filepath.Join(rig.Agents["node-2"].StateDir, "uploads", ns)
+	dir := filepath.Join(rig.BucketDir, ns)
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		t.Fatal(err)
 	}
@@ -110,10 +137,45 @@ func TestRunWhenTheUploadFails(t *testing.T) {
 	}
 	want := seqOutput(200000)
 	got := kubectlBashtask(t, ns, "run", "--name", "seq", "--node", "node-2", "--", "seq 1 200000")
-	if got.code != plugin.ExitPluginError || !strings.HasPrefix(want, got.stdout) || len(got.stdout) == len(want) ||
-		!strings.Contains(got.stderr, "stdout: bytes ") || !strings.Contains(got.stderr, "are not available (OutputUploaded is False: ") ||
-		!strings.Contains(got.stderr, "task "+ns+"/seq ended Succeeded (exit code 0)") {
-		t.Errorf("run with a failing upload: exit %d, %d bytes (a prefix of the stream: %v), stderr %q; want 125, a short prefix, the missing bytes and the ending",
-			got.code, len(got.stdout), strings.HasPrefix(want, got.stdout), got.stderr)
+	if got.code != 0 || got.stdout != want {
+		t.Errorf("run with a failing upload: exit %d, %d bytes (a prefix of the stream: %v), stderr %q; want 0 and all %d bytes",
+			got.code, len(got.stdout), strings.HasPrefix(want, got.stdout), got.stderr, len(want))
+	}
+	if c := uploadCondition(t, ns, "seq"); c == nil || c.Status != metav1.ConditionFalse {
+		t.Errorf("OutputUploaded %+v, want False: the test's premise is a failing upload", c)
+	}
+}
+
+// countingWriter counts and hashes what it is given, for streams too large
+// to hold.
+type countingWriter struct {
+	n    int64
+	hash hash.Hash
+}
+
+func (w *countingWriter) Write(p []byte) (int, error) {
+	w.n += int64(len(p))
+	w.hash.Write(p)
+	return len(p), nil
+}
+
+// TestRunPastTheSpillLimit: a stream longer than the agent keeps
+// (spillLimitBytes, 64 MiB by default) and than its tail: run writes the
+// bytes up to the limit and exits 125 naming the offset where they end,
+// and how the task ended.
+func TestRunPastTheSpillLimit(t *testing.T) {
+	t.Parallel()
+	ns := newNamespace(t)
+	const limit = bashtaskv1alpha1.DefaultSpillLimitBytes
+	out := &countingWriter{hash: sha256.New()}
+	got := invocation{stdout: out}.run(t, ns, "run", "--name", "huge", "--", fmt.Sprintf("head -c %d /dev/zero | tr '\\0' x", limit+100000))
+	xs := sha256.New()
+	xs.Write(bytes.Repeat([]byte("x"), limit))
+	wantMsg := fmt.Sprintf("stdout: bytes %d to %d of %d cannot be read: ", limit, limit+100000-bashtaskv1alpha1.DefaultTailBytes, limit+100000)
+	if got.code != plugin.ExitPluginError || out.n != limit || !bytes.Equal(out.hash.Sum(nil), xs.Sum(nil)) ||
+		!strings.Contains(got.stderr, wantMsg) || !strings.Contains(got.stderr, fmt.Sprintf("offset %d", limit)) ||
+		!strings.Contains(got.stderr, "task "+ns+"/huge ended Succeeded (exit code 0)") {
+		t.Errorf("run past the spill limit: exit %d, %d bytes, stderr %q; want %d, the first %d bytes, %q naming offset %d and the ending",
+			got.code, out.n, got.stderr, plugin.ExitPluginError, limit, wantMsg, limit)
 	}
 }
