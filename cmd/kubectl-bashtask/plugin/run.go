@@ -57,6 +57,10 @@ waiting for it to end; a second Ctrl-C stops waiting.
   # Environment from a flag and from every key of a Secret
   kubectl bashtask run --env MODE=fast --env-from-secret api-creds -- ./job.sh
 
+  # Commands of one session, in a workspace (kubectl bashtask workspace create s1)
+  kubectl bashtask run --workspace s1 -- 'git clone https://example.com/repo.git && cd repo'
+  kubectl bashtask run --workspace s1 -- make test
+
   # A named task, on one node, deleted when done
   kubectl bashtask run --name nightly --node worker-1 --timeout 10m --rm -- make -C /srv/app`,
 		// commandFromArgs explains a missing command better than cobra.
@@ -73,6 +77,8 @@ waiting for it to end; a second Ctrl-C stops waiting.
 	fl.DurationVar(&f.timeout, "timeout", 0, "the task's time limit (spec.timeoutSeconds, rounded up to seconds; default the API's 120s)")
 	fl.StringVar(&f.owner, "owner", "", "spec.owner: an opaque token naming who the task belongs to")
 	fl.StringVar(&f.node, "node", "", "run on the agent of this node (spec.nodeName)")
+	fl.StringVarP(&f.workspace, "workspace", "w", "", "run in this BashWorkspace (spec.workspace): its files, UID and network, starting where its last task ended")
+	fl.StringVar(&f.workingDir, "workdir", "", "spec.workingDir: the directory to start in (with --workspace: inside it, relative to its root)")
 	fl.StringVar(&f.name, "name", "", "the task's name (default: generated, "+generateNamePrefix+"xxxxx)")
 	fl.BoolVar(&f.rm, "rm", false, "delete the task when it ended")
 	fl.BoolVar(&tailOK, "tail-ok", false, tailOKHelp)

@@ -33,6 +33,8 @@ type runFlags struct {
 	timeout        time.Duration
 	owner          string
 	node           string
+	workspace      string
+	workingDir     string
 	name           string
 	rm             bool
 }
@@ -155,14 +157,22 @@ func buildTask(ns string, f runFlags, timeoutSet bool, args []string, stdin *str
 	if n := len([]rune(f.node)); n > maxNodeNameChars {
 		return nil, fmt.Errorf("--node: spec.nodeName is %d characters, over the limit of %d", n, maxNodeNameChars)
 	}
+	if f.workspace != "" && f.node != "" {
+		return nil, errors.New("--node and --workspace: a task of a workspace runs on the workspace's node; give one of them")
+	}
+	if f.workingDir != "" && f.workspace == "" && !strings.HasPrefix(f.workingDir, "/") {
+		return nil, fmt.Errorf("--workdir %q: spec.workingDir must be absolute, or relative to the root of a --workspace", f.workingDir)
+	}
 	bt := &bashtaskv1alpha1.BashTask{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: f.name},
 		Spec: bashtaskv1alpha1.BashTaskSpec{
-			Command:  cmd,
-			Stdin:    stdin,
-			Env:      env,
-			Owner:    optional(f.owner),
-			NodeName: optional(f.node),
+			Command:    cmd,
+			Stdin:      stdin,
+			Env:        env,
+			Owner:      optional(f.owner),
+			NodeName:   optional(f.node),
+			Workspace:  optional(f.workspace),
+			WorkingDir: optional(f.workingDir),
 		},
 	}
 	if f.name == "" {
