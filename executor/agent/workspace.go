@@ -23,10 +23,6 @@ import (
 // workspaces one agent holds at most.
 const DefaultMaxWorkspaces = 1000
 
-// WorkspaceDirPrefix starts the name of each workspace's root on the
-// node, <work root>/ws-<uid>: the mount point of its file system.
-const WorkspaceDirPrefix = "ws-"
-
 // workspaceLeaseKey is the key a workspace's UID lease is held under in
 // the agent's table of leases, beside the task UIDs of task leases.
 func workspaceLeaseKey(uid string) string { return "workspace/" + uid }
@@ -46,7 +42,6 @@ type workspaces struct {
 
 	s     *Server
 	files workspaceFiles
-	root  string // where the workspaces' roots are: the executor's work root
 	max   int
 
 	byUID  map[string]*workspace
@@ -76,7 +71,6 @@ func newWorkspaces(s *Server) (*workspaces, error) {
 	ws := &workspaces{
 		s:      s,
 		files:  workspaceFiles{dir: filepath.Join(s.cfg.StateDir, "workspaces")},
-		root:   cmpOr(s.cfg.Executor.WorkDirRoot, os.TempDir()),
 		max:    cmpOr(s.cfg.MaxWorkspaces, DefaultMaxWorkspaces),
 		byUID:  map[string]*workspace{},
 		taskWS: map[string]*workspace{},
@@ -106,7 +100,6 @@ func newWorkspaces(s *Server) (*workspaces, error) {
 func (ws *workspaces) options(w *workspace) executor.WorkspaceOptions {
 	o := executor.WorkspaceOptions{
 		ID:        w.rec.UID,
-		Dir:       filepath.Join(ws.root, WorkspaceDirPrefix+w.rec.UID),
 		SizeBytes: w.rec.StorageBytes,
 		UID:       w.rec.TaskUID, GID: w.rec.TaskUID,
 		Network: w.rec.Network,

@@ -123,7 +123,7 @@ func TestWorkspaceLifecycle(t *testing.T) {
 		t.Fatalf("List: %v %v", l, err)
 	}
 
-	root := filepath.Join(r.dir, WorkspaceDirPrefix+"w1")
+	root := filepath.Join(r.dir, "workspaces", "w1")
 	if _, err := os.Stat(filepath.Join(root, "a.txt")); err != nil {
 		t.Errorf("the workspace's file on the node: %v", err)
 	}
