@@ -118,6 +118,14 @@ type Config struct {
 	// silent longer is killed and the start fails naming it; 0 means
 	// DefaultShimReportTimeout.
 	ShimReportTimeout time.Duration
+	// WorkspaceDir is the directory the roots of workspaces
+	// ([Executor.OpenWorkspace]) are mounted in at IsolationTenant, one
+	// subdirectory each; empty means "workspaces" under WorkDirRoot. New
+	// makes it a private mount of its own, which every task's shim
+	// detaches from its mount namespace when it starts: a mount namespace
+	// made later holds no copy of a workspace's file system, so that
+	// deleting one never waits for unrelated tasks to end.
+	WorkspaceDir string
 	// Egress configures NetworkEgress at IsolationTenant; nil offers no
 	// NetworkEgress. Its setup (an nftables table, IPv4 forwarding, the
 	// tasks' resolv.conf) runs in New; where it fails (no nf_tables, no
@@ -156,6 +164,7 @@ type Executor struct {
 	quotaReason string     // why the node cannot, when quotaWanted and quota is nil
 	egress      *egress    // nil: no NetworkEgress
 	egressErr   error      // why egress is nil although Config.Egress was set
+	wsDir       string     // Config.WorkspaceDir, a private mount; "" but at IsolationTenant
 }
 
 // cgroupParent is the parent cgroup of the executor's tasks.
@@ -237,6 +246,10 @@ func New(cfg Config) (*Executor, error) {
 		}
 	}
 	if err := e.setupDiskQuota(cfg); err != nil {
+		_ = e.Close()
+		return nil, err
+	}
+	if err := e.setupWorkspaceDir(cfg); err != nil {
 		_ = e.Close()
 		return nil, err
 	}
@@ -387,6 +400,7 @@ func (e *Executor) Close() error {
 	if e.cg != nil && e.cg.created {
 		errs = append(errs, removeCgroup(e.cg.path))
 	}
+	errs = append(errs, e.closeWorkspaceDir())
 	return errors.Join(errs...)
 }
 
@@ -405,6 +419,25 @@ type prepared struct {
 	diskNotEnforced bool     // the executor wants a disk quota the node cannot give
 }
 
+// prepareWorkspace applies a workspace task's identity and network
+// (Spec.Workspace) before the other checks see them.
+func (e *Executor) prepareWorkspace(p *prepared) error {
+	wt := p.Workspace
+	if wt == nil {
+		return nil
+	}
+	w := wt.Workspace
+	switch {
+	case e.isolation != IsolationTenant:
+		return startErr(ErrInvalidSpec, "workspaces need the tenant isolation level", nil)
+	case w == nil:
+		return startErr(ErrInvalidSpec, "a workspace task names no workspace", nil)
+	}
+	p.Network, p.User, p.WorkingDir = w.network, &User{UID: w.uid, GID: w.gid}, ""
+	p.Limits.DiskBytes = 0
+	return nil
+}
+
 // prepare applies defaults and runs the pre-start checks in a fixed order:
 // spec ranges, command, environment, shell, working directory, spill
 // directory. It creates nothing on disk except the default working
@@ -412,6 +445,9 @@ type prepared struct {
 // after every check passed.
 func (e *Executor) prepare(spec Spec) (*prepared, error) {
 	p := &prepared{Spec: spec}
+	if err := e.prepareWorkspace(p); err != nil {
+		return nil, err
+	}
 	switch {
 	case p.Timeout < 0, p.KillGrace < 0, p.TailBytes < 0, p.SpillLimitBytes < 0,
 		p.Limits.MemoryBytes < 0, p.Limits.CPUMillis < 0, p.Limits.Pids < 0:
@@ -454,7 +490,11 @@ func (e *Executor) prepare(spec Spec) (*prepared, error) {
 	if len(p.Command)+1 > MaxArgStrlen {
 		return nil, startErr(ErrArgumentTooLong, fmt.Sprintf("command is %d bytes, limit %d", len(p.Command), MaxArgStrlen-1), nil)
 	}
-	env, err := BuildEnv(EnvOptions{Mode: AmbientInherit, Ambient: e.ambient, Identity: e.identityEnv(p), Explicit: p.Env, Managed: p.ManagedEnv})
+	var carried []EnvVar
+	if p.Workspace != nil {
+		carried = p.Workspace.Env
+	}
+	env, err := BuildEnv(EnvOptions{Mode: AmbientInherit, Ambient: e.ambient, Identity: e.identityEnv(p), Carried: carried, Explicit: p.Env, Managed: p.ManagedEnv})
 	if err != nil {
 		return nil, err
 	}
@@ -469,6 +509,11 @@ func (e *Executor) prepare(spec Spec) (*prepared, error) {
 		return nil, err
 	}
 	switch {
+	case p.Workspace != nil:
+		// The shim resolves the start directory inside the workspace;
+		// the working directory here is the workspace's root on the
+		// node, the tree it clones.
+		p.WorkingDir = p.Workspace.Workspace.dir
 	case p.WorkingDir != "" && e.isolation == IsolationTenant:
 		dir, err := e.tenantWorkDir(p.WorkingDir)
 		if err != nil {
@@ -487,7 +532,7 @@ func (e *Executor) prepare(spec Spec) (*prepared, error) {
 		p.cleanupDirs()
 		return nil, err
 	}
-	if p.WorkingDir == "" {
+	if p.WorkingDir == "" && p.Workspace == nil {
 		if err := e.makeWorkDir(p); err != nil {
 			p.cleanupDirs()
 			return nil, err
@@ -624,6 +669,9 @@ func (e *Executor) tenantWorkDir(wd string) (string, error) {
 			return "", refuse(fmt.Sprintf("lies in %s, which the task must see as its own, not the node's", shared))
 		}
 	}
+	if e.wsDir != "" && (within(dir, e.wsDir) || within(e.wsDir, dir)) {
+		return "", refuse("is or holds the workspaces' directory " + e.wsDir + ", which only workspace tasks see")
+	}
 	for _, m := range e.mask {
 		if within(dir, m) || within(m, dir) {
 			return "", refuse(fmt.Sprintf("is or holds %s, which the agent hides from tasks", m))
@@ -668,6 +716,11 @@ func (e *Executor) makeWorkDir(p *prepared) error {
 // node cannot give.
 func (e *Executor) checkDiskLimit(p *prepared) error {
 	if e.isolation != IsolationTenant || !e.quotaWanted {
+		return nil
+	}
+	if p.Workspace != nil {
+		// The workspace's own file system, sized when it was made.
+		p.diskNotEnforced = !p.Workspace.Workspace.StorageEnforced()
 		return nil
 	}
 	if d := p.Limits.DiskBytes; d > e.quotaCap {

@@ -1,0 +1,25 @@
+//go:build !linux
+
+package executor
+
+// workspaceSys exists only on Linux.
+type workspaceSys struct{}
+
+func (e *Executor) setupWorkspaceDir(Config) error { return nil }
+
+func (e *Executor) closeWorkspaceDir() error { return nil }
+
+// WorkspaceDir is empty: workspaces need Linux.
+func (e *Executor) WorkspaceDir() string { return "" }
+
+// OpenWorkspace needs Linux: it returns ErrUnsupported.
+func (e *Executor) OpenWorkspace(WorkspaceOptions) (*Workspace, error) { return nil, ErrUnsupported }
+
+// UsedBytes needs Linux.
+func (w *Workspace) UsedBytes() (int64, error) { return 0, ErrUnsupported }
+
+// Close needs Linux.
+func (w *Workspace) Close() error { return nil }
+
+// Remove needs Linux.
+func (w *Workspace) Remove() error { return ErrUnsupported }
