@@ -643,7 +643,7 @@ func (s *Server) waitTask(e *entry) {
 func (s *Server) finishLocked(e *entry, res executor.Result) {
 	uid := e.status.GetRef().GetUid()
 	applyResult(e.status, res)
-	s.ws.taskEndedLocked(uid, res)
+	s.ws.taskEndedLocked(uid, e.status.GetRef().GetName(), res)
 	s.planUploadsLocked(e, false)
 	e.rec.State = stateFinished
 	if !res.CleanupFailed {

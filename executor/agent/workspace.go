@@ -425,6 +425,7 @@ func (ws *workspaces) statusLocked(w *workspace) *agentv1.WorkspaceStatus {
 	}
 	if r.LastTaskEnd != nil {
 		st.LastTaskEnd = timestamppb.New(*r.LastTaskEnd)
+		st.LastTaskName, st.LastTaskUid = r.LastTaskName, r.LastTaskUID
 	}
 	if w.ex != nil {
 		if used, err := w.ex.UsedBytes(); err == nil {
@@ -614,7 +615,7 @@ func (ws *workspaces) bindTask(uid string, spec *agentv1.TaskSpec, es *executor.
 // workspace's last task end: the directory relative to the root (one
 // outside it does not carry), the variables less what never carries.
 // Nothing recorded keeps the earlier state, and the message says why.
-func (ws *workspaces) taskEndedLocked(uid string, res executor.Result) {
+func (ws *workspaces) taskEndedLocked(uid, name string, res executor.Result) {
 	w := ws.taskWS[uid]
 	if w == nil {
 		return
@@ -634,6 +635,7 @@ func (ws *workspaces) taskEndedLocked(uid string, res executor.Result) {
 		return // a later end won already
 	}
 	r.LastTaskEnd = &end
+	r.LastTaskName, r.LastTaskUID = name, uid
 	if c := res.Carry; c != nil {
 		ws.applyCarryLocked(w, c)
 	}

@@ -112,7 +112,8 @@ func TestWorkspaceLifecycle(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if gs := g.GetStatus(); gs.GetWorkingDir() != executor.WorkspaceHome+"/sub" || gs.GetLastTaskEnd() == nil || gs.GetRunningTasks() != 0 {
+	if gs := g.GetStatus(); gs.GetWorkingDir() != executor.WorkspaceHome+"/sub" || gs.GetLastTaskEnd() == nil || gs.GetRunningTasks() != 0 ||
+		gs.GetLastTaskName() != "task-t1" || gs.GetLastTaskUid() != "t1" {
 		t.Errorf("after t1: %v", gs)
 	}
 	res = r.runTask(wsTask("t2", "w1", `pwd; cat ../a.txt`))

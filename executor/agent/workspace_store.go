@@ -59,6 +59,10 @@ type workspaceRecord struct {
 	// LastTaskEnd is the end of the last task of the workspace; nil
 	// before any ended.
 	LastTaskEnd *time.Time `json:"lastTaskEnd,omitempty"`
+	// LastTaskName and LastTaskUID name the task that ended at
+	// LastTaskEnd, whose state the carried state is (or did not carry).
+	LastTaskName string `json:"lastTaskName,omitempty"`
+	LastTaskUID  string `json:"lastTaskUID,omitempty"`
 	// CarriedDir is the directory the next task starts in, relative to
 	// the workspace's root ("" for the root).
 	CarriedDir string `json:"carriedDir,omitempty"`
