@@ -304,7 +304,19 @@ func (e *egress) free(slot int) {
 // its veth pair: the host end with its address up in the agent's
 // namespace, the task end as EgressTaskLink with the task's address, up,
 // and the default route to the host end. On error nothing is left.
-func (e *egress) attach(pid int) (_ *egressLink, err error) {
+func (e *egress) attach(pid int) (*egressLink, error) {
+	ns, err := netns.GetFromPid(pid)
+	if err != nil {
+		return nil, fmt.Errorf("the network namespace of %d: %w", pid, err)
+	}
+	defer ns.Close()
+	return e.attachNS(ns)
+}
+
+// attachNS gives the network namespace ns (with only lo) its veth pair,
+// as attach does for a process's; a workspace's namespace holds it for
+// the workspace's life.
+func (e *egress) attachNS(ns netns.NsHandle) (_ *egressLink, err error) {
 	slot, err := e.take()
 	if err != nil {
 		return nil, err
@@ -316,11 +328,6 @@ func (e *egress) attach(pid int) (_ *egressLink, err error) {
 			l.release()
 		}
 	}()
-	ns, err := netns.GetFromPid(pid)
-	if err != nil {
-		return nil, fmt.Errorf("the network namespace of %d: %w", pid, err)
-	}
-	defer ns.Close()
 	veth := &netlink.Veth{
 		LinkAttrs: netlink.LinkAttrs{Name: l.name},
 		PeerName:  EgressTaskLink, PeerNamespace: netlink.NsFd(int(ns)),
@@ -341,7 +348,7 @@ func (e *egress) attach(pid int) (_ *egressLink, err error) {
 	}
 	h, err := netlink.NewHandleAt(ns, unix.NETLINK_ROUTE)
 	if err != nil {
-		return nil, fmt.Errorf("netlink in the namespace of %d: %w", pid, err)
+		return nil, fmt.Errorf("netlink in the task's namespace: %w", err)
 	}
 	defer h.Close()
 	peer, err := h.LinkByName(EgressTaskLink)

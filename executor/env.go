@@ -21,6 +21,9 @@ type EnvOptions struct {
 	// agent's user, and a task that sets one of them explicitly (a HOME in
 	// its working directory) gets its own value, as for any other name.
 	Identity []EnvVar
+	// Carried are a workspace task's carried variables, applied after
+	// Identity and before Explicit.
+	Carried []EnvVar
 	// Explicit is the task's own environment.
 	Explicit []EnvVar
 	// Managed are the managed facts, applied last.
@@ -88,12 +91,12 @@ func ValidateEnvVar(v EnvVar) error {
 // name, built in the order of DESIGN.md section 5 with later steps winning:
 // LANG=C.UTF-8 when the result would set neither LANG nor LC_ALL; the
 // ambient environment filtered by Mode; the fixed terminal settings; the
-// identity entries; the explicit entries; the managed entries. Identity,
-// explicit and managed entries are
+// identity entries; a workspace's carried entries; the explicit entries;
+// the managed entries. Identity, carried, explicit and managed entries are
 // validated with [ValidateEnvVar]; the first invalid one is returned as the
 // error. Ambient entries are passed as the agent received them.
 func BuildEnv(o EnvOptions) ([]string, error) {
-	for _, list := range [][]EnvVar{o.Identity, o.Explicit, o.Managed} {
+	for _, list := range [][]EnvVar{o.Identity, o.Carried, o.Explicit, o.Managed} {
 		for _, v := range list {
 			if err := ValidateEnvVar(v); err != nil {
 				return nil, err
@@ -117,7 +120,7 @@ func BuildEnv(o EnvOptions) ([]string, error) {
 		}
 		env[name] = value
 	}
-	for _, list := range [][]EnvVar{terminalEnv, o.Identity, o.Explicit, o.Managed} {
+	for _, list := range [][]EnvVar{terminalEnv, o.Identity, o.Carried, o.Explicit, o.Managed} {
 		for _, v := range list {
 			env[v.Name] = v.Value
 		}

@@ -405,6 +405,25 @@ type prepared struct {
 	diskNotEnforced bool     // the executor wants a disk quota the node cannot give
 }
 
+// prepareWorkspace applies a workspace task's identity and network
+// (Spec.Workspace) before the other checks see them.
+func (e *Executor) prepareWorkspace(p *prepared) error {
+	wt := p.Workspace
+	if wt == nil {
+		return nil
+	}
+	w := wt.Workspace
+	switch {
+	case e.isolation != IsolationTenant:
+		return startErr(ErrInvalidSpec, "workspaces need the tenant isolation level", nil)
+	case w == nil:
+		return startErr(ErrInvalidSpec, "a workspace task names no workspace", nil)
+	}
+	p.Network, p.User, p.WorkingDir = w.network, &User{UID: w.uid, GID: w.gid}, ""
+	p.Limits.DiskBytes = 0
+	return nil
+}
+
 // prepare applies defaults and runs the pre-start checks in a fixed order:
 // spec ranges, command, environment, shell, working directory, spill
 // directory. It creates nothing on disk except the default working
@@ -412,6 +431,9 @@ type prepared struct {
 // after every check passed.
 func (e *Executor) prepare(spec Spec) (*prepared, error) {
 	p := &prepared{Spec: spec}
+	if err := e.prepareWorkspace(p); err != nil {
+		return nil, err
+	}
 	switch {
 	case p.Timeout < 0, p.KillGrace < 0, p.TailBytes < 0, p.SpillLimitBytes < 0,
 		p.Limits.MemoryBytes < 0, p.Limits.CPUMillis < 0, p.Limits.Pids < 0:
@@ -454,7 +476,11 @@ func (e *Executor) prepare(spec Spec) (*prepared, error) {
 	if len(p.Command)+1 > MaxArgStrlen {
 		return nil, startErr(ErrArgumentTooLong, fmt.Sprintf("command is %d bytes, limit %d", len(p.Command), MaxArgStrlen-1), nil)
 	}
-	env, err := BuildEnv(EnvOptions{Mode: AmbientInherit, Ambient: e.ambient, Identity: e.identityEnv(p), Explicit: p.Env, Managed: p.ManagedEnv})
+	var carried []EnvVar
+	if p.Workspace != nil {
+		carried = p.Workspace.Env
+	}
+	env, err := BuildEnv(EnvOptions{Mode: AmbientInherit, Ambient: e.ambient, Identity: e.identityEnv(p), Carried: carried, Explicit: p.Env, Managed: p.ManagedEnv})
 	if err != nil {
 		return nil, err
 	}
@@ -469,6 +495,11 @@ func (e *Executor) prepare(spec Spec) (*prepared, error) {
 		return nil, err
 	}
 	switch {
+	case p.Workspace != nil:
+		// The shim resolves the start directory inside the workspace;
+		// the working directory here is the workspace's root on the
+		// node, the tree it clones.
+		p.WorkingDir = p.Workspace.Workspace.dir
 	case p.WorkingDir != "" && e.isolation == IsolationTenant:
 		dir, err := e.tenantWorkDir(p.WorkingDir)
 		if err != nil {
@@ -487,7 +518,7 @@ func (e *Executor) prepare(spec Spec) (*prepared, error) {
 		p.cleanupDirs()
 		return nil, err
 	}
-	if p.WorkingDir == "" {
+	if p.WorkingDir == "" && p.Workspace == nil {
 		if err := e.makeWorkDir(p); err != nil {
 			p.cleanupDirs()
 			return nil, err
@@ -668,6 +699,11 @@ func (e *Executor) makeWorkDir(p *prepared) error {
 // node cannot give.
 func (e *Executor) checkDiskLimit(p *prepared) error {
 	if e.isolation != IsolationTenant || !e.quotaWanted {
+		return nil
+	}
+	if p.Workspace != nil {
+		// The workspace's own file system, sized when it was made.
+		p.diskNotEnforced = !p.Workspace.Workspace.StorageEnforced()
 		return nil
 	}
 	if d := p.Limits.DiskBytes; d > e.quotaCap {

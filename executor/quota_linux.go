@@ -188,18 +188,25 @@ func (q *diskQuota) make(size int64) (_ *quotaFS, err error) {
 		return nil, err
 	}
 	fs := &quotaFS{dir: dir, image: filepath.Join(q.imageDir, filepath.Base(dir)+".img"), q: q}
-	defer func() {
-		if err != nil {
-			_ = fs.remove()
-		}
-	}()
-	img, err := os.OpenFile(fs.image, os.O_RDWR|os.O_CREATE|os.O_EXCL|unix.O_NOFOLLOW, 0o600)
-	if err != nil {
+	if err := q.makeImageFS(fs.image, dir, size); err != nil {
+		_ = fs.remove()
 		return nil, err
+	}
+	return fs, nil
+}
+
+// makeImageFS creates the sparse image file image (which must not
+// exist) of size bytes with an ext4 file system of at most q.inodes
+// inodes, and mounts it at the existing directory dir (mountImage). On
+// error the caller removes what is left (the image, a mount at dir).
+func (q *diskQuota) makeImageFS(image, dir string, size int64) error {
+	img, err := os.OpenFile(image, os.O_RDWR|os.O_CREATE|os.O_EXCL|unix.O_NOFOLLOW, 0o600)
+	if err != nil {
+		return err
 	}
 	defer img.Close()
 	if err := img.Truncate(size); err != nil {
-		return nil, fmt.Errorf("sizing %s: %w", fs.image, err)
+		return fmt.Errorf("sizing %s: %w", image, err)
 	}
 	// Whole blocks of 4 KiB; at most one inode per block (ext4's limit).
 	inodes := min(q.inodes, size/4096)
@@ -210,25 +217,34 @@ func (q *diskQuota) make(size int64) (_ *quotaFS, err error) {
 	// the inode tables need no writing, neither now nor in the kernel's
 	// background thread later.
 	out, err := runHelper(q.mkfs, "-q", "-F", "-t", "ext4", "-O", "^has_journal", "-m", "0",
-		"-b", "4096", "-N", strconv.FormatInt(inodes, 10), "-E", "lazy_itable_init=1,nodiscard", fs.image)
+		"-b", "4096", "-N", strconv.FormatInt(inodes, 10), "-E", "lazy_itable_init=1,nodiscard", image)
 	if err != nil {
-		return nil, fmt.Errorf("mkfs.ext4 %s: %w: %s", fs.image, err, bytes.TrimSpace(out))
+		return fmt.Errorf("mkfs.ext4 %s: %w: %s", image, err, bytes.TrimSpace(out))
 	}
-	dev, err := attachLoop(q.loopCtl, img)
-	if err != nil {
-		return nil, err
-	}
-	// The loop device clears itself (LO_FLAGS_AUTOCLEAR) once the file
-	// system is unmounted and this descriptor closed.
-	defer dev.Close()
-	if err := unix.Mount(dev.Name(), dir, "ext4", unix.MS_NOSUID|unix.MS_NODEV, "noinit_itable"); err != nil {
-		return nil, fmt.Errorf("mounting %s (%s) at %s: %w", dev.Name(), fs.image, dir, err)
+	if err := mountImage(q.loopCtl, img, dir); err != nil {
+		return err
 	}
 	// A task sees its working directory empty, as without a quota.
 	if err := unix.Rmdir(filepath.Join(dir, "lost+found")); err != nil && !errors.Is(err, unix.ENOENT) {
-		return nil, fmt.Errorf("removing lost+found of %s: %w", dir, err)
+		return fmt.Errorf("removing lost+found of %s: %w", dir, err)
 	}
-	return fs, nil
+	return nil
+}
+
+// mountImage attaches the open image img to a free loop device and
+// mounts its ext4 file system at dir, nosuid and nodev. The loop device
+// clears itself (LO_FLAGS_AUTOCLEAR) once the file system is unmounted:
+// nothing but the mount holds it.
+func mountImage(loopCtl string, img *os.File, dir string) error {
+	dev, err := attachLoop(loopCtl, img)
+	if err != nil {
+		return err
+	}
+	defer dev.Close()
+	if err := unix.Mount(dev.Name(), dir, "ext4", unix.MS_NOSUID|unix.MS_NODEV, "noinit_itable"); err != nil {
+		return fmt.Errorf("mounting %s (%s) at %s: %w", dev.Name(), img.Name(), dir, err)
+	}
+	return nil
 }
 
 // attachLoop attaches img to a free loop device (LOOP_CTL_GET_FREE, then

@@ -389,6 +389,7 @@ func (t *Task) supervise() {
 	}
 	res.Reason, res.ExitCode, res.Signal = classify(cause, oom, st)
 	res.Message = message(res, t.spec, st, problems)
+	t.workspaceResult(&res)
 	t.result = res
 	close(t.done)
 }

@@ -194,6 +194,12 @@ type Spec struct {
 	// NetworkNone needs IsolationTenant, else Start fails with
 	// ErrInvalidSpec.
 	Network Network
+	// Workspace runs the task in a workspace (IsolationTenant only): as
+	// its UID and GID, in its network, with its root at WorkspaceHome
+	// (also HOME), starting in its Dir. WorkingDir, Network, User and
+	// Limits.DiskBytes are then ignored; the task's /tmp, /dev/shm, IPC,
+	// PID and UTS namespaces and cgroup are its own as for any task.
+	Workspace *WorkspaceTask
 }
 
 // Result is everything known about a finished task.
@@ -236,6 +242,12 @@ type Result struct {
 	Isolation IsolationResult
 	// Stdout and Stderr describe the two output streams.
 	Stdout, Stderr StreamResult
+	// StartDir is, for a workspace task, the directory its shell started
+	// in as the task saw it (WorkspaceHome or below); empty otherwise.
+	StartDir string
+	// Carry is, for a workspace task with WorkspaceTask.Carry that
+	// started, what its shell left for the next task; nil otherwise.
+	Carry *Carry
 }
 
 // StreamResult describes one output stream of a finished task.

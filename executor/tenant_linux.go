@@ -23,8 +23,10 @@ import (
 // shim (PID 1 of the task's PID namespace) is the process the executor
 // started, and the shell is its child.
 type tenantSys struct {
-	shimDone chan struct{} // closed once the shim was reaped
-	pidNS    string        // the task's PID namespace, readlink /proc/<shim>/ns/pid
+	shimDone chan struct{}  // closed once the shim was reaped
+	pidNS    string         // the task's PID namespace, readlink /proc/<shim>/ns/pid
+	startDir *shim.StartDir // a workspace task's start directory ("workdir" report)
+	carry    *shim.Carry    // a workspace task's carry record, written before the shell's status is sent
 }
 
 // gone reports whether the shim was reaped.
@@ -40,8 +42,11 @@ func (ts *tenantSys) gone() bool {
 // shimLaunch is what a task's shim is given: its Config, and the
 // isolation the task gets from it.
 type shimLaunch struct {
-	cfg shim.Config
-	iso IsolationResult
+	cfg    shim.Config
+	iso    IsolationResult
+	tree   string // the node path the work tree is cloned from (cfg.WorkDir but for a workspace)
+	netns  int    // a workspace's network namespace to pass, -1 for none
+	shimNS Network
 }
 
 // newShimLaunch prepares the shim Config of p. cgroupPids says whether the
@@ -68,6 +73,9 @@ func (e *Executor) newShimLaunch(p *prepared, cgroupPids bool) *shimLaunch {
 			Network:    p.Network,
 			Seccomp:    !e.noSeccomp,
 		},
+		tree:   p.WorkingDir,
+		netns:  -1,
+		shimNS: p.Network,
 	}
 	if !e.noLandlock {
 		l.iso.LandlockABI = min(shim.LandlockABI(), 6)
@@ -89,6 +97,9 @@ func (e *Executor) newShimLaunch(p *prepared, cgroupPids bool) *shimLaunch {
 		l.cfg.User = &shim.UserEntry{Name: TaskUserName, Gecos: TaskUserGecos, Home: TaskHome, PrivateHome: true}
 		l.iso.UID = &uid
 	}
+	if p.Workspace != nil {
+		l.workspace(e, p)
+	}
 	switch {
 	case p.Limits.Pids > 0 && cgroupPids:
 		l.iso.PidsLimit, l.iso.Procs = PidsLimitCgroup, p.Limits.Pids
@@ -103,6 +114,28 @@ func (e *Executor) newShimLaunch(p *prepared, cgroupPids bool) *shimLaunch {
 	return l
 }
 
+// workspace turns l into the launch of a workspace task: the
+// workspace's tree at WorkspaceHome (HOME, no private home), its network
+// namespace joined by a shim started without one of its own, and the
+// start directory and carry-over of p.Workspace.
+func (l *shimLaunch) workspace(e *Executor, p *prepared) {
+	wt := p.Workspace
+	l.cfg.WorkDir = WorkspaceHome
+	l.cfg.User.Home, l.cfg.User.PrivateHome = WorkspaceHome, false
+	l.cfg.Workspace = &shim.WorkspaceConfig{
+		StartDir:         WorkspaceDirIn(wt.Dir),
+		StartDirRequired: wt.DirRequired,
+		Carry:            wt.Carry || wt.CarryEnv,
+		CarryEnv:         wt.CarryEnv,
+	}
+	// A shim of the pool without a network namespace of its own, which
+	// joins the workspace's: no namespace is made on the start's path.
+	l.shimNS, l.cfg.Loopback = NetworkNode, false
+	if fd, err := wt.Workspace.netnsFD(); err == nil && fd >= 0 {
+		l.netns, l.cfg.NetNS = fd, true
+	}
+}
+
 // startTenant starts t at the tenant level: it takes a shim started ahead
 // of time, in a cgroup of its own, from the pool and limits that cgroup,
 // or creates the task's cgroup and starts a shim in it; then it hands the
@@ -113,8 +146,13 @@ func (e *Executor) startTenant(t *Task) error {
 	l := e.newShimLaunch(p, e.caps.Pids)
 	s.iso = l.iso
 	var sp *shimProc
+	if p.Workspace != nil {
+		if _, err := p.Workspace.Workspace.netnsFD(); err != nil {
+			return startErr(ErrInvalidSpec, "", err)
+		}
+	}
 	if e.pool != nil {
-		sp = e.pool.take(p.Network)
+		sp = e.pool.take(l.shimNS)
 	}
 	if sp != nil {
 		s.pooledShim = true
@@ -133,7 +171,7 @@ func (e *Executor) startTenant(t *Task) error {
 			return err
 		}
 		var err error
-		if sp, err = e.startShim(p.Network, s.cg); err != nil {
+		if sp, err = e.startShim(l.shimNS, s.cg); err != nil {
 			return startErr(ErrProcessStart, "starting the shim "+e.shimPath, err)
 		}
 		// Its ready report before its Config, as for a pooled shim: a
@@ -181,10 +219,16 @@ func (l *shimLaunch) handshake(sp *shimProc) (<-chan exitStatus, *tenantSys, err
 	// clone of its mounts: a shim started ahead of its task has a copy of
 	// the mounts of its start, without the working directory's own file
 	// system (diskQuota) mounted since.
-	tree, err := unix.OpenTree(unix.AT_FDCWD, l.cfg.WorkDir, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC|unix.AT_RECURSIVE)
+	tree, err := unix.OpenTree(unix.AT_FDCWD, l.tree, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC|unix.AT_RECURSIVE)
 	if err != nil {
 		sp.discard()
-		return nil, nil, startErr(ErrIsolation, "", fmt.Errorf("cloning working directory %s: %w", l.cfg.WorkDir, err))
+		return nil, nil, startErr(ErrIsolation, "", fmt.Errorf("cloning working directory %s: %w", l.tree, err))
+	}
+	fds := []int{tree}
+	if l.netns >= 0 {
+		// SCM_RIGHTS gives the shim a descriptor of its own: the
+		// workspace keeps its own.
+		fds = append(fds, l.netns)
 	}
 	cfgW := sp.cfgW
 	sp.cfgW = nil
@@ -192,7 +236,7 @@ func (l *shimLaunch) handshake(sp *shimProc) (<-chan exitStatus, *tenantSys, err
 		defer unix.Close(tree)
 		// EPIPE when the shim died first; its report says why. The
 		// first bytes carry the tree (SCM_RIGHTS), the rest follows.
-		n, err := unix.SendmsgN(int(cfgW.Fd()), data, unix.UnixRights(tree), nil, 0)
+		n, err := unix.SendmsgN(int(cfgW.Fd()), data, unix.UnixRights(fds...), nil, 0)
 		if err == nil && n < len(data) {
 			_, _ = cfgW.Write(data[n:])
 		}
@@ -208,6 +252,12 @@ func (l *shimLaunch) handshake(sp *shimProc) (<-chan exitStatus, *tenantSys, err
 	// The ready report was taken (awaitReady): this is the shell's start
 	// or the step that failed.
 	rep, err := sp.nextReport()
+	var startDir *shim.StartDir
+	if err == nil && rep.WorkDir != nil && l.cfg.Workspace != nil {
+		// A workspace task's start directory comes before the start.
+		startDir = rep.WorkDir
+		rep, err = sp.nextReport()
+	}
 	if err == nil && rep.Ready {
 		err = errors.New("the shim reported ready twice")
 	}
@@ -223,9 +273,12 @@ func (l *shimLaunch) handshake(sp *shimProc) (<-chan exitStatus, *tenantSys, err
 	}
 	if err != nil {
 		sp.discard()
+		if rep.Step == "workdir" {
+			return nil, nil, startErr(ErrWorkingDirMissing, rep.Err, nil)
+		}
 		return nil, nil, startErr(ErrIsolation, "", err)
 	}
-	ts := &tenantSys{shimDone: make(chan struct{})}
+	ts := &tenantSys{shimDone: make(chan struct{}), startDir: startDir}
 	ts.pidNS, _ = os.Readlink(fmt.Sprintf("/proc/%d/ns/pid", sp.proc.Pid))
 	shellCh := make(chan exitStatus, 1)
 	r, repR, exitCh := sp.rep, sp.repR, sp.exitCh
@@ -236,6 +289,9 @@ func (l *shimLaunch) handshake(sp *shimProc) (<-chan exitStatus, *tenantSys, err
 			rep, err := readReport(r)
 			if err != nil {
 				break
+			}
+			if rep.Carry != nil {
+				ts.carry = rep.Carry // before the status is sent: the supervisor reads it after
 			}
 			if rep.Exited {
 				shellCh <- exitStatus{status: unix.WaitStatus(rep.Status)}

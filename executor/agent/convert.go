@@ -93,6 +93,9 @@ func applyResult(status *agentv1.TaskStatus, r executor.Result) {
 	status.Stdout = streamStatus(r.Stdout)
 	status.Stderr = streamStatus(r.Stderr)
 	status.Isolation = taskIsolation(r.Isolation)
+	if r.StartDir != "" {
+		status.WorkingDir = r.StartDir
+	}
 }
 
 // taskIsolation is the protocol's form of iso, nil when iso says nothing

@@ -113,6 +113,9 @@ type Config struct {
 	Logger *slog.Logger
 	// Metrics receives the server's metrics; nil means unregistered ones.
 	Metrics *Metrics
+	// MaxWorkspaces is how many workspaces the agent holds at most
+	// (--max-workspaces); zero means DefaultMaxWorkspaces.
+	MaxWorkspaces int
 }
 
 // Server serves the Executor protocol. Create it with New, start its
@@ -137,6 +140,7 @@ type Server struct {
 	mu       sync.Mutex
 	ex       *executor.Executor // nil while executor.New fails (missing shell)
 	leases   *uidLeases         // nil unless tasks get a leased UID
+	ws       *workspaces        // the Workspaces service and its table
 	tasks    map[string]*entry
 	running  int
 	watchers map[*watcher]struct{}
@@ -278,12 +282,17 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 		}
 		s.leases = newUIDLeases(r)
 	}
+	// The workspaces' UIDs are held before any task's is handed out.
+	if s.ws, err = newWorkspaces(s); err != nil {
+		return nil, err
+	}
 	// Recovery runs before the executor exists, so the earlier
 	// incarnation's cgroups are gone before the new one sets up its parent.
 	s.recoverTasks()
 	s.mu.Lock()
 	s.updateReadinessLocked()
 	s.mu.Unlock()
+	s.ws.takeUp(ctx)
 	return s, nil
 }
 
@@ -386,6 +395,7 @@ func (s *Server) Close() error {
 	if err := s.store.close(); err != nil {
 		errs = append(errs, fmt.Errorf("closing the record journal: %w", err))
 	}
+	s.ws.closeAll()
 	s.mu.Lock()
 	ex := s.ex
 	s.mu.Unlock()
@@ -400,6 +410,7 @@ func (s *Server) Close() error {
 // Register adds the Executor service and the health service to g.
 func (s *Server) Register(g grpc.ServiceRegistrar) {
 	agentv1.RegisterExecutorServer(g, s)
+	agentv1.RegisterWorkspacesServer(g, s.ws)
 	healthpb.RegisterHealthServer(g, s.health)
 }
 
@@ -446,7 +457,7 @@ func (s *Server) Start(ctx context.Context, req *agentv1.StartRequest) (*agentv1
 		refuse = status.Errorf(codes.ResourceExhausted, "agent runs its maximum of %d tasks", s.cfg.MaxConcurrent)
 	}
 	var leased *uint32
-	if refuse == nil && s.leases != nil {
+	if refuse == nil && s.leases != nil && spec.GetWorkspace() == nil {
 		if u, ok := s.leases.acquire(uid); ok {
 			leased = &u
 		} else {
@@ -518,6 +529,9 @@ func (s *Server) Start(ctx context.Context, req *agentv1.StartRequest) (*agentv1
 	}
 
 	task, err := (*executor.Task)(nil), s.networkError(spec)
+	if spec.GetWorkspace() != nil {
+		err = s.ws.bindTask(uid, spec, &es) // its UID, network and directory
+	}
 	if err == nil {
 		task, err = ex.Start(es)
 	}
@@ -546,9 +560,10 @@ func (s *Server) Start(ctx context.Context, req *agentv1.StartRequest) (*agentv1
 	// What the task got is known now: a running task shows it, not only
 	// a finished one.
 	st.Isolation = taskIsolation(task.Isolation())
-	if es.WorkingDir == "" {
+	if es.WorkingDir == "" && es.Workspace == nil {
 		rec.Process.WorkDir = task.WorkingDir()
 	}
+	st.WorkingDir, _ = task.StartDir()
 	st.StartTime = timestamppb.Now()
 	if err := s.store.write(uid, rec, st); err != nil {
 		// The task runs; a later record write may succeed. Recovery still
@@ -628,6 +643,7 @@ func (s *Server) waitTask(e *entry) {
 func (s *Server) finishLocked(e *entry, res executor.Result) {
 	uid := e.status.GetRef().GetUid()
 	applyResult(e.status, res)
+	s.ws.taskEndedLocked(uid, res)
 	s.planUploadsLocked(e, false)
 	e.rec.State = stateFinished
 	if !res.CleanupFailed {
@@ -942,6 +958,9 @@ func (s *Server) agentInfoLocked() *agentv1.AgentInfo {
 		r.CgroupControllers = s.ex.Controllers()
 		caps := s.ex.Capabilities()
 		r.Capabilities = caps.Names()
+		if s.ws.readyLocked() == nil {
+			r.Capabilities = append(r.Capabilities, "workspaces")
+		}
 		r.LandlockAbi = int32(caps.LandlockABI)
 		r.DiskCapBytes = s.ex.DiskCap()
 	}

@@ -52,10 +52,15 @@ func landlockStep(st *state) error {
 	if u := st.cfg.User; u != nil {
 		rw = append(rw, u.Home)
 	}
+	files := devFiles
+	if ws := st.cfg.Workspace; ws != nil && ws.Carry {
+		// The shell's traps write the carry record.
+		files = append(files[:len(files):len(files)], CarryPath)
+	}
 	fd, flags, err := cfg.BestEffort().NewRulesetFD(
 		landlock.RODirs("/"),
 		landlock.RWDirs(rw...).IgnoreIfMissing(),
-		landlock.RWFiles(devFiles...).IgnoreIfMissing(),
+		landlock.RWFiles(files...).IgnoreIfMissing(),
 	)
 	if err != nil {
 		return fmt.Errorf("landlock: %w", err)

@@ -12,7 +12,9 @@
 // and reads its [Report] lines on descriptor [ReportFD]: "ready <protocol>"
 // ([ReadyLine]) once the shim runs, then either "error <step>: <message>" when a step failed
 // (nothing of the command ran), or "started <pid>" and, when the shell
-// exits, "exit <wait status>". Standard
+// exits, "exit <wait status>"; a workspace task's shim also writes
+// "workdir <json>" before "started" and "carry <json>" before "exit"
+// ([WorkspaceConfig]). Standard
 // input (or /dev/null, [Config.NullStdin]), output and error (descriptors
 // 0 to 2) are handed to the shell. The shim does nothing before its Config
 // arrives, so the parent may start it ahead of its task and hand it the
@@ -20,6 +22,7 @@
 package shim
 
 import (
+	"encoding/json"
 	"fmt"
 	"os"
 	"strconv"
@@ -99,6 +102,16 @@ type Config struct {
 	Landlock bool `json:"landlock,omitempty"`
 	// Seccomp installs the seccomp filter (see [AllowedSyscalls]).
 	Seccomp bool `json:"seccomp,omitempty"`
+	// NetNS says that the Config's descriptors carry, after the work
+	// tree, a network namespace (a workspace's) that the shim joins
+	// with setns(2) before its first other step; the shim is then started
+	// without a network namespace of its own and Loopback is false (the
+	// namespace's owner brought lo up).
+	NetNS bool `json:"netns,omitempty"`
+	// Workspace makes the task a workspace task (see [WorkspaceConfig]);
+	// WorkTree and User with UID and GID are then required, WorkDir is
+	// User.Home and PrivateHome is false.
+	Workspace *WorkspaceConfig `json:"workspace,omitempty"`
 }
 
 // UserEntry is the task's user in the passwd and group files of its
@@ -135,6 +148,23 @@ type Report struct {
 	// wait status (syscall.WaitStatus).
 	Exited bool
 	Status uint32
+	// WorkDir is set by a "workdir" report, which a workspace task's shim
+	// writes before "started": the directory the shell starts in, in
+	// the task's view, and Note why it is not the one asked for (empty
+	// when it is).
+	WorkDir *StartDir
+	// Carry is set by a "carry" report, which a workspace task's shim
+	// with WorkspaceConfig.Carry writes before "exit".
+	Carry *Carry
+}
+
+// StartDir is the body of a "workdir" report.
+type StartDir struct {
+	// Dir is the absolute directory the shell starts in, as the task sees
+	// it.
+	Dir string `json:"dir"`
+	// Note says why Dir is not the directory asked for.
+	Note string `json:"note,omitempty"`
 }
 
 // Protocol is the version of the Config and report formats. The agent
@@ -143,14 +173,14 @@ type Report struct {
 // does not understand; the ready report names the shim's Protocol and the
 // executor refuses a shim whose Protocol is not its own. Any change to
 // [Config] or to the reports bumps it.
-const Protocol = "2"
+const Protocol = "3"
 
 // ReadyLine is the shim's first report, written once it runs and before it
 // reads its Config: "ready" and the shim's [Protocol].
 const ReadyLine = "ready " + Protocol + "\n"
 
 // ParseReport parses one report line without its newline. It returns an
-// error for a line that is none of the four forms.
+// error for a line that is none of the six forms.
 func ParseReport(line string) (Report, error) {
 	kind, rest, _ := strings.Cut(line, " ")
 	switch kind {
@@ -171,6 +201,16 @@ func ParseReport(line string) (Report, error) {
 		st, err := strconv.ParseUint(rest, 10, 32)
 		if err == nil {
 			return Report{Exited: true, Status: uint32(st)}, nil
+		}
+	case "workdir":
+		var d StartDir
+		if err := json.Unmarshal([]byte(rest), &d); err == nil {
+			return Report{WorkDir: &d}, nil
+		}
+	case "carry":
+		var c Carry
+		if err := json.Unmarshal([]byte(rest), &c); err == nil {
+			return Report{Carry: &c}, nil
 		}
 	}
 	return Report{}, fmt.Errorf("shim report %q is not understood", line)

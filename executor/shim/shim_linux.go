@@ -29,6 +29,8 @@ type state struct {
 	cfg       Config
 	report    *os.File
 	wdTree    int               // detached clone of the working directory (open_tree), -1 once attached
+	netns     int               // the workspace's network namespace (Config.NetNS), -1 once joined
+	ws        wsState           // a workspace task's (Config.Workspace)
 	seccomp   []unix.SockFilter // the filter, assembled before the Config arrives
 	nodeUsers nodeUserFiles     // the node's passwd and group, read before the Config arrives
 }
@@ -37,12 +39,14 @@ type state struct {
 // identity, then Landlock, then seccomp last, so that no step after the
 // filter needs a system call it denies.
 var steps = []step{
+	{"netns", netnsStep},
 	{"mounts", mountStep},
 	{"user", userStep},
 	{"hostname", hostnameStep},
 	{"loopback", loopbackStep},
 	{"limits", limitsStep},
 	{"identity", identityStep},
+	{"workdir", workdirStep},
 	{"keyring", keyringStep},
 	{"no_new_privs", noNewPrivsStep},
 	{"landlock", landlockStep},
@@ -67,7 +71,7 @@ func run() int {
 		fmt.Fprintf(report, "error %s: %v\n", name, err)
 		return 127
 	}
-	st := &state{report: report, wdTree: -1}
+	st := &state{report: report, wdTree: -1, netns: -1, ws: wsState{tree: -1, root: -1, carry: -1}}
 	// Before the Config arrives, what costs time and does not depend on
 	// the task, so that it is done while the shim waits started ahead of
 	// its task. Signals first: PID 1 of a namespace drops a signal it has
@@ -91,11 +95,22 @@ func run() int {
 		err = json.Unmarshal(data, &st.cfg)
 	}
 	if err == nil && st.cfg.WorkTree {
-		if len(fds) != 1 {
-			err = fmt.Errorf("the Config came with %d descriptors, want the working directory's tree", len(fds))
-		} else {
-			st.wdTree, fds = fds[0], nil
+		want := 1
+		if st.cfg.NetNS {
+			want = 2
 		}
+		if len(fds) != want {
+			err = fmt.Errorf("the Config came with %d descriptors, want %d (the working directory's tree, then a network namespace)", len(fds), want)
+		} else {
+			st.wdTree = fds[0]
+			if st.cfg.NetNS {
+				st.netns = fds[1]
+			}
+			fds = nil
+		}
+	}
+	if err == nil && st.cfg.NetNS && !st.cfg.WorkTree {
+		err = errors.New("a network namespace without a work tree")
 	}
 	for _, fd := range fds {
 		unix.Close(fd)
@@ -144,7 +159,11 @@ func mountStep(st *state) error {
 		}
 	}
 	st.wdTree = -1
-	defer unix.Close(tree)
+	defer func() {
+		if tree >= 0 {
+			unix.Close(tree)
+		}
+	}()
 	ro := &unix.MountAttr{Attr_set: unix.MOUNT_ATTR_RDONLY | unix.MOUNT_ATTR_NOSUID}
 	if err := unix.MountSetattr(unix.AT_FDCWD, "/", unix.AT_RECURSIVE, ro); err != nil {
 		return fmt.Errorf("making / read-only: %w", err)
@@ -180,14 +199,22 @@ func mountStep(st *state) error {
 			return err
 		}
 	}
-	if err := os.MkdirAll(wd, 0o755); err != nil && !errors.Is(err, unix.EROFS) {
-		return fmt.Errorf("making mount point %s: %w", wd, err)
+	if st.cfg.Workspace == nil {
+		if err := os.MkdirAll(wd, 0o755); err != nil && !errors.Is(err, unix.EROFS) {
+			return fmt.Errorf("making mount point %s: %w", wd, err)
+		}
 	}
 	// The working directory's mounts come from before the tree turned
 	// nosuid: they become nosuid and nodev too.
 	wdAttr := &unix.MountAttr{Attr_set: unix.MOUNT_ATTR_NOSUID | unix.MOUNT_ATTR_NODEV}
 	if err := unix.MountSetattr(tree, "", unix.AT_EMPTY_PATH|unix.AT_RECURSIVE, wdAttr); err != nil {
 		return fmt.Errorf("making working directory %s nosuid: %w", wd, err)
+	}
+	if st.cfg.Workspace != nil {
+		// Attached by the user step, below the home tmpfs that would
+		// hide it if it were attached now.
+		st.ws.tree, tree = tree, -1
+		return nil
 	}
 	if err := unix.MoveMount(tree, "", unix.AT_FDCWD, wd, unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
 		return fmt.Errorf("mounting working directory %s: %w", wd, err)
@@ -378,9 +405,17 @@ func superviseShell(st *state, sigs <-chan os.Signal) (int, error) {
 	if st.cfg.NullStdin {
 		stdin = devNull
 	}
+	dir, env := st.cfg.WorkDir, st.cfg.Env
+	if ws := st.cfg.Workspace; ws != nil {
+		// The workdir step changed to the start directory already.
+		dir = ""
+		if ws.Carry {
+			env = withEnv(env, "BASH_ENV", RCPath)
+		}
+	}
 	proc, err := os.StartProcess(st.cfg.Shell, []string{st.cfg.Shell, "-c", st.cfg.Command}, &os.ProcAttr{
-		Dir:   st.cfg.WorkDir,
-		Env:   st.cfg.Env,
+		Dir:   dir,
+		Env:   env,
 		Files: []*os.File{stdin, os.Stdout, os.Stderr},
 		Sys:   &syscall.SysProcAttr{Setsid: true},
 	})
@@ -416,6 +451,13 @@ func superviseShell(st *state, sigs <-chan os.Signal) (int, error) {
 			return 0, fmt.Errorf("waiting for the task's processes: %w", err)
 		case pid == shell:
 			shellDone, shellStatus = true, ws
+			if st.ws.carry >= 0 {
+				// The traps ran in the shell before it exited: its record
+				// is complete now, or never will be.
+				reportCarry(w, st.ws.carry)
+				unix.Close(st.ws.carry)
+				st.ws.carry = -1
+			}
 			fmt.Fprintf(w, "exit %d\n", uint32(ws))
 			w.Flush()
 		}

@@ -90,6 +90,9 @@ func userStep(st *state) error {
 			return err
 		}
 	}
+	if st.cfg.Workspace != nil {
+		return workspaceHome(st, mnt, uid, gid)
+	}
 	if !u.PrivateHome {
 		return nil
 	}

@@ -1,0 +1,260 @@
+package agent
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/bashtask/bashtask-operator/executor"
+)
+
+// workspaceRecordVersion is the version of a workspace's record format.
+// A record of a newer version (an agent downgraded past a change) is left
+// alone and its workspace not taken up; older versions are read and
+// rewritten in this one.
+const workspaceRecordVersion = 1
+
+// Files of a workspace in its state directory, <state-dir>/workspaces/<uid>
+// (root's, mode 0700, masked from every task like the rest of the state
+// directory).
+const (
+	workspaceRecordFile = "record.json"
+	workspaceImageFile  = "disk.img"
+	workspaceEnvFile    = "carry-env"
+)
+
+// workspaceRecord is a workspace's durable state. It holds no carried
+// values (those are in workspaceEnvFile) and nothing of a task's command.
+type workspaceRecord struct {
+	Version int `json:"version"`
+	// Namespace, Name and UID name the BashWorkspace.
+	Namespace string `json:"namespace"`
+	Name      string `json:"name"`
+	UID       string `json:"uid"`
+	// Owner is the spec's owner, for diagnostics.
+	Owner string `json:"owner,omitempty"`
+	// StorageBytes is the size of the workspace's file system (the
+	// agent's default filled in); 0 without one.
+	StorageBytes int64 `json:"storageBytes,omitempty"`
+	// StorageEnforced is true when the workspace has a file system of its
+	// own (disk.img); false for a plain directory, which a restart must
+	// not replace by a new, empty file system.
+	StorageEnforced bool `json:"storageEnforced"`
+	// Network is the executor's network of the workspace's tasks.
+	Network executor.Network `json:"network"`
+	// CarryWorkingDir and CarryEnv are the carry-over settings.
+	CarryWorkingDir bool `json:"carryWorkingDir"`
+	CarryEnv        bool `json:"carryEnv"`
+	// TaskUID is the UID (and GID) leased to the workspace for its life.
+	TaskUID uint32 `json:"taskUID"`
+	// CreateTime is when the agent made the workspace.
+	CreateTime time.Time `json:"createTime"`
+	// LastTaskEnd is the end of the last task of the workspace; nil
+	// before any ended.
+	LastTaskEnd *time.Time `json:"lastTaskEnd,omitempty"`
+	// CarriedDir is the directory the next task starts in, relative to
+	// the workspace's root ("" for the root).
+	CarriedDir string `json:"carriedDir,omitempty"`
+	// CarryMessage says why the last ended task's state did not carry.
+	CarryMessage string `json:"carryMessage,omitempty"`
+	// CarryEnvNames lists the names of the carried variables.
+	CarryEnvNames []string `json:"carryEnvNames,omitempty"`
+	// Deleting is set once a deletion began: a restarted agent finishes
+	// it.
+	Deleting bool `json:"deleting,omitempty"`
+}
+
+// workspaceFiles is the state directory of the workspaces:
+// <state-dir>/workspaces.
+type workspaceFiles struct{ dir string }
+
+// path is the state directory of workspace uid, or one of its files.
+func (f workspaceFiles) path(uid string, file ...string) string {
+	return filepath.Join(append([]string{f.dir, uid}, file...)...)
+}
+
+// loadedWorkspace is one record as read at start, or why it could not be.
+type loadedWorkspace struct {
+	uid string
+	rec *workspaceRecord
+	env []executor.EnvVar
+	err error
+}
+
+// load reads every workspace's record and carried variables, sorted by
+// UID. A directory without a readable record is returned with its error.
+func (f workspaceFiles) load() ([]loadedWorkspace, error) {
+	entries, err := os.ReadDir(f.dir)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("reading the workspaces' state directory: %w", err)
+	}
+	var out []loadedWorkspace
+	for _, e := range entries {
+		if !e.IsDir() || !validUID.MatchString(e.Name()) {
+			continue
+		}
+		lw := loadedWorkspace{uid: e.Name()}
+		lw.rec, lw.err = f.readRecord(e.Name())
+		if lw.err == nil && lw.rec.CarryEnv {
+			lw.env, lw.err = f.readEnv(e.Name())
+		}
+		out = append(out, lw)
+	}
+	return out, nil
+}
+
+func (f workspaceFiles) readRecord(uid string) (*workspaceRecord, error) {
+	b, err := os.ReadFile(f.path(uid, workspaceRecordFile))
+	if err != nil {
+		return nil, err
+	}
+	var rec workspaceRecord
+	if err := json.Unmarshal(b, &rec); err != nil {
+		return nil, fmt.Errorf("decoding %s: %w", workspaceRecordFile, err)
+	}
+	switch {
+	case rec.Version > workspaceRecordVersion:
+		return nil, fmt.Errorf("record version %d is newer than this agent's %d", rec.Version, workspaceRecordVersion)
+	case rec.UID != uid:
+		return nil, fmt.Errorf("the record names workspace %q", rec.UID)
+	}
+	return &rec, nil
+}
+
+// readEnv reads the carried variables: NAME=VALUE entries, each ended by
+// a NUL. A missing file holds none.
+func (f workspaceFiles) readEnv(uid string) ([]executor.EnvVar, error) {
+	b, err := os.ReadFile(f.path(uid, workspaceEnvFile))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	var out []executor.EnvVar
+	for kv := range bytes.SplitSeq(b, []byte{0}) {
+		if name, value, ok := bytes.Cut(kv, []byte{'='}); ok && len(name) > 0 {
+			out = append(out, executor.EnvVar{Name: string(name), Value: string(value)})
+		}
+	}
+	return out, nil
+}
+
+// create makes the workspace's state directory (0700).
+func (f workspaceFiles) create(uid string) error {
+	if err := os.MkdirAll(f.dir, 0o700); err != nil {
+		return err
+	}
+	if err := os.Mkdir(f.path(uid), 0o700); err != nil && !errors.Is(err, os.ErrExist) {
+		return err
+	}
+	return nil
+}
+
+// writeRecord replaces the record atomically (a new file renamed over the
+// old one). sync makes it durable across a crash of the node, for the
+// transitions a restart must not lose (creation, deletion); a carry
+// update is not synced: a crash loses at most the last carried state.
+func (f workspaceFiles) writeRecord(rec *workspaceRecord, sync bool) error {
+	rec.Version = workspaceRecordVersion
+	b, err := json.Marshal(rec)
+	if err != nil {
+		return err
+	}
+	return writeAtomic(f.path(rec.UID), workspaceRecordFile, b, 0o600, -1, sync)
+}
+
+// writeEnv replaces the carried variables atomically: a file owned by
+// owner (the workspace's UID), mode 0600, in the workspace's state
+// directory, which only root may enter.
+func (f workspaceFiles) writeEnv(uid string, env []executor.EnvVar, owner uint32) error {
+	var b bytes.Buffer
+	for _, v := range env {
+		b.WriteString(v.Name + "=" + v.Value)
+		b.WriteByte(0)
+	}
+	return writeAtomic(f.path(uid), workspaceEnvFile, b.Bytes(), 0o600, int(owner), false)
+}
+
+// remove deletes the workspace's state directory: the agent's own files
+// (the image is removed by the executor first).
+func (f workspaceFiles) remove(uid string) error {
+	var errs []error
+	for _, name := range []string{workspaceRecordFile, workspaceEnvFile, workspaceImageFile} {
+		if err := os.Remove(f.path(uid, name)); err != nil && !errors.Is(err, os.ErrNotExist) {
+			errs = append(errs, err)
+		}
+	}
+	if err := os.Remove(f.path(uid)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+// writeAtomic writes data to dir/name through a new file renamed into
+// place, with mode perm and, when owner is not -1, that owner.
+func writeAtomic(dir, name string, data []byte, perm os.FileMode, owner int, sync bool) error {
+	tmp, err := os.CreateTemp(dir, "."+name+"-*")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(tmp.Name()) // a no-op once renamed
+	_, err = tmp.Write(data)
+	if err == nil {
+		err = tmp.Chmod(perm)
+	}
+	if err == nil && owner >= 0 {
+		err = tmp.Chown(owner, owner)
+	}
+	if err == nil && sync {
+		err = tmp.Sync()
+	}
+	if cerr := tmp.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp.Name(), filepath.Join(dir, name))
+	}
+	if err == nil && sync {
+		if d, derr := os.Open(dir); derr == nil {
+			err = unix.Fsync(int(d.Fd()))
+			d.Close()
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("writing %s: %w", filepath.Join(dir, name), err)
+	}
+	return nil
+}
+
+// neverCarried are the names a workspace never carries besides the
+// managed BASHTASK_* names and what the credential scrub removes: the
+// shell's own bookkeeping and the identity the agent sets for each task.
+var neverCarried = []string{"PWD", "OLDPWD", "SHLVL", "_", "HOME", "USER", "LOGNAME", "BASH_ENV"}
+
+// carriedEnv is env less what never carries: executor.Scrubbed (names
+// with KEY, SECRET, TOKEN or PASSWORD, BASHTASK_*, the shell start-up
+// hooks; DESIGN.md section 5) and neverCarried. A later duplicate wins.
+func carriedEnv(env []executor.EnvVar) []executor.EnvVar {
+	var out []executor.EnvVar
+	for _, v := range env {
+		if v.Name == "" || executor.Scrubbed(v.Name) || slices.Contains(neverCarried, v.Name) {
+			continue
+		}
+		if i := slices.IndexFunc(out, func(o executor.EnvVar) bool { return o.Name == v.Name }); i >= 0 {
+			out = slices.Delete(out, i, i+1)
+		}
+		out = append(out, v)
+	}
+	return out
+}

@@ -1,0 +1,183 @@
+//go:build linux
+
+package shim
+
+import (
+	"bufio"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"strings"
+
+	"golang.org/x/sys/unix"
+)
+
+// wsState is a workspace task's part of the shim's state (descriptors are
+// -1 when not open).
+type wsState struct {
+	tree  int // the workspace's root as a detached mount, until attached
+	root  int // O_PATH descriptor of the attached root, for the workdir step
+	carry int // the carry record (CarryPath), read once the shell is reaped
+}
+
+// netnsStep joins the workspace's network namespace (Config.NetNS) on
+// this thread, the one the shell is forked from (see run), before
+// anything else: the mounts that follow see it.
+func netnsStep(st *state) error {
+	if st.netns < 0 {
+		return nil
+	}
+	defer func() {
+		unix.Close(st.netns)
+		st.netns = -1
+	}()
+	if err := unix.Setns(st.netns, unix.CLONE_NEWNET); err != nil {
+		return fmt.Errorf("joining the workspace's network namespace: %w", err)
+	}
+	return nil
+}
+
+// workspaceHome finishes the user step of a workspace task on the shim's
+// private tmpfs mnt: home/ (root's, 0755) with an empty mount point for
+// the workspace (Config.User.Home's base name) and, with Carry, the
+// carry directory (CarryDir: root's, 0755) holding the rc file (root's,
+// 0644) and the empty carry record (the task's, 0600, on which the shim
+// keeps a descriptor). It binds home/ over /home, attaches the workspace
+// tree at User.Home and opens the attached root for the workdir step.
+func workspaceHome(st *state, mnt int, uid, gid uint32) error {
+	ws, u := st.cfg.Workspace, st.cfg.User
+	if st.ws.tree < 0 {
+		return errors.New("a workspace task without its workspace's tree")
+	}
+	if filepath.Dir(u.Home) != "/home" || filepath.Dir(CarryDir) != "/home" {
+		return fmt.Errorf("a workspace's home %s is not below /home", u.Home)
+	}
+	if err := unix.Mkdirat(mnt, "home", 0o755); err != nil {
+		return fmt.Errorf("making /home: %w", err)
+	}
+	if err := unix.Mkdirat(mnt, "home/"+filepath.Base(u.Home), 0o755); err != nil {
+		return fmt.Errorf("making the workspace's mount point: %w", err)
+	}
+	if ws.Carry {
+		dir := "home/" + filepath.Base(CarryDir)
+		if err := unix.Mkdirat(mnt, dir, 0o755); err != nil {
+			return fmt.Errorf("making %s: %w", CarryDir, err)
+		}
+		if err := writeAt(mnt, dir+"/"+filepath.Base(RCPath), CarryRC(ws.CarryEnv)); err != nil {
+			return err
+		}
+		fd, err := unix.Openat(mnt, dir+"/"+filepath.Base(CarryPath), unix.O_RDWR|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
+		if err != nil {
+			return fmt.Errorf("creating %s: %w", CarryPath, err)
+		}
+		st.ws.carry = fd
+		if err := unix.Fchown(fd, int(uid), int(gid)); err != nil {
+			return fmt.Errorf("chown of %s: %w", CarryPath, err)
+		}
+	}
+	if err := bindFrom(mnt, "home", "/home", false); err != nil {
+		return err
+	}
+	tree := st.ws.tree
+	st.ws.tree = -1
+	defer unix.Close(tree)
+	if err := unix.MoveMount(tree, "", unix.AT_FDCWD, u.Home, unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
+		return fmt.Errorf("mounting the workspace at %s: %w", u.Home, err)
+	}
+	root, err := unix.Open(u.Home, unix.O_PATH|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("opening the workspace at %s: %w", u.Home, err)
+	}
+	st.ws.root = root
+	return nil
+}
+
+// workdirStep changes to a workspace task's start directory as the task's
+// user (the identity step ran): StartDir resolved with openat2's
+// RESOLVE_IN_ROOT from the workspace's root, so that ".." stops at the
+// root and a symbolic link's target is taken inside it, and with
+// RESOLVE_NO_MAGICLINKS, so that /proc/self/fd/N leads nowhere; then
+// fchdir, which checks the task's search permission. A StartDir that is
+// not StartDirRequired and fails starts the shell at the root; either
+// way the step reports "workdir" with where the shell starts.
+func workdirStep(st *state) error {
+	ws := st.cfg.Workspace
+	if ws == nil {
+		return nil
+	}
+	root := st.ws.root
+	defer func() {
+		unix.Close(root)
+		st.ws.root = -1
+	}()
+	var note string
+	dir := root
+	if rel := strings.TrimLeft(ws.StartDir, "/"); rel != "" && rel != "." {
+		fd, err := unix.Openat2(root, rel, &unix.OpenHow{
+			Flags:   unix.O_PATH | unix.O_DIRECTORY | unix.O_CLOEXEC,
+			Resolve: unix.RESOLVE_IN_ROOT | unix.RESOLVE_NO_MAGICLINKS,
+		})
+		if err == nil {
+			defer unix.Close(fd)
+			if err = unix.Fchdir(fd); err == nil {
+				dir = -1
+			}
+		}
+		if err != nil {
+			view := filepath.Join(st.cfg.User.Home, rel)
+			if ws.StartDirRequired {
+				return fmt.Errorf("working directory %s in the workspace: %w", view, err)
+			}
+			note = fmt.Sprintf("the carried working directory %s is gone (%v); the shell starts at %s", view, err, st.cfg.User.Home)
+		}
+	}
+	if dir >= 0 {
+		if err := unix.Fchdir(dir); err != nil {
+			return fmt.Errorf("changing to the workspace's root: %w", err)
+		}
+	}
+	cwd, err := unix.Getwd()
+	if err != nil {
+		return fmt.Errorf("the start directory: %w", err)
+	}
+	b, _ := json.Marshal(StartDir{Dir: cwd, Note: note})
+	_, err = fmt.Fprintf(st.report, "workdir %s\n", b)
+	return err
+}
+
+// reportCarry reads the carry record through fd, the shim's own
+// descriptor of it, from its start and at most MaxCarryBytes+1 bytes, and
+// reports it. Never by its path: nothing the task controls is followed,
+// whatever it did to the file.
+func reportCarry(w *bufio.Writer, fd int) {
+	buf := make([]byte, MaxCarryBytes+1)
+	n := 0
+	for n < len(buf) {
+		m, err := unix.Pread(fd, buf[n:], int64(n))
+		if errors.Is(err, unix.EINTR) {
+			continue
+		}
+		if err != nil || m == 0 {
+			break
+		}
+		n += m
+	}
+	c := ParseCarry(buf[:min(n, MaxCarryBytes)], n > MaxCarryBytes)
+	b, err := json.Marshal(c)
+	if err != nil {
+		return
+	}
+	fmt.Fprintf(w, "carry %s\n", b)
+}
+
+// withEnv is env with name set to value (an earlier entry replaced).
+func withEnv(env []string, name, value string) []string {
+	out := make([]string, 0, len(env)+1)
+	for _, kv := range env {
+		if !strings.HasPrefix(kv, name+"=") {
+			out = append(out, kv)
+		}
+	}
+	return append(out, name+"="+value)
+}

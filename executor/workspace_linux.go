@@ -1,0 +1,402 @@
+//go:build linux
+
+package executor
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+
+	"github.com/bashtask/bashtask-operator/executor/shim"
+)
+
+// workspaceSys is what the executor holds of a workspace on Linux.
+type workspaceSys struct {
+	mu     sync.Mutex
+	root   *os.File       // the root directory, opened without following links; nil once closed
+	ns     netns.NsHandle // the workspace's network namespace; -1 for NetworkNode or once closed
+	link   *egressLink    // NetworkEgress: its veth pair and address slot
+	closed bool
+}
+
+// OpenWorkspace makes the workspace o describes, or takes up one made
+// before (an agent's restart): it creates o.Dir when missing, makes the
+// file system image or mounts the existing one at o.Dir unless it is
+// mounted there already, gives the root to o.UID and o.GID with mode
+// 0700, and creates the network namespace (loopback up, and for
+// NetworkEgress the veth pair). Nothing of it follows a path a task
+// controls: o.Dir's parent and o.Image's directory are the caller's, and
+// the root is opened with O_NOFOLLOW. The error wraps ErrInvalidSpec for
+// a size over the cap or an unavailable network, ErrIsolation when the
+// executor is not at IsolationTenant.
+func (e *Executor) OpenWorkspace(o WorkspaceOptions) (_ *Workspace, err error) {
+	if e.isolation != IsolationTenant {
+		return nil, fmt.Errorf("%w: workspaces need the tenant isolation level", ErrIsolation)
+	}
+	if !filepath.IsAbs(o.Dir) || (o.Image != "" && !filepath.IsAbs(o.Image)) {
+		return nil, fmt.Errorf("%w: workspace directory %q and image %q must be absolute", ErrInvalidConfig, o.Dir, o.Image)
+	}
+	network, err := ParseNetwork(string(o.Network))
+	if err != nil {
+		return nil, startErr(ErrInvalidSpec, "", err)
+	}
+	if network == NetworkEgress && e.egress == nil {
+		why := "this executor was not configured for it"
+		if e.egressErr != nil {
+			why = strings.TrimPrefix(e.egressErr.Error(), ErrIsolation.Error()+": ")
+		}
+		return nil, startErr(ErrInvalidSpec, "network Egress is not available: "+why, nil)
+	}
+	w := &Workspace{id: o.ID, dir: o.Dir, uid: o.UID, gid: o.GID, network: network}
+	w.sys.ns = -1
+	var undo []func()
+	defer func() {
+		if err != nil {
+			_ = w.Close()
+			for i := len(undo) - 1; i >= 0; i-- {
+				undo[i]()
+			}
+		}
+	}()
+	switch err := unix.Mkdir(o.Dir, 0o700); {
+	case err == nil:
+		undo = append(undo, func() { _ = unix.Rmdir(o.Dir) })
+	case !errors.Is(err, unix.EEXIST):
+		return nil, fmt.Errorf("making workspace directory %s: %w", o.Dir, err)
+	}
+	if err := e.workspaceFS(w, o, &undo); err != nil {
+		return nil, err
+	}
+	root, err := os.OpenFile(o.Dir, os.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("opening workspace root %s: %w", o.Dir, err)
+	}
+	w.sys.root = root
+	if err := root.Chown(int(o.UID), int(o.GID)); err != nil {
+		return nil, fmt.Errorf("chown of workspace root %s: %w", o.Dir, err)
+	}
+	if err := root.Chmod(0o700); err != nil {
+		return nil, fmt.Errorf("chmod of workspace root %s: %w", o.Dir, err)
+	}
+	if network == NetworkNone || network == NetworkEgress {
+		ns, err := newNetNS()
+		if err != nil {
+			return nil, fmt.Errorf("the workspace's network namespace: %w", err)
+		}
+		w.sys.ns = ns
+		if network == NetworkEgress {
+			if w.sys.link, err = e.egress.attachNS(ns); err != nil {
+				return nil, fmt.Errorf("the workspace's network: %w", err)
+			}
+		}
+	}
+	return w, nil
+}
+
+// workspaceFS gives w its file system: an existing image mounted (unless
+// it is already), a new one made where the executor has a disk quota, or
+// nothing (a plain directory). undo collects what to take back on a later
+// failure.
+func (e *Executor) workspaceFS(w *Workspace, o WorkspaceOptions, undo *[]func()) error {
+	if o.Image == "" {
+		return nil
+	}
+	fi, err := os.Lstat(o.Image)
+	switch {
+	case err == nil:
+		if !fi.Mode().IsRegular() {
+			return fmt.Errorf("workspace image %s is not a regular file", o.Image)
+		}
+		w.image, w.size = o.Image, fi.Size()
+		mounted, err := imageMountedAt(o.Image, o.Dir)
+		if err != nil || mounted {
+			return err
+		}
+		img, err := os.OpenFile(o.Image, os.O_RDWR|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return fmt.Errorf("opening workspace image: %w", err)
+		}
+		defer img.Close()
+		loopCtl := "/dev/loop-control"
+		if e.quota != nil {
+			loopCtl = e.quota.loopCtl
+		}
+		if err := mountImage(loopCtl, img, o.Dir); err != nil {
+			return err
+		}
+		*undo = append(*undo, func() { _ = unix.Unmount(o.Dir, unix.UMOUNT_NOFOLLOW|unix.MNT_DETACH) })
+		return nil
+	case !errors.Is(err, os.ErrNotExist):
+		return fmt.Errorf("workspace image: %w", err)
+	case e.quota == nil:
+		return nil // the node cannot: a plain directory
+	}
+	size := o.SizeBytes
+	if size == 0 {
+		size = e.quota.defBytes
+	}
+	switch {
+	case size > e.quotaCap:
+		return startErr(ErrInvalidSpec, fmt.Sprintf("storage of %d bytes is over the agent's cap of %d bytes (--task-disk-cap)", size, e.quotaCap), nil)
+	case size < MinDiskQuotaBytes:
+		return startErr(ErrInvalidSpec, fmt.Sprintf("storage of %d bytes is below the smallest workspace file system, %d bytes", size, MinDiskQuotaBytes), nil)
+	}
+	*undo = append(*undo, func() {
+		_ = unix.Unmount(o.Dir, unix.UMOUNT_NOFOLLOW|unix.MNT_DETACH)
+		_ = os.Remove(o.Image)
+	})
+	if err := e.quota.makeImageFS(o.Image, o.Dir, size); err != nil {
+		return err
+	}
+	w.image, w.size = o.Image, size
+	return nil
+}
+
+// imageMountedAt reports whether dir is the mount point of a loop device
+// backed by image in this mount namespace.
+func imageMountedAt(image, dir string) (bool, error) {
+	mounts, err := loopMounts()
+	if err != nil {
+		return false, err
+	}
+	for _, m := range mounts {
+		if m.point == dir && loopBacking(m.dev) == image {
+			return true, nil
+		}
+	}
+	return false, nil
+}
+
+// loopBacking is the backing file of loop device dev (/dev/loopN), empty
+// when it has none.
+func loopBacking(dev string) string {
+	b, err := os.ReadFile("/sys/block/" + filepath.Base(dev) + "/loop/backing_file")
+	if err != nil {
+		return ""
+	}
+	return strings.TrimSuffix(strings.TrimSpace(string(b)), " (deleted)")
+}
+
+// imageInUse reports whether a loop device is backed by image: a mount of
+// its file system is left in some mount namespace.
+func imageInUse(image string) bool {
+	devs, _ := filepath.Glob("/sys/block/loop*")
+	for _, d := range devs {
+		if loopBacking(d) == image {
+			return true
+		}
+	}
+	return false
+}
+
+// newNetNS creates a network namespace with loopback up and returns a
+// descriptor of it, without moving the caller: the creating thread is
+// locked, returned to its namespace and only then unlocked (a thread
+// that cannot go back stays locked, and the runtime ends it with the
+// goroutine).
+func newNetNS() (netns.NsHandle, error) {
+	runtime.LockOSThread()
+	orig, err := netns.Get()
+	if err != nil {
+		runtime.UnlockOSThread()
+		return -1, err
+	}
+	defer orig.Close()
+	ns, err := netns.New()
+	if err != nil {
+		runtime.UnlockOSThread()
+		return -1, err
+	}
+	if err := netns.Set(orig); err != nil {
+		ns.Close()
+		return -1, fmt.Errorf("returning to the agent's network namespace: %w", err)
+	}
+	runtime.UnlockOSThread()
+	h, err := netlink.NewHandleAt(ns, unix.NETLINK_ROUTE)
+	if err != nil {
+		ns.Close()
+		return -1, err
+	}
+	defer h.Close()
+	lo, err := h.LinkByName("lo")
+	if err == nil {
+		err = h.LinkSetUp(lo)
+	}
+	if err != nil {
+		ns.Close()
+		return -1, fmt.Errorf("bringing lo up: %w", err)
+	}
+	return ns, nil
+}
+
+// netnsFD is the descriptor of the workspace's network namespace, -1 for
+// NetworkNode; the error says the workspace was closed.
+func (w *Workspace) netnsFD() (int, error) {
+	w.sys.mu.Lock()
+	defer w.sys.mu.Unlock()
+	if w.sys.closed {
+		return -1, fmt.Errorf("workspace %s is closed", w.id)
+	}
+	return int(w.sys.ns), nil
+}
+
+// UsedBytes is what the workspace's file system holds, in bytes, from
+// statfs(2) of its root as the executor opened it (no walk of the
+// task's files); 0 for a plain directory.
+func (w *Workspace) UsedBytes() (int64, error) {
+	if w.image == "" {
+		return 0, nil
+	}
+	w.sys.mu.Lock()
+	defer w.sys.mu.Unlock()
+	if w.sys.root == nil {
+		return 0, fmt.Errorf("workspace %s is closed", w.id)
+	}
+	var st unix.Statfs_t
+	if err := unix.Fstatfs(int(w.sys.root.Fd()), &st); err != nil {
+		return 0, fmt.Errorf("statfs of workspace %s: %w", w.id, err)
+	}
+	return int64(st.Blocks-st.Bfree) * st.Bsize, nil
+}
+
+// Close ends the executor's hold on the workspace: its network namespace
+// (with the veth pair of NetworkEgress) and its root's descriptor. The
+// files and the mount stay, for OpenWorkspace of a later executor. Tasks
+// of the workspace must have ended; it is safe more than once.
+func (w *Workspace) Close() error {
+	w.sys.mu.Lock()
+	defer w.sys.mu.Unlock()
+	if w.sys.closed {
+		return nil
+	}
+	w.sys.closed = true
+	if w.sys.root != nil {
+		w.sys.root.Close()
+		w.sys.root = nil
+	}
+	if w.sys.ns >= 0 {
+		w.sys.ns.Close()
+		w.sys.ns = -1
+	}
+	w.sys.link.release()
+	w.sys.link = nil
+	return nil
+}
+
+// unmountWait bounds the wait for a workspace's file system to be let go
+// by every mount namespace once it is unmounted: the mount namespaces of
+// its tasks go with their last process, which Remove's caller has
+// stopped.
+const unmountWait = 5 * time.Second
+
+// Remove deletes the workspace: Close, then its file system unmounted
+// (without MNT_DETACH, so that a process still inside makes it fail
+// rather than leave it mounted out of sight) and its image deleted, or a
+// plain directory removed without following a symbolic link (its root
+// taken back by root first, so the workspace's UID cannot enter while it
+// goes), then the root directory. Every process of the workspace's UID
+// must be gone. It returns an error when the file system is still held
+// by a mount namespace after unmountWait.
+func (w *Workspace) Remove() error {
+	_ = w.Close()
+	var errs []error
+	if w.image != "" {
+		if err := unmountBusy(w.dir); err != nil {
+			errs = append(errs, err)
+		}
+		if err := os.Remove(w.image); err != nil && !errors.Is(err, os.ErrNotExist) {
+			errs = append(errs, err)
+		}
+		deadline := time.Now().Add(unmountWait)
+		for imageInUse(w.image) {
+			if time.Now().After(deadline) {
+				errs = append(errs, fmt.Errorf("the file system of workspace %s is still mounted in another mount namespace after %v", w.id, unmountWait))
+				break
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	} else {
+		if err := os.Lchown(w.dir, 0, 0); err != nil && !errors.Is(err, os.ErrNotExist) {
+			errs = append(errs, err)
+		}
+		// os.RemoveAll opens each directory relative to its parent with
+		// O_NOFOLLOW and unlinks with unlinkat: a symbolic link is
+		// removed, never followed.
+		if err := os.RemoveAll(w.dir); err != nil {
+			errs = append(errs, fmt.Errorf("removing workspace directory %s: %w", w.dir, err))
+		}
+	}
+	if err := unix.Rmdir(w.dir); err != nil && !errors.Is(err, unix.ENOENT) {
+		errs = append(errs, fmt.Errorf("removing workspace directory %s: %w", w.dir, err))
+	}
+	return errors.Join(errs...)
+}
+
+// unmountBusy unmounts dir, retrying for unmountWait while it is busy.
+func unmountBusy(dir string) error {
+	deadline := time.Now().Add(unmountWait)
+	for {
+		err := unix.Unmount(dir, unix.UMOUNT_NOFOLLOW)
+		switch {
+		case err == nil, errors.Is(err, unix.EINVAL), errors.Is(err, unix.ENOENT):
+			return nil
+		case !errors.Is(err, unix.EBUSY) || time.Now().After(deadline):
+			return fmt.Errorf("unmounting %s: %w", dir, err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// StartDir is, for a workspace task, the directory its shell started in
+// as the task sees it, and why it is not the one asked for (empty when
+// it is); empty strings for other tasks.
+func (t *Task) StartDir() (dir, note string) {
+	if ts := t.sys.tenant; ts != nil && ts.startDir != nil {
+		return ts.startDir.Dir, ts.startDir.Note
+	}
+	return "", ""
+}
+
+// workspaceResult adds a workspace task's start directory and carry
+// record to res, once the task is over.
+func (t *Task) workspaceResult(res *Result) {
+	wt, ts := t.spec.Workspace, t.sys.tenant
+	if wt == nil || ts == nil {
+		return
+	}
+	dir, note := t.StartDir()
+	res.StartDir = dir
+	if note != "" {
+		res.Message += "; " + note
+	}
+	if !wt.Carry && !wt.CarryEnv {
+		return
+	}
+	c := &Carry{}
+	switch r := ts.carry; {
+	case r == nil:
+		c.Why = "the task's shim ended without reporting the shell's record"
+	case r.Recorded:
+		c.Recorded, c.Dir = true, r.Dir
+		for _, kv := range r.Env {
+			name, value, _ := strings.Cut(kv, "=")
+			c.Env = append(c.Env, EnvVar{Name: name, Value: value})
+		}
+	case r.Why == shim.CarryNothing && res.Signal == "SIGKILL":
+		c.Why = "the shell was killed (SIGKILL) before it could record where it ended"
+	case r.Why == shim.CarryNothing:
+		c.Why = "the shell ended without running the workspace's EXIT trap: the command replaced the shell (exec) or set an EXIT trap of its own"
+	default:
+		c.Why = r.Why
+	}
+	res.Carry = c
+}
