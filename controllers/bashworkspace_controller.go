@@ -225,7 +225,7 @@ func (r *BashWorkspaceReconciler) reconcilePending(ctx context.Context, ws *bash
 			nodeName:     ptr.Deref(ws.Spec.NodeName, ""),
 			nodeSelector: ws.Spec.NodeSelector,
 			network:      ptr.Deref(ws.Spec.Network, ""),
-			tenant:       true,
+			workspace:    true,
 			anyCapacity:  true,
 			load:         r.workspaceLoad(ctx),
 		})

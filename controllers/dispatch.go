@@ -218,8 +218,9 @@ type placement struct {
 	nodeSelector map[string]string
 	// network is the object's spec.network, "" for the agent's default.
 	network bashtaskv1alpha1.TaskNetwork
-	// tenant asks for an agent at the tenant isolation level.
-	tenant bool
+	// workspace asks for an agent that makes workspaces: at the tenant
+	// isolation level, with the "workspaces" capability.
+	workspace bool
 	// anyCapacity places on an agent that runs its maximum of tasks:
 	// a workspace runs nothing by itself.
 	anyCapacity bool
@@ -279,8 +280,8 @@ func placeAgent(ctx context.Context, reader client.Reader, agents agentLister, p
 			continue
 		}
 		m := missingCapability(p.network, a)
-		if m == "" && p.tenant && a.Isolation != string(bashtaskv1alpha1.IsolationLevelTenant) {
-			m = "a workspace needs an agent at the tenant isolation level (--isolation=tenant)"
+		if m == "" && p.workspace && (a.Isolation != string(bashtaskv1alpha1.IsolationLevelTenant) || !slices.Contains(a.Capabilities, "workspaces")) {
+			m = "a workspace needs an agent at the tenant isolation level (--isolation=tenant) that serves workspaces (the workspaces capability)"
 		}
 		if m != "" {
 			lacking++

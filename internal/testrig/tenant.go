@@ -45,12 +45,16 @@ func newTenantLevel() (*tenantLevel, error) {
 	}, nil
 }
 
-// configure sets the tenant level on the index-th agent's configuration.
-func (t *tenantLevel) configure(cfg *agent.Config, index int, dir string) {
+// configure sets the tenant level on the index-th agent's configuration,
+// with its working directories and workspaces under dir.
+func (t *tenantLevel) configure(cfg *agent.Config, index int, dir string) error {
 	first := t.firstUID + uint32(index)*tenantUIDsPerAgent
 	cfg.TaskUIDs = agent.UIDRange{First: first, Last: first + tenantUIDsPerAgent - 1}
 	cfg.Executor.Isolation = executor.IsolationTenant
 	cfg.Executor.ShimPath = t.shim
 	cfg.Executor.CgroupParent = fmt.Sprintf("%s-%s", t.cgroupPrefix, cfg.NodeName)
-	cfg.Executor.WorkDirRoot = dir + "/work-" + cfg.NodeName
+	// Task directories and workspaces in the rig's directory, not the
+	// host's temporary one: what a failed test leaves stays in the rig.
+	cfg.Executor.WorkDirRoot = dir
+	return os.MkdirAll(dir, 0o755)
 }

@@ -219,7 +219,9 @@ func Start(opts Options) (rig *Rig, err error) {
 			Executor:         executor.Config{Shell: "/bin/bash"},
 		}
 		if tenant != nil {
-			tenant.configure(&cfg, i, r.Dir)
+			if err := tenant.configure(&cfg, i, r.Dir+"/work-"+a.Node); err != nil {
+				return nil, err
+			}
 		}
 		ag, err := startAgent(ctx, cfg, net.JoinHostPort(a.IP, strconv.Itoa(port)), certs.Agent, serverOpts)
 		if err != nil {
