@@ -20,13 +20,14 @@ type tenantLevel struct {
 	shim         string
 	firstUID     uint32
 	cgroupPrefix string
+	diskBytes    int64
 }
 
 // newTenantLevel builds the shim (testshim) and picks the rig's UID
 // ranges: from 3000000, in one of 1000 slots chosen by the process ID, so
 // two test processes on one host rarely share one (localcluster's agents
 // lease from 2000000 up to about 1.03e9 in slots of their own).
-func newTenantLevel() (*tenantLevel, error) {
+func newTenantLevel(diskBytes int64) (*tenantLevel, error) {
 	if os.Geteuid() != 0 {
 		return nil, fmt.Errorf("a rig at the tenant level runs as root (euid %d)", os.Geteuid())
 	}
@@ -42,6 +43,7 @@ func newTenantLevel() (*tenantLevel, error) {
 		shim:         shim,
 		firstUID:     uint32(3000000 + (pid%1000)*8*tenantUIDsPerAgent),
 		cgroupPrefix: fmt.Sprintf("bashtask-rig-%d", pid),
+		diskBytes:    diskBytes,
 	}, nil
 }
 
@@ -56,5 +58,13 @@ func (t *tenantLevel) configure(cfg *agent.Config, index int, dir string) error 
 	// Task directories and workspaces in the rig's directory, not the
 	// host's temporary one: what a failed test leaves stays in the rig.
 	cfg.Executor.WorkDirRoot = dir
+	if t.diskBytes > 0 {
+		cfg.Executor.DiskQuotaBytes = t.diskBytes
+		cfg.Executor.DiskQuotaCapBytes = 4 * t.diskBytes
+		cfg.Executor.DiskImageDir = dir + "-images"
+		if err := os.MkdirAll(cfg.Executor.DiskImageDir, 0o700); err != nil {
+			return err
+		}
+	}
 	return os.MkdirAll(dir, 0o755)
 }

@@ -64,6 +64,12 @@ type Options struct {
 	// range of task UIDs and a cgroup parent of its own. Workspaces need
 	// it: an agent at the process level refuses them.
 	Tenant bool
+	// TaskDiskBytes, with Tenant, gives each task directory and each
+	// workspace a file system of this size (the agent's --task-disk-size,
+	// where the host has loop devices and mkfs.ext4), and caps what one
+	// may ask for at four times that (--task-disk-cap). Zero: no disk
+	// quota.
+	TaskDiskBytes int64
 	// Unary and Stream, when set, intercept every call each agent serves,
 	// so a test can see what the agents were asked and what they answered.
 	Unary  grpc.UnaryServerInterceptor
@@ -205,7 +211,7 @@ func Start(opts Options) (rig *Rig, err error) {
 	}
 	var tenant *tenantLevel
 	if opts.Tenant {
-		if tenant, err = newTenantLevel(); err != nil {
+		if tenant, err = newTenantLevel(opts.TaskDiskBytes); err != nil {
 			return nil, err
 		}
 	}

@@ -55,6 +55,10 @@ func run(m *testing.M) int {
 		},
 		Controller: &opts,
 		Tenant:     true,
+		// Where the host allows it, every workspace is a file system of
+		// its own (64 MiB unless its spec.storage says otherwise, at most
+		// 256 MiB).
+		TaskDiskBytes: 64 << 20,
 	})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "starting the test rig:", err)
