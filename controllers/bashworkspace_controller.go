@@ -186,9 +186,6 @@ func (r *BashWorkspaceReconciler) reconcile(ctx context.Context, ws *bashtaskv1a
 	if !ws.DeletionTimestamp.IsZero() {
 		return r.reconcileDelete(ctx, ws)
 	}
-	if err := r.addFinalizer(ctx, ws); err != nil {
-		return reconcile.Result{}, err
-	}
 	old := ws.Status.DeepCopy()
 	p := &workspacePass{}
 	var res reconcile.Result
@@ -220,14 +217,18 @@ func (r *BashWorkspaceReconciler) reconcile(ctx context.Context, ws *bashtaskv1a
 func (r *BashWorkspaceReconciler) reconcilePending(ctx context.Context, ws *bashtaskv1alpha1.BashWorkspace, old *bashtaskv1alpha1.BashWorkspaceStatus, p *workspacePass) (reconcile.Result, error) {
 	node := ptr.Deref(ws.Status.NodeName, "")
 	if node == "" {
+		if err := r.addFinalizer(ctx, ws); err != nil {
+			return reconcile.Result{}, err
+		}
 		agent, why, invalid := placeAgent(ctx, r.client, r.agents, placement{
-			what:         "the workspace",
-			nodeName:     ptr.Deref(ws.Spec.NodeName, ""),
-			nodeSelector: ws.Spec.NodeSelector,
-			network:      ptr.Deref(ws.Spec.Network, ""),
-			workspace:    true,
-			anyCapacity:  true,
-			load:         r.workspaceLoad(ctx),
+			what:          "the workspace",
+			nodeName:      ptr.Deref(ws.Spec.NodeName, ""),
+			nodeSelector:  ws.Spec.NodeSelector,
+			network:       ptr.Deref(ws.Spec.Network, ""),
+			workspace:     true,
+			nodeMustExist: true,
+			anyCapacity:   true,
+			load:          r.workspaceLoad(ctx),
 		})
 		if invalid != "" {
 			setWorkspacePhase(ws, bashtaskv1alpha1.WorkspaceFailed, invalid)
@@ -501,8 +502,9 @@ func (r *BashWorkspaceReconciler) reconcileDelete(ctx context.Context, ws *basht
 	return reconcile.Result{}, nil
 }
 
-// addFinalizer adds WorkspaceFinalizer with a patch, before anything is
-// placed.
+// addFinalizer adds WorkspaceFinalizer with a patch, before the workspace
+// is placed. Only then: a workspace the uninstall hook released
+// (ReleaseTasks) keeps running without it.
 func (r *BashWorkspaceReconciler) addFinalizer(ctx context.Context, ws *bashtaskv1alpha1.BashWorkspace) error {
 	if controllerutil.ContainsFinalizer(ws, WorkspaceFinalizer) {
 		return nil

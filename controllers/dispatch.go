@@ -221,6 +221,9 @@ type placement struct {
 	// workspace asks for an agent that makes workspaces: at the tenant
 	// isolation level, with the "workspaces" capability.
 	workspace bool
+	// nodeMustExist skips agents whose Node object is missing: a
+	// workspace placed there would count as lost at once.
+	nodeMustExist bool
 	// anyCapacity places on an agent that runs its maximum of tasks:
 	// a workspace runs nothing by itself.
 	anyCapacity bool
@@ -282,6 +285,12 @@ func placeAgent(ctx context.Context, reader client.Reader, agents agentLister, p
 		m := missingCapability(p.network, a)
 		if m == "" && p.workspace && (a.Isolation != string(bashtaskv1alpha1.IsolationLevelTenant) || !slices.Contains(a.Capabilities, "workspaces")) {
 			m = "a workspace needs an agent at the tenant isolation level (--isolation=tenant) that serves workspaces (the workspaces capability)"
+		}
+		if m == "" && p.nodeMustExist {
+			var n corev1.Node
+			if err := reader.Get(ctx, types.NamespacedName{Name: a.Node}, &n); apierrors.IsNotFound(err) {
+				m = "its Node object does not exist"
+			}
 		}
 		if m != "" {
 			lacking++

@@ -408,3 +408,29 @@ func TestPlacement(t *testing.T) {
 }
 
 func itoa(n int64) string { return strconv.FormatInt(n, 10) }
+
+// The uninstall hook (ReleaseTasks) removes the finalizer of a workspace
+// and leaves it on its node; the controller does not put it back.
+func TestReleaseKeepsWorkspaces(t *testing.T) {
+	ns := newNamespace(t)
+	ws := newWorkspace(ns, "kept")
+	create(t, ws)
+	ready := waitPhase(t, ws, v1.WorkspaceReady)
+	node := *ready.Status.NodeName
+	g := NewWithT(t)
+	g.Expect(controllers.ReleaseTasks(t.Context(), k8s, controllers.ReleaseOptions{Namespace: ns, Timeout: waitLong, Logf: t.Logf})).To(Succeed())
+	g.Consistently(func(g Gomega) {
+		got := getWorkspace(g, ws)
+		g.Expect(got.Finalizers).NotTo(ContainElement(controllers.WorkspaceFinalizer))
+		g.Expect(got.Status.Phase).To(HaveValue(Equal(v1.WorkspaceReady)))
+	}).WithTimeout(2 * time.Second).Should(Succeed())
+	_, err := rig.Registry.GetWorkspace(t.Context(), node, string(ready.UID))
+	g.Expect(err).NotTo(HaveOccurred(), "the released workspace stays on its node")
+
+	// Without the finalizer the object goes at once; the agent's copy is
+	// removed by hand here, as an operator would after an uninstall.
+	_, err = rig.Registry.DeleteWorkspace(t.Context(), node, string(ready.UID))
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(k8s.Delete(t.Context(), ws)).To(Succeed())
+	waitGone(t, ws, waitLong)
+}
