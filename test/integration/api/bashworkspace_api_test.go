@@ -155,15 +155,21 @@ func TestTaskWorkspaceValidation(t *testing.T) {
 		mutate  func(*v1.BashTask)
 		wantErr string
 	}{
-		"workspace":                     {mutate: inWorkspace},
-		"workspace with relative dir":   {mutate: func(bt *v1.BashTask) { inWorkspace(bt); bt.Spec.WorkingDir = ptr.To("repo/src") }},
-		"workspace with absolute dir":   {mutate: func(bt *v1.BashTask) { inWorkspace(bt); bt.Spec.WorkingDir = ptr.To("/repo") }},
-		"workspace with memory limit":   {mutate: func(bt *v1.BashTask) { inWorkspace(bt); bt.Spec.Resources = &v1.ResourceLimits{Memory: quantity("64Mi")} }},
-		"relative dir without":          {mutate: func(bt *v1.BashTask) { bt.Spec.WorkingDir = ptr.To("repo") }, wantErr: "workingDir must be an absolute path (start with /); with spec.workspace it may also be relative to the workspace's root"},
-		"workspace and nodeName":        {mutate: func(bt *v1.BashTask) { inWorkspace(bt); bt.Spec.NodeName = ptr.To("node-a") }, wantErr: "spec.nodeName and spec.nodeSelector must be unset with spec.workspace"},
-		"workspace and nodeSelector":    {mutate: func(bt *v1.BashTask) { inWorkspace(bt); bt.Spec.NodeSelector = map[string]string{"zone": "a"} }, wantErr: "spec.nodeName and spec.nodeSelector must be unset with spec.workspace"},
-		"workspace and network":         {mutate: func(bt *v1.BashTask) { inWorkspace(bt); bt.Spec.Network = ptr.To(v1.NetworkNone) }, wantErr: "spec.network must be unset with spec.workspace"},
-		"workspace and ephemeral disk":  {mutate: func(bt *v1.BashTask) { inWorkspace(bt); bt.Spec.Resources = &v1.ResourceLimits{EphemeralStorage: quantity("1Gi")} }, wantErr: "spec.resources.ephemeralStorage must be unset with spec.workspace"},
+		"workspace":                   {mutate: inWorkspace},
+		"workspace with relative dir": {mutate: func(bt *v1.BashTask) { inWorkspace(bt); bt.Spec.WorkingDir = ptr.To("repo/src") }},
+		"workspace with absolute dir": {mutate: func(bt *v1.BashTask) { inWorkspace(bt); bt.Spec.WorkingDir = ptr.To("/repo") }},
+		"workspace with memory limit": {mutate: func(bt *v1.BashTask) {
+			inWorkspace(bt)
+			bt.Spec.Resources = &v1.ResourceLimits{Memory: quantity("64Mi")}
+		}},
+		"relative dir without":       {mutate: func(bt *v1.BashTask) { bt.Spec.WorkingDir = ptr.To("repo") }, wantErr: "workingDir must be an absolute path (start with /); with spec.workspace it may also be relative to the workspace's root"},
+		"workspace and nodeName":     {mutate: func(bt *v1.BashTask) { inWorkspace(bt); bt.Spec.NodeName = ptr.To("node-a") }, wantErr: "spec.nodeName and spec.nodeSelector must be unset with spec.workspace"},
+		"workspace and nodeSelector": {mutate: func(bt *v1.BashTask) { inWorkspace(bt); bt.Spec.NodeSelector = map[string]string{"zone": "a"} }, wantErr: "spec.nodeName and spec.nodeSelector must be unset with spec.workspace"},
+		"workspace and network":      {mutate: func(bt *v1.BashTask) { inWorkspace(bt); bt.Spec.Network = ptr.To(v1.NetworkNone) }, wantErr: "spec.network must be unset with spec.workspace"},
+		"workspace and ephemeral disk": {mutate: func(bt *v1.BashTask) {
+			inWorkspace(bt)
+			bt.Spec.Resources = &v1.ResourceLimits{EphemeralStorage: quantity("1Gi")}
+		}, wantErr: "spec.resources.ephemeralStorage must be unset with spec.workspace"},
 		"workspace name not a DNS name": {mutate: func(bt *v1.BashTask) { bt.Spec.Workspace = ptr.To("Not_A_Name") }, wantErr: "spec.workspace"},
 		"workspace name empty":          {mutate: func(bt *v1.BashTask) { bt.Spec.Workspace = ptr.To("") }, wantErr: "spec.workspace"},
 	}
