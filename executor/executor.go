@@ -118,6 +118,14 @@ type Config struct {
 	// silent longer is killed and the start fails naming it; 0 means
 	// DefaultShimReportTimeout.
 	ShimReportTimeout time.Duration
+	// WorkspaceDir is the directory the roots of workspaces
+	// ([Executor.OpenWorkspace]) are mounted in at IsolationTenant, one
+	// subdirectory each; empty means "workspaces" under WorkDirRoot. New
+	// makes it a private mount of its own, which every task's shim
+	// detaches from its mount namespace when it starts: a mount namespace
+	// made later holds no copy of a workspace's file system, so that
+	// deleting one never waits for unrelated tasks to end.
+	WorkspaceDir string
 	// Egress configures NetworkEgress at IsolationTenant; nil offers no
 	// NetworkEgress. Its setup (an nftables table, IPv4 forwarding, the
 	// tasks' resolv.conf) runs in New; where it fails (no nf_tables, no
@@ -156,6 +164,7 @@ type Executor struct {
 	quotaReason string     // why the node cannot, when quotaWanted and quota is nil
 	egress      *egress    // nil: no NetworkEgress
 	egressErr   error      // why egress is nil although Config.Egress was set
+	wsDir       string     // Config.WorkspaceDir, a private mount; "" but at IsolationTenant
 }
 
 // cgroupParent is the parent cgroup of the executor's tasks.
@@ -237,6 +246,10 @@ func New(cfg Config) (*Executor, error) {
 		}
 	}
 	if err := e.setupDiskQuota(cfg); err != nil {
+		_ = e.Close()
+		return nil, err
+	}
+	if err := e.setupWorkspaceDir(cfg); err != nil {
 		_ = e.Close()
 		return nil, err
 	}
@@ -387,6 +400,7 @@ func (e *Executor) Close() error {
 	if e.cg != nil && e.cg.created {
 		errs = append(errs, removeCgroup(e.cg.path))
 	}
+	errs = append(errs, e.closeWorkspaceDir())
 	return errors.Join(errs...)
 }
 
@@ -654,6 +668,9 @@ func (e *Executor) tenantWorkDir(wd string) (string, error) {
 		if within(dir, shared) {
 			return "", refuse(fmt.Sprintf("lies in %s, which the task must see as its own, not the node's", shared))
 		}
+	}
+	if e.wsDir != "" && (within(dir, e.wsDir) || within(e.wsDir, dir)) {
+		return "", refuse("is or holds the workspaces' directory " + e.wsDir + ", which only workspace tasks see")
 	}
 	for _, m := range e.mask {
 		if within(dir, m) || within(m, dir) {

@@ -110,7 +110,7 @@ func (e *Executor) startShim(network Network, cg *taskCgroup) (_ *shimProc, err 
 	attr := &os.ProcAttr{Dir: "/", Env: []string{"GOMAXPROCS=1"}, Files: child, Sys: sys}
 	sp.proc, sp.startTicks, sp.exitCh, err = startWaited(func(pidfd *int) (*os.Process, error) {
 		sys.PidFD = pidfd
-		return os.StartProcess(e.shimPath, []string{shim.Arg0}, attr)
+		return os.StartProcess(e.shimPath, e.shimArgv(), attr)
 	})
 	if err != nil {
 		return nil, err

@@ -98,7 +98,7 @@ func (e *Executor) newShimLaunch(p *prepared, cgroupPids bool) *shimLaunch {
 		l.iso.UID = &uid
 	}
 	if p.Workspace != nil {
-		l.workspace(e, p)
+		l.workspace(p)
 	}
 	switch {
 	case p.Limits.Pids > 0 && cgroupPids:
@@ -118,7 +118,7 @@ func (e *Executor) newShimLaunch(p *prepared, cgroupPids bool) *shimLaunch {
 // workspace's tree at WorkspaceHome (HOME, no private home), its network
 // namespace joined by a shim started without one of its own, and the
 // start directory and carry-over of p.Workspace.
-func (l *shimLaunch) workspace(e *Executor, p *prepared) {
+func (l *shimLaunch) workspace(p *prepared) {
 	wt := p.Workspace
 	l.cfg.WorkDir = WorkspaceHome
 	l.cfg.User.Home, l.cfg.User.PrivateHome = WorkspaceHome, false

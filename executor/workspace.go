@@ -14,13 +14,12 @@ const WorkspaceHome = TaskHome
 
 // WorkspaceOptions describe a workspace for [Executor.OpenWorkspace].
 type WorkspaceOptions struct {
-	// ID names the workspace in errors (its API UID).
+	// ID names the workspace (its API UID): one path element of
+	// letters, digits, '-', '_' and '.'. Its root is the directory ID in
+	// the executor's workspaces' directory (Config.WorkspaceDir), created
+	// when missing: the mount point of its file system, or the plain
+	// directory without one.
 	ID string
-	// Dir is the absolute node path of the workspace's root: the mount
-	// point of its file system, or the plain directory without one. Its
-	// parent must exist and be the caller's (no task may write there);
-	// Dir is created when missing.
-	Dir string
 	// Image is the absolute path of the workspace's file system image,
 	// in a directory of the caller's that no task reaches (the agent's
 	// state directory). When the executor has a disk quota and Image does

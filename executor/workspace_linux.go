@@ -29,22 +29,24 @@ type workspaceSys struct {
 }
 
 // OpenWorkspace makes the workspace o describes, or takes up one made
-// before (an agent's restart): it creates o.Dir when missing, makes the
-// file system image or mounts the existing one at o.Dir unless it is
+// before (an agent's restart): it creates the workspace's root directory
+// (o.ID in the workspaces' directory) when missing, makes the file
+// system image or mounts the existing one at the root unless it is
 // mounted there already, gives the root to o.UID and o.GID with mode
 // 0700, and creates the network namespace (loopback up, and for
 // NetworkEgress the veth pair). Nothing of it follows a path a task
-// controls: o.Dir's parent and o.Image's directory are the caller's, and
-// the root is opened with O_NOFOLLOW. The error wraps ErrInvalidSpec for
+// controls: the root's parent is the executor's, o.Image's directory the
+// caller's, and the root is opened with O_NOFOLLOW. The error wraps ErrInvalidSpec for
 // a size over the cap or an unavailable network, ErrIsolation when the
 // executor is not at IsolationTenant.
 func (e *Executor) OpenWorkspace(o WorkspaceOptions) (_ *Workspace, err error) {
 	if e.isolation != IsolationTenant {
 		return nil, fmt.Errorf("%w: workspaces need the tenant isolation level", ErrIsolation)
 	}
-	if !filepath.IsAbs(o.Dir) || (o.Image != "" && !filepath.IsAbs(o.Image)) {
-		return nil, fmt.Errorf("%w: workspace directory %q and image %q must be absolute", ErrInvalidConfig, o.Dir, o.Image)
+	if !validName.MatchString(o.ID) || (o.Image != "" && !filepath.IsAbs(o.Image)) {
+		return nil, fmt.Errorf("%w: workspace %q must be one path element and its image %q absolute", ErrInvalidConfig, o.ID, o.Image)
 	}
+	dir := filepath.Join(e.wsDir, o.ID)
 	network, err := ParseNetwork(string(o.Network))
 	if err != nil {
 		return nil, startErr(ErrInvalidSpec, "", err)
@@ -56,7 +58,7 @@ func (e *Executor) OpenWorkspace(o WorkspaceOptions) (_ *Workspace, err error) {
 		}
 		return nil, startErr(ErrInvalidSpec, "network Egress is not available: "+why, nil)
 	}
-	w := &Workspace{id: o.ID, dir: o.Dir, uid: o.UID, gid: o.GID, network: network}
+	w := &Workspace{id: o.ID, dir: dir, uid: o.UID, gid: o.GID, network: network}
 	w.sys.ns = -1
 	var undo []func()
 	defer func() {
@@ -67,25 +69,25 @@ func (e *Executor) OpenWorkspace(o WorkspaceOptions) (_ *Workspace, err error) {
 			}
 		}
 	}()
-	switch err := unix.Mkdir(o.Dir, 0o700); {
+	switch err := unix.Mkdir(dir, 0o700); {
 	case err == nil:
-		undo = append(undo, func() { _ = unix.Rmdir(o.Dir) })
+		undo = append(undo, func() { _ = unix.Rmdir(dir) })
 	case !errors.Is(err, unix.EEXIST):
-		return nil, fmt.Errorf("making workspace directory %s: %w", o.Dir, err)
+		return nil, fmt.Errorf("making workspace directory %s: %w", dir, err)
 	}
 	if err := e.workspaceFS(w, o, &undo); err != nil {
 		return nil, err
 	}
-	root, err := os.OpenFile(o.Dir, os.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	root, err := os.OpenFile(dir, os.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return nil, fmt.Errorf("opening workspace root %s: %w", o.Dir, err)
+		return nil, fmt.Errorf("opening workspace root %s: %w", dir, err)
 	}
 	w.sys.root = root
 	if err := root.Chown(int(o.UID), int(o.GID)); err != nil {
-		return nil, fmt.Errorf("chown of workspace root %s: %w", o.Dir, err)
+		return nil, fmt.Errorf("chown of workspace root %s: %w", dir, err)
 	}
 	if err := root.Chmod(0o700); err != nil {
-		return nil, fmt.Errorf("chmod of workspace root %s: %w", o.Dir, err)
+		return nil, fmt.Errorf("chmod of workspace root %s: %w", dir, err)
 	}
 	if network == NetworkNone || network == NetworkEgress {
 		ns, err := newNetNS()
@@ -117,7 +119,7 @@ func (e *Executor) workspaceFS(w *Workspace, o WorkspaceOptions, undo *[]func())
 			return fmt.Errorf("workspace image %s is not a regular file", o.Image)
 		}
 		w.image, w.size = o.Image, fi.Size()
-		mounted, err := imageMountedAt(o.Image, o.Dir)
+		mounted, err := imageMountedAt(o.Image, w.dir)
 		if err != nil || mounted {
 			return err
 		}
@@ -130,10 +132,10 @@ func (e *Executor) workspaceFS(w *Workspace, o WorkspaceOptions, undo *[]func())
 		if e.quota != nil {
 			loopCtl = e.quota.loopCtl
 		}
-		if err := mountImage(loopCtl, img, o.Dir); err != nil {
+		if err := mountImage(loopCtl, img, w.dir); err != nil {
 			return err
 		}
-		*undo = append(*undo, func() { _ = unix.Unmount(o.Dir, unix.UMOUNT_NOFOLLOW|unix.MNT_DETACH) })
+		*undo = append(*undo, func() { _ = unix.Unmount(w.dir, unix.UMOUNT_NOFOLLOW|unix.MNT_DETACH) })
 		return nil
 	case !errors.Is(err, os.ErrNotExist):
 		return fmt.Errorf("workspace image: %w", err)
@@ -151,10 +153,10 @@ func (e *Executor) workspaceFS(w *Workspace, o WorkspaceOptions, undo *[]func())
 		return startErr(ErrInvalidSpec, fmt.Sprintf("storage of %d bytes is below the smallest workspace file system, %d bytes", size, MinDiskQuotaBytes), nil)
 	}
 	*undo = append(*undo, func() {
-		_ = unix.Unmount(o.Dir, unix.UMOUNT_NOFOLLOW|unix.MNT_DETACH)
+		_ = unix.Unmount(w.dir, unix.UMOUNT_NOFOLLOW|unix.MNT_DETACH)
 		_ = os.Remove(o.Image)
 	})
-	if err := e.quota.makeImageFS(o.Image, o.Dir, size); err != nil {
+	if err := e.quota.makeImageFS(o.Image, w.dir, size); err != nil {
 		return err
 	}
 	w.image, w.size = o.Image, size
@@ -399,4 +401,89 @@ func (t *Task) workspaceResult(res *Result) {
 		c.Why = r.Why
 	}
 	res.Carry = c
+}
+
+// setupWorkspaceDir makes the workspaces' directory at IsolationTenant: a
+// directory of root's (0700) bound onto itself, unless it is a mount point
+// already (an earlier executor's, with the workspaces still mounted), and
+// made private, so that the workspaces mounted below it propagate
+// nowhere; the shims detach it (shimArgv).
+func (e *Executor) setupWorkspaceDir(cfg Config) error {
+	if e.isolation != IsolationTenant {
+		return nil
+	}
+	dir := cfg.WorkspaceDir
+	if dir == "" {
+		dir = filepath.Join(e.workRoot, "workspaces")
+	}
+	if !filepath.IsAbs(dir) {
+		return fmt.Errorf("%w: workspace directory %q is not absolute", ErrInvalidConfig, dir)
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("making the workspaces' directory: %w", err)
+	}
+	mounted, err := isMountPoint(dir)
+	if err != nil {
+		return err
+	}
+	if !mounted {
+		if err := unix.Mount(dir, dir, "", unix.MS_BIND, ""); err != nil {
+			return fmt.Errorf("binding the workspaces' directory %s onto itself: %w", dir, err)
+		}
+	}
+	if err := unix.Mount("", dir, "", unix.MS_PRIVATE|unix.MS_REC, ""); err != nil {
+		return fmt.Errorf("making the workspaces' directory %s private: %w", dir, err)
+	}
+	e.wsDir = dir
+	return nil
+}
+
+// isMountPoint reports whether dir is a mount point in this mount
+// namespace (/proc/self/mountinfo).
+func isMountPoint(dir string) (bool, error) {
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return false, err
+	}
+	for line := range strings.Lines(string(b)) {
+		if f := strings.Fields(line); len(f) > 4 && unescapeMountinfo(f[4]) == dir {
+			return true, nil
+		}
+	}
+	return false, nil
+}
+
+// shimArgv is the argument vector of a task's shim: shim.Arg0 and the
+// directories it detaches at its start.
+func (e *Executor) shimArgv() []string {
+	if e.wsDir == "" {
+		return []string{shim.Arg0}
+	}
+	return []string{shim.Arg0, e.wsDir}
+}
+
+// WorkspaceDir is the directory workspaces' roots are mounted in
+// (Config.WorkspaceDir); empty but at IsolationTenant.
+func (e *Executor) WorkspaceDir() string { return e.wsDir }
+
+// closeWorkspaceDir unmounts the workspaces' directory when no workspace
+// is mounted below it (a test's executor, or an agent without
+// workspaces); with workspaces it stays for the next executor.
+func (e *Executor) closeWorkspaceDir() error {
+	if e.wsDir == "" {
+		return nil
+	}
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return err
+	}
+	for line := range strings.Lines(string(b)) {
+		if f := strings.Fields(line); len(f) > 4 && strings.HasPrefix(unescapeMountinfo(f[4]), e.wsDir+"/") {
+			return nil
+		}
+	}
+	if err := unix.Unmount(e.wsDir, unix.UMOUNT_NOFOLLOW); err != nil && !errors.Is(err, unix.EINVAL) {
+		return fmt.Errorf("unmounting the workspaces' directory %s: %w", e.wsDir, err)
+	}
+	return nil
 }

@@ -3,6 +3,7 @@
 package executor
 
 import (
+	"errors"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -32,8 +33,7 @@ func tenantExecutor(t *testing.T, mutate ...func(*Config)) *Executor {
 func testWorkspace(t *testing.T, ex *Executor, network Network, image bool) *Workspace {
 	t.Helper()
 	uid := workspaceUIDs.Add(1)
-	base := t.TempDir()
-	o := WorkspaceOptions{ID: filepath.Base(base), Dir: filepath.Join(base, "ws"), UID: uid, GID: uid, Network: network}
+	o := WorkspaceOptions{ID: "ws-" + strconv.Itoa(int(uid)), UID: uid, GID: uid, Network: network}
 	if image {
 		o.Image = filepath.Join(t.TempDir(), "disk.img")
 	}
@@ -122,5 +122,168 @@ func TestWorkspaceFilesAndCarriedDir(t *testing.T) {
 				t.Errorf("carry %+v, want nothing recorded because %q", cr, c.why)
 			}
 		})
+	}
+}
+
+// The variables a shell exported are recorded with CarryEnv (unfiltered:
+// the agent drops what must not carry) and given to the next task as
+// carried variables, which the task's explicit Env overrides.
+func TestWorkspaceCarriedEnv(t *testing.T) {
+	t.Parallel()
+	ex := tenantExecutor(t)
+	w := testWorkspace(t, ex, NetworkNone, false)
+	res := run(t, ex, wsSpec(t, w, `export FOO='bar baz' MULTI=$'a\nb'; unset LANG`, "", true))
+	env := map[string]string{}
+	if res.Carry == nil || !res.Carry.Recorded {
+		t.Fatalf("carry %+v (%s)", res.Carry, res.Message)
+	}
+	for _, v := range res.Carry.Env {
+		env[v.Name] = v.Value
+	}
+	if env["FOO"] != "bar baz" || env["MULTI"] != "a\nb" {
+		t.Errorf("recorded env %v lacks FOO and MULTI", env)
+	}
+	if _, ok := env["LANG"]; ok {
+		t.Errorf("recorded env %v has the unset LANG", env)
+	}
+	if _, ok := env["BASH_ENV"]; ok {
+		t.Errorf("recorded env %v has BASH_ENV", env)
+	}
+	spec := wsSpec(t, w, `echo "$FOO|$BAR"`, "", false, EnvVar{"FOO", "carried"}, EnvVar{"BAR", "carried"})
+	spec.Env = []EnvVar{{"BAR", "explicit"}}
+	if res := run(t, ex, spec); res.Stdout.Tail != "carried|explicit\n" {
+		t.Errorf("carried FOO, explicit BAR: %q", res.Stdout.Tail)
+	}
+	// Without CarryEnv only the directory is recorded.
+	if res := run(t, ex, wsSpec(t, w, `export FOO=x`, "", false)); res.Carry == nil || len(res.Carry.Env) != 0 {
+		t.Errorf("without CarryEnv: %+v", res.Carry)
+	}
+}
+
+// A start directory resolves inside the workspace: a carried one that is
+// gone starts the shell at the root and says so, a required one that is
+// gone fails naming it, and neither ".." nor a symbolic link planted by a
+// task leads out of the workspace (RESOLVE_IN_ROOT).
+func TestWorkspaceStartDirStaysInside(t *testing.T) {
+	t.Parallel()
+	ex := tenantExecutor(t)
+	w := testWorkspace(t, ex, NetworkNone, false)
+	run(t, ex, wsSpec(t, w, `mkdir gone; ln -s /etc esc; ln -s ../../../.. up`, "", false))
+
+	res := run(t, ex, wsSpec(t, w, `pwd`, "gone-already", false))
+	if res.Reason != ReasonSucceeded || res.Stdout.Tail != WorkspaceHome+"\n" || !strings.Contains(res.Message, "carried working directory "+WorkspaceHome+"/gone-already is gone") {
+		t.Errorf("carried dir gone: %s %q, message %q", res.Reason, res.Stdout.Tail, res.Message)
+	}
+	for _, dir := range []string{"../../etc", "/etc", "esc", "up/etc", WorkspaceHome + "/esc"} {
+		spec := wsSpec(t, w, `pwd`, dir, false)
+		spec.Workspace.DirRequired = true
+		task, err := ex.Start(spec)
+		if err == nil {
+			res := wait(t, task)
+			t.Errorf("working dir %q: started in %q (stdout %q)", dir, res.StartDir, res.Stdout.Tail)
+			continue
+		}
+		if !errors.Is(err, ErrWorkingDirMissing) || !strings.Contains(err.Error(), WorkspaceHome) {
+			t.Errorf("working dir %q: %v, want ErrWorkingDirMissing inside the workspace", dir, err)
+		}
+	}
+	// With an etc of the workspace's own, the same paths end there.
+	run(t, ex, wsSpec(t, w, `mkdir etc; touch etc/mine`, "", false))
+	for _, dir := range []string{"../../etc", "/etc", "esc", "up/etc"} {
+		spec := wsSpec(t, w, `pwd -P; ls`, dir, false)
+		spec.Workspace.DirRequired = true
+		if res := run(t, ex, spec); res.Stdout.Tail != WorkspaceHome+"/etc\nmine\n" || res.StartDir != WorkspaceHome+"/etc" {
+			t.Errorf("working dir %q: started in %q, stdout %q", dir, res.StartDir, res.Stdout.Tail)
+		}
+	}
+}
+
+// The workspace's network namespace is shared by its tasks alone: a
+// server one task runs on 127.0.0.1 for its length is reachable from
+// another task of the workspace, and not from a task of another
+// workspace.
+func TestWorkspaceSharedLoopback(t *testing.T) {
+	t.Parallel()
+	ex := tenantExecutor(t)
+	w1 := testWorkspace(t, ex, NetworkNone, false)
+	w2 := testWorkspace(t, ex, NetworkNone, false)
+	server, err := ex.Start(wsSpec(t, w1, `perl -MIO::Socket::INET -e '$|=1; $s = IO::Socket::INET->new(LocalAddr => "127.0.0.1:7411", Listen => 5, ReuseAddr => 1) or die "listen: $!"; print "listening\n"; while ($c = $s->accept) { print $c "hello from w1\n"; close $c }' & wait`, "", false))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer server.Cancel()
+	waitForOutput(t, server, "listening")
+	client := `exec 3<>/dev/tcp/127.0.0.1/7411 && cat <&3`
+	if res := run(t, ex, wsSpec(t, w1, client, "", false)); res.Stdout.Tail != "hello from w1\n" {
+		t.Errorf("same workspace: %s %q %q", res.Reason, res.Stdout.Tail, res.Stderr.Tail)
+	}
+	if res := run(t, ex, wsSpec(t, w2, client, "", false)); res.Reason == ReasonSucceeded || !strings.Contains(res.Stderr.Tail, "refused") {
+		t.Errorf("other workspace: %s %q %q, want the connection refused", res.Reason, res.Stdout.Tail, res.Stderr.Tail)
+	}
+	// A task without a workspace does not reach it either.
+	plain := testSpec(t, client)
+	plain.Network = NetworkNone
+	plain.User = &User{UID: workspaceUIDs.Add(1), GID: 1}
+	if res := run(t, ex, plain); res.Reason == ReasonSucceeded {
+		t.Errorf("task without a workspace: %s %q", res.Reason, res.Stdout.Tail)
+	}
+	server.Cancel()
+	wait(t, server)
+}
+
+// A workspace with a file system of its own: a write past its size fails
+// with ENOSPC in that workspace only, its used bytes come from statfs,
+// and Remove leaves no mount, image or directory.
+func TestWorkspaceQuota(t *testing.T) {
+	t.Parallel()
+	ex, _ := quotaExecutor(t, 64<<20, 128<<20, 2000)
+	full := testWorkspace(t, ex, NetworkNone, true)
+	other := testWorkspace(t, ex, NetworkNone, true)
+	if !full.StorageEnforced() || full.CapacityBytes() != 64<<20 {
+		t.Fatalf("storage enforced %v, capacity %d", full.StorageEnforced(), full.CapacityBytes())
+	}
+	res := run(t, ex, wsSpec(t, full, `dd if=/dev/zero of=f bs=1M count=100 2>&1; echo rc=$?`, "", false))
+	if !strings.Contains(res.Stdout.Tail, "No space left on device") || strings.Contains(res.Stdout.Tail, "rc=0") {
+		t.Errorf("100 MiB into 64 MiB: %q", res.Stdout.Tail)
+	}
+	if used, err := full.UsedBytes(); err != nil || used < 60<<20 {
+		t.Errorf("used bytes %d, %v: want about 64 MiB", used, err)
+	}
+	if res := run(t, ex, wsSpec(t, other, `dd if=/dev/zero of=g bs=1M count=40 2>/dev/null; echo rc=$?`, "", false)); res.Stdout.Tail != "rc=0\n" {
+		t.Errorf("the other workspace: %q", res.Stdout.Tail)
+	}
+	dir, image := full.Dir(), full.image
+	if err := full.Remove(); err != nil {
+		t.Fatal(err)
+	}
+	if mounted, _ := imageMountedAt(image, dir); mounted || imageInUse(image) {
+		t.Errorf("the image is still mounted after Remove")
+	}
+	for _, p := range []string{dir, image} {
+		if _, err := os.Lstat(p); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("%s after Remove: %v", p, err)
+		}
+	}
+}
+
+// Removing a plain-directory workspace never follows a symbolic link a
+// task planted: what it points to outside stays.
+func TestWorkspaceRemoveDoesNotFollowLinks(t *testing.T) {
+	t.Parallel()
+	ex := tenantExecutor(t)
+	w := testWorkspace(t, ex, NetworkNone, false)
+	outside := t.TempDir()
+	if err := os.WriteFile(filepath.Join(outside, "keep"), []byte("x"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	run(t, ex, wsSpec(t, w, `mkdir -p d; ln -s `+outside+` x; ln -s `+outside+` d/y; ln -s `+outside+`/keep f`, "", false))
+	if err := w.Remove(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(outside, "keep")); err != nil {
+		t.Errorf("the link's target after Remove: %v", err)
+	}
+	if _, err := os.Lstat(w.Dir()); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("workspace directory after Remove: %v", err)
 	}
 }

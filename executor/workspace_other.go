@@ -5,6 +5,13 @@ package executor
 // workspaceSys exists only on Linux.
 type workspaceSys struct{}
 
+func (e *Executor) setupWorkspaceDir(Config) error { return nil }
+
+func (e *Executor) closeWorkspaceDir() error { return nil }
+
+// WorkspaceDir is empty: workspaces need Linux.
+func (e *Executor) WorkspaceDir() string { return "" }
+
 // OpenWorkspace needs Linux: it returns ErrUnsupported.
 func (e *Executor) OpenWorkspace(WorkspaceOptions) (*Workspace, error) { return nil, ErrUnsupported }
 

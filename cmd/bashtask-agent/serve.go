@@ -54,6 +54,7 @@ type serveOptions struct {
 	stateDir           string
 	bucketURL          string
 	maxConcurrent      int
+	maxWorkspaces      int
 	progressInterval   time.Duration
 	controllerIdentity string
 	certFile           string
@@ -131,6 +132,7 @@ func bindServeFlags(f *pflag.FlagSet, o *serveOptions) {
 	f.StringVar(&o.stateDir, "state-dir", "/var/lib/bashtask-agent", "directory of task records and output files, created 0700")
 	f.StringVar(&o.bucketURL, "output-bucket-url", "", "gocloud.dev/blob bucket URL for full output streams (file://, s3://, gs:// or azblob://); empty means file://<state-dir>/uploads")
 	f.IntVar(&o.maxConcurrent, "max-concurrent-tasks", agent.DefaultMaxConcurrent, "maximum number of tasks running at once")
+	f.IntVar(&o.maxWorkspaces, "max-workspaces", agent.DefaultMaxWorkspaces, "maximum number of workspaces (BashWorkspace) this agent holds at --isolation=tenant, each a UID of --task-uid-range for its life, a directory (a file system of --task-disk-size where loop devices allow) and a network namespace")
 	f.DurationVar(&o.progressInterval, "progress-interval", agent.DefaultProgressInterval, "minimum time between two progress events of a task")
 	f.StringVar(&o.controllerIdentity, "controller-identity", "bashtask-controller", "identity (common name, DNS or URI SAN) a client certificate must carry")
 	f.StringVar(&o.certFile, "tls-cert-file", "/etc/bashtask-agent/tls/tls.crt", "server certificate chain (PEM), re-read when it changes")
@@ -375,6 +377,7 @@ func (o *serveOptions) agentConfig(log *slog.Logger) (agent.Config, error) {
 		StateDir:         o.stateDir,
 		BucketURL:        o.bucketURL,
 		MaxConcurrent:    o.maxConcurrent,
+		MaxWorkspaces:    o.maxWorkspaces,
 		ProgressInterval: o.progressInterval,
 		Executor: executor.Config{
 			Shell:             o.shell,

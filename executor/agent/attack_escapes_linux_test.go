@@ -5,6 +5,7 @@ package agent
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"fmt"
 	"net"
 	"os"
@@ -550,4 +551,58 @@ func workDirOfFinished(a *attackRig, uid string) string {
 		return tk.rec.Process.WorkDir
 	}
 	return ""
+}
+
+// Across workspaces (ESCAPES.md E6, E7 and the tenant rules between
+// owners): a task of workspace W2 cannot read W1's files (through the
+// node path of W1's root, which W2's mount namespace does not hold, nor
+// through /proc), nor W1's carried variables (in the masked state
+// directory), nor reach W1's loopback. Controls: W1's own task reads and
+// reaches all of it, and the agent's own process finds W1's files at
+// the paths the attack tries.
+func TestAttackAcrossWorkspaces(t *testing.T) {
+	a := newAttackRig(t, 2400010, 2400013)
+	wc := a.workspaceClient()
+	ensure(t, wc, "aw1", "None", true)
+	ensure(t, wc, "aw2", "None", true)
+	t.Cleanup(func() {
+		for _, uid := range []string{"aw1", "aw2"} {
+			_, _ = wc.DeleteWorkspace(context.Background(), &agentv1.DeleteWorkspaceRequest{Uid: uid})
+		}
+	})
+	const secret = "w1-secret-5c1d"
+	a.runTask(wsTask("aw1-a", "aw1", `echo `+secret+` > secret; export W1_VALUE=`+secret))
+	if _, err := a.client.Start(t.Context(), &agentv1.StartRequest{Spec: wsTask("aw1-srv", "aw1",
+		`perl -MIO::Socket::INET -e '$|=1; $s = IO::Socket::INET->new(LocalAddr => "127.0.0.1:7412", Listen => 5, ReuseAddr => 1) or die; print "listening\n"; while ($c = $s->accept) { print $c "`+secret+`\n"; close $c }' & wait`)}); err != nil {
+		t.Fatal(err)
+	}
+	a.waitOutput("aw1-srv", "listening")
+	defer func() { _, _ = a.client.Cancel(context.Background(), &agentv1.CancelRequest{Uid: "aw1-srv"}) }()
+
+	w1Root := filepath.Join(a.base, "work", "workspaces", "aw1")
+	envFile := filepath.Join(a.base, "state", "workspaces", "aw1", workspaceEnvFile)
+	probe := fmt.Sprintf(`echo "file: $(cat %s/secret 2>&1)"
+echo "env-file: $(cat %s 2>&1 | tr '\0' ' ')"
+echo "home: $(cat /home/task/secret 2>&1)"
+echo "env: ${W1_VALUE-unset}"
+echo "loopback: $( (exec 3<>/dev/tcp/127.0.0.1/7412 && cat <&3) 2>&1)"
+echo "proc: $(cat /proc/*/root%s/secret 2>&1 | head -1)"`, w1Root, envFile, w1Root)
+
+	if host := labels(hostProbe(t, 0, probe)); host["file"] != secret || !strings.Contains(host["env-file"], "W1_VALUE="+secret) {
+		t.Fatalf("control: the agent's own process does not find W1's files: %v", host)
+	}
+	own := labels(stdoutOf(a.runTask(wsTask("aw1-b", "aw1", probe))))
+	if own["home"] != secret || own["env"] != secret || own["loopback"] != secret {
+		t.Errorf("control: W1's own task: %v", own)
+	}
+	other := labels(stdoutOf(a.runTask(wsTask("aw2-a", "aw2", probe))))
+	t.Logf("W2's task: %v", other)
+	for _, label := range []string{"file", "env-file", "home", "env", "loopback", "proc"} {
+		if strings.Contains(other[label], secret) {
+			t.Errorf("W2's task reached W1's %s: %q", label, other[label])
+		}
+	}
+	if other["env"] != "unset" {
+		t.Errorf("W2's task has W1's carried variable: %q", other["env"])
+	}
 }

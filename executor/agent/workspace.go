@@ -23,10 +23,6 @@ import (
 // workspaces one agent holds at most.
 const DefaultMaxWorkspaces = 1000
 
-// WorkspaceDirPrefix starts the name of each workspace's root on the
-// node, <work root>/ws-<uid>: the mount point of its file system.
-const WorkspaceDirPrefix = "ws-"
-
 // workspaceLeaseKey is the key a workspace's UID lease is held under in
 // the agent's table of leases, beside the task UIDs of task leases.
 func workspaceLeaseKey(uid string) string { return "workspace/" + uid }
@@ -46,7 +42,6 @@ type workspaces struct {
 
 	s     *Server
 	files workspaceFiles
-	root  string // where the workspaces' roots are: the executor's work root
 	max   int
 
 	byUID  map[string]*workspace
@@ -76,7 +71,6 @@ func newWorkspaces(s *Server) (*workspaces, error) {
 	ws := &workspaces{
 		s:      s,
 		files:  workspaceFiles{dir: filepath.Join(s.cfg.StateDir, "workspaces")},
-		root:   cmpOr(s.cfg.Executor.WorkDirRoot, os.TempDir()),
 		max:    cmpOr(s.cfg.MaxWorkspaces, DefaultMaxWorkspaces),
 		byUID:  map[string]*workspace{},
 		taskWS: map[string]*workspace{},
@@ -106,7 +100,6 @@ func newWorkspaces(s *Server) (*workspaces, error) {
 func (ws *workspaces) options(w *workspace) executor.WorkspaceOptions {
 	o := executor.WorkspaceOptions{
 		ID:        w.rec.UID,
-		Dir:       filepath.Join(ws.root, WorkspaceDirPrefix+w.rec.UID),
 		SizeBytes: w.rec.StorageBytes,
 		UID:       w.rec.TaskUID, GID: w.rec.TaskUID,
 		Network: w.rec.Network,
@@ -221,7 +214,7 @@ func (ws *workspaces) updateLocked(w *workspace, spec *agentv1.WorkspaceSpec) (*
 	if w.rec.Deleting {
 		return nil, status.Errorf(codes.FailedPrecondition, "workspace %s is being deleted", w.rec.UID)
 	}
-	network, _, err := ws.network(spec.GetNetwork())
+	network, err := ws.network(spec.GetNetwork())
 	if err != nil {
 		return nil, err
 	}
@@ -253,28 +246,28 @@ func (ws *workspaces) updateLocked(w *workspace, spec *agentv1.WorkspaceSpec) (*
 // means --task-network; one not in --allowed-networks, Node where
 // --task-network is none, and Egress where the agent cannot give it are
 // INVALID_ARGUMENT.
-func (ws *workspaces) network(name string) (executor.Network, string, error) {
+func (ws *workspaces) network(name string) (executor.Network, error) {
 	s := ws.s
 	n := cmpOr(s.cfg.TaskNetwork, executor.NetworkNode)
 	if name != "" {
 		var ok bool
 		if n, ok = execNetwork(name); !ok {
-			return "", "", status.Errorf(codes.InvalidArgument, "spec.network %q is not Node, None or Egress", name)
+			return "", status.Errorf(codes.InvalidArgument, "spec.network %q is not Node, None or Egress", name)
 		}
 	}
 	switch {
 	case len(s.cfg.AllowedNetworks) > 0 && !slices.Contains(s.cfg.AllowedNetworks, n):
-		return "", "", status.Errorf(codes.InvalidArgument, "spec.network %s is not allowed on this agent (--allowed-networks: %s)", apiNetwork(n), strings.Join(s.allowedNetworkNames(), ", "))
+		return "", status.Errorf(codes.InvalidArgument, "spec.network %s is not allowed on this agent (--allowed-networks: %s)", apiNetwork(n), strings.Join(s.allowedNetworkNames(), ", "))
 	case n == executor.NetworkNode && name != "" && s.cfg.TaskNetwork == executor.NetworkNone:
-		return "", "", status.Error(codes.InvalidArgument, "spec.network Node: this agent gives tasks no network (--task-network=none)")
+		return "", status.Error(codes.InvalidArgument, "spec.network Node: this agent gives tasks no network (--task-network=none)")
 	case n == executor.NetworkEgress && s.ex != nil && !s.ex.Capabilities().Egress:
 		why := "not configured"
 		if err := s.ex.EgressError(); err != nil {
 			why = err.Error()
 		}
-		return "", "", status.Errorf(codes.InvalidArgument, "spec.network Egress is not available on this agent: %s", why)
+		return "", status.Errorf(codes.InvalidArgument, "spec.network Egress is not available on this agent: %s", why)
 	}
-	return n, apiNetwork(n), nil
+	return n, nil
 }
 
 // storage is the size a workspace of requested bytes gets: the agent's
@@ -302,7 +295,7 @@ func (ws *workspaces) createLocked(spec *agentv1.WorkspaceSpec) (*agentv1.Ensure
 	if len(ws.byUID) >= ws.max {
 		return fail(status.Errorf(codes.ResourceExhausted, "agent holds its maximum of %d workspaces (--max-workspaces)", ws.max))
 	}
-	network, _, err := ws.network(spec.GetNetwork())
+	network, err := ws.network(spec.GetNetwork())
 	if err != nil {
 		return fail(err)
 	}

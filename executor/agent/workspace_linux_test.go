@@ -3,9 +3,13 @@
 package agent
 
 import (
+	"bytes"
+	"context"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -123,7 +127,7 @@ func TestWorkspaceLifecycle(t *testing.T) {
 		t.Fatalf("List: %v %v", l, err)
 	}
 
-	root := filepath.Join(r.dir, WorkspaceDirPrefix+"w1")
+	root := filepath.Join(r.dir, "workspaces", "w1")
 	if _, err := os.Stat(filepath.Join(root, "a.txt")); err != nil {
 		t.Errorf("the workspace's file on the node: %v", err)
 	}
@@ -147,5 +151,209 @@ func TestWorkspaceLifecycle(t *testing.T) {
 	}
 	if _, err := wc.DeleteWorkspace(t.Context(), &agentv1.DeleteWorkspaceRequest{Uid: "w1"}); err != nil {
 		t.Errorf("Delete again: %v", err)
+	}
+}
+
+// Carried variables: on, an exported variable reaches the next task,
+// never a credential-like name or a managed one, and they stay in a file
+// of the workspace's UID, mode 0600, in the state directory; off, nothing
+// carries.
+func TestWorkspaceCarriedEnvFiltered(t *testing.T) {
+	r := newRig(t, tenantLevel(2101110, 2101119))
+	wc := r.workspaceClient()
+	st := ensure(t, wc, "we", "None", true)
+	off := ensure(t, wc, "wo", "None", false)
+	t.Cleanup(func() {
+		for _, uid := range []string{"we", "wo"} {
+			_, _ = wc.DeleteWorkspace(context.Background(), &agentv1.DeleteWorkspaceRequest{Uid: uid})
+		}
+	})
+	set := `export FOO=bar GH_TOKEN=x BASHTASK_X=1 MY_SECRET=s`
+	get := `echo "FOO=${FOO-} GH_TOKEN=${GH_TOKEN-} BASHTASK_X=${BASHTASK_X-} MY_SECRET=${MY_SECRET-}"`
+	r.runTask(wsTask("e1", "we", set))
+	if res := r.runTask(wsTask("e2", "we", get)); res.GetStdout().GetTail() != "FOO=bar GH_TOKEN= BASHTASK_X= MY_SECRET=\n" {
+		t.Errorf("carry on: %q (%s)", res.GetStdout().GetTail(), res.GetMessage())
+	}
+	g, err := wc.GetWorkspace(t.Context(), &agentv1.GetWorkspaceRequest{Uid: "we"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	names := g.GetStatus().GetCarryEnvNames()
+	if !slices.Contains(names, "FOO") || slices.ContainsFunc(names, func(n string) bool {
+		return strings.Contains(n, "TOKEN") || strings.HasPrefix(n, "BASHTASK_") || n == "PWD" || n == "HOME"
+	}) {
+		t.Errorf("carried names %v", names)
+	}
+	envFile := filepath.Join(r.dir, "state", "workspaces", "we", workspaceEnvFile)
+	fi, err := os.Stat(envFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sys := fi.Sys().(*syscall.Stat_t); fi.Mode().Perm() != 0o600 || sys.Uid != st.GetRunAsUser() {
+		t.Errorf("env file mode %v owner %d, want 0600 and %d", fi.Mode().Perm(), sys.Uid, st.GetRunAsUser())
+	}
+	if b, _ := os.ReadFile(envFile); bytes.Contains(b, []byte("GH_TOKEN")) || !bytes.Contains(b, []byte("FOO=bar\x00")) {
+		t.Errorf("env file %q", b)
+	}
+	r.runTask(wsTask("o1", "wo", set))
+	if res := r.runTask(wsTask("o2", "wo", get)); res.GetStdout().GetTail() != "FOO= GH_TOKEN= BASHTASK_X= MY_SECRET=\n" {
+		t.Errorf("carry off: %q", res.GetStdout().GetTail())
+	}
+	_ = off
+	// exec: nothing recorded, the earlier state stays, the message says why.
+	r.runTask(wsTask("e3", "we", `mkdir -p d; cd d`))
+	r.runTask(wsTask("e4", "we", `cd /tmp; exec true`))
+	g, _ = wc.GetWorkspace(t.Context(), &agentv1.GetWorkspaceRequest{Uid: "we"})
+	if gs := g.GetStatus(); gs.GetWorkingDir() != executor.WorkspaceHome+"/d" || !strings.Contains(gs.GetCarryMessage(), "exec") {
+		t.Errorf("after exec: working dir %q, message %q", gs.GetWorkingDir(), gs.GetCarryMessage())
+	}
+	// Ending outside the workspace: the directory does not carry.
+	r.runTask(wsTask("e5", "we", `cd /tmp`))
+	g, _ = wc.GetWorkspace(t.Context(), &agentv1.GetWorkspaceRequest{Uid: "we"})
+	if gs := g.GetStatus(); gs.GetWorkingDir() != executor.WorkspaceHome+"/d" || !strings.Contains(gs.GetCarryMessage(), "outside the workspace") {
+		t.Errorf("after cd /tmp: working dir %q, message %q", gs.GetWorkingDir(), gs.GetCarryMessage())
+	}
+	// The carried directory removed: the next task starts at the root and
+	// its status says so.
+	r.runTask(wsTask("e6", "we", `cd d; rmdir ../d`))
+	res := r.runTask(wsTask("e7", "we", `pwd`))
+	if res.GetStdout().GetTail() != executor.WorkspaceHome+"\n" || !strings.Contains(res.GetMessage(), "is gone") || res.GetWorkingDir() != executor.WorkspaceHome {
+		t.Errorf("carried dir gone: %q %q %q", res.GetStdout().GetTail(), res.GetMessage(), res.GetWorkingDir())
+	}
+	// A spec working directory that does not resolve: StartFailed naming it.
+	bad := wsTask("e8", "we", `pwd`)
+	bad.WorkingDir = "../../etc"
+	if res := r.runTask(bad); res.GetReason() != "StartFailed" || !strings.Contains(res.GetMessage(), executor.WorkspaceHome+"/etc") {
+		t.Errorf("working dir ../../etc: %s %q", res.GetReason(), res.GetMessage())
+	}
+}
+
+// A workspace survives the agent's restart: a new server on the same
+// state directory has its files, its UID (held before any task lease)
+// and its carried directory, and takes tasks in it.
+func TestWorkspaceSurvivesRestart(t *testing.T) {
+	if _, err := os.Stat("/dev/loop-control"); err != nil {
+		t.Skipf("no loop devices: %v", err)
+	}
+	quota := func(c *Config) { c.Executor.DiskQuotaBytes, c.Executor.DiskQuotaCapBytes = 64<<20, 128<<20 }
+	r := newRig(t, tenantLevel(2101120, 2101121), quota)
+	wc := r.workspaceClient()
+	st := ensure(t, wc, "wr", "None", false)
+	if !st.GetStorageEnforced() || st.GetCapacityBytes() != 64<<20 {
+		t.Fatalf("storage %v %d", st.GetStorageEnforced(), st.GetCapacityBytes())
+	}
+	r.runTask(wsTask("r1", "wr", `mkdir sub; echo kept > sub/f; cd sub`))
+	if err := r.shutdown(); err != nil {
+		t.Fatal(err)
+	}
+	r.srv.ws.closeAll()
+
+	r2 := newRig(t, tenantLevel(2101120, 2101121), quota, func(c *Config) {
+		c.StateDir, c.Executor.WorkDirRoot = filepath.Join(r.dir, "state"), r.dir
+	})
+	wc2 := r2.workspaceClient()
+	g, err := wc2.GetWorkspace(t.Context(), &agentv1.GetWorkspaceRequest{Uid: "wr"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if gs := g.GetStatus(); gs.GetRunAsUser() != st.GetRunAsUser() || gs.GetWorkingDir() != executor.WorkspaceHome+"/sub" || gs.GetUsedBytes() == 0 {
+		t.Errorf("after restart: %v", gs)
+	}
+	res := r2.runTask(wsTask("r2", "wr", `pwd; cat f; id -u`))
+	if want := executor.WorkspaceHome + "/sub\nkept\n" + itoa(int(st.GetRunAsUser())) + "\n"; res.GetStdout().GetTail() != want {
+		t.Errorf("after restart: %q (%s %q), want %q", res.GetStdout().GetTail(), res.GetReason(), res.GetMessage(), want)
+	}
+	// The other UID of the range goes to a task, never the workspace's.
+	if res := r2.runTask(taskSpec("r3", "id -u")); res.GetStdout().GetTail() == itoa(int(st.GetRunAsUser()))+"\n" {
+		t.Errorf("a task got the workspace's UID")
+	}
+	if _, err := wc2.DeleteWorkspace(t.Context(), &agentv1.DeleteWorkspaceRequest{Uid: "wr"}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Deleting a workspace while a task runs in it: the task ends Cancelled,
+// the mount, the image and the directories are gone and the UID is
+// released. A symbolic link the task planted is not followed when the
+// workspace is measured or removed.
+func TestWorkspaceDeleteWhileRunning(t *testing.T) {
+	for _, withQuota := range []bool{false, true} {
+		t.Run(map[bool]string{false: "plain directory", true: "file system"}[withQuota], func(t *testing.T) {
+			opts := []rigOption{tenantLevel(2101130, 2101131)}
+			if withQuota {
+				if _, err := os.Stat("/dev/loop-control"); err != nil {
+					t.Skipf("no loop devices: %v", err)
+				}
+				opts = append(opts, func(c *Config) { c.Executor.DiskQuotaBytes, c.Executor.DiskQuotaCapBytes = 64<<20, 64<<20 })
+			}
+			r := newRig(t, opts...)
+			wc := r.workspaceClient()
+			st := ensure(t, wc, "wd", "None", false)
+			outside := t.TempDir()
+			if err := os.WriteFile(filepath.Join(outside, "keep"), []byte("x"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			spec := wsTask("d1", "wd", `ln -s `+outside+` x; ln -s /etc etc; echo started; sleep 60`)
+			if _, err := r.client.Start(t.Context(), &agentv1.StartRequest{Spec: spec}); err != nil {
+				t.Fatal(err)
+			}
+			deadline := time.Now().Add(30 * time.Second)
+			for {
+				g, err := r.client.Get(t.Context(), &agentv1.GetRequest{Uid: "d1"})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if strings.Contains(g.GetStatus().GetStdout().GetTail(), "started") {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatal("task did not start")
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+			if g, err := wc.GetWorkspace(t.Context(), &agentv1.GetWorkspaceRequest{Uid: "wd"}); err != nil || g.GetStatus().GetRunningTasks() != 1 {
+				t.Errorf("running tasks %d, %v", g.GetStatus().GetRunningTasks(), err)
+			}
+			d, err := wc.DeleteWorkspace(t.Context(), &agentv1.DeleteWorkspaceRequest{Uid: "wd"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if d.GetCancelledTasks() != 1 {
+				t.Errorf("cancelled %d tasks", d.GetCancelledTasks())
+			}
+			if res := r.finished("d1"); res.GetReason() != "Cancelled" {
+				t.Errorf("task: %s %q", res.GetReason(), res.GetMessage())
+			}
+			for _, p := range []string{filepath.Join(r.dir, "workspaces", "wd"), filepath.Join(r.dir, "state", "workspaces", "wd")} {
+				if _, err := os.Lstat(p); !os.IsNotExist(err) {
+					t.Errorf("%s after delete: %v", p, err)
+				}
+			}
+			if b, err := os.ReadFile("/proc/self/mountinfo"); err != nil || bytes.Contains(b, []byte(filepath.Join(r.dir, "workspaces", "wd"))) {
+				t.Errorf("still mounted after delete (%v)", err)
+			}
+			if _, err := os.Stat(filepath.Join(outside, "keep")); err != nil {
+				t.Errorf("the planted link's target: %v", err)
+			}
+			if _, err := os.Stat("/etc/passwd"); err != nil {
+				t.Errorf("/etc/passwd: %v", err)
+			}
+			r.srv.mu.Lock()
+			_, held := r.srv.leases.held[st.GetRunAsUser()]
+			r.srv.mu.Unlock()
+			if held {
+				t.Errorf("UID %d still leased", st.GetRunAsUser())
+			}
+		})
+	}
+}
+
+// At the process level the agent holds no workspaces.
+func TestWorkspacesNeedTenantLevel(t *testing.T) {
+	r := newRig(t)
+	_, err := r.workspaceClient().EnsureWorkspace(t.Context(), &agentv1.EnsureWorkspaceRequest{Spec: &agentv1.WorkspaceSpec{
+		Ref: &agentv1.WorkspaceRef{Namespace: "ns", Name: "w", Uid: "w"}}})
+	if status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "--isolation=tenant") {
+		t.Errorf("EnsureWorkspace at the process level: %v", err)
 	}
 }

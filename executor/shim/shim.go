@@ -222,6 +222,12 @@ func ParseReport(line string) (Report, error) {
 // initialization would otherwise cost a shim start several milliseconds.
 func init() { Main() }
 
+// The shim's arguments after [Arg0] are directories whose mounts it
+// detaches from its mount namespace when it starts, before it reports
+// ready: the workspaces' directory, whose file systems a task reaches only
+// through the tree its Config brings, and whose copies in the shim's
+// namespace would otherwise hold them mounted for the task's life.
+
 // Main runs the shim and never returns when os.Args[0] is [Arg0]; in any
 // other process it returns at once. The package's init calls it; calling
 // it first in main as well documents that the binary is a shim too.

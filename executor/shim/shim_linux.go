@@ -78,6 +78,9 @@ func run() int {
 	// no handler for, and a stop must not be lost.
 	sigs := make(chan os.Signal, 32)
 	signal.Notify(sigs, caughtSignals...)
+	if err := detachMounts(os.Args[1:]); err != nil {
+		return fail("mounts", err)
+	}
 	// The first decoding of a type builds encoding/json's field cache.
 	_ = json.Unmarshal([]byte("{}"), &Config{})
 	prog, err := assembleSeccomp()

@@ -42,7 +42,7 @@ func TestParseReport(t *testing.T) {
 // they read differently: a change to Config's fields fails this test until
 // Protocol is bumped and the list below updated with it.
 func TestProtocolCoversConfig(t *testing.T) {
-	const wantProtocol = "2"
+	const wantProtocol = "3"
 	want := strings.Join([]string{
 		"Shell string shell", "Command string command", "Env []string env",
 		"WorkDir string workDir", "WorkTree bool workTree,omitempty", "NullStdin bool nullStdin,omitempty",
@@ -52,6 +52,7 @@ func TestProtocolCoversConfig(t *testing.T) {
 		"NProc uint64 nproc,omitempty", "UID *uint32 uid,omitempty", "GID *uint32 gid,omitempty",
 		"User *shim.UserEntry user,omitempty",
 		"Landlock bool landlock,omitempty", "Seccomp bool seccomp,omitempty",
+		"NetNS bool netns,omitempty", "Workspace *shim.WorkspaceConfig workspace,omitempty",
 	}, "\n")
 	var got []string
 	ct := reflect.TypeFor[Config]()

@@ -181,3 +181,22 @@ func withEnv(env []string, name, value string) []string {
 	}
 	return append(out, name+"="+value)
 }
+
+// detachMounts makes every mount of the shim's new mount namespace
+// private (so that nothing the agent mounts later propagates into it, and
+// nothing unmounted here propagates out) and detaches the mounts at each
+// of dirs (a directory that is no mount point is skipped).
+func detachMounts(dirs []string) error {
+	if len(dirs) == 0 {
+		return nil
+	}
+	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
+		return fmt.Errorf("making mounts private: %w", err)
+	}
+	for _, d := range dirs {
+		if err := unix.Unmount(d, unix.MNT_DETACH|unix.UMOUNT_NOFOLLOW); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
+			return fmt.Errorf("detaching %s: %w", d, err)
+		}
+	}
+	return nil
+}

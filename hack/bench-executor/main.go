@@ -161,6 +161,16 @@ func run(jsonOut string, iters int, dir, shell, shimBin string, stream bool) err
 		func(i int) (time.Duration, error) { return timeTenantDisk(tenantDisk, dir, i, 0) },
 		func(i int) (time.Duration, error) { return timeTenantDisk(tenantDisk, dir, i, 1<<30) },
 	}
+	// A task of a workspace (network None, its directory carried over)
+	// against a plain tenant task of network None: the workspace's
+	// namespace is joined, its tree attached at /home/task, the carry
+	// record written and read.
+	ws, err := tenant.OpenWorkspace(executor.WorkspaceOptions{ID: fmt.Sprintf("bench-%d", pid), UID: benchUID + 1, GID: benchUID + 1, Network: executor.NetworkNone})
+	if err != nil {
+		return err
+	}
+	defer ws.Remove()
+	variants = append(variants, func(i int) (time.Duration, error) { return timeWorkspace(tenant, dir, i, ws) })
 	egressOK := tenant.Capabilities().Egress
 	if egressOK {
 		variants = append(variants, func(i int) (time.Duration, error) { return timeTenant(tenant, dir, i, executor.NetworkEgress) })
@@ -182,9 +192,23 @@ func run(jsonOut string, iters int, dir, shell, shimBin string, stream bool) err
 	mPlain, mPlainSid, mNoCg, mCg := median(plain), median(plainSid), median(exNoCg), median(exCg)
 	mTenant, mTenantNone := median(times[4]), median(times[5])
 	mDisk, mDiskOwn := median(times[6]), median(times[7])
+	mWorkspace := median(times[8])
 	var mTenantEgress time.Duration
 	if egressOK {
-		mTenantEgress = median(times[8])
+		mTenantEgress = median(times[9])
+	}
+	// Making a workspace until it takes tasks: a plain directory with a
+	// network namespace, and a 10Gi file system (mkfs.ext4, a loop
+	// device, the mount) with one.
+	mCreate, err := timeCreate(tenant, 20)
+	if err != nil {
+		return err
+	}
+	var mCreateDisk time.Duration
+	if diskOK {
+		if mCreateDisk, err = timeCreate(tenantDisk, 20); err != nil {
+			return err
+		}
 	}
 
 	// CPU per task, after the interleaved rounds so that no other
@@ -240,6 +264,11 @@ func run(jsonOut string, iters int, dir, shell, shimBin string, stream bool) err
 	}
 	fmt.Fprintf(w, "start `true`, tenant, %s 10Gi, pooled (median of %d)\t%v\t%v\t+%v\t\t\n", diskName, iters, mDisk, mTenant, (mDisk - mTenant).Round(10*time.Microsecond))
 	fmt.Fprintf(w, "start `true`, tenant, %s 1Gi, made at start (median of %d)\t%v\t%v\t+%v\t\t\n", diskName, iters, mDiskOwn, mTenant, (mDiskOwn - mTenant).Round(10*time.Microsecond))
+	fmt.Fprintf(w, "start `true`, tenant, in a workspace (None, carried dir) against network None (median of %d)\t%v\t%v\t+%v\t<= +1ms\t\n", iters, mWorkspace, mTenantNone, (mWorkspace - mTenantNone).Round(10*time.Microsecond))
+	fmt.Fprintf(w, "make a workspace, plain directory, network None (median of 20)\t%v\t\t\t\t\n", mCreate)
+	if diskOK {
+		fmt.Fprintf(w, "make a workspace, 10Gi file system, network None (median of 20)\t%v\t\t\t\t\n", mCreateDisk)
+	}
 	if egressOK {
 		fmt.Fprintf(w, "start `true`, tenant, network Egress (median of %d)\t%v\t%v\t+%v\t<= +3ms\t\n", iters, mTenantEgress, mPlain, (mTenantEgress - mPlain).Round(10*time.Microsecond))
 	} else {
@@ -284,6 +313,11 @@ func run(jsonOut string, iters int, dir, shell, shimBin string, stream bool) err
 			"executor.tenant_disk_quota_overhead_ms": round(float64(mDisk-mTenant) / float64(time.Millisecond)),
 			"executor.task_cpu_ms":                   round(cpuCg.task),
 			"executor.tenant_task_cpu_ms":            round(cpuTenant.task),
+			"executor.workspace_task_overhead_ms":    round(float64(mWorkspace-mTenantNone) / float64(time.Millisecond)),
+			"executor.workspace_create_ms":           round(float64(mCreate) / float64(time.Millisecond)),
+		}
+		if diskOK {
+			figures["executor.workspace_create_disk_ms"] = round(float64(mCreateDisk) / float64(time.Millisecond))
 		}
 		if egressOK {
 			figures["executor.tenant_egress_overhead_ms"] = round(float64(mTenantEgress-mPlain) / float64(time.Millisecond))
@@ -394,6 +428,40 @@ func timeTenant(ex *executor.Executor, dir string, i int, network executor.Netwo
 		pooledStarts[network]++
 	}
 	return d, err
+}
+
+// timeWorkspace times `true` in workspace ws, its directory carried.
+func timeWorkspace(ex *executor.Executor, dir string, i int, ws *executor.Workspace) (time.Duration, error) {
+	spill := filepath.Join(dir, "spill-"+strconv.Itoa(i)+"-workspace")
+	d, _, err := timeStart(ex, executor.Spec{Command: "true", SpillDir: spill, Workspace: &executor.WorkspaceTask{Workspace: ws, Carry: true}},
+		"true in a workspace")
+	return d, err
+}
+
+// timeCreate makes and removes n workspaces of network None on ex (a
+// file system of the default size where ex has a disk quota) and returns
+// the median time OpenWorkspace took.
+func timeCreate(ex *executor.Executor, n int) (time.Duration, error) {
+	images, err := os.MkdirTemp("", "bench-ws-")
+	if err != nil {
+		return 0, err
+	}
+	defer os.RemoveAll(images)
+	var times []time.Duration
+	for i := range n {
+		o := executor.WorkspaceOptions{ID: fmt.Sprintf("bench-create-%d-%d", os.Getpid(), i), UID: benchUID + 2, GID: benchUID + 2,
+			Network: executor.NetworkNone, Image: filepath.Join(images, strconv.Itoa(i)+".img")}
+		begin := time.Now()
+		ws, err := ex.OpenWorkspace(o)
+		if err != nil {
+			return 0, err
+		}
+		times = append(times, time.Since(begin))
+		if err := ws.Remove(); err != nil {
+			return 0, err
+		}
+	}
+	return median(times), nil
 }
 
 // timeTenantDisk times `true` at the tenant level with a working
