@@ -428,9 +428,13 @@ func TestReleaseKeepsWorkspaces(t *testing.T) {
 	g.Expect(err).NotTo(HaveOccurred(), "the released workspace stays on its node")
 
 	// Without the finalizer the object goes at once; the agent's copy is
-	// removed by hand here, as an operator would after an uninstall.
-	_, err = rig.Registry.DeleteWorkspace(t.Context(), node, string(ready.UID))
-	g.Expect(err).NotTo(HaveOccurred())
+	// removed by hand here, as an operator would after an uninstall
+	// (retried, as the controller retries a removal the agent could not
+	// finish yet).
+	g.Eventually(func() error {
+		_, err := rig.Registry.DeleteWorkspace(t.Context(), node, string(ready.UID))
+		return err
+	}).WithTimeout(waitLong).WithPolling(time.Second).Should(Succeed())
 	g.Expect(k8s.Delete(t.Context(), ws)).To(Succeed())
 	waitGone(t, ws, waitLong)
 }
