@@ -86,6 +86,10 @@ type Options struct {
 	// the agents hold against the API (see OrphanCollector); zero or less
 	// leaves only the checks on connect and on deletion.
 	OrphanCheckInterval time.Duration
+	// WorkspaceRefreshInterval is the time between two reads of a Ready
+	// workspace's state on its agent (bytes used, running tasks) when no
+	// task of it changed meanwhile.
+	WorkspaceRefreshInterval time.Duration
 	// Fence, when set (leader election on), is asked before every status
 	// write and before a task's finalizer is added: while this controller
 	// is not sure it leads, it writes nothing (see LeaderFence). Not a
@@ -103,6 +107,8 @@ func DefaultOptions() Options {
 		RetryInterval:       2 * time.Second,
 		RunningStatusDelay:  500 * time.Millisecond,
 		OrphanCheckInterval: time.Minute,
+
+		WorkspaceRefreshInterval: 30 * time.Second,
 	}
 }
 
@@ -149,8 +155,9 @@ func NewBashTaskReconciler(c client.Client, apiReader client.Reader, agents Agen
 }
 
 // SetupWithManager registers the reconciler, its cache index and its event
-// sources: BashTask changes, agent task events (agentEvents) and the
-// release of an owner slot.
+// sources: BashTask changes, agent task events (agentEvents), the
+// release of an owner slot and the changes of BashWorkspaces that tasks
+// wait for.
 func (r *BashTaskReconciler) SetupWithManager(mgr ctrl.Manager, agentEvents <-chan event.TypedGenericEvent[*bashtaskv1alpha1.BashTask], workers int) error {
 	if err := mgr.GetFieldIndexer().IndexField(context.Background(), &bashtaskv1alpha1.BashTask{}, IndexOwner,
 		func(o client.Object) []string {
@@ -161,11 +168,21 @@ func (r *BashTaskReconciler) SetupWithManager(mgr ctrl.Manager, agentEvents <-ch
 		}); err != nil {
 		return fmt.Errorf("indexing BashTasks by %s: %w", IndexOwner, err)
 	}
+	if err := mgr.GetFieldIndexer().IndexField(context.Background(), &bashtaskv1alpha1.BashTask{}, IndexWorkspace,
+		func(o client.Object) []string {
+			if ws := ptr.Deref(o.(*bashtaskv1alpha1.BashTask).Spec.Workspace, ""); ws != "" {
+				return []string{ws}
+			}
+			return nil
+		}); err != nil {
+		return fmt.Errorf("indexing BashTasks by %s: %w", IndexWorkspace, err)
+	}
 	b := ctrl.NewControllerManagedBy(mgr).
 		For(&bashtaskv1alpha1.BashTask{}).
 		Named("bashtask").
 		WithOptions(controller.Options{MaxConcurrentReconciles: workers}).
-		Watches(&bashtaskv1alpha1.BashTask{}, handler.EnqueueRequestsFromMapFunc(r.waitingForOwnerSlot))
+		Watches(&bashtaskv1alpha1.BashTask{}, handler.EnqueueRequestsFromMapFunc(r.waitingForOwnerSlot)).
+		Watches(&bashtaskv1alpha1.BashWorkspace{}, handler.EnqueueRequestsFromMapFunc(r.tasksWaitingForWorkspace))
 	if agentEvents != nil {
 		b = b.WatchesRawSource(source.Channel(agentEvents, &handler.TypedEnqueueRequestForObject[*bashtaskv1alpha1.BashTask]{}))
 	}
@@ -261,6 +278,24 @@ func (r *BashTaskReconciler) reconcilePending(ctx context.Context, bt *bashtaskv
 		return reconcile.Result{}, r.writeStatus(ctx, bt, old, "pending")
 	}
 
+	var target *workspaceTarget
+	if ptr.Deref(bt.Spec.Workspace, "") != "" {
+		c, err := r.checkWorkspace(ctx, bt)
+		switch {
+		case err != nil:
+			return reconcile.Result{}, err
+		case c.end != "":
+			setTerminal(bt, c.end, c.message, now)
+			return reconcile.Result{}, r.writeStatus(ctx, bt, old, "terminal")
+		case c.target == nil:
+			// The workspace's changes wake the task (see
+			// tasksWaitingForWorkspace); the requeue is the safety net.
+			setPending(bt, c.wait, c.message)
+			return reconcile.Result{RequeueAfter: runningResync}, r.writeStatus(ctx, bt, old, "pending")
+		}
+		target = c.target
+	}
+
 	resolved, err := r.resolve(ctx, bt)
 	var missing *missingReferenceError
 	var invalid *invalidValueError
@@ -290,7 +325,14 @@ func (r *BashTaskReconciler) reconcilePending(ctx context.Context, bt *bashtaskv
 		return reconcile.Result{RequeueAfter: r.opts.RetryInterval}, r.writeStatus(ctx, bt, old, "pending")
 	}
 
-	agent, why, refused := r.place(ctx, bt)
+	var agent *AgentState
+	var why, refused string
+	if target != nil {
+		resolved.workspace = target.ref
+		agent, why = r.workspaceAgent(target)
+	} else {
+		agent, why, refused = r.place(ctx, bt)
+	}
 	if refused != "" {
 		release()
 		setTerminal(bt, bashtaskv1alpha1.ReasonInvalidSpec, refused, now)
@@ -353,6 +395,19 @@ func (r *BashTaskReconciler) start(ctx context.Context, bt *bashtaskv1alpha1.Bas
 			setTerminal(bt, bashtaskv1alpha1.ReasonInvalidSpec, fmt.Sprintf("resolving values for dispatch: %v", err), r.clock.Now())
 			return reconcile.Result{}, r.writeStatus(ctx, bt, old, "terminal")
 		}
+		ref, gone, err := r.workspaceRef(ctx, bt)
+		if err != nil {
+			return reconcile.Result{}, err
+		}
+		if gone != "" {
+			old := bt.Status.DeepCopy()
+			setTerminal(bt, bashtaskv1alpha1.ReasonCancelled, gone, r.clock.Now())
+			if err := r.writeStatus(ctx, bt, old, "terminal"); err != nil {
+				return reconcile.Result{}, err
+			}
+			return r.reconcileFinished(ctx, bt)
+		}
+		resolved.workspace = ref
 	}
 	spec := r.taskSpec(bt, resolved)
 	node := nodeOf(&bt.Status)
@@ -688,12 +743,7 @@ func (r *BashTaskReconciler) writeStatus(ctx context.Context, bt *bashtaskv1alph
 // leading returns an error wrapping ErrNotLeader when this controller is
 // not sure it leads; action names what it was about to do, for the metric.
 func (r *BashTaskReconciler) leading(action string) error {
-	_, cancel, _, err := fenceFor(context.Background(), r.opts.Fence, action)
-	if err != nil {
-		return err
-	}
-	cancel()
-	return nil
+	return leadingFor(r.opts.Fence, action)
 }
 
 func (r *BashTaskReconciler) forgetProgress(uid types.UID) {

@@ -239,6 +239,9 @@ func (r *BashTaskReconciler) applyTaskStatus(bt *bashtaskv1alpha1.BashTask, ts *
 		mt := metav1.NewTime(t.AsTime())
 		st.StartTime = &mt
 	}
+	if wd := ts.GetWorkingDir(); wd != "" {
+		st.WorkingDir = ptr.To(truncateTo(wd, maxMessage))
+	}
 	st.Stdout = streamStatus(ts.GetStdout())
 	st.Stderr = streamStatus(ts.GetStderr())
 	if m := ts.GetMechanism(); m != "" {

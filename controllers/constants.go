@@ -11,6 +11,12 @@ const (
 	// removing it at the end would cost every task one more write.
 	Finalizer = "bashtask.dev/finalizer"
 
+	// WorkspaceFinalizer keeps a BashWorkspace's object until its agent
+	// has stopped the workspace's running tasks and removed its directory,
+	// network and UID lease, or until its node is known to be lost. The
+	// controller adds it before it places the workspace.
+	WorkspaceFinalizer = "bashtask.dev/workspace"
+
 	// AnnotationArgoCDTrackingID is set by Argo CD on every resource it
 	// tracks by annotation, the default tracking method since Argo CD 3.0.
 	AnnotationArgoCDTrackingID = "argocd.argoproj.io/tracking-id"
@@ -23,6 +29,14 @@ const (
 
 	// IndexOwner indexes BashTasks by spec.owner, for the per-owner limit.
 	IndexOwner = "spec.owner"
+
+	// IndexWorkspace indexes BashTasks by spec.workspace, so that a
+	// workspace's change wakes the tasks waiting for it.
+	IndexWorkspace = "spec.workspace"
+
+	// IndexWorkspaceNode indexes BashWorkspaces by status.nodeName, so
+	// that a Node's deletion reaches the workspaces it held.
+	IndexWorkspaceNode = "status.nodeName"
 
 	// IndexActive indexes BashTasks by whether they occupy an owner slot:
 	// "true" from write-ahead (dispatch) until terminal.
@@ -67,6 +81,24 @@ const (
 	ReasonUploaded = "Uploaded"
 	// ReasonNotNeeded: no stream needed uploading.
 	ReasonNotNeeded = "NotNeeded"
+	// ReasonWorkspaceNotFound: the task's spec.workspace names a
+	// BashWorkspace that does not exist (yet); the task waits for it.
+	ReasonWorkspaceNotFound = "WorkspaceNotFound"
+	// ReasonWorkspaceNotReady: the task's workspace exists and is not
+	// Ready yet; the task waits for it.
+	ReasonWorkspaceNotReady = "WorkspaceNotReady"
+	// ReasonIdleTimeout (an event): a workspace had no running task for
+	// its spec.idleTimeoutSeconds and was deleted.
+	ReasonIdleTimeout = "IdleTimeout"
+	// ReasonKeptPastIdleTimeout (an event): a workspace's idle timeout is
+	// due but a GitOps tool manages it, so it is not deleted.
+	ReasonKeptPastIdleTimeout = "KeptPastIdleTimeout"
+	// ReasonDeleted (an event): a workspace was removed from its node.
+	ReasonDeleted = "Deleted"
+	// ReasonDeletedWithoutAgent (an event): a workspace whose node is lost
+	// was deleted without its agent; whatever is left on the node stays.
+	ReasonDeletedWithoutAgent = "DeletedWithoutAgent"
+
 	// ReasonKeptPastTTL (an event): the task's TTL is due but a GitOps tool
 	// manages it, so it is not deleted.
 	ReasonKeptPastTTL = "KeptPastTTL"

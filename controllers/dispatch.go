@@ -31,6 +31,8 @@ const maxStdinFromBytes = 1 << 20
 type resolvedInput struct {
 	env   []*agentv1.EnvVar
 	stdin *agentv1.Stdin
+	// workspace is the task's workspace (spec.workspace), nil without one.
+	workspace *agentv1.WorkspaceRef
 }
 
 // missingReferenceError names a Secret, ConfigMap or key that does not
@@ -192,19 +194,65 @@ func (r *BashTaskReconciler) admitOwner(ctx context.Context, bt *bashtaskv1alpha
 // candidate refuses spec.network by its --allowed-networks: a policy of the
 // nodes, not a wait, so the task ends InvalidSpec.
 func (r *BashTaskReconciler) place(ctx context.Context, bt *bashtaskv1alpha1.BashTask) (_ *AgentState, why, invalid string) {
+	return placeAgent(ctx, r.client, r.agents, placement{
+		what:         "the task",
+		nodeName:     ptr.Deref(bt.Spec.NodeName, ""),
+		nodeSelector: bt.Spec.NodeSelector,
+		network:      ptr.Deref(bt.Spec.Network, ""),
+	})
+}
+
+// agentLister is the part of the agent registry placement reads.
+type agentLister interface {
+	Agents() []AgentState
+	Agent(node string) AgentState
+}
+
+// placement is what an object asks of the agent it is placed on. Tasks and
+// workspaces share it, so both follow one set of placement rules.
+type placement struct {
+	// what names the object in messages ("the task", "the workspace").
+	what string
+	// nodeName and nodeSelector are the object's spec fields.
+	nodeName     string
+	nodeSelector map[string]string
+	// network is the object's spec.network, "" for the agent's default.
+	network bashtaskv1alpha1.TaskNetwork
+	// workspace asks for an agent that makes workspaces: at the tenant
+	// isolation level, with the "workspaces" capability.
+	workspace bool
+	// nodeMustExist skips agents whose Node object is missing: a
+	// workspace placed there would count as lost at once.
+	nodeMustExist bool
+	// anyCapacity places on an agent that runs its maximum of tasks:
+	// a workspace runs nothing by itself.
+	anyCapacity bool
+	// load ranks the candidates, lowest first, before the running tasks
+	// and the node name; nil ranks by those alone.
+	load func(a *AgentState) int
+}
+
+// placeAgent chooses the agent for p: p.nodeName, else the agents whose
+// Node matches p.nodeSelector, else every agent; among those, a ready one
+// that offers what p asks for, with free capacity (unless p.anyCapacity),
+// the lowest p.load and the fewest running tasks. It returns nil and a
+// reason when none fits, and then a non-empty invalid when every ready
+// candidate refuses p.network by its --allowed-networks: a policy of the
+// nodes, not a wait.
+func placeAgent(ctx context.Context, reader client.Reader, agents agentLister, p placement) (_ *AgentState, why, invalid string) {
 	var candidates []AgentState
-	node := ptr.Deref(bt.Spec.NodeName, "")
+	node := p.nodeName
 	if node != "" {
-		candidates = []AgentState{r.agents.Agent(node)}
+		candidates = []AgentState{agents.Agent(node)}
 	} else {
-		candidates = r.agents.Agents()
+		candidates = agents.Agents()
 	}
-	if len(bt.Spec.NodeSelector) > 0 {
-		sel := labels.SelectorFromSet(bt.Spec.NodeSelector)
+	if len(p.nodeSelector) > 0 {
+		sel := labels.SelectorFromSet(p.nodeSelector)
 		kept := candidates[:0:0]
 		for _, a := range candidates {
 			var n corev1.Node
-			if err := r.client.Get(ctx, types.NamespacedName{Name: a.Node}, &n); err != nil {
+			if err := reader.Get(ctx, types.NamespacedName{Name: a.Node}, &n); err != nil {
 				continue
 			}
 			if sel.Matches(labels.Set(n.Labels)) {
@@ -213,7 +261,14 @@ func (r *BashTaskReconciler) place(ctx context.Context, bt *bashtaskv1alpha1.Bas
 		}
 		candidates = kept
 	}
+	rank := func(a *AgentState) int {
+		if p.load == nil {
+			return 0
+		}
+		return p.load(a)
+	}
 	var best *AgentState
+	bestRank := 0
 	notReady, full, lacking, refused := 0, 0, 0, 0
 	missing, refusal := "", ""
 	for i := range candidates {
@@ -222,22 +277,33 @@ func (r *BashTaskReconciler) place(ctx context.Context, bt *bashtaskv1alpha1.Bas
 			notReady++
 			continue
 		}
-		if m := networkNotAllowed(bt, a); m != "" {
+		if m := networkNotAllowed(p.network, a); m != "" {
 			refused++
 			refusal = m
 			continue
 		}
-		if m := missingCapability(bt, a); m != "" {
+		m := missingCapability(p.network, a)
+		if m == "" && p.workspace && (a.Isolation != string(bashtaskv1alpha1.IsolationLevelTenant) || !slices.Contains(a.Capabilities, "workspaces")) {
+			m = "a workspace needs an agent at the tenant isolation level (--isolation=tenant) that serves workspaces (the workspaces capability)"
+		}
+		if m == "" && p.nodeMustExist {
+			var n corev1.Node
+			if err := reader.Get(ctx, types.NamespacedName{Name: a.Node}, &n); apierrors.IsNotFound(err) {
+				m = "its Node object does not exist"
+			}
+		}
+		if m != "" {
 			lacking++
 			missing = m
 			continue
 		}
-		if a.Capacity > 0 && a.Running >= a.Capacity {
+		if !p.anyCapacity && a.Capacity > 0 && a.Running >= a.Capacity {
 			full++
 			continue
 		}
-		if best == nil || a.Running < best.Running || (a.Running == best.Running && a.Node < best.Node) {
-			best = a
+		ar := rank(a)
+		if best == nil || ar < bestRank || (ar == bestRank && (a.Running < best.Running || (a.Running == best.Running && a.Node < best.Node))) {
+			best, bestRank = a, ar
 		}
 	}
 	if best != nil {
@@ -253,34 +319,33 @@ func (r *BashTaskReconciler) place(ctx context.Context, bt *bashtaskv1alpha1.Bas
 	switch {
 	case node != "":
 		where = "node " + node
-	case len(bt.Spec.NodeSelector) > 0:
-		where = "nodes matching " + labels.SelectorFromSet(bt.Spec.NodeSelector).String()
+	case len(p.nodeSelector) > 0:
+		where = "nodes matching " + labels.SelectorFromSet(p.nodeSelector).String()
 	}
 	if lacking > 0 && full == 0 && lacking+notReady == len(candidates) {
-		return nil, fmt.Sprintf("no ready agent on %s offers what the task asks for: %s (%d matching, %d not ready, %d lacking it); retrying", where, missing, len(candidates), notReady, lacking), ""
+		return nil, fmt.Sprintf("no ready agent on %s offers what %s asks for: %s (%d matching, %d not ready, %d lacking it); retrying", where, p.what, missing, len(candidates), notReady, lacking), ""
 	}
 	return nil, fmt.Sprintf("no ready agent with free capacity on %s (%d matching, %d not ready, %d at capacity, %d lacking a capability, %d not allowing spec.network); retrying", where, len(candidates), notReady, full, lacking, refused), ""
 }
 
-// networkNotAllowed names the refusal of bt's spec.network by agent a's
+// networkNotAllowed names the refusal of spec.network n by agent a's
 // --allowed-networks (the field, the value and the list), empty when a
 // allows it or does not report the list.
-func networkNotAllowed(bt *bashtaskv1alpha1.BashTask, a *AgentState) string {
-	n := ptr.Deref(bt.Spec.Network, "")
+func networkNotAllowed(n bashtaskv1alpha1.TaskNetwork, a *AgentState) string {
 	if n == "" || len(a.AllowedNetworks) == 0 || slices.Contains(a.AllowedNetworks, string(n)) {
 		return ""
 	}
 	return fmt.Sprintf("spec.network %s is not allowed on node %s: its agent's --allowed-networks are %s", n, a.Node, strings.Join(a.AllowedNetworks, ", "))
 }
 
-// missingCapability names what agent a lacks for bt, empty when it offers
-// everything bt asks for: network None needs the tenant level with a
-// network namespace ("netns"); network Egress the tenant level with the
-// "egress" capability (its nftables table was set up); network Node needs
-// an agent whose default is not None (a task may ask for less network than
-// its agent offers, never more).
-func missingCapability(bt *bashtaskv1alpha1.BashTask, a *AgentState) string {
-	switch ptr.Deref(bt.Spec.Network, "") {
+// missingCapability names what agent a lacks for spec.network n, empty
+// when it offers it: network None needs the tenant level with a network
+// namespace ("netns"); network Egress the tenant level with the "egress"
+// capability (its nftables table was set up); network Node needs an agent
+// whose default is not None (a task may ask for less network than its
+// agent offers, never more).
+func missingCapability(n bashtaskv1alpha1.TaskNetwork, a *AgentState) string {
+	switch n {
 	case bashtaskv1alpha1.NetworkNone:
 		if a.Isolation != string(bashtaskv1alpha1.IsolationLevelTenant) || !slices.Contains(a.Capabilities, "netns") {
 			return "spec.network None needs an agent at the tenant isolation level with the netns capability"
@@ -351,6 +416,7 @@ func (r *BashTaskReconciler) taskSpec(bt *bashtaskv1alpha1.BashTask, in *resolve
 		KillGrace:  durationpb.New(time.Duration(grace) * time.Second),
 		Output:     out,
 		Network:    string(ptr.Deref(bt.Spec.Network, "")),
+		Workspace:  in.workspace,
 		ManagedEnv: []*agentv1.EnvVar{
 			{Name: ManagedEnvName, Value: bt.Name},
 			{Name: ManagedEnvNamespace, Value: bt.Namespace},

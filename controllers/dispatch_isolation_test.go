@@ -36,8 +36,7 @@ func TestMissingCapability(t *testing.T) {
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
-			bt := &bashtaskv1alpha1.BashTask{Spec: bashtaskv1alpha1.BashTaskSpec{Command: "true", Network: tc.network}}
-			got := missingCapability(bt, &tc.agent)
+			got := missingCapability(ptr.Deref(tc.network, ""), &tc.agent)
 			if (got == "") != (tc.want == "") || !strings.Contains(got, tc.want) {
 				t.Errorf("missingCapability = %q, want one containing %q", got, tc.want)
 			}
@@ -62,8 +61,7 @@ func TestNetworkNotAllowed(t *testing.T) {
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
-			bt := &bashtaskv1alpha1.BashTask{Spec: bashtaskv1alpha1.BashTaskSpec{Command: "true", Network: tc.network}}
-			if got := networkNotAllowed(bt, &tc.agent); got != tc.want {
+			if got := networkNotAllowed(ptr.Deref(tc.network, ""), &tc.agent); got != tc.want {
 				t.Errorf("networkNotAllowed = %q, want %q", got, tc.want)
 			}
 		})

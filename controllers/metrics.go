@@ -1,9 +1,12 @@
 package controllers
 
 import (
+	"context"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	bashtaskv1alpha1 "github.com/bashtask/bashtask-operator/api/v1alpha1"
 )
@@ -94,5 +97,42 @@ func (m *Metrics) observeFinish(bt *bashtaskv1alpha1.BashTask) {
 	m.Finished.WithLabelValues(string(reasonOf(&bt.Status))).Inc()
 	if s, c := bt.Status.StartTime, bt.Status.CompletionTime; s != nil && c != nil {
 		m.RunDuration.Observe(c.Sub(s.Time).Seconds())
+	}
+}
+
+// workspacePhases is the bashtask_workspaces gauge: BashWorkspaces by
+// phase, counted from the cache at each scrape, so it costs nothing
+// between scrapes and is never out of step with the objects.
+type workspacePhases struct {
+	reader client.Reader
+	desc   *prometheus.Desc
+}
+
+// NewWorkspacePhases returns the collector of bashtask_workspaces{phase}:
+// the BashWorkspaces in each phase, read from reader (the manager's cache)
+// at each scrape. Register it with the controller's metrics.
+func NewWorkspacePhases(reader client.Reader) prometheus.Collector {
+	return &workspacePhases{reader: reader, desc: prometheus.NewDesc("bashtask_workspaces", "BashWorkspaces by phase.", []string{"phase"}, nil)}
+}
+
+// Describe implements prometheus.Collector.
+func (w *workspacePhases) Describe(ch chan<- *prometheus.Desc) { ch <- w.desc }
+
+// Collect implements prometheus.Collector.
+func (w *workspacePhases) Collect(ch chan<- prometheus.Metric) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	var list bashtaskv1alpha1.BashWorkspaceList
+	if err := w.reader.List(ctx, &list); err != nil {
+		ch <- prometheus.NewInvalidMetric(w.desc, err)
+		return
+	}
+	counts := map[bashtaskv1alpha1.WorkspacePhase]int{}
+	for i := range list.Items {
+		counts[ptr.Deref(list.Items[i].Status.Phase, bashtaskv1alpha1.WorkspacePending)]++
+	}
+	for _, p := range []bashtaskv1alpha1.WorkspacePhase{bashtaskv1alpha1.WorkspacePending, bashtaskv1alpha1.WorkspaceReady,
+		bashtaskv1alpha1.WorkspaceTerminating, bashtaskv1alpha1.WorkspaceNodeLost, bashtaskv1alpha1.WorkspaceFailed} {
+		ch <- prometheus.MustNewConstMetric(w.desc, prometheus.GaugeValue, float64(counts[p]), string(p))
 	}
 }

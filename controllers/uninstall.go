@@ -41,7 +41,9 @@ type ReleaseOptions struct {
 //     finished (its process dies with the agents anyway; this way its
 //     status says Cancelled, with its output);
 //  2. waits until those tasks are terminal, at most o.Timeout;
-//  3. removes Finalizer from every task, whatever its state.
+//  3. removes Finalizer from every task, whatever its state;
+//  4. removes WorkspaceFinalizer from every BashWorkspace, which stay
+//     (see releaseWorkspaces).
 //
 // Tasks not yet dispatched stay as they are (Pending): a later install
 // runs them. It returns the errors of every step; a timeout in step 2 is
@@ -73,7 +75,40 @@ func ReleaseTasks(ctx context.Context, c client.Client, o ReleaseOptions) error 
 		errs = append(errs, err)
 	}
 	logf("removed the finalizer from %d tasks", released)
+	kept, err := releaseWorkspaces(ctx, c, o.Namespace)
+	if err != nil {
+		errs = append(errs, err)
+	}
+	logf("removed the finalizer from %d workspaces; they stay on their nodes", kept)
 	return errors.Join(errs...)
+}
+
+// releaseWorkspaces removes WorkspaceFinalizer from every BashWorkspace,
+// with optimistic locking. The workspaces are not deleted: their files
+// stay on their nodes, and a later install's controller finds them on
+// their agents again. The controller adds the finalizer only to a
+// workspace it has not placed yet, so it does not put it back.
+func releaseWorkspaces(ctx context.Context, c client.Client, namespace string) (int, error) {
+	var list bashtaskv1alpha1.BashWorkspaceList
+	if err := c.List(ctx, &list, client.InNamespace(namespace)); err != nil {
+		return 0, fmt.Errorf("listing BashWorkspaces: %w", err)
+	}
+	n := 0
+	var errs []error
+	for i := range list.Items {
+		ws := &list.Items[i]
+		if !controllerutil.ContainsFinalizer(ws, WorkspaceFinalizer) {
+			continue
+		}
+		patch := client.MergeFromWithOptions(ws.DeepCopy(), client.MergeFromWithOptimisticLock{})
+		controllerutil.RemoveFinalizer(ws, WorkspaceFinalizer)
+		if err := c.Patch(ctx, ws, patch); err != nil && !apierrors.IsNotFound(err) {
+			errs = append(errs, fmt.Errorf("removing the finalizer of %s: %w", klog.KObj(ws), err))
+			continue
+		}
+		n++
+	}
+	return n, errors.Join(errs...)
 }
 
 // dispatchedUnfinished reports whether bt was handed to an agent and has

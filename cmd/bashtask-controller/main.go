@@ -49,6 +49,7 @@ type options struct {
 	maxRunningPerOwner             int
 	progressInterval, agentLost    time.Duration
 	runningDelay                   time.Duration
+	workspaceRefresh               time.Duration
 	orphanCheckInterval            time.Duration
 	statusBudget                   int
 	maxTimeout                     int32
@@ -106,6 +107,7 @@ func newCommand() *cobra.Command {
 	f.IntVar(&o.maxRunningPerOwner, "max-running-per-owner", 0, "running tasks allowed per spec.owner; 0 means no limit")
 	f.DurationVar(&o.progressInterval, "progress-interval", d.ProgressInterval, "shortest time between two output-tail refreshes of a running task's status")
 	f.DurationVar(&o.runningDelay, "running-status-delay", d.RunningStatusDelay, "how long after dispatch the first Running status is held back; a task that ends sooner is written once, terminal")
+	f.DurationVar(&o.workspaceRefresh, "workspace-refresh-interval", d.WorkspaceRefreshInterval, "time between two reads of a Ready BashWorkspace's state on its agent (bytes used, running tasks) when none of its tasks changed")
 	f.DurationVar(&o.agentLost, "agent-lost-after", d.AgentLostAfter, "time an agent may be unreachable before its running tasks become AgentLost")
 	f.DurationVar(&o.orphanCheckInterval, "orphan-check-interval", d.OrphanCheckInterval, "time between two checks of every task the agents hold against the API; a task whose BashTask no longer exists is stopped and forgotten (also checked on every agent connect and deletion); 0 disables the periodic check")
 	f.IntVar(&o.statusBudget, "status-budget-bytes", d.StatusBudgetBytes, "largest JSON encoding of a task's status, in bytes; tails are shortened from the front to fit")
@@ -242,6 +244,7 @@ func run(cmd *cobra.Command, o *options) error {
 	ropts.MaxRunningPerOwner = o.maxRunningPerOwner
 	ropts.ProgressInterval = o.progressInterval
 	ropts.AgentLostAfter = o.agentLost
+	ropts.WorkspaceRefreshInterval = o.workspaceRefresh
 	ropts.RunningStatusDelay = o.runningDelay
 	ropts.OrphanCheckInterval = o.orphanCheckInterval
 	ropts.StatusBudgetBytes = o.statusBudget
@@ -256,6 +259,14 @@ func run(cmd *cobra.Command, o *options) error {
 		mgr.GetEventRecorder("bashtask-controller"), clock.RealClock{}, ropts, m)
 	if err := r.SetupWithManager(mgr, agentEvents, o.workers); err != nil {
 		return fmt.Errorf("setting up the BashTask controller: %w", err)
+	}
+	wr := controllers.NewBashWorkspaceReconciler(mgr.GetClient(), mgr.GetAPIReader(), registry,
+		mgr.GetEventRecorder("bashtask-controller"), clock.RealClock{}, ropts)
+	if err := wr.SetupWithManager(mgr, o.workers); err != nil {
+		return fmt.Errorf("setting up the BashWorkspace controller: %w", err)
+	}
+	if err := metrics.Registry.Register(controllers.NewWorkspacePhases(mgr.GetClient())); err != nil {
+		return fmt.Errorf("registering metrics: %w", err)
 	}
 	orphans, err := controllers.NewOrphanCollector(controllers.OrphanCollectorOptions{
 		Cache: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Agents: registry, Held: held,

@@ -61,6 +61,17 @@ type Options struct {
 	// NoController starts no controller: a test runs its own (as
 	// processes, with leader election) against the agents.
 	NoController bool
+	// Tenant runs the agents at the tenant isolation level (root only),
+	// with the static bashtask-shim (internal/testshim) and each agent a
+	// range of task UIDs and a cgroup parent of its own. Workspaces need
+	// it: an agent at the process level refuses them.
+	Tenant bool
+	// TaskDiskBytes, with Tenant, gives each task directory and each
+	// workspace a file system of this size (the agent's --task-disk-size,
+	// where the host has loop devices and mkfs.ext4), and caps what one
+	// may ask for at four times that (--task-disk-cap). Zero: no disk
+	// quota.
+	TaskDiskBytes int64
 	// Unary and Stream, when set, intercept every call each agent serves,
 	// so a test can see what the agents were asked and what they answered.
 	Unary  grpc.UnaryServerInterceptor
@@ -86,6 +97,8 @@ type Rig struct {
 	Orphans *controllers.OrphanCollector
 	// Metrics are the controller's metrics (not registered anywhere).
 	Metrics *controllers.Metrics
+	// Workspaces is the controller's BashWorkspace reconciler.
+	Workspaces *controllers.BashWorkspaceReconciler
 	// Dir holds certificates and the agents' state directories.
 	Dir string
 	// Certs are the agents' and the controller's certificates.
@@ -224,8 +237,28 @@ func Start(opts Options) (rig *Rig, err error) {
 	if err != nil {
 		return nil, err
 	}
-	for _, a := range opts.Agents {
-		ag, err := startAgent(ctx, a.Node, net.JoinHostPort(a.IP, strconv.Itoa(port)), r.Dir+"/"+a.Node, bucketURL, certs.Agent, cmp.Or(opts.AgentCapacity, 16), serverOpts)
+	var tenant *tenantLevel
+	if opts.Tenant {
+		if tenant, err = newTenantLevel(opts.TaskDiskBytes); err != nil {
+			return nil, err
+		}
+	}
+	for i, a := range opts.Agents {
+		cfg := agent.Config{
+			NodeName:         a.Node,
+			PodName:          "bashtask-agent-" + a.Node,
+			StateDir:         r.Dir + "/" + a.Node,
+			BucketURL:        bucketURL,
+			MaxConcurrent:    cmp.Or(opts.AgentCapacity, 16),
+			ProgressInterval: 200 * time.Millisecond,
+			Executor:         executor.Config{Shell: "/bin/bash"},
+		}
+		if tenant != nil {
+			if err := tenant.configure(&cfg, i, r.Dir+"/work-"+a.Node); err != nil {
+				return nil, err
+			}
+		}
+		ag, err := startAgent(ctx, cfg, net.JoinHostPort(a.IP, strconv.Itoa(port)), certs.Agent, serverOpts)
 		if err != nil {
 			return nil, fmt.Errorf("starting the agent of %s: %w", a.Node, err)
 		}
@@ -259,7 +292,7 @@ func (r *Rig) RestartController() error {
 	r.ctrlCancel()
 	<-r.done
 	r.done = make(chan struct{})
-	r.Registry, r.Orphans, r.Metrics = nil, nil, nil
+	r.Registry, r.Orphans, r.Metrics, r.Workspaces = nil, nil, nil, nil
 	return r.startController()
 }
 
@@ -282,20 +315,13 @@ func (r *Rig) Stop() {
 	}
 }
 
-func startAgent(ctx context.Context, node, addr, stateDir, bucketURL string, files *tlsutil.Files, capacity int, serverOpts []grpc.ServerOption) (*Agent, error) {
+func startAgent(ctx context.Context, cfg agent.Config, addr string, files *tlsutil.Files, serverOpts []grpc.ServerOption) (*Agent, error) {
+	node, stateDir := cfg.NodeName, cfg.StateDir
 	tlsCfg, err := tlsutil.ServerConfig(files, localcluster.ControllerIdentity)
 	if err != nil {
 		return nil, err
 	}
-	srv, err := agent.New(ctx, agent.Config{
-		NodeName:         node,
-		PodName:          "bashtask-agent-" + node,
-		StateDir:         stateDir,
-		BucketURL:        bucketURL,
-		MaxConcurrent:    capacity,
-		ProgressInterval: 200 * time.Millisecond,
-		Executor:         executor.Config{Shell: "/bin/bash"},
-	})
+	srv, err := agent.New(ctx, cfg)
 	if err != nil {
 		return nil, err
 	}
@@ -352,6 +378,11 @@ func (r *Rig) startController() error {
 	if err := rec.SetupWithManager(mgr, events, workers); err != nil {
 		return err
 	}
+	workspaces := controllers.NewBashWorkspaceReconciler(mgr.GetClient(), mgr.GetAPIReader(), registry,
+		mgr.GetEventRecorder("bashtask-controller"), clock.RealClock{}, opts)
+	if err := workspaces.SetupWithManager(mgr, workers); err != nil {
+		return err
+	}
 	orphans, err := controllers.NewOrphanCollector(controllers.OrphanCollectorOptions{
 		Cache: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Agents: registry, Held: held,
 		Interval: opts.OrphanCheckInterval, Metrics: metrics, Log: ctrl.Log.WithName("orphans"),
@@ -363,6 +394,7 @@ func (r *Rig) startController() error {
 		return err
 	}
 	r.Registry = registry
+	r.Workspaces = workspaces
 	r.Orphans = orphans
 	r.Metrics = metrics
 	go func() {

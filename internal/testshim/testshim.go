@@ -86,3 +86,15 @@ func Build(dir string) (string, error) {
 	}
 	return out, nil
 }
+
+// Built returns the path of the shim Prepare built, or EnvVar's path when
+// it is set, for a caller without a testing.TB (a TestMain's rig).
+func Built() (string, error) {
+	if p := os.Getenv(EnvVar); p != "" {
+		return p, nil
+	}
+	if err := Prepare(); err != nil {
+		return "", err
+	}
+	return built.path, nil
+}

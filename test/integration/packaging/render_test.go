@@ -51,7 +51,7 @@ func renderings() []rendering {
 			"--include-crds", "--kube-version", kubeVersion}, extra...)
 	}
 	base := map[string]int{
-		"CustomResourceDefinition": 1, "ServiceAccount": 2, "ClusterRole": 1, "ClusterRoleBinding": 1,
+		"CustomResourceDefinition": 2, "ServiceAccount": 2, "ClusterRole": 1, "ClusterRoleBinding": 1,
 		"Service": 2, "Deployment": 1, "DaemonSet": 1,
 		"MutatingAdmissionPolicy": 1, "MutatingAdmissionPolicyBinding": 1,
 		"ValidatingAdmissionPolicy": 1, "ValidatingAdmissionPolicyBinding": 1,
@@ -304,7 +304,7 @@ func checkWiring(t *testing.T, objs []*unstructured.Unstructured, namespace stri
 		case "CustomResourceDefinition":
 			crd := &apiextensionsv1.CustomResourceDefinition{}
 			fromUnstructured(t, o, crd)
-			if crd.Name != "bashtasks.bashtask.dev" {
+			if crd.Name != "bashtasks.bashtask.dev" && crd.Name != "bashworkspaces.bashtask.dev" {
 				t.Errorf("unexpected CRD %s", crd.Name)
 			}
 		}
