@@ -63,6 +63,9 @@ func applyWorkspaceStatus(ws *bashtaskv1alpha1.BashWorkspace, st *agentv1.Worksp
 			s.LastTaskTime = &lt
 		}
 	}
+	if n := st.GetLastTaskName(); n != "" {
+		s.LastTask = ptr.To(n)
+	}
 	msg := "ready on node " + node
 	if st.GetStorageEnforced() {
 		s.UsedBytes = ptr.To(st.GetUsedBytes())

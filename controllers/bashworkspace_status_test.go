@@ -54,10 +54,10 @@ func TestApplyWorkspaceStatus(t *testing.T) {
 	}{
 		"capped": {
 			in: &agentv1.WorkspaceStatus{RunAsUser: 2000001, Path: "/home/task", WorkingDir: "/home/task/src", UsedBytes: 4096, CapacityBytes: 1 << 30,
-				StorageEnforced: true, RunningTasks: 2, Network: "None", LastTaskEnd: timestamppb.New(end)},
+				StorageEnforced: true, RunningTasks: 2, Network: "None", LastTaskEnd: timestamppb.New(end), LastTaskName: "t1", LastTaskUid: "u1"},
 			want: bashtaskv1alpha1.BashWorkspaceStatus{RunAsUser: ptr.To[int64](2000001), Path: ptr.To("/home/task"), WorkingDir: ptr.To("/home/task/src"),
 				UsedBytes: ptr.To[int64](4096), CapacityBytes: ptr.To[int64](1 << 30), RunningTasks: ptr.To[int32](2), Network: ptr.To(bashtaskv1alpha1.NetworkNone),
-				LastTaskTime: ptr.To(metav1.NewTime(end.Truncate(time.Second)))},
+				LastTaskTime: ptr.To(metav1.NewTime(end.Truncate(time.Second))), LastTask: ptr.To("t1")},
 			wantMessage: "ready on node n1",
 		},
 		"not capped": {
