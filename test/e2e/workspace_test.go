@@ -145,17 +145,22 @@ func (tm *tmux) send(keys ...string) { tm.run(append([]string{"send-keys", "-t",
 
 func (tm *tmux) screen() string { return tm.run("capture-pane", "-p", "-t", "t", "-S", "-200") }
 
-// waitFor waits until the screen shows want, at most 60 s.
-func (tm *tmux) waitFor(want string) string {
+// waitFor waits until the screen shows want, at most 60 s. The screen
+// has no trailing blanks (capture-pane drops them).
+func (tm *tmux) waitFor(want string) string { return tm.waitForN(want, 1) }
+
+// waitForN waits until the screen shows want at least n times (a prompt
+// printed again), at most 60 s.
+func (tm *tmux) waitForN(want string, n int) string {
 	tm.t.Helper()
 	deadline := time.Now().Add(60 * time.Second)
 	for {
 		s := tm.screen()
-		if strings.Contains(s, want) {
+		if strings.Count(s, want) >= n {
 			return s
 		}
 		if time.Now().After(deadline) {
-			tm.t.Fatalf("the terminal does not show %q after 60 s:\n%s", want, s)
+			tm.t.Fatalf("the terminal does not show %q %d times after 60 s:\n%s", want, n, s)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
@@ -174,12 +179,14 @@ func TestWorkspaceShellInTmux(t *testing.T) {
 	cmd := fmt.Sprintf("env KUBECONFIG=%s %s -n %s shell sh1; echo $? > %s; sleep 30",
 		filepath.Join(clusterDir, "kubeconfig"), filepath.Join(binDir, "kubectl-bashtask"), ns, status)
 	tm := startTmux(t, cmd)
-	tm.waitFor("sh1:~$ ")
+	const prompt = "sh1:~/proj/src$"
+	tm.waitFor("sh1:~$")
 	tm.send("mkdir -p proj/src && cd proj/src && echo made", "Enter")
 	tm.waitFor("made")
-	tm.waitFor("sh1:~/proj/src$ ")
+	tm.waitForN(prompt, 1)
 	tm.send("pwd; false", "Enter")
 	s := tm.waitFor("exit 1")
+	tm.waitForN(prompt, 2)
 	if !strings.Contains(s, "/home/task/proj/src") {
 		t.Errorf("pwd in the carried directory did not print /home/task/proj/src:\n%s", s)
 	}
@@ -188,10 +195,10 @@ func TestWorkspaceShellInTmux(t *testing.T) {
 	tm.waitFor("first")
 	tm.send("C-c")
 	s = tm.waitFor("Cancelled")
-	if strings.Contains(s, "never") {
+	if strings.Count(s, "never") > 1 { // once in the typed line
 		t.Errorf("the cancelled line went on:\n%s", s)
 	}
-	tm.waitFor("sh1:~/proj/src$ ")
+	tm.waitForN(prompt, 3)
 	tm.send("C-d")
 	deadline := time.Now().Add(30 * time.Second)
 	for {
