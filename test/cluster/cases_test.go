@@ -6,7 +6,9 @@ import (
 	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
+	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -273,6 +275,20 @@ func TestOutputAPI(t *testing.T) {
 	if ptr.Deref(bt.Status.Reason, "") != v1.ReasonSucceeded || bt.Status.Stdout == nil || bt.Status.Stderr == nil {
 		t.Fatalf("%s", describe(bt))
 	}
+	// Once the agent forgot the task, its stdout is only in the bucket,
+	// the chart's default file:// on the node, which the controller cannot
+	// read (it has no --output-bucket-url): the node's agent serves its
+	// uploaded copy.
+	waitFor(t, "the agent forgets the finished task", 2*time.Minute, func() error {
+		_, err := os.Stat(taskDir(bt))
+		switch {
+		case errors.Is(err, os.ErrNotExist):
+			return nil
+		case err != nil:
+			return err
+		}
+		return fmt.Errorf("%s is still there", taskDir(bt))
+	})
 	var want bytes.Buffer
 	for i := 1; i <= 200000; i++ {
 		fmt.Fprintf(&want, "%d\n", i)
@@ -296,12 +312,6 @@ func TestOutputAPI(t *testing.T) {
 	}
 
 	t.Run("stdout whole", func(t *testing.T) {
-		// Open: the stream of a finished task is in the bucket, and this
-		// rig's bucket is the chart's default, file:// on the node, which
-		// the controller cannot read (it has no --output-bucket-url).
-		// Serving it needs the agent to keep serving its uploaded copy, or
-		// a bucket both reach.
-		t.Skip("the output API cannot serve a finished task's uploaded stream from the node-local file bucket yet")
 		got := read(t, "")
 		checkStream(t, "stdout", got, bt.Status.Stdout)
 		if !bytes.Equal(got, want.Bytes()) {
@@ -316,12 +326,6 @@ func TestOutputAPI(t *testing.T) {
 		}
 	})
 	t.Run("offset and limitBytes", func(t *testing.T) {
-		// Open: the stream of a finished task is in the bucket, and this
-		// rig's bucket is the chart's default, file:// on the node, which
-		// the controller cannot read (it has no --output-bucket-url).
-		// Serving it needs the agent to keep serving its uploaded copy, or
-		// a bucket both reach.
-		t.Skip("the output API cannot serve a finished task's uploaded stream from the node-local file bucket yet")
 		const offset, limit = 1000000, 4096
 		got := read(t, fmt.Sprintf("stream=stdout&offset=%d&limitBytes=%d", offset, limit))
 		if !bytes.Equal(got, want.Bytes()[offset:offset+limit]) {

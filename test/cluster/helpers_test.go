@@ -206,6 +206,12 @@ func objectFile(bt *v1.BashTask, stream string) string {
 	return filepath.Join("/var/lib/bashtask-agent/uploads", bt.Namespace, bt.Name, string(bt.UID), stream)
 }
 
+// taskDir is the agent's directory of a task it holds (its spill files),
+// under the chart's stateDir on the node's hostPath.
+func taskDir(bt *v1.BashTask) string {
+	return filepath.Join("/var/lib/bashtask-agent/tasks", string(bt.UID))
+}
+
 // checkObject checks the stored stream against the status's size and
 // sha256.
 func checkObject(t *testing.T, bt *v1.BashTask, stream string, s *v1.StreamStatus) {
