@@ -21,6 +21,7 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
@@ -471,8 +472,19 @@ func TestOutputNodeLocalBucket(t *testing.T) {
 		bt.Spec.Output = &v1.OutputSpec{SpillLimitBytes: ptr.To(int64(150000))}
 	})
 	done := waitTerminalIn(t, kc, ns, []string{whole.Name, cut.Name}, 2*time.Minute)
-	for _, bt := range done {
+	for name, bt := range done {
 		waitForgottenIn(t, dir, bt)
+		// The terminal status may come before the upload's: read the
+		// task again once the upload is recorded.
+		for deadline := time.Now().Add(time.Minute); !meta.IsStatusConditionTrue(bt.Status.Conditions, v1.ConditionOutputUploaded); {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: no OutputUploaded condition a minute after the agent forgot it: %+v", name, bt.Status.Conditions)
+			}
+			time.Sleep(100 * time.Millisecond)
+			if err := kc.Get(t.Context(), ctrlclient.ObjectKeyFromObject(bt), bt); err != nil {
+				t.Fatal(err)
+			}
+		}
 	}
 
 	bt := done[whole.Name]
