@@ -489,6 +489,9 @@ func TestOutputNodeLocalBucket(t *testing.T) {
 
 	bt := done[whole.Name]
 	out := bt.Status.Stdout
+	if out == nil || out.Spill == nil {
+		t.Fatalf("stdout status %+v: no spill reference", out)
+	}
 	url := ptr.Deref(out.Spill.URL, "")
 	if !strings.HasPrefix(url, "file://"+dir) {
 		t.Fatalf("stdout's spill url %q, want an object of the node's file:// bucket", url)
