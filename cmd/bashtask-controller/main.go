@@ -117,7 +117,7 @@ func newCommand() *cobra.Command {
 	f.IntVar(&o.outputAPIPort, "output-api-port", 0, "HTTPS port of the output.bashtask.dev aggregated API (bashtasks/log, docs/output.md), served on every replica; 0 disables it")
 	f.StringVar(&o.outputAPIBind, "output-api-bind-address", "0.0.0.0", "address the output API listens on")
 	f.StringVar(&o.outputAPICertDir, "output-api-cert-dir", "/etc/bashtask/output-api", "directory of the output API's serving certificate, tls.crt and tls.key; a self-signed pair is generated there when they are missing")
-	f.StringVar(&o.outputBucketURL, "output-bucket-url", "", "gocloud.dev blob URL of the bucket the agents upload output to (their --output-bucket-url), read with the controller's own credentials for output an agent no longer holds; empty serves such output only from status tails")
+	f.StringVar(&o.outputBucketURL, "output-bucket-url", "", "gocloud.dev blob URL of the bucket the agents upload output to (their --output-bucket-url), read with the controller's own credentials for output an agent no longer holds; empty (or another bucket than a status's spill URL names) asks the task's node's agent to read it from its own bucket")
 	zapFlags := flag.NewFlagSet("zap", flag.ContinueOnError)
 	o.zapOpts.BindFlags(zapFlags)
 	f.AddGoFlagSet(zapFlags)

@@ -66,6 +66,9 @@ func (s *Server) ReadOutput(req *agentv1.ReadOutputRequest, srv agentv1.Executor
 	if stderr {
 		name = streamNames[1]
 	}
+	if req.GetObjectUrl() != "" {
+		return s.readObject(req, name, srv)
+	}
 	src, err := s.outputSource(ctx, uid, stderr, name)
 	if err != nil {
 		return err

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
@@ -12,8 +13,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/go-cmp/cmp"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/testing/protocmp"
 
 	agentv1 "github.com/bashtask/bashtask-operator/api/agent/v1"
 )
@@ -221,5 +224,134 @@ func TestReadOutputRunningWithoutFollow(t *testing.T) {
 	o = r.readOutput(ctx, &agentv1.ReadOutputRequest{Uid: "uid-run", Offset: 10})
 	if o.err != nil || len(o.data) != 0 || o.end.GetComplete() {
 		t.Errorf("offset 10 of a running task: %q, %v, %v", o.data, o.end, o.err)
+	}
+}
+
+// forgetUploaded runs spec with every stream uploaded to the rig's bucket,
+// has the agent forget it once the uploads are done, and returns its
+// final status.
+func forgetUploaded(t *testing.T, r *rig, next func() *agentv1.TaskEvent, spec *agentv1.TaskSpec) *agentv1.TaskStatus {
+	t.Helper()
+	if spec.Output == nil {
+		spec.Output = &agentv1.OutputSettings{}
+	}
+	spec.Output.Upload = agentv1.UploadPolicy_UPLOAD_POLICY_ALWAYS
+	if _, err := r.client.Start(t.Context(), &agentv1.StartRequest{Spec: spec}); err != nil {
+		t.Fatal(err)
+	}
+	until(t, next, agentv1.EventType_EVENT_TYPE_FINISHED)
+	if _, err := r.client.Forget(t.Context(), &agentv1.ForgetRequest{Uid: spec.GetRef().GetUid()}); err != nil {
+		t.Fatal(err)
+	}
+	var st *agentv1.TaskStatus
+	for st == nil {
+		switch ev := next(); ev.GetType() {
+		case agentv1.EventType_EVENT_TYPE_UPLOADED:
+			if ev.GetStatus().GetStdout().GetSpill().GetUploadState() == agentv1.UploadState_UPLOAD_STATE_UPLOADED {
+				st = ev.GetStatus()
+			}
+		case agentv1.EventType_EVENT_TYPE_UPLOAD_FAILED:
+			t.Fatalf("upload failed: %v", ev.GetStatus().GetStdout().GetSpill())
+		}
+	}
+	until(t, next, agentv1.EventType_EVENT_TYPE_FORGOTTEN)
+	if _, err := r.client.Get(t.Context(), &agentv1.GetRequest{Uid: spec.GetRef().GetUid()}); status.Code(err) != codes.NotFound {
+		t.Fatalf("Get after the forget: %v, want NotFound", err)
+	}
+	return st
+}
+
+// TestReadOutputUploadedCopy: a forgotten task's uploaded streams are
+// served from the agent's own bucket by their status's URL, in chunks,
+// from any offset, with the errors of the spill file's reads; URLs of
+// another bucket or key are refused before anything is read.
+func TestReadOutputUploadedCopy(t *testing.T) {
+	bucketDir := t.TempDir()
+	r := newRig(t, func(c *Config) { c.BucketURL = "file://" + bucketDir + "?no_tmp_dir=true" })
+	_, next := r.watch()
+	ctx := t.Context()
+	// 2.4 MB, three chunks, with a two-byte character split at offset 2.
+	st := forgetUploaded(t, r, next, taskSpec("uid-obj", `printf 'é'; head -c 2400000 /dev/zero | tr '\0' x; printf err >&2`))
+	out := st.GetStdout()
+	url := out.GetSpill().GetUrl()
+	if want := "file://" + bucketDir + "/ns/task-uid-obj/uid-obj/stdout"; url != want {
+		t.Fatalf("spill url %q, want %q", url, want)
+	}
+	total := out.GetTotalBytes()
+
+	o := r.readOutput(ctx, &agentv1.ReadOutputRequest{Uid: "uid-obj", ObjectUrl: url, Follow: true})
+	if o.err != nil || int64(len(o.data)) != total || sha256hex(o.data) != out.GetSha256() {
+		t.Fatalf("from 0: %d bytes, %v; want %d with sha256 %s", len(o.data), o.err, total, out.GetSha256())
+	}
+	wantState := &agentv1.OutputState{TotalBytes: total, Complete: true, SpillBytes: total}
+	if diff := cmp.Diff(wantState, o.header, protocmp.Transform()); diff != "" {
+		t.Errorf("header (-want +got):\n%s", diff)
+	}
+	if diff := cmp.Diff(wantState, o.end, protocmp.Transform()); diff != "" {
+		t.Errorf("end (-want +got):\n%s", diff)
+	}
+	full := o.data
+	if o = r.readOutput(ctx, &agentv1.ReadOutputRequest{Uid: "uid-obj", ObjectUrl: url, Offset: 1, LimitBytes: 1 << 20}); o.err != nil || !bytes.Equal(o.data, full[1:1+1<<20]) {
+		t.Errorf("offset 1, limit 1 MiB: %d bytes, %v", len(o.data), o.err)
+	}
+	if o = r.readOutput(ctx, &agentv1.ReadOutputRequest{Uid: "uid-obj", ObjectUrl: url, Offset: total}); o.err != nil || len(o.data) != 0 || !o.end.GetComplete() {
+		t.Errorf("at the end: %d bytes, %v, %v; want none and the end", len(o.data), o.end, o.err)
+	}
+	errURL := st.GetStderr().GetSpill().GetUrl()
+	if o = r.readOutput(ctx, &agentv1.ReadOutputRequest{Uid: "uid-obj", ObjectUrl: errURL, Stream: agentv1.OutputStream_OUTPUT_STREAM_STDERR}); o.err != nil || string(o.data) != "err" {
+		t.Errorf("stderr: %q, %v", o.data, o.err)
+	}
+
+	// A stream past its spill limit: the object holds its first 10 bytes.
+	st = forgetUploaded(t, r, next, func() *agentv1.TaskSpec {
+		s := taskSpec("uid-cut", `printf '0123456789abcdefghij'`)
+		s.Output = &agentv1.OutputSettings{SpillLimitBytes: 10}
+		return s
+	}())
+	cutURL := st.GetStdout().GetSpill().GetUrl()
+
+	base := "file://" + bucketDir
+	for name, tc := range map[string]struct {
+		req      *agentv1.ReadOutputRequest
+		wantData string
+		code     codes.Code
+		mention  string
+	}{
+		"past the end": {req: &agentv1.ReadOutputRequest{Uid: "uid-obj", ObjectUrl: url, Offset: total + 1},
+			code: codes.OutOfRange, mention: fmt.Sprintf("offset %d", total+1)},
+		"kept bytes, then the loss": {req: &agentv1.ReadOutputRequest{Uid: "uid-cut", ObjectUrl: cutURL, Offset: 4},
+			wantData: "456789", code: codes.DataLoss, mention: "offset 10"},
+		"kept bytes within a limit": {req: &agentv1.ReadOutputRequest{Uid: "uid-cut", ObjectUrl: cutURL, Offset: 4, LimitBytes: 6},
+			wantData: "456789"},
+		"past the kept bytes": {req: &agentv1.ReadOutputRequest{Uid: "uid-cut", ObjectUrl: cutURL, Offset: 12},
+			code: codes.DataLoss, mention: "offset 12"},
+		"missing object": {req: &agentv1.ReadOutputRequest{Uid: "uid-none", ObjectUrl: base + "/ns/task-uid-none/uid-none/stdout"},
+			code: codes.NotFound, mention: "missing"},
+		"another bucket": {req: &agentv1.ReadOutputRequest{Uid: "uid-obj", ObjectUrl: "file:///etc/passwd"},
+			code: codes.FailedPrecondition, mention: "not in this agent's bucket"},
+		"a bucket whose name extends the agent's": {req: &agentv1.ReadOutputRequest{Uid: "uid-obj", ObjectUrl: base + "x/ns/task-uid-obj/uid-obj/stdout"},
+			code: codes.FailedPrecondition},
+		"a key out of the bucket": {req: &agentv1.ReadOutputRequest{Uid: "uid-obj", ObjectUrl: base + "/../etc/uid-obj/stdout"},
+			code: codes.InvalidArgument, mention: "<namespace>/<name>/uid-obj/stdout"},
+		"a key of another layout": {req: &agentv1.ReadOutputRequest{Uid: "uid-obj", ObjectUrl: base + "/ns/task-uid-obj/uid-obj/stdout.attrs"},
+			code: codes.InvalidArgument},
+		"a deeper key": {req: &agentv1.ReadOutputRequest{Uid: "uid-obj", ObjectUrl: base + "/ns/x/task-uid-obj/uid-obj/stdout"},
+			code: codes.InvalidArgument},
+		"an empty segment": {req: &agentv1.ReadOutputRequest{Uid: "uid-obj", ObjectUrl: base + "/ns//uid-obj/stdout"},
+			code: codes.InvalidArgument},
+		"another task's object": {req: &agentv1.ReadOutputRequest{Uid: "uid-cut", ObjectUrl: url},
+			code: codes.InvalidArgument},
+		"another stream's object": {req: &agentv1.ReadOutputRequest{Uid: "uid-obj", ObjectUrl: errURL},
+			code: codes.InvalidArgument},
+	} {
+		t.Run(name, func(t *testing.T) {
+			o := r.readOutput(ctx, tc.req)
+			if string(o.data) != tc.wantData || status.Code(o.err) != tc.code || !strings.Contains(fmt.Sprint(o.err), tc.mention) {
+				t.Errorf("%q, %v; want %q, then %v mentioning %q", o.data, o.err, tc.wantData, tc.code, tc.mention)
+			}
+			if tc.code != codes.OK && tc.code != codes.DataLoss && o.header != nil {
+				t.Errorf("header %v before the refusal", o.header)
+			}
+		})
 	}
 }

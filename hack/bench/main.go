@@ -24,10 +24,15 @@
 //   - controller RSS: VmRSS of the controller process once 10000 tasks in
 //     total have finished.
 //
+// -output-json merges the output API figures of hack/bench-output (latency
+// and throughput of a follower, the controller's and the agent's RSS under
+// 1000 followers), which runs on a cluster of its own.
+//
 // The system runs as `bashtask-local up --agents 2` (a child process, file://
 // bucket, loopback only), stopped with SIGTERM at the end, on error and on
 // Ctrl-C. With -json FILE the figures are written as a flat JSON object;
-// -executor-json merges the executor figures of hack/bench-executor.
+// -executor-json merges the executor figures of hack/bench-executor,
+// -output-json those of hack/bench-output.
 package main
 
 import (
@@ -79,6 +84,7 @@ const namespace = "bench"
 
 type options struct {
 	jsonOut, executorJSON   string
+	outputJSON              string
 	binDir, assetsDir       string
 	crdDir, admissionDir    string
 	agents                  int
@@ -113,6 +119,7 @@ func main() {
 	var o options
 	flag.StringVar(&o.jsonOut, "json", "", "write the figures to this JSON file")
 	flag.StringVar(&o.executorJSON, "executor-json", "", "JSON file of hack/bench-executor whose headline figures are merged in (empty: none)")
+	flag.StringVar(&o.outputJSON, "output-json", "", "JSON file of hack/bench-output whose figures are merged in (empty: none)")
 	flag.StringVar(&o.binDir, "bin-dir", "bin", "directory of bashtask-local, bashtask-controller and bashtask-agent")
 	flag.StringVar(&o.assetsDir, "assets-dir", envOr("KUBEBUILDER_ASSETS", filepath.Join("bin", "k8s")), "directory of kube-apiserver and etcd")
 	flag.StringVar(&o.crdDir, "crd-dir", filepath.Join("config", "crd", "bases"), "CRD manifests")
@@ -182,7 +189,9 @@ type figures struct {
 	writesPerTask     float64
 	rssMB             float64
 	executor          map[string]float64
-	loadStart, loadE  string
+	// output holds hack/bench-output's figures, by their keys.
+	output           map[string]float64
+	loadStart, loadE string
 }
 
 // ratio is the median of the pairs' ratios, NaN without pairs.
@@ -201,13 +210,19 @@ func run(ctx context.Context, o options) (err error) {
 	f := figures{latP50: math.NaN(), latP99: math.NaN(), throughput: math.NaN(), raw: math.NaN(),
 		apiCPU: math.NaN(), rawAPICPU: math.NaN(), writesPerTask: math.NaN(), rssMB: math.NaN()}
 	f.loadStart = loadAvg()
-	if o.executorJSON != "" {
-		raw, err := os.ReadFile(o.executorJSON)
-		if err != nil {
-			return fmt.Errorf("reading the executor figures: %w", err)
+	for _, in := range []struct {
+		path, what string
+		dst        *map[string]float64
+	}{{o.executorJSON, "executor", &f.executor}, {o.outputJSON, "output API", &f.output}} {
+		if in.path == "" {
+			continue
 		}
-		if err := json.Unmarshal(raw, &f.executor); err != nil {
-			return fmt.Errorf("reading %s: %w", o.executorJSON, err)
+		raw, err := os.ReadFile(in.path)
+		if err != nil {
+			return fmt.Errorf("reading the %s figures: %w", in.what, err)
+		}
+		if err := json.Unmarshal(raw, in.dst); err != nil {
+			return fmt.Errorf("reading %s: %w", in.path, err)
 		}
 	}
 	fmt.Printf("machine: %d CPUs, load average %s\n", runtime.NumCPU(), f.loadStart)
@@ -1400,6 +1415,25 @@ func report(o options, f figures) bool {
 	rows[len(rows)-1].noTarget = true
 	add("e2e.writes_per_task", f.writesPerTask, "%.2f", "<= 3", f.writesPerTask <= 3)
 	add("controller.rss_mb_10k", f.rssMB, "%.1f", fmt.Sprintf("< 300 (%d tasks)", o.rssTotal), f.rssMB < 300)
+	if f.output != nil {
+		out := func(k string) float64 {
+			if v, ok := f.output[k]; ok {
+				return v
+			}
+			return math.NaN()
+		}
+		add("output.latency_p50_ms", out("output.latency_p50_ms"), "%.1f", "<= 50", out("output.latency_p50_ms") <= 50)
+		add("output.latency_p99_ms", out("output.latency_p99_ms"), "%.1f", "<= 250", out("output.latency_p99_ms") <= 250)
+		add("output.throughput_mb_s", out("output.throughput_mb_s"), "%.0f", ">= 100 (one follower)", out("output.throughput_mb_s") >= 100)
+		followers := fmt.Sprintf("%.0f followers of %.0f running tasks", out("output.followers"), out("output.followed_tasks"))
+		add("output.followers_controller_rss_mb", out("output.followers_controller_rss_mb"), "%.1f", "< 300 ("+followers+")",
+			out("output.followers_controller_rss_mb") < 300)
+		add("output.followers_agent_rss_mb", out("output.followers_agent_rss_mb"), "%.1f", "(the agent, "+followers+")", true)
+		rows[len(rows)-1].noTarget = true
+		add("output.followers_latency_p50_ms", out("output.followers_latency_p50_ms"), "%.1f",
+			"(p99 "+num(out("output.followers_latency_p99_ms"), "%.1f")+")", true)
+		rows[len(rows)-1].noTarget = true
+	}
 
 	fmt.Printf("\n== bashtask benchmark: %d CPUs, load average %s at start, %s at end\n", runtime.NumCPU(), f.loadStart, f.loadE)
 	tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
@@ -1446,6 +1480,11 @@ func writeJSON(path string, f figures) error {
 	put("e2e.raw_apiserver_cpu_ms_per_task", f.rawAPICPU)
 	put("e2e.writes_per_task", f.writesPerTask)
 	put("controller.rss_mb_10k", f.rssMB)
+	for _, k := range outputKeys {
+		if v, ok := f.output[k]; ok {
+			put(k, v)
+		}
+	}
 	b, err := json.MarshalIndent(m, "", "  ")
 	if err != nil {
 		return err
@@ -1455,6 +1494,12 @@ func writeJSON(path string, f figures) error {
 	}
 	return os.WriteFile(path, append(b, '\n'), 0o644)
 }
+
+// outputKeys are the figures of hack/bench-output that the table and the
+// JSON take over.
+var outputKeys = []string{"output.latency_p50_ms", "output.latency_p99_ms", "output.throughput_mb_s",
+	"output.followers", "output.followed_tasks", "output.followers_controller_rss_mb", "output.followers_agent_rss_mb",
+	"output.followers_latency_p50_ms", "output.followers_latency_p99_ms"}
 
 // median returns the median of xs (the mean of the middle two for an even
 // count), NaN for none.

@@ -19,6 +19,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	genericapirequest "k8s.io/apiserver/pkg/endpoints/request"
 	"k8s.io/apiserver/pkg/registry/rest"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	agentv1 "github.com/bashtask/bashtask-operator/api/agent/v1"
@@ -247,7 +248,7 @@ func (s *Server) streamLog(ctx context.Context, lr *logResponse, task *bashtaskv
 			continue
 		}
 		node := *task.Status.NodeName
-		ended, err := s.fromAgent(ctx, lr, task, node, stream, o)
+		ended, err := s.fromAgent(ctx, lr, task, node, stream, o, "")
 		if err == nil || ended {
 			return err
 		}
@@ -344,10 +345,12 @@ func (s *Server) waitTask(ctx context.Context, task **bashtaskv1alpha1.BashTask)
 // went away (a restart) while it held the task, so it is asked again.
 var errAgentBroke = errors.New("the agent's stream broke")
 
-// fromAgent streams from the node's agent. ended is true when the response
-// is over (successfully or with an error to report); false with an error
-// when another source, or the same agent later, should be tried.
-func (s *Server) fromAgent(ctx context.Context, lr *logResponse, task *bashtaskv1alpha1.BashTask, node string, stream agentv1.OutputStream, o LogOptions) (ended bool, err error) {
+// fromAgent streams from the node's agent: the task's spill file, or with
+// objectURL its uploaded copy, which the agent reads from its own bucket.
+// ended is true when the response is over (successfully or with an error to
+// report); false with an error when another source, or the same agent
+// later, should be tried.
+func (s *Server) fromAgent(ctx context.Context, lr *logResponse, task *bashtaskv1alpha1.BashTask, node string, stream agentv1.OutputStream, o LogOptions, objectURL string) (ended bool, err error) {
 	c, err := s.cfg.Agents.Client(ctx, node)
 	if err != nil {
 		return false, err
@@ -356,6 +359,7 @@ func (s *Server) fromAgent(ctx context.Context, lr *logResponse, task *bashtaskv
 	defer cancel()
 	rs, err := c.ReadOutput(actx, &agentv1.ReadOutputRequest{
 		Uid: string(task.UID), Stream: stream, Offset: lr.offset, Follow: o.Follow, LimitBytes: lr.remaining(),
+		ObjectUrl: objectURL,
 	})
 	if err != nil {
 		return false, err
@@ -483,12 +487,19 @@ func (s *Server) fromStorage(ctx context.Context, lr *logResponse, task *bashtas
 		}
 		return gone("the agent no longer holds the stream and no copy was uploaded")
 	}
-	if s.bucket == nil {
-		return gone("the controller has no --output-bucket-url to read the uploaded copy from")
+	key, ok := "", false
+	if s.bucket != nil {
+		key, ok = strings.CutPrefix(*ss.Spill.URL, s.bucketBase+"/")
 	}
-	key, ok := strings.CutPrefix(*ss.Spill.URL, s.bucketBase+"/")
 	if !ok {
-		return gone(fmt.Sprintf("the uploaded copy %s is not in the controller's bucket %s", *ss.Spill.URL, s.bucketBase))
+		// Not a bucket the controller reads (no --output-bucket-url, or
+		// another one, such as the chart's default file:// bucket on the
+		// node): a tail that is the whole stream, else the node's agent
+		// from its own bucket.
+		if err := s.fromStatus(lr, task, stream, o); !errors.Is(err, errNotKept) {
+			return err
+		}
+		return s.fromAgentBucket(ctx, lr, task, stream, o, *ss.Spill.URL, gone)
 	}
 	total := int64(0)
 	if ss.TotalBytes != nil {
@@ -552,6 +563,37 @@ func (s *Server) fromStorage(ctx context.Context, lr *logResponse, task *bashtas
 		return fmt.Errorf("%s from offset %d is not kept: the uploaded copy holds only the first %d bytes of %d (spillLimitBytes)", o.Stream, lr.offset, objBytes, total)
 	}
 	return nil
+}
+
+// fromAgentBucket serves a finished task's uploaded copy at objURL through
+// the agent of its node, which reads it from its own bucket (ReadOutput
+// with object_url): for the copies the controller cannot read itself.
+// gone builds the error for bytes that cannot be served.
+func (s *Server) fromAgentBucket(ctx context.Context, lr *logResponse, task *bashtaskv1alpha1.BashTask, stream agentv1.OutputStream, o LogOptions, objURL string, gone func(string) error) error {
+	node := ptr.Deref(task.Status.NodeName, "")
+	if node == "" {
+		return gone(fmt.Sprintf("the uploaded copy %s is not in the controller's bucket and the task has no node whose agent could read it", objURL))
+	}
+	ended, err := s.fromAgent(ctx, lr, task, node, stream, o, objURL)
+	if err == nil || ended {
+		return err
+	}
+	switch status.Code(err) {
+	case codes.NotFound:
+		return gone(fmt.Sprintf("the agent of node %s reading the uploaded copy %s: %s", node, objURL, status.Convert(err).Message()))
+	case codes.FailedPrecondition, codes.InvalidArgument:
+		return gone(fmt.Sprintf("the uploaded copy %s is not in the controller's bucket and the agent of node %s does not serve it: %s",
+			objURL, node, status.Convert(err).Message()))
+	}
+	if ctx.Err() != nil {
+		return context.Cause(ctx)
+	}
+	msg := fmt.Sprintf("%s of task %s/%s from offset %d: reading the uploaded copy %s through the agent of node %s: %v",
+		o.Stream, task.Namespace, task.Name, lr.offset, objURL, node, err)
+	if lr.started {
+		return errors.New(msg)
+	}
+	return apierrors.NewServiceUnavailable(msg)
 }
 
 // goneError is a 410 Gone Status with reason Gone: bytes of the stream

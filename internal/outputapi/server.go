@@ -56,8 +56,9 @@ type Config struct {
 	Agents Agents
 	// BucketURL is the gocloud.dev blob URL of the bucket the agents
 	// upload to, opened with the controller's own credentials, for the
-	// output of tasks whose agent no longer holds it; empty serves such
-	// output only from status tails.
+	// output of tasks whose agent no longer holds it. Empty, or for a
+	// spill URL of another bucket, the task's node's agent reads the copy
+	// from its own bucket (ReadOutput with object_url).
 	BucketURL string
 }
 

@@ -1,6 +1,7 @@
 // Package procfs reads Linux's process table from /proc (proc(5)): the
-// process ids, and the fields of /proc/<pid>/stat that the executor, the
-// agent and the benchmark use. On other systems every read fails.
+// process ids, the fields of /proc/<pid>/stat that the executor, the agent
+// and the benchmark use, and the memory figures of /proc/<pid>/status the
+// benchmarks report. On other systems every read fails.
 package procfs
 
 import (
@@ -74,6 +75,57 @@ func ReadStat(pid int) (Stat, error) {
 		return malformed(err)
 	}
 	return st, nil
+}
+
+// Memory is part of /proc/<pid>/status, in bytes.
+type Memory struct {
+	// RSS is VmRSS, the resident set size now.
+	RSS int64
+	// HWM is VmHWM, the peak resident set size since the process started
+	// or since ResetPeak.
+	HWM int64
+}
+
+// ReadMemory reads VmRSS and VmHWM of /proc/<pid>/status. A kernel thread
+// or a zombie has neither: an error names the missing field.
+func ReadMemory(pid int) (Memory, error) {
+	b, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "status"))
+	if err != nil {
+		return Memory{}, err
+	}
+	var m Memory
+	var gotRSS, gotHWM bool
+	for _, line := range strings.Split(string(b), "\n") {
+		name, rest, ok := strings.Cut(line, ":")
+		if !ok || (name != "VmRSS" && name != "VmHWM") {
+			continue
+		}
+		f := strings.Fields(rest)
+		if len(f) != 2 || f[1] != "kB" {
+			return Memory{}, fmt.Errorf("malformed %s in /proc/%d/status: %q", name, pid, line)
+		}
+		kb, err := strconv.ParseInt(f[0], 10, 64)
+		if err != nil {
+			return Memory{}, fmt.Errorf("malformed %s in /proc/%d/status: %w", name, pid, err)
+		}
+		if name == "VmRSS" {
+			m.RSS, gotRSS = kb<<10, true
+		} else {
+			m.HWM, gotHWM = kb<<10, true
+		}
+	}
+	if !gotRSS || !gotHWM {
+		return Memory{}, fmt.Errorf("/proc/%d/status has no VmRSS and VmHWM", pid)
+	}
+	return m, nil
+}
+
+// ResetPeak sets the process's VmHWM to its current RSS (writing 5 to
+// /proc/<pid>/clear_refs), so that a later ReadMemory reports the peak of
+// what came after. It needs the right to write the process's clear_refs:
+// the same user, or root.
+func ResetPeak(pid int) error {
+	return os.WriteFile(filepath.Join("/proc", strconv.Itoa(pid), "clear_refs"), []byte("5"), 0)
 }
 
 // PIDs lists the process ids in /proc; nil when /proc cannot be read.

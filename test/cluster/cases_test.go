@@ -165,17 +165,15 @@ func TestFullStreamInBucket(t *testing.T) {
 		t.Fatalf("%s, stdout %+v", describe(bt), bt.Status.Stdout)
 	}
 	checkObject(t, bt, "stdout", bt.Status.Stdout)
-	// The plugin reads through the output API. Open: once the agent has
-	// forgotten the uploaded task, the API cannot serve it from this
-	// rig's bucket, the chart's default file:// on the node, which the
-	// controller cannot read (TestOutputAPI). Until then the agent serves
-	// every byte. Either way logs --full never exits 0 with a short
-	// stream.
+	// The plugin reads through the output API. Once the agent has
+	// forgotten the task, its stream is only in this rig's bucket, the
+	// chart's default file:// on the node, which the controller cannot
+	// read: the node's agent serves the uploaded copy (as in
+	// TestOutputAPI).
+	waitForgotten(t, bt)
 	out, errOut, code := plugin(t.Context(), "", "-n", ns, "logs", "--full", "seq")
-	whole := code == 0 && len(out) == 1288895 && strings.HasSuffix(out, "\n200000\n")
-	refused := code == 1 && len(out) < 1288895 && strings.Contains(errOut, "cannot be read") && strings.Contains(errOut, "--output-bucket-url")
-	if !whole && !refused {
-		t.Errorf("logs --full: exit %d, %d bytes, stderr %q; want 0 and every byte, or 1 naming the missing bucket", code, len(out), errOut)
+	if code != 0 || len(out) != 1288895 || !strings.HasSuffix(out, "\n200000\n") {
+		t.Errorf("logs --full: exit %d, %d bytes, stderr %q; want 0 and every byte", code, len(out), errOut)
 	}
 }
 
@@ -273,6 +271,11 @@ func TestOutputAPI(t *testing.T) {
 	if ptr.Deref(bt.Status.Reason, "") != v1.ReasonSucceeded || bt.Status.Stdout == nil || bt.Status.Stderr == nil {
 		t.Fatalf("%s", describe(bt))
 	}
+	// Once the agent forgot the task, its stdout is only in the bucket,
+	// the chart's default file:// on the node, which the controller cannot
+	// read (it has no --output-bucket-url): the node's agent serves its
+	// uploaded copy.
+	waitForgotten(t, bt)
 	var want bytes.Buffer
 	for i := 1; i <= 200000; i++ {
 		fmt.Fprintf(&want, "%d\n", i)
@@ -296,12 +299,6 @@ func TestOutputAPI(t *testing.T) {
 	}
 
 	t.Run("stdout whole", func(t *testing.T) {
-		// Open: the stream of a finished task is in the bucket, and this
-		// rig's bucket is the chart's default, file:// on the node, which
-		// the controller cannot read (it has no --output-bucket-url).
-		// Serving it needs the agent to keep serving its uploaded copy, or
-		// a bucket both reach.
-		t.Skip("the output API cannot serve a finished task's uploaded stream from the node-local file bucket yet")
 		got := read(t, "")
 		checkStream(t, "stdout", got, bt.Status.Stdout)
 		if !bytes.Equal(got, want.Bytes()) {
@@ -316,12 +313,6 @@ func TestOutputAPI(t *testing.T) {
 		}
 	})
 	t.Run("offset and limitBytes", func(t *testing.T) {
-		// Open: the stream of a finished task is in the bucket, and this
-		// rig's bucket is the chart's default, file:// on the node, which
-		// the controller cannot read (it has no --output-bucket-url).
-		// Serving it needs the agent to keep serving its uploaded copy, or
-		// a bucket both reach.
-		t.Skip("the output API cannot serve a finished task's uploaded stream from the node-local file bucket yet")
 		const offset, limit = 1000000, 4096
 		got := read(t, fmt.Sprintf("stream=stdout&offset=%d&limitBytes=%d", offset, limit))
 		if !bytes.Equal(got, want.Bytes()[offset:offset+limit]) {

@@ -6,6 +6,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -204,6 +205,28 @@ func podOf(t *testing.T, component string) string {
 // chart's default, on the node's hostPath) keeps a stream.
 func objectFile(bt *v1.BashTask, stream string) string {
 	return filepath.Join("/var/lib/bashtask-agent/uploads", bt.Namespace, bt.Name, string(bt.UID), stream)
+}
+
+// taskDir is the agent's directory of a task it holds (its spill files),
+// under the chart's stateDir on the node's hostPath.
+func taskDir(bt *v1.BashTask) string {
+	return filepath.Join("/var/lib/bashtask-agent/tasks", string(bt.UID))
+}
+
+// waitForgotten waits until the agent has forgotten the finished task (its
+// directory is gone): its output is then only in the bucket.
+func waitForgotten(t *testing.T, bt *v1.BashTask) {
+	t.Helper()
+	waitFor(t, "the agent forgets the finished task", 2*time.Minute, func() error {
+		_, err := os.Stat(taskDir(bt))
+		switch {
+		case errors.Is(err, os.ErrNotExist):
+			return nil
+		case err != nil:
+			return err
+		}
+		return fmt.Errorf("%s is still there", taskDir(bt))
+	})
 }
 
 // checkObject checks the stored stream against the status's size and

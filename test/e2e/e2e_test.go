@@ -70,85 +70,111 @@ func run(m *testing.M) int {
 	}
 	defer func() { _ = counter.Close() }()
 
-	launcher := exec.Command(filepath.Join(binDir, "bashtask-local"), "up", "--dir", clusterDir, "--bin-dir", binDir,
-		"--assets-dir", filepath.Join(binDir, "k8s"), "--crd-dir", filepath.Join(root, "config", "crd", "bases"), "--admission-dir", filepath.Join(root, "config", "admission"),
+	lc, err := startCluster(clusterDir,
 		"--agents", "2", "--s3", "--agent-env", "DEMO_API_KEY=agent-only-secret",
 		// The run counter listens on the host's loopback, which the tenant
 		// level's default network (Egress) does not reach.
 		"--agent-arg=--task-network=node",
 		"--controller-arg=--agent-lost-after=20s", "--controller-arg=--progress-interval=500ms",
-		"--controller-arg=--workers=16", "--controller-arg=--kube-api-qps=500", "--controller-arg=--kube-api-burst=1000",
-		// Empty: the launcher's default, tenant as root like the chart's.
-		"--isolation", os.Getenv("E2E_ISOLATION"))
-	out := &syncbuf.Buffer{}
-	launcher.Stdout, launcher.Stderr = out, out
-	if err := launcher.Start(); err != nil {
-		fmt.Fprintln(os.Stderr, err)
+		"--controller-arg=--workers=16", "--controller-arg=--kube-api-qps=500", "--controller-arg=--kube-api-burst=1000")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "e2e:", err)
 		return 1
 	}
-	exited := make(chan struct{})
-	go func() { _ = launcher.Wait(); close(exited) }()
-	defer func() {
-		_ = launcher.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-exited:
-		case <-time.After(60 * time.Second):
-			_ = launcher.Process.Kill()
-			<-exited
-		}
-	}()
-	deadline := time.Now().Add(3 * time.Minute)
-	for !strings.Contains(out.String(), "is up") {
-		select {
-		case <-exited:
-			fmt.Fprintf(os.Stderr, "e2e: bashtask-local exited:\n%s", out.String())
-			return 1
-		case <-time.After(100 * time.Millisecond):
-		}
-		if time.Now().After(deadline) {
-			fmt.Fprintf(os.Stderr, "e2e: bashtask-local not up after 3 minutes:\n%s", out.String())
-			return 1
-		}
-	}
+	defer lc.stop()
+	out := lc.out
 	if m := regexp.MustCompile(`at isolation (\w+)`).FindStringSubmatch(out.String()); m != nil {
 		isolation = v1.IsolationLevel(m[1])
 	} else {
 		fmt.Fprintf(os.Stderr, "e2e: bashtask-local did not say its isolation level:\n%s", out.String())
 		return 1
 	}
-	cfg, err := clientcmd.BuildConfigFromFlags("", filepath.Join(clusterDir, "kubeconfig"))
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
+	if k8s, err = clusterClient(context.Background(), clusterDir); err != nil {
+		fmt.Fprintln(os.Stderr, "e2e:", err)
 		return 1
-	}
-	cfg.QPS, cfg.Burst = 500, 1000
-	scheme, err := localcluster.NewScheme()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	if k8s, err = client.New(cfg, client.Options{Scheme: scheme}); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	// Even once the kind is served, a client's REST mapper may read an older
-	// discovery document on a loaded machine; start when it resolves.
-	for deadline := time.Now().Add(time.Minute); ; {
-		err := k8s.List(context.Background(), &v1.BashTaskList{}, client.Limit(1))
-		if err == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			fmt.Fprintln(os.Stderr, "e2e: BashTasks not served:", err)
-			return 1
-		}
-		time.Sleep(100 * time.Millisecond)
 	}
 	code := m.Run()
 	if code != 0 {
 		localcluster.WriteLogTails(os.Stderr, clusterDir, 40)
 	}
 	return code
+}
+
+// launched is a bashtask-local process running a cluster.
+type launched struct {
+	cmd    *exec.Cmd
+	out    *syncbuf.Buffer
+	exited chan struct{}
+}
+
+// startCluster runs bashtask-local up in dir at the suite's isolation level
+// (E2E_ISOLATION; empty is the launcher's default, tenant as root like the
+// chart's) with the extra flags, and returns once it is up.
+func startCluster(dir string, extra ...string) (*launched, error) {
+	args := append([]string{"up", "--dir", dir, "--bin-dir", binDir,
+		"--assets-dir", filepath.Join(binDir, "k8s"), "--crd-dir", filepath.Join(root, "config", "crd", "bases"), "--admission-dir", filepath.Join(root, "config", "admission"),
+		"--isolation", os.Getenv("E2E_ISOLATION")}, extra...)
+	l := &launched{cmd: exec.Command(filepath.Join(binDir, "bashtask-local"), args...), out: &syncbuf.Buffer{}, exited: make(chan struct{})}
+	l.cmd.Stdout, l.cmd.Stderr = l.out, l.out
+	if err := l.cmd.Start(); err != nil {
+		return nil, err
+	}
+	go func() { _ = l.cmd.Wait(); close(l.exited) }()
+	deadline := time.Now().Add(3 * time.Minute)
+	for !strings.Contains(l.out.String(), "is up") {
+		select {
+		case <-l.exited:
+			return nil, fmt.Errorf("bashtask-local exited:\n%s", l.out.String())
+		case <-time.After(100 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			l.stop()
+			return nil, fmt.Errorf("bashtask-local not up after 3 minutes:\n%s", l.out.String())
+		}
+	}
+	return l, nil
+}
+
+// stop ends the cluster and waits until the launcher has stopped
+// everything it started.
+func (l *launched) stop() {
+	_ = l.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-l.exited:
+	case <-time.After(60 * time.Second):
+		_ = l.cmd.Process.Kill()
+		<-l.exited
+	}
+}
+
+// clusterClient is an administrator's client of the cluster in dir, once
+// it resolves BashTasks.
+func clusterClient(ctx context.Context, dir string) (client.Client, error) {
+	cfg, err := clientcmd.BuildConfigFromFlags("", filepath.Join(dir, "kubeconfig"))
+	if err != nil {
+		return nil, err
+	}
+	cfg.QPS, cfg.Burst = 500, 1000
+	scheme, err := localcluster.NewScheme()
+	if err != nil {
+		return nil, err
+	}
+	c, err := client.New(cfg, client.Options{Scheme: scheme})
+	if err != nil {
+		return nil, err
+	}
+	// Even once the kind is served, a client's REST mapper may read an older
+	// discovery document on a loaded machine; start when it resolves.
+	for deadline := time.Now().Add(time.Minute); ; {
+		err := c.List(ctx, &v1.BashTaskList{}, client.Limit(1))
+		if err == nil {
+			return c, nil
+		}
+		if time.Now().After(deadline) {
+			return nil, fmt.Errorf("BashTasks not served: %w", err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 }
 
 func newNamespace(t *testing.T) string {
@@ -163,11 +189,17 @@ func newNamespace(t *testing.T) string {
 // waitTerminal polls until every named task has a terminal reason.
 func waitTerminal(t *testing.T, ns string, names []string, timeout time.Duration) map[string]*v1.BashTask {
 	t.Helper()
+	return waitTerminalIn(t, k8s, ns, names, timeout)
+}
+
+// waitTerminalIn is waitTerminal in the cluster of c.
+func waitTerminalIn(t *testing.T, c client.Client, ns string, names []string, timeout time.Duration) map[string]*v1.BashTask {
+	t.Helper()
 	deadline := time.Now().Add(timeout)
 	got := map[string]*v1.BashTask{}
 	for {
 		var list v1.BashTaskList
-		if err := k8s.List(t.Context(), &list, client.InNamespace(ns)); err != nil {
+		if err := c.List(t.Context(), &list, client.InNamespace(ns)); err != nil {
 			t.Fatal(err)
 		}
 		for i := range list.Items {

@@ -17,9 +17,11 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
@@ -34,7 +36,13 @@ import (
 // adminConfig is the local cluster's administrator kubeconfig.
 func adminConfig(t *testing.T) *rest.Config {
 	t.Helper()
-	cfg, err := clientcmd.BuildConfigFromFlags("", filepath.Join(clusterDir, "kubeconfig"))
+	return adminConfigIn(t, clusterDir)
+}
+
+// adminConfigIn is the administrator kubeconfig of the cluster in dir.
+func adminConfigIn(t *testing.T, dir string) *rest.Config {
+	t.Helper()
+	cfg, err := clientcmd.BuildConfigFromFlags("", filepath.Join(dir, "kubeconfig"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -155,7 +163,13 @@ func isCode(err error, code int32) bool {
 // waitForgotten waits until the task's agent dropped its spill directory.
 func waitForgotten(t *testing.T, bt *v1.BashTask) {
 	t.Helper()
-	dir := filepath.Join(clusterDir, "agents", ptr.Deref(bt.Status.NodeName, ""), "tasks", string(bt.UID))
+	waitForgottenIn(t, clusterDir, bt)
+}
+
+// waitForgottenIn is waitForgotten in the cluster of dir.
+func waitForgottenIn(t *testing.T, cluster string, bt *v1.BashTask) {
+	t.Helper()
+	dir := filepath.Join(cluster, "agents", ptr.Deref(bt.Status.NodeName, ""), "tasks", string(bt.UID))
 	for deadline := time.Now().Add(time.Minute); ; {
 		if _, err := os.Stat(dir); errors.Is(err, os.ErrNotExist) {
 			return
@@ -409,5 +423,116 @@ func TestOutputNotKept(t *testing.T) {
 		if b, err := readAll(t, c, ns, bt.Name, "stdout", 100000, follow); err != nil || len(b) != 0 {
 			t.Errorf("at the end, follow=%v: %q, %v; want an empty clean end", follow, b, err)
 		}
+	}
+}
+
+// TestOutputNodeLocalBucket runs a cluster of its own as the chart's
+// default installs it: the agents upload to a file:// bucket on their
+// node and the controller has no --output-bucket-url, so it cannot read
+// the uploaded copies. Once the agent forgot a finished task, its stream,
+// longer than the tail, is still served whole through kube-apiserver: the
+// node's agent reads it from its bucket. Bytes past the spill limit and a
+// lost object are the same errors as from a bucket the controller reads.
+func TestOutputNodeLocalBucket(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "cluster")
+	lc, err := startCluster(dir, "--agents", "1", "--controller-arg=--output-bucket-url=")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			localcluster.WriteLogTails(t.Output(), dir, 40)
+		}
+		lc.stop()
+	})
+	kc, err := clusterClient(t.Context(), dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	nsObj := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "e2e-"}}
+	if err := kc.Create(t.Context(), nsObj); err != nil {
+		t.Fatal(err)
+	}
+	ns := nsObj.Name
+	c := outputClient(t, adminConfigIn(t, dir))
+	create := func(name, command string, mutate func(*v1.BashTask)) *v1.BashTask {
+		bt := &v1.BashTask{}
+		bt.Namespace, bt.Name = ns, name
+		bt.Spec.Command = command
+		if mutate != nil {
+			mutate(bt)
+		}
+		if err := kc.Create(t.Context(), bt); err != nil {
+			t.Fatal(err)
+		}
+		return bt
+	}
+	whole := create("whole", `printf 'línea ✓\n'; head -c 300000 /dev/urandom | base64`, nil)
+	cut := create("cut", `head -c 200000 /dev/zero | tr '\0' x`, func(bt *v1.BashTask) {
+		bt.Spec.Output = &v1.OutputSpec{SpillLimitBytes: ptr.To(int64(150000))}
+	})
+	done := waitTerminalIn(t, kc, ns, []string{whole.Name, cut.Name}, 2*time.Minute)
+	for name, bt := range done {
+		waitForgottenIn(t, dir, bt)
+		// The terminal status may come before the upload's: read the
+		// task again once the upload is recorded.
+		for deadline := time.Now().Add(time.Minute); !meta.IsStatusConditionTrue(bt.Status.Conditions, v1.ConditionOutputUploaded); {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: no OutputUploaded condition a minute after the agent forgot it: %+v", name, bt.Status.Conditions)
+			}
+			time.Sleep(100 * time.Millisecond)
+			if err := kc.Get(t.Context(), ctrlclient.ObjectKeyFromObject(bt), bt); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+
+	bt := done[whole.Name]
+	out := bt.Status.Stdout
+	if out == nil || out.Spill == nil {
+		t.Fatalf("stdout status %+v: no spill reference", out)
+	}
+	url := ptr.Deref(out.Spill.URL, "")
+	if !strings.HasPrefix(url, "file://"+dir) {
+		t.Fatalf("stdout's spill url %q, want an object of the node's file:// bucket", url)
+	}
+	want, total := ptr.Deref(out.SHA256, ""), ptr.Deref(out.TotalBytes, 0)
+	if !ptr.Deref(out.Truncated, false) {
+		t.Fatalf("stdout of %d bytes is not truncated: the test needs a stream longer than its tail", total)
+	}
+	var full []byte
+	for _, follow := range []bool{false, true} {
+		b, err := readAll(t, c, ns, bt.Name, "stdout", 0, follow)
+		if err != nil || sha(b) != want || int64(len(b)) != total {
+			t.Fatalf("follow=%v from 0: %d bytes, %v; want %d bytes with sha256 %s", follow, len(b), err, total, want)
+		}
+		full = b
+	}
+	if b, err := readAll(t, c, ns, bt.Name, "stdout", 2, false); err != nil || !bytes.Equal(b, full[2:]) { // inside 'í'
+		t.Errorf("from 2: %d bytes, %v; want the stream from 2", len(b), err)
+	}
+	if _, err := readAll(t, c, ns, bt.Name, "stdout", total+1, false); !isCode(err, http.StatusRequestedRangeNotSatisfiable) {
+		t.Errorf("past the end: %v, want 416", err)
+	}
+
+	// Past the spill limit: the kept bytes, then the error at the limit
+	// (a trailer), and a 410 from beyond it.
+	b, err := readAll(t, c, ns, cut.Name, "stdout", 100, true)
+	var se *client.StreamError
+	if int64(len(b)) != 150000-100 || !errors.As(err, &se) || se.Offset != 150000 || !strings.Contains(se.Message, "150000") {
+		t.Errorf("past the spill limit, from 100: %d bytes, %v; want 149900 then the error at offset 150000", len(b), err)
+	}
+	if _, err := readAll(t, c, ns, cut.Name, "stdout", 160000, false); !isCode(err, http.StatusGone) || !strings.Contains(err.Error(), "160000") {
+		t.Errorf("past the spill limit, from 160000: %v, want 410 naming the offset", err)
+	}
+
+	// The object lost: 410 naming the offset, and which agent looked.
+	key := strings.TrimPrefix(url, "file://"+filepath.Join(dir, "objects")+"/")
+	if err := os.Remove(filepath.Join(dir, "objects", filepath.FromSlash(key))); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := readAll(t, c, ns, bt.Name, "stdout", 7, true); !isCode(err, http.StatusGone) || !strings.Contains(err.Error(), "offset 7") ||
+		!strings.Contains(err.Error(), "missing") {
+		t.Errorf("the object removed, from 7: %v, want 410 naming the offset and the missing copy", err)
 	}
 }

@@ -2289,7 +2289,19 @@ type ReadOutputRequest struct {
 	// ends after the bytes known at the request.
 	Follow bool `protobuf:"varint,4,opt,name=follow,proto3" json:"follow,omitempty"`
 	// limit_bytes, when positive, ends the stream after that many data bytes.
-	LimitBytes    int64 `protobuf:"varint,5,opt,name=limit_bytes,json=limitBytes,proto3" json:"limit_bytes,omitempty"`
+	LimitBytes int64 `protobuf:"varint,5,opt,name=limit_bytes,json=limitBytes,proto3" json:"limit_bytes,omitempty"`
+	// object_url, when set, asks for the stream's uploaded copy instead of
+	// the spill file: the URL its status records (spill.url), for a finished
+	// task the agent may no longer hold, whose bucket only the agent can read
+	// (a file:// bucket on its node). The agent reads it through its own
+	// bucket handle only, never as a local path: the URL must be its
+	// bucket's URL (without query) followed by the key
+	// <namespace>/<name>/<uid>/<stream> of this request's uid and stream,
+	// else FAILED_PRECONDITION (another bucket) or INVALID_ARGUMENT (another
+	// key). The header and end messages then describe the object (its
+	// stream-bytes and bytes metadata, complete), follow changes nothing,
+	// and a missing object is NOT_FOUND.
+	ObjectUrl     string `protobuf:"bytes,6,opt,name=object_url,json=objectUrl,proto3" json:"object_url,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2357,6 +2369,13 @@ func (x *ReadOutputRequest) GetLimitBytes() int64 {
 		return x.LimitBytes
 	}
 	return 0
+}
+
+func (x *ReadOutputRequest) GetObjectUrl() string {
+	if x != nil {
+		return x.ObjectUrl
+	}
+	return ""
 }
 
 // OutputState is what the agent knows of a stream at one moment.
@@ -2652,14 +2671,16 @@ const file_agent_proto_rawDesc = "" +
 	"\rWatchResponse\x124\n" +
 	"\x05agent\x18\x01 \x01(\v2\x1c.bashtask.agent.v1.AgentInfoH\x00R\x05agent\x122\n" +
 	"\x04task\x18\x02 \x01(\v2\x1c.bashtask.agent.v1.TaskEventH\x00R\x04taskB\a\n" +
-	"\x05event\"\xaf\x01\n" +
+	"\x05event\"\xce\x01\n" +
 	"\x11ReadOutputRequest\x12\x10\n" +
 	"\x03uid\x18\x01 \x01(\tR\x03uid\x127\n" +
 	"\x06stream\x18\x02 \x01(\x0e2\x1f.bashtask.agent.v1.OutputStreamR\x06stream\x12\x16\n" +
 	"\x06offset\x18\x03 \x01(\x03R\x06offset\x12\x16\n" +
 	"\x06follow\x18\x04 \x01(\bR\x06follow\x12\x1f\n" +
 	"\vlimit_bytes\x18\x05 \x01(\x03R\n" +
-	"limitBytes\"k\n" +
+	"limitBytes\x12\x1d\n" +
+	"\n" +
+	"object_url\x18\x06 \x01(\tR\tobjectUrl\"k\n" +
 	"\vOutputState\x12\x1f\n" +
 	"\vtotal_bytes\x18\x01 \x01(\x03R\n" +
 	"totalBytes\x12\x1a\n" +

@@ -90,7 +90,9 @@ type ExecutorClient interface {
 	// ended stream; DATA_LOSS, naming the offset and spill_limit_bytes (or
 	// the write error), for bytes the spill file does not hold, before the
 	// first data chunk when known then and as the stream's status when found
-	// later. It takes no fence: it changes nothing.
+	// later. With object_url it serves the uploaded copy from the agent's
+	// bucket instead (see ReadOutputRequest). It takes no fence: it changes
+	// nothing.
 	ReadOutput(ctx context.Context, in *ReadOutputRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[OutputChunk], error)
 }
 
@@ -245,7 +247,9 @@ type ExecutorServer interface {
 	// ended stream; DATA_LOSS, naming the offset and spill_limit_bytes (or
 	// the write error), for bytes the spill file does not hold, before the
 	// first data chunk when known then and as the stream's status when found
-	// later. It takes no fence: it changes nothing.
+	// later. With object_url it serves the uploaded copy from the agent's
+	// bucket instead (see ReadOutputRequest). It takes no fence: it changes
+	// nothing.
 	ReadOutput(*ReadOutputRequest, grpc.ServerStreamingServer[OutputChunk]) error
 	mustEmbedUnimplementedExecutorServer()
 }

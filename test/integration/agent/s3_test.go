@@ -1,6 +1,7 @@
 package agent_test
 
 import (
+	"bytes"
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
@@ -18,6 +19,8 @@ import (
 	"github.com/aws/aws-sdk-go-v2/credentials"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
 	"github.com/google/go-cmp/cmp"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	agentv1 "github.com/bashtask/bashtask-operator/api/agent/v1"
@@ -178,6 +181,51 @@ func TestUploadToS3(t *testing.T) {
 		t.Errorf("spill url %q, want %q", got, want)
 	}
 	checkObject(t, s, "outputs", uid, out)
+
+	// Forgotten, the task's stream is still served by the agent from the
+	// object, by the URL its status records: range reads on S3.
+	if _, err := c.Forget(t.Context(), &agentv1.ForgetRequest{Uid: uid}); err != nil {
+		t.Fatal(err)
+	}
+	w.until(uid, 30*time.Second, "forget", isType(agentv1.EventType_EVENT_TYPE_FORGOTTEN))
+	whole, _ := s.object(t, "outputs", "ns/seq/"+uid+"/stdout")
+	url := up.GetStdout().GetSpill().GetUrl()
+	for _, r := range []struct{ offset, limit int64 }{{0, 0}, {100001, 0}, {5, 20}, {210001, 0}} {
+		got, err := readObject(t, c, &agentv1.ReadOutputRequest{Uid: uid, ObjectUrl: url, Offset: r.offset, LimitBytes: r.limit})
+		want := whole[r.offset:]
+		if r.limit > 0 {
+			want = want[:r.limit]
+		}
+		if err != nil || !bytes.Equal(got, want) {
+			t.Errorf("ReadOutput of %s from %d, limit %d: %d bytes, %v; want %d", url, r.offset, r.limit, len(got), err, len(want))
+		}
+	}
+	if _, err := readObject(t, c, &agentv1.ReadOutputRequest{Uid: uid, ObjectUrl: "s3://other/ns/seq/" + uid + "/stdout"}); status.Code(err) != codes.FailedPrecondition {
+		t.Errorf("ReadOutput of another bucket's object: %v, want FailedPrecondition", err)
+	}
+}
+
+// readObject reads a ReadOutput stream's data to its end message.
+func readObject(t *testing.T, c agentv1.ExecutorClient, req *agentv1.ReadOutputRequest) ([]byte, error) {
+	t.Helper()
+	stream, err := c.ReadOutput(t.Context(), req)
+	if err != nil {
+		return nil, err
+	}
+	var data []byte
+	for {
+		m, err := stream.Recv()
+		if err != nil {
+			return data, err
+		}
+		if m.GetEnd() != nil {
+			return data, nil
+		}
+		if m.GetHeader() == nil && m.GetOffset() != req.GetOffset()+int64(len(data)) {
+			return data, fmt.Errorf("chunk at offset %d after %d bytes from %d", m.GetOffset(), len(data), req.GetOffset())
+		}
+		data = append(data, m.GetData()...)
+	}
 }
 
 // TestUploadFailureThenRecovery: the bucket does not exist at first, so
