@@ -294,11 +294,22 @@ func (w *Workspace) Close() error {
 	return nil
 }
 
-// unmountWait bounds the wait for a workspace's file system to be let go
-// by every mount namespace once it is unmounted: the mount namespaces of
-// its tasks go with their last process, which Remove's caller has
-// stopped.
+// unmountWait bounds the wait for a workspace's file system to come free
+// in the agent's mount namespace (EBUSY while a process of the workspace
+// is still on its way out).
 const unmountWait = 5 * time.Second
+
+// heldWait bounds the wait, after the unmount, for the image's loop
+// device to be let go by every other mount namespace. The mount
+// namespaces of the workspace's tasks go with their last process, which
+// Remove's caller has stopped; a namespace made elsewhere while the file
+// system was mounted (a task shim of another agent on the same host, which
+// detaches only its own agent's workspaces) keeps a copy until it ends.
+// That copy is no reason to fail the deletion: the image is unlinked, no
+// process of the workspace's UID is left to use it, the root of the file
+// system is mode 0700 to that UID, and the loop device (LO_FLAGS_AUTOCLEAR)
+// frees the image's blocks when the last copy goes.
+const heldWait = 500 * time.Millisecond
 
 // Remove deletes the workspace: Close, then its file system unmounted
 // (without MNT_DETACH, so that a process still inside makes it fail
@@ -306,8 +317,8 @@ const unmountWait = 5 * time.Second
 // plain directory removed without following a symbolic link (its root
 // taken back by root first, so the workspace's UID cannot enter while it
 // goes), then the root directory. Every process of the workspace's UID
-// must be gone. It returns an error when the file system is still held
-// by a mount namespace after unmountWait.
+// must be gone. A copy of the mount in another mount namespace is waited
+// for at most heldWait and then left to the loop device to free.
 func (w *Workspace) Remove() error {
 	_ = w.Close()
 	var errs []error
@@ -318,12 +329,7 @@ func (w *Workspace) Remove() error {
 		if err := os.Remove(w.image); err != nil && !errors.Is(err, os.ErrNotExist) {
 			errs = append(errs, err)
 		}
-		deadline := time.Now().Add(unmountWait)
-		for imageInUse(w.image) {
-			if time.Now().After(deadline) {
-				errs = append(errs, fmt.Errorf("the file system of workspace %s is still mounted in another mount namespace after %v", w.id, unmountWait))
-				break
-			}
+		for deadline := time.Now().Add(heldWait); imageInUse(w.image) && time.Now().Before(deadline); {
 			time.Sleep(10 * time.Millisecond)
 		}
 	} else {
