@@ -91,6 +91,8 @@ type options struct {
 	controllerArgs          []string
 	isolation               string
 	latencyTasks            int
+	workspaces              int
+	workspaceTasks          int
 	latencyRate             float64
 	throughputTasks         int
 	pairs                   int
@@ -132,6 +134,8 @@ func main() {
 	flag.StringVar(&o.isolation, "isolation", "", "isolation level of the agents, passed to bashtask-local --isolation (empty: its default, tenant as root)")
 	flag.IntVar(&o.latencyTasks, "latency-tasks", 500, "tasks of the latency phase")
 	flag.Float64Var(&o.latencyRate, "latency-rate", 10, "tasks created per second in the latency phase")
+	flag.IntVar(&o.workspaces, "workspaces", 20, "workspaces of the workspace phase, created one at a time (0 skips the phase; it needs agents at the tenant level)")
+	flag.IntVar(&o.workspaceTasks, "workspace-tasks", 50, "tasks run one at a time in a workspace, and as many plain ones alternating with them, in the workspace phase")
 	flag.IntVar(&o.throughputTasks, "throughput-tasks", 2000, "tasks of the throughput phase, and of the raw API phase, each split evenly over the windows")
 	flag.IntVar(&o.pairs, "pairs", 5, "pairs of windows (raw API, then full system) the throughput comparison alternates")
 	flag.DurationVar(&o.settle, "window-settle", time.Second, "pause after each window, so that its trailing work does not land in the next")
@@ -188,7 +192,12 @@ type figures struct {
 	apiCPU, rawAPICPU float64
 	writesPerTask     float64
 	rssMB             float64
-	executor          map[string]float64
+	// wsCreateP50/P99 are a workspace's create-to-Ready times; wsTaskP50
+	// and wsPlainP50 the latencies of tasks run one at a time in a
+	// workspace and without one, in ms.
+	wsCreateP50, wsCreateP99 float64
+	wsTaskP50, wsPlainP50    float64
+	executor                 map[string]float64
 	// output holds hack/bench-output's figures, by their keys.
 	output           map[string]float64
 	loadStart, loadE string
@@ -208,6 +217,7 @@ func (f figures) ratioSpread() float64 {
 
 func run(ctx context.Context, o options) (err error) {
 	f := figures{latP50: math.NaN(), latP99: math.NaN(), throughput: math.NaN(), raw: math.NaN(),
+		wsCreateP50: math.NaN(), wsCreateP99: math.NaN(), wsTaskP50: math.NaN(), wsPlainP50: math.NaN(),
 		apiCPU: math.NaN(), rawAPICPU: math.NaN(), writesPerTask: math.NaN(), rssMB: math.NaN()}
 	f.loadStart = loadAvg()
 	for _, in := range []struct {
@@ -318,6 +328,19 @@ func runCluster(ctx context.Context, o options, dir string, f *figures) error {
 	}
 	latCounts := latAfter.minus(latBefore)
 	latCounts.setN(o.latencyTasks)
+
+	f.wsCreateP50, f.wsCreateP99, f.wsTaskP50, f.wsPlainP50 = math.NaN(), math.NaN(), math.NaN(), math.NaN()
+	if o.workspaces > 0 && o.isolation != "process" {
+		fmt.Printf("\n== workspaces: %d created one at a time, then %d tasks in one alternating with %d plain ones\n", o.workspaces, o.workspaceTasks, o.workspaceTasks)
+		wf, err := b.workspacePhase(ctx, o.workspaces, o.workspaceTasks, time.Minute)
+		if err != nil {
+			return fmt.Errorf("workspace phase: %w", err)
+		}
+		f.wsCreateP50, f.wsCreateP99 = percentile(wf.createReady, 0.50), percentile(wf.createReady, 0.99)
+		f.wsTaskP50, f.wsPlainP50 = percentile(wf.inWorkspace, 0.50), percentile(wf.plain, 0.50)
+		fmt.Printf("workspace create to Ready: p50 %.1f ms, p99 %.1f ms; a task in a workspace: p50 %.1f ms, a plain task: p50 %.1f ms\n",
+			f.wsCreateP50, f.wsCreateP99, f.wsTaskP50, f.wsPlainP50)
+	}
 
 	// The raw API control plane runs beside the local cluster, idle but
 	// for its own housekeeping while the full system's windows run, and
@@ -557,6 +580,7 @@ func newBench(ctx context.Context, cfg *rest.Config, o options) (*bench, error) 
 	// for kind" although the kind was served.
 	mapper := meta.NewDefaultRESTMapper(nil)
 	mapper.Add(v1.GroupVersion.WithKind("BashTask"), meta.RESTScopeNamespace)
+	mapper.Add(v1.GroupVersion.WithKind("BashWorkspace"), meta.RESTScopeNamespace)
 	mapper.Add(corev1.SchemeGroupVersion.WithKind("Namespace"), meta.RESTScopeRoot)
 	c, err := client.NewWithWatch(cfg, client.Options{Scheme: scheme, Mapper: mapper})
 	if err != nil {
@@ -1415,6 +1439,9 @@ func report(o options, f figures) bool {
 	rows[len(rows)-1].noTarget = true
 	add("e2e.writes_per_task", f.writesPerTask, "%.2f", "<= 3", f.writesPerTask <= 3)
 	add("controller.rss_mb_10k", f.rssMB, "%.1f", fmt.Sprintf("< 300 (%d tasks)", o.rssTotal), f.rssMB < 300)
+	add("workspace.create_ready_p50_ms", f.wsCreateP50, "%.1f", "<= 100 (p99 "+num(f.wsCreateP99, "%.1f")+")", f.wsCreateP50 <= 100)
+	add("workspace.task_latency_p50_ms", f.wsTaskP50, "%.1f", "(plain task, same run: "+num(f.wsPlainP50, "%.1f")+")", true)
+	rows[len(rows)-1].noTarget = true
 	if f.output != nil {
 		out := func(k string) float64 {
 			if v, ok := f.output[k]; ok {
@@ -1480,6 +1507,10 @@ func writeJSON(path string, f figures) error {
 	put("e2e.raw_apiserver_cpu_ms_per_task", f.rawAPICPU)
 	put("e2e.writes_per_task", f.writesPerTask)
 	put("controller.rss_mb_10k", f.rssMB)
+	put("workspace.create_ready_p50_ms", f.wsCreateP50)
+	put("workspace.create_ready_p99_ms", f.wsCreateP99)
+	put("workspace.task_latency_p50_ms", f.wsTaskP50)
+	put("workspace.plain_task_latency_p50_ms", f.wsPlainP50)
 	for _, k := range outputKeys {
 		if v, ok := f.output[k]; ok {
 			put(k, v)
