@@ -207,7 +207,7 @@ func runNetwork(n int, network string, size int64, top, shimPath string) (_ *res
 			DiskQuotaCapBytes: size,
 		},
 	}
-	if network == string(executor.NetworkEgress) {
+	if strings.EqualFold(network, string(executor.NetworkEgress)) {
 		// A range and an ID of this process's own, so that an agent or
 		// another benchmark on the host is not disturbed: a /19, 2048
 		// slots of a /30 each.
@@ -464,7 +464,7 @@ func printLimits(w io.Writer, n int, top string, networks []string) {
 	fmt.Fprintf(w, "  free disk under %s: %s\n", top, free)
 	fmt.Fprintf(w, "  task UIDs: --task-uid-range %s holds %d, one per workspace for its life and one per running task\n",
 		agent.DefaultTaskUIDRange, agent.DefaultTaskUIDRange.Last-agent.DefaultTaskUIDRange.First+1)
-	if slices.Contains(networks, string(executor.NetworkEgress)) {
+	if slices.ContainsFunc(networks, func(n string) bool { return strings.EqualFold(n, string(executor.NetworkEgress)) }) {
 		fmt.Fprintf(w, "  Egress: --egress-cidr %s holds %d slots of a /30, one per Egress workspace and one per running Egress task\n",
 			executor.DefaultEgressCIDR, 1<<(32-16-2))
 	}
