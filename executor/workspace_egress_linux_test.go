@@ -34,7 +34,11 @@ func TestWorkspaceEgress(t *testing.T) {
 		return w
 	}
 	w1, w2 := open(), open()
-	defer w2.Remove()
+	defer func() {
+		if err := w2.Remove(); err != nil {
+			t.Errorf("Remove: %v", err)
+		}
+	}()
 	removed := false
 	defer func() {
 		if !removed {

@@ -447,7 +447,7 @@ func superviseShell(st *state, sigs <-chan os.Signal) (int, error) {
 	}
 	devNull.Close()
 	w := bufio.NewWriter(st.report)
-	w.Write(st.ws.workdirReport)
+	_, _ = w.Write(st.ws.workdirReport) // a bufio.Writer's error comes back from Flush
 	fmt.Fprintf(w, "started %d\n", shell)
 	w.Flush()
 	for _, fd := range st.closeAfterStart {
