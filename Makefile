@@ -273,6 +273,18 @@ BENCH_APISERVER_ARGS ?=
 bench-apiserver: envtest ## kube-apiserver CPU per task for variants of the CRD's rules and of the status writes, in alternating windows.
 	$(GO) run ./hack/bench-apiserver $(BENCH_APISERVER_ARGS)
 
+# What idle workspaces cost one agent (hack/bench-workspace;
+# docs/performance.md): 1000 of them by default, with the agent's default
+# 10Gi file system each. Needs root, loop devices and mkfs.ext4; a few
+# minutes, so not part of `make bench`. BENCH_WORKSPACE_ARGS passes flags,
+# e.g. BENCH_WORKSPACE_ARGS='-n 200 -networks None,Egress'.
+BENCH_WORKSPACE_ARGS ?=
+
+.PHONY: bench-workspaces
+bench-workspaces: ## Memory, kernel memory, disk, loop devices and create/delete latency of 1000 idle workspaces on one agent (root).
+	mkdir -p _output
+	$(GO) run ./hack/bench-workspace -json _output/bench-workspace.json $(BENCH_WORKSPACE_ARGS)
+
 ##@ Tools
 
 .PHONY: tools

@@ -290,6 +290,19 @@ const probes = `probe() { if out=$(timeout 3 bash -c "exec 3<>/dev/tcp/$2/$3 && 
 // output by line.
 func runProbes(t *testing.T, ex *Executor, network Network, targets map[string]string, extra string) (map[string]string, []string) {
 	t.Helper()
+	spec := testSpec(t, "")
+	spec.Network = network
+	return runProbesAs(t, ex, spec, targets, extra)
+}
+
+// runProbesAs is runProbes with spec (its command replaced by the
+// probes'), e.g. a workspace task's.
+func runProbesAs(t *testing.T, ex *Executor, spec Spec, targets map[string]string, extra string) (map[string]string, []string) {
+	t.Helper()
+	network := spec.Network
+	if spec.Workspace != nil {
+		network = spec.Workspace.Workspace.Network()
+	}
 	var cmd strings.Builder
 	cmd.WriteString(probes)
 	for _, name := range slices.Sorted(func(yield func(string) bool) {
@@ -303,8 +316,7 @@ func runProbes(t *testing.T, ex *Executor, network Network, targets map[string]s
 		fmt.Fprintf(&cmd, "probe %s %s %s &\n", name, host, port)
 	}
 	cmd.WriteString("wait\n" + extra)
-	spec := testSpec(t, cmd.String())
-	spec.Network = network
+	spec.Command = cmd.String()
 	res := run(t, ex, spec)
 	if res.Reason != ReasonSucceeded {
 		t.Fatalf("probe task: %s %s\nstdout: %s\nstderr: %s", res.Reason, res.Message, res.Stdout.Tail, res.Stderr.Tail)

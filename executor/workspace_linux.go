@@ -21,10 +21,14 @@ import (
 
 // workspaceSys is what the executor holds of a workspace on Linux.
 type workspaceSys struct {
-	mu     sync.Mutex
-	root   *os.File       // the root directory, opened without following links; nil once closed
-	ns     netns.NsHandle // the workspace's network namespace; -1 for NetworkNode or once closed
-	link   *egressLink    // NetworkEgress: its veth pair and address slot
+	mu   sync.Mutex
+	root *os.File       // the root directory, opened without following links; nil once closed
+	ns   netns.NsHandle // the workspace's network namespace; -1 for NetworkNode or once closed
+	link *egressLink    // NetworkEgress: its veth pair and address slot
+	// loop is the loop device (/dev/loopN) of the workspace's file
+	// system as it was mounted when the executor took the workspace; ""
+	// without one or when it was not found.
+	loop   string
 	closed bool
 }
 
@@ -119,8 +123,9 @@ func (e *Executor) workspaceFS(w *Workspace, o WorkspaceOptions, undo *[]func())
 			return fmt.Errorf("workspace image %s is not a regular file", o.Image)
 		}
 		w.image, w.size = o.Image, fi.Size()
-		mounted, err := imageMountedAt(o.Image, w.dir)
-		if err != nil || mounted {
+		dev, err := imageMountedAt(o.Image, w.dir)
+		if err != nil || dev != "" {
+			w.sys.loop = dev
 			return err
 		}
 		img, err := os.OpenFile(o.Image, os.O_RDWR|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
@@ -136,6 +141,7 @@ func (e *Executor) workspaceFS(w *Workspace, o WorkspaceOptions, undo *[]func())
 			return err
 		}
 		*undo = append(*undo, func() { _ = unix.Unmount(w.dir, unix.UMOUNT_NOFOLLOW|unix.MNT_DETACH) })
+		w.sys.loop, _ = imageMountedAt(o.Image, w.dir)
 		return nil
 	case !errors.Is(err, os.ErrNotExist):
 		return fmt.Errorf("workspace image: %w", err)
@@ -160,22 +166,24 @@ func (e *Executor) workspaceFS(w *Workspace, o WorkspaceOptions, undo *[]func())
 		return err
 	}
 	w.image, w.size = o.Image, size
+	w.sys.loop, _ = imageMountedAt(o.Image, w.dir)
 	return nil
 }
 
-// imageMountedAt reports whether dir is the mount point of a loop device
-// backed by image in this mount namespace.
-func imageMountedAt(image, dir string) (bool, error) {
+// imageMountedAt returns the loop device (/dev/loopN) backed by image
+// whose file system is mounted at dir in this mount namespace; "" when
+// there is none.
+func imageMountedAt(image, dir string) (string, error) {
 	mounts, err := loopMounts()
 	if err != nil {
-		return false, err
+		return "", err
 	}
 	for _, m := range mounts {
 		if m.point == dir && loopBacking(m.dev) == image {
-			return true, nil
+			return m.dev, nil
 		}
 	}
-	return false, nil
+	return "", nil
 }
 
 // loopBacking is the backing file of loop device dev (/dev/loopN), empty
@@ -189,7 +197,9 @@ func loopBacking(dev string) string {
 }
 
 // imageInUse reports whether a loop device is backed by image: a mount of
-// its file system is left in some mount namespace.
+// its file system is left in some mount namespace. It reads every loop
+// device's backing file: on a node of a thousand workspaces a thousand
+// files, for each of Remove's polls (see Workspace.loopInUse).
 func imageInUse(image string) bool {
 	devs, _ := filepath.Glob("/sys/block/loop*")
 	for _, d := range devs {
@@ -329,7 +339,7 @@ func (w *Workspace) Remove() error {
 		if err := os.Remove(w.image); err != nil && !errors.Is(err, os.ErrNotExist) {
 			errs = append(errs, err)
 		}
-		for deadline := time.Now().Add(heldWait); imageInUse(w.image) && time.Now().Before(deadline); {
+		for deadline := time.Now().Add(heldWait); w.loopInUse() && time.Now().Before(deadline); {
 			time.Sleep(10 * time.Millisecond)
 		}
 	} else {
@@ -347,6 +357,19 @@ func (w *Workspace) Remove() error {
 		errs = append(errs, fmt.Errorf("removing workspace directory %s: %w", w.dir, err))
 	}
 	return errors.Join(errs...)
+}
+
+// loopInUse reports whether the workspace's image still backs a loop
+// device once its mount here is gone: the device it was mounted from
+// when the executor took the workspace (the image is attached to no other:
+// it is mounted once, and deleted before this is asked), or any when that
+// device is not known. The device clears itself when the last mount of
+// its file system, in any mount namespace, goes.
+func (w *Workspace) loopInUse() bool {
+	if w.sys.loop == "" {
+		return imageInUse(w.image)
+	}
+	return loopBacking(w.sys.loop) == w.image
 }
 
 // unmountBusy unmounts dir, retrying for unmountWait while it is busy.

@@ -253,10 +253,13 @@ func TestWorkspaceQuota(t *testing.T) {
 		t.Errorf("the other workspace: %q", res.Stdout.Tail)
 	}
 	dir, image := full.Dir(), full.image
+	if dev, err := imageMountedAt(image, dir); err != nil || dev == "" || full.sys.loop != dev {
+		t.Errorf("the workspace's loop device %q, mounted from %q (%v)", full.sys.loop, dev, err)
+	}
 	if err := full.Remove(); err != nil {
 		t.Fatal(err)
 	}
-	if mounted, _ := imageMountedAt(image, dir); mounted || imageInUse(image) {
+	if dev, _ := imageMountedAt(image, dir); dev != "" || imageInUse(image) {
 		t.Errorf("the image is still mounted after Remove")
 	}
 	for _, p := range []string{dir, image} {

@@ -358,3 +358,110 @@ func TestWorkspacesNeedTenantLevel(t *testing.T) {
 		t.Errorf("EnsureWorkspace at the process level: %v", err)
 	}
 }
+
+// mountAt is a mount of /proc/self/mountinfo: its id and source.
+type mountAt struct{ id, source string }
+
+// mountsAt lists the mounts whose mount point is dir, in mount order.
+func mountsAt(t *testing.T, dir string) []mountAt {
+	t.Helper()
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []mountAt
+	for line := range strings.Lines(string(b)) {
+		f := strings.Fields(line)
+		// id parent major:minor root point options [optional...] - type source super
+		sep := slices.Index(f, "-")
+		if len(f) > 4 && sep > 0 && len(f) > sep+2 && f[4] == dir {
+			out = append(out, mountAt{id: f[0], source: f[sep+2]})
+		}
+	}
+	return out
+}
+
+// A workspace's file system after the agent's restart: where it is still
+// mounted (the agent's process restarted on the same host) the new
+// server takes up that mount and mounts nothing over it; where it is not
+// (an agent container's restart loses its mounts, the image stays on the
+// node) the new server mounts the image again, and the files are there.
+func TestWorkspaceRestartMounts(t *testing.T) {
+	if _, err := os.Stat("/dev/loop-control"); err != nil {
+		t.Skipf("no loop devices: %v", err)
+	}
+	for name, tc := range map[string]struct {
+		first   uint32
+		unmount bool
+	}{
+		"still mounted, a local restart": {first: 2101150},
+		"not mounted, a new pod":         {first: 2101152, unmount: true},
+	} {
+		t.Run(name, func(t *testing.T) {
+			quota := func(c *Config) { c.Executor.DiskQuotaBytes, c.Executor.DiskQuotaCapBytes = 64<<20, 64<<20 }
+			r := newRig(t, tenantLevel(tc.first, tc.first+1), quota)
+			wc := r.workspaceClient()
+			if st := ensure(t, wc, "wm", "None", false); !st.GetStorageEnforced() {
+				t.Fatalf("storage not enforced: %v", st)
+			}
+			if res := r.runTask(wsTask("m1", "wm", `echo kept > f`)); res.GetReason() != "Succeeded" {
+				t.Fatalf("m1: %s %q", res.GetReason(), res.GetMessage())
+			}
+			wsDir := filepath.Join(r.dir, "workspaces")
+			root := filepath.Join(wsDir, "wm")
+			image := filepath.Join(r.dir, "state", "workspaces", "wm", "disk.img")
+			before := mountsAt(t, root)
+			if len(before) != 1 || !strings.HasPrefix(before[0].source, "/dev/loop") {
+				t.Fatalf("mounts at %s before the restart: %v, want one of a loop device", root, before)
+			}
+			if err := r.shutdown(); err != nil {
+				t.Fatal(err)
+			}
+			r.srv.ws.closeAll()
+			if tc.unmount {
+				// What a new container's mount namespace lacks: the
+				// workspace's file system and the workspaces' directory.
+				for _, dir := range []string{root, wsDir} {
+					if err := syscall.Unmount(dir, 0); err != nil {
+						t.Fatalf("unmounting %s: %v", dir, err)
+					}
+				}
+				if m := mountsAt(t, root); len(m) != 0 {
+					t.Fatalf("still mounted at %s: %v", root, m)
+				}
+				if _, err := os.Stat(filepath.Join(root, "f")); !os.IsNotExist(err) {
+					t.Fatalf("the file without the mount: %v", err)
+				}
+			}
+
+			r2 := newRig(t, tenantLevel(tc.first, tc.first+1), quota, func(c *Config) {
+				c.StateDir, c.Executor.WorkDirRoot = filepath.Join(r.dir, "state"), r.dir
+			})
+			after := mountsAt(t, root)
+			switch {
+			case len(after) != 1:
+				t.Errorf("mounts at %s after the restart: %v, want one", root, after)
+			case !tc.unmount && after[0] != before[0]:
+				t.Errorf("mount at %s after a local restart: %v, want the one before, %v", root, after[0], before[0])
+			case tc.unmount && !strings.HasPrefix(after[0].source, "/dev/loop"):
+				t.Errorf("mount at %s after a new pod: %v, want a loop device", root, after[0])
+			}
+			if len(after) == 1 {
+				dev := strings.TrimPrefix(after[0].source, "/dev/")
+				b, err := os.ReadFile("/sys/block/" + dev + "/loop/backing_file")
+				if got := strings.TrimSpace(string(b)); err != nil || got != image {
+					t.Errorf("%s backed by %q (%v), want %s", after[0].source, got, err, image)
+				}
+			}
+			if res := r2.runTask(wsTask("m2", "wm", `cat f; df --output=target . | tail -n1`)); res.GetStdout().GetTail() != "kept\n"+executor.WorkspaceHome+"\n" {
+				t.Errorf("after the restart: %s %q stdout %q stderr %q", res.GetReason(), res.GetMessage(), res.GetStdout().GetTail(), res.GetStderr().GetTail())
+			}
+			if _, err := r2.workspaceClient().DeleteWorkspace(t.Context(), &agentv1.DeleteWorkspaceRequest{Uid: "wm"}); err != nil {
+				t.Fatal(err)
+			}
+			if m := mountsAt(t, root); len(m) != 0 {
+				t.Errorf("mounted at %s after the deletion: %v", root, m)
+			}
+		})
+	}
+}

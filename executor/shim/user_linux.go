@@ -71,7 +71,9 @@ func userStep(st *state) error {
 	if err != nil {
 		return fmt.Errorf("fsmount tmpfs: %w", err)
 	}
-	defer unix.Close(mnt)
+	// Kept until the shell started (state.closeAfterStart); close-on-exec,
+	// and every descriptor but the streams is marked so before the fork.
+	st.closeAfterStart = append(st.closeAfterStart, mnt)
 	nf := st.nodeUsers
 	if nf.passwdOK {
 		data := PasswdWithUser(nf.passwd, *u, uid, gid, st.cfg.Shell)

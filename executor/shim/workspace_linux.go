@@ -19,6 +19,11 @@ type wsState struct {
 	tree  int // the workspace's root as a detached mount, until attached
 	root  int // O_PATH descriptor of the attached root, for the workdir step
 	carry int // the carry record (CarryPath), read once the shell is reaped
+	// workdirReport is the "workdir" report line, written with "started".
+	workdirReport []byte
+	// rc is CarryRC(false) and CarryRC(true), made before the Config
+	// arrives.
+	rc [2][]byte
 }
 
 // netnsStep joins the workspace's network namespace (Config.NetNS) on
@@ -64,7 +69,11 @@ func workspaceHome(st *state, mnt int, uid, gid uint32) error {
 		if err := unix.Mkdirat(mnt, dir, 0o755); err != nil {
 			return fmt.Errorf("making %s: %w", CarryDir, err)
 		}
-		if err := writeAt(mnt, dir+"/"+filepath.Base(RCPath), CarryRC(ws.CarryEnv)); err != nil {
+		rc := st.ws.rc[0]
+		if ws.CarryEnv {
+			rc = st.ws.rc[1]
+		}
+		if err := writeAt(mnt, dir+"/"+filepath.Base(RCPath), rc); err != nil {
 			return err
 		}
 		fd, err := unix.Openat(mnt, dir+"/"+filepath.Base(CarryPath), unix.O_RDWR|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
@@ -100,7 +109,10 @@ func workspaceHome(st *state, mnt int, uid, gid uint32) error {
 // RESOLVE_NO_MAGICLINKS, so that /proc/self/fd/N leads nowhere; then
 // fchdir, which checks the task's search permission. A StartDir that is
 // not StartDirRequired and fails starts the shell at the root; either
-// way the step reports "workdir" with where the shell starts.
+// way the step prepares the "workdir" report of where the shell starts,
+// which goes out in the same write as "started" (one wake-up of the
+// parent, not two, on the start's path; a later step's failure reports
+// only the error).
 func workdirStep(st *state) error {
 	ws := st.cfg.Workspace
 	if ws == nil {
@@ -142,8 +154,8 @@ func workdirStep(st *state) error {
 		return fmt.Errorf("the start directory: %w", err)
 	}
 	b, _ := json.Marshal(StartDir{Dir: cwd, Note: note})
-	_, err = fmt.Fprintf(st.report, "workdir %s\n", b)
-	return err
+	st.ws.workdirReport = fmt.Appendf(nil, "workdir %s\n", b)
+	return nil
 }
 
 // reportCarry reads the carry record through fd, the shim's own
@@ -151,7 +163,40 @@ func workdirStep(st *state) error {
 // reports it. Never by its path: nothing the task controls is followed,
 // whatever it did to the file.
 func reportCarry(w *bufio.Writer, fd int) {
-	buf := make([]byte, MaxCarryBytes+1)
+	rec, over := readCarry(fd)
+	c := ParseCarry(rec, over)
+	b, err := json.Marshal(c)
+	if err != nil {
+		return
+	}
+	fmt.Fprintf(w, "carry %s\n", b)
+}
+
+// readCarry reads the record from fd: at most MaxCarryBytes, and over
+// when there is more. The buffer is sized by the file's size (a record
+// is some bytes for a directory, a few KiB with variables) instead of the
+// bound: 256 KiB allocated and zeroed for every task was a tenth of a
+// millisecond of the shim's exit. A record that grew after the fstat (a
+// process of the task still writing it) is read again with a buffer of
+// the bound.
+func readCarry(fd int) (rec []byte, over bool) {
+	size := int64(MaxCarryBytes)
+	var fi unix.Stat_t
+	if err := unix.Fstat(fd, &fi); err == nil && fi.Size >= 0 && fi.Size < size {
+		size = fi.Size
+	}
+	buf := make([]byte, size+1)
+	n := preadFull(fd, buf)
+	if n == len(buf) && size < MaxCarryBytes {
+		buf = make([]byte, MaxCarryBytes+1)
+		n = preadFull(fd, buf)
+	}
+	return buf[:min(n, MaxCarryBytes)], n > MaxCarryBytes
+}
+
+// preadFull reads fd from offset 0 into buf until buf is full, the end of
+// the file or an error, and returns the bytes read.
+func preadFull(fd int, buf []byte) int {
 	n := 0
 	for n < len(buf) {
 		m, err := unix.Pread(fd, buf[n:], int64(n))
@@ -163,12 +208,7 @@ func reportCarry(w *bufio.Writer, fd int) {
 		}
 		n += m
 	}
-	c := ParseCarry(buf[:min(n, MaxCarryBytes)], n > MaxCarryBytes)
-	b, err := json.Marshal(c)
-	if err != nil {
-		return
-	}
-	fmt.Fprintf(w, "carry %s\n", b)
+	return n
 }
 
 // withEnv is env with name set to value (an earlier entry replaced).

@@ -20,9 +20,13 @@
 //   - the same start with a disk quota on the working directory, a file
 //     system taken from the pool made ahead of tasks (10Gi) and one of
 //     another size made on the start (1Gi), against the tenant start;
-//   - the CPU time one task of `true` costs, at the cgroup (process) level
-//     and at the tenant level: the task's own processes (the shell, and at
-//     the tenant level its shim) and the executor's.
+//   - the start of `true` in a workspace (network None, its directory
+//     carried over), as the median of its differences to the tenant task
+//     of network None and of network Node run in the same round, and the
+//     time to make a workspace;
+//   - the CPU time one task of `true` costs, at the cgroup (process) level,
+//     at the tenant level and in a workspace: the task's own processes
+//     (the shell, and at the tenant level its shim) and the executor's.
 //
 // The tenant level starts the shim the agent starts: bashtask-shim, built
 // from this tree into a temporary directory as a static binary (-shim), unless -shim=self
@@ -43,6 +47,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -149,8 +154,12 @@ func run(jsonOut string, iters int, dir, shell, shimBin string, stream bool) err
 
 	// Interleave the variants round by round, each round in another
 	// order, so that drift in the machine's load and whatever one run
-	// leaves behind for the next (page cache, the scheduler's state)
-	// affect them alike.
+	// leaves behind for the next (page cache, the scheduler's state, the
+	// work a task leaves to the background: a file system unmounted, a
+	// pool refilled) affect them alike. The order is a random permutation
+	// of each round (a fixed seed): a rotation would keep every variant
+	// behind the same neighbour, and the one behind the disk quota's
+	// variants would pay for their background unmounts every time.
 	variants := []func(i int) (time.Duration, error){
 		func(int) (time.Duration, error) { return timePlain(shell, dir, env, false) },
 		func(int) (time.Duration, error) { return timePlain(shell, dir, env, true) },
@@ -176,9 +185,9 @@ func run(jsonOut string, iters int, dir, shell, shimBin string, stream bool) err
 		variants = append(variants, func(i int) (time.Duration, error) { return timeTenant(tenant, dir, i, executor.NetworkEgress) })
 	}
 	times := make([][]time.Duration, len(variants))
+	order := rand.New(rand.NewPCG(1, 2))
 	for i := range iters + 10 {
-		for k := range variants {
-			v := (i + k) % len(variants)
+		for _, v := range order.Perm(len(variants)) {
 			d, err := variants[v](i)
 			if err != nil {
 				return err
@@ -192,7 +201,12 @@ func run(jsonOut string, iters int, dir, shell, shimBin string, stream bool) err
 	mPlain, mPlainSid, mNoCg, mCg := median(plain), median(plainSid), median(exNoCg), median(exCg)
 	mTenant, mTenantNone := median(times[4]), median(times[5])
 	mDisk, mDiskOwn := median(times[6]), median(times[7])
+	// A workspace task's overhead is the median of its differences to the
+	// tenant task of the same round: on a loaded machine the medians of
+	// the variants drift by a millisecond or more between runs, and
+	// pairing the tasks run next to each other cancels that drift.
 	mWorkspace := median(times[8])
+	wsOverNone, wsOverNode := medianDiff(times[8], times[5]), medianDiff(times[8], times[4])
 	var mTenantEgress time.Duration
 	if egressOK {
 		mTenantEgress = median(times[9])
@@ -219,6 +233,13 @@ func run(jsonOut string, iters int, dir, shell, shimBin string, stream bool) err
 	}
 	cpuTenant, err := taskCPU(iters, func(i int) error {
 		_, err := timeTenant(tenant, dir, iters+10+i, executor.NetworkNode)
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	cpuWorkspace, err := taskCPU(iters, func(i int) error {
+		_, err := timeWorkspace(tenant, dir, iters+10+i, ws)
 		return err
 	})
 	if err != nil {
@@ -264,7 +285,10 @@ func run(jsonOut string, iters int, dir, shell, shimBin string, stream bool) err
 	}
 	fmt.Fprintf(w, "start `true`, tenant, %s 10Gi, pooled (median of %d)\t%v\t%v\t+%v\t\t\n", diskName, iters, mDisk, mTenant, (mDisk - mTenant).Round(10*time.Microsecond))
 	fmt.Fprintf(w, "start `true`, tenant, %s 1Gi, made at start (median of %d)\t%v\t%v\t+%v\t\t\n", diskName, iters, mDiskOwn, mTenant, (mDiskOwn - mTenant).Round(10*time.Microsecond))
-	fmt.Fprintf(w, "start `true`, tenant, in a workspace (None, carried dir) against network None (median of %d)\t%v\t%v\t+%v\t<= +1ms\t\n", iters, mWorkspace, mTenantNone, (mWorkspace - mTenantNone).Round(10*time.Microsecond))
+	fmt.Fprintf(w, "start `true`, tenant, in a workspace (None, carried dir) against network None (median of %d paired differences)\t%v\t%v\t%s\t<= +1ms\t\n",
+		iters, mWorkspace, mTenantNone, signed(wsOverNone))
+	fmt.Fprintf(w, "start `true`, tenant, in a workspace (None, carried dir) against network Node, its shims' pool (median of %d paired differences)\t%v\t%v\t%s\t\t\n",
+		iters, mWorkspace, mTenant, signed(wsOverNode))
 	fmt.Fprintf(w, "make a workspace, plain directory, network None (median of 20)\t%v\t\t\t\t\n", mCreate)
 	if diskOK {
 		fmt.Fprintf(w, "make a workspace, 10Gi file system, network None (median of 20)\t%v\t\t\t\t\n", mCreateDisk)
@@ -278,6 +302,10 @@ func run(jsonOut string, iters int, dir, shell, shimBin string, stream bool) err
 		cgName, iters, cpuTenant.task, cpuCg.task, cpuTenant.task-cpuCg.task)
 	fmt.Fprintf(w, "CPU of a task `true`, the executor's, tenant (Node) against %s (mean of %d), ms\t%.2f\t%.2f\t+%.2f\t\t\n",
 		cgName, iters, cpuTenant.executor, cpuCg.executor, cpuTenant.executor-cpuCg.executor)
+	fmt.Fprintf(w, "CPU of a task `true` in a workspace, its processes, against tenant (Node) (mean of %d), ms\t%.2f\t%.2f\t%+.2f\t\t\n",
+		iters, cpuWorkspace.task, cpuTenant.task, cpuWorkspace.task-cpuTenant.task)
+	fmt.Fprintf(w, "CPU of a task `true` in a workspace, the executor's, against tenant (Node) (mean of %d), ms\t%.2f\t%.2f\t%+.2f\t\t\n",
+		iters, cpuWorkspace.executor, cpuTenant.executor, cpuWorkspace.executor-cpuTenant.executor)
 	if stream {
 		fmt.Fprintf(w, "2 GB stdout, MB/s\t%.0f\t%.0f\t%.2f\t>= 0.50\t\n", taskMBs, plainMBs, taskMBs/plainMBs)
 		fmt.Fprintf(w, "2 GB stdout against a plain pipe drain, MB/s\t%.0f\t%.0f\t%.2f\t>= 0.75\t\n", taskMBs, drainMBs, taskMBs/drainMBs)
@@ -289,9 +317,9 @@ func run(jsonOut string, iters int, dir, shell, shimBin string, stream bool) err
 	if err := w.Flush(); err != nil {
 		return err
 	}
-	fmt.Printf("tenant starts that took a shim started ahead of them (--shim-pool-size %d): network Node %d of %d, None %d of %d, Egress %d of %d; shim %s\n",
+	fmt.Printf("tenant starts that took a shim started ahead of them (--shim-pool-size %d): network Node %d of %d, None %d of %d, Egress %d of %d, in a workspace %d of %d; shim %s\n",
 		executor.DefaultShimPoolSize, pooledStarts[executor.NetworkNode], 2*iters+10, pooledStarts[executor.NetworkNone], iters+10,
-		pooledStarts[executor.NetworkEgress], iters+10, shimDesc(shimBin))
+		pooledStarts[executor.NetworkEgress], iters+10, pooledWorkspaceStarts, 2*iters+10, shimDesc(shimBin))
 	if stream {
 		fmt.Printf("2 GB task: %s, %d bytes, sha256 %s, peak RSS %d KiB (before %d KiB)\n",
 			cr.Reason, cr.TotalBytes, cr.SHA256, cr.HWMAfterKB, cr.HWMBeforeKB)
@@ -299,22 +327,24 @@ func run(jsonOut string, iters int, dir, shell, shimBin string, stream bool) err
 
 	if jsonOut != "" {
 		figures := map[string]float64{
-			"executor.overhead_ratio":                round(ratio(mNoCg, mPlain)),
-			"executor.overhead_ratio_cgroup":         round(ratio(mCg, mPlain)),
-			"executor.session_ratio":                 round(ratio(mPlainSid, mPlain)),
-			"executor.throughput_mb_s":               round(taskMBs),
-			"executor.plain_write_mb_s":              round(plainMBs),
-			"executor.pipe_drain_mb_s":               round(drainMBs),
-			"executor.throughput_ratio":              round(taskMBs / drainMBs),
-			"executor.sha256_mb_s":                   round(hashMBs),
-			"executor.rss_growth_mb":                 round(rssGrowthMB),
-			"executor.tenant_overhead_ms":            round(float64(mTenant-mPlain) / float64(time.Millisecond)),
-			"executor.tenant_none_overhead_ms":       round(float64(mTenantNone-mPlain) / float64(time.Millisecond)),
-			"executor.tenant_disk_quota_overhead_ms": round(float64(mDisk-mTenant) / float64(time.Millisecond)),
-			"executor.task_cpu_ms":                   round(cpuCg.task),
-			"executor.tenant_task_cpu_ms":            round(cpuTenant.task),
-			"executor.workspace_task_overhead_ms":    round(float64(mWorkspace-mTenantNone) / float64(time.Millisecond)),
-			"executor.workspace_create_ms":           round(float64(mCreate) / float64(time.Millisecond)),
+			"executor.overhead_ratio":                  round(ratio(mNoCg, mPlain)),
+			"executor.overhead_ratio_cgroup":           round(ratio(mCg, mPlain)),
+			"executor.session_ratio":                   round(ratio(mPlainSid, mPlain)),
+			"executor.throughput_mb_s":                 round(taskMBs),
+			"executor.plain_write_mb_s":                round(plainMBs),
+			"executor.pipe_drain_mb_s":                 round(drainMBs),
+			"executor.throughput_ratio":                round(taskMBs / drainMBs),
+			"executor.sha256_mb_s":                     round(hashMBs),
+			"executor.rss_growth_mb":                   round(rssGrowthMB),
+			"executor.tenant_overhead_ms":              round(float64(mTenant-mPlain) / float64(time.Millisecond)),
+			"executor.tenant_none_overhead_ms":         round(float64(mTenantNone-mPlain) / float64(time.Millisecond)),
+			"executor.tenant_disk_quota_overhead_ms":   round(float64(mDisk-mTenant) / float64(time.Millisecond)),
+			"executor.task_cpu_ms":                     round(cpuCg.task),
+			"executor.tenant_task_cpu_ms":              round(cpuTenant.task),
+			"executor.workspace_task_overhead_ms":      round(float64(wsOverNone) / float64(time.Millisecond)),
+			"executor.workspace_task_overhead_node_ms": round(float64(wsOverNode) / float64(time.Millisecond)),
+			"executor.workspace_task_cpu_ms":           round(cpuWorkspace.task),
+			"executor.workspace_create_ms":             round(float64(mCreate) / float64(time.Millisecond)),
 		}
 		if diskOK {
 			figures["executor.workspace_create_disk_ms"] = round(float64(mCreateDisk) / float64(time.Millisecond))
@@ -430,11 +460,18 @@ func timeTenant(ex *executor.Executor, dir string, i int, network executor.Netwo
 	return d, err
 }
 
+// pooledWorkspaceStarts counts the workspace tasks that took a shim
+// started ahead of them (of the pool of network Node).
+var pooledWorkspaceStarts int
+
 // timeWorkspace times `true` in workspace ws, its directory carried.
 func timeWorkspace(ex *executor.Executor, dir string, i int, ws *executor.Workspace) (time.Duration, error) {
 	spill := filepath.Join(dir, "spill-"+strconv.Itoa(i)+"-workspace")
-	d, _, err := timeStart(ex, executor.Spec{Command: "true", SpillDir: spill, Workspace: &executor.WorkspaceTask{Workspace: ws, Carry: true}},
+	d, task, err := timeStart(ex, executor.Spec{Command: "true", SpillDir: spill, Workspace: &executor.WorkspaceTask{Workspace: ws, Carry: true}},
 		"true in a workspace")
+	if err == nil && task.PooledShim() {
+		pooledWorkspaceStarts++
+	}
 	return d, err
 }
 
@@ -638,6 +675,24 @@ func median(d []time.Duration) time.Duration {
 	s := slices.Clone(d)
 	slices.Sort(s)
 	return s[len(s)/2]
+}
+
+// signed is d rounded to 10µs with its sign.
+func signed(d time.Duration) string {
+	if d < 0 {
+		return d.Round(10 * time.Microsecond).String()
+	}
+	return "+" + d.Round(10*time.Microsecond).String()
+}
+
+// medianDiff is the median of a[i]-b[i]: the differences of the pairs
+// measured in the same round.
+func medianDiff(a, b []time.Duration) time.Duration {
+	d := make([]time.Duration, min(len(a), len(b)))
+	for i := range d {
+		d[i] = a[i] - b[i]
+	}
+	return median(d)
 }
 
 func ratio(a, b time.Duration) float64 { return float64(a) / float64(b) }

@@ -1426,6 +1426,12 @@ func report(o options, f figures) bool {
 			add("executor.tenant_task_cpu_ms", v, "%.2f", fmt.Sprintf("(at the cgroup level: %.2f)", f.executor["executor.task_cpu_ms"]), true)
 			rows[len(rows)-1].noTarget = true
 		}
+		// A task in a workspace against a plain tenant task of network
+		// None (docs/workspaces.md): the median of the differences of the
+		// pairs run in the same round.
+		if v, ok := f.executor["executor.workspace_task_overhead_ms"]; ok {
+			add("executor.workspace_task_overhead_ms", v, "%+.2f", fmt.Sprintf("<= +1.00 (against network Node: %+.2f)", f.executor["executor.workspace_task_overhead_node_ms"]), v <= 1)
+		}
 	}
 	add("e2e.latency_p50_ms", f.latP50, "%.1f", "<= 30", f.latP50 <= 30)
 	add("e2e.latency_p99_ms", f.latP99, "%.1f", "<= 150", f.latP99 <= 150)
@@ -1486,7 +1492,8 @@ func writeJSON(path string, f figures) error {
 	m := map[string]float64{}
 	if f.executor != nil {
 		for _, k := range []string{"executor.overhead_ratio", "executor.throughput_mb_s", "executor.rss_growth_mb", "executor.pipe_drain_mb_s", "executor.throughput_ratio",
-			"executor.sha256_mb_s", "executor.task_cpu_ms", "executor.tenant_task_cpu_ms"} {
+			"executor.sha256_mb_s", "executor.task_cpu_ms", "executor.tenant_task_cpu_ms",
+			"executor.workspace_task_overhead_ms", "executor.workspace_task_overhead_node_ms", "executor.workspace_create_disk_ms"} {
 			if v, ok := f.executor[k]; ok {
 				m[k] = v
 			}
