@@ -311,6 +311,7 @@ func (r *Rig) Stop() {
 	}
 	_ = r.Env.Stop()
 	if r.Dir != "" {
+		_ = unmountUnder(r.Dir)
 		_ = os.RemoveAll(r.Dir)
 	}
 }

@@ -26,6 +26,7 @@ import (
 	v1 "github.com/bashtask/bashtask-operator/api/v1alpha1"
 	"github.com/bashtask/bashtask-operator/internal/exampletasks"
 	"github.com/bashtask/bashtask-operator/internal/localcluster"
+	"github.com/bashtask/bashtask-operator/internal/mounts"
 	"github.com/bashtask/bashtask-operator/internal/syncbuf"
 	"github.com/bashtask/bashtask-operator/internal/testenv"
 )
@@ -61,7 +62,12 @@ func run(m *testing.M) int {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	defer func() { _ = os.RemoveAll(tmp) }()
+	defer func() {
+		// Workspaces the tests left keep their file systems mounted, as
+		// they do across an agent restart.
+		_ = mounts.UnmountWhere(func(p string) bool { return mounts.Under(p, tmp) })
+		_ = os.RemoveAll(tmp)
+	}()
 	clusterDir = filepath.Join(tmp, "cluster")
 	// The agents' tasks share the host's network (spec.network Node).
 	if counter, err = exampletasks.NewRunCounter("127.0.0.1"); err != nil {

@@ -34,6 +34,13 @@ func createWorkspace(t *testing.T, ns, name string, args ...string) *v1.BashWork
 	if code != 0 {
 		t.Fatalf("workspace create %s: exit %d\nstdout: %s\nstderr: %s", name, code, out, errOut)
 	}
+	t.Cleanup(func() {
+		// Deleted through the plugin, which waits until it is gone: the
+		// deletion path runs in every test that makes one.
+		if out, errOut, code := plugin(context.Background(), "", "-n", ns, "workspace", "delete", name); code != 0 {
+			t.Errorf("workspace delete %s: exit %d\nstdout: %s\nstderr: %s", name, code, out, errOut)
+		}
+	})
 	var ws v1.BashWorkspace
 	if err := k8s.Get(t.Context(), client.ObjectKey{Namespace: ns, Name: name}, &ws); err != nil {
 		t.Fatal(err)
