@@ -117,11 +117,28 @@ func newEgress(plan *egressPlan) (_ *egress, err error) {
 	return e, nil
 }
 
+// dumpRetries bounds the retries of a netlink dump that the kernel
+// interrupted because links changed while it ran (NLM_F_DUMP_INTR): on a
+// node where other tasks' veth pairs come and go, one dump in a while is.
+const dumpRetries = 10
+
+// linkList is netlink.LinkList, retried while the kernel says the dump was
+// interrupted: an interrupted dump may miss links, and a stale link missed
+// here would keep its slot's addresses taken.
+func linkList() ([]netlink.Link, error) {
+	for i := 0; ; i++ {
+		links, err := netlink.LinkList()
+		if !errors.Is(err, netlink.ErrDumpInterrupted) || i == dumpRetries {
+			return links, err
+		}
+	}
+}
+
 // removeStaleLinks deletes every link whose name has the plan's prefix and
 // a slot number after it: the host ends left by an earlier run. Deleting a
 // veth end deletes its peer in the task's namespace too.
 func (e *egress) removeStaleLinks() error {
-	links, err := netlink.LinkList()
+	links, err := linkList()
 	if err != nil {
 		return err
 	}

@@ -459,7 +459,7 @@ func TestEgressCleanupAndRecovery(t *testing.T) {
 		return err == nil
 	}
 	links := func() []string {
-		ls, err := netlink.LinkList()
+		ls, err := linkList()
 		if err != nil {
 			t.Fatal(err)
 		}

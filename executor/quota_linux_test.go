@@ -60,7 +60,11 @@ func TestDiskQuota(t *testing.T) {
 	t.Parallel()
 	ex, images := quotaExecutor(t, 64<<20, 128<<20, 2000)
 
-	full := testSpec(t, `dd if=/dev/zero of=f bs=1M count=100 2>&1; echo rc=$?; df -B1 --output=size . | tail -1`)
+	// The first task waits for the test to have looked at its working
+	// directory: on a busy machine it could otherwise end, and its file
+	// system go, before the test looks.
+	full := testSpec(t, `until [ -e looked ]; do sleep 0.05; done; rm looked
+dd if=/dev/zero of=f bs=1M count=100 2>&1; echo rc=$?; df -B1 --output=size . | tail -1`)
 	full.User = &User{UID: 2000141, GID: 2000141}
 	other := testSpec(t, `dd if=/dev/zero of=g bs=1M count=50 2>/dev/null; echo rc=$? bytes=$(stat -c %s g)`)
 	other.User = &User{UID: 2000142, GID: 2000142}
@@ -78,6 +82,9 @@ func TestDiskQuota(t *testing.T) {
 	wd := tasks[0].WorkingDir()
 	if !slices.Contains(ourLoopMounts(t, images), wd) {
 		t.Errorf("working directory %s is not a mount of an image in %s", wd, images)
+	}
+	if err := os.WriteFile(filepath.Join(wd, "looked"), nil, 0o644); err != nil {
+		t.Fatal(err)
 	}
 	resFull, resOther, resSpill := wait(t, tasks[0]), wait(t, tasks[1]), wait(t, tasks[2])
 	if !strings.Contains(resFull.Stdout.Tail, "No space left on device") || strings.Contains(resFull.Stdout.Tail, "rc=0") {
