@@ -53,7 +53,7 @@ func renderings() []rendering {
 	base := map[string]int{
 		"CustomResourceDefinition": 2, "ServiceAccount": 2, "ClusterRole": 1, "ClusterRoleBinding": 1,
 		"Service": 2, "Deployment": 1, "DaemonSet": 1,
-		"MutatingAdmissionPolicy": 1, "MutatingAdmissionPolicyBinding": 1,
+		"MutatingAdmissionPolicy": 2, "MutatingAdmissionPolicyBinding": 2,
 		"ValidatingAdmissionPolicy": 1, "ValidatingAdmissionPolicyBinding": 1,
 	}
 	with := func(extra map[string]int) map[string]int {

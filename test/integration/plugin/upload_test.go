@@ -57,7 +57,9 @@ func waitForgotten(t *testing.T, ns, name string) {
 // Once the bucket takes the object and the agent forgot the task, logs
 // --full reads every byte from the bucket.
 func TestLogsFullWhileUploadFails(t *testing.T) {
-	t.Parallel()
+	// Not parallel: it disconnects node-1's agent, which the parallel
+	// tests' tasks run on (a parallel test only starts once the
+	// sequential ones are done).
 	ns := newNamespace(t)
 	bt := &bashtaskv1alpha1.BashTask{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "seq"},
