@@ -663,7 +663,11 @@ func (ws *workspaces) applyCarryLocked(w *workspace, c *executor.Carry) {
 		}
 	}
 	if r.CarryEnv {
-		env := carriedEnv(c.Env)
+		env, dropped := carriedEnv(c.Env)
+		if len(dropped) > 0 {
+			r.CarryMessage = fmt.Sprintf("the variables %s do not carry over: a name that is not a shell identifier, or NAME=VALUE over the kernel's limit of %d bytes for one environment entry",
+				strings.Join(dropped, ", "), executor.MaxArgStrlen-1)
+		}
 		if err := ws.files.writeEnv(r.UID, env, r.TaskUID); err != nil {
 			ws.s.log.Error("recording a workspace's carried variables", "workspace", r.UID, "err", err)
 			r.CarryMessage = "the last task's variables could not be recorded on the node"

@@ -196,6 +196,21 @@ func TestWorkspaceCarriedEnvFiltered(t *testing.T) {
 	if b, _ := os.ReadFile(envFile); bytes.Contains(b, []byte("GH_TOKEN")) || !bytes.Contains(b, []byte("FOO=bar\x00")) {
 		t.Errorf("env file %q", b)
 	}
+
+	// A variable no next task could be started with (one environment
+	// entry over MAX_ARG_STRLEN) does not carry, and says so; the
+	// workspace keeps working.
+	r.runTask(wsTask("big1", "we", `export BIG=$(head -c 200000 /dev/zero | tr '\0' x) FOO=baz`))
+	g, err = wc.GetWorkspace(t.Context(), &agentv1.GetWorkspaceRequest{Uid: "we"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if msg := g.GetStatus().GetCarryMessage(); !strings.Contains(msg, "BIG") || !strings.Contains(msg, "131071") {
+		t.Errorf("carry message after a 200000-byte export: %q, want one naming BIG and the limit", msg)
+	}
+	if res := r.runTask(wsTask("big2", "we", `echo "FOO=$FOO BIG=${#BIG}"`)); res.GetReason() != "Succeeded" || res.GetStdout().GetTail() != "FOO=baz BIG=0\n" {
+		t.Errorf("after a 200000-byte export: %s %q stdout %q", res.GetReason(), res.GetMessage(), res.GetStdout().GetTail())
+	}
 	r.runTask(wsTask("o1", "wo", set))
 	if res := r.runTask(wsTask("o2", "wo", get)); res.GetStdout().GetTail() != "FOO= GH_TOKEN= BASHTASK_X= MY_SECRET=\n" {
 		t.Errorf("carry off: %q", res.GetStdout().GetTail())

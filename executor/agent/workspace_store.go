@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"time"
 
@@ -249,10 +250,19 @@ var neverCarried = []string{"PWD", "OLDPWD", "SHLVL", "_", "HOME", "USER", "LOGN
 // carriedEnv is env less what never carries: executor.Scrubbed (names
 // with KEY, SECRET, TOKEN or PASSWORD, BASHTASK_*, the shell start-up
 // hooks; DESIGN.md section 5) and neverCarried. A later duplicate wins.
-func carriedEnv(env []executor.EnvVar) []executor.EnvVar {
-	var out []executor.EnvVar
+// A variable that no next task could be started with is dropped and its
+// name returned in tooBig: a name that is not a shell identifier (bash
+// exports only those, anything else came from a tampered record), or an
+// entry NAME=VALUE over the kernel's limit on one environment string
+// (MAX_ARG_STRLEN less the NUL, executor.MaxArgStrlen): execve would
+// refuse every later task of the workspace.
+func carriedEnv(env []executor.EnvVar) (out []executor.EnvVar, tooBig []string) {
 	for _, v := range env {
 		if v.Name == "" || executor.Scrubbed(v.Name) || slices.Contains(neverCarried, v.Name) {
+			continue
+		}
+		if !shellName.MatchString(v.Name) || len(v.Name)+1+len(v.Value) > executor.MaxArgStrlen-1 {
+			tooBig = append(tooBig, v.Name)
 			continue
 		}
 		if i := slices.IndexFunc(out, func(o executor.EnvVar) bool { return o.Name == v.Name }); i >= 0 {
@@ -260,5 +270,9 @@ func carriedEnv(env []executor.EnvVar) []executor.EnvVar {
 		}
 		out = append(out, v)
 	}
-	return out
+	return out, tooBig
 }
+
+// shellName is a name bash exports: letters, digits and '_', not starting
+// with a digit.
+var shellName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
