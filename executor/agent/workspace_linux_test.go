@@ -120,6 +120,12 @@ func TestWorkspaceLifecycle(t *testing.T) {
 	if res.GetStdout().GetTail() != executor.WorkspaceHome+"/sub\nhi\n" || res.GetWorkingDir() != executor.WorkspaceHome+"/sub" {
 		t.Errorf("t2: %s %q stdout %q stderr %q", res.GetReason(), res.GetMessage(), res.GetStdout().GetTail(), res.GetStderr().GetTail())
 	}
+	// A task that takes its own access to the root away does not lock the
+	// workspace's later tasks out.
+	r.runTask(wsTask("t2b", "w1", `cd ~; chmod 000 ~`))
+	if res := r.runTask(wsTask("t2c", "w1", `cat ~/a.txt; stat -c %a ~`)); res.GetReason() != "Succeeded" || res.GetStdout().GetTail() != "hi\n700\n" {
+		t.Errorf("after chmod 000 ~: %s %q stdout %q stderr %q", res.GetReason(), res.GetMessage(), res.GetStdout().GetTail(), res.GetStderr().GetTail())
+	}
 	if res := r.runTask(wsTask("t3", "nope", `true`)); res.GetReason() != "StartFailed" || !strings.Contains(res.GetMessage(), "nope") {
 		t.Errorf("a task of an unknown workspace: %s %q", res.GetReason(), res.GetMessage())
 	}

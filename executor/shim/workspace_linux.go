@@ -99,6 +99,20 @@ func workspaceHome(st *state, mnt int, uid, gid uint32) error {
 		return fmt.Errorf("opening the workspace at %s: %w", u.Home, err)
 	}
 	st.ws.root = root
+	// The task owns the root and may take its own access away (chmod 000
+	// ~): every later task, which starts there as the same UID, would
+	// fail. The owner's bits come back here, by the descriptor just
+	// opened (the magic link of the shim's own /proc), never by a path
+	// the task controls.
+	var fi unix.Stat_t
+	if err := unix.Fstat(root, &fi); err != nil {
+		return fmt.Errorf("stat of the workspace's root: %w", err)
+	}
+	if fi.Mode&0o700 != 0o700 {
+		if err := unix.Chmod(fmt.Sprintf("/proc/self/fd/%d", root), fi.Mode&0o7777|0o700); err != nil {
+			return fmt.Errorf("giving the workspace's root back its owner's access: %w", err)
+		}
+	}
 	return nil
 }
 
