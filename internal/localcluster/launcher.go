@@ -29,6 +29,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	bashtaskv1alpha1 "github.com/bashtask/bashtask-operator/api/v1alpha1"
+	"github.com/bashtask/bashtask-operator/internal/mounts"
 )
 
 // LauncherOptions configure a local cluster.
@@ -241,6 +242,13 @@ func (c *Cluster) up(ctx context.Context) error {
 	clusterTag := tag.Sum32()
 	for i, a := range c.Agents {
 		stateDir := absPath(filepath.Join(o.Dir, "agents", a.Node))
+		// Working directories and workspaces of its own, beside (not in)
+		// its state directory, which tasks do not see: the agents of one
+		// host would otherwise share the system temporary directory.
+		workRoot := absPath(filepath.Join(o.Dir, "work", a.Node))
+		if err := os.MkdirAll(workRoot, 0o711); err != nil {
+			return err
+		}
 		bucket := c.BucketURL
 		args := []string{"serve",
 			"--node-name", a.Node, "--pod-name", "bashtask-agent-" + a.Node,
@@ -251,6 +259,7 @@ func (c *Cluster) up(ctx context.Context) error {
 			"--state-dir", stateDir, "--output-bucket-url", bucket,
 			"--tls-cert-file", certs.AgentCertFile, "--tls-key-file", certs.AgentKeyFile, "--tls-ca-file", certs.CAFile,
 			"--progress-interval", "500ms", "--log-format", "text",
+			"--work-dir-root", workRoot,
 		}
 		args = append(args, "--isolation="+c.Isolation,
 			fmt.Sprintf("--cgroup-parent=bashtask-local-%08x-%s", clusterTag, a.Node),
@@ -524,6 +533,13 @@ func (c *Cluster) Down() {
 		c.opts.Log.Info("Stopped", "component", p.name)
 	}
 	c.procs = nil
+	// The agents leave their workspaces' file systems mounted, as an
+	// agent restart must find them; the cluster going down takes them
+	// along (the images stay in the agents' state: the next up mounts
+	// them again).
+	if err := mounts.UnmountWhere(func(p string) bool { return mounts.Under(p, absPath(filepath.Join(c.opts.Dir, "work"))) }); err != nil {
+		c.opts.Log.Error("Unmounting the workspaces", "err", err)
+	}
 	if c.cp != nil {
 		if err := c.cp.Stop(); err != nil {
 			c.opts.Log.Error("Stopping the control plane", "err", err)
