@@ -537,7 +537,7 @@ func (c *Cluster) Down() {
 	// agent restart must find them; the cluster going down takes them
 	// along (the images stay in the agents' state: the next up mounts
 	// them again).
-	if err := mounts.UnmountWhere(func(p string) bool { return mounts.Under(p, absPath(filepath.Join(c.opts.Dir, "work"))) }); err != nil {
+	if err := mounts.UnmountUnder(absPath(filepath.Join(c.opts.Dir, "work"))); err != nil {
 		c.opts.Log.Error("Unmounting the workspaces", "err", err)
 	}
 	if c.cp != nil {

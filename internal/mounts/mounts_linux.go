@@ -80,3 +80,9 @@ func UnmountWhere(match func(point string) bool) error {
 func Under(point, dir string) bool {
 	return point == dir || strings.HasPrefix(point, strings.TrimSuffix(dir, "/")+"/")
 }
+
+// UnmountUnder detaches every mount at or below dir, deepest first
+// (UnmountWhere with Under).
+func UnmountUnder(dir string) error {
+	return UnmountWhere(func(p string) bool { return Under(p, dir) })
+}

@@ -39,5 +39,5 @@ func stopGroupOnCancel(cmd *exec.Cmd) {
 // and removing the tree must not descend into them.
 func unmountUnder(dir string) error {
 	dir = filepath.Clean(dir)
-	return mounts.UnmountWhere(func(p string) bool { return mounts.Under(p, dir) })
+	return mounts.UnmountUnder(dir)
 }

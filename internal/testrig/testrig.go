@@ -41,6 +41,7 @@ import (
 	"github.com/bashtask/bashtask-operator/executor"
 	"github.com/bashtask/bashtask-operator/executor/agent"
 	"github.com/bashtask/bashtask-operator/internal/localcluster"
+	"github.com/bashtask/bashtask-operator/internal/mounts"
 	"github.com/bashtask/bashtask-operator/internal/outputapi"
 	"github.com/bashtask/bashtask-operator/internal/testenv"
 	"github.com/bashtask/bashtask-operator/internal/tlsutil"
@@ -311,7 +312,10 @@ func (r *Rig) Stop() {
 	}
 	_ = r.Env.Stop()
 	if r.Dir != "" {
-		_ = unmountUnder(r.Dir)
+		// Workspaces the rig's agents made and no deletion removed keep
+		// their file systems mounted (as an agent restart must find them):
+		// unmounted here, so that no loop device outlives the rig.
+		_ = mounts.UnmountUnder(r.Dir)
 		_ = os.RemoveAll(r.Dir)
 	}
 }

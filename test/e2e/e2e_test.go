@@ -65,7 +65,7 @@ func run(m *testing.M) int {
 	defer func() {
 		// Workspaces the tests left keep their file systems mounted, as
 		// they do across an agent restart.
-		_ = mounts.UnmountWhere(func(p string) bool { return mounts.Under(p, tmp) })
+		_ = mounts.UnmountUnder(tmp)
 		_ = os.RemoveAll(tmp)
 	}()
 	clusterDir = filepath.Join(tmp, "cluster")

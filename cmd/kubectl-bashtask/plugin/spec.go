@@ -151,11 +151,11 @@ func buildTask(ns string, f runFlags, timeoutSet bool, args []string, stdin *str
 	if len(env) > bashtaskv1alpha1.MaxEnvEntries {
 		return nil, fmt.Errorf("spec.env: %d entries (from --env and --env-from-secret) exceed the limit of %d", len(env), bashtaskv1alpha1.MaxEnvEntries)
 	}
-	if n := len([]rune(f.owner)); n > maxOwnerChars {
-		return nil, fmt.Errorf("--owner: spec.owner is %d characters, over the limit of %d", n, maxOwnerChars)
+	if err := charLimit("--owner", "spec.owner", f.owner, maxOwnerChars); err != nil {
+		return nil, err
 	}
-	if n := len([]rune(f.node)); n > maxNodeNameChars {
-		return nil, fmt.Errorf("--node: spec.nodeName is %d characters, over the limit of %d", n, maxNodeNameChars)
+	if err := charLimit("--node", "spec.nodeName", f.node, maxNodeNameChars); err != nil {
+		return nil, err
 	}
 	if f.workspace != "" && f.node != "" {
 		return nil, errors.New("--node and --workspace: a task of a workspace runs on the workspace's node; give one of them")
@@ -184,6 +184,15 @@ func buildTask(ns string, f runFlags, timeoutSet bool, args []string, stdin *str
 		}
 	}
 	return bt, nil
+}
+
+// charLimit checks that the value of flag, the API field field, has at
+// most limit characters (the schema's MaxLength counts characters).
+func charLimit(flag, field, s string, limit int) error {
+	if n := len([]rune(s)); n > limit {
+		return fmt.Errorf("%s: %s is %d characters, over the limit of %d", flag, field, n, limit)
+	}
+	return nil
 }
 
 // optional returns s as an optional field of the API: nil when s is empty,

@@ -80,18 +80,12 @@ func (a *app) workspaceCreateCommand() *cobra.Command {
 // workspaceSpec builds the spec from the flags, checking each against the
 // API's limits first so the error names the flag.
 func workspaceSpec(f workspaceCreateFlags) (bashtaskv1alpha1.BashWorkspaceSpec, error) {
-	var spec bashtaskv1alpha1.BashWorkspaceSpec
-	if f.owner != "" {
-		if len(f.owner) > maxOwnerChars {
-			return spec, fmt.Errorf("--owner: %d characters exceed the limit of %d", len(f.owner), maxOwnerChars)
-		}
-		spec.Owner = ptr.To(f.owner)
+	spec := bashtaskv1alpha1.BashWorkspaceSpec{Owner: optional(f.owner), NodeName: optional(f.node)}
+	if err := charLimit("--owner", "spec.owner", f.owner, maxOwnerChars); err != nil {
+		return spec, err
 	}
-	if f.node != "" {
-		if len(f.node) > maxNodeNameChars {
-			return spec, fmt.Errorf("--node: %d characters exceed the limit of %d", len(f.node), maxNodeNameChars)
-		}
-		spec.NodeName = ptr.To(f.node)
+	if err := charLimit("--node", "spec.nodeName", f.node, maxNodeNameChars); err != nil {
+		return spec, err
 	}
 	for _, kv := range f.selector {
 		k, v, ok := strings.Cut(kv, "=")
