@@ -18,9 +18,10 @@ import (
 // checked here too so that a mistake is reported before anything is sent,
 // naming the flag and the field.
 const (
-	maxEnvNameChars    = 1024
-	maxOwnerChars      = 253
-	maxNodeNameChars   = 253
+	maxEnvNameChars = 1024
+	// maxNameChars is the schema's MaxLength of spec.owner and
+	// spec.nodeName (a node name is a DNS subdomain).
+	maxNameChars       = 253
 	maxTimeoutSeconds  = 604800
 	generateNamePrefix = "run-"
 )
@@ -151,10 +152,10 @@ func buildTask(ns string, f runFlags, timeoutSet bool, args []string, stdin *str
 	if len(env) > bashtaskv1alpha1.MaxEnvEntries {
 		return nil, fmt.Errorf("spec.env: %d entries (from --env and --env-from-secret) exceed the limit of %d", len(env), bashtaskv1alpha1.MaxEnvEntries)
 	}
-	if err := charLimit("--owner", "spec.owner", f.owner, maxOwnerChars); err != nil {
+	if err := charLimit("--owner", "spec.owner", f.owner); err != nil {
 		return nil, err
 	}
-	if err := charLimit("--node", "spec.nodeName", f.node, maxNodeNameChars); err != nil {
+	if err := charLimit("--node", "spec.nodeName", f.node); err != nil {
 		return nil, err
 	}
 	if f.workspace != "" && f.node != "" {
@@ -187,10 +188,10 @@ func buildTask(ns string, f runFlags, timeoutSet bool, args []string, stdin *str
 }
 
 // charLimit checks that the value of flag, the API field field, has at
-// most limit characters (the schema's MaxLength counts characters).
-func charLimit(flag, field, s string, limit int) error {
-	if n := len([]rune(s)); n > limit {
-		return fmt.Errorf("%s: %s is %d characters, over the limit of %d", flag, field, n, limit)
+// most maxNameChars characters (the schema's MaxLength counts characters).
+func charLimit(flag, field, s string) error {
+	if n := len([]rune(s)); n > maxNameChars {
+		return fmt.Errorf("%s: %s is %d characters, over the limit of %d", flag, field, n, maxNameChars)
 	}
 	return nil
 }

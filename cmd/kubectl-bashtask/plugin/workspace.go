@@ -81,10 +81,10 @@ func (a *app) workspaceCreateCommand() *cobra.Command {
 // API's limits first so the error names the flag.
 func workspaceSpec(f workspaceCreateFlags) (bashtaskv1alpha1.BashWorkspaceSpec, error) {
 	spec := bashtaskv1alpha1.BashWorkspaceSpec{Owner: optional(f.owner), NodeName: optional(f.node)}
-	if err := charLimit("--owner", "spec.owner", f.owner, maxOwnerChars); err != nil {
+	if err := charLimit("--owner", "spec.owner", f.owner); err != nil {
 		return spec, err
 	}
-	if err := charLimit("--node", "spec.nodeName", f.node, maxNodeNameChars); err != nil {
+	if err := charLimit("--node", "spec.nodeName", f.node); err != nil {
 		return spec, err
 	}
 	for _, kv := range f.selector {
