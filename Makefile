@@ -69,7 +69,7 @@ generate-proto: ## Generate the agent protocol's Go code (protoc + go tool proto
 	$(GO) build -o $(LOCALBIN)/protoc-gen-go-grpc google.golang.org/grpc/cmd/protoc-gen-go-grpc
 	protoc --plugin=protoc-gen-go=$(LOCALBIN)/protoc-gen-go --plugin=protoc-gen-go-grpc=$(LOCALBIN)/protoc-gen-go-grpc \
 	  -I $(PROTO_DIR) --go_out=$(PROTO_DIR) --go_opt=paths=source_relative \
-	  --go-grpc_out=$(PROTO_DIR) --go-grpc_opt=paths=source_relative $(PROTO_DIR)/agent.proto $(PROTO_DIR)/fence.proto $(PROTO_DIR)/workspace.proto
+	  --go-grpc_out=$(PROTO_DIR) --go-grpc_opt=paths=source_relative $(PROTO_DIR)/agent.proto $(PROTO_DIR)/fence.proto $(PROTO_DIR)/workspace.proto $(PROTO_DIR)/snapshot.proto $(PROTO_DIR)/stdin.proto
 	sed -i -e 's|^// \tprotoc  *v.*$$|// \tprotoc        v$(PROTOC_VERSION)|' \
 	  -e 's|^// - protoc  *v.*$$|// - protoc             v$(PROTOC_VERSION)|' $(PROTO_DIR)/*.pb.go
 
@@ -236,6 +236,11 @@ test-packaging: envtest tools ## Render the chart and config/default, validate t
 
 ##@ Benchmarks
 
+.PHONY: bench-snapshot
+bench-snapshot: ## Workspace snapshot and restore of about 1 GiB of mixed files against tar | zstd and zstd -d | tar -x.
+	mkdir -p _output
+	$(GO) run ./hack/bench-snapshot -json _output/bench-snapshot.json
+
 .PHONY: bench-executor
 bench-executor: ## Executor overhead, output throughput and memory, printed as a table.
 	mkdir -p _output
@@ -255,12 +260,14 @@ BENCH_ARGS          ?=
 BENCH_OUTPUT_ARGS   ?=
 BENCH_EXECUTOR      := $(if $(filter 1 true yes,$(BENCH_SKIP_EXECUTOR)),,1)
 BENCH_OUTPUT        := $(if $(filter 1 true yes,$(BENCH_SKIP_OUTPUT)),,1)
+BENCH_SNAPSHOT      := $(if $(filter 1 true yes,$(BENCH_SKIP_SNAPSHOT)),,1)
 
 .PHONY: bench
 bench: build envtest ## Latency, throughput, writes per task, raw API limit and controller RSS on the local cluster (+ the executor and output API benches); writes _output/bench.json.
 	mkdir -p _output
 	$(if $(BENCH_EXECUTOR),$(GO) run ./hack/bench-executor -json _output/bench-executor.json,@echo "bench: executor part skipped (BENCH_SKIP_EXECUTOR)")
 	$(if $(BENCH_OUTPUT),$(GO) run ./hack/bench-output -json _output/bench-output.json $(BENCH_OUTPUT_ARGS),@echo "bench: output API part skipped (BENCH_SKIP_OUTPUT)")
+	$(if $(BENCH_SNAPSHOT),$(GO) run ./hack/bench-snapshot -json _output/bench-snapshot.json,@echo "bench: snapshot part skipped (BENCH_SKIP_SNAPSHOT)")
 	$(GO) run ./hack/bench -json _output/bench.json $(if $(BENCH_EXECUTOR),-executor-json _output/bench-executor.json) \
 	  $(if $(BENCH_OUTPUT),-output-json _output/bench-output.json) $(BENCH_ARGS)
 

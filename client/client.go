@@ -2,7 +2,9 @@
 // reads a task's stdout or stderr through the output.bashtask.dev
 // aggregated API (RBAC: get on bashtasks/log in that group), resuming at
 // its offset after a dropped connection; Run creates a task and waits for
-// its end; Cancel asks a task to stop. docs/output.md is the contract.
+// its end; Cancel asks a task to stop; CopyTo and CopyFrom copy files
+// into and out of a workspace. docs/output.md is the contract of the
+// output, docs/workspaces.md (Copying files) of the copies.
 package client
 
 import (

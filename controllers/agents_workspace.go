@@ -76,6 +76,28 @@ func (r *AgentRegistry) DeleteWorkspace(ctx context.Context, node, uid string) (
 	return resp.GetCancelledTasks(), nil
 }
 
+// SnapshotWorkspace has the node's agent snapshot the workspace to its
+// bucket and returns the snapshot. The error keeps the agent's gRPC
+// status (UNAVAILABLE when the bucket failed, NOT_FOUND when the agent
+// does not hold the workspace).
+func (r *AgentRegistry) SnapshotWorkspace(ctx context.Context, node, uid string) (*agentv1.WorkspaceSnapshot, error) {
+	a, err := r.conn(node)
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel, fence, err := fenceFor(ctx, r.opts.Fence, "SnapshotWorkspace")
+	if err != nil {
+		return nil, fmt.Errorf("snapshot of workspace %s on node %q: %w", uid, node, err)
+	}
+	defer cancel()
+	resp, err := agentv1.NewWorkspacesClient(a.cc).SnapshotWorkspace(ctx, &agentv1.SnapshotWorkspaceRequest{Uid: uid, Fence: fence})
+	noteFenced(r.opts.Fence, err)
+	if err != nil {
+		return nil, fmt.Errorf("snapshot of workspace %s on node %q: %w", uid, node, err)
+	}
+	return resp.GetSnapshot(), nil
+}
+
 // fencedRefusal reports whether err is an agent's refusal of this
 // controller's leader fence (FAILED_PRECONDITION carrying the newest
 // Fence), which is no statement about the request itself.

@@ -18,6 +18,7 @@ import (
 	"k8s.io/utils/clock"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
@@ -90,6 +91,12 @@ type Options struct {
 	// workspace's state on its agent (bytes used, running tasks) when no
 	// task of it changed meanwhile.
 	WorkspaceRefreshInterval time.Duration
+	// AgentTolerations are the tolerations of the agent's pods as the
+	// user configured them (--agent-tolerations, rendered by the chart
+	// from agent.tolerations, without the ones the DaemonSet controller
+	// adds): a node with a NoSchedule or NoExecute taint none of them
+	// tolerates gets no new task or workspace (see nodeUnschedulable).
+	AgentTolerations []corev1.Toleration
 	// Fence, when set (leader election on), is asked before every status
 	// write and before a task's finalizer is added: while this controller
 	// is not sure it leads, it writes nothing (see LeaderFence). Not a
@@ -182,7 +189,8 @@ func (r *BashTaskReconciler) SetupWithManager(mgr ctrl.Manager, agentEvents <-ch
 		Named("bashtask").
 		WithOptions(controller.Options{MaxConcurrentReconciles: workers}).
 		Watches(&bashtaskv1alpha1.BashTask{}, handler.EnqueueRequestsFromMapFunc(r.waitingForOwnerSlot)).
-		Watches(&bashtaskv1alpha1.BashWorkspace{}, handler.EnqueueRequestsFromMapFunc(r.tasksWaitingForWorkspace))
+		Watches(&bashtaskv1alpha1.BashWorkspace{}, handler.EnqueueRequestsFromMapFunc(r.tasksWaitingForWorkspace)).
+		Watches(&corev1.Node{}, handler.EnqueueRequestsFromMapFunc(r.tasksWaitingForNode), builder.WithPredicates(nodeSchedulingChanged()))
 	if agentEvents != nil {
 		b = b.WatchesRawSource(source.Channel(agentEvents, &handler.TypedEnqueueRequestForObject[*bashtaskv1alpha1.BashTask]{}))
 	}
@@ -326,12 +334,14 @@ func (r *BashTaskReconciler) reconcilePending(ctx context.Context, bt *bashtaskv
 	}
 
 	var agent *AgentState
-	var why, refused string
+	reason, why, refused := ReasonNoAgent, "", ""
 	if target != nil {
+		// A workspace's tasks go where its files are, whatever the
+		// node's scheduling state (docs/workspaces.md, placement).
 		resolved.workspace = target.ref
 		agent, why = r.workspaceAgent(target)
 	} else {
-		agent, why, refused = r.place(ctx, bt)
+		agent, reason, why, refused = r.place(ctx, bt)
 	}
 	if refused != "" {
 		release()
@@ -340,7 +350,7 @@ func (r *BashTaskReconciler) reconcilePending(ctx context.Context, bt *bashtaskv
 	}
 	if agent == nil {
 		release()
-		setPending(bt, ReasonNoAgent, why)
+		setPending(bt, reason, why)
 		return reconcile.Result{RequeueAfter: r.opts.RetryInterval}, r.writeStatus(ctx, bt, old, "pending")
 	}
 	// Checked before the write-ahead: a task the agent would refuse is
@@ -454,8 +464,9 @@ func (r *BashTaskReconciler) reconcileDispatched(ctx context.Context, bt *bashta
 	incarnation := ptr.Deref(bt.Status.Agent.Incarnation, "")
 	if !agent.Connected {
 		if agent.UnreachableFor >= r.opts.AgentLostAfter {
+			lost := markOutputLost(&bt.Status)
 			setTerminal(bt, bashtaskv1alpha1.ReasonAgentLost,
-				fmt.Sprintf("the agent on node %s was unreachable for %s (--agent-lost-after %s)", node, agent.UnreachableFor.Round(time.Second), r.opts.AgentLostAfter), r.clock.Now())
+				fmt.Sprintf("the agent on node %s was unreachable for %s (--agent-lost-after %s)%s", node, agent.UnreachableFor.Round(time.Second), r.opts.AgentLostAfter, lost), r.clock.Now())
 			if err := r.writeStatus(ctx, bt, old, "terminal"); err != nil {
 				return reconcile.Result{}, err
 			}

@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -465,6 +466,55 @@ func TestOwnerLimit(t *testing.T) {
 	a, b := waitTerminal(t, first), waitTerminal(t, second)
 	g.Expect(b.Status.Reason).To(HaveValue(Equal(v1.ReasonSucceeded)))
 	g.Expect(b.Status.StartTime.Time).NotTo(BeTemporally("<", a.Status.CompletionTime.Time), "second started before first finished")
+}
+
+// TestAgentLostKeepsParts: a task whose agent is lost keeps, in its
+// status, how many bytes of its stream reached the bucket as parts while
+// it ran, and says every byte after them is lost; the parts hold exactly
+// the stream's first bytes. Before TestAgentLost, which leaves node-c
+// disconnected.
+func TestAgentLostKeepsParts(t *testing.T) {
+	ns := newNamespace(t)
+	const n = 200000 // more than the status tail keeps
+	bt := newTask(ns, "lost-parts", fmt.Sprintf("head -c %d /dev/zero | tr '\\0' x; sleep 600", n), func(bt *v1.BashTask) { bt.Spec.NodeName = ptr.To("node-c") })
+	create(t, bt)
+	g := NewWithT(t)
+	g.Eventually(func(g Gomega) {
+		st := get(g, bt).Status
+		g.Expect(st.Stdout).NotTo(BeNil())
+		g.Expect(st.Stdout.Parts).NotTo(BeNil())
+		g.Expect(st.Stdout.Parts.KeptBytes).To(HaveValue(Equal(int64(n))))
+		g.Expect(st.Stdout.Parts.LostFromOffset).To(BeNil(), "nothing is lost while the agent is there")
+	}).WithTimeout(waitLong).Should(Succeed())
+	agentC := rig.Agents["node-c"]
+	agentC.Disconnect()
+	got := waitTerminal(t, bt)
+	g.Expect(got.Status.Reason).To(HaveValue(Equal(v1.ReasonAgentLost)))
+	want := &v1.StreamParts{KeptBytes: ptr.To(int64(n)), LostFromOffset: ptr.To(int64(n))}
+	g.Expect(got.Status.Stdout.Parts).To(Equal(want))
+	g.Expect(got.Status.Stderr.Parts).To(BeNil(), "an empty stream loses nothing")
+	g.Expect(got.Status.Message).To(HaveValue(ContainSubstring(fmt.Sprintf("stdout: the first %d bytes kept in object storage, every byte from offset %d on lost", n, n))))
+	// The parts in the agent's bucket are the stream's first bytes.
+	dir := filepath.Join(rig.Dir, "node-c", "uploads", ns, "lost-parts", string(got.UID), "stdout.parts")
+	var data []byte
+	entries, err := os.ReadDir(dir)
+	g.Expect(err).NotTo(HaveOccurred())
+	for _, e := range entries {
+		if strings.HasSuffix(e.Name(), ".attrs") {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join(dir, e.Name()))
+		g.Expect(err).NotTo(HaveOccurred())
+		data = append(data, b...)
+	}
+	g.Expect(string(data)).To(Equal(strings.Repeat("x", n)))
+	// The agent comes back and forgets the task; the next test finds it
+	// connected.
+	g.Expect(agentC.Reconnect()).To(Succeed())
+	g.Eventually(func(g Gomega) {
+		_, err := agentC.Server.Get(t.Context(), &agentv1.GetRequest{Uid: string(got.UID)})
+		g.Expect(status.Code(err)).To(Equal(codes.NotFound), "the agent still holds the task: %v", err)
+	}).WithTimeout(waitLong).Should(Succeed())
 }
 
 func TestAgentLost(t *testing.T) { // C30, agent gone

@@ -244,6 +244,9 @@ func (r *BashTaskReconciler) applyTaskStatus(bt *bashtaskv1alpha1.BashTask, ts *
 	}
 	st.Stdout = streamStatus(ts.GetStdout())
 	st.Stderr = streamStatus(ts.GetStderr())
+	if in := ts.GetStdin(); in != nil {
+		st.Stdin = stdinStatus(in)
+	}
 	if m := ts.GetMechanism(); m != "" {
 		iso := &bashtaskv1alpha1.IsolationStatus{Mechanism: ptr.To(bashtaskv1alpha1.IsolationMechanism(m))}
 		if bt.Spec.Resources != nil {
@@ -309,7 +312,58 @@ func streamStatus(s *agentv1.StreamStatus) *bashtaskv1alpha1.StreamStatus {
 		Truncated:  optional(s.GetTruncated()),
 		Sanitized:  optional(s.GetSanitized()),
 		SHA256:     optional(s.GetSha256()),
+		Parts:      streamParts(s.GetKeptBytes()),
 	}
+}
+
+// streamParts is the parts block of a stream with kept bytes uploaded as
+// parts; nil without any.
+func streamParts(kept int64) *bashtaskv1alpha1.StreamParts {
+	if kept <= 0 {
+		return nil
+	}
+	return &bashtaskv1alpha1.StreamParts{KeptBytes: ptr.To(kept)}
+}
+
+// markOutputLost records, for a task ended without its agent (AgentLost),
+// which bytes of each stream survive: the first keptBytes, uploaded as
+// parts, and none after. A stream whose status tail is the whole stream
+// so far is not marked: nothing of it is known lost beyond what the
+// command wrote after the agent's last report, which the message says.
+// It returns the sentence for the task's message.
+func markOutputLost(st *bashtaskv1alpha1.BashTaskStatus) string {
+	var parts []string
+	for _, s := range []struct {
+		name string
+		ss   *bashtaskv1alpha1.StreamStatus
+	}{{"stdout", st.Stdout}, {"stderr", st.Stderr}} {
+		if s.ss == nil || ptr.Deref(s.ss.TotalBytes, 0) == 0 {
+			continue
+		}
+		total := *s.ss.TotalBytes
+		kept := int64(0)
+		if s.ss.Parts != nil {
+			kept = ptr.Deref(s.ss.Parts.KeptBytes, 0)
+		}
+		whole := !ptr.Deref(s.ss.Truncated, false) && !ptr.Deref(s.ss.Sanitized, false) && int64(len(ptr.Deref(s.ss.Tail, ""))) == total
+		if whole && kept == 0 {
+			continue
+		}
+		if s.ss.Parts == nil {
+			s.ss.Parts = &bashtaskv1alpha1.StreamParts{}
+		}
+		s.ss.Parts.LostFromOffset = ptr.To(kept)
+		what := fmt.Sprintf("the first %d bytes", kept)
+		if kept == 0 {
+			what = "no byte"
+		}
+		parts = append(parts, fmt.Sprintf("%s: %s kept in object storage, every byte from offset %d on lost (at least %d bytes)",
+			s.name, what, kept, total-kept))
+	}
+	if len(parts) == 0 {
+		return ""
+	}
+	return "; output: " + strings.Join(parts, "; ")
 }
 
 // applyUploads records the spill references and the OutputUploaded
@@ -422,4 +476,18 @@ func applyTaskIsolation(iso *bashtaskv1alpha1.IsolationStatus, ti *agentv1.TaskI
 	if p := ti.GetPidsLimit(); p != "" {
 		iso.ProcessLimit = ptr.To(p)
 	}
+}
+
+// stdinStatus is the agent's report of a streamed input as status.stdin.
+func stdinStatus(in *agentv1.StdinState) *bashtaskv1alpha1.StdinStatus {
+	out := &bashtaskv1alpha1.StdinStatus{AcceptedBytes: ptr.To(in.GetAcceptedBytes()), Closed: ptr.To(in.GetClosed())}
+	switch in.GetReason() {
+	case agentv1.StdinCloseReason_STDIN_CLOSE_REASON_CLOSED:
+		out.Reason = ptr.To(bashtaskv1alpha1.StdinClosed)
+	case agentv1.StdinCloseReason_STDIN_CLOSE_REASON_IDLE_TIMEOUT:
+		out.Reason = ptr.To(bashtaskv1alpha1.StdinIdleTimeout)
+	case agentv1.StdinCloseReason_STDIN_CLOSE_REASON_PROCESS_EXITED:
+		out.Reason = ptr.To(bashtaskv1alpha1.StdinProcessExited)
+	}
+	return out
 }

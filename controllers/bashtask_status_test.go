@@ -183,3 +183,56 @@ func TestApplyUploadsCarriesTheLastError(t *testing.T) {
 		t.Errorf("message is %d characters, want the error cut to %d", n, maxUploadError)
 	}
 }
+
+func TestMarkOutputLost(t *testing.T) {
+	type stream = bashtaskv1alpha1.StreamStatus
+	parts := func(kept int64) *bashtaskv1alpha1.StreamParts {
+		return &bashtaskv1alpha1.StreamParts{KeptBytes: ptr.To(kept)}
+	}
+	tests := map[string]struct {
+		stdout, stderr *stream
+		wantStdout     *bashtaskv1alpha1.StreamParts
+		wantStderr     *bashtaskv1alpha1.StreamParts
+		wantMessage    string
+	}{
+		"parts kept": {
+			stdout:      &stream{Tail: ptr.To("xyz"), TotalBytes: ptr.To(int64(300000)), Truncated: ptr.To(true), Parts: parts(262144)},
+			wantStdout:  &bashtaskv1alpha1.StreamParts{KeptBytes: ptr.To(int64(262144)), LostFromOffset: ptr.To(int64(262144))},
+			wantMessage: "; output: stdout: the first 262144 bytes kept in object storage, every byte from offset 262144 on lost (at least 37856 bytes)",
+		},
+		"truncated without parts: all lost": {
+			stderr:      &stream{Tail: ptr.To("abc"), TotalBytes: ptr.To(int64(100000)), Truncated: ptr.To(true)},
+			wantStderr:  &bashtaskv1alpha1.StreamParts{LostFromOffset: ptr.To(int64(0))},
+			wantMessage: "; output: stderr: no byte kept in object storage, every byte from offset 0 on lost (at least 100000 bytes)",
+		},
+		"whole tail and empty stream: nothing said": {
+			stdout: &stream{Tail: ptr.To("before\n"), TotalBytes: ptr.To(int64(7))},
+			stderr: &stream{TotalBytes: ptr.To(int64(0))},
+		},
+		"sanitized tail is not the stream": {
+			stdout:      &stream{Tail: ptr.To("\ufffd"), TotalBytes: ptr.To(int64(3)), Sanitized: ptr.To(true)},
+			wantStdout:  &bashtaskv1alpha1.StreamParts{LostFromOffset: ptr.To(int64(0))},
+			wantMessage: "; output: stdout: no byte kept in object storage, every byte from offset 0 on lost (at least 3 bytes)",
+		},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			st := &bashtaskv1alpha1.BashTaskStatus{Stdout: tc.stdout, Stderr: tc.stderr}
+			msg := markOutputLost(st)
+			if msg != tc.wantMessage {
+				t.Errorf("message %q, want %q", msg, tc.wantMessage)
+			}
+			for _, s := range []struct {
+				got  *stream
+				want *bashtaskv1alpha1.StreamParts
+			}{{st.Stdout, tc.wantStdout}, {st.Stderr, tc.wantStderr}} {
+				if s.got == nil {
+					continue
+				}
+				if diff := cmp.Diff(s.want, s.got.Parts); diff != "" {
+					t.Errorf("parts (-want +got):\n%s", diff)
+				}
+			}
+		})
+	}
+}

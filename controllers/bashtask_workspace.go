@@ -62,15 +62,18 @@ func (r *BashTaskReconciler) checkWorkspace(ctx context.Context, bt *bashtaskv1a
 	case phase == bashtaskv1alpha1.WorkspaceNodeLost || phase == bashtaskv1alpha1.WorkspaceFailed:
 		return workspaceCheck{end: bashtaskv1alpha1.ReasonInvalidSpec,
 			message: fmt.Sprintf("spec.workspace: BashWorkspace %q is %s (%s); it takes no more tasks", name, phase, why)}, nil
-	case phase != bashtaskv1alpha1.WorkspaceReady || ptr.Deref(ws.Status.NodeName, "") == "":
-		if phase == "" {
+	case phase != bashtaskv1alpha1.WorkspaceReady || ptr.Deref(ws.Status.NodeName, "") == "" || isTrue(ws.Spec.Suspend):
+		switch phase {
+		case "":
 			why = "not placed yet"
+		case bashtaskv1alpha1.WorkspaceReady:
+			why = "spec.suspend is true: it is being suspended"
 		}
 		return workspaceCheck{wait: ReasonWorkspaceNotReady,
 			message: fmt.Sprintf("spec.workspace: BashWorkspace %q is not Ready (%s); waiting for it", name, why)}, nil
 	}
 	return workspaceCheck{target: &workspaceTarget{
-		ref:  &agentv1.WorkspaceRef{Namespace: ws.Namespace, Name: ws.Name, Uid: string(ws.UID)},
+		ref:  workspaceRefOf(ws),
 		node: *ws.Status.NodeName,
 	}}, nil
 }
@@ -120,7 +123,14 @@ func (r *BashTaskReconciler) workspaceRef(ctx context.Context, bt *bashtaskv1alp
 		}
 		return nil, "", fmt.Errorf("reading workspace %s of %s: %w", name, klog.KObj(bt), err)
 	}
-	return &agentv1.WorkspaceRef{Namespace: ws.Namespace, Name: ws.Name, Uid: string(ws.UID)}, "", nil
+	return workspaceRefOf(ws), "", nil
+}
+
+// workspaceRefOf is the agent's reference to ws's current copy: its UID
+// and epoch, so that an agent holding a copy of another epoch refuses
+// the task.
+func workspaceRefOf(ws *bashtaskv1alpha1.BashWorkspace) *agentv1.WorkspaceRef {
+	return &agentv1.WorkspaceRef{Namespace: ws.Namespace, Name: ws.Name, Uid: string(ws.UID), Epoch: ptr.Deref(ws.Status.Epoch, 0)}
 }
 
 // tasksWaitingForWorkspace maps a workspace to the tasks that name it and

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -51,6 +52,8 @@ type WorkspaceAgents interface {
 	// DeleteWorkspace stops a workspace's tasks and removes it;
 	// idempotent.
 	DeleteWorkspace(ctx context.Context, node, uid string) (int32, error)
+	// SnapshotWorkspace archives a workspace to the agents' bucket.
+	SnapshotWorkspace(ctx context.Context, node, uid string) (*agentv1.WorkspaceSnapshot, error)
 }
 
 // BashWorkspaceReconciler reconciles BashWorkspaces through the node
@@ -72,7 +75,8 @@ type BashWorkspaceReconciler struct {
 
 // NewBashWorkspaceReconciler returns a reconciler. c is the manager's
 // cached client, apiReader reads uncached (mgr.GetAPIReader). Of opts it
-// uses AgentLostAfter, RetryInterval, WorkspaceRefreshInterval and Fence.
+// uses AgentLostAfter, AgentTolerations, RetryInterval, WorkspaceRefreshInterval
+// and Fence.
 func NewBashWorkspaceReconciler(c client.Client, apiReader client.Reader, agents WorkspaceAgents, recorder events.EventRecorder, clk clock.PassiveClock, opts Options) *BashWorkspaceReconciler {
 	return &BashWorkspaceReconciler{
 		client: c, apiReader: apiReader, agents: agents, recorder: recorder, clock: clk, opts: opts,
@@ -100,12 +104,12 @@ func (r *BashWorkspaceReconciler) SetupWithManager(mgr ctrl.Manager, workers int
 		Watches(&bashtaskv1alpha1.BashTask{}, handler.EnqueueRequestsFromMapFunc(workspaceOfTask),
 			builder.WithPredicates(taskPhaseChanged())).
 		Watches(&corev1.Node{}, handler.EnqueueRequestsFromMapFunc(r.workspacesOnNode),
-			builder.WithPredicates(predicate.Funcs{
+			builder.WithPredicates(predicate.Or(nodeSchedulingChanged(), predicate.Funcs{
 				CreateFunc:  func(event.CreateEvent) bool { return false },
 				UpdateFunc:  func(event.UpdateEvent) bool { return false },
 				DeleteFunc:  func(event.DeleteEvent) bool { return true },
 				GenericFunc: func(event.GenericEvent) bool { return false },
-			})).
+			}))).
 		Complete(r)
 }
 
@@ -193,6 +197,8 @@ func (r *BashWorkspaceReconciler) reconcile(ctx context.Context, ws *bashtaskv1a
 	switch workspacePhaseOf(&ws.Status) {
 	case bashtaskv1alpha1.WorkspaceReady:
 		res, err = r.reconcileReady(ctx, ws, p)
+	case bashtaskv1alpha1.WorkspaceSuspended:
+		res, err = r.reconcileSuspended(ctx, ws, old, p)
 	case bashtaskv1alpha1.WorkspaceNodeLost, bashtaskv1alpha1.WorkspaceFailed:
 		// Final until deleted: moving a workspace to another node is not
 		// done. Only observedGeneration follows spec edits.
@@ -220,15 +226,16 @@ func (r *BashWorkspaceReconciler) reconcilePending(ctx context.Context, ws *bash
 		if err := r.addFinalizer(ctx, ws); err != nil {
 			return reconcile.Result{}, err
 		}
-		agent, why, invalid := placeAgent(ctx, r.client, r.agents, placement{
-			what:          "the workspace",
-			nodeName:      ptr.Deref(ws.Spec.NodeName, ""),
-			nodeSelector:  ws.Spec.NodeSelector,
-			network:       ptr.Deref(ws.Spec.Network, ""),
-			workspace:     true,
-			nodeMustExist: true,
-			anyCapacity:   true,
-			load:          r.workspaceLoad(ctx),
+		agent, _, why, invalid := placeAgent(ctx, r.client, r.agents, placement{
+			what:         "the workspace",
+			nodeName:     ptr.Deref(ws.Spec.NodeName, ""),
+			nodeSelector: ws.Spec.NodeSelector,
+			network:      ptr.Deref(ws.Spec.Network, ""),
+			tolerations:  r.opts.AgentTolerations,
+			workspace:    true,
+			restore:      ws.Status.Snapshot != nil,
+			anyCapacity:  true,
+			load:         r.workspaceLoad(ctx),
 		})
 		if invalid != "" {
 			setWorkspacePhase(ws, bashtaskv1alpha1.WorkspaceFailed, invalid)
@@ -246,7 +253,13 @@ func (r *BashWorkspaceReconciler) reconcilePending(ctx context.Context, ws *bash
 		// after EnsureWorkspace finds the node it used.
 		node = agent.Node
 		ws.Status.NodeName = ptr.To(node)
+		// Each placement is a new epoch, recorded with the node before
+		// the agent is asked: the copy it makes is the only current one.
+		ws.Status.Epoch = ptr.To(ptr.Deref(ws.Status.Epoch, 0) + 1)
 		setWorkspacePhase(ws, bashtaskv1alpha1.WorkspacePending, "being made on node "+node)
+		if ws.Status.Snapshot != nil {
+			setWorkspacePhase(ws, bashtaskv1alpha1.WorkspacePending, fmt.Sprintf("being restored on node %s from its snapshot of %s", node, snapshotTime(ws.Status.Snapshot).UTC().Format(time.RFC3339)))
+		}
 		if err := r.writeStatus(ctx, ws, old); err != nil {
 			return reconcile.Result{}, err
 		}
@@ -260,12 +273,18 @@ func (r *BashWorkspaceReconciler) reconcilePending(ctx context.Context, ws *bash
 		setWorkspacePhase(ws, bashtaskv1alpha1.WorkspacePending, fmt.Sprintf("waiting for the agent on node %s, unreachable for %s", node, agent.UnreachableFor.Round(time.Second)))
 		return reconcile.Result{RequeueAfter: max(r.opts.AgentLostAfter-agent.UnreachableFor, r.opts.RetryInterval)}, nil
 	}
-	resp, err := r.agents.EnsureWorkspace(ctx, node, workspaceSpec(ws))
+	spec := workspaceSpec(ws)
+	spec.RestoreFrom = agentSnapshot(ws.Status.Snapshot)
+	resp, err := r.agents.EnsureWorkspace(ctx, node, spec)
 	if err != nil {
 		return r.ensureFailed(ws, node, err, p)
 	}
 	applyWorkspaceStatus(ws, resp.GetStatus(), node)
-	p.event(corev1.EventTypeNormal, bashtaskv1alpha1.WorkspaceReasonReady, "Make", "Ready on node %s, running as UID %d", node, ptr.Deref(ws.Status.RunAsUser, 0))
+	if from := resp.GetStatus().GetRestoredFrom(); from != nil && ws.Status.Snapshot != nil {
+		r.restored(ws, node, p)
+	} else {
+		p.event(corev1.EventTypeNormal, bashtaskv1alpha1.WorkspaceReasonReady, "Make", "Ready on node %s, running as UID %d", node, ptr.Deref(ws.Status.RunAsUser, 0))
+	}
 	return r.idle(ctx, ws, p)
 }
 
@@ -323,6 +342,9 @@ func (r *BashWorkspaceReconciler) reconcileReady(ctx context.Context, ws *bashta
 		return reconcile.Result{}, fmt.Errorf("reading workspace %s: %w", klog.KObj(ws), err)
 	}
 	applyWorkspaceStatus(ws, st, node)
+	if res, done, err := r.snapshots(ctx, ws, p); done || err != nil {
+		return res, err
+	}
 	return r.idle(ctx, ws, p)
 }
 
@@ -341,6 +363,9 @@ func (r *BashWorkspaceReconciler) nodeLost(ctx context.Context, node string) str
 }
 
 func (r *BashWorkspaceReconciler) setNodeLost(ws *bashtaskv1alpha1.BashWorkspace, msg string, p *workspacePass) {
+	if r.suspendLost(ws, msg, p) {
+		return
+	}
 	setWorkspacePhase(ws, bashtaskv1alpha1.WorkspaceNodeLost, msg)
 	ws.Status.RunningTasks = nil
 	p.event(corev1.EventTypeWarning, bashtaskv1alpha1.WorkspaceReasonNodeLost, "Follow", "%s", msg)
@@ -362,6 +387,9 @@ func (r *BashWorkspaceReconciler) idle(ctx context.Context, ws *bashtaskv1alpha1
 	if t := ws.Status.LastTaskTime; t != nil && t.After(since) {
 		since = t.Time
 	}
+	if rf := ws.Status.RestoredFrom; rf != nil && rf.RestoreTime != nil && rf.RestoreTime.After(since) {
+		since = rf.RestoreTime.Time // a restore is the start of a new stay on a node
+	}
 	if wait := since.Add(time.Duration(*timeout) * time.Second).Sub(r.clock.Now()); wait > 0 {
 		return reconcile.Result{RequeueAfter: min(wait, r.opts.WorkspaceRefreshInterval)}, nil
 	}
@@ -369,6 +397,19 @@ func (r *BashWorkspaceReconciler) idle(ctx context.Context, ws *bashtaskv1alpha1
 	if err != nil || active {
 		return refresh, err
 	}
+	canSnapshot := slices.Contains(r.agents.Agent(ptr.Deref(ws.Status.NodeName, "")).Capabilities, "snapshots")
+	switch action := ws.Spec.IdleAction; {
+	case canSnapshot && ptr.Deref(action, bashtaskv1alpha1.WorkspaceIdleSuspend) == bashtaskv1alpha1.WorkspaceIdleSuspend:
+		return r.suspend(ctx, ws, fmt.Sprintf("idle for %ds (spec.idleTimeoutSeconds)", *timeout), p)
+	case ptr.Deref(action, "") == bashtaskv1alpha1.WorkspaceIdleSuspend:
+		// Asked for, and impossible here: kept rather than deleted.
+		if r.keptIdle(ws) {
+			p.event(corev1.EventTypeWarning, ReasonKeptPastIdleTimeout, "Suspend",
+				"Not suspended after its idle timeout of %ds: the agent on node %s has no bucket the nodes share (--output-bucket-url) to snapshot to", *timeout, ptr.Deref(ws.Status.NodeName, ""))
+		}
+		return refresh, nil
+	}
+	// idleAction unset where no snapshot is possible, or Delete.
 	if by := GitOpsManager(ws); by != "" {
 		if r.keptIdle(ws) {
 			p.event(corev1.EventTypeNormal, ReasonKeptPastIdleTimeout, "Delete",

@@ -27,7 +27,7 @@ func workspacePhaseOf(st *bashtaskv1alpha1.BashWorkspaceStatus) bashtaskv1alpha1
 // workspaceSpec builds the agent's request for ws.
 func workspaceSpec(ws *bashtaskv1alpha1.BashWorkspace) *agentv1.WorkspaceSpec {
 	spec := &agentv1.WorkspaceSpec{
-		Ref:             &agentv1.WorkspaceRef{Namespace: ws.Namespace, Name: ws.Name, Uid: string(ws.UID)},
+		Ref:             workspaceRefOf(ws),
 		Network:         string(ptr.Deref(ws.Spec.Network, "")),
 		CarryWorkingDir: true,
 		Owner:           ptr.Deref(ws.Spec.Owner, ""),
@@ -112,6 +112,10 @@ func setWorkspaceConditions(ws *bashtaskv1alpha1.BashWorkspace) {
 		meta.RemoveStatusCondition(&st.Conditions, bashtaskv1alpha1.ConditionReconciling)
 		set(bashtaskv1alpha1.ConditionStalled, true, bashtaskv1alpha1.WorkspaceReasonInvalidSpec)
 		set(bashtaskv1alpha1.ConditionReady, false, bashtaskv1alpha1.WorkspaceReasonInvalidSpec)
+	case bashtaskv1alpha1.WorkspaceSuspended:
+		meta.RemoveStatusCondition(&st.Conditions, bashtaskv1alpha1.ConditionReconciling)
+		meta.RemoveStatusCondition(&st.Conditions, bashtaskv1alpha1.ConditionStalled)
+		set(bashtaskv1alpha1.ConditionReady, false, bashtaskv1alpha1.WorkspaceReasonSuspended)
 	case bashtaskv1alpha1.WorkspaceTerminating:
 		meta.RemoveStatusCondition(&st.Conditions, bashtaskv1alpha1.ConditionStalled)
 		set(bashtaskv1alpha1.ConditionReconciling, true, bashtaskv1alpha1.WorkspaceReasonTerminating)

@@ -157,7 +157,7 @@ func TestOwnerMismatch(t *testing.T) {
 	}
 }
 
-// agentList is a fixed set of agents for placeAgent.
+// agentList is a fixed set of agents for chooseAgent.
 type agentList []AgentState
 
 func (l agentList) Agents() []AgentState { return append([]AgentState(nil), l...) }
@@ -194,10 +194,14 @@ func TestPlaceWorkspace(t *testing.T) {
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
-			a, why, invalid := placeAgent(t.Context(), nil, tc.agents, placement{
+			candidates := tc.agents.Agents()
+			if tc.nodeName != "" {
+				candidates = []AgentState{tc.agents.Agent(tc.nodeName)}
+			}
+			a, _, why, invalid := chooseAgent(placement{
 				what: "the workspace", nodeName: tc.nodeName, workspace: true, anyCapacity: true,
 				load: func(a *AgentState) int { return tc.load[a.Node] },
-			})
+			}, candidates, nil)
 			if invalid != "" {
 				t.Fatalf("invalid = %q", invalid)
 			}

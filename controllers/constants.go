@@ -69,6 +69,12 @@ const (
 	ReasonOwnerLimit = "OwnerLimit"
 	// ReasonNoAgent: no ready agent matches the placement or has capacity.
 	ReasonNoAgent = "NoAgent"
+	// ReasonNodeUnschedulable: every node the task may go to is cordoned,
+	// not Ready, or has a NoSchedule or NoExecute taint the agent's
+	// tolerations do not tolerate; the message names each node and why.
+	// The task waits, as a pod would, and is dispatched when a node takes
+	// work again.
+	ReasonNodeUnschedulable = "NodeUnschedulable"
 	// ReasonDispatched: the task is recorded on an agent (write-ahead).
 	ReasonDispatched = "Dispatched"
 	// ReasonStarted: the agent reported the command started.

@@ -188,17 +188,19 @@ func (r *BashTaskReconciler) admitOwner(ctx context.Context, bt *bashtaskv1alpha
 }
 
 // place chooses the agent for a task: spec.nodeName, else the agents whose
-// Node matches spec.nodeSelector, else every agent; among those, a ready
-// one with free capacity and the fewest running tasks. It returns nil and a
-// reason when none fits, and then a non-empty invalid when every ready
-// candidate refuses spec.network by its --allowed-networks: a policy of the
-// nodes, not a wait, so the task ends InvalidSpec.
-func (r *BashTaskReconciler) place(ctx context.Context, bt *bashtaskv1alpha1.BashTask) (_ *AgentState, why, invalid string) {
+// Node matches spec.nodeSelector, else every agent; among those, on a node
+// that takes new work (see nodeUnschedulable), a ready one with free
+// capacity and the fewest running tasks. It returns nil, the Scheduled
+// reason and why when none fits, and then a non-empty invalid when every
+// ready candidate refuses spec.network by its --allowed-networks: a policy
+// of the nodes, not a wait, so the task ends InvalidSpec.
+func (r *BashTaskReconciler) place(ctx context.Context, bt *bashtaskv1alpha1.BashTask) (_ *AgentState, reason, why, invalid string) {
 	return placeAgent(ctx, r.client, r.agents, placement{
 		what:         "the task",
 		nodeName:     ptr.Deref(bt.Spec.NodeName, ""),
 		nodeSelector: bt.Spec.NodeSelector,
 		network:      ptr.Deref(bt.Spec.Network, ""),
+		tolerations:  r.opts.AgentTolerations,
 	})
 }
 
@@ -218,12 +220,15 @@ type placement struct {
 	nodeSelector map[string]string
 	// network is the object's spec.network, "" for the agent's default.
 	network bashtaskv1alpha1.TaskNetwork
+	// tolerations are the agent's configured tolerations
+	// (Options.AgentTolerations), against which the Nodes' taints count.
+	tolerations []corev1.Toleration
 	// workspace asks for an agent that makes workspaces: at the tenant
 	// isolation level, with the "workspaces" capability.
 	workspace bool
-	// nodeMustExist skips agents whose Node object is missing: a
-	// workspace placed there would count as lost at once.
-	nodeMustExist bool
+	// restore asks for an agent that restores snapshots (the "snapshots"
+	// capability: a bucket the nodes share).
+	restore bool
 	// anyCapacity places on an agent that runs its maximum of tasks:
 	// a workspace runs nothing by itself.
 	anyCapacity bool
@@ -233,34 +238,58 @@ type placement struct {
 }
 
 // placeAgent chooses the agent for p: p.nodeName, else the agents whose
-// Node matches p.nodeSelector, else every agent; among those, a ready one
-// that offers what p asks for, with free capacity (unless p.anyCapacity),
-// the lowest p.load and the fewest running tasks. It returns nil and a
-// reason when none fits, and then a non-empty invalid when every ready
-// candidate refuses p.network by its --allowed-networks: a policy of the
-// nodes, not a wait.
-func placeAgent(ctx context.Context, reader client.Reader, agents agentLister, p placement) (_ *AgentState, why, invalid string) {
+// Node matches p.nodeSelector, else every agent. It reads each
+// candidate's Node once, for the selector and for its scheduling state
+// (nodeUnschedulable; a missing Node takes nothing either, as the
+// scheduler places nothing on a node it does not know), then leaves the
+// choice to chooseAgent.
+func placeAgent(ctx context.Context, reader client.Reader, agents agentLister, p placement) (_ *AgentState, reason, why, invalid string) {
 	var candidates []AgentState
-	node := p.nodeName
-	if node != "" {
-		candidates = []AgentState{agents.Agent(node)}
+	if p.nodeName != "" {
+		candidates = []AgentState{agents.Agent(p.nodeName)}
 	} else {
 		candidates = agents.Agents()
 	}
+	var sel labels.Selector
 	if len(p.nodeSelector) > 0 {
-		sel := labels.SelectorFromSet(p.nodeSelector)
-		kept := candidates[:0:0]
-		for _, a := range candidates {
-			var n corev1.Node
-			if err := reader.Get(ctx, types.NamespacedName{Name: a.Node}, &n); err != nil {
-				continue
-			}
-			if sel.Matches(labels.Set(n.Labels)) {
-				kept = append(kept, a)
+		sel = labels.SelectorFromSet(p.nodeSelector)
+	}
+	kept := candidates[:0:0]
+	refused := map[string]string{}
+	for _, a := range candidates {
+		// Read only: no copy of each Node (their image lists make them
+		// large) for every task placed.
+		var n corev1.Node
+		err := reader.Get(ctx, types.NamespacedName{Name: a.Node}, &n, client.UnsafeDisableDeepCopy)
+		if sel != nil && (err != nil || !sel.Matches(labels.Set(n.Labels))) {
+			continue
+		}
+		switch {
+		case apierrors.IsNotFound(err):
+			refused[a.Node] = fmt.Sprintf("node %s has no Node object", a.Node)
+		case err != nil:
+			refused[a.Node] = fmt.Sprintf("node %s: reading its Node: %v", a.Node, err)
+		default:
+			if m := nodeUnschedulable(&n, p.tolerations); m != "" {
+				refused[a.Node] = m
 			}
 		}
-		candidates = kept
+		kept = append(kept, a)
 	}
+	return chooseAgent(p, kept, refused)
+}
+
+// chooseAgent chooses among candidates, the agents that match p's
+// nodeName or nodeSelector, skipping those whose node unschedulable names
+// (node name to why): a ready agent that offers what p asks for, with
+// free capacity (unless p.anyCapacity), the lowest p.load and the fewest
+// running tasks. When none fits it returns nil, a Scheduled reason
+// (ReasonNodeUnschedulable when every candidate's node refuses new work,
+// else ReasonNoAgent) and why, and then a non-empty invalid when every
+// candidate refuses p.network by its --allowed-networks: a policy of the
+// nodes, not a wait.
+func chooseAgent(p placement, candidates []AgentState, unschedulable map[string]string) (_ *AgentState, reason, why, invalid string) {
+	node := p.nodeName
 	rank := func(a *AgentState) int {
 		if p.load == nil {
 			return 0
@@ -270,9 +299,14 @@ func placeAgent(ctx context.Context, reader client.Reader, agents agentLister, p
 	var best *AgentState
 	bestRank := 0
 	notReady, full, lacking, refused := 0, 0, 0, 0
+	var cordoned []string
 	missing, refusal := "", ""
 	for i := range candidates {
 		a := &candidates[i]
+		if m := unschedulable[a.Node]; m != "" {
+			cordoned = append(cordoned, m)
+			continue
+		}
 		if !a.Ready {
 			notReady++
 			continue
@@ -286,11 +320,8 @@ func placeAgent(ctx context.Context, reader client.Reader, agents agentLister, p
 		if m == "" && p.workspace && (a.Isolation != string(bashtaskv1alpha1.IsolationLevelTenant) || !slices.Contains(a.Capabilities, "workspaces")) {
 			m = "a workspace needs an agent at the tenant isolation level (--isolation=tenant) that serves workspaces (the workspaces capability)"
 		}
-		if m == "" && p.nodeMustExist {
-			var n corev1.Node
-			if err := reader.Get(ctx, types.NamespacedName{Name: a.Node}, &n); apierrors.IsNotFound(err) {
-				m = "its Node object does not exist"
-			}
+		if m == "" && p.restore && !slices.Contains(a.Capabilities, "snapshots") {
+			m = "restoring a workspace needs an agent with a bucket the nodes share (--output-bucket-url; the snapshots capability)"
 		}
 		if m != "" {
 			lacking++
@@ -307,13 +338,12 @@ func placeAgent(ctx context.Context, reader client.Reader, agents agentLister, p
 		}
 	}
 	if best != nil {
-		return best, "", ""
+		return best, "", "", ""
 	}
+	// Only when every candidate refuses: an agent on a node that takes no
+	// work now may allow the network once it does.
 	if refused > 0 && refused == len(candidates) {
-		return nil, refusal, refusal
-	}
-	if node != "" && len(candidates) == 1 && candidates[0].Incarnation == "" && !candidates[0].Connected {
-		return nil, fmt.Sprintf("no agent has reported from node %s (spec.nodeName); retrying", node), ""
+		return nil, ReasonNoAgent, refusal, refusal
 	}
 	where := "any node"
 	switch {
@@ -322,10 +352,34 @@ func placeAgent(ctx context.Context, reader client.Reader, agents agentLister, p
 	case len(p.nodeSelector) > 0:
 		where = "nodes matching " + labels.SelectorFromSet(p.nodeSelector).String()
 	}
-	if lacking > 0 && full == 0 && lacking+notReady == len(candidates) {
-		return nil, fmt.Sprintf("no ready agent on %s offers what %s asks for: %s (%d matching, %d not ready, %d lacking it); retrying", where, p.what, missing, len(candidates), notReady, lacking), ""
+	if len(cordoned) > 0 && len(cordoned) == len(candidates) {
+		return nil, ReasonNodeUnschedulable, fmt.Sprintf("no node on %s takes new work: %s; waiting for one to become schedulable", where, nodeList(cordoned)), ""
 	}
-	return nil, fmt.Sprintf("no ready agent with free capacity on %s (%d matching, %d not ready, %d at capacity, %d lacking a capability, %d not allowing spec.network); retrying", where, len(candidates), notReady, full, lacking, refused), ""
+	if node != "" && len(candidates) == 1 && candidates[0].Incarnation == "" && !candidates[0].Connected {
+		return nil, ReasonNoAgent, fmt.Sprintf("no agent has reported from node %s (spec.nodeName); retrying", node), ""
+	}
+	skipped := ""
+	if len(cordoned) > 0 {
+		skipped = fmt.Sprintf("; not schedulable: %s", nodeList(cordoned))
+	}
+	if lacking > 0 && full == 0 && lacking+notReady+len(cordoned) == len(candidates) {
+		return nil, ReasonNoAgent, fmt.Sprintf("no ready agent on %s offers what %s asks for: %s (%d matching, %d on unschedulable nodes, %d not ready, %d lacking it%s); retrying", where, p.what, missing, len(candidates), len(cordoned), notReady, lacking, skipped), ""
+	}
+	return nil, ReasonNoAgent, fmt.Sprintf("no ready agent with free capacity on %s (%d matching, %d on unschedulable nodes, %d not ready, %d at capacity, %d lacking a capability, %d not allowing spec.network%s); retrying", where, len(candidates), len(cordoned), notReady, full, lacking, refused, skipped), ""
+}
+
+// maxNamedNodes bounds how many nodes a placement message names, so that
+// a large cordoned pool does not fill the condition's message.
+const maxNamedNodes = 5
+
+// nodeList joins the first maxNamedNodes of why (one sentence per node,
+// sorted) and counts the rest.
+func nodeList(why []string) string {
+	why = slices.Sorted(slices.Values(why))
+	if len(why) <= maxNamedNodes {
+		return strings.Join(why, "; ")
+	}
+	return fmt.Sprintf("%s; and %d more", strings.Join(why[:maxNamedNodes], "; "), len(why)-maxNamedNodes)
 }
 
 // networkNotAllowed names the refusal of spec.network n by agent a's
@@ -423,6 +477,10 @@ func (r *BashTaskReconciler) taskSpec(bt *bashtaskv1alpha1.BashTask, in *resolve
 			{Name: ManagedEnvUID, Value: string(bt.UID)},
 			{Name: ManagedEnvNode, Value: nodeOf(&bt.Status)},
 		},
+	}
+	if ss := bt.Spec.StdinStream; ss != nil {
+		idle := ptr.Deref(ss.IdleTimeoutSeconds, bashtaskv1alpha1.DefaultStdinIdleTimeoutSeconds)
+		spec.StdinStream = &agentv1.StdinStream{IdleTimeout: durationpb.New(time.Duration(idle) * time.Second)}
 	}
 	if res := bt.Spec.Resources; res != nil {
 		spec.Resources = &agentv1.Resources{}

@@ -12,6 +12,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	toolscache "k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/events"
 	"k8s.io/client-go/util/workqueue"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -64,6 +65,12 @@ type OrphanCollectorOptions struct {
 	Interval time.Duration
 	// Metrics count the tasks stopped; may be nil.
 	Metrics *Metrics
+	// Workspaces, when set, has every check of Interval also remove the
+	// workspace copies agents hold that are not their workspace's current
+	// one (docs/workspaces.md, "Epochs"); Recorder reports each on its
+	// workspace. Both may be nil.
+	Workspaces WorkspaceCopies
+	Recorder   events.EventRecorder
 	// Log is the collector's logger.
 	Log logr.Logger
 }
@@ -164,8 +171,10 @@ func (c *OrphanCollector) Start(ctx context.Context) error {
 			c.queue.Add(h)
 		case <-tick:
 			c.enqueueAll(ctx)
+			c.sweepWorkspaces(ctx)
 		case <-c.sweep:
 			c.enqueueAll(ctx)
+			c.sweepWorkspaces(ctx)
 		}
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/bashtask/bashtask-operator/controllers"
@@ -19,6 +20,9 @@ const (
 	agentLostAfter = 3 * time.Second
 	// maxRunningPerOwner applies to tasks that set spec.owner.
 	maxRunningPerOwner = 1
+	// toleratedTaint is the key of a NoSchedule taint the agents'
+	// configured tolerations tolerate.
+	toleratedTaint = "bashtask.dev/test-tolerated"
 )
 
 var (
@@ -32,13 +36,16 @@ func TestMain(m *testing.M) {
 	opts.MaxRunningPerOwner = maxRunningPerOwner
 	opts.ProgressInterval = 500 * time.Millisecond
 	opts.RetryInterval = 500 * time.Millisecond
+	opts.AgentTolerations = []corev1.Toleration{{Key: toleratedTaint, Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoSchedule}}
 	var err error
 	rig, err = testrig.Start(testrig.Options{
-		// node-c is reserved for the agent-loss test.
+		// node-c is reserved for the agent-loss test, node-d for the
+		// tests of the node's scheduling state (cordon, taints, Ready).
 		Agents: []localcluster.Agent{
 			{Node: "node-a", IP: "127.0.0.2", Labels: map[string]string{"zone": "a"}},
 			{Node: "node-b", IP: "127.0.0.3", Labels: map[string]string{"zone": "b"}},
 			{Node: "node-c", IP: "127.0.0.4", Labels: map[string]string{"zone": "c"}},
+			{Node: "node-d", IP: "127.0.0.5", Labels: map[string]string{"zone": "d"}},
 		},
 		Controller: &opts,
 	})

@@ -459,6 +459,9 @@ func (e *Executor) prepare(spec Spec) (*prepared, error) {
 	case p.WorkingDir != "" && !filepath.IsAbs(p.WorkingDir):
 		return nil, startErr(ErrInvalidSpec, fmt.Sprintf("working directory %q is not absolute", p.WorkingDir), nil)
 	}
+	if err := checkStdinStream(p); err != nil {
+		return nil, err
+	}
 	network, err := ParseNetwork(string(p.Network))
 	if err != nil {
 		return nil, startErr(ErrInvalidSpec, "", err)
@@ -797,6 +800,8 @@ type Task struct {
 	cancel     chan struct{}
 	done       chan struct{}
 	result     Result // written once before done is closed
+
+	stdin *stdinFeeder // nil unless Spec.StdinStream
 
 	sys taskSys // platform part
 }

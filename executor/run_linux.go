@@ -114,7 +114,11 @@ func (e *Executor) start(p *prepared) (_ *Task, err error) {
 	}
 	go read(t.stdout, s.stdoutR)
 	go read(t.stderr, s.stderrR)
-	if s.stdinW != nil {
+	if p.StdinStream != nil {
+		// The feeder owns the write end from here on.
+		t.stdin = newStdinFeeder(s.stdinW, p.StdinStream.IdleTimeout)
+		s.stdinW = nil
+	} else if s.stdinW != nil {
 		go func() {
 			// EPIPE (the task exited without reading) and ErrClosed (the
 			// supervisor closed the pipe because the task ended) are not
@@ -167,7 +171,7 @@ func (e *Executor) startShell(t *Task) (err error) {
 	}()
 	// stdin: /dev/null is a character device, so `cat` sees EOF at once and
 	// `test -c /dev/stdin` holds; given bytes go through a pipe.
-	if p.Stdin == nil {
+	if !p.stdinPipe() {
 		fd, err := unix.Open(os.DevNull, unix.O_RDONLY|unix.O_CLOEXEC, 0)
 		if err != nil {
 			return startErr(ErrProcessStart, "opening "+os.DevNull, err)
@@ -341,6 +345,9 @@ func (t *Task) supervise() {
 	if s.stdinW != nil {
 		// Unblocks the stdin writer if nothing ever read.
 		_ = s.stdinW.Close()
+	}
+	if t.stdin != nil {
+		t.stdin.shutdown()
 	}
 	t.drainOutput()
 

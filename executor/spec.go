@@ -152,6 +152,9 @@ type Spec struct {
 	// Stdin is written to fd 0 through a pipe that is then closed. nil means
 	// fd 0 is /dev/null; a non-nil empty slice means an empty pipe.
 	Stdin []byte
+	// StdinStream, when set, makes fd 0 a pipe fed by [Task.WriteStdin]
+	// while the task runs; exclusive with Stdin.
+	StdinStream *StdinStream
 	// Env is the task's explicit environment (step 4 of DESIGN.md section
 	// 5): it wins over the ambient environment, even for names that look
 	// like credentials.

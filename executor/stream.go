@@ -11,12 +11,13 @@ import (
 	"path/filepath"
 	"sync"
 	"syscall"
+	"time"
 )
 
 // Read buffer sizes. A task that prints little reads through a small
-// buffer; one that fills it switches to a large pooled buffer, so bulk
-// output costs few system calls without every short task paying for a
-// megabyte of zeroed memory.
+// buffer; one that fills it switches to large pooled buffers, so bulk
+// output costs few hand-overs to the hash without every short task paying
+// for a megabyte of zeroed memory.
 const (
 	smallReadBuf = 32 << 10
 	largeReadBuf = 1 << 20
@@ -162,77 +163,135 @@ func (s *stream) output() (OutputState, <-chan struct{}) {
 	return st, s.changed
 }
 
-// hashDepth is how many read buffers may wait for the hash at once. SHA-256
-// runs at about the pipe's speed on one core, so on its own goroutine it
-// takes the other core instead of every second of the copy; the depth
-// bounds the memory this costs (hashDepth large buffers per busy stream).
+// hashDepth is how many large buffers a busy stream holds: the one being
+// filled and up to hashDepth-1 waiting for the hash or being hashed.
+// SHA-256 runs at about the pipe's speed on one core, so on its own
+// goroutine it takes the other core instead of every second of the copy;
+// the depth bounds the memory this costs, hashDepth*largeReadBuf bytes
+// (4 MiB) per busy stream.
 const hashDepth = 4
+
+// hashQueue feeds the stream's hash on a second goroutine, in order: the
+// reader fills a buffer through as many reads as it takes and hands it
+// over only once it is full (or the stream ended), so the hash gets 1 MiB
+// at a time however small the task's writes are. A task writing 8 KiB at
+// a time is read in chunks of about 24 KiB (the reader keeps up with it),
+// and handing each chunk over woke the hash's goroutine, parked and woken
+// again, some 80 000 times for 2 GB. The hash is needed only at the end,
+// so nothing waits for a buffer that fills slowly.
+type hashQueue struct {
+	h         hash.Hash
+	full      chan []byte // buffers to hash, in order
+	free      chan []byte // hashed buffers, for the reader to fill again
+	hashed    chan struct{}
+	allocated int       // large buffers taken from largeBufPool
+	large     []*[]byte // the same, returned at close
+}
+
+// push hands b, full, to the hash. The goroutine starts with the first
+// buffer: a stream that never fills its first buffer hashes it in close,
+// on the reader's goroutine, and costs no goroutine at all.
+func (q *hashQueue) push(b []byte) {
+	if q.full == nil {
+		q.full = make(chan []byte, hashDepth-1)
+		q.free = make(chan []byte, hashDepth+1) // every buffer, the small one too: the hash never waits to give one back
+		q.hashed = make(chan struct{})
+		go func() {
+			defer close(q.hashed)
+			for b := range q.full {
+				q.h.Write(b)
+				q.free <- b[:cap(b)]
+			}
+		}()
+	}
+	q.full <- b
+}
+
+// next returns an empty large buffer: a hashed one, a new one while fewer
+// than hashDepth exist, else the next one the hash gives back. The first,
+// small buffer is dropped when the hash gives it back.
+func (q *hashQueue) next() []byte {
+	for {
+		var b []byte
+		select {
+		case b = <-q.free:
+		default:
+			if q.allocated < hashDepth {
+				q.allocated++
+				p := largeBufPool.Get().(*[]byte)
+				q.large = append(q.large, p)
+				return *p
+			}
+			b = <-q.free
+		}
+		if cap(b) >= largeReadBuf {
+			return b
+		}
+	}
+}
+
+// close hashes rest, the partly filled last buffer, after everything
+// pushed before, waits for the hash to take every byte and returns the
+// large buffers to the pool.
+func (q *hashQueue) close(rest []byte) {
+	if q.full != nil {
+		if len(rest) > 0 {
+			q.full <- rest
+		}
+		close(q.full)
+		<-q.hashed
+	} else {
+		q.h.Write(rest)
+	}
+	for _, b := range q.large {
+		largeBufPool.Put(b)
+	}
+}
+
+// A busy stream's reader (one past its first, small buffer) that reads
+// less than coalesceBytes, because it caught up with the task, waits
+// coalesceDelay before reading again. A pipe wakes its reader at each
+// write into an empty pipe: a task writing 8 KiB at a time (coreutils'
+// buffer) woke the reader about 40 000 times a GB, and the wake-ups (the
+// poller, the runtime's scheduler, the task's own switches) cost the
+// executor as much CPU as the copy. Waiting 200 µs lets about 300 KB
+// gather at 1.7 GB/s (the pipe holds pipeSize, 1 MiB, so the task
+// does not stop), and the reader wakes about 6 000 times a GB. It delays
+// a busy stream's bytes, and its end, by at most coalesceDelay; a stream
+// that stayed within its first buffer (most tasks) never waits.
+const (
+	coalesceBytes = 64 << 10
+	coalesceDelay = 200 * time.Microsecond
+)
 
 // readFrom copies r into the stream until EOF or until r is closed or its
 // read deadline passes (the executor's guard against a descendant that keeps
-// the pipe open). Every chunk goes to the spill file and the tail here and
-// to the hash on a second goroutine, in order; readFrom returns once the
-// hash has taken every byte, so finish sees the whole stream's sum.
+// the pipe open). Every chunk read goes to the spill file and the tail at
+// once, and to the hash through hashQueue, in order, a buffer at a time;
+// readFrom returns once the hash has taken every byte, so finish sees the
+// whole stream's sum.
 func (s *stream) readFrom(r io.Reader) {
-	full := make(chan []byte, hashDepth)
-	free := make(chan []byte, hashDepth+1)
-	hashed := make(chan struct{})
-	go func() {
-		defer close(hashed)
-		for b := range full {
-			s.hash.Write(b)
-			free <- b[:cap(b)]
-		}
-	}()
-	var large []*[]byte // taken from largeBufPool, returned at the end
+	q := hashQueue{h: s.hash}
+	buf := make([]byte, smallReadBuf) // most tasks print less than this
+	filled := 0
 	defer func() {
-		close(full)
-		<-hashed
+		q.close(buf[:filled])
 		s.end()
-		for _, b := range large {
-			largeBufPool.Put(b)
-		}
 	}()
-	size := smallReadBuf
-	allocated := 0
-	next := func() []byte {
-		for {
-			select {
-			case b := <-free:
-				if cap(b) >= size {
-					return b
-				}
-				allocated-- // a small buffer outgrown by the stream: dropped
-				continue
-			default:
-			}
-			if allocated < hashDepth {
-				allocated++
-				if size == smallReadBuf {
-					return make([]byte, smallReadBuf)
-				}
-				b := largeBufPool.Get().(*[]byte)
-				large = append(large, b)
-				return *b
-			}
-			b := <-free
-			if cap(b) >= size {
-				return b
-			}
-			allocated--
-		}
-	}
 	for {
-		buf := next()
-		n, err := r.Read(buf)
+		n, err := r.Read(buf[filled:])
 		if n > 0 {
-			s.record(buf[:n])
-			if n == len(buf) {
-				size = largeReadBuf // a busy stream: read in large chunks
+			s.record(buf[filled : filled+n])
+			filled += n
+			if filled == len(buf) {
+				q.push(buf)
+				buf, filled = q.next(), 0
 			}
-			full <- buf[:n]
-		} else {
-			free <- buf
+			if n < coalesceBytes && len(buf) == largeReadBuf && err == nil {
+				// A busy stream's reader caught up with the task: let
+				// its next writes gather in the pipe.
+				pauseReader(coalesceDelay)
+			}
 		}
 		if err != nil {
 			return

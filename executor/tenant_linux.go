@@ -60,7 +60,7 @@ func (e *Executor) newShimLaunch(p *prepared, cgroupPids bool) *shimLaunch {
 			Env:          p.env,
 			WorkDir:      p.WorkingDir,
 			WorkTree:     true,
-			NullStdin:    p.Stdin == nil,
+			NullStdin:    !p.stdinPipe(),
 			TmpSizeBytes: e.tmpSize,
 			Hostname:     e.hostname,
 			Mask:         e.mask,
@@ -188,7 +188,7 @@ func (e *Executor) startTenant(t *Task) error {
 		// The spec's pids limit holds, through RLIMIT_NPROC.
 		s.notEnforced = slices.DeleteFunc(s.notEnforced, func(c string) bool { return c == "pids" })
 	}
-	if p.Stdin == nil {
+	if !p.stdinPipe() {
 		// The shim gives the shell /dev/null (Config.NullStdin).
 		sp.stdinW.Close()
 		sp.stdinW = nil

@@ -516,3 +516,17 @@ func (e *Executor) closeWorkspaceDir() error {
 	}
 	return nil
 }
+
+// dupRoot duplicates the root's descriptor (close-on-exec).
+func (w *Workspace) dupRoot() (int, error) {
+	w.sys.mu.Lock()
+	defer w.sys.mu.Unlock()
+	if w.sys.root == nil {
+		return -1, fmt.Errorf("workspace %s is closed", w.id)
+	}
+	fd, err := unix.FcntlInt(w.sys.root.Fd(), unix.F_DUPFD_CLOEXEC, 0)
+	if err != nil {
+		return -1, fmt.Errorf("workspace %s: duplicating its root's descriptor: %w", w.id, err)
+	}
+	return fd, nil
+}

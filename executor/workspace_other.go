@@ -23,3 +23,5 @@ func (w *Workspace) Close() error { return nil }
 
 // Remove needs Linux.
 func (w *Workspace) Remove() error { return ErrUnsupported }
+
+func (w *Workspace) dupRoot() (int, error) { return -1, ErrUnsupported }

@@ -42,9 +42,28 @@ const (
 	// DefaultTimeoutSeconds is spec.timeoutSeconds when unset.
 	DefaultTimeoutSeconds = 120
 
+	// DefaultStdinIdleTimeoutSeconds is spec.stdinStream.idleTimeoutSeconds
+	// when unset.
+	DefaultStdinIdleTimeoutSeconds = 60
+
 	// DefaultKillGracePeriodSeconds is spec.killGracePeriodSeconds when unset.
 	DefaultKillGracePeriodSeconds = 3
 )
+
+// StdinStream configures a streamed standard input (spec.stdinStream).
+type StdinStream struct {
+	// idleTimeoutSeconds is how long, in seconds, the agent waits for the
+	// next request on bashtasks/stdin (a write or an empty query) before it
+	// closes the pipe and the command reads EOF, so a client that went
+	// away cannot hold the task until its timeout in silence. The clock
+	// runs from the start of the command and stops while a request is in
+	// progress. Default 60, 1 to 86400 (a day).
+	// +optional
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=86400
+	// +default=60
+	IdleTimeoutSeconds *int32 `json:"idleTimeoutSeconds,omitempty"`
+}
 
 // BashTaskSpec is what the user asks for: a command, its input, environment
 // and placement. Every field except cancelRequested, suspend and
@@ -53,6 +72,8 @@ const (
 // +kubebuilder:validation:XValidation:rule="!(has(self.stdin) && has(self.stdinFrom))",message="stdin and stdinFrom are mutually exclusive: set at most one"
 // +kubebuilder:validation:XValidation:rule="has(self.stdin) == has(oldSelf.stdin)",message="spec.stdin is immutable (it cannot be added or removed): a task runs its command once. To run a new command, create a task with a new name; Argo CD does that with the sync options Force=true,Replace=true or a hook with hook-delete-policy BeforeHookCreation, Flux with the annotation kustomize.toolkit.fluxcd.io/force: enabled"
 // +kubebuilder:validation:XValidation:rule="has(self.stdinFrom) == has(oldSelf.stdinFrom)",message="spec.stdinFrom is immutable (it cannot be added or removed): a task runs its command once. To run a new command, create a task with a new name; Argo CD does that with the sync options Force=true,Replace=true or a hook with hook-delete-policy BeforeHookCreation, Flux with the annotation kustomize.toolkit.fluxcd.io/force: enabled"
+// +kubebuilder:validation:XValidation:rule="!(has(self.stdinStream) && (has(self.stdin) || has(self.stdinFrom)))",message="stdinStream is exclusive with stdin and stdinFrom: a streamed task takes its input only through bashtasks/stdin"
+// +kubebuilder:validation:XValidation:rule="has(self.stdinStream) == has(oldSelf.stdinStream)",message="spec.stdinStream is immutable (it cannot be added or removed): a task runs its command once. To run a new command, create a task with a new name; Argo CD does that with the sync options Force=true,Replace=true or a hook with hook-delete-policy BeforeHookCreation, Flux with the annotation kustomize.toolkit.fluxcd.io/force: enabled"
 // +kubebuilder:validation:XValidation:rule="has(self.env) == has(oldSelf.env)",message="spec.env is immutable (it cannot be added or removed): a task runs its command once. To run a new command, create a task with a new name; Argo CD does that with the sync options Force=true,Replace=true or a hook with hook-delete-policy BeforeHookCreation, Flux with the annotation kustomize.toolkit.fluxcd.io/force: enabled"
 // +kubebuilder:validation:XValidation:rule="has(self.owner) == has(oldSelf.owner)",message="spec.owner is immutable (it cannot be added or removed): a task runs its command once. To run a new command, create a task with a new name; Argo CD does that with the sync options Force=true,Replace=true or a hook with hook-delete-policy BeforeHookCreation, Flux with the annotation kustomize.toolkit.fluxcd.io/force: enabled"
 // +kubebuilder:validation:XValidation:rule="has(self.workingDir) == has(oldSelf.workingDir)",message="spec.workingDir is immutable (it cannot be added or removed): a task runs its command once. To run a new command, create a task with a new name; Argo CD does that with the sync options Force=true,Replace=true or a hook with hook-delete-policy BeforeHookCreation, Flux with the annotation kustomize.toolkit.fluxcd.io/force: enabled"
@@ -96,6 +117,15 @@ type BashTaskSpec struct {
 	// +optional
 	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="spec.stdinFrom is immutable: a task runs its command once. To run a new command, create a task with a new name; Argo CD does that with the sync options Force=true,Replace=true or a hook with hook-delete-policy BeforeHookCreation, Flux with the annotation kustomize.toolkit.fluxcd.io/force: enabled"
 	StdinFrom *ValueSource `json:"stdinFrom,omitempty"`
+
+	// stdinStream makes the command's standard input a pipe that the
+	// output API feeds while the task runs: bytes arrive through POST on
+	// the bashtasks/stdin subresource of output.bashtask.dev (docs/stdin.md),
+	// in order and exactly once by input offset, and closing it gives the
+	// command EOF. Exclusive with stdin and stdinFrom. Immutable.
+	// +optional
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="spec.stdinStream is immutable: a task runs its command once. To run a new command, create a task with a new name; Argo CD does that with the sync options Force=true,Replace=true or a hook with hook-delete-policy BeforeHookCreation, Flux with the annotation kustomize.toolkit.fluxcd.io/force: enabled"
+	StdinStream *StdinStream `json:"stdinStream,omitempty"`
 
 	// env lists environment variables for the command, the shape of a
 	// container's env. Explicit entries win over the agent's ambient
@@ -579,6 +609,11 @@ type BashTaskStatus struct {
 	// +optional
 	Stderr *StreamStatus `json:"stderr,omitempty"`
 
+	// stdin describes a streamed standard input (spec.stdinStream), as the
+	// agent last reported it.
+	// +optional
+	Stdin *StdinStatus `json:"stdin,omitempty"`
+
 	// leftoverProcesses is how many processes of the task were still alive
 	// when the shell exited and were then stopped.
 	// +optional
@@ -660,6 +695,38 @@ type IsolationStatus struct {
 	ProcessLimit *string `json:"processLimit,omitempty"`
 }
 
+// StdinCloseReason says why a streamed standard input was closed.
+// +kubebuilder:validation:Enum=Closed;IdleTimeout;ProcessExited
+type StdinCloseReason string
+
+// The reasons of status.stdin.reason.
+const (
+	// StdinClosed: a client closed it (bashtasks/stdin with close=true).
+	StdinClosed StdinCloseReason = "Closed"
+	// StdinIdleTimeout: no request came for spec.stdinStream.idleTimeoutSeconds.
+	StdinIdleTimeout StdinCloseReason = "IdleTimeout"
+	// StdinProcessExited: the command closed its standard input or exited
+	// while it was open.
+	StdinProcessExited StdinCloseReason = "ProcessExited"
+)
+
+// StdinStatus describes a streamed standard input.
+type StdinStatus struct {
+	// acceptedBytes is how many bytes of input the agent accepted: the
+	// offset of the next byte to send.
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	AcceptedBytes *int64 `json:"acceptedBytes,omitempty"`
+
+	// closed is true once the input accepts no more bytes.
+	// +optional
+	Closed *bool `json:"closed,omitempty"`
+
+	// reason says why it was closed.
+	// +optional
+	Reason *StdinCloseReason `json:"reason,omitempty"`
+}
+
 // StreamStatus describes one output stream of the command.
 type StreamStatus struct {
 	// tail is the end of the stream as valid UTF-8: cut forward to a
@@ -691,6 +758,32 @@ type StreamStatus struct {
 	// spill references the full stream in object storage.
 	// +optional
 	Spill *SpillRef `json:"spill,omitempty"`
+
+	// parts describes the first bytes of the stream that reached object
+	// storage in immutable parts while the task ran (docs/output.md): what
+	// survives the loss of the node. Absent when no part was uploaded.
+	// +optional
+	Parts *StreamParts `json:"parts,omitempty"`
+}
+
+// StreamParts is the part of a stream uploaded while its task ran.
+type StreamParts struct {
+	// keptBytes is how many bytes from the stream's start were in object
+	// storage, as parts, at the agent's last progress report: the bytes
+	// [0, keptBytes) can be read through the log subresource even when
+	// the node is gone.
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	KeptBytes *int64 `json:"keptBytes,omitempty"`
+
+	// lostFromOffset is set when the task ended without its agent
+	// (AgentLost): every byte of the stream from this offset on is lost,
+	// those counted in totalBytes and any the command wrote after the
+	// agent's last report. It equals keptBytes (0 when no part was
+	// uploaded).
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	LostFromOffset *int64 `json:"lostFromOffset,omitempty"`
 }
 
 // SpillRef points at a stream's copy in object storage.

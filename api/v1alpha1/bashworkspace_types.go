@@ -82,14 +82,69 @@ type BashWorkspaceSpec struct {
 	// +optional
 	CarryOver *CarryOver `json:"carryOver,omitempty"`
 
-	// idleTimeoutSeconds deletes the workspace after it has had no running
-	// task for this many seconds (counted from its last task's end, or
-	// from its creation before any ran), 1 to 2592000 (30 days). Unset:
-	// kept until deleted.
+	// idleTimeoutSeconds acts on the workspace (idleAction) after it has
+	// had no running task for this many seconds (counted from its last
+	// task's end, or from its creation before any ran), 1 to 2592000 (30
+	// days). Unset: kept on its node until deleted.
 	// +optional
 	// +kubebuilder:validation:Minimum=1
 	// +kubebuilder:validation:Maximum=2592000
 	IdleTimeoutSeconds *int32 `json:"idleTimeoutSeconds,omitempty"`
+
+	// idleAction is what the idle timeout does: Suspend snapshots the
+	// workspace and releases its node's copy, as suspend does, and its
+	// next task restores it (agents with a bucket the nodes share, the
+	// snapshots capability; else the workspace is kept); Delete deletes
+	// the object. Unset: Suspend where the agent can snapshot, else
+	// Delete.
+	// +optional
+	IdleAction *WorkspaceIdleAction `json:"idleAction,omitempty"`
+
+	// suspend keeps the workspace off every node while true: the
+	// controller snapshots it once its running tasks have ended, then
+	// releases its node's copy and UID (phase Suspended); its tasks wait
+	// Pending. Set back to false, it is restored from the snapshot at
+	// once on a node that fits its placement. Needs agents with a bucket.
+	// +optional
+	Suspend *bool `json:"suspend,omitempty"`
+
+	// snapshot says when the workspace is snapshotted besides suspend and
+	// the idle timeout.
+	// +optional
+	Snapshot *WorkspaceSnapshotPolicy `json:"snapshot,omitempty"`
+}
+
+// WorkspaceIdleAction is what a workspace's idle timeout does.
+// +kubebuilder:validation:Enum=Suspend;Delete
+type WorkspaceIdleAction string
+
+const (
+	// WorkspaceIdleSuspend snapshots the workspace and releases its node's
+	// copy; its next task restores it.
+	WorkspaceIdleSuspend WorkspaceIdleAction = "Suspend"
+	// WorkspaceIdleDelete deletes the BashWorkspace.
+	WorkspaceIdleDelete WorkspaceIdleAction = "Delete"
+)
+
+// WorkspaceSnapshotPolicy says when a workspace is snapshotted to the
+// agents' bucket (docs/workspaces.md, "Snapshots").
+type WorkspaceSnapshotPolicy struct {
+	// intervalSeconds snapshots the workspace this often while a task of
+	// it runs, so that a lost node loses at most this much work; 60 to
+	// 86400. Unset: no snapshot while tasks run.
+	// +optional
+	// +kubebuilder:validation:Minimum=60
+	// +kubebuilder:validation:Maximum=86400
+	IntervalSeconds *int32 `json:"intervalSeconds,omitempty"`
+
+	// request asks for one snapshot: each new value has the controller
+	// take one, and status.snapshot.request then holds the value.
+	// `kubectl bashtask workspace snapshot` writes the time. 1 to 63
+	// characters.
+	// +optional
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=63
+	Request *string `json:"request,omitempty"`
 }
 
 // CarryOver says what a workspace's next task inherits from the shell of
@@ -115,7 +170,7 @@ type CarryOver struct {
 
 // WorkspacePhase summarizes where a workspace is in its life.
 //
-// +kubebuilder:validation:Enum=Pending;Ready;Terminating;NodeLost;Failed
+// +kubebuilder:validation:Enum=Pending;Ready;Suspended;Terminating;NodeLost;Failed
 type WorkspacePhase string
 
 const (
@@ -125,6 +180,10 @@ const (
 	// WorkspaceReady means the workspace exists on its node and takes
 	// tasks.
 	WorkspaceReady WorkspacePhase = "Ready"
+	// WorkspaceSuspended means the workspace is on no node: its files and
+	// carried state are in its last snapshot (status.snapshot), and its
+	// next task (or spec.suspend set back to false) restores it on a node.
+	WorkspaceSuspended WorkspacePhase = "Suspended"
 	// WorkspaceTerminating means the workspace is being deleted: its
 	// running tasks are stopped, then its directory, network and UID go.
 	WorkspaceTerminating WorkspacePhase = "Terminating"
@@ -151,6 +210,16 @@ const (
 	WorkspaceReasonTerminating = "Terminating"
 	// WorkspaceReasonNodeLost: the workspace's node or agent is gone.
 	WorkspaceReasonNodeLost = "NodeLost"
+	// WorkspaceReasonSuspended: the workspace is in its snapshot only.
+	WorkspaceReasonSuspended = "Suspended"
+	// WorkspaceReasonSnapshotted: a snapshot of the workspace was taken.
+	WorkspaceReasonSnapshotted = "Snapshotted"
+	// WorkspaceReasonSnapshotFailed: a snapshot could not be written (the
+	// bucket failed); the earlier snapshot stays the workspace's.
+	WorkspaceReasonSnapshotFailed = "SnapshotFailed"
+	// WorkspaceReasonRestored: the workspace was made on a node from its
+	// snapshot.
+	WorkspaceReasonRestored = "Restored"
 	// WorkspaceReasonInvalidSpec: the agent refused the spec (the message
 	// names the field and the limit).
 	WorkspaceReasonInvalidSpec = "InvalidSpec"
@@ -242,6 +311,81 @@ type BashWorkspaceStatus struct {
 	// +optional
 	// +kubebuilder:validation:MaxLength=253
 	LastTask *string `json:"lastTask,omitempty"`
+
+	// epoch grows by one each time the workspace is made on a node: the
+	// agent holding the current epoch is the only one that runs its
+	// tasks, and a copy of an older epoch (an agent back after its
+	// workspace moved) refuses them and is removed.
+	// +optional
+	Epoch *int64 `json:"epoch,omitempty"`
+
+	// snapshot is the workspace's last snapshot.
+	// +optional
+	Snapshot *WorkspaceSnapshotStatus `json:"snapshot,omitempty"`
+
+	// restoredFrom is the snapshot the workspace's current copy was made
+	// from; unset for a copy made empty.
+	// +optional
+	RestoredFrom *WorkspaceRestoreStatus `json:"restoredFrom,omitempty"`
+}
+
+// WorkspaceSnapshotStatus is one snapshot of a workspace in the agents'
+// bucket.
+type WorkspaceSnapshotStatus struct {
+	// url is the snapshot's object.
+	// +optional
+	// +kubebuilder:validation:MaxLength=2048
+	URL *string `json:"url,omitempty"`
+	// bytes is the object's size: a restore refuses an object of another
+	// size.
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	Bytes *int64 `json:"bytes,omitempty"`
+	// sha256 is the object's digest, 64 hex digits: a restore refuses an
+	// object of another digest.
+	// +optional
+	// +kubebuilder:validation:MaxLength=64
+	SHA256 *string `json:"sha256,omitempty"`
+	// dataBytes is the bytes of file content it holds.
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	DataBytes *int64 `json:"dataBytes,omitempty"`
+	// time is when the snapshot began: no write after it is in it.
+	// +optional
+	Time *metav1.Time `json:"time,omitempty"`
+	// epoch is the epoch of the copy it was taken from.
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	Epoch *int64 `json:"epoch,omitempty"`
+	// changedFiles counts the files that tasks wrote while the snapshot
+	// read them: their content is from some moment during it.
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	ChangedFiles *int32 `json:"changedFiles,omitempty"`
+	// request is spec.snapshot.request when the snapshot answered it.
+	// +optional
+	// +kubebuilder:validation:MaxLength=63
+	Request *string `json:"request,omitempty"`
+}
+
+// WorkspaceRestoreStatus says which snapshot a workspace's copy was made
+// from, and how old it was then.
+type WorkspaceRestoreStatus struct {
+	// url is the snapshot's object.
+	// +optional
+	// +kubebuilder:validation:MaxLength=2048
+	URL *string `json:"url,omitempty"`
+	// snapshotTime is when that snapshot began.
+	// +optional
+	SnapshotTime *metav1.Time `json:"snapshotTime,omitempty"`
+	// restoreTime is when the copy was made from it.
+	// +optional
+	RestoreTime *metav1.Time `json:"restoreTime,omitempty"`
+	// ageSeconds is how old the snapshot was at restoreTime: the work of
+	// that last stretch before it may be lost.
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	AgeSeconds *int64 `json:"ageSeconds,omitempty"`
 }
 
 // BashWorkspace is a session's home on one node that the BashTasks naming
@@ -257,6 +401,7 @@ type BashWorkspaceStatus struct {
 // +kubebuilder:printcolumn:name="Running",type=integer,JSONPath=`.status.runningTasks`
 // +kubebuilder:printcolumn:name="Used",type=integer,JSONPath=`.status.usedBytes`
 // +kubebuilder:printcolumn:name="Dir",type=string,JSONPath=`.status.workingDir`
+// +kubebuilder:printcolumn:name="Snapshot",type=date,JSONPath=`.status.snapshot.time`
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 // +kubebuilder:printcolumn:name="Owner",type=string,JSONPath=`.spec.owner`,priority=10
 // +kubebuilder:printcolumn:name="UID",type=integer,JSONPath=`.status.runAsUser`,priority=10

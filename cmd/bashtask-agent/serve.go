@@ -89,6 +89,8 @@ type serveOptions struct {
 	backoffInitial     time.Duration
 	backoffMax         time.Duration
 	uploadTimeout      time.Duration
+	partBytes          int64
+	partInterval       time.Duration
 	shutdownTimeout    time.Duration
 	logFormat          string
 	logLevel           string
@@ -167,6 +169,8 @@ func bindServeFlags(f *pflag.FlagSet, o *serveOptions) {
 	f.DurationVar(&o.backoffInitial, "upload-backoff-initial", agent.DefaultUploadBackoffInitial, "wait after the first failed upload; doubled after each further failure")
 	f.DurationVar(&o.backoffMax, "upload-backoff-max", agent.DefaultUploadBackoffMax, "maximum wait between upload attempts")
 	f.DurationVar(&o.uploadTimeout, "upload-timeout", agent.DefaultUploadTimeout, "time limit of one upload attempt")
+	f.Int64Var(&o.partBytes, "output-part-bytes", agent.DefaultPartBytes, fmt.Sprintf("largest part, in bytes, of a running task's stream uploaded while it runs, so that its output survives the node (docs/output.md); at least %d, or 0 to upload no parts", agent.MinPartBytes))
+	f.DurationVar(&o.partInterval, "output-part-interval", agent.DefaultPartInterval, fmt.Sprintf("longest a running stream's new bytes wait for a part, the most output time lost with the node; at least %s", agent.MinPartInterval))
 	f.DurationVar(&o.shutdownTimeout, "shutdown-timeout", 30*time.Second, "time given to open RPCs after the running tasks were stopped on SIGTERM")
 	f.StringVar(&o.logFormat, "log-format", "json", "log format: json or text")
 	f.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn or error")
@@ -336,6 +340,16 @@ func (o *serveOptions) agentConfig(log *slog.Logger) (agent.Config, error) {
 	if err != nil {
 		return agent.Config{}, fmt.Errorf("--task-uid-range: %w", err)
 	}
+	partBytes := o.partBytes
+	switch {
+	case partBytes == 0:
+		partBytes = -1 // off
+	case partBytes < agent.MinPartBytes:
+		return agent.Config{}, fmt.Errorf("--output-part-bytes %d: want 0 (no parts) or at least %d", o.partBytes, agent.MinPartBytes)
+	}
+	if o.partInterval < agent.MinPartInterval {
+		return agent.Config{}, fmt.Errorf("--output-part-interval %s: want at least %s", o.partInterval, agent.MinPartInterval)
+	}
 	if o.shimPoolSize < 0 || o.shimPoolSize > maxShimPoolSize {
 		return agent.Config{}, fmt.Errorf("--shim-pool-size %d: want 0 (none) to %d", o.shimPoolSize, maxShimPoolSize)
 	}
@@ -405,6 +419,8 @@ func (o *serveOptions) agentConfig(log *slog.Logger) (agent.Config, error) {
 		UploadBackoffInitial: o.backoffInitial,
 		UploadBackoffMax:     o.backoffMax,
 		UploadTimeout:        o.uploadTimeout,
+		PartBytes:            partBytes,
+		PartInterval:         o.partInterval,
 		Logger:               log,
 	}
 	if slices.Contains(allowed, executor.NetworkEgress) {

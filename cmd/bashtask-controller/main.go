@@ -55,6 +55,7 @@ type options struct {
 	maxTimeout                     int32
 	defaultTTL                     int32
 	ttlDeletesGitOpsManaged        bool
+	agentTolerations               string
 	outputAPIPort                  int
 	outputAPIBind                  string
 	outputAPICertDir               string
@@ -114,6 +115,7 @@ func newCommand() *cobra.Command {
 	f.Int32Var(&o.maxTimeout, "max-timeout-seconds", d.MaxTimeoutSeconds, "cap on spec.timeoutSeconds, in seconds")
 	f.Int32Var(&o.defaultTTL, "default-ttl-seconds-after-finished", -1, "seconds after which finished tasks without spec.ttlSecondsAfterFinished are deleted; negative keeps them")
 	f.BoolVar(&o.ttlDeletesGitOpsManaged, "ttl-deletes-gitops-managed", false, "let the TTL delete tasks an Argo CD or Flux annotation or label marks as managed; by default they are kept, since the tool would create them again and re-run the command")
+	f.StringVar(&o.agentTolerations, "agent-tolerations", "", `the agent pods' tolerations as configured (a JSON array of core/v1 Tolerations; the chart renders it from agent.tolerations), without the ones the DaemonSet controller adds: a node with a NoSchedule or NoExecute taint none of them tolerates gets no new task or workspace; empty means none`)
 	f.IntVar(&o.outputAPIPort, "output-api-port", 0, "HTTPS port of the output.bashtask.dev aggregated API (bashtasks/log, docs/output.md), served on every replica; 0 disables it")
 	f.StringVar(&o.outputAPIBind, "output-api-bind-address", "0.0.0.0", "address the output API listens on")
 	f.StringVar(&o.outputAPICertDir, "output-api-cert-dir", "/etc/bashtask/output-api", "directory of the output API's serving certificate, tls.crt and tls.key; a self-signed pair is generated there when they are missing")
@@ -136,6 +138,11 @@ func run(cmd *cobra.Command, o *options) error {
 		return err
 	}
 	if err := bashtaskv1alpha1.AddToScheme(scheme); err != nil {
+		return err
+	}
+
+	tolerations, err := controllers.ParseAgentTolerations(o.agentTolerations)
+	if err != nil {
 		return err
 	}
 
@@ -251,6 +258,7 @@ func run(cmd *cobra.Command, o *options) error {
 	ropts.MaxTimeoutSeconds = o.maxTimeout
 	ropts.TTLDeletesGitOpsManaged = o.ttlDeletesGitOpsManaged
 	ropts.Fence = fencer
+	ropts.AgentTolerations = tolerations
 	if o.defaultTTL >= 0 {
 		ttl := o.defaultTTL
 		ropts.DefaultTTLSecondsAfterFinished = &ttl
@@ -271,6 +279,7 @@ func run(cmd *cobra.Command, o *options) error {
 	orphans, err := controllers.NewOrphanCollector(controllers.OrphanCollectorOptions{
 		Cache: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Agents: registry, Held: held,
 		Interval: ropts.OrphanCheckInterval, Metrics: m, Log: ctrl.Log.WithName("orphans"),
+		Workspaces: registry, Recorder: mgr.GetEventRecorder("bashtask-controller"),
 	})
 	if err != nil {
 		return err

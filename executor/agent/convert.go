@@ -56,6 +56,7 @@ func (s *Server) toExecSpec(spec *agentv1.TaskSpec) executor.Spec {
 	if n, ok := execNetwork(spec.GetNetwork()); ok {
 		es.Network = n
 	}
+	es.StdinStream = execStdinStream(spec.GetStdinStream())
 	if in := spec.GetStdin(); in != nil {
 		es.Stdin = append([]byte{}, in.GetData()...) // non-nil: a pipe, even when empty
 	}

@@ -17,7 +17,9 @@ type Metrics struct {
 	// LeftoverKilled counts processes killed after their task's shell
 	// exited, or found alive from an earlier incarnation.
 	LeftoverKilled prometheus.Counter
-	// Uploads counts upload attempts by result ("success", "failure").
+	// Uploads counts upload attempts by result: "success" and "failure"
+	// for a finished stream's object, "part_success" and "part_failure"
+	// for the parts of a running one (docs/output.md).
 	Uploads *prometheus.CounterVec
 	// UploadBacklog is the number of streams waiting for a (re)try.
 	UploadBacklog prometheus.Gauge

@@ -146,36 +146,47 @@ func (s *Server) ReadOutput(req *agentv1.ReadOutputRequest, srv agentv1.Executor
 // outputSource finds the task's stream. A task still starting is waited
 // for; NOT_FOUND for an unknown UID.
 func (s *Server) outputSource(ctx context.Context, uid string, stderr bool, name string) (*outputSource, error) {
+	return awaitStart(ctx, s, uid, func(e *entry) (*outputSource, error) {
+		if e.task != nil {
+			return &outputSource{live: e.task, stderr: stderr}, nil
+		}
+		// Finished without a handle: never started, or run by an earlier
+		// incarnation; its status holds the final sizes.
+		ss := e.status.GetStdout()
+		if stderr {
+			ss = e.status.GetStderr()
+		}
+		return &outputSource{fixed: executor.OutputState{
+			SpillPath:       filepath.Join(s.store.outputDir(uid), name),
+			SpillBytes:      ss.GetSpill().GetBytes(),
+			TotalBytes:      ss.GetTotalBytes(),
+			SpillLimitBytes: e.rec.SpillLimitBytes,
+			Ended:           true,
+		}}, nil
+	})
+}
+
+// awaitStart waits, polling every startingPoll, until task uid is past its
+// start (it has a handle, or it ended without one) and returns what
+// settled makes of its entry, called with Server.mu held. NOT_FOUND for a
+// UID the agent does not know; ctx's error while it waits. ReadOutput and
+// WriteStdin both may come before the process exists: a client that
+// created the task a moment ago does not know when it starts.
+func awaitStart[T any](ctx context.Context, s *Server, uid string, settled func(e *entry) (T, error)) (T, error) {
 	var tick *time.Ticker
 	for {
 		s.mu.Lock()
 		e, ok := s.tasks[uid]
-		var src *outputSource
-		switch {
-		case !ok:
+		if !ok {
 			s.mu.Unlock()
-			return nil, status.Errorf(codes.NotFound, "task %s is unknown to this agent", uid)
-		case e.task != nil:
-			src = &outputSource{live: e.task, stderr: stderr}
-		case !e.starting():
-			// Finished without a handle: never started, or run by an
-			// earlier incarnation; its status holds the final sizes.
-			ss := e.status.GetStdout()
-			if stderr {
-				ss = e.status.GetStderr()
-			}
-			src = &outputSource{fixed: executor.OutputState{
-				SpillPath:       filepath.Join(s.store.outputDir(uid), name),
-				SpillBytes:      ss.GetSpill().GetBytes(),
-				TotalBytes:      ss.GetTotalBytes(),
-				SpillLimitBytes: e.rec.SpillLimitBytes,
-				Ended:           true,
-			}}
+			var zero T
+			return zero, status.Errorf(codes.NotFound, "task %s is unknown to this agent", uid)
+		}
+		if e.task != nil || !e.starting() {
+			defer s.mu.Unlock()
+			return settled(e)
 		}
 		s.mu.Unlock()
-		if src != nil {
-			return src, nil
-		}
 		if tick == nil {
 			tick = time.NewTicker(startingPoll)
 			defer tick.Stop()
@@ -183,7 +194,8 @@ func (s *Server) outputSource(ctx context.Context, uid string, stderr bool, name
 		select {
 		case <-tick.C:
 		case <-ctx.Done():
-			return nil, status.FromContextError(ctx.Err()).Err()
+			var zero T
+			return zero, status.FromContextError(ctx.Err()).Err()
 		}
 	}
 }

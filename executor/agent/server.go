@@ -100,6 +100,13 @@ type Config struct {
 	// UploadTimeout bounds one upload attempt; zero means
 	// DefaultUploadTimeout.
 	UploadTimeout time.Duration
+	// PartBytes is the largest part of a running task's stream uploaded
+	// while it runs (--output-part-bytes, docs/output.md); zero means
+	// DefaultPartBytes, a negative value turns part uploads off.
+	PartBytes int64
+	// PartInterval is the longest new bytes of a running stream wait for
+	// a part (--output-part-interval); zero means DefaultPartInterval.
+	PartInterval time.Duration
 	// ReadinessInterval is how often readiness is re-evaluated; zero
 	// means DefaultReadinessInterval.
 	ReadinessInterval time.Duration
@@ -131,11 +138,14 @@ type Server struct {
 	incarnation string
 	bucket      *blob.Bucket
 	bucketBase  string // bucket URL without query, for object URLs
-	metrics     *Metrics
-	health      *health.Server
-	wake        chan struct{} // wakes the uploader; capacity 1
-	stopCh      chan struct{} // closed when Run begins to shut down
-	tasksWG     sync.WaitGroup
+	// nodeLocalBucket is set when the bucket is the default directory
+	// in the state directory (no --output-bucket-url): no other node reads it.
+	nodeLocalBucket bool
+	metrics         *Metrics
+	health          *health.Server
+	wake            chan struct{} // wakes the uploader; capacity 1
+	stopCh          chan struct{} // closed when Run begins to shut down
+	tasksWG         sync.WaitGroup
 
 	mu       sync.Mutex
 	ex       *executor.Executor // nil while executor.New fails (missing shell)
@@ -160,6 +170,10 @@ type entry struct {
 	cancelled, stopByAgent bool
 	// uploads are the streams still to upload (stdout, stderr).
 	uploads [2]*uploadJob
+	// parts are the part uploads of the running task's streams (parts.go).
+	parts [2]partState
+	// sentKept are the kept byte counts of the last progress event.
+	sentKept [2]int64
 }
 
 // starting reports whether Start is still creating the task outside the
@@ -247,6 +261,9 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 		// fileblob renames them into place.
 		bucketURL = "file://" + dir + "?no_tmp_dir=true"
 		s.cfg.BucketURL = bucketURL
+		// This node's own directory: a snapshot written here restores
+		// nowhere else, so the agent offers none.
+		s.nodeLocalBucket = true
 	}
 	u, err := url.Parse(bucketURL)
 	if err != nil {
@@ -312,6 +329,12 @@ func setDefaults(cfg *Config) {
 	if cfg.UploadTimeout <= 0 {
 		cfg.UploadTimeout = DefaultUploadTimeout
 	}
+	if cfg.PartBytes == 0 {
+		cfg.PartBytes = DefaultPartBytes
+	}
+	if cfg.PartInterval <= 0 {
+		cfg.PartInterval = DefaultPartInterval
+	}
 	if cfg.ReadinessInterval <= 0 {
 		cfg.ReadinessInterval = DefaultReadinessInterval
 	}
@@ -359,6 +382,7 @@ func (s *Server) Run(ctx context.Context) error {
 	loopCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	wg.Go(func() { s.progressLoop(loopCtx) })
 	wg.Go(func() { s.uploadLoop(loopCtx) })
+	wg.Go(func() { s.partsLoop(loopCtx) })
 	wg.Go(func() { s.readinessLoop(loopCtx) })
 	<-ctx.Done()
 
@@ -643,6 +667,8 @@ func (s *Server) waitTask(e *entry) {
 func (s *Server) finishLocked(e *entry, res executor.Result) {
 	uid := e.status.GetRef().GetUid()
 	applyResult(e.status, res)
+	e.setKeptLocked()
+	applyStdin(e.status, e.task)
 	s.ws.taskEndedLocked(uid, e.status.GetRef().GetName(), res)
 	s.planUploadsLocked(e, false)
 	e.rec.State = stateFinished
@@ -939,6 +965,7 @@ func (s *Server) sortedUIDsLocked() []string {
 func (s *Server) refreshLocked(e *entry) {
 	if e.task != nil && e.status.State == agentv1.TaskState_TASK_STATE_RUNNING {
 		applySnapshot(e.status, e.task.Snapshot())
+		e.setKeptLocked()
 	}
 }
 
@@ -958,9 +985,7 @@ func (s *Server) agentInfoLocked() *agentv1.AgentInfo {
 		r.CgroupControllers = s.ex.Controllers()
 		caps := s.ex.Capabilities()
 		r.Capabilities = caps.Names()
-		if s.ws.readyLocked() == nil {
-			r.Capabilities = append(r.Capabilities, "workspaces")
-		}
+		r.Capabilities = append(r.Capabilities, s.ws.capabilitiesLocked()...)
 		r.LandlockAbi = int32(caps.LandlockABI)
 		r.DiskCapBytes = s.ex.DiskCap()
 	}
@@ -996,11 +1021,13 @@ func (s *Server) progressLoop(ctx context.Context) {
 			}
 			snap := e.task.Snapshot()
 			totals := [2]int64{snap.Stdout.TotalBytes, snap.Stderr.TotalBytes}
-			if totals == e.rec.LastTotals {
+			kept := [2]int64{e.keptLocked(0), e.keptLocked(1)}
+			if !stdinChanged(e.status, e.task) && totals == e.rec.LastTotals && kept == e.sentKept {
 				continue
 			}
 			applySnapshot(e.status, snap)
-			e.rec.LastTotals = totals
+			e.setKeptLocked()
+			e.rec.LastTotals, e.sentKept = totals, kept
 			if err := s.store.write(uid, e.rec, e.status); err != nil {
 				s.log.Error("recording progress", "uid", uid, "err", err)
 			}

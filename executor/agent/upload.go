@@ -10,7 +10,6 @@ import (
 	"io"
 	"math/rand/v2"
 	"os"
-	"path"
 	"path/filepath"
 	"strconv"
 	"time"
@@ -19,6 +18,7 @@ import (
 	"gocloud.dev/gcerrors"
 
 	agentv1 "github.com/bashtask/bashtask-operator/api/agent/v1"
+	"github.com/bashtask/bashtask-operator/internal/outputkey"
 )
 
 // Object metadata keys set on every upload.
@@ -37,7 +37,7 @@ const (
 // ObjectKey is the key of a task's stream in the bucket (DESIGN.md section
 // 5): <namespace>/<name>/<uid>/<stream>.
 func ObjectKey(ref *agentv1.TaskRef, stream string) string {
-	return path.Join(ref.GetNamespace(), ref.GetName(), ref.GetUid(), stream)
+	return outputkey.Object(ref.GetNamespace(), ref.GetName(), ref.GetUid(), stream)
 }
 
 func (e *entry) stream(i int) *agentv1.StreamStatus {
@@ -136,7 +136,17 @@ func (s *Server) uploadLoop(ctx context.Context) {
 		}
 		e, i, wait := s.nextUpload()
 		if e != nil {
-			s.uploadOne(ctx, e, i)
+			if key, ok := s.uploadOne(ctx, e, i); ok {
+				// The object holds every byte the parts did: they go, so
+				// a finished stream costs its object alone
+				// (docs/output.md). After the UPLOADED event, which
+				// their deletion must not delay.
+				dctx, cancel := context.WithTimeout(ctx, s.cfg.UploadTimeout)
+				if n, err := s.deleteParts(dctx, outputkey.PartsPrefix(key)); err != nil {
+					s.log.Warn("deleting the parts of an uploaded stream", "key", key, "deleted", n, "err", err)
+				}
+				cancel()
+			}
 			continue
 		}
 		timer.Reset(wait)
@@ -177,8 +187,9 @@ func (s *Server) nextUpload() (*entry, int, time.Duration) {
 	return due, dueStream, 0
 }
 
-// uploadOne makes one attempt and records its outcome.
-func (s *Server) uploadOne(ctx context.Context, e *entry, i int) {
+// uploadOne makes one attempt and records its outcome; it returns the key
+// and true when the object is stored.
+func (s *Server) uploadOne(ctx context.Context, e *entry, i int) (string, bool) {
 	s.mu.Lock()
 	uid := e.status.GetRef().GetUid()
 	key := ObjectKey(e.status.GetRef(), streamNames[i])
@@ -201,7 +212,7 @@ func (s *Server) uploadOne(ctx context.Context, e *entry, i int) {
 	sp := e.stream(i).GetSpill()
 	if err != nil {
 		if ctx.Err() != nil {
-			return // shutting down: the next incarnation retries
+			return key, false // shutting down: the next incarnation retries
 		}
 		sp.UploadAttempts++
 		changed := sp.UploadError != err.Error()
@@ -219,7 +230,7 @@ func (s *Server) uploadOne(ctx context.Context, e *entry, i int) {
 			// there and sends nothing.
 			s.broadcastLocked(taskEvent(agentv1.EventType_EVENT_TYPE_UPLOAD_FAILED, e.status))
 		}
-		return
+		return key, false
 	}
 	e.uploads[i] = nil
 	sp.UploadState = agentv1.UploadState_UPLOAD_STATE_UPLOADED
@@ -236,6 +247,7 @@ func (s *Server) uploadOne(ctx context.Context, e *entry, i int) {
 			s.log.Error("forgetting task after upload", "uid", uid, "err", err)
 		}
 	}
+	return key, true
 }
 
 // put copies the file to key with its checksum and sizes as metadata. The

@@ -61,6 +61,16 @@ type workspace struct {
 	gone bool
 	// idle is closed and replaced whenever the last running task ended.
 	idle chan struct{}
+	// snapshotting holds a token while a snapshot of the workspace is
+	// taken (capacity 1): one at a time.
+	snapshotting chan struct{}
+	// restoreFrom is the snapshot a workspace being made is filled from.
+	restoreFrom *agentv1.WorkspaceSnapshot
+}
+
+// newWorkspace returns a table entry for rec.
+func newWorkspace(rec *workspaceRecord) *workspace {
+	return &workspace{rec: rec, tasks: map[string]bool{}, idle: make(chan struct{}), snapshotting: make(chan struct{}, 1)}
 }
 
 // newWorkspaces reads the workspaces of the state directory and holds
@@ -84,7 +94,8 @@ func newWorkspaces(s *Server) (*workspaces, error) {
 			s.log.Error("recovering workspace: unreadable record; leaving its files alone", "workspace", lw.uid, "err", lw.err)
 			continue
 		}
-		w := &workspace{rec: lw.rec, env: lw.env, tasks: map[string]bool{}, idle: make(chan struct{})}
+		w := newWorkspace(lw.rec)
+		w.env = lw.env
 		if s.leases != nil {
 			s.leases.hold(lw.rec.TaskUID, workspaceLeaseKey(lw.uid))
 		}
@@ -204,7 +215,7 @@ func (ws *workspaces) EnsureWorkspace(ctx context.Context, req *agentv1.EnsureWo
 			defer s.mu.Unlock()
 			return ws.updateLocked(w, spec)
 		}
-		return ws.createLocked(spec) // unlocks
+		return ws.createLocked(ctx, spec) // unlocks
 	}
 }
 
@@ -213,6 +224,10 @@ func (ws *workspaces) EnsureWorkspace(ctx context.Context, req *agentv1.EnsureWo
 func (ws *workspaces) updateLocked(w *workspace, spec *agentv1.WorkspaceSpec) (*agentv1.EnsureWorkspaceResponse, error) {
 	if w.rec.Deleting {
 		return nil, status.Errorf(codes.FailedPrecondition, "workspace %s is being deleted", w.rec.UID)
+	}
+	if e := spec.GetRef().GetEpoch(); e != 0 && w.rec.Epoch != 0 && e != w.rec.Epoch {
+		return nil, status.Errorf(codes.FailedPrecondition, "workspace %s: this agent holds its copy of epoch %d, the request is for epoch %d: delete the stale copy first",
+			w.rec.UID, w.rec.Epoch, e)
 	}
 	network, err := ws.network(spec.GetNetwork())
 	if err != nil {
@@ -284,7 +299,7 @@ func (ws *workspaces) storage(requested int64) int64 {
 // limit, the network, the size, the UID lease, the table's entry marked
 // busy), then, unlocked, its state directory and record, the executor's
 // file system and network. It returns with Server.mu unlocked.
-func (ws *workspaces) createLocked(spec *agentv1.WorkspaceSpec) (*agentv1.EnsureWorkspaceResponse, error) {
+func (ws *workspaces) createLocked(ctx context.Context, spec *agentv1.WorkspaceSpec) (*agentv1.EnsureWorkspaceResponse, error) {
 	s := ws.s
 	ref := spec.GetRef()
 	uid := ref.GetUid()
@@ -314,14 +329,15 @@ func (ws *workspaces) createLocked(spec *agentv1.WorkspaceSpec) (*agentv1.Ensure
 		Namespace: ref.GetNamespace(), Name: ref.GetName(), UID: uid, Owner: spec.GetOwner(),
 		StorageBytes: size, StorageEnforced: size > 0, Network: network,
 		CarryWorkingDir: spec.GetCarryWorkingDir(), CarryEnv: spec.GetCarryEnv(),
-		TaskUID: taskUID, CreateTime: time.Now().UTC(),
+		TaskUID: taskUID, CreateTime: time.Now().UTC(), Epoch: ref.GetEpoch(),
 	}
-	w := &workspace{rec: rec, tasks: map[string]bool{}, idle: make(chan struct{}), busy: make(chan struct{})}
+	w := newWorkspace(rec)
+	w.busy, w.restoreFrom = make(chan struct{}), spec.GetRestoreFrom()
 	ws.byUID[uid] = w
 	ex := s.ex
 	s.mu.Unlock()
 
-	xw, err := ws.make(ex, w)
+	xw, err := ws.make(ctx, ex, w)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	close(w.busy)
@@ -330,6 +346,9 @@ func (ws *workspaces) createLocked(spec *agentv1.WorkspaceSpec) (*agentv1.Ensure
 		w.gone = true
 		delete(ws.byUID, uid)
 		s.leases.release(taskUID) // nothing of the UID ever ran
+		if _, ok := status.FromError(err); ok {
+			return nil, err // a restore's, with its code
+		}
 		code := codes.Internal
 		if errors.Is(err, executor.ErrInvalidSpec) {
 			code = codes.InvalidArgument
@@ -351,7 +370,7 @@ func (ws *workspaces) createLocked(spec *agentv1.WorkspaceSpec) (*agentv1.Ensure
 
 // make writes a new workspace's record and has the executor make it; on
 // failure it takes back what it made.
-func (ws *workspaces) make(ex *executor.Executor, w *workspace) (*executor.Workspace, error) {
+func (ws *workspaces) make(ctx context.Context, ex *executor.Executor, w *workspace) (*executor.Workspace, error) {
 	uid := w.rec.UID
 	if err := ws.files.create(uid); err != nil {
 		return nil, err
@@ -367,6 +386,15 @@ func (ws *workspaces) make(ex *executor.Executor, w *workspace) (*executor.Works
 	if err != nil {
 		_ = ws.files.remove(uid)
 		return nil, err
+	}
+	if w.restoreFrom != nil {
+		// Before the workspace is in the table as made: no task runs in
+		// it while it fills.
+		if err := ws.restore(ctx, w, xw, w.restoreFrom); err != nil {
+			_ = xw.Remove()
+			_ = ws.files.remove(uid)
+			return nil, err
+		}
 	}
 	return xw, nil
 }
@@ -408,7 +436,7 @@ func (ws *workspaces) ListWorkspaces(context.Context, *agentv1.ListWorkspacesReq
 func (ws *workspaces) statusLocked(w *workspace) *agentv1.WorkspaceStatus {
 	r := w.rec
 	st := &agentv1.WorkspaceStatus{
-		Ref:             &agentv1.WorkspaceRef{Namespace: r.Namespace, Name: r.Name, Uid: r.UID},
+		Ref:             &agentv1.WorkspaceRef{Namespace: r.Namespace, Name: r.Name, Uid: r.UID, Epoch: r.Epoch},
 		RunAsUser:       r.TaskUID,
 		Path:            executor.WorkspaceHome,
 		WorkingDir:      executor.WorkspaceHome,
@@ -419,6 +447,8 @@ func (ws *workspaces) statusLocked(w *workspace) *agentv1.WorkspaceStatus {
 		Network:         apiNetwork(r.Network),
 		CreateTime:      timestamppb.New(r.CreateTime),
 		CarryEnvNames:   slices.Clone(r.CarryEnvNames),
+		Epoch:           r.Epoch,
+		RestoredFrom:    r.RestoredFrom,
 	}
 	if r.CarryWorkingDir {
 		st.WorkingDir = executor.WorkspaceView(r.CarriedDir)
@@ -593,6 +623,9 @@ func (ws *workspaces) bindTask(uid string, spec *agentv1.TaskSpec, es *executor.
 		return invalid(name + " is being deleted")
 	case w.ex == nil:
 		return invalid(name + " could not be taken up by this agent (see its log)")
+	case ref.GetEpoch() != 0 && w.rec.Epoch != 0 && ref.GetEpoch() != w.rec.Epoch:
+		return invalid(fmt.Sprintf("%s: this agent's copy is of epoch %d, the task is for epoch %d: the workspace moved, and a stale copy runs no task",
+			name, w.rec.Epoch, ref.GetEpoch()))
 	}
 	wt := &executor.WorkspaceTask{Workspace: w.ex, Carry: w.rec.CarryWorkingDir, CarryEnv: w.rec.CarryEnv}
 	switch {

@@ -1,7 +1,6 @@
 package agent
 
 import (
-	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -13,6 +12,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	agentv1 "github.com/bashtask/bashtask-operator/api/agent/v1"
 	"github.com/bashtask/bashtask-operator/executor"
 )
 
@@ -74,6 +74,13 @@ type workspaceRecord struct {
 	// Deleting is set once a deletion began: a restarted agent finishes
 	// it.
 	Deleting bool `json:"deleting,omitempty"`
+	// Epoch is the workspace's epoch this copy was made at (the
+	// controller's; 0 from an older one): tasks naming another epoch are
+	// refused.
+	Epoch int64 `json:"epoch,omitempty"`
+	// RestoredFrom is the snapshot the copy was filled from; nil for a
+	// workspace made empty.
+	RestoredFrom *agentv1.WorkspaceSnapshot `json:"restoredFrom,omitempty"`
 }
 
 // workspaceFiles is the state directory of the workspaces:
@@ -146,13 +153,7 @@ func (f workspaceFiles) readEnv(uid string) ([]executor.EnvVar, error) {
 	if err != nil {
 		return nil, err
 	}
-	var out []executor.EnvVar
-	for kv := range bytes.SplitSeq(b, []byte{0}) {
-		if name, value, ok := bytes.Cut(kv, []byte{'='}); ok && len(name) > 0 {
-			out = append(out, executor.EnvVar{Name: string(name), Value: string(value)})
-		}
-	}
-	return out, nil
+	return decodeEnv(b), nil
 }
 
 // create makes the workspace's state directory (0700).
@@ -183,12 +184,7 @@ func (f workspaceFiles) writeRecord(rec *workspaceRecord, sync bool) error {
 // owner (the workspace's UID), mode 0600, in the workspace's state
 // directory, which only root may enter.
 func (f workspaceFiles) writeEnv(uid string, env []executor.EnvVar, owner uint32) error {
-	var b bytes.Buffer
-	for _, v := range env {
-		b.WriteString(v.Name + "=" + v.Value)
-		b.WriteByte(0)
-	}
-	return writeAtomic(f.path(uid), workspaceEnvFile, b.Bytes(), 0o600, int(owner), false)
+	return writeAtomic(f.path(uid), workspaceEnvFile, encodeEnv(env), 0o600, int(owner), false)
 }
 
 // remove deletes the workspace's state directory: the agent's own files

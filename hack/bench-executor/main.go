@@ -12,6 +12,12 @@
 //     `head -c 2000000000 /dev/zero > file` on the same disk, and against a
 //     plain pipe drain of the same command, with SHA-256's own speed on one
 //     core for reference (the executor hashes every byte in order);
+//   - the same 2 GB against SHA-256 on one core, in -stream-rounds rounds
+//     that run, in a random order each, SHA-256 alone, the task, and the
+//     task with a reader that follows its spill file and uploads it in
+//     8 MiB parts to a file:// bucket (uploadParts, as the agent uploads a
+//     running task's output): the median of each round's ratio, the
+//     executor process's CPU per GB, and the load average;
 //   - the peak RSS growth of a process running that 2 GB task;
 //   - the start of `true` at the tenant isolation level (the task shim in
 //     new namespaces, a UID of its own, Landlock and seccomp), with the
@@ -34,8 +40,8 @@
 // bashtask-shim lies beside it.
 //
 // The 2 GB task runs in a child process of this program (re-executed with
-// -child), so its peak RSS (VmHWM) is measured without the rest of the
-// benchmark. With -json FILE the headline figures are also written as a
+// -child), so its peak RSS (VmHWM) and CPU are measured without the rest
+// of the benchmark; -starts=false measures only the stream. With -json FILE the headline figures are also written as a
 // flat JSON object.
 package main
 
@@ -73,25 +79,35 @@ func main() {
 		shell   = flag.String("shell", executor.DefaultShell, "shell to run")
 		child   = flag.Bool("child", false, "internal: run the 2 GB task and report on stdout")
 		stream  = flag.Bool("stream", true, "also measure the 2 GB stream (throughput and memory)")
+		starts  = flag.Bool("starts", true, "measure task starts and their CPU (false: only the 2 GB stream)")
+		rounds  = flag.Int("stream-rounds", 8, "rounds of the 2 GB stream: each runs the executor without and with the part-upload reader and SHA-256 alone, in a random order")
+		uploads = flag.Bool("uploads", false, "internal: with -child, follow the spill file with the part-upload reader")
 		shimBin = flag.String("shim", "", "the tenant level's shim binary: empty builds ./cmd/bashtask-shim from this tree; self is this binary")
 	)
 	// This binary is also the task shim of the tenant level.
 	shim.Main()
 	flag.Parse()
 	if *child {
-		if err := runChild(*dir, *shell); err != nil {
+		if err := runChild(*dir, *shell, *uploads); err != nil {
 			fmt.Fprintln(os.Stderr, "bench-executor child:", err)
 			os.Exit(1)
 		}
 		return
 	}
-	if err := run(*jsonOut, *iters, *dir, *shell, *shimBin, *stream); err != nil {
+	if !*starts {
+		if err := runStreamOnly(*jsonOut, *dir, *shell, *rounds); err != nil {
+			fmt.Fprintln(os.Stderr, "bench-executor:", err)
+			os.Exit(1)
+		}
+		return
+	}
+	if err := run(*jsonOut, *iters, *dir, *shell, *shimBin, *stream, *rounds); err != nil {
 		fmt.Fprintln(os.Stderr, "bench-executor:", err)
 		os.Exit(1)
 	}
 }
 
-func run(jsonOut string, iters int, dir, shell, shimBin string, stream bool) error {
+func run(jsonOut string, iters int, dir, shell, shimBin string, stream bool, rounds int) error {
 	if dir == "" {
 		d, err := os.MkdirTemp("", "bench-executor-")
 		if err != nil {
@@ -246,21 +262,11 @@ func run(jsonOut string, iters int, dir, shell, shimBin string, stream bool) err
 		return err
 	}
 
-	var plainMBs, drainMBs, hashMBs, taskMBs, rssGrowthMB float64
-	var cr childReport
+	var sf streamFigures
 	if stream {
-		if plainMBs, err = plainWrite(dir); err != nil {
+		if sf, err = measureStream(dir, shell, rounds); err != nil {
 			return err
 		}
-		if drainMBs, err = pipeDrain(shell); err != nil {
-			return err
-		}
-		hashMBs = sha256Rate()
-		if cr, err = childRun(dir, shell); err != nil {
-			return err
-		}
-		taskMBs = float64(streamBytes) / 1e6 / cr.Seconds
-		rssGrowthMB = float64(cr.HWMAfterKB-cr.HWMBeforeKB) / 1024
 	}
 
 	w := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
@@ -307,12 +313,7 @@ func run(jsonOut string, iters int, dir, shell, shimBin string, stream bool) err
 	fmt.Fprintf(w, "CPU of a task `true` in a workspace, the executor's, against tenant (Node) (mean of %d), ms\t%.2f\t%.2f\t%+.2f\t\t\n",
 		iters, cpuWorkspace.executor, cpuTenant.executor, cpuWorkspace.executor-cpuTenant.executor)
 	if stream {
-		fmt.Fprintf(w, "2 GB stdout, MB/s\t%.0f\t%.0f\t%.2f\t>= 0.50\t\n", taskMBs, plainMBs, taskMBs/plainMBs)
-		fmt.Fprintf(w, "2 GB stdout against a plain pipe drain, MB/s\t%.0f\t%.0f\t%.2f\t>= 0.75\t\n", taskMBs, drainMBs, taskMBs/drainMBs)
-		// Every byte is hashed in order, so no executor of this design
-		// passes the hash's own speed: the ceiling of the ratio above.
-		fmt.Fprintf(w, "(SHA-256 on one core, in memory, MB/s; against the drain)\t%.0f\t%.0f\t%.2f\t\t\n", hashMBs, drainMBs, hashMBs/drainMBs)
-		fmt.Fprintf(w, "peak RSS growth during 2 GB, MiB\t%.1f\t\t\t< 32\t\n", rssGrowthMB)
+		sf.print(w)
 	}
 	if err := w.Flush(); err != nil {
 		return err
@@ -321,8 +322,7 @@ func run(jsonOut string, iters int, dir, shell, shimBin string, stream bool) err
 		executor.DefaultShimPoolSize, pooledStarts[executor.NetworkNode], 2*iters+10, pooledStarts[executor.NetworkNone], iters+10,
 		pooledStarts[executor.NetworkEgress], iters+10, pooledWorkspaceStarts, 2*iters+10, shimDesc(shimBin))
 	if stream {
-		fmt.Printf("2 GB task: %s, %d bytes, sha256 %s, peak RSS %d KiB (before %d KiB)\n",
-			cr.Reason, cr.TotalBytes, cr.SHA256, cr.HWMAfterKB, cr.HWMBeforeKB)
+		sf.printNotes()
 	}
 
 	if jsonOut != "" {
@@ -330,12 +330,6 @@ func run(jsonOut string, iters int, dir, shell, shimBin string, stream bool) err
 			"executor.overhead_ratio":                  round(ratio(mNoCg, mPlain)),
 			"executor.overhead_ratio_cgroup":           round(ratio(mCg, mPlain)),
 			"executor.session_ratio":                   round(ratio(mPlainSid, mPlain)),
-			"executor.throughput_mb_s":                 round(taskMBs),
-			"executor.plain_write_mb_s":                round(plainMBs),
-			"executor.pipe_drain_mb_s":                 round(drainMBs),
-			"executor.throughput_ratio":                round(taskMBs / drainMBs),
-			"executor.sha256_mb_s":                     round(hashMBs),
-			"executor.rss_growth_mb":                   round(rssGrowthMB),
 			"executor.tenant_overhead_ms":              round(float64(mTenant-mPlain) / float64(time.Millisecond)),
 			"executor.tenant_none_overhead_ms":         round(float64(mTenantNone-mPlain) / float64(time.Millisecond)),
 			"executor.tenant_disk_quota_overhead_ms":   round(float64(mDisk-mTenant) / float64(time.Millisecond)),
@@ -345,6 +339,9 @@ func run(jsonOut string, iters int, dir, shell, shimBin string, stream bool) err
 			"executor.workspace_task_overhead_node_ms": round(float64(wsOverNode) / float64(time.Millisecond)),
 			"executor.workspace_task_cpu_ms":           round(cpuWorkspace.task),
 			"executor.workspace_create_ms":             round(float64(mCreate) / float64(time.Millisecond)),
+		}
+		if stream {
+			sf.addJSON(figures)
 		}
 		if diskOK {
 			figures["executor.workspace_create_disk_ms"] = round(float64(mCreateDisk) / float64(time.Millisecond))
@@ -579,82 +576,6 @@ func sha256Rate() float64 {
 	}
 	h.Sum(nil)
 	return float64(1<<30) / 1e6 / time.Since(begin).Seconds()
-}
-
-// childReport is what the child process prints.
-type childReport struct {
-	Reason      string
-	TotalBytes  int64
-	SHA256      string
-	Seconds     float64
-	HWMBeforeKB int64
-	HWMAfterKB  int64
-}
-
-func childRun(dir, shell string) (childReport, error) {
-	self, err := os.Executable()
-	if err != nil {
-		return childReport{}, err
-	}
-	out, err := exec.Command(self, "-child", "-dir", dir, "-shell", shell).Output()
-	if err != nil {
-		var ee *exec.ExitError
-		if errors.As(err, &ee) {
-			return childReport{}, fmt.Errorf("child: %w: %s", err, ee.Stderr)
-		}
-		return childReport{}, err
-	}
-	var r childReport
-	if err := json.Unmarshal(out, &r); err != nil {
-		return r, fmt.Errorf("child report %q: %w", out, err)
-	}
-	if r.TotalBytes != streamBytes {
-		return r, fmt.Errorf("2 GB task: %s with %d bytes", r.Reason, r.TotalBytes)
-	}
-	return r, nil
-}
-
-// runChild runs the 2 GB task as the agent would (subreaper, cgroup where
-// available, default tail and spill limit) and reports its figures.
-func runChild(dir, shell string) error {
-	if err := executor.BecomeSubreaper(); err != nil {
-		return err
-	}
-	ex, err := executor.New(executor.Config{Shell: shell, CgroupParent: fmt.Sprintf("bashtask-bench-%d", os.Getpid()), WorkDirRoot: dir})
-	if err != nil {
-		return err
-	}
-	defer ex.Close()
-	spill := filepath.Join(dir, "spill-2g")
-	defer os.RemoveAll(spill)
-	before, err := vmHWM()
-	if err != nil {
-		return err
-	}
-	begin := time.Now()
-	task, err := ex.Start(executor.Spec{
-		Command:    fmt.Sprintf("head -c %d /dev/zero", streamBytes),
-		WorkingDir: dir,
-		SpillDir:   spill,
-	})
-	if err != nil {
-		return err
-	}
-	<-task.Done()
-	took := time.Since(begin)
-	res, _ := task.Result()
-	after, err := vmHWM()
-	if err != nil {
-		return err
-	}
-	return json.NewEncoder(os.Stdout).Encode(childReport{
-		Reason:      string(res.Reason),
-		TotalBytes:  res.Stdout.TotalBytes,
-		SHA256:      res.Stdout.SHA256,
-		Seconds:     took.Seconds(),
-		HWMBeforeKB: before,
-		HWMAfterKB:  after,
-	})
 }
 
 // vmHWM reads the peak resident set size in KiB from /proc/self/status.

@@ -75,6 +75,7 @@ import (
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
 	v1 "github.com/bashtask/bashtask-operator/api/v1alpha1"
+	btclient "github.com/bashtask/bashtask-operator/client"
 	"github.com/bashtask/bashtask-operator/internal/localcluster"
 	"github.com/bashtask/bashtask-operator/internal/syncbuf"
 )
@@ -197,7 +198,10 @@ type figures struct {
 	// workspace and without one, in ms.
 	wsCreateP50, wsCreateP99 float64
 	wsTaskP50, wsPlainP50    float64
-	executor                 map[string]float64
+	// wsCopyMBps is the median rate of a workspace's 50 MiB file copied
+	// out by the client's CopyFrom, in MB/s.
+	wsCopyMBps float64
+	executor   map[string]float64
 	// output holds hack/bench-output's figures, by their keys.
 	output           map[string]float64
 	loadStart, loadE string
@@ -217,7 +221,7 @@ func (f figures) ratioSpread() float64 {
 
 func run(ctx context.Context, o options) (err error) {
 	f := figures{latP50: math.NaN(), latP99: math.NaN(), throughput: math.NaN(), raw: math.NaN(),
-		wsCreateP50: math.NaN(), wsCreateP99: math.NaN(), wsTaskP50: math.NaN(), wsPlainP50: math.NaN(),
+		wsCreateP50: math.NaN(), wsCreateP99: math.NaN(), wsTaskP50: math.NaN(), wsPlainP50: math.NaN(), wsCopyMBps: math.NaN(),
 		apiCPU: math.NaN(), rawAPICPU: math.NaN(), writesPerTask: math.NaN(), rssMB: math.NaN()}
 	f.loadStart = loadAvg()
 	for _, in := range []struct {
@@ -329,17 +333,8 @@ func runCluster(ctx context.Context, o options, dir string, f *figures) error {
 	latCounts := latAfter.minus(latBefore)
 	latCounts.setN(o.latencyTasks)
 
-	f.wsCreateP50, f.wsCreateP99, f.wsTaskP50, f.wsPlainP50 = math.NaN(), math.NaN(), math.NaN(), math.NaN()
-	if o.workspaces > 0 && o.isolation != "process" {
-		fmt.Printf("\n== workspaces: %d created one at a time, then %d tasks in one alternating with %d plain ones\n", o.workspaces, o.workspaceTasks, o.workspaceTasks)
-		wf, err := b.workspacePhase(ctx, o.workspaces, o.workspaceTasks, time.Minute)
-		if err != nil {
-			return fmt.Errorf("workspace phase: %w", err)
-		}
-		f.wsCreateP50, f.wsCreateP99 = percentile(wf.createReady, 0.50), percentile(wf.createReady, 0.99)
-		f.wsTaskP50, f.wsPlainP50 = percentile(wf.inWorkspace, 0.50), percentile(wf.plain, 0.50)
-		fmt.Printf("workspace create to Ready: p50 %.1f ms, p99 %.1f ms; a task in a workspace: p50 %.1f ms, a plain task: p50 %.1f ms\n",
-			f.wsCreateP50, f.wsCreateP99, f.wsTaskP50, f.wsPlainP50)
+	if err := b.workspaceFigures(ctx, o, f); err != nil {
+		return err
 	}
 
 	// The raw API control plane runs beside the local cluster, idle but
@@ -554,6 +549,7 @@ func (lc *localCluster) stop() string {
 // bench is a client of one control plane with a watch on the namespace.
 type bench struct {
 	c       client.WithWatch
+	bc      *btclient.Client
 	cs      *kubernetes.Clientset
 	cancel  context.CancelFunc
 	watchWG sync.WaitGroup
@@ -609,7 +605,11 @@ func newBench(ctx context.Context, cfg *rest.Config, o options) (*bench, error) 
 	if err := waitAdmission(ctx, c); err != nil {
 		return nil, err
 	}
-	b := &bench{c: c, cs: cs,
+	bc, err := btclient.New(cfg)
+	if err != nil {
+		return nil, err
+	}
+	b := &bench{c: c, cs: cs, bc: bc,
 		created: map[string]time.Time{}, terminal: map[string]time.Time{},
 		reasons: map[string]v1.Reason{}, samples: map[string][]v1.BashTaskStatus{},
 		last: map[string]string{}, stall: o.stall}
@@ -1422,6 +1422,18 @@ func report(o options, f figures) bool {
 			}
 			add("executor.throughput_ratio", f.executor["executor.throughput_ratio"], "%.2f", target, f.executor["executor.throughput_ratio"] >= 0.75)
 		}
+		// The executor against the hash's own speed, measured in the same
+		// rounds (issue 26): without and with a reader uploading the
+		// spill file in parts behind the writer.
+		for _, k := range []string{"executor.sha256_ratio", "executor.sha256_ratio_uploads"} {
+			if v, ok := f.executor[k]; ok {
+				add(k, v, "%.2f", ">= 0.90", v >= 0.90)
+			}
+		}
+		if v, ok := f.executor["executor.stream_cpu_ms_per_gb"]; ok {
+			add("executor.stream_cpu_ms_per_gb", v, "%.0f", fmt.Sprintf("(with part uploads: %.0f)", f.executor["executor.stream_cpu_ms_per_gb_uploads"]), true)
+			rows[len(rows)-1].noTarget = true
+		}
 		if v, ok := f.executor["executor.tenant_task_cpu_ms"]; ok {
 			add("executor.tenant_task_cpu_ms", v, "%.2f", fmt.Sprintf("(at the cgroup level: %.2f)", f.executor["executor.task_cpu_ms"]), true)
 			rows[len(rows)-1].noTarget = true
@@ -1448,6 +1460,7 @@ func report(o options, f figures) bool {
 	add("workspace.create_ready_p50_ms", f.wsCreateP50, "%.1f", "<= 100 (p99 "+num(f.wsCreateP99, "%.1f")+")", f.wsCreateP50 <= 100)
 	add("workspace.task_latency_p50_ms", f.wsTaskP50, "%.1f", "(plain task, same run: "+num(f.wsPlainP50, "%.1f")+")", true)
 	rows[len(rows)-1].noTarget = true
+	add("workspace.cp_download_mb_s", f.wsCopyMBps, "%.1f", ">= 50 (50 MiB, median of 3)", f.wsCopyMBps >= 50)
 	if f.output != nil {
 		out := func(k string) float64 {
 			if v, ok := f.output[k]; ok {
@@ -1492,7 +1505,8 @@ func writeJSON(path string, f figures) error {
 	m := map[string]float64{}
 	if f.executor != nil {
 		for _, k := range []string{"executor.overhead_ratio", "executor.throughput_mb_s", "executor.rss_growth_mb", "executor.pipe_drain_mb_s", "executor.throughput_ratio",
-			"executor.sha256_mb_s", "executor.task_cpu_ms", "executor.tenant_task_cpu_ms",
+			"executor.sha256_mb_s", "executor.sha256_ratio", "executor.sha256_ratio_uploads", "executor.throughput_uploads_mb_s",
+			"executor.stream_cpu_ms_per_gb", "executor.stream_cpu_ms_per_gb_uploads", "executor.task_cpu_ms", "executor.tenant_task_cpu_ms",
 			"executor.workspace_task_overhead_ms", "executor.workspace_task_overhead_node_ms", "executor.workspace_create_disk_ms"} {
 			if v, ok := f.executor[k]; ok {
 				m[k] = v
@@ -1518,6 +1532,7 @@ func writeJSON(path string, f figures) error {
 	put("workspace.create_ready_p99_ms", f.wsCreateP99)
 	put("workspace.task_latency_p50_ms", f.wsTaskP50)
 	put("workspace.plain_task_latency_p50_ms", f.wsPlainP50)
+	put("workspace.cp_download_mb_s", f.wsCopyMBps)
 	for _, k := range outputKeys {
 		if v, ok := f.output[k]; ok {
 			put(k, v)

@@ -3,6 +3,9 @@ package main
 import (
 	"context"
 	"fmt"
+	"math"
+	"os"
+	"path/filepath"
 	"sync"
 	"time"
 
@@ -12,6 +15,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1 "github.com/bashtask/bashtask-operator/api/v1alpha1"
+	btclient "github.com/bashtask/bashtask-operator/client"
 )
 
 // workspaceFigures are the workspace phase's results, in milliseconds.
@@ -23,7 +27,17 @@ type workspaceFigures struct {
 	// `true` tasks run one at a time, alternately in a workspace and
 	// without one.
 	inWorkspace, plain []float64
+	// copyMBps are the rates of copyRuns downloads of a copyBytes file
+	// out of the first workspace, in MB/s.
+	copyMBps []float64
 }
+
+// copyBytes is the size of the file the copy measure downloads (50 MiB),
+// and copyRuns how many times.
+const (
+	copyBytes = 50 << 20
+	copyRuns  = 3
+)
 
 // workspacePhase creates n workspaces one after another with the agents'
 // defaults (their file system, UID and network), timing each until it is
@@ -126,6 +140,10 @@ func (b *bench) workspacePhase(ctx context.Context, n, tasks int, timeout time.D
 		}
 	}
 
+	if f.copyMBps, err = b.copyOut(ctx, names[0], timeout); err != nil {
+		return f, err
+	}
+
 	for _, name := range names {
 		ws := &v1.BashWorkspace{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: name}}
 		if err := b.c.Delete(ctx, ws); err != nil {
@@ -147,4 +165,73 @@ func (b *bench) workspacePhase(ctx context.Context, n, tasks int, timeout time.D
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+// copyOut makes a copyBytes file of random bytes in workspace ws and
+// copies it out copyRuns times with the client's CopyFrom (what
+// `kubectl bashtask cp` runs), each timed from the call to its return.
+func (b *bench) copyOut(ctx context.Context, ws string, timeout time.Duration) ([]float64, error) {
+	name := "wscp-make"
+	bt := &v1.BashTask{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace},
+		Spec: v1.BashTaskSpec{Command: fmt.Sprintf("head -c %d /dev/urandom > cp-bench", copyBytes), Workspace: ptr.To(ws)}}
+	if err := b.c.Create(ctx, bt); err != nil {
+		return nil, fmt.Errorf("creating %s: %w", name, err)
+	}
+	b.mu.Lock()
+	b.created[name] = time.Now()
+	b.mu.Unlock()
+	if err := b.waitTerminal(ctx, []string{name}, time.Now().Add(timeout), "workspace"); err != nil {
+		return nil, err
+	}
+	b.mu.Lock()
+	reason := b.reasons[name]
+	b.mu.Unlock()
+	if reason != v1.ReasonSucceeded {
+		return nil, fmt.Errorf("task %s ended %s", name, reason)
+	}
+	dir, err := os.MkdirTemp("", "bench-cp-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(dir)
+	var rates []float64
+	for i := range copyRuns {
+		dest := filepath.Join(dir, fmt.Sprint(i))
+		start := time.Now()
+		if err := b.bc.CopyFrom(ctx, namespace, ws, "cp-bench", dest, btclient.CopyOptions{}); err != nil {
+			return nil, fmt.Errorf("copying out of workspace %s: %w", ws, err)
+		}
+		rates = append(rates, copyBytes/time.Since(start).Seconds()/1e6)
+		fi, err := os.Stat(dest)
+		if err != nil {
+			return nil, fmt.Errorf("the copy of workspace %s's file: %w", ws, err)
+		}
+		if fi.Size() != copyBytes {
+			return nil, fmt.Errorf("the copy of workspace %s's file has %d bytes, want %d", ws, fi.Size(), copyBytes)
+		}
+	}
+	return rates, nil
+}
+
+// workspaceFigures runs the workspace phase (o.workspaces > 0, agents at
+// the tenant level) and puts its figures into f: create-to-Ready p50 and
+// p99, task latencies in and out of a workspace, and the copy rate.
+// Without the phase they stay NaN.
+func (b *bench) workspaceFigures(ctx context.Context, o options, f *figures) error {
+	f.wsCreateP50, f.wsCreateP99, f.wsTaskP50, f.wsPlainP50 = math.NaN(), math.NaN(), math.NaN(), math.NaN()
+	if o.workspaces <= 0 || o.isolation == "process" {
+		return nil
+	}
+	fmt.Printf("\n== workspaces: %d created one at a time, then %d tasks in one alternating with %d plain ones\n", o.workspaces, o.workspaceTasks, o.workspaceTasks)
+	wf, err := b.workspacePhase(ctx, o.workspaces, o.workspaceTasks, time.Minute)
+	if err != nil {
+		return fmt.Errorf("workspace phase: %w", err)
+	}
+	f.wsCreateP50, f.wsCreateP99 = percentile(wf.createReady, 0.50), percentile(wf.createReady, 0.99)
+	f.wsTaskP50, f.wsPlainP50 = percentile(wf.inWorkspace, 0.50), percentile(wf.plain, 0.50)
+	fmt.Printf("workspace create to Ready: p50 %.1f ms, p99 %.1f ms; a task in a workspace: p50 %.1f ms, a plain task: p50 %.1f ms\n",
+		f.wsCreateP50, f.wsCreateP99, f.wsTaskP50, f.wsPlainP50)
+	f.wsCopyMBps = percentile(wf.copyMBps, 0.50)
+	fmt.Printf("cp out of a workspace, %d MiB: %s MB/s, median %.1f MB/s\n", copyBytes>>20, joinFloats(wf.copyMBps, "%.1f"), f.wsCopyMBps)
+	return nil
 }

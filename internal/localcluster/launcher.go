@@ -259,6 +259,9 @@ func (c *Cluster) up(ctx context.Context) error {
 			"--state-dir", stateDir, "--output-bucket-url", bucket,
 			"--tls-cert-file", certs.AgentCertFile, "--tls-key-file", certs.AgentKeyFile, "--tls-ca-file", certs.CAFile,
 			"--progress-interval", "500ms", "--log-format", "text",
+			// Parts of 4 MiB or every 2 s: a task's output survives its
+			// agent to within 2 s, and the e2e suite checks it quickly.
+			"--output-part-bytes", "4194304", "--output-part-interval", "2s",
 			"--work-dir-root", workRoot,
 		}
 		args = append(args, "--isolation="+c.Isolation,
@@ -431,6 +434,9 @@ func (c *Cluster) supervise(p *process, started chan<- error) {
 			c.opts.Log.Warn("Exited; restarting in 1s", "component", p.name, "status", werr)
 		}
 		time.Sleep(time.Second)
+		if p.held(c.opts.Dir) {
+			return
+		}
 		p.mu.Lock()
 		stopping := p.stopping
 		p.restarts++
@@ -438,6 +444,36 @@ func (c *Cluster) supervise(p *process, started chan<- error) {
 		if stopping {
 			return
 		}
+	}
+}
+
+// HoldPath is the file that keeps a supervised component down once it
+// exits: while hold/<name> exists under the cluster's directory, the
+// launcher does not start it again, as for a node that is gone. Removing
+// the file lets it start.
+func HoldPath(dir, name string) string {
+	return filepath.Join(dir, "hold", name)
+}
+
+// held waits while p's hold file exists; true when the cluster stops
+// meanwhile.
+func (p *process) held(dir string) bool {
+	pidRemoved := false
+	for {
+		if _, err := os.Stat(HoldPath(dir, p.name)); err != nil {
+			return false
+		}
+		if !pidRemoved {
+			pidRemoved = true
+			_ = os.Remove(filepath.Join(dir, "pids", p.name))
+		}
+		p.mu.Lock()
+		stopping := p.stopping
+		p.mu.Unlock()
+		if stopping {
+			return true
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"slices"
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -58,9 +59,9 @@ func FreePort(ip string) (int, error) {
 	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
-// CreateAgentObjects creates the Nodes, the agents' namespace, headless
-// Service and one EndpointSlice listing every agent as ready on port.
-// Objects that exist already are left as they are.
+// CreateAgentObjects creates the Nodes, marked Ready (see markReady), the
+// agents' namespace, headless Service and one EndpointSlice listing every
+// agent as ready on port. Objects that exist already are left as they are.
 //
 // The API server refuses loopback addresses in an IPv4 EndpointSlice, so
 // the slice has addressType FQDN and carries the IP literals; the
@@ -70,6 +71,9 @@ func CreateAgentObjects(ctx context.Context, c client.Client, agents []Agent, po
 	for _, a := range agents {
 		node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: a.Node, Labels: a.Labels}}
 		if err := createIfMissing(ctx, c, node); err != nil {
+			return err
+		}
+		if err := markReady(ctx, c, a.Node); err != nil {
 			return err
 		}
 		endpoints = append(endpoints, discoveryv1.Endpoint{
@@ -102,6 +106,43 @@ func CreateAgentObjects(ctx context.Context, c client.Client, agents []Agent, po
 		if err := createIfMissing(ctx, c, o); err != nil {
 			return err
 		}
+	}
+	return nil
+}
+
+// markReady gives the Node a Ready=True condition when it has no
+// conditions at all, and removes the node.kubernetes.io/not-ready taint
+// the API server's admission (TaintNodesByCondition) puts on every new
+// Node. There is no kubelet to report the condition and no node lifecycle
+// controller to lift the taint, and the controller places nothing on a
+// Node that is not Ready or has an untolerated NoSchedule taint, as the
+// scheduler does not; a Node whose conditions a test set is left as it
+// is.
+func markReady(ctx context.Context, c client.Client, name string) error {
+	var n corev1.Node
+	if err := c.Get(ctx, client.ObjectKey{Name: name}, &n); err != nil {
+		return fmt.Errorf("reading Node %s: %w", name, err)
+	}
+	if len(n.Status.Conditions) > 0 {
+		return nil
+	}
+	// Updates, not patches: each write is conditional on the version read,
+	// so a taint or condition someone wrote meanwhile is not replaced.
+	taints := slices.DeleteFunc(slices.Clone(n.Spec.Taints), func(t corev1.Taint) bool { return t.Key == corev1.TaintNodeNotReady })
+	if len(taints) != len(n.Spec.Taints) {
+		n.Spec.Taints = taints
+		if err := c.Update(ctx, &n); err != nil {
+			return fmt.Errorf("removing the %s taint from Node %s: %w", corev1.TaintNodeNotReady, name, err)
+		}
+	}
+	now := metav1.Now()
+	n.Status.Conditions = []corev1.NodeCondition{{
+		Type: corev1.NodeReady, Status: corev1.ConditionTrue,
+		Reason: "LocalAgent", Message: "no kubelet: the local cluster marks its Nodes Ready",
+		LastHeartbeatTime: now, LastTransitionTime: now,
+	}}
+	if err := c.Status().Update(ctx, &n); err != nil {
+		return fmt.Errorf("marking Node %s Ready: %w", name, err)
 	}
 	return nil
 }

@@ -25,6 +25,7 @@ import (
 	agentv1 "github.com/bashtask/bashtask-operator/api/agent/v1"
 	bashtaskv1alpha1 "github.com/bashtask/bashtask-operator/api/v1alpha1"
 	btclient "github.com/bashtask/bashtask-operator/client"
+	"github.com/bashtask/bashtask-operator/internal/outputkey"
 )
 
 // Intervals of a followed response.
@@ -473,6 +474,12 @@ func (s *Server) fromStorage(ctx context.Context, lr *logResponse, task *bashtas
 		}
 		return goneError(msg)
 	}
+	if ss != nil && ss.Parts != nil && ss.Parts.LostFromOffset != nil && lr.offset >= *ss.Parts.LostFromOffset &&
+		(ss.Spill == nil || ss.Spill.URL == nil || *ss.Spill.URL == "") {
+		// The agent was lost: its total is only what it last reported,
+		// and every byte from here on is gone, whether counted or not.
+		return gone(lostMessage(task, ss))
+	}
 	if ss != nil && ss.TotalBytes != nil && lr.offset == *ss.TotalBytes {
 		// At the end of the ended stream: nothing to serve, nothing lost
 		// (a follower asking whether the stream has ended).
@@ -484,6 +491,9 @@ func (s *Server) fromStorage(ctx context.Context, lr *logResponse, task *bashtas
 	if ss == nil || ss.Spill == nil || ss.Spill.URL == nil || *ss.Spill.URL == "" {
 		if err := s.fromStatus(lr, task, stream, o); !errors.Is(err, errNotKept) {
 			return err
+		}
+		if ss != nil && ss.Parts != nil && ptr.Deref(ss.Parts.KeptBytes, 0) > 0 {
+			return s.fromParts(ctx, lr, task, stream, o, ss, gone)
 		}
 		return gone("the agent no longer holds the stream and no copy was uploaded")
 	}
@@ -563,6 +573,95 @@ func (s *Server) fromStorage(ctx context.Context, lr *logResponse, task *bashtas
 		return fmt.Errorf("%s from offset %d is not kept: the uploaded copy holds only the first %d bytes of %d (spillLimitBytes)", o.Stream, lr.offset, objBytes, total)
 	}
 	return nil
+}
+
+// lostMessage says which bytes of a stream whose agent was lost survive.
+func lostMessage(task *bashtaskv1alpha1.BashTask, ss *bashtaskv1alpha1.StreamStatus) string {
+	kept := ptr.Deref(ss.Parts.KeptBytes, 0)
+	return fmt.Sprintf("the bytes from offset %d on are lost: the task ended %s and only its first %d bytes reached object storage, as parts uploaded while it ran",
+		ptr.Deref(ss.Parts.LostFromOffset, kept), ptr.Deref(task.Status.Reason, ""), kept)
+}
+
+// fromParts serves a finished stream that has no single object but parts
+// its agent uploaded while the task ran (the agent was lost before the
+// end): the bytes [0, keptBytes) from the parts, in order, through the
+// controller's bucket; every byte from keptBytes on is gone. A gap in the
+// parts ends the response there: no byte is skipped.
+func (s *Server) fromParts(ctx context.Context, lr *logResponse, task *bashtaskv1alpha1.BashTask, stream agentv1.OutputStream, o LogOptions, ss *bashtaskv1alpha1.StreamStatus, gone func(string) error) error {
+	kept := ptr.Deref(ss.Parts.KeptBytes, 0)
+	name := "stdout"
+	if stream == agentv1.OutputStream_OUTPUT_STREAM_STDERR {
+		name = "stderr"
+	}
+	prefix := outputkey.PartsPrefix(outputkey.Object(task.Namespace, task.Name, string(task.UID), name))
+	lost := lostMessage(task, ss)
+	if ss.Parts.LostFromOffset == nil {
+		lost = fmt.Sprintf("the bytes from offset %d on are not kept: the stream has no uploaded copy and only its first %d bytes reached object storage as parts", kept, kept)
+	}
+	if lr.offset >= kept {
+		return gone(lost)
+	}
+	if s.bucket == nil {
+		return gone(fmt.Sprintf("its first %d bytes are parts under %s in the agents' bucket, which this server does not read (the controller has no --output-bucket-url)", kept, prefix))
+	}
+	parts, err := outputkey.ListParts(ctx, s.bucket, prefix)
+	if err != nil {
+		if lr.started {
+			return fmt.Errorf("%s from offset %d: listing the parts under %s: %w", o.Stream, lr.offset, prefix, err)
+		}
+		return apierrors.NewServiceUnavailable(fmt.Sprintf("listing the parts under %s: %v", prefix, err))
+	}
+	total := max(ptr.Deref(ss.TotalBytes, 0), kept)
+	if !lr.started {
+		lr.start(task.UID, lr.offset, total, true)
+	}
+	buf := make([]byte, 1<<20)
+	next := int64(0)
+	for _, p := range parts {
+		if p.Offset >= kept || lr.done() {
+			break
+		}
+		if p.Offset != next {
+			return fmt.Errorf("%s from offset %d is not kept: the part at offset %d is missing under %s", o.Stream, lr.offset, next, prefix)
+		}
+		next = p.End
+		end := min(p.End, kept)
+		if end <= lr.offset {
+			continue
+		}
+		length := end - lr.offset
+		if r := lr.remaining(); r > 0 {
+			length = min(length, r)
+		}
+		rd, err := s.bucket.NewRangeReader(ctx, p.Key, lr.offset-p.Offset, length, nil)
+		if err != nil {
+			return fmt.Errorf("%s from offset %d: reading the part %s: %w", o.Stream, lr.offset, p.Key, err)
+		}
+		want := lr.offset + length
+		for lr.offset < want {
+			n, rerr := rd.Read(buf[:min(int64(len(buf)), want-lr.offset)])
+			if n > 0 {
+				if werr := lr.write(buf[:n]); werr != nil {
+					_ = rd.Close()
+					return werr
+				}
+			}
+			if rerr != nil {
+				break
+			}
+		}
+		_ = rd.Close()
+		if lr.offset < want {
+			return fmt.Errorf("%s from offset %d: the part %s ended early", o.Stream, lr.offset, p.Key)
+		}
+	}
+	if lr.done() {
+		return nil
+	}
+	if lr.offset < kept {
+		return fmt.Errorf("%s from offset %d is not kept: the part at offset %d is missing under %s", o.Stream, lr.offset, lr.offset, prefix)
+	}
+	return fmt.Errorf("%s from offset %d: %s", o.Stream, lr.offset, lost)
 }
 
 // fromAgentBucket serves a finished task's uploaded copy at objURL through

@@ -11,6 +11,7 @@ const (
 	modelBashTask     = "dev.bashtask.output.v1alpha1.BashTask"
 	modelOutputStatus = "dev.bashtask.output.v1alpha1.BashTaskOutputStatus"
 	modelLogOptions   = "dev.bashtask.output.v1alpha1.LogOptions"
+	modelStdinOptions = "dev.bashtask.output.v1alpha1.StdinOptions"
 	modelObjectMeta   = "io.k8s.apimachinery.pkg.apis.meta.v1.ObjectMeta"
 )
 
@@ -22,6 +23,9 @@ func (BashTaskOutputStatus) OpenAPIModelName() string { return modelOutputStatus
 
 // OpenAPIModelName names the type in the OpenAPI document.
 func (LogOptions) OpenAPIModelName() string { return modelLogOptions }
+
+// OpenAPIModelName names the type in the OpenAPI document.
+func (StdinOptions) OpenAPIModelName() string { return modelStdinOptions }
 
 func str(desc string) spec.Schema {
 	return spec.Schema{SchemaProps: spec.SchemaProps{Type: []string{"string"}, Description: desc}}
@@ -36,7 +40,7 @@ func boolean(desc string) spec.Schema {
 }
 
 // openAPIDefinitions are the schemas of the API's types, written by hand
-// (three small types), and those of the meta types they refer to. The
+// (four small types), and those of the meta types they refer to. The
 // server needs them: server-side apply's type converter is built from them
 // whether or not a resource accepts writes.
 func openAPIDefinitions(ref common.ReferenceCallback) map[string]common.OpenAPIDefinition {
@@ -77,6 +81,18 @@ func openAPIDefinitions(ref common.ReferenceCallback) map[string]common.OpenAPID
 				"offset":     integer("The first byte wanted, from the stream's start."),
 				"limitBytes": integer("When positive, the most bytes of the body."),
 				"follow":     boolean("Keep the response open while the task runs."),
+			},
+		}},
+	}
+	defs[modelStdinOptions] = common.OpenAPIDefinition{
+		Schema: spec.Schema{SchemaProps: spec.SchemaProps{
+			Description: "StdinOptions are the query parameters of bashtasks/stdin.",
+			Type:        []string{"object"},
+			Properties: map[string]spec.Schema{
+				"apiVersion": str("APIVersion of the object."),
+				"kind":       str("Kind of the object."),
+				"offset":     integer("The input offset of the body's first byte."),
+				"close":      boolean("Close the input after the body: the command reads EOF."),
 			},
 		}},
 	}

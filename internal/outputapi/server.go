@@ -73,9 +73,11 @@ type Server struct {
 // LongRunning reports whether a request is exempt from the request
 // timeout and the max-in-flight limit: every bashtasks/log GET, as
 // kube-apiserver treats pods/log (a read of a large finished stream takes
-// longer than 60 s too), and watches.
+// longer than 60 s too), every bashtasks/stdin POST, which bounds its own
+// wait (stdinRequestWait) and must not hold a slot of the max-in-flight
+// limit while a command does not read, and watches.
 func LongRunning(r *http.Request, ri *apirequest.RequestInfo) bool {
-	if ri != nil && ri.IsResourceRequest && ri.Resource == "bashtasks" && ri.Subresource == "log" {
+	if ri != nil && ri.IsResourceRequest && ri.Resource == "bashtasks" && (ri.Subresource == "log" || ri.Subresource == "stdin") {
 		return true
 	}
 	return genericfilters.BasicLongRunningRequestCheck(sets.NewString("watch"), sets.NewString())(r, ri)
@@ -134,8 +136,9 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	}
 	info := genericapiserver.NewDefaultAPIGroupInfo(Group, scheme, runtime.NewParameterCodec(scheme), codecs)
 	info.VersionedResourcesStorageMap[Version] = map[string]rest.Storage{
-		"bashtasks":     &bashTaskREST{s: s},
-		"bashtasks/log": &logREST{s: s},
+		"bashtasks":       &bashTaskREST{s: s},
+		"bashtasks/log":   &logREST{s: s},
+		"bashtasks/stdin": &stdinREST{s: s},
 	}
 	if err := g.InstallAPIGroup(&info); err != nil {
 		return nil, fmt.Errorf("output API: installing %s: %w", SchemeGroupVersion, err)

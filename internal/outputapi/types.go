@@ -76,14 +76,47 @@ func (o *LogOptions) DeepCopyObject() runtime.Object {
 	return &out
 }
 
-// NewScheme returns the scheme of the aggregated API: BashTask and
-// LogOptions in output.bashtask.dev/v1alpha1 (also as the internal
+// StdinOptions are the query parameters of bashtasks/stdin.
+type StdinOptions struct {
+	metav1.TypeMeta `json:",inline"`
+	// Offset is the input offset of the body's first byte (bytes from the
+	// start of the task's standard input); default 0.
+	Offset int64 `json:"offset,omitempty"`
+	// Close closes the input after the body: the command reads EOF.
+	Close bool `json:"close,omitempty"`
+}
+
+// DeepCopyObject implements runtime.Object.
+func (o *StdinOptions) DeepCopyObject() runtime.Object {
+	out := *o
+	return &out
+}
+
+// decodeStdinOptions reads the query parameters; a bad value is an error
+// naming the parameter.
+func decodeStdinOptions(q url.Values, o *StdinOptions) error {
+	var err error
+	if v := q.Get("offset"); v != "" {
+		if o.Offset, err = strconv.ParseInt(v, 10, 64); err != nil || o.Offset < 0 {
+			return fmt.Errorf("offset %q: must be a byte count, 0 or more", v)
+		}
+	}
+	if v := q.Get("close"); v != "" {
+		if o.Close, err = strconv.ParseBool(v); err != nil {
+			return fmt.Errorf("close %q: must be true or false", v)
+		}
+	}
+	return nil
+}
+
+// NewScheme returns the scheme of the aggregated API: BashTask, LogOptions
+// and StdinOptions in output.bashtask.dev/v1alpha1 (also as the internal
 // version, since this API has one version and no conversions), the meta
-// types, and the decoding of LogOptions from query parameters.
+// types, and the decoding of the options from query parameters.
 func NewScheme() (*runtime.Scheme, serializer.CodecFactory, error) {
 	s := runtime.NewScheme()
 	for _, gv := range []schema.GroupVersion{SchemeGroupVersion, {Group: Group, Version: runtime.APIVersionInternal}} {
-		s.AddKnownTypes(gv, &BashTask{}, &LogOptions{})
+		s.AddKnownTypes(gv, &BashTask{}, &LogOptions{}, &StdinOptions{})
 	}
 	metav1.AddToGroupVersion(s, SchemeGroupVersion)
 	metav1.AddToGroupVersion(s, schema.GroupVersion{Version: "v1"})
@@ -91,6 +124,11 @@ func NewScheme() (*runtime.Scheme, serializer.CodecFactory, error) {
 		&metav1.Status{}, &metav1.APIVersions{}, &metav1.APIGroupList{}, &metav1.APIGroup{}, &metav1.APIResourceList{})
 	if err := s.AddConversionFunc((*url.Values)(nil), (*LogOptions)(nil), func(a, b any, _ conversion.Scope) error {
 		return decodeLogOptions(*(a.(*url.Values)), b.(*LogOptions))
+	}); err != nil {
+		return nil, serializer.CodecFactory{}, err
+	}
+	if err := s.AddConversionFunc((*url.Values)(nil), (*StdinOptions)(nil), func(a, b any, _ conversion.Scope) error {
+		return decodeStdinOptions(*(a.(*url.Values)), b.(*StdinOptions))
 	}); err != nil {
 		return nil, serializer.CodecFactory{}, err
 	}

@@ -82,6 +82,10 @@ type Options struct {
 	// it), and has every agent upload to one file:// bucket, BucketDir,
 	// which the server reads once an agent forgot a task.
 	OutputAPI bool
+	// SharedBucket gives every agent one file:// bucket, as with
+	// OutputAPI, without the output API: a snapshot one agent writes is
+	// one another restores.
+	SharedBucket bool
 }
 
 // Rig is a running control plane, agents and controller.
@@ -105,7 +109,7 @@ type Rig struct {
 	// Certs are the agents' and the controller's certificates.
 	Certs *localcluster.Certs
 	// BucketDir is the directory of the agents' shared file:// bucket
-	// with Options.OutputAPI; empty otherwise (each agent uploads to
+	// with Options.OutputAPI or SharedBucket; empty otherwise (each agent uploads to
 	// <StateDir>/uploads).
 	BucketDir string
 
@@ -218,7 +222,7 @@ func Start(opts Options) (rig *Rig, err error) {
 		}
 	}()
 	bucketURL := ""
-	if opts.OutputAPI {
+	if opts.OutputAPI || opts.SharedBucket {
 		// Temporary files next to the objects, so that fileblob's rename
 		// stays on one file system.
 		r.BucketDir = filepath.Join(dir, "bucket")
@@ -253,6 +257,10 @@ func Start(opts Options) (rig *Rig, err error) {
 			MaxConcurrent:    cmp.Or(opts.AgentCapacity, 16),
 			ProgressInterval: 200 * time.Millisecond,
 			Executor:         executor.Config{Shell: "/bin/bash"},
+			// Parts of a running stream within a second, so tests of
+			// output that survives the agent wait little.
+			PartBytes:    1 << 20,
+			PartInterval: time.Second,
 		}
 		if tenant != nil {
 			if err := tenant.configure(&cfg, i, r.Dir+"/work-"+a.Node); err != nil {
@@ -391,6 +399,7 @@ func (r *Rig) startController() error {
 	orphans, err := controllers.NewOrphanCollector(controllers.OrphanCollectorOptions{
 		Cache: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Agents: registry, Held: held,
 		Interval: opts.OrphanCheckInterval, Metrics: metrics, Log: ctrl.Log.WithName("orphans"),
+		Workspaces: registry, Recorder: mgr.GetEventRecorder("bashtask-controller"),
 	})
 	if err != nil {
 		return err

@@ -4,6 +4,7 @@ package cluster
 
 import (
 	"bytes"
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
@@ -26,6 +27,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1 "github.com/bashtask/bashtask-operator/api/v1alpha1"
+	"github.com/bashtask/bashtask-operator/controllers"
 	"github.com/bashtask/bashtask-operator/internal/exampletasks"
 )
 
@@ -368,6 +370,46 @@ func TestAgentPodDeleted(t *testing.T) {
 		t.Errorf("the agent pod is still %s", old)
 	}
 	waitNoProcess(t, "sleep 60", 30*time.Second)
+}
+
+// TestCordon: after `kubectl cordon` of the only node, a new task waits
+// Pending with Scheduled=False/NodeUnschedulable while the agent's pod
+// (which tolerates the cordon) keeps running, and a task that ran before
+// the cordon finishes; `kubectl uncordon` dispatches the waiting task.
+func TestCordon(t *testing.T) {
+	ns := newNamespace(t)
+	node := cluster.NodeName()
+	t.Cleanup(func() { _, _ = cluster.Kubectl(context.Background(), "uncordon", node) })
+	newTask(t, ns, "before", countingCommand("sleep 20"))
+	waitTask(t, ns, "before", "running", time.Minute, func(bt *v1.BashTask) bool {
+		return ptr.Deref(bt.Status.Phase, "") == v1.PhaseRunning
+	})
+	kubectl(t, "cordon", node)
+	newTask(t, ns, "after", countingCommand("true"))
+	waiting := waitTask(t, ns, "after", "waiting for the cordoned node", time.Minute, func(bt *v1.BashTask) bool {
+		c := meta.FindStatusCondition(bt.Status.Conditions, v1.ConditionScheduled)
+		return c != nil && c.Reason == controllers.ReasonNodeUnschedulable
+	})
+	if c := meta.FindStatusCondition(waiting.Status.Conditions, v1.ConditionScheduled); !strings.Contains(c.Message, "node "+node+" is cordoned") || waiting.Status.NodeName != nil {
+		t.Fatalf("the waiting task: %s", describe(waiting))
+	}
+	if before := waitTask(t, ns, "before", "present", time.Minute, func(*v1.BashTask) bool { return true }); ptr.Deref(before.Status.Reason, "") != "" {
+		t.Fatalf("the first task ended before the cordon was seen, which checks nothing: %s", describe(before))
+	}
+	done := waitTerminal(t, ns, []string{"before"}, time.Minute)["before"]
+	if ptr.Deref(done.Status.Reason, "") != v1.ReasonSucceeded {
+		t.Errorf("the task that ran before the cordon: %s", describe(done))
+	}
+	if n := countRuns(t)[string(waiting.UID)]; n != 0 {
+		t.Fatalf("the task ran on the cordoned node %d times", n)
+	}
+	agentPod(t) // the agent still runs on the cordoned node
+
+	kubectl(t, "uncordon", node)
+	got := waitTerminal(t, ns, []string{"after"}, time.Minute)["after"]
+	if ptr.Deref(got.Status.Reason, "") != v1.ReasonSucceeded || ptr.Deref(got.Status.NodeName, "") != node {
+		t.Errorf("after uncordon: %s", describe(got))
+	}
 }
 
 // TestControllerPodDeleted: deleting the controller's pod while 20 tasks

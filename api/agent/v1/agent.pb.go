@@ -681,7 +681,10 @@ type TaskSpec struct {
 	// root; an absolute path is taken with the root as "/") and cannot leave
 	// it; network and ephemeral_storage_bytes must be unset. A workspace the
 	// agent does not hold ends the task StartFailed naming it.
-	Workspace     *WorkspaceRef `protobuf:"bytes,12,opt,name=workspace,proto3" json:"workspace,omitempty"`
+	Workspace *WorkspaceRef `protobuf:"bytes,12,opt,name=workspace,proto3" json:"workspace,omitempty"`
+	// stdin_stream, when set, makes standard input a pipe fed by WriteStdin;
+	// exclusive with stdin.
+	StdinStream   *StdinStream `protobuf:"bytes,13,opt,name=stdin_stream,json=stdinStream,proto3" json:"stdin_stream,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -800,6 +803,13 @@ func (x *TaskSpec) GetWorkspace() *WorkspaceRef {
 	return nil
 }
 
+func (x *TaskSpec) GetStdinStream() *StdinStream {
+	if x != nil {
+		return x.StdinStream
+	}
+	return nil
+}
+
 // Spill describes a stream's spill file and its upload.
 type Spill struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -907,7 +917,14 @@ type StreamStatus struct {
 	// stream went past its spill limit.
 	Sha256 string `protobuf:"bytes,5,opt,name=sha256,proto3" json:"sha256,omitempty"`
 	// spill describes the spill file; absent while the task runs.
-	Spill         *Spill `protobuf:"bytes,6,opt,name=spill,proto3" json:"spill,omitempty"`
+	Spill *Spill `protobuf:"bytes,6,opt,name=spill,proto3" json:"spill,omitempty"`
+	// kept_bytes is how many bytes from the stream's start are in the bucket
+	// as immutable parts uploaded while the task ran (docs/output.md, keys
+	// <namespace>/<name>/<uid>/<stream>.parts/<16-digit start offset>): the
+	// bytes [0, kept_bytes) survive the loss of the node. 0 when no part
+	// was uploaded (upload policy NEVER, a stream no longer than the tail,
+	// or a bucket that failed every part so far).
+	KeptBytes     int64 `protobuf:"varint,7,opt,name=kept_bytes,json=keptBytes,proto3" json:"kept_bytes,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -984,6 +1001,13 @@ func (x *StreamStatus) GetSpill() *Spill {
 	return nil
 }
 
+func (x *StreamStatus) GetKeptBytes() int64 {
+	if x != nil {
+		return x.KeptBytes
+	}
+	return 0
+}
+
 // TaskStatus is everything the agent knows about a task.
 type TaskStatus struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1030,7 +1054,10 @@ type TaskStatus struct {
 	Isolation *TaskIsolation `protobuf:"bytes,17,opt,name=isolation,proto3" json:"isolation,omitempty"`
 	// working_dir is the directory the shell started in, as the task saw
 	// it; set for a task of a workspace.
-	WorkingDir    string `protobuf:"bytes,18,opt,name=working_dir,json=workingDir,proto3" json:"working_dir,omitempty"`
+	WorkingDir string `protobuf:"bytes,18,opt,name=working_dir,json=workingDir,proto3" json:"working_dir,omitempty"`
+	// stdin is the state of a streamed standard input (TaskSpec.stdin_stream);
+	// absent for other tasks.
+	Stdin         *StdinState `protobuf:"bytes,19,opt,name=stdin,proto3" json:"stdin,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1189,6 +1216,13 @@ func (x *TaskStatus) GetWorkingDir() string {
 		return x.WorkingDir
 	}
 	return ""
+}
+
+func (x *TaskStatus) GetStdin() *StdinState {
+	if x != nil {
+		return x.Stdin
+	}
+	return nil
 }
 
 // TaskIsolation is what isolation a task got on its node.
@@ -2522,7 +2556,7 @@ var File_agent_proto protoreflect.FileDescriptor
 
 const file_agent_proto_rawDesc = "" +
 	"\n" +
-	"\vagent.proto\x12\x11bashtask.agent.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\vfence.proto\x1a\x0fworkspace.proto\"M\n" +
+	"\vagent.proto\x12\x11bashtask.agent.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\vfence.proto\x1a\vstdin.proto\x1a\x0fworkspace.proto\"M\n" +
 	"\aTaskRef\x12\x1c\n" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x10\n" +
@@ -2542,7 +2576,7 @@ const file_agent_proto_rawDesc = "" +
 	"\n" +
 	"cpu_millis\x18\x02 \x01(\x03R\tcpuMillis\x12\x12\n" +
 	"\x04pids\x18\x03 \x01(\x03R\x04pids\x126\n" +
-	"\x17ephemeral_storage_bytes\x18\x04 \x01(\x03R\x15ephemeralStorageBytes\"\xcb\x04\n" +
+	"\x17ephemeral_storage_bytes\x18\x04 \x01(\x03R\x15ephemeralStorageBytes\"\x8e\x05\n" +
 	"\bTaskSpec\x12,\n" +
 	"\x03ref\x18\x01 \x01(\v2\x1a.bashtask.agent.v1.TaskRefR\x03ref\x12\x18\n" +
 	"\acommand\x18\x02 \x01(\tR\acommand\x12.\n" +
@@ -2559,14 +2593,15 @@ const file_agent_proto_rawDesc = "" +
 	"\tresources\x18\n" +
 	" \x01(\v2\x1c.bashtask.agent.v1.ResourcesR\tresources\x12\x18\n" +
 	"\anetwork\x18\v \x01(\tR\anetwork\x12=\n" +
-	"\tworkspace\x18\f \x01(\v2\x1f.bashtask.agent.v1.WorkspaceRefR\tworkspace\"\xda\x01\n" +
+	"\tworkspace\x18\f \x01(\v2\x1f.bashtask.agent.v1.WorkspaceRefR\tworkspace\x12A\n" +
+	"\fstdin_stream\x18\r \x01(\v2\x1e.bashtask.agent.v1.StdinStreamR\vstdinStream\"\xda\x01\n" +
 	"\x05Spill\x12\x10\n" +
 	"\x03url\x18\x01 \x01(\tR\x03url\x12\x14\n" +
 	"\x05bytes\x18\x02 \x01(\x03R\x05bytes\x12\x1a\n" +
 	"\bcomplete\x18\x03 \x01(\bR\bcomplete\x12A\n" +
 	"\fupload_state\x18\x04 \x01(\x0e2\x1e.bashtask.agent.v1.UploadStateR\vuploadState\x12'\n" +
 	"\x0fupload_attempts\x18\x05 \x01(\x05R\x0euploadAttempts\x12!\n" +
-	"\fupload_error\x18\x06 \x01(\tR\vuploadError\"\xc7\x01\n" +
+	"\fupload_error\x18\x06 \x01(\tR\vuploadError\"\xe6\x01\n" +
 	"\fStreamStatus\x12\x12\n" +
 	"\x04tail\x18\x01 \x01(\tR\x04tail\x12\x1f\n" +
 	"\vtotal_bytes\x18\x02 \x01(\x03R\n" +
@@ -2574,7 +2609,9 @@ const file_agent_proto_rawDesc = "" +
 	"\ttruncated\x18\x03 \x01(\bR\ttruncated\x12\x1c\n" +
 	"\tsanitized\x18\x04 \x01(\bR\tsanitized\x12\x16\n" +
 	"\x06sha256\x18\x05 \x01(\tR\x06sha256\x12.\n" +
-	"\x05spill\x18\x06 \x01(\v2\x18.bashtask.agent.v1.SpillR\x05spill\"\x98\x06\n" +
+	"\x05spill\x18\x06 \x01(\v2\x18.bashtask.agent.v1.SpillR\x05spill\x12\x1d\n" +
+	"\n" +
+	"kept_bytes\x18\a \x01(\x03R\tkeptBytes\"\xcd\x06\n" +
 	"\n" +
 	"TaskStatus\x12,\n" +
 	"\x03ref\x18\x01 \x01(\v2\x1a.bashtask.agent.v1.TaskRefR\x03ref\x122\n" +
@@ -2598,7 +2635,8 @@ const file_agent_proto_rawDesc = "" +
 	"\x10forget_requested\x18\x10 \x01(\bR\x0fforgetRequested\x12>\n" +
 	"\tisolation\x18\x11 \x01(\v2 .bashtask.agent.v1.TaskIsolationR\tisolation\x12\x1f\n" +
 	"\vworking_dir\x18\x12 \x01(\tR\n" +
-	"workingDir\"\xdd\x01\n" +
+	"workingDir\x123\n" +
+	"\x05stdin\x18\x13 \x01(\v2\x1d.bashtask.agent.v1.StdinStateR\x05stdin\"\xdd\x01\n" +
 	"\rTaskIsolation\x12\x14\n" +
 	"\x05level\x18\x01 \x01(\tR\x05level\x12\x17\n" +
 	"\x04user\x18\x02 \x01(\rH\x00R\x04user\x88\x01\x01\x12\x1e\n" +
@@ -2718,7 +2756,7 @@ const file_agent_proto_rawDesc = "" +
 	"\fOutputStream\x12\x1d\n" +
 	"\x19OUTPUT_STREAM_UNSPECIFIED\x10\x00\x12\x18\n" +
 	"\x14OUTPUT_STREAM_STDOUT\x10\x01\x12\x18\n" +
-	"\x14OUTPUT_STREAM_STDERR\x10\x022\xa7\x04\n" +
+	"\x14OUTPUT_STREAM_STDERR\x10\x022\x82\x05\n" +
 	"\bExecutor\x12J\n" +
 	"\x05Start\x12\x1f.bashtask.agent.v1.StartRequest\x1a .bashtask.agent.v1.StartResponse\x12M\n" +
 	"\x06Cancel\x12 .bashtask.agent.v1.CancelRequest\x1a!.bashtask.agent.v1.CancelResponse\x12D\n" +
@@ -2727,7 +2765,9 @@ const file_agent_proto_rawDesc = "" +
 	"\x06Forget\x12 .bashtask.agent.v1.ForgetRequest\x1a!.bashtask.agent.v1.ForgetResponse\x12L\n" +
 	"\x05Watch\x12\x1f.bashtask.agent.v1.WatchRequest\x1a .bashtask.agent.v1.WatchResponse0\x01\x12T\n" +
 	"\n" +
-	"ReadOutput\x12$.bashtask.agent.v1.ReadOutputRequest\x1a\x1e.bashtask.agent.v1.OutputChunk0\x01B<Z:github.com/bashtask/bashtask-operator/api/agent/v1;agentv1b\x06proto3"
+	"ReadOutput\x12$.bashtask.agent.v1.ReadOutputRequest\x1a\x1e.bashtask.agent.v1.OutputChunk0\x01\x12Y\n" +
+	"\n" +
+	"WriteStdin\x12$.bashtask.agent.v1.WriteStdinRequest\x1a%.bashtask.agent.v1.WriteStdinResponseB<Z:github.com/bashtask/bashtask-operator/api/agent/v1;agentv1b\x06proto3"
 
 var (
 	file_agent_proto_rawDescOnce sync.Once
@@ -2779,8 +2819,12 @@ var file_agent_proto_goTypes = []any{
 	(*OutputChunk)(nil),           // 32: bashtask.agent.v1.OutputChunk
 	(*durationpb.Duration)(nil),   // 33: google.protobuf.Duration
 	(*WorkspaceRef)(nil),          // 34: bashtask.agent.v1.WorkspaceRef
-	(*timestamppb.Timestamp)(nil), // 35: google.protobuf.Timestamp
-	(*Fence)(nil),                 // 36: bashtask.agent.v1.Fence
+	(*StdinStream)(nil),           // 35: bashtask.agent.v1.StdinStream
+	(*timestamppb.Timestamp)(nil), // 36: google.protobuf.Timestamp
+	(*StdinState)(nil),            // 37: bashtask.agent.v1.StdinState
+	(*Fence)(nil),                 // 38: bashtask.agent.v1.Fence
+	(*WriteStdinRequest)(nil),     // 39: bashtask.agent.v1.WriteStdinRequest
+	(*WriteStdinResponse)(nil),    // 40: bashtask.agent.v1.WriteStdinResponse
 }
 var file_agent_proto_depIdxs = []int32{
 	0,  // 0: bashtask.agent.v1.OutputSettings.upload:type_name -> bashtask.agent.v1.UploadPolicy
@@ -2793,51 +2837,55 @@ var file_agent_proto_depIdxs = []int32{
 	8,  // 7: bashtask.agent.v1.TaskSpec.output:type_name -> bashtask.agent.v1.OutputSettings
 	9,  // 8: bashtask.agent.v1.TaskSpec.resources:type_name -> bashtask.agent.v1.Resources
 	34, // 9: bashtask.agent.v1.TaskSpec.workspace:type_name -> bashtask.agent.v1.WorkspaceRef
-	2,  // 10: bashtask.agent.v1.Spill.upload_state:type_name -> bashtask.agent.v1.UploadState
-	11, // 11: bashtask.agent.v1.StreamStatus.spill:type_name -> bashtask.agent.v1.Spill
-	5,  // 12: bashtask.agent.v1.TaskStatus.ref:type_name -> bashtask.agent.v1.TaskRef
-	1,  // 13: bashtask.agent.v1.TaskStatus.state:type_name -> bashtask.agent.v1.TaskState
-	35, // 14: bashtask.agent.v1.TaskStatus.start_time:type_name -> google.protobuf.Timestamp
-	35, // 15: bashtask.agent.v1.TaskStatus.completion_time:type_name -> google.protobuf.Timestamp
-	12, // 16: bashtask.agent.v1.TaskStatus.stdout:type_name -> bashtask.agent.v1.StreamStatus
-	12, // 17: bashtask.agent.v1.TaskStatus.stderr:type_name -> bashtask.agent.v1.StreamStatus
-	14, // 18: bashtask.agent.v1.TaskStatus.isolation:type_name -> bashtask.agent.v1.TaskIsolation
-	10, // 19: bashtask.agent.v1.StartRequest.spec:type_name -> bashtask.agent.v1.TaskSpec
-	36, // 20: bashtask.agent.v1.StartRequest.fence:type_name -> bashtask.agent.v1.Fence
-	13, // 21: bashtask.agent.v1.StartResponse.status:type_name -> bashtask.agent.v1.TaskStatus
-	36, // 22: bashtask.agent.v1.CancelRequest.fence:type_name -> bashtask.agent.v1.Fence
-	13, // 23: bashtask.agent.v1.CancelResponse.status:type_name -> bashtask.agent.v1.TaskStatus
-	13, // 24: bashtask.agent.v1.GetResponse.status:type_name -> bashtask.agent.v1.TaskStatus
-	13, // 25: bashtask.agent.v1.ListResponse.tasks:type_name -> bashtask.agent.v1.TaskStatus
-	36, // 26: bashtask.agent.v1.WatchRequest.fence:type_name -> bashtask.agent.v1.Fence
-	26, // 27: bashtask.agent.v1.AgentInfo.readiness:type_name -> bashtask.agent.v1.Readiness
-	36, // 28: bashtask.agent.v1.AgentInfo.fence:type_name -> bashtask.agent.v1.Fence
-	3,  // 29: bashtask.agent.v1.TaskEvent.type:type_name -> bashtask.agent.v1.EventType
-	13, // 30: bashtask.agent.v1.TaskEvent.status:type_name -> bashtask.agent.v1.TaskStatus
-	27, // 31: bashtask.agent.v1.WatchResponse.agent:type_name -> bashtask.agent.v1.AgentInfo
-	28, // 32: bashtask.agent.v1.WatchResponse.task:type_name -> bashtask.agent.v1.TaskEvent
-	4,  // 33: bashtask.agent.v1.ReadOutputRequest.stream:type_name -> bashtask.agent.v1.OutputStream
-	31, // 34: bashtask.agent.v1.OutputChunk.header:type_name -> bashtask.agent.v1.OutputState
-	31, // 35: bashtask.agent.v1.OutputChunk.end:type_name -> bashtask.agent.v1.OutputState
-	15, // 36: bashtask.agent.v1.Executor.Start:input_type -> bashtask.agent.v1.StartRequest
-	17, // 37: bashtask.agent.v1.Executor.Cancel:input_type -> bashtask.agent.v1.CancelRequest
-	19, // 38: bashtask.agent.v1.Executor.Get:input_type -> bashtask.agent.v1.GetRequest
-	21, // 39: bashtask.agent.v1.Executor.List:input_type -> bashtask.agent.v1.ListRequest
-	23, // 40: bashtask.agent.v1.Executor.Forget:input_type -> bashtask.agent.v1.ForgetRequest
-	25, // 41: bashtask.agent.v1.Executor.Watch:input_type -> bashtask.agent.v1.WatchRequest
-	30, // 42: bashtask.agent.v1.Executor.ReadOutput:input_type -> bashtask.agent.v1.ReadOutputRequest
-	16, // 43: bashtask.agent.v1.Executor.Start:output_type -> bashtask.agent.v1.StartResponse
-	18, // 44: bashtask.agent.v1.Executor.Cancel:output_type -> bashtask.agent.v1.CancelResponse
-	20, // 45: bashtask.agent.v1.Executor.Get:output_type -> bashtask.agent.v1.GetResponse
-	22, // 46: bashtask.agent.v1.Executor.List:output_type -> bashtask.agent.v1.ListResponse
-	24, // 47: bashtask.agent.v1.Executor.Forget:output_type -> bashtask.agent.v1.ForgetResponse
-	29, // 48: bashtask.agent.v1.Executor.Watch:output_type -> bashtask.agent.v1.WatchResponse
-	32, // 49: bashtask.agent.v1.Executor.ReadOutput:output_type -> bashtask.agent.v1.OutputChunk
-	43, // [43:50] is the sub-list for method output_type
-	36, // [36:43] is the sub-list for method input_type
-	36, // [36:36] is the sub-list for extension type_name
-	36, // [36:36] is the sub-list for extension extendee
-	0,  // [0:36] is the sub-list for field type_name
+	35, // 10: bashtask.agent.v1.TaskSpec.stdin_stream:type_name -> bashtask.agent.v1.StdinStream
+	2,  // 11: bashtask.agent.v1.Spill.upload_state:type_name -> bashtask.agent.v1.UploadState
+	11, // 12: bashtask.agent.v1.StreamStatus.spill:type_name -> bashtask.agent.v1.Spill
+	5,  // 13: bashtask.agent.v1.TaskStatus.ref:type_name -> bashtask.agent.v1.TaskRef
+	1,  // 14: bashtask.agent.v1.TaskStatus.state:type_name -> bashtask.agent.v1.TaskState
+	36, // 15: bashtask.agent.v1.TaskStatus.start_time:type_name -> google.protobuf.Timestamp
+	36, // 16: bashtask.agent.v1.TaskStatus.completion_time:type_name -> google.protobuf.Timestamp
+	12, // 17: bashtask.agent.v1.TaskStatus.stdout:type_name -> bashtask.agent.v1.StreamStatus
+	12, // 18: bashtask.agent.v1.TaskStatus.stderr:type_name -> bashtask.agent.v1.StreamStatus
+	14, // 19: bashtask.agent.v1.TaskStatus.isolation:type_name -> bashtask.agent.v1.TaskIsolation
+	37, // 20: bashtask.agent.v1.TaskStatus.stdin:type_name -> bashtask.agent.v1.StdinState
+	10, // 21: bashtask.agent.v1.StartRequest.spec:type_name -> bashtask.agent.v1.TaskSpec
+	38, // 22: bashtask.agent.v1.StartRequest.fence:type_name -> bashtask.agent.v1.Fence
+	13, // 23: bashtask.agent.v1.StartResponse.status:type_name -> bashtask.agent.v1.TaskStatus
+	38, // 24: bashtask.agent.v1.CancelRequest.fence:type_name -> bashtask.agent.v1.Fence
+	13, // 25: bashtask.agent.v1.CancelResponse.status:type_name -> bashtask.agent.v1.TaskStatus
+	13, // 26: bashtask.agent.v1.GetResponse.status:type_name -> bashtask.agent.v1.TaskStatus
+	13, // 27: bashtask.agent.v1.ListResponse.tasks:type_name -> bashtask.agent.v1.TaskStatus
+	38, // 28: bashtask.agent.v1.WatchRequest.fence:type_name -> bashtask.agent.v1.Fence
+	26, // 29: bashtask.agent.v1.AgentInfo.readiness:type_name -> bashtask.agent.v1.Readiness
+	38, // 30: bashtask.agent.v1.AgentInfo.fence:type_name -> bashtask.agent.v1.Fence
+	3,  // 31: bashtask.agent.v1.TaskEvent.type:type_name -> bashtask.agent.v1.EventType
+	13, // 32: bashtask.agent.v1.TaskEvent.status:type_name -> bashtask.agent.v1.TaskStatus
+	27, // 33: bashtask.agent.v1.WatchResponse.agent:type_name -> bashtask.agent.v1.AgentInfo
+	28, // 34: bashtask.agent.v1.WatchResponse.task:type_name -> bashtask.agent.v1.TaskEvent
+	4,  // 35: bashtask.agent.v1.ReadOutputRequest.stream:type_name -> bashtask.agent.v1.OutputStream
+	31, // 36: bashtask.agent.v1.OutputChunk.header:type_name -> bashtask.agent.v1.OutputState
+	31, // 37: bashtask.agent.v1.OutputChunk.end:type_name -> bashtask.agent.v1.OutputState
+	15, // 38: bashtask.agent.v1.Executor.Start:input_type -> bashtask.agent.v1.StartRequest
+	17, // 39: bashtask.agent.v1.Executor.Cancel:input_type -> bashtask.agent.v1.CancelRequest
+	19, // 40: bashtask.agent.v1.Executor.Get:input_type -> bashtask.agent.v1.GetRequest
+	21, // 41: bashtask.agent.v1.Executor.List:input_type -> bashtask.agent.v1.ListRequest
+	23, // 42: bashtask.agent.v1.Executor.Forget:input_type -> bashtask.agent.v1.ForgetRequest
+	25, // 43: bashtask.agent.v1.Executor.Watch:input_type -> bashtask.agent.v1.WatchRequest
+	30, // 44: bashtask.agent.v1.Executor.ReadOutput:input_type -> bashtask.agent.v1.ReadOutputRequest
+	39, // 45: bashtask.agent.v1.Executor.WriteStdin:input_type -> bashtask.agent.v1.WriteStdinRequest
+	16, // 46: bashtask.agent.v1.Executor.Start:output_type -> bashtask.agent.v1.StartResponse
+	18, // 47: bashtask.agent.v1.Executor.Cancel:output_type -> bashtask.agent.v1.CancelResponse
+	20, // 48: bashtask.agent.v1.Executor.Get:output_type -> bashtask.agent.v1.GetResponse
+	22, // 49: bashtask.agent.v1.Executor.List:output_type -> bashtask.agent.v1.ListResponse
+	24, // 50: bashtask.agent.v1.Executor.Forget:output_type -> bashtask.agent.v1.ForgetResponse
+	29, // 51: bashtask.agent.v1.Executor.Watch:output_type -> bashtask.agent.v1.WatchResponse
+	32, // 52: bashtask.agent.v1.Executor.ReadOutput:output_type -> bashtask.agent.v1.OutputChunk
+	40, // 53: bashtask.agent.v1.Executor.WriteStdin:output_type -> bashtask.agent.v1.WriteStdinResponse
+	46, // [46:54] is the sub-list for method output_type
+	38, // [38:46] is the sub-list for method input_type
+	38, // [38:38] is the sub-list for extension type_name
+	38, // [38:38] is the sub-list for extension extendee
+	0,  // [0:38] is the sub-list for field type_name
 }
 
 func init() { file_agent_proto_init() }
@@ -2846,6 +2894,7 @@ func file_agent_proto_init() {
 		return
 	}
 	file_fence_proto_init()
+	file_stdin_proto_init()
 	file_workspace_proto_init()
 	file_agent_proto_msgTypes[9].OneofWrappers = []any{}
 	file_agent_proto_msgTypes[24].OneofWrappers = []any{

@@ -33,6 +33,7 @@ const (
 	Executor_Forget_FullMethodName     = "/bashtask.agent.v1.Executor/Forget"
 	Executor_Watch_FullMethodName      = "/bashtask.agent.v1.Executor/Watch"
 	Executor_ReadOutput_FullMethodName = "/bashtask.agent.v1.Executor/ReadOutput"
+	Executor_WriteStdin_FullMethodName = "/bashtask.agent.v1.Executor/WriteStdin"
 )
 
 // ExecutorClient is the client API for Executor service.
@@ -94,6 +95,18 @@ type ExecutorClient interface {
 	// bucket instead (see ReadOutputRequest). It takes no fence: it changes
 	// nothing.
 	ReadOutput(ctx context.Context, in *ReadOutputRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[OutputChunk], error)
+	// WriteStdin appends bytes to a task's streamed standard input
+	// (TaskSpec.stdin_stream; docs/stdin.md), exactly once by input offset,
+	// and closes it on request. It waits while the agent's buffer for the
+	// task is full (the command does not read: back-pressure) and while the
+	// task is starting. NOT_FOUND for an unknown UID; FAILED_PRECONDITION,
+	// naming stdin_stream, for a task whose input is not streamed, and,
+	// with a StdinState detail whose task_finished is set, for a task that
+	// has ended; OUT_OF_RANGE, naming offset and accepted_bytes, for an
+	// offset past the bytes accepted; ABORTED, with a StdinState detail, for
+	// new bytes after the input was closed. No fence: the output API calls
+	// it from every controller replica, and it only feeds a running task.
+	WriteStdin(ctx context.Context, in *WriteStdinRequest, opts ...grpc.CallOption) (*WriteStdinResponse, error)
 }
 
 type executorClient struct {
@@ -192,6 +205,16 @@ func (c *executorClient) ReadOutput(ctx context.Context, in *ReadOutputRequest, 
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type Executor_ReadOutputClient = grpc.ServerStreamingClient[OutputChunk]
 
+func (c *executorClient) WriteStdin(ctx context.Context, in *WriteStdinRequest, opts ...grpc.CallOption) (*WriteStdinResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(WriteStdinResponse)
+	err := c.cc.Invoke(ctx, Executor_WriteStdin_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // ExecutorServer is the server API for Executor service.
 // All implementations must embed UnimplementedExecutorServer
 // for forward compatibility.
@@ -251,6 +274,18 @@ type ExecutorServer interface {
 	// bucket instead (see ReadOutputRequest). It takes no fence: it changes
 	// nothing.
 	ReadOutput(*ReadOutputRequest, grpc.ServerStreamingServer[OutputChunk]) error
+	// WriteStdin appends bytes to a task's streamed standard input
+	// (TaskSpec.stdin_stream; docs/stdin.md), exactly once by input offset,
+	// and closes it on request. It waits while the agent's buffer for the
+	// task is full (the command does not read: back-pressure) and while the
+	// task is starting. NOT_FOUND for an unknown UID; FAILED_PRECONDITION,
+	// naming stdin_stream, for a task whose input is not streamed, and,
+	// with a StdinState detail whose task_finished is set, for a task that
+	// has ended; OUT_OF_RANGE, naming offset and accepted_bytes, for an
+	// offset past the bytes accepted; ABORTED, with a StdinState detail, for
+	// new bytes after the input was closed. No fence: the output API calls
+	// it from every controller replica, and it only feeds a running task.
+	WriteStdin(context.Context, *WriteStdinRequest) (*WriteStdinResponse, error)
 	mustEmbedUnimplementedExecutorServer()
 }
 
@@ -281,6 +316,9 @@ func (UnimplementedExecutorServer) Watch(*WatchRequest, grpc.ServerStreamingServ
 }
 func (UnimplementedExecutorServer) ReadOutput(*ReadOutputRequest, grpc.ServerStreamingServer[OutputChunk]) error {
 	return status.Error(codes.Unimplemented, "method ReadOutput not implemented")
+}
+func (UnimplementedExecutorServer) WriteStdin(context.Context, *WriteStdinRequest) (*WriteStdinResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method WriteStdin not implemented")
 }
 func (UnimplementedExecutorServer) mustEmbedUnimplementedExecutorServer() {}
 func (UnimplementedExecutorServer) testEmbeddedByValue()                  {}
@@ -415,6 +453,24 @@ func _Executor_ReadOutput_Handler(srv interface{}, stream grpc.ServerStream) err
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type Executor_ReadOutputServer = grpc.ServerStreamingServer[OutputChunk]
 
+func _Executor_WriteStdin_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(WriteStdinRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ExecutorServer).WriteStdin(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Executor_WriteStdin_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ExecutorServer).WriteStdin(ctx, req.(*WriteStdinRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Executor_ServiceDesc is the grpc.ServiceDesc for Executor service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -441,6 +497,10 @@ var Executor_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Forget",
 			Handler:    _Executor_Forget_Handler,
+		},
+		{
+			MethodName: "WriteStdin",
+			Handler:    _Executor_WriteStdin_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

@@ -39,3 +39,8 @@ func ArgEnvBytes(spec *TaskSpec, shell string) int64 {
 	}
 	return n
 }
+
+// MaxStdinWriteBytes is the most data one WriteStdinRequest carries, 4 MiB
+// (client.StdinRequestBytes, the output API's limit per request): a bulk
+// copy costs few calls, and a request stays far below MaxRequestBytes.
+const MaxStdinWriteBytes = 4 << 20

@@ -38,7 +38,15 @@ type WorkspaceRef struct {
 	Name string `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
 	// uid of the BashWorkspace (metadata.uid): letters, digits, '-', '_'
 	// and '.', 1 to 128 bytes. The agent's key for the workspace.
-	Uid           string `protobuf:"bytes,3,opt,name=uid,proto3" json:"uid,omitempty"`
+	Uid string `protobuf:"bytes,3,opt,name=uid,proto3" json:"uid,omitempty"`
+	// epoch is the workspace's epoch (status.epoch of the BashWorkspace):
+	// it grows by one each time the workspace is made on a node, so at
+	// most one copy is current. An agent holding the workspace at another
+	// epoch refuses a task whose ref names this one (the task ends
+	// StartFailed), and an EnsureWorkspace of it (FAILED_PRECONDITION: the
+	// stale copy is deleted first). 0 means unset (an older controller):
+	// not checked.
+	Epoch         int64 `protobuf:"varint,4,opt,name=epoch,proto3" json:"epoch,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -94,6 +102,13 @@ func (x *WorkspaceRef) GetUid() string {
 	return ""
 }
 
+func (x *WorkspaceRef) GetEpoch() int64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
 // WorkspaceSpec is what the agent needs to make a workspace.
 type WorkspaceSpec struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -117,7 +132,12 @@ type WorkspaceSpec struct {
 	CarryEnv bool `protobuf:"varint,5,opt,name=carry_env,json=carryEnv,proto3" json:"carry_env,omitempty"`
 	// owner is the workspace's owner (spec.owner), recorded for
 	// diagnostics; the controller enforces the match.
-	Owner         string `protobuf:"bytes,6,opt,name=owner,proto3" json:"owner,omitempty"`
+	Owner string `protobuf:"bytes,6,opt,name=owner,proto3" json:"owner,omitempty"`
+	// restore_from, when set, fills a new workspace from that snapshot
+	// (read from the agent's bucket and checked against its bytes and
+	// sha256) before EnsureWorkspace returns; the carried state comes with
+	// it. Ignored for a workspace the agent holds already at this epoch.
+	RestoreFrom   *WorkspaceSnapshot `protobuf:"bytes,7,opt,name=restore_from,json=restoreFrom,proto3" json:"restore_from,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -194,6 +214,13 @@ func (x *WorkspaceSpec) GetOwner() string {
 	return ""
 }
 
+func (x *WorkspaceSpec) GetRestoreFrom() *WorkspaceSnapshot {
+	if x != nil {
+		return x.RestoreFrom
+	}
+	return nil
+}
+
 // WorkspaceStatus is a workspace's state on its agent.
 type WorkspaceStatus struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -235,8 +262,13 @@ type WorkspaceStatus struct {
 	// last_task_name and last_task_uid name the task whose end the carried
 	// state (working_dir, the variables) comes from, or whose end did not
 	// carry (carry_message); empty before any task ended.
-	LastTaskName  string `protobuf:"bytes,14,opt,name=last_task_name,json=lastTaskName,proto3" json:"last_task_name,omitempty"`
-	LastTaskUid   string `protobuf:"bytes,15,opt,name=last_task_uid,json=lastTaskUid,proto3" json:"last_task_uid,omitempty"`
+	LastTaskName string `protobuf:"bytes,14,opt,name=last_task_name,json=lastTaskName,proto3" json:"last_task_name,omitempty"`
+	LastTaskUid  string `protobuf:"bytes,15,opt,name=last_task_uid,json=lastTaskUid,proto3" json:"last_task_uid,omitempty"`
+	// epoch is the epoch of this agent's copy (ref.epoch when it was made).
+	Epoch int64 `protobuf:"varint,16,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	// restored_from is the snapshot the copy was made from; absent for a
+	// workspace made empty.
+	RestoredFrom  *WorkspaceSnapshot `protobuf:"bytes,17,opt,name=restored_from,json=restoredFrom,proto3" json:"restored_from,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -374,6 +406,20 @@ func (x *WorkspaceStatus) GetLastTaskUid() string {
 		return x.LastTaskUid
 	}
 	return ""
+}
+
+func (x *WorkspaceStatus) GetEpoch() int64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+func (x *WorkspaceStatus) GetRestoredFrom() *WorkspaceSnapshot {
+	if x != nil {
+		return x.RestoredFrom
+	}
+	return nil
 }
 
 // EnsureWorkspaceRequest asks for a workspace.
@@ -766,18 +812,20 @@ var File_workspace_proto protoreflect.FileDescriptor
 
 const file_workspace_proto_rawDesc = "" +
 	"\n" +
-	"\x0fworkspace.proto\x12\x11bashtask.agent.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\vfence.proto\"R\n" +
+	"\x0fworkspace.proto\x12\x11bashtask.agent.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\vfence.proto\x1a\x0esnapshot.proto\"h\n" +
 	"\fWorkspaceRef\x12\x1c\n" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x10\n" +
-	"\x03uid\x18\x03 \x01(\tR\x03uid\"\xe0\x01\n" +
+	"\x03uid\x18\x03 \x01(\tR\x03uid\x12\x14\n" +
+	"\x05epoch\x18\x04 \x01(\x03R\x05epoch\"\xa9\x02\n" +
 	"\rWorkspaceSpec\x121\n" +
 	"\x03ref\x18\x01 \x01(\v2\x1f.bashtask.agent.v1.WorkspaceRefR\x03ref\x12#\n" +
 	"\rstorage_bytes\x18\x02 \x01(\x03R\fstorageBytes\x12\x18\n" +
 	"\anetwork\x18\x03 \x01(\tR\anetwork\x12*\n" +
 	"\x11carry_working_dir\x18\x04 \x01(\bR\x0fcarryWorkingDir\x12\x1b\n" +
 	"\tcarry_env\x18\x05 \x01(\bR\bcarryEnv\x12\x14\n" +
-	"\x05owner\x18\x06 \x01(\tR\x05owner\"\xdd\x04\n" +
+	"\x05owner\x18\x06 \x01(\tR\x05owner\x12G\n" +
+	"\frestore_from\x18\a \x01(\v2$.bashtask.agent.v1.WorkspaceSnapshotR\vrestoreFrom\"\xbe\x05\n" +
 	"\x0fWorkspaceStatus\x121\n" +
 	"\x03ref\x18\x01 \x01(\v2\x1f.bashtask.agent.v1.WorkspaceRefR\x03ref\x12\x1e\n" +
 	"\vrun_as_user\x18\x02 \x01(\rR\trunAsUser\x12\x12\n" +
@@ -797,7 +845,9 @@ const file_workspace_proto_rawDesc = "" +
 	"createTime\x12&\n" +
 	"\x0fcarry_env_names\x18\r \x03(\tR\rcarryEnvNames\x12$\n" +
 	"\x0elast_task_name\x18\x0e \x01(\tR\flastTaskName\x12\"\n" +
-	"\rlast_task_uid\x18\x0f \x01(\tR\vlastTaskUid\"~\n" +
+	"\rlast_task_uid\x18\x0f \x01(\tR\vlastTaskUid\x12\x14\n" +
+	"\x05epoch\x18\x10 \x01(\x03R\x05epoch\x12I\n" +
+	"\rrestored_from\x18\x11 \x01(\v2$.bashtask.agent.v1.WorkspaceSnapshotR\frestoredFrom\"~\n" +
 	"\x16EnsureWorkspaceRequest\x124\n" +
 	"\x04spec\x18\x01 \x01(\v2 .bashtask.agent.v1.WorkspaceSpecR\x04spec\x12.\n" +
 	"\x05fence\x18\x02 \x01(\v2\x18.bashtask.agent.v1.FenceR\x05fence\"o\n" +
@@ -817,13 +867,14 @@ const file_workspace_proto_rawDesc = "" +
 	"\x03uid\x18\x01 \x01(\tR\x03uid\x12.\n" +
 	"\x05fence\x18\x02 \x01(\v2\x18.bashtask.agent.v1.FenceR\x05fence\"B\n" +
 	"\x17DeleteWorkspaceResponse\x12'\n" +
-	"\x0fcancelled_tasks\x18\x01 \x01(\x05R\x0ecancelledTasks2\xa8\x03\n" +
+	"\x0fcancelled_tasks\x18\x01 \x01(\x05R\x0ecancelledTasks2\x98\x04\n" +
 	"\n" +
 	"Workspaces\x12h\n" +
 	"\x0fEnsureWorkspace\x12).bashtask.agent.v1.EnsureWorkspaceRequest\x1a*.bashtask.agent.v1.EnsureWorkspaceResponse\x12_\n" +
 	"\fGetWorkspace\x12&.bashtask.agent.v1.GetWorkspaceRequest\x1a'.bashtask.agent.v1.GetWorkspaceResponse\x12e\n" +
 	"\x0eListWorkspaces\x12(.bashtask.agent.v1.ListWorkspacesRequest\x1a).bashtask.agent.v1.ListWorkspacesResponse\x12h\n" +
-	"\x0fDeleteWorkspace\x12).bashtask.agent.v1.DeleteWorkspaceRequest\x1a*.bashtask.agent.v1.DeleteWorkspaceResponseB<Z:github.com/bashtask/bashtask-operator/api/agent/v1;agentv1b\x06proto3"
+	"\x0fDeleteWorkspace\x12).bashtask.agent.v1.DeleteWorkspaceRequest\x1a*.bashtask.agent.v1.DeleteWorkspaceResponse\x12n\n" +
+	"\x11SnapshotWorkspace\x12+.bashtask.agent.v1.SnapshotWorkspaceRequest\x1a,.bashtask.agent.v1.SnapshotWorkspaceResponseB<Z:github.com/bashtask/bashtask-operator/api/agent/v1;agentv1b\x06proto3"
 
 var (
 	file_workspace_proto_rawDescOnce sync.Once
@@ -839,44 +890,51 @@ func file_workspace_proto_rawDescGZIP() []byte {
 
 var file_workspace_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
 var file_workspace_proto_goTypes = []any{
-	(*WorkspaceRef)(nil),            // 0: bashtask.agent.v1.WorkspaceRef
-	(*WorkspaceSpec)(nil),           // 1: bashtask.agent.v1.WorkspaceSpec
-	(*WorkspaceStatus)(nil),         // 2: bashtask.agent.v1.WorkspaceStatus
-	(*EnsureWorkspaceRequest)(nil),  // 3: bashtask.agent.v1.EnsureWorkspaceRequest
-	(*EnsureWorkspaceResponse)(nil), // 4: bashtask.agent.v1.EnsureWorkspaceResponse
-	(*GetWorkspaceRequest)(nil),     // 5: bashtask.agent.v1.GetWorkspaceRequest
-	(*GetWorkspaceResponse)(nil),    // 6: bashtask.agent.v1.GetWorkspaceResponse
-	(*ListWorkspacesRequest)(nil),   // 7: bashtask.agent.v1.ListWorkspacesRequest
-	(*ListWorkspacesResponse)(nil),  // 8: bashtask.agent.v1.ListWorkspacesResponse
-	(*DeleteWorkspaceRequest)(nil),  // 9: bashtask.agent.v1.DeleteWorkspaceRequest
-	(*DeleteWorkspaceResponse)(nil), // 10: bashtask.agent.v1.DeleteWorkspaceResponse
-	(*timestamppb.Timestamp)(nil),   // 11: google.protobuf.Timestamp
-	(*Fence)(nil),                   // 12: bashtask.agent.v1.Fence
+	(*WorkspaceRef)(nil),              // 0: bashtask.agent.v1.WorkspaceRef
+	(*WorkspaceSpec)(nil),             // 1: bashtask.agent.v1.WorkspaceSpec
+	(*WorkspaceStatus)(nil),           // 2: bashtask.agent.v1.WorkspaceStatus
+	(*EnsureWorkspaceRequest)(nil),    // 3: bashtask.agent.v1.EnsureWorkspaceRequest
+	(*EnsureWorkspaceResponse)(nil),   // 4: bashtask.agent.v1.EnsureWorkspaceResponse
+	(*GetWorkspaceRequest)(nil),       // 5: bashtask.agent.v1.GetWorkspaceRequest
+	(*GetWorkspaceResponse)(nil),      // 6: bashtask.agent.v1.GetWorkspaceResponse
+	(*ListWorkspacesRequest)(nil),     // 7: bashtask.agent.v1.ListWorkspacesRequest
+	(*ListWorkspacesResponse)(nil),    // 8: bashtask.agent.v1.ListWorkspacesResponse
+	(*DeleteWorkspaceRequest)(nil),    // 9: bashtask.agent.v1.DeleteWorkspaceRequest
+	(*DeleteWorkspaceResponse)(nil),   // 10: bashtask.agent.v1.DeleteWorkspaceResponse
+	(*WorkspaceSnapshot)(nil),         // 11: bashtask.agent.v1.WorkspaceSnapshot
+	(*timestamppb.Timestamp)(nil),     // 12: google.protobuf.Timestamp
+	(*Fence)(nil),                     // 13: bashtask.agent.v1.Fence
+	(*SnapshotWorkspaceRequest)(nil),  // 14: bashtask.agent.v1.SnapshotWorkspaceRequest
+	(*SnapshotWorkspaceResponse)(nil), // 15: bashtask.agent.v1.SnapshotWorkspaceResponse
 }
 var file_workspace_proto_depIdxs = []int32{
 	0,  // 0: bashtask.agent.v1.WorkspaceSpec.ref:type_name -> bashtask.agent.v1.WorkspaceRef
-	0,  // 1: bashtask.agent.v1.WorkspaceStatus.ref:type_name -> bashtask.agent.v1.WorkspaceRef
-	11, // 2: bashtask.agent.v1.WorkspaceStatus.last_task_end:type_name -> google.protobuf.Timestamp
-	11, // 3: bashtask.agent.v1.WorkspaceStatus.create_time:type_name -> google.protobuf.Timestamp
-	1,  // 4: bashtask.agent.v1.EnsureWorkspaceRequest.spec:type_name -> bashtask.agent.v1.WorkspaceSpec
-	12, // 5: bashtask.agent.v1.EnsureWorkspaceRequest.fence:type_name -> bashtask.agent.v1.Fence
-	2,  // 6: bashtask.agent.v1.EnsureWorkspaceResponse.status:type_name -> bashtask.agent.v1.WorkspaceStatus
-	2,  // 7: bashtask.agent.v1.GetWorkspaceResponse.status:type_name -> bashtask.agent.v1.WorkspaceStatus
-	2,  // 8: bashtask.agent.v1.ListWorkspacesResponse.workspaces:type_name -> bashtask.agent.v1.WorkspaceStatus
-	12, // 9: bashtask.agent.v1.DeleteWorkspaceRequest.fence:type_name -> bashtask.agent.v1.Fence
-	3,  // 10: bashtask.agent.v1.Workspaces.EnsureWorkspace:input_type -> bashtask.agent.v1.EnsureWorkspaceRequest
-	5,  // 11: bashtask.agent.v1.Workspaces.GetWorkspace:input_type -> bashtask.agent.v1.GetWorkspaceRequest
-	7,  // 12: bashtask.agent.v1.Workspaces.ListWorkspaces:input_type -> bashtask.agent.v1.ListWorkspacesRequest
-	9,  // 13: bashtask.agent.v1.Workspaces.DeleteWorkspace:input_type -> bashtask.agent.v1.DeleteWorkspaceRequest
-	4,  // 14: bashtask.agent.v1.Workspaces.EnsureWorkspace:output_type -> bashtask.agent.v1.EnsureWorkspaceResponse
-	6,  // 15: bashtask.agent.v1.Workspaces.GetWorkspace:output_type -> bashtask.agent.v1.GetWorkspaceResponse
-	8,  // 16: bashtask.agent.v1.Workspaces.ListWorkspaces:output_type -> bashtask.agent.v1.ListWorkspacesResponse
-	10, // 17: bashtask.agent.v1.Workspaces.DeleteWorkspace:output_type -> bashtask.agent.v1.DeleteWorkspaceResponse
-	14, // [14:18] is the sub-list for method output_type
-	10, // [10:14] is the sub-list for method input_type
-	10, // [10:10] is the sub-list for extension type_name
-	10, // [10:10] is the sub-list for extension extendee
-	0,  // [0:10] is the sub-list for field type_name
+	11, // 1: bashtask.agent.v1.WorkspaceSpec.restore_from:type_name -> bashtask.agent.v1.WorkspaceSnapshot
+	0,  // 2: bashtask.agent.v1.WorkspaceStatus.ref:type_name -> bashtask.agent.v1.WorkspaceRef
+	12, // 3: bashtask.agent.v1.WorkspaceStatus.last_task_end:type_name -> google.protobuf.Timestamp
+	12, // 4: bashtask.agent.v1.WorkspaceStatus.create_time:type_name -> google.protobuf.Timestamp
+	11, // 5: bashtask.agent.v1.WorkspaceStatus.restored_from:type_name -> bashtask.agent.v1.WorkspaceSnapshot
+	1,  // 6: bashtask.agent.v1.EnsureWorkspaceRequest.spec:type_name -> bashtask.agent.v1.WorkspaceSpec
+	13, // 7: bashtask.agent.v1.EnsureWorkspaceRequest.fence:type_name -> bashtask.agent.v1.Fence
+	2,  // 8: bashtask.agent.v1.EnsureWorkspaceResponse.status:type_name -> bashtask.agent.v1.WorkspaceStatus
+	2,  // 9: bashtask.agent.v1.GetWorkspaceResponse.status:type_name -> bashtask.agent.v1.WorkspaceStatus
+	2,  // 10: bashtask.agent.v1.ListWorkspacesResponse.workspaces:type_name -> bashtask.agent.v1.WorkspaceStatus
+	13, // 11: bashtask.agent.v1.DeleteWorkspaceRequest.fence:type_name -> bashtask.agent.v1.Fence
+	3,  // 12: bashtask.agent.v1.Workspaces.EnsureWorkspace:input_type -> bashtask.agent.v1.EnsureWorkspaceRequest
+	5,  // 13: bashtask.agent.v1.Workspaces.GetWorkspace:input_type -> bashtask.agent.v1.GetWorkspaceRequest
+	7,  // 14: bashtask.agent.v1.Workspaces.ListWorkspaces:input_type -> bashtask.agent.v1.ListWorkspacesRequest
+	9,  // 15: bashtask.agent.v1.Workspaces.DeleteWorkspace:input_type -> bashtask.agent.v1.DeleteWorkspaceRequest
+	14, // 16: bashtask.agent.v1.Workspaces.SnapshotWorkspace:input_type -> bashtask.agent.v1.SnapshotWorkspaceRequest
+	4,  // 17: bashtask.agent.v1.Workspaces.EnsureWorkspace:output_type -> bashtask.agent.v1.EnsureWorkspaceResponse
+	6,  // 18: bashtask.agent.v1.Workspaces.GetWorkspace:output_type -> bashtask.agent.v1.GetWorkspaceResponse
+	8,  // 19: bashtask.agent.v1.Workspaces.ListWorkspaces:output_type -> bashtask.agent.v1.ListWorkspacesResponse
+	10, // 20: bashtask.agent.v1.Workspaces.DeleteWorkspace:output_type -> bashtask.agent.v1.DeleteWorkspaceResponse
+	15, // 21: bashtask.agent.v1.Workspaces.SnapshotWorkspace:output_type -> bashtask.agent.v1.SnapshotWorkspaceResponse
+	17, // [17:22] is the sub-list for method output_type
+	12, // [12:17] is the sub-list for method input_type
+	12, // [12:12] is the sub-list for extension type_name
+	12, // [12:12] is the sub-list for extension extendee
+	0,  // [0:12] is the sub-list for field type_name
 }
 
 func init() { file_workspace_proto_init() }
@@ -885,6 +943,7 @@ func file_workspace_proto_init() {
 		return
 	}
 	file_fence_proto_init()
+	file_snapshot_proto_init()
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{

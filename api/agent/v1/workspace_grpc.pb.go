@@ -26,10 +26,11 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	Workspaces_EnsureWorkspace_FullMethodName = "/bashtask.agent.v1.Workspaces/EnsureWorkspace"
-	Workspaces_GetWorkspace_FullMethodName    = "/bashtask.agent.v1.Workspaces/GetWorkspace"
-	Workspaces_ListWorkspaces_FullMethodName  = "/bashtask.agent.v1.Workspaces/ListWorkspaces"
-	Workspaces_DeleteWorkspace_FullMethodName = "/bashtask.agent.v1.Workspaces/DeleteWorkspace"
+	Workspaces_EnsureWorkspace_FullMethodName   = "/bashtask.agent.v1.Workspaces/EnsureWorkspace"
+	Workspaces_GetWorkspace_FullMethodName      = "/bashtask.agent.v1.Workspaces/GetWorkspace"
+	Workspaces_ListWorkspaces_FullMethodName    = "/bashtask.agent.v1.Workspaces/ListWorkspaces"
+	Workspaces_DeleteWorkspace_FullMethodName   = "/bashtask.agent.v1.Workspaces/DeleteWorkspace"
+	Workspaces_SnapshotWorkspace_FullMethodName = "/bashtask.agent.v1.Workspaces/SnapshotWorkspace"
 )
 
 // WorkspacesClient is the client API for Workspaces service.
@@ -67,6 +68,17 @@ type WorkspacesClient interface {
 	// that ended keep their status and output until they are forgotten.
 	// FAILED_PRECONDITION for a fence older than the newest seen.
 	DeleteWorkspace(ctx context.Context, in *DeleteWorkspaceRequest, opts ...grpc.CallOption) (*DeleteWorkspaceResponse, error)
+	// SnapshotWorkspace archives the workspace's tree and carried state to
+	// the agent's bucket, without stopping its running tasks (a file they
+	// write meanwhile is captured from some moment during the snapshot;
+	// WorkspaceSnapshot.changed counts them), and returns the object.
+	// NOT_FOUND for a workspace the agent does not hold, FAILED_PRECONDITION
+	// while it is being made or deleted, or for an agent without a bucket;
+	// UNAVAILABLE when the bucket fails (the object is not written; an
+	// earlier snapshot stays as it was); FAILED_PRECONDITION for a fence
+	// older than the newest seen. One snapshot of a workspace at a time: a
+	// second waits for the first.
+	SnapshotWorkspace(ctx context.Context, in *SnapshotWorkspaceRequest, opts ...grpc.CallOption) (*SnapshotWorkspaceResponse, error)
 }
 
 type workspacesClient struct {
@@ -117,6 +129,16 @@ func (c *workspacesClient) DeleteWorkspace(ctx context.Context, in *DeleteWorksp
 	return out, nil
 }
 
+func (c *workspacesClient) SnapshotWorkspace(ctx context.Context, in *SnapshotWorkspaceRequest, opts ...grpc.CallOption) (*SnapshotWorkspaceResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(SnapshotWorkspaceResponse)
+	err := c.cc.Invoke(ctx, Workspaces_SnapshotWorkspace_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // WorkspacesServer is the server API for Workspaces service.
 // All implementations must embed UnimplementedWorkspacesServer
 // for forward compatibility.
@@ -152,6 +174,17 @@ type WorkspacesServer interface {
 	// that ended keep their status and output until they are forgotten.
 	// FAILED_PRECONDITION for a fence older than the newest seen.
 	DeleteWorkspace(context.Context, *DeleteWorkspaceRequest) (*DeleteWorkspaceResponse, error)
+	// SnapshotWorkspace archives the workspace's tree and carried state to
+	// the agent's bucket, without stopping its running tasks (a file they
+	// write meanwhile is captured from some moment during the snapshot;
+	// WorkspaceSnapshot.changed counts them), and returns the object.
+	// NOT_FOUND for a workspace the agent does not hold, FAILED_PRECONDITION
+	// while it is being made or deleted, or for an agent without a bucket;
+	// UNAVAILABLE when the bucket fails (the object is not written; an
+	// earlier snapshot stays as it was); FAILED_PRECONDITION for a fence
+	// older than the newest seen. One snapshot of a workspace at a time: a
+	// second waits for the first.
+	SnapshotWorkspace(context.Context, *SnapshotWorkspaceRequest) (*SnapshotWorkspaceResponse, error)
 	mustEmbedUnimplementedWorkspacesServer()
 }
 
@@ -173,6 +206,9 @@ func (UnimplementedWorkspacesServer) ListWorkspaces(context.Context, *ListWorksp
 }
 func (UnimplementedWorkspacesServer) DeleteWorkspace(context.Context, *DeleteWorkspaceRequest) (*DeleteWorkspaceResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method DeleteWorkspace not implemented")
+}
+func (UnimplementedWorkspacesServer) SnapshotWorkspace(context.Context, *SnapshotWorkspaceRequest) (*SnapshotWorkspaceResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method SnapshotWorkspace not implemented")
 }
 func (UnimplementedWorkspacesServer) mustEmbedUnimplementedWorkspacesServer() {}
 func (UnimplementedWorkspacesServer) testEmbeddedByValue()                    {}
@@ -267,6 +303,24 @@ func _Workspaces_DeleteWorkspace_Handler(srv interface{}, ctx context.Context, d
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Workspaces_SnapshotWorkspace_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(SnapshotWorkspaceRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(WorkspacesServer).SnapshotWorkspace(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Workspaces_SnapshotWorkspace_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(WorkspacesServer).SnapshotWorkspace(ctx, req.(*SnapshotWorkspaceRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Workspaces_ServiceDesc is the grpc.ServiceDesc for Workspaces service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -289,6 +343,10 @@ var Workspaces_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "DeleteWorkspace",
 			Handler:    _Workspaces_DeleteWorkspace_Handler,
+		},
+		{
+			MethodName: "SnapshotWorkspace",
+			Handler:    _Workspaces_SnapshotWorkspace_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

@@ -166,7 +166,7 @@ cluster, user and namespace.
 	}
 	a.flags.AddFlags(root.PersistentFlags())
 	root.AddCommand(a.runCommand(), a.logsCommand(), a.cancelCommand(), a.waitCommand(), a.getCommand(),
-		a.workspaceCommand(), a.shellCommand())
+		a.workspaceCommand(), a.shellCommand(), a.cpCommand())
 	return root
 }
 

@@ -44,6 +44,15 @@ at the first byte it cannot deliver and exits 125 with a message naming the
 offset, why, and how the task ended; --tail-ok accepts the tail kept in
 status instead, after a note, and passes the task's exit code through.
 
+With -i --stream the task gets spec.stdinStream and the local stdin is sent
+while the command runs, through the output API's bashtasks/stdin (create on
+bashtasks/stdin in output.bashtask.dev): whatever a read of the local stdin
+returns is sent at once, so from a terminal each line reaches the command
+when Enter is pressed, and Ctrl-D (EOF) closes the task's stdin. The terminal
+stays in its normal (cooked) mode: the line is edited locally, the command
+has no terminal. An interactive interpreter needs its interactive flag,
+e.g. python3 -i -u.
+
 Ctrl-C requests cancellation of the task (spec.cancelRequested) and keeps
 waiting for it to end; a second Ctrl-C stops waiting.
 
@@ -53,6 +62,9 @@ waiting for it to end; a second Ctrl-C stops waiting.
 
   # Transform local input on a node
   echo '{"a": 1}' | kubectl bashtask run -i -- 'jq .a'
+
+  # An interactive Python on a node, typed at from the local terminal
+  kubectl bashtask run -i --stream -- python3 -i -u
 
   # Environment from a flag and from every key of a Secret
   kubectl bashtask run --env MODE=fast --env-from-secret api-creds -- ./job.sh
@@ -71,6 +83,10 @@ waiting for it to end; a second Ctrl-C stops waiting.
 	}
 	fl := cmd.Flags()
 	fl.BoolVarP(&f.stdin, "stdin", "i", false, "send the local stdin, read to its end, as the task's stdin (at most 262144 bytes of UTF-8)")
+	fl.BoolVar(&f.stream, "stream", false, "with -i: stream the local stdin to the running task as it is read (spec.stdinStream, any bytes, no size limit); "+
+		"EOF on the local stdin (Ctrl-D on a terminal) closes it")
+	fl.DurationVar(&f.stdinIdle, "stdin-idle-timeout", 0, "with --stream: spec.stdinStream.idleTimeoutSeconds, how long the task's stdin stays open without a request "+
+		"(default the API's 60s; the plugin keeps it open while it runs)")
 	fl.StringArrayVar(&f.env, "env", nil, "environment variable NAME=VALUE for the command (repeatable)")
 	fl.StringArrayVar(&f.envFromSecrets, "env-from-secret", nil,
 		"add one variable per key of this Secret, as a reference the controller resolves (repeatable; --env wins, then later Secrets)")
@@ -127,6 +143,11 @@ func (a *app) run(ctx context.Context, f runFlags, timeoutSet bool, args []strin
 		_, err := cancelTask(ctx, c, key)
 		return err
 	}
+	if f.stream {
+		pctx, stopPump := context.WithCancel(ctx)
+		defer stopPump()
+		go a.pumpStdin(pctx, oc, bt)
+	}
 	targets := []streamTarget{{name: "stdout", out: a.opts.IOStreams.Out}, {name: "stderr", out: a.errOut}}
 	final, results, err := a.followOutput(ctx, c, oc, key, a.opts.Interrupts, onInterrupt, targets...)
 	if err != nil {
@@ -161,7 +182,7 @@ func (a *app) run(ctx context.Context, f runFlags, timeoutSet bool, args []strin
 // prepareTask reads stdin and the Secrets' keys and builds the task.
 func (a *app) prepareTask(ctx context.Context, c client.Client, ns string, f runFlags, timeoutSet bool, args []string) (*bashtaskv1alpha1.BashTask, error) {
 	var stdin *string
-	if f.stdin {
+	if f.stdin && !f.stream {
 		s, err := a.readStdinInterruptible(ctx)
 		if err != nil {
 			return nil, err

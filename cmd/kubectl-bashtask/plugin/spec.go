@@ -21,14 +21,19 @@ const (
 	maxEnvNameChars = 1024
 	// maxNameChars is the schema's MaxLength of spec.owner and
 	// spec.nodeName (a node name is a DNS subdomain).
-	maxNameChars       = 253
-	maxTimeoutSeconds  = 604800
-	generateNamePrefix = "run-"
+	maxNameChars      = 253
+	maxTimeoutSeconds = 604800
+	// maxStdinIdleSeconds is the schema's Maximum of
+	// spec.stdinStream.idleTimeoutSeconds (a day).
+	maxStdinIdleSeconds = 86400
+	generateNamePrefix  = "run-"
 )
 
 // runFlags are the flags of run that shape the task.
 type runFlags struct {
 	stdin          bool
+	stream         bool          // --stream: spec.stdinStream, fed live
+	stdinIdle      time.Duration // --stdin-idle-timeout; 0: the API's default
 	env            []string
 	envFromSecrets []string
 	timeout        time.Duration
@@ -158,6 +163,12 @@ func buildTask(ns string, f runFlags, timeoutSet bool, args []string, stdin *str
 	if err := charLimit("--node", "spec.nodeName", f.node); err != nil {
 		return nil, err
 	}
+	if f.stream && !f.stdin {
+		return nil, errors.New("--stream needs -i: it streams the local stdin to the task")
+	}
+	if f.stdinIdle != 0 && !f.stream {
+		return nil, errors.New("--stdin-idle-timeout needs --stream (spec.stdinStream.idleTimeoutSeconds)")
+	}
 	if f.workspace != "" && f.node != "" {
 		return nil, errors.New("--node and --workspace: a task of a workspace runs on the workspace's node; give one of them")
 	}
@@ -175,6 +186,17 @@ func buildTask(ns string, f runFlags, timeoutSet bool, args []string, stdin *str
 			Workspace:  optional(f.workspace),
 			WorkingDir: optional(f.workingDir),
 		},
+	}
+	if f.stream {
+		bt.Spec.Stdin = nil
+		bt.Spec.StdinStream = &bashtaskv1alpha1.StdinStream{}
+		if f.stdinIdle != 0 {
+			secs := (f.stdinIdle + time.Second - 1) / time.Second
+			if f.stdinIdle < 0 || secs > maxStdinIdleSeconds {
+				return nil, fmt.Errorf("--stdin-idle-timeout %s: spec.stdinStream.idleTimeoutSeconds must be 1 to %d seconds", f.stdinIdle, maxStdinIdleSeconds)
+			}
+			bt.Spec.StdinStream.IdleTimeoutSeconds = ptr.To(int32(secs))
+		}
 	}
 	if f.name == "" {
 		bt.GenerateName = generateNamePrefix

@@ -59,6 +59,20 @@ func TestBuildTask(t *testing.T) {
 			flags: runFlags{timeout: 1500 * time.Millisecond}, timeoutSet: true, args: []string{"true"},
 			want: bashtaskv1alpha1.BashTaskSpec{Command: "true", TimeoutSeconds: ptr.To[int32](2)},
 		},
+		"--stream": {
+			flags: runFlags{stdin: true, stream: true}, args: []string{"cat"},
+			want: bashtaskv1alpha1.BashTaskSpec{Command: "cat", StdinStream: &bashtaskv1alpha1.StdinStream{}},
+		},
+		"--stream with an idle timeout": {
+			flags: runFlags{stdin: true, stream: true, stdinIdle: 1500 * time.Millisecond}, args: []string{"cat"},
+			want: bashtaskv1alpha1.BashTaskSpec{Command: "cat", StdinStream: &bashtaskv1alpha1.StdinStream{IdleTimeoutSeconds: ptr.To[int32](2)}},
+		},
+		"--stream without -i": {flags: runFlags{stream: true}, args: []string{"cat"}, wantErr: "--stream needs -i"},
+		"idle without stream": {flags: runFlags{stdin: true, stdinIdle: time.Second}, args: []string{"cat"}, wantErr: "--stdin-idle-timeout needs --stream"},
+		"idle over a day": {
+			flags: runFlags{stdin: true, stream: true, stdinIdle: 25 * time.Hour}, args: []string{"cat"},
+			wantErr: "spec.stdinStream.idleTimeoutSeconds must be 1 to 86400 seconds",
+		},
 		"no command":       {args: nil, wantErr: "spec.command: a command is required after --"},
 		"blank command":    {args: []string{" "}, wantErr: "spec.command: a command is required"},
 		"command too long": {args: []string{strings.Repeat("x", 131072)}, wantErr: "spec.command: 131072 bytes exceed the limit of 131071 bytes"},

@@ -41,14 +41,15 @@ func (a *app) workspaceCommand() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:     "workspace",
 		Aliases: []string{"ws"},
-		Short:   "Create, list and delete BashWorkspaces, the homes that a session's tasks share",
+		Short:   "Create, list, snapshot, suspend, resume and delete BashWorkspaces, the homes that a session's tasks share",
 		Long: `A BashWorkspace is a session's home on one node: a directory with a size
 limit, a UID leased for its life, a network its tasks share, and the working
 directory (and optionally the exported environment) carried from one task to
 the next. Tasks run in it with "kubectl bashtask run --workspace W".
 See docs/workspaces.md.`,
 	}
-	cmd.AddCommand(a.workspaceCreateCommand(), a.workspaceGetCommand(), a.workspaceDeleteCommand())
+	cmd.AddCommand(a.workspaceCreateCommand(), a.workspaceGetCommand(), a.workspaceDeleteCommand(),
+		a.workspaceSnapshotCommand(), a.workspaceSuspendCommand(), a.workspaceResumeCommand())
 	return cmd
 }
 
@@ -255,7 +256,7 @@ func printWorkspaces(out io.Writer, items []bashtaskv1alpha1.BashWorkspace, now 
 	if withNamespace {
 		fmt.Fprint(tw, "NAMESPACE\t")
 	}
-	fmt.Fprintln(tw, "NAME\tPHASE\tNODE\tOWNER\tRUNNING\tUSED\tDIR\tAGE")
+	fmt.Fprintln(tw, "NAME\tPHASE\tNODE\tOWNER\tRUNNING\tUSED\tDIR\tSNAPSHOT\tAGE")
 	for i := range items {
 		ws := &items[i]
 		if withNamespace {
@@ -272,10 +273,10 @@ func printWorkspaces(out io.Writer, items []bashtaskv1alpha1.BashWorkspace, now 
 		if ws.Status.RunningTasks != nil {
 			running = fmt.Sprint(*ws.Status.RunningTasks)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", ws.Name,
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", ws.Name,
 			orNone(string(ptr.Deref(ws.Status.Phase, ""))), orNone(ptr.Deref(ws.Status.NodeName, "")),
 			orNone(ptr.Deref(ws.Spec.Owner, "")), running, used, orNone(ptr.Deref(ws.Status.WorkingDir, "")),
-			duration.HumanDuration(now.Sub(ws.CreationTimestamp.Time)))
+			snapshotAge(ws, now), duration.HumanDuration(now.Sub(ws.CreationTimestamp.Time)))
 	}
 	if err := tw.Flush(); err != nil {
 		return fmt.Errorf("writing the table: %w", err)

@@ -146,6 +146,31 @@ func TestCreateValidation(t *testing.T) {
 			},
 			wantErr: "stdin and stdinFrom are mutually exclusive",
 		},
+		"stdinStream alone": {
+			mutate: func(bt *v1.BashTask) { bt.Spec.StdinStream = &v1.StdinStream{IdleTimeoutSeconds: ptr.To[int32](5)} },
+		},
+		"stdinStream with stdin": {
+			mutate: func(bt *v1.BashTask) {
+				bt.Spec.Stdin = ptr.To("x")
+				bt.Spec.StdinStream = &v1.StdinStream{}
+			},
+			wantErr: "stdinStream is exclusive with stdin and stdinFrom",
+		},
+		"stdinStream with stdinFrom": {
+			mutate: func(bt *v1.BashTask) {
+				bt.Spec.StdinFrom = secretRef("s", "k")
+				bt.Spec.StdinStream = &v1.StdinStream{}
+			},
+			wantErr: "stdinStream is exclusive with stdin and stdinFrom",
+		},
+		"stdinStream idle timeout 0": {
+			mutate:  func(bt *v1.BashTask) { bt.Spec.StdinStream = &v1.StdinStream{IdleTimeoutSeconds: ptr.To[int32](0)} },
+			wantErr: "spec.stdinStream.idleTimeoutSeconds: Invalid value: 0",
+		},
+		"stdinStream idle timeout over a day": {
+			mutate:  func(bt *v1.BashTask) { bt.Spec.StdinStream = &v1.StdinStream{IdleTimeoutSeconds: ptr.To[int32](86401)} },
+			wantErr: "spec.stdinStream.idleTimeoutSeconds: Invalid value: 86401",
+		},
 		"stdinFrom alone": {
 			mutate: func(bt *v1.BashTask) { bt.Spec.StdinFrom = secretRef("s", "k") },
 		},
@@ -300,6 +325,23 @@ func TestDefaults(t *testing.T) {
 	}
 }
 
+// spec.stdinStream: {} gets the default idle timeout of 60 seconds.
+func TestStdinStreamDefault(t *testing.T) {
+	ns := newNamespace(t)
+	bt := task(ns, "streamed")
+	bt.Spec.StdinStream = &v1.StdinStream{}
+	if err := env.Client.Create(t.Context(), bt); err != nil {
+		t.Fatal(err)
+	}
+	got := &v1.BashTask{}
+	if err := env.Client.Get(t.Context(), client.ObjectKeyFromObject(bt), got); err != nil {
+		t.Fatal(err)
+	}
+	if s := got.Spec.StdinStream; s == nil || ptr.Deref(s.IdleTimeoutSeconds, 0) != v1.DefaultStdinIdleTimeoutSeconds {
+		t.Fatalf("spec.stdinStream after defaulting: %+v, want idleTimeoutSeconds %d", s, v1.DefaultStdinIdleTimeoutSeconds)
+	}
+}
+
 func TestUpdateValidation(t *testing.T) {
 	ns := newNamespace(t)
 	base := func(bt *v1.BashTask) {
@@ -315,6 +357,9 @@ func TestUpdateValidation(t *testing.T) {
 		"env value changed":        {update: func(bt *v1.BashTask) { bt.Spec.Env[0].Value = ptr.To("2") }, wantErr: "spec.env is immutable"},
 		"owner changed":            {update: func(bt *v1.BashTask) { bt.Spec.Owner = ptr.To("bob") }, wantErr: "spec.owner is immutable"},
 		"owner removed":            {update: func(bt *v1.BashTask) { bt.Spec.Owner = nil }, wantErr: "spec.owner is immutable (it cannot be added or removed)"},
+		"stdinStream added":        {update: func(bt *v1.BashTask) { bt.Spec.StdinStream = &v1.StdinStream{} }, wantErr: "spec.stdinStream is immutable (it cannot be added or removed)"},
+		"stdinStream removed":      {initial: func(bt *v1.BashTask) { bt.Spec.StdinStream = &v1.StdinStream{} }, update: func(bt *v1.BashTask) { bt.Spec.StdinStream = nil }, wantErr: "spec.stdinStream is immutable (it cannot be added or removed)"},
+		"stdinStream changed":      {initial: func(bt *v1.BashTask) { bt.Spec.StdinStream = &v1.StdinStream{} }, update: func(bt *v1.BashTask) { bt.Spec.StdinStream.IdleTimeoutSeconds = ptr.To[int32](9) }, wantErr: "spec.stdinStream is immutable"},
 		"stdin added":              {update: func(bt *v1.BashTask) { bt.Spec.Stdin = ptr.To("x") }, wantErr: "spec.stdin is immutable (it cannot be added or removed)"},
 		"nodeName added":           {update: func(bt *v1.BashTask) { bt.Spec.NodeName = ptr.To("n") }, wantErr: "spec.nodeName is immutable (it cannot be added or removed)"},
 		"timeout changed":          {update: func(bt *v1.BashTask) { bt.Spec.TimeoutSeconds = ptr.To[int32](7) }, wantErr: "spec.timeoutSeconds is immutable"},

@@ -6,6 +6,7 @@ import (
 	"crypto/x509"
 	"encoding/base64"
 	"fmt"
+	"reflect"
 	"slices"
 	"testing"
 	"time"
@@ -291,8 +292,9 @@ func checkOutputBucket(t *testing.T, objs []*unstructured.Unstructured, o output
 }
 
 // checkOutputAPIRBAC checks the rendered RBAC of the output API: the
-// delegation bindings of the controller's ServiceAccount and the readers'
-// ClusterRole aggregated into view.
+// delegation bindings of the controller's ServiceAccount, the readers'
+// ClusterRole aggregated into view and the stdin writers' aggregated into
+// edit.
 func checkOutputAPIRBAC(t *testing.T, o outputAPIObjects, namespace string) {
 	t.Helper()
 	sa := o.deploy.Spec.Template.Spec.ServiceAccountName
@@ -338,6 +340,21 @@ func checkOutputAPIRBAC(t *testing.T, o outputAPIObjects, namespace string) {
 	}
 	if !grantsLog {
 		t.Errorf("ClusterRole %s grants no get on %s bashtasks/log: %+v", readers[0].Name, outputGroup, readers[0].Rules)
+	}
+	// Writing a streamed stdin is in edit, as pods/exec is: create on
+	// bashtasks/stdin and nothing else.
+	var writers []*rbacv1.ClusterRole
+	for _, r := range o.clusterRoles {
+		if r.Labels["rbac.authorization.k8s.io/aggregate-to-edit"] == "true" {
+			writers = append(writers, r)
+		}
+	}
+	if len(writers) != 1 {
+		t.Fatalf("want one ClusterRole aggregated to edit, have %d", len(writers))
+	}
+	want := []rbacv1.PolicyRule{{APIGroups: []string{outputGroup}, Resources: []string{"bashtasks/stdin"}, Verbs: []string{"create"}}}
+	if !reflect.DeepEqual(writers[0].Rules, want) {
+		t.Errorf("ClusterRole %s aggregated to edit grants %+v, want %+v", writers[0].Name, writers[0].Rules, want)
 	}
 }
 

@@ -10,10 +10,13 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
@@ -22,6 +25,8 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/serializer"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/bashtask/bashtask-operator/controllers"
 )
 
 const (
@@ -76,11 +81,11 @@ func renderings() []rendering {
 		return m
 	}
 	// The output API (output-api.yaml, output-api-rbac.yaml): its Service,
-	// the APIService, the server's two delegation bindings and the readers'
-	// ClusterRole; its serving certificate is one Secret (helm) or
-	// Certificate (cert-manager) more.
+	// the APIService, the server's two delegation bindings, the readers'
+	// ClusterRole and the stdin writers'; its serving certificate is one
+	// Secret (helm) or Certificate (cert-manager) more.
 	withOutputAPI := func(m map[string]int) map[string]int {
-		for k, v := range map[string]int{"Service": 1, "APIService": 1, "ClusterRoleBinding": 1, "RoleBinding": 1, "ClusterRole": 1} {
+		for k, v := range map[string]int{"Service": 1, "APIService": 1, "ClusterRoleBinding": 1, "RoleBinding": 1, "ClusterRole": 2} {
 			m[k] += v
 		}
 		return m
@@ -103,7 +108,8 @@ func renderings() []rendering {
 				"--set", "controller.defaultTTLSecondsAfterFinished=3600", "--set", "controller.ttlDeletesGitOpsManaged=true",
 				"--set-json", `agent.extraVolumes=[{"name":"gcp","secret":{"secretName":"gcp-key"}}]`,
 				"--set-json", `agent.extraVolumeMounts=[{"name":"gcp","mountPath":"/var/run/gcp","readOnly":true}]`,
-				"--set-json", `agent.extraEnv=[{"name":"GOOGLE_APPLICATION_CREDENTIALS","value":"/var/run/gcp/key.json"}]`),
+				"--set-json", `agent.extraEnv=[{"name":"GOOGLE_APPLICATION_CREDENTIALS","value":"/var/run/gcp/key.json"}]`,
+				"--set-json", `agent.tolerations=[{"key":"nvidia.com/gpu","operator":"Exists","effect":"NoSchedule"},{"key":"pool","value":"agents"}]`),
 			namespace: chartNamespace,
 			wantKinds: withOutputAPI(withHook(map[string]int{"Certificate": 4, "Issuer": 2, "ServiceMonitor": 2, "PodDisruptionBudget": 1})),
 		},
@@ -355,8 +361,30 @@ func checkWiring(t *testing.T, objs []*unstructured.Unstructured, namespace stri
 		t.Errorf("agent --listen=%s, Service port %s is %d", listen, portName, grpcPort)
 	}
 
-	// The agent holds no Kubernetes credentials.
+	// The agent uploads a running stream in parts (docs/output.md) with
+	// values its flags accept.
+	// Without the flags (config/), the agent's defaults apply.
+	partBytes := valueOr(flagValues(agent.Args), "output-part-bytes", "8388608")
+	if n, err := strconv.ParseInt(partBytes, 10, 64); err != nil || (n != 0 && n < 64<<10) {
+		t.Errorf("agent --output-part-bytes=%q: want 0 or at least 65536 (%v)", partBytes, err)
+	}
+	partInterval := valueOr(flagValues(agent.Args), "output-part-interval", "10s")
+	if d, err := time.ParseDuration(partInterval); err != nil || d < time.Second {
+		t.Errorf("agent --output-part-interval=%q: want a duration of at least 1s (%v)", partInterval, err)
+	}
+
 	pod := daemonSet.Spec.Template.Spec
+	// The controller keeps new tasks off nodes whose taints the agent's
+	// configured tolerations do not tolerate: it must be given the same.
+	tolerations, err := controllers.ParseAgentTolerations(flags["agent-tolerations"])
+	if err != nil {
+		t.Errorf("controller %v", err)
+	}
+	if diff := cmp.Diff(pod.Tolerations, tolerations, cmpopts.EquateEmpty()); diff != "" {
+		t.Errorf("controller --agent-tolerations differ from the agent pods' tolerations (-pods +flag):\n%s", diff)
+	}
+
+	// The agent holds no Kubernetes credentials.
 	if pod.AutomountServiceAccountToken == nil || *pod.AutomountServiceAccountToken {
 		t.Errorf("agent pod automountServiceAccountToken is not false")
 	}

@@ -53,8 +53,9 @@ func run(m *testing.M) int {
 			{Node: "node-c", IP: "127.0.0.4", Labels: map[string]string{"zone": "c"}},
 			{Node: "node-d", IP: "127.0.0.5", Labels: map[string]string{"zone": "d"}},
 		},
-		Controller: &opts,
-		Tenant:     true,
+		Controller:   &opts,
+		Tenant:       true,
+		SharedBucket: true,
 		// Where the host allows it, every workspace is a file system of
 		// its own (64 MiB unless its spec.storage says otherwise, at most
 		// 256 MiB).

@@ -14,6 +14,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/dump"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -291,9 +292,10 @@ func TestDeleteWhileTaskRuns(t *testing.T) {
 // deleted; a running task keeps it, and so does a GitOps tool's label.
 func TestIdleTimeout(t *testing.T) {
 	ns := newNamespace(t)
-	idle := newWorkspace(ns, "idle", func(ws *v1.BashWorkspace) { ws.Spec.IdleTimeoutSeconds = ptr.To[int32](2) })
-	busy := newWorkspace(ns, "busy", func(ws *v1.BashWorkspace) { ws.Spec.IdleTimeoutSeconds = ptr.To[int32](2) })
-	managed := newWorkspace(ns, "managed", func(ws *v1.BashWorkspace) {
+	deleteIdle := func(ws *v1.BashWorkspace) { ws.Spec.IdleAction = ptr.To(v1.WorkspaceIdleDelete) }
+	idle := newWorkspace(ns, "idle", deleteIdle, func(ws *v1.BashWorkspace) { ws.Spec.IdleTimeoutSeconds = ptr.To[int32](2) })
+	busy := newWorkspace(ns, "busy", deleteIdle, func(ws *v1.BashWorkspace) { ws.Spec.IdleTimeoutSeconds = ptr.To[int32](2) })
+	managed := newWorkspace(ns, "managed", deleteIdle, func(ws *v1.BashWorkspace) {
 		ws.Spec.IdleTimeoutSeconds = ptr.To[int32](1)
 		ws.Labels = map[string]string{controllers.LabelFluxKustomizationName: "apps"}
 	})
@@ -437,4 +439,56 @@ func TestReleaseKeepsWorkspaces(t *testing.T) {
 	}).WithTimeout(waitLong).WithPolling(time.Second).Should(Succeed())
 	g.Expect(k8s.Delete(t.Context(), ws)).To(Succeed())
 	waitGone(t, ws, waitLong)
+}
+
+// setUnschedulable cordons (true) or uncordons the Node, as kubectl does.
+func setUnschedulable(t *testing.T, name string, on bool) {
+	t.Helper()
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		var n corev1.Node
+		if err := k8s.Get(ctxBackground(), client.ObjectKey{Name: name}, &n); err != nil {
+			return err
+		}
+		n.Spec.Unschedulable = on
+		return k8s.Update(ctxBackground(), &n)
+	})
+	if err != nil {
+		t.Fatalf("setting spec.unschedulable of Node %s to %t: %v", name, on, err)
+	}
+}
+
+// A new workspace is not placed on a cordoned node: it waits Pending
+// naming the node and is made there once it is uncordoned. The tasks of a
+// workspace already on a cordoned node still run there, where its files
+// are.
+func TestCordonedNode(t *testing.T) {
+	ns := newNamespace(t)
+	t.Cleanup(func() { setUnschedulable(t, "node-b", false) })
+	setUnschedulable(t, "node-b", true)
+	ws := newWorkspace(ns, "cordoned", func(ws *v1.BashWorkspace) { ws.Spec.NodeName = ptr.To("node-b") })
+	create(t, ws)
+	g := NewWithT(t)
+	g.Eventually(func(g Gomega) {
+		st := getWorkspace(g, ws).Status
+		g.Expect(st.Phase).To(HaveValue(Equal(v1.WorkspacePending)), "status: %s", dump.OneLine(st))
+		g.Expect(st.Message).To(HaveValue(ContainSubstring("node node-b is cordoned (spec.unschedulable)")))
+		g.Expect(st.NodeName).To(BeNil(), "placed on a cordoned node")
+	}).WithTimeout(waitLong).Should(Succeed())
+
+	setUnschedulable(t, "node-b", false)
+	g.Expect(waitPhase(t, ws, v1.WorkspaceReady).Status.NodeName).To(HaveValue(Equal("node-b")))
+
+	setUnschedulable(t, "node-b", true)
+	// A new workspace waiting shows the controller has seen the cordon.
+	other := newWorkspace(ns, "waits", func(ws *v1.BashWorkspace) { ws.Spec.NodeSelector = map[string]string{"zone": "b"} })
+	create(t, other)
+	g.Eventually(func(g Gomega) {
+		g.Expect(getWorkspace(g, other).Status.Message).To(HaveValue(ContainSubstring("node node-b is cordoned")))
+	}).WithTimeout(waitLong).Should(Succeed())
+	bt := newTask(ns, "in-cordoned", "cordoned", "echo here")
+	create(t, bt)
+	got := waitTerminal(t, bt)
+	g.Expect(got.Status.Reason).To(HaveValue(Equal(v1.ReasonSucceeded)), "status: %s", dump.OneLine(got.Status))
+	g.Expect(got.Status.NodeName).To(HaveValue(Equal("node-b")))
+	g.Expect(stdout(got)).To(Equal("here\n"))
 }

@@ -1,0 +1,417 @@
+//go:build linux
+
+package snapshot
+
+import (
+	"archive/tar"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"hash"
+	"io"
+	"os"
+	"path"
+	"runtime"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/klauspost/compress/zstd"
+	"golang.org/x/sys/unix"
+)
+
+// ReadOptions configure [Read].
+type ReadOptions struct {
+	// UID and GID own every restored entry: the workspace's identity on
+	// this node.
+	UID, GID uint32
+	// State receives each state file of the archive; nil drops them.
+	State func(StateFile) error
+}
+
+// countingReader is the compressed stream's byte count and SHA-256.
+type countingReader struct {
+	r io.Reader
+	h hash.Hash
+	n int64
+}
+
+func (c *countingReader) Read(p []byte) (int, error) {
+	n, err := c.r.Read(p)
+	c.h.Write(p[:n])
+	c.n += int64(n)
+	return n, err
+}
+
+// reader is one archive being restored.
+type reader struct {
+	ctx     context.Context
+	root    int
+	o       ReadOptions
+	buf     []byte
+	parent  string // tree path of the cached parent directory descriptor
+	parentD int    // -1 when none
+	dirs    []restoredDir
+	stats   Stats
+}
+
+// restoredDir is a directory whose mode and times are applied after its
+// entries are made: a directory of mode 0500 takes no new entry, and
+// every entry made in it changes its modification time.
+type restoredDir struct {
+	rel   string
+	mode  uint32
+	mtime time.Time
+}
+
+// Read restores the archive r into root (an open, empty directory, which
+// stays open): every entry owned by o.UID and o.GID, with its mode,
+// modification time and kind, hard links as links, sparse files with
+// their holes. The error wraps ErrFormat for an archive that is not one
+// of this package's or holds a member that is not allowed (its message
+// names the member); otherwise it is that of r or of the file system
+// (ENOSPC when the tree does not fit), or ctx's. What was restored before
+// an error stays: the caller removes the directory.
+func Read(ctx context.Context, r io.Reader, root *os.File, o ReadOptions) (*Stats, error) {
+	cr := &countingReader{r: r, h: sha256.New()}
+	zr, err := zstd.NewReader(cr, zstd.WithDecoderConcurrency(min(runtime.GOMAXPROCS(0), 4)), zstd.WithDecoderLowmem(false))
+	if err != nil {
+		return nil, fmt.Errorf("snapshot: the zstd decoder: %w", err)
+	}
+	rd := &reader{ctx: ctx, root: int(root.Fd()), o: o, buf: make([]byte, readBufBytes), parentD: -1}
+	defer rd.dropParent()
+	err = rd.restore(tar.NewReader(zr))
+	runtime.KeepAlive(root)
+	// The decoder reads ahead on a goroutine of its own: it stops before
+	// anything else reads the stream.
+	zr.Close()
+	if err != nil {
+		return nil, err
+	}
+	// Whatever follows the tar's end marker still counts for the digest.
+	if _, err := io.Copy(io.Discard, cr); err != nil {
+		return nil, fmt.Errorf("snapshot: reading the archive: %w", err)
+	}
+	rd.stats.ArchiveBytes, rd.stats.ArchiveSHA256 = cr.n, hex.EncodeToString(cr.h.Sum(nil))
+	return &rd.stats, nil
+}
+
+func (rd *reader) restore(tr *tar.Reader) error {
+	versioned := false
+	for {
+		if err := rd.ctx.Err(); err != nil {
+			return err
+		}
+		h, err := tr.Next()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			return fmt.Errorf("%w: %w", ErrFormat, err)
+		}
+		if h.Typeflag == tar.TypeXGlobalHeader {
+			if v := h.PAXRecords[paxVersion]; v != formatVersion {
+				return fmt.Errorf("%w: version %q, this agent reads version %s", ErrFormat, v, formatVersion)
+			}
+			versioned = true
+			continue
+		}
+		if !versioned {
+			return fmt.Errorf("%w: member %q before the global header with the format version", ErrFormat, h.Name)
+		}
+		if strings.HasPrefix(h.Name, StatePrefix) {
+			if err := rd.state(h, tr); err != nil {
+				return err
+			}
+			continue
+		}
+		if err := rd.member(h, tr); err != nil {
+			return err
+		}
+	}
+	if !versioned {
+		return fmt.Errorf("%w: no global header with the format version (an empty or foreign stream)", ErrFormat)
+	}
+	return rd.finishDirs()
+}
+
+// member restores one tree member.
+func (rd *reader) member(h *tar.Header, tr *tar.Reader) error {
+	rel, err := treePath(h.Name)
+	if err != nil {
+		return err
+	}
+	mode := uint32(h.Mode) & 0o7777
+	if rel == "" {
+		if h.Typeflag != tar.TypeDir {
+			return fmt.Errorf("%w: member %q: the tree's root must be a directory", ErrFormat, h.Name)
+		}
+		rd.dirs = append(rd.dirs, restoredDir{rel: "", mode: mode, mtime: h.ModTime})
+		return nil
+	}
+	dirFD, err := rd.parentOf(rel, h.Name)
+	if err != nil {
+		return err
+	}
+	leaf := path.Base(rel)
+	switch h.Typeflag {
+	case tar.TypeDir:
+		if err := unix.Mkdirat(dirFD, leaf, 0o700); err != nil {
+			return fmt.Errorf("snapshot: member %q: %w", h.Name, err)
+		}
+		if err := unix.Fchownat(dirFD, leaf, int(rd.o.UID), int(rd.o.GID), unix.AT_SYMLINK_NOFOLLOW); err != nil {
+			return fmt.Errorf("snapshot: member %q: %w", h.Name, err)
+		}
+		rd.stats.Dirs++
+		rd.dirs = append(rd.dirs, restoredDir{rel: rel, mode: mode, mtime: h.ModTime})
+		return nil
+	case tar.TypeReg:
+		return rd.file(dirFD, leaf, h, tr, mode)
+	case tar.TypeSymlink:
+		if h.Linkname == "" || strings.ContainsRune(h.Linkname, 0) {
+			return fmt.Errorf("%w: member %q: an empty symbolic link target", ErrFormat, h.Name)
+		}
+		if err := unix.Symlinkat(h.Linkname, dirFD, leaf); err != nil {
+			return fmt.Errorf("snapshot: member %q: %w", h.Name, err)
+		}
+		rd.stats.Symlinks++
+		return rd.attrs(dirFD, leaf, h, 0, false)
+	case tar.TypeLink:
+		return rd.link(dirFD, leaf, h)
+	case tar.TypeFifo:
+		if err := unix.Mkfifoat(dirFD, leaf, 0o600); err != nil {
+			return fmt.Errorf("snapshot: member %q: %w", h.Name, err)
+		}
+		rd.stats.FIFOs++
+		return rd.attrs(dirFD, leaf, h, mode, true)
+	default:
+		return fmt.Errorf("%w: member %q: type %q is not restored (only directories, regular files, symbolic and hard links and FIFOs)", ErrFormat, h.Name, h.Typeflag)
+	}
+}
+
+// attrs gives the entry leaf of dirFD its owner, then its mode (a chown
+// clears set-user-ID bits, so the mode comes after) unless it is a
+// symbolic link, then its modification time.
+func (rd *reader) attrs(dirFD int, leaf string, h *tar.Header, mode uint32, chmod bool) error {
+	if err := unix.Fchownat(dirFD, leaf, int(rd.o.UID), int(rd.o.GID), unix.AT_SYMLINK_NOFOLLOW); err != nil {
+		return fmt.Errorf("snapshot: member %q: %w", h.Name, err)
+	}
+	if chmod {
+		if err := unix.Fchmodat(dirFD, leaf, mode, 0); err != nil {
+			return fmt.Errorf("snapshot: member %q: %w", h.Name, err)
+		}
+	}
+	ts := []unix.Timespec{{Nsec: unix.UTIME_OMIT}, unix.NsecToTimespec(h.ModTime.UnixNano())}
+	if err := unix.UtimesNanoAt(dirFD, leaf, ts, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+		return fmt.Errorf("snapshot: member %q: %w", h.Name, err)
+	}
+	return nil
+}
+
+// file restores a regular file, sparse when the member has a map.
+func (rd *reader) file(dirFD int, leaf string, h *tar.Header, tr *tar.Reader, mode uint32) error {
+	size := h.Size
+	ranges := []dataRange{{0, h.Size}}
+	if m, ok := h.PAXRecords[paxSparseMap]; ok {
+		var err error
+		if size, err = strconv.ParseInt(h.PAXRecords[paxSparseSize], 10, 64); err != nil || size < 0 {
+			return fmt.Errorf("%w: member %q: sparse size %q", ErrFormat, h.Name, h.PAXRecords[paxSparseSize])
+		}
+		if ranges, err = parseSparseMap(m, size, h.Size); err != nil {
+			return fmt.Errorf("%w: member %q: sparse map: %w", ErrFormat, h.Name, err)
+		}
+	}
+	fd, err := unix.Openat(dirFD, leaf, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		return fmt.Errorf("snapshot: member %q: %w", h.Name, err)
+	}
+	f := os.NewFile(uintptr(fd), h.Name)
+	defer f.Close()
+	for _, r := range ranges {
+		if r.len == 0 {
+			continue
+		}
+		if _, err := f.Seek(r.off, io.SeekStart); err != nil {
+			return fmt.Errorf("snapshot: member %q: %w", h.Name, err)
+		}
+		if _, err := io.CopyBuffer(onlyWriter{f}, io.LimitReader(tr, r.len), rd.buf); err != nil {
+			return fmt.Errorf("snapshot: member %q: %w", h.Name, err)
+		}
+	}
+	if err := f.Truncate(size); err != nil {
+		return fmt.Errorf("snapshot: member %q: %w", h.Name, err)
+	}
+	if err := f.Chown(int(rd.o.UID), int(rd.o.GID)); err != nil {
+		return fmt.Errorf("snapshot: member %q: %w", h.Name, err)
+	}
+	if err := f.Chmod(os.FileMode(mode&0o777) | goModeBits(mode)); err != nil {
+		return fmt.Errorf("snapshot: member %q: %w", h.Name, err)
+	}
+	ts := []unix.Timespec{{Nsec: unix.UTIME_OMIT}, unix.NsecToTimespec(h.ModTime.UnixNano())}
+	if err := unix.UtimesNanoAt(fd, "", ts, unix.AT_EMPTY_PATH); err != nil {
+		return fmt.Errorf("snapshot: member %q: %w", h.Name, err)
+	}
+	rd.stats.Files++
+	rd.stats.DataBytes += h.Size
+	return nil
+}
+
+// onlyWriter hides *os.File's ReadFrom, so that io.CopyBuffer uses the
+// given buffer instead of a small one of its own.
+type onlyWriter struct{ w io.Writer }
+
+func (o onlyWriter) Write(p []byte) (int, error) { return o.w.Write(p) }
+
+// goModeBits maps the set-user-ID, set-group-ID and sticky bits of a Unix
+// mode to os.FileMode's.
+func goModeBits(mode uint32) os.FileMode {
+	var m os.FileMode
+	if mode&unix.S_ISUID != 0 {
+		m |= os.ModeSetuid
+	}
+	if mode&unix.S_ISGID != 0 {
+		m |= os.ModeSetgid
+	}
+	if mode&unix.S_ISVTX != 0 {
+		m |= os.ModeSticky
+	}
+	return m
+}
+
+// link restores a hard link to a regular file restored before it.
+func (rd *reader) link(dirFD int, leaf string, h *tar.Header) error {
+	target, err := treePath(h.Linkname)
+	if err != nil || target == "" {
+		return fmt.Errorf("%w: member %q: hard link target %q is not a file of the tree", ErrFormat, h.Name, h.Linkname)
+	}
+	oldDir, err := rd.openDir(path.Dir(target), h.Name)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(oldDir)
+	var st unix.Stat_t
+	if err := unix.Fstatat(oldDir, path.Base(target), &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+		return fmt.Errorf("snapshot: member %q: hard link target %q: %w", h.Name, h.Linkname, err)
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFREG {
+		return fmt.Errorf("%w: member %q: hard link target %q is not a regular file", ErrFormat, h.Name, h.Linkname)
+	}
+	// Without AT_SYMLINK_FOLLOW: the link is to the entry itself.
+	if err := unix.Linkat(oldDir, path.Base(target), dirFD, leaf, 0); err != nil {
+		return fmt.Errorf("snapshot: member %q: %w", h.Name, err)
+	}
+	rd.stats.HardLinks++
+	return nil
+}
+
+// state hands one state member to o.State.
+func (rd *reader) state(h *tar.Header, tr *tar.Reader) error {
+	name := strings.TrimPrefix(h.Name, StatePrefix)
+	if h.Typeflag != tar.TypeReg || name == "" || path.Base(name) != name || name == "." || name == ".." || h.Size > MaxStateBytes {
+		return fmt.Errorf("%w: member %q: a state member is a regular file named by one path element, at most %d bytes", ErrFormat, h.Name, MaxStateBytes)
+	}
+	data, err := io.ReadAll(io.LimitReader(tr, h.Size))
+	if err != nil {
+		return fmt.Errorf("%w: member %q: %w", ErrFormat, h.Name, err)
+	}
+	rd.stats.State = append(rd.stats.State, name)
+	if rd.o.State == nil {
+		return nil
+	}
+	return rd.o.State(StateFile{Name: name, Mode: uint32(h.Mode) & 0o777, Data: data})
+}
+
+// parentOf returns a descriptor of rel's parent directory, resolved below
+// the root without following any symbolic link; it stays cached for the
+// next member (an archive lists a directory's entries together).
+func (rd *reader) parentOf(rel, member string) (int, error) {
+	dir := path.Dir(rel)
+	if dir == "." {
+		dir = ""
+	}
+	if rd.parentD >= 0 && rd.parent == dir {
+		return rd.parentD, nil
+	}
+	rd.dropParent()
+	fd, err := rd.openDir(dir, member)
+	if err != nil {
+		return -1, err
+	}
+	rd.parent, rd.parentD = dir, fd
+	return fd, nil
+}
+
+func (rd *reader) dropParent() {
+	if rd.parentD >= 0 {
+		unix.Close(rd.parentD)
+		rd.parentD = -1
+	}
+}
+
+// openDir opens the tree directory rel ("" is the root) with openat2:
+// beneath the root, through no symbolic link, on the root's file system.
+func (rd *reader) openDir(rel, member string) (int, error) {
+	if rel == "" {
+		rel = "."
+	}
+	fd, err := unix.Openat2(rd.root, rel, &unix.OpenHow{
+		Flags:   unix.O_RDONLY | unix.O_DIRECTORY | unix.O_CLOEXEC,
+		Resolve: unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS | unix.RESOLVE_NO_XDEV,
+	})
+	if errors.Is(err, unix.ENOSYS) {
+		return rd.walkDir(rel, member)
+	}
+	if err != nil {
+		if errors.Is(err, unix.ELOOP) || errors.Is(err, unix.EXDEV) || errors.Is(err, unix.ENOTDIR) {
+			return -1, fmt.Errorf("%w: member %q: its directory %q is not a directory of the archive (a symbolic link or another kind on the way)", ErrFormat, member, rel)
+		}
+		return -1, fmt.Errorf("snapshot: member %q: its directory %q: %w", member, rel, err)
+	}
+	return fd, nil
+}
+
+// walkDir is openDir for kernels without openat2 (before 5.6): one
+// element at a time with O_NOFOLLOW.
+func (rd *reader) walkDir(rel, member string) (int, error) {
+	fd, err := unix.Openat(rd.root, ".", unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return -1, err
+	}
+	if rel == "." {
+		return fd, nil
+	}
+	for el := range strings.SplitSeq(rel, "/") {
+		next, err := unix.Openat(fd, el, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		unix.Close(fd)
+		if err != nil {
+			return -1, fmt.Errorf("%w: member %q: its directory %q: %w", ErrFormat, member, rel, err)
+		}
+		fd = next
+	}
+	return fd, nil
+}
+
+// finishDirs applies the directories' modes and times, deepest first.
+func (rd *reader) finishDirs() error {
+	rd.dropParent()
+	for i := len(rd.dirs) - 1; i >= 0; i-- {
+		d := rd.dirs[i]
+		fd, err := rd.openDir(d.rel, treeName(d.rel, true))
+		if err != nil {
+			return err
+		}
+		ts := []unix.Timespec{{Nsec: unix.UTIME_OMIT}, unix.NsecToTimespec(d.mtime.UnixNano())}
+		err = errors.Join(
+			unix.Fchown(fd, int(rd.o.UID), int(rd.o.GID)),
+			unix.Fchmod(fd, d.mode),
+			unix.UtimesNanoAt(fd, "", ts, unix.AT_EMPTY_PATH),
+		)
+		unix.Close(fd)
+		if err != nil {
+			return fmt.Errorf("snapshot: directory %q: %w", treeName(d.rel, true), err)
+		}
+	}
+	return nil
+}

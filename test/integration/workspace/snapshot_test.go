@@ -1,0 +1,218 @@
+package workspace_test
+
+import (
+	"testing"
+	"time"
+
+	. "github.com/onsi/gomega"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	v1 "github.com/bashtask/bashtask-operator/api/v1alpha1"
+	"github.com/bashtask/bashtask-operator/controllers"
+)
+
+// spec.suspend snapshots a workspace and releases its node's copy; its
+// tasks wait meanwhile; set back to false, it is restored on a node at a
+// new epoch with its files and carried directory, and the status says
+// from which snapshot.
+func TestSuspendAndResume(t *testing.T) {
+	ns := newNamespace(t)
+	ws := newWorkspace(ns, "s", func(ws *v1.BashWorkspace) {
+		ws.Spec.CarryOver = &v1.CarryOver{Environment: ptr.To(true)}
+	})
+	create(t, ws)
+	ready := waitPhase(t, ws, v1.WorkspaceReady)
+	g := NewWithT(t)
+	g.Expect(ready.Status.Epoch).To(HaveValue(Equal(int64(1))))
+	first := newTask(ns, "first", "s", `mkdir -p repo/empty && cd repo && echo kept > f && ln -s f link && export STAGE=one`)
+	create(t, first)
+	g.Expect(waitTerminal(t, first).Status.Reason).To(HaveValue(Equal(v1.ReasonSucceeded)))
+
+	setSuspend(t, ws, true)
+	suspended := waitSuspendedAndReleased(t, ws)
+	g.Expect(suspended.Status.Snapshot).NotTo(BeNil())
+	g.Expect(suspended.Status.Snapshot.Epoch).To(HaveValue(Equal(int64(1))))
+	g.Expect(suspended.Status.Snapshot.Bytes).To(HaveValue(BeNumerically(">", 0)))
+
+	waiting := newTask(ns, "waiting", "s", `pwd; echo "$STAGE"; cat f; readlink link; ls -d empty`)
+	create(t, waiting)
+	g.Consistently(func(g Gomega) v1.Phase { return ptr.Deref(getTask(g, waiting).Status.Phase, v1.PhasePending) }).
+		WithTimeout(2*time.Second).Should(Equal(v1.PhasePending), "a task of a workspace suspended by its spec waits")
+
+	setSuspend(t, ws, false)
+	restored := waitPhase(t, ws, v1.WorkspaceReady)
+	g.Expect(restored.Status.Epoch).To(HaveValue(Equal(int64(2))))
+	g.Expect(restored.Status.RestoredFrom).NotTo(BeNil())
+	g.Expect(restored.Status.RestoredFrom.URL).To(Equal(suspended.Status.Snapshot.URL))
+	g.Expect(restored.Status.RestoredFrom.AgeSeconds).NotTo(BeNil())
+	done := waitTerminal(t, waiting)
+	g.Expect(done.Status.Reason).To(HaveValue(Equal(v1.ReasonSucceeded)), "status: %v", done.Status)
+	g.Expect(stdout(done)).To(Equal(v1.WorkspacePath + "/repo\none\nkept\nf\nempty\n"))
+}
+
+// The idle timeout suspends a workspace by default; its next task
+// restores it.
+func TestIdleSuspendAndRestoreOnTask(t *testing.T) {
+	ns := newNamespace(t)
+	ws := newWorkspace(ns, "idle", func(ws *v1.BashWorkspace) { ws.Spec.IdleTimeoutSeconds = ptr.To[int32](1) })
+	create(t, ws)
+	waitPhase(t, ws, v1.WorkspaceReady)
+	write := newTask(ns, "write", "s", "true")
+	write.Spec.Workspace = ptr.To("idle")
+	write.Spec.Command = "echo from-before > note"
+	create(t, write)
+	g := NewWithT(t)
+	g.Expect(waitTerminal(t, write).Status.Reason).To(HaveValue(Equal(v1.ReasonSucceeded)))
+	suspended := waitSuspendedAndReleased(t, ws)
+	g.Expect(suspended.DeletionTimestamp).To(BeNil(), "suspended, not deleted")
+	g.Expect(suspended.Status.Snapshot).NotTo(BeNil())
+
+	read := newTask(ns, "read", "idle", "cat note")
+	create(t, read)
+	done := waitTerminal(t, read)
+	g.Expect(done.Status.Reason).To(HaveValue(Equal(v1.ReasonSucceeded)), "status: %v", done.Status)
+	g.Expect(stdout(done)).To(Equal("from-before\n"))
+	g.Expect(done.Status.NodeName).NotTo(BeNil())
+	g.Expect(eventReasons(g, ns, "idle")).To(ContainElements(v1.WorkspaceReasonSuspended, v1.WorkspaceReasonRestored))
+}
+
+func setSuspend(t *testing.T, ws *v1.BashWorkspace, on bool) {
+	t.Helper()
+	NewWithT(t).Eventually(func(g Gomega) {
+		cur := getWorkspace(g, ws)
+		cur.Spec.Suspend = ptr.To(on)
+		g.Expect(k8s.Update(ctxBackground(), cur)).To(Succeed())
+	}).WithTimeout(waitLong).Should(Succeed())
+}
+
+// waitSuspendedAndReleased waits for Suspended with no node left.
+func waitSuspendedAndReleased(t *testing.T, ws *v1.BashWorkspace) *v1.BashWorkspace {
+	t.Helper()
+	var got *v1.BashWorkspace
+	NewWithT(t).Eventually(func(g Gomega) {
+		got = &v1.BashWorkspace{}
+		g.Expect(k8s.Get(ctxBackground(), client.ObjectKeyFromObject(ws), got)).To(Succeed())
+		g.Expect(got.Status.Phase).To(HaveValue(Equal(v1.WorkspaceSuspended)), "status: %+v", got.Status)
+		g.Expect(got.Status.NodeName).To(BeNil())
+	}).WithTimeout(waitLong).WithPolling(50 * time.Millisecond).Should(Succeed())
+	return got
+}
+
+// A workspace whose agent is lost after a snapshot is restored from it on
+// another node by its next task, which sees the snapshot's files; the
+// lost agent, back later with its copy of the old epoch, has that copy
+// removed (and it never ran the new epoch's task).
+func TestNodeLostRestoresElsewhere(t *testing.T) {
+	ns := newNamespace(t)
+	ws := newWorkspace(ns, "mover", func(ws *v1.BashWorkspace) {
+		ws.Spec.NodeSelector = map[string]string{"snapshot-test": "yes"}
+	})
+	// Two nodes fit it; the first placement takes one, the restore the other.
+	for _, n := range []string{"node-a", "node-b"} {
+		labelNode(t, n, "snapshot-test", "yes")
+	}
+	create(t, ws)
+	ready := waitPhase(t, ws, v1.WorkspaceReady)
+	first := *ready.Status.NodeName
+	g := NewWithT(t)
+	write := newTask(ns, "write", "mover", "echo before-the-loss > kept")
+	create(t, write)
+	g.Expect(waitTerminal(t, write).Status.Reason).To(HaveValue(Equal(v1.ReasonSucceeded)))
+	NewWithT(t).Eventually(func(g Gomega) {
+		cur := getWorkspace(g, ws)
+		cur.Spec.Snapshot = &v1.WorkspaceSnapshotPolicy{Request: ptr.To("before-loss")}
+		g.Expect(k8s.Update(ctxBackground(), cur)).To(Succeed())
+	}).WithTimeout(waitLong).Should(Succeed())
+	g.Eventually(func(g Gomega) *string {
+		s := getWorkspace(g, ws).Status.Snapshot
+		if s == nil {
+			return nil
+		}
+		return s.Request
+	}).WithTimeout(waitLong).Should(HaveValue(Equal("before-loss")))
+
+	agent := rig.Agents[first]
+	agent.Disconnect()
+	reconnected := false
+	t.Cleanup(func() {
+		if !reconnected {
+			_ = agent.Reconnect()
+		}
+	})
+	suspended := waitSuspendedAndReleased(t, ws)
+	g.Expect(suspended.Status.Message).To(HaveValue(ContainSubstring("unreachable")))
+	g.Eventually(func(g Gomega) []string { return eventReasons(g, ns, "mover") }).WithTimeout(10 * time.Second).Should(ContainElement(v1.WorkspaceReasonNodeLost))
+
+	read := newTask(ns, "read", "mover", "cat kept")
+	create(t, read)
+	done := waitTerminal(t, read)
+	g.Expect(done.Status.Reason).To(HaveValue(Equal(v1.ReasonSucceeded)), "status: %v", done.Status)
+	g.Expect(stdout(done)).To(Equal("before-the-loss\n"))
+	moved := getWorkspace(g, ws)
+	g.Expect(*moved.Status.NodeName).NotTo(Equal(first))
+	g.Expect(moved.Status.Epoch).To(HaveValue(Equal(int64(2))))
+	g.Expect(moved.Status.RestoredFrom).NotTo(BeNil())
+
+	// The old agent comes back holding epoch 1: the sweep removes it.
+	g.Expect(agent.Reconnect()).To(Succeed())
+	reconnected = true
+	g.Eventually(func(g Gomega) []string {
+		rig.Orphans.Sweep() // the periodic check, now: the agent's stream reconnects meanwhile
+		return eventReasons(g, ns, "mover")
+	}).WithTimeout(waitLong).WithPolling(500 * time.Millisecond).Should(ContainElement(controllers.ReasonStaleCopyRemoved))
+	g.Expect(getWorkspace(g, ws).Status.NodeName).To(HaveValue(Equal(*moved.Status.NodeName)), "the current copy stays")
+}
+
+func labelNode(t *testing.T, node, key, value string) {
+	t.Helper()
+	NewWithT(t).Eventually(func(g Gomega) {
+		var n corev1.Node
+		g.Expect(k8s.Get(ctxBackground(), client.ObjectKey{Name: node}, &n)).To(Succeed())
+		if n.Labels == nil {
+			n.Labels = map[string]string{}
+		}
+		n.Labels[key] = value
+		g.Expect(k8s.Update(ctxBackground(), &n)).To(Succeed())
+	}).WithTimeout(waitLong).Should(Succeed())
+	t.Cleanup(func() {
+		var n corev1.Node
+		if err := k8s.Get(ctxBackground(), client.ObjectKey{Name: node}, &n); err == nil {
+			delete(n.Labels, key)
+			_ = k8s.Update(ctxBackground(), &n)
+		}
+	})
+}
+
+// kubectl cordon (or drain) of a workspace's node moves the workspace:
+// once its tasks end it is snapshotted and released, and its next task
+// restores it on a node that takes work, with its files. A workspace
+// pinned to the node by spec.nodeName stays (TestCordonedNode).
+func TestCordonMovesWorkspace(t *testing.T) {
+	ns := newNamespace(t)
+	for _, n := range []string{"node-a", "node-b"} {
+		labelNode(t, n, "drain-test", "yes")
+	}
+	ws := newWorkspace(ns, "drained", func(ws *v1.BashWorkspace) {
+		ws.Spec.NodeSelector = map[string]string{"drain-test": "yes"}
+	})
+	create(t, ws)
+	first := *waitPhase(t, ws, v1.WorkspaceReady).Status.NodeName
+	g := NewWithT(t)
+	write := newTask(ns, "write", "drained", "echo written-before-the-drain > f")
+	create(t, write)
+	g.Expect(waitTerminal(t, write).Status.Reason).To(HaveValue(Equal(v1.ReasonSucceeded)))
+
+	t.Cleanup(func() { setUnschedulable(t, first, false) })
+	setUnschedulable(t, first, true)
+	suspended := waitSuspendedAndReleased(t, ws)
+	g.Expect(suspended.Status.Message).To(HaveValue(ContainSubstring("cordoned")))
+
+	read := newTask(ns, "read", "drained", "cat f")
+	create(t, read)
+	done := waitTerminal(t, read)
+	g.Expect(done.Status.Reason).To(HaveValue(Equal(v1.ReasonSucceeded)), "status: %v", done.Status)
+	g.Expect(stdout(done)).To(Equal("written-before-the-drain\n"))
+	g.Expect(done.Status.NodeName).NotTo(HaveValue(Equal(first)))
+}
