@@ -116,6 +116,14 @@ type AgentRegistryOptions struct {
 	// Start, Cancel and Watch; Start, Cancel, Forget and Watch are not
 	// made while it reports that this controller is not sure it leads.
 	Fence Fencer
+	// WorkspaceLease is the window of each agent's lease on its workspaces
+	// that the registry's Watch grants (WatchRequest.workspace_lease_ms):
+	// a workspace task on an agent no controller watches ends on its own
+	// within it. Set it below the reconcilers' AgentLostAfter (the
+	// controller uses half of it), so that a workspace's tasks on a lost
+	// node have ended before the workspace is restored elsewhere; 0
+	// grants none and leaves workspace tasks unfenced.
+	WorkspaceLease time.Duration
 	// Log is the registry's logger.
 	Log logr.Logger
 }
@@ -644,7 +652,7 @@ func (a *agentConn) watchOnce(ctx context.Context, r *AgentRegistry) (healthy bo
 		return false, err
 	}
 	cancel()
-	stream, err := a.client.Watch(ctx, &agentv1.WatchRequest{Fence: fence})
+	stream, err := a.client.Watch(ctx, &agentv1.WatchRequest{Fence: fence, WorkspaceLeaseMs: r.opts.WorkspaceLease.Milliseconds()})
 	if err != nil {
 		return false, err
 	}

@@ -40,6 +40,11 @@ var (
 	// ErrIsolation: a step of the task shim failed at IsolationTenant (the
 	// message names the step); nothing of the command ran.
 	ErrIsolation = errors.New("cannot isolate task")
+	// ErrLeaseExpired: a workspace task did not start because the node's
+	// [Lease] on its workspaces runs less than one window ahead (no
+	// controller watched the agent lately); its workspace may be restored
+	// on another node already.
+	ErrLeaseExpired = errors.New("the node's lease on its workspaces has expired")
 )
 
 // Configuration and environment errors returned by [New] and

@@ -126,6 +126,10 @@ type Config struct {
 	// made later holds no copy of a workspace's file system, so that
 	// deleting one never waits for unrelated tasks to end.
 	WorkspaceDir string
+	// Lease fences the tasks of workspaces at IsolationTenant: each such
+	// task's shim stops it when the lease has not been renewed for its
+	// window ([Lease]); nil fences nothing.
+	Lease *Lease
 	// Egress configures NetworkEgress at IsolationTenant; nil offers no
 	// NetworkEgress. Its setup (an nftables table, IPv4 forwarding, the
 	// tasks' resolv.conf) runs in New; where it fails (no nf_tables, no
@@ -165,6 +169,7 @@ type Executor struct {
 	egress      *egress    // nil: no NetworkEgress
 	egressErr   error      // why egress is nil although Config.Egress was set
 	wsDir       string     // Config.WorkspaceDir, a private mount; "" but at IsolationTenant
+	lease       *Lease     // Config.Lease
 }
 
 // cgroupParent is the parent cgroup of the executor's tasks.
@@ -186,6 +191,7 @@ func New(cfg Config) (*Executor, error) {
 		shell:    cfg.Shell,
 		allow:    slices0(cfg.AmbientAllowlist),
 		workRoot: cfg.WorkDirRoot,
+		lease:    cfg.Lease,
 	}
 	if e.shell == "" {
 		e.shell = DefaultShell

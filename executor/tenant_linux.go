@@ -47,6 +47,10 @@ type shimLaunch struct {
 	tree   string // the node path the work tree is cloned from (cfg.WorkDir but for a workspace)
 	netns  int    // a workspace's network namespace to pass, -1 for none
 	shimNS Network
+	// lease fences a workspace task (window > 0): the shim stops the task
+	// when it had no renewal for window (see [Lease]).
+	lease  *Lease
+	window time.Duration
 }
 
 // newShimLaunch prepares the shim Config of p. cgroupPids says whether the
@@ -99,6 +103,9 @@ func (e *Executor) newShimLaunch(p *prepared, cgroupPids bool) *shimLaunch {
 	}
 	if p.Workspace != nil {
 		l.workspace(p)
+		if w := e.lease.Window(); w > 0 {
+			l.lease, l.window, l.cfg.LeaseMillis = e.lease, w, w.Milliseconds()
+		}
 	}
 	switch {
 	case p.Limits.Pids > 0 && cgroupPids:
@@ -149,6 +156,9 @@ func (e *Executor) startTenant(t *Task) error {
 	if p.Workspace != nil {
 		if _, err := p.Workspace.Workspace.netnsFD(); err != nil {
 			return startErr(ErrInvalidSpec, "", err)
+		}
+		if l.window > 0 && !l.lease.Held(l.window) {
+			return startErr(ErrLeaseExpired, fmt.Sprintf("no controller watched this agent within the last %v; the workspace may run on another node now", l.window), nil)
 		}
 	}
 	if e.pool != nil {
@@ -230,10 +240,24 @@ func (l *shimLaunch) handshake(sp *shimProc) (<-chan exitStatus, *tenantSys, err
 		// workspace keeps its own.
 		fds = append(fds, l.netns)
 	}
+	var leaseR, leaseW *os.File
+	if l.window > 0 {
+		// The lease pipe: the shim reads renewals from its end, the
+		// lease writes them to this one until the shim is reaped.
+		if leaseR, leaseW, err = os.Pipe(); err != nil {
+			unix.Close(tree)
+			sp.discard()
+			return nil, nil, startErr(ErrIsolation, "", fmt.Errorf("the lease pipe: %w", err))
+		}
+		fds = append(fds, int(leaseR.Fd()))
+	}
 	cfgW := sp.cfgW
 	sp.cfgW = nil
 	send := func() {
 		defer unix.Close(tree)
+		if leaseR != nil {
+			defer leaseR.Close()
+		}
 		// EPIPE when the shim died first; its report says why. The
 		// first bytes carry the tree (SCM_RIGHTS), the rest follows.
 		n, err := unix.SendmsgN(int(cfgW.Fd()), data, unix.UnixRights(fds...), nil, 0)
@@ -273,10 +297,16 @@ func (l *shimLaunch) handshake(sp *shimProc) (<-chan exitStatus, *tenantSys, err
 	}
 	if err != nil {
 		sp.discard()
+		if leaseW != nil {
+			leaseW.Close()
+		}
 		if rep.Step == "workdir" {
 			return nil, nil, startErr(ErrWorkingDirMissing, rep.Err, nil)
 		}
 		return nil, nil, startErr(ErrIsolation, "", err)
+	}
+	if leaseW != nil {
+		l.lease.hold(leaseW, l.window)
 	}
 	ts := &tenantSys{shimDone: make(chan struct{}), startDir: startDir}
 	ts.pidNS, _ = os.Readlink(fmt.Sprintf("/proc/%d/ns/pid", sp.proc.Pid))
@@ -300,6 +330,9 @@ func (l *shimLaunch) handshake(sp *shimProc) (<-chan exitStatus, *tenantSys, err
 		}
 		st := <-exitCh
 		close(ts.shimDone)
+		if leaseW != nil {
+			l.lease.release(leaseW)
+		}
 		if !sent {
 			if st.err == nil && st.status.Exited() {
 				// The shim ended on its own without the shell's status

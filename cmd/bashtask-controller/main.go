@@ -226,6 +226,7 @@ func run(cmd *cobra.Command, o *options) error {
 		Notify:           agentEvents,
 		Held:             held,
 		Fence:            fencer,
+		WorkspaceLease:   o.agentLost / 2,
 		Log:              ctrl.Log.WithName("agents"),
 	})
 	if err != nil {

@@ -135,6 +135,7 @@ type Server struct {
 	log         *slog.Logger
 	store       *store
 	fence       *fencing
+	lease       *executor.Lease // the node's lease on its workspaces (workspace_lease.go)
 	incarnation string
 	bucket      *blob.Bucket
 	bucketBase  string // bucket URL without query, for object URLs
@@ -227,7 +228,9 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 		tasks:    map[string]*entry{},
 		watchers: map[*watcher]struct{}{},
 		fence:    fence,
+		lease:    executor.NewLease(),
 	}
+	s.cfg.Executor.Lease = s.lease
 	s.metrics.LeaderEpoch.Set(float64(fence.current().GetEpoch()))
 	st, err := openStore(cfg.StateDir, filepath.Join(cfg.StateDir, "tasks"))
 	if err != nil {
@@ -420,6 +423,7 @@ func (s *Server) Close() error {
 		errs = append(errs, fmt.Errorf("closing the record journal: %w", err))
 	}
 	s.ws.closeAll()
+	s.lease.Close()
 	s.mu.Lock()
 	ex := s.ex
 	s.mu.Unlock()
@@ -880,6 +884,8 @@ func (s *Server) Watch(req *agentv1.WatchRequest, stream agentv1.Executor_WatchS
 	}
 	// The stream only reports: it does not hold the fence while it lasts.
 	release()
+	// It holds the node's lease on its workspaces while it lasts.
+	defer s.holdLease(req.GetWorkspaceLeaseMs())()
 	s.mu.Lock()
 	if s.stopping {
 		s.mu.Unlock()

@@ -112,6 +112,13 @@ type Config struct {
 	// WorkTree and User with UID and GID are then required, WorkDir is
 	// User.Home and PrivateHome is false.
 	Workspace *WorkspaceConfig `json:"workspace,omitempty"`
+	// LeaseMillis fences the task, in milliseconds: the Config's
+	// descriptors carry, last, the read end of a pipe on which the parent
+	// writes a byte for every renewal of the node's lease on its
+	// workspaces; when none came for LeaseMillis, or the pipe's other end
+	// closed (the parent died), the shim kills every process of its PID
+	// namespace with SIGKILL and starts no shell. 0 fences nothing.
+	LeaseMillis int64 `json:"leaseMillis,omitempty"`
 }
 
 // UserEntry is the task's user in the passwd and group files of its
@@ -173,7 +180,7 @@ type StartDir struct {
 // does not understand; the ready report names the shim's Protocol and the
 // executor refuses a shim whose Protocol is not its own. Any change to
 // [Config] or to the reports bumps it.
-const Protocol = "3"
+const Protocol = "4"
 
 // ReadyLine is the shim's first report, written once it runs and before it
 // reads its Config: "ready" and the shim's [Protocol].

@@ -13,6 +13,7 @@ import (
 	"runtime"
 	"strconv"
 	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -33,6 +34,7 @@ type state struct {
 	ws        wsState           // a workspace task's (Config.Workspace)
 	seccomp   []unix.SockFilter // the filter, assembled before the Config arrives
 	nodeUsers nodeUserFiles     // the node's passwd and group, read before the Config arrives
+	fence     fence             // a fenced task's (Config.LeaseMillis)
 	// closeAfterStart are descriptors closed once the shell started:
 	// closing a detached mount (the user step's tmpfs) unmounts it and
 	// waits for an RCU grace period, a fifth of a millisecond that need
@@ -113,14 +115,20 @@ func run() int {
 	if err == nil && st.cfg.WorkTree {
 		want := 1
 		if st.cfg.NetNS {
-			want = 2
+			want++
+		}
+		if st.cfg.LeaseMillis > 0 {
+			want++
 		}
 		if len(fds) != want {
-			err = fmt.Errorf("the Config came with %d descriptors, want %d (the working directory's tree, then a network namespace)", len(fds), want)
+			err = fmt.Errorf("the Config came with %d descriptors, want %d (the working directory's tree, then a network namespace, then the lease pipe)", len(fds), want)
 		} else {
 			st.wdTree = fds[0]
 			if st.cfg.NetNS {
 				st.netns = fds[1]
+			}
+			if st.cfg.LeaseMillis > 0 {
+				err = st.fence.watch(fds[len(fds)-1], time.Duration(st.cfg.LeaseMillis)*time.Millisecond)
 			}
 			fds = nil
 		}
@@ -135,6 +143,9 @@ func run() int {
 		return fail("config", err)
 	}
 	for _, s := range steps {
+		if st.fence.fenced.Load() {
+			return fail(s.name, errors.New("fenced: the node's lease on its workspaces expired before the shell started"))
+		}
 		if err := s.run(st); err != nil {
 			return fail(s.name, err)
 		}
@@ -440,6 +451,7 @@ func superviseShell(st *state, sigs <-chan os.Signal) (int, error) {
 	}
 	shell := proc.Pid
 	_ = proc.Release()
+	st.fence.afterStart()
 	// The shim keeps no copy of the task's streams: once the last process
 	// of the task is gone, the executor's readers see EOF.
 	for fd := 0; fd <= 2; fd++ {

@@ -42,7 +42,7 @@ func TestParseReport(t *testing.T) {
 // they read differently: a change to Config's fields fails this test until
 // Protocol is bumped and the list below updated with it.
 func TestProtocolCoversConfig(t *testing.T) {
-	const wantProtocol = "3"
+	const wantProtocol = "4"
 	want := strings.Join([]string{
 		"Shell string shell", "Command string command", "Env []string env",
 		"WorkDir string workDir", "WorkTree bool workTree,omitempty", "NullStdin bool nullStdin,omitempty",
@@ -53,6 +53,7 @@ func TestProtocolCoversConfig(t *testing.T) {
 		"User *shim.UserEntry user,omitempty",
 		"Landlock bool landlock,omitempty", "Seccomp bool seccomp,omitempty",
 		"NetNS bool netns,omitempty", "Workspace *shim.WorkspaceConfig workspace,omitempty",
+		"LeaseMillis int64 leaseMillis,omitempty",
 	}, "\n")
 	var got []string
 	ct := reflect.TypeFor[Config]()

@@ -377,7 +377,8 @@ func (r *Rig) startController() error {
 	held := make(chan controllers.HeldTask, 1024)
 	registry, err := controllers.NewAgentRegistry(controllers.AgentRegistryOptions{
 		Reader: mgr.GetClient(), ServiceNamespace: localcluster.AgentNamespace, ServiceName: localcluster.AgentService,
-		PortName: localcluster.AgentPortName, TLS: tlsCfg, Clock: clock.RealClock{}, Notify: events, Held: held, Log: ctrl.Log.WithName("agents"),
+		PortName: localcluster.AgentPortName, TLS: tlsCfg, Clock: clock.RealClock{}, Notify: events, Held: held,
+		WorkspaceLease: opts.AgentLostAfter / 2, Log: ctrl.Log.WithName("agents"),
 	})
 	if err != nil {
 		return err

@@ -1843,9 +1843,18 @@ type WatchRequest struct {
 	// fence of the sending controller; absent without leader election. A
 	// new leader's Watch is what tells every agent about its epoch, before
 	// it starts or cancels anything.
-	Fence         *Fence `protobuf:"bytes,1,opt,name=fence,proto3" json:"fence,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Fence *Fence `protobuf:"bytes,1,opt,name=fence,proto3" json:"fence,omitempty"`
+	// workspace_lease_ms is the window of the agent's lease on its
+	// workspaces, in milliseconds: the agent holds the lease while this
+	// stream is open and for this long after it ends, and a workspace task
+	// stops on its own (SIGKILL of its processes) once it had no renewal for
+	// this long, also when the agent itself is stopped. The controller sends
+	// half its --agent-lost-after, so that a workspace's tasks have ended
+	// before it restores the workspace on another node. 0 (a controller
+	// that does not send it) leaves new workspace tasks unfenced.
+	WorkspaceLeaseMs int64 `protobuf:"varint,2,opt,name=workspace_lease_ms,json=workspaceLeaseMs,proto3" json:"workspace_lease_ms,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *WatchRequest) Reset() {
@@ -1883,6 +1892,13 @@ func (x *WatchRequest) GetFence() *Fence {
 		return x.Fence
 	}
 	return nil
+}
+
+func (x *WatchRequest) GetWorkspaceLeaseMs() int64 {
+	if x != nil {
+		return x.WorkspaceLeaseMs
+	}
+	return 0
 }
 
 // Readiness tells the controller whether to dispatch to this agent and how
@@ -2675,9 +2691,10 @@ const file_agent_proto_rawDesc = "" +
 	"\rForgetRequest\x12\x10\n" +
 	"\x03uid\x18\x01 \x01(\tR\x03uid\".\n" +
 	"\x0eForgetResponse\x12\x1c\n" +
-	"\tforgotten\x18\x01 \x01(\bR\tforgotten\">\n" +
+	"\tforgotten\x18\x01 \x01(\bR\tforgotten\"l\n" +
 	"\fWatchRequest\x12.\n" +
-	"\x05fence\x18\x01 \x01(\v2\x18.bashtask.agent.v1.FenceR\x05fence\"\x9a\x03\n" +
+	"\x05fence\x18\x01 \x01(\v2\x18.bashtask.agent.v1.FenceR\x05fence\x12,\n" +
+	"\x12workspace_lease_ms\x18\x02 \x01(\x03R\x10workspaceLeaseMs\"\x9a\x03\n" +
 	"\tReadiness\x12\x14\n" +
 	"\x05ready\x18\x01 \x01(\bR\x05ready\x12\x1a\n" +
 	"\bproblems\x18\x02 \x03(\tR\bproblems\x12\x1f\n" +
