@@ -119,6 +119,12 @@ type Evidence struct {
 	Slack time.Duration
 	// End is when the evidence was taken.
 	End time.Time
+	// Beacon are the lines the workspaces' tasks sent, in arrival order.
+	Beacon []BeaconLine
+	// Workspaces are the polls of each workspace's status, by name.
+	Workspaces map[string][]WorkspaceObservation
+	// Snapshots are the snapshot objects the polls name, by URL.
+	Snapshots map[string]SnapshotInfo
 }
 
 // Violation is one failed check of one task.
@@ -169,6 +175,8 @@ func Check(e *Evidence) []Result {
 		checkNoLiveProcesses(e),
 		checkNoOrphanRecords(e),
 		checkDeadlines(e),
+		checkOneCopyRuns(e),
+		checkNoOlderFiles(e),
 	}
 }
 
@@ -648,4 +656,122 @@ func sortedKeys[V any](m map[string]V) []string {
 	}
 	sort.Strings(out)
 	return out
+}
+
+// runSpan is where and when one task of a workspace ran, from its beacon
+// lines.
+type runSpan struct {
+	uid, node   string
+	first, last time.Time
+}
+
+// workspaceSpans groups the beacon's lines by workspace and task.
+func workspaceSpans(lines []BeaconLine) map[string][]runSpan {
+	idx := map[string]map[string]int{}
+	out := map[string][]runSpan{}
+	for _, l := range lines {
+		if idx[l.Workspace] == nil {
+			idx[l.Workspace] = map[string]int{}
+		}
+		key := l.UID + " " + l.Node
+		i, ok := idx[l.Workspace][key]
+		if !ok {
+			i = len(out[l.Workspace])
+			idx[l.Workspace][key] = i
+			out[l.Workspace] = append(out[l.Workspace], runSpan{uid: l.UID, node: l.Node, first: l.At, last: l.At})
+		}
+		s := &out[l.Workspace][i]
+		if l.At.Before(s.first) {
+			s.first = l.At
+		}
+		if l.At.After(s.last) {
+			s.last = l.At
+		}
+	}
+	return out
+}
+
+// checkOneCopyRuns: no two nodes ever run tasks of one workspace at the
+// same time, as the tasks' own beacon lines (received on the harness's
+// clock) show.
+func checkOneCopyRuns(e *Evidence) Result {
+	r := Result{ID: "6a", Name: "no two nodes run tasks of one workspace at the same time (the tasks' beacon lines)"}
+	spans := workspaceSpans(e.Beacon)
+	for _, name := range sortedKeys(spans) {
+		ss := spans[name]
+		r.Checked += len(ss)
+		for i := range ss {
+			for j := i + 1; j < len(ss); j++ {
+				a, b := ss[i], ss[j]
+				if a.node == b.node || a.last.Before(b.first) || b.last.Before(a.first) {
+					continue
+				}
+				r.Violations = append(r.Violations, Violation{Task: name, UID: a.uid,
+					Evidence: fmt.Sprintf("task %s ran on %s from %s to %s while task %s ran on %s from %s to %s",
+						a.uid, a.node, a.first.Format(time.StampMilli), a.last.Format(time.StampMilli),
+						b.uid, b.node, b.first.Format(time.StampMilli), b.last.Format(time.StampMilli))})
+			}
+		}
+	}
+	if r.Checked > 0 {
+		moves := 0
+		for _, ss := range spans {
+			for i := 1; i < len(ss); i++ {
+				if ss[i].node != ss[i-1].node {
+					moves++
+				}
+			}
+		}
+		r.Note = fmt.Sprintf("%d task runs, %d moves between nodes", r.Checked, moves)
+	}
+	return r
+}
+
+// checkNoOlderFiles: no task of a workspace sees files older than the
+// snapshot its workspace's status named before the task started
+// (status.snapshot, status.restoredFrom): the generation a task read is at
+// least the generation in that snapshot's archive, read from the bucket.
+func checkNoOlderFiles(e *Evidence) Result {
+	r := Result{ID: "6b", Name: "no workspace task sees files older than the snapshot its workspace's status names"}
+	restores := 0
+	for _, l := range e.Beacon {
+		if l.Kind != "start" {
+			continue
+		}
+		obs := e.Workspaces[l.Workspace]
+		// The last poll before the start: a status written later may name
+		// a snapshot taken after this task's files were read.
+		var last *WorkspaceObservation
+		for i := range obs {
+			if obs[i].At.After(l.At) {
+				break
+			}
+			last = &obs[i]
+		}
+		if last == nil {
+			continue
+		}
+		r.Checked++
+		if last.RestoredFrom != "" {
+			restores++
+		}
+		for i, u := range []string{last.Snapshot, last.RestoredFrom} {
+			if u == "" || i == 1 && u == last.Snapshot {
+				continue
+			}
+			snap, ok := e.Snapshots[u]
+			if !ok || snap.Err != "" {
+				r.Violations = append(r.Violations, Violation{Task: l.Workspace, UID: l.UID, Evidence: fmt.Sprintf("snapshot %s unreadable: %s", u, snap.Err)})
+				continue
+			}
+			if l.Gen < snap.Gen {
+				r.Violations = append(r.Violations, Violation{Task: l.Workspace, UID: l.UID,
+					Evidence: fmt.Sprintf("task %s on %s saw generation %d; the status before it named %s, which holds generation %d", l.UID, l.Node, l.Gen, u, snap.Gen)})
+			}
+		}
+	}
+	if r.Checked > 0 {
+		r.Note = fmt.Sprintf("%d starts, %d of a restored copy, %d snapshots read", r.Checked, restores, len(e.Snapshots))
+	}
+	return r
 }

@@ -77,6 +77,22 @@ func baseEvidence(n int) *Evidence {
 		LiveProcesses: map[string][]int{}, AgentRecords: map[string][]string{}, Existing: map[string]bool{},
 		AgentLostAfter: 10 * time.Second, Slack: 5 * time.Second, End: at(300),
 	}
+	// A workspace whose first task ran on node-4 and wrote generation 1,
+	// snapshotted, then restored on node-5 where the next task read it.
+	snap := "s3://b/workspaces/chaos/ws-a/u/1-1.tar.zst"
+	e.Beacon = []BeaconLine{
+		{At: at(10), Kind: "start", Workspace: "ws-a", UID: "w1", Node: "node-4", Gen: 0},
+		{At: at(11), Kind: "beat", Workspace: "ws-a", UID: "w1", Node: "node-4"},
+		{At: at(12), Kind: "end", Workspace: "ws-a", UID: "w1", Node: "node-4", Gen: 1},
+		{At: at(30), Kind: "start", Workspace: "ws-a", UID: "w2", Node: "node-5", Gen: 1},
+		{At: at(31), Kind: "end", Workspace: "ws-a", UID: "w2", Node: "node-5", Gen: 2},
+	}
+	e.Workspaces = map[string][]WorkspaceObservation{"ws-a": {
+		{At: at(9), Phase: "Ready", Node: "node-4", Epoch: 1},
+		{At: at(20), Phase: "Suspended", Epoch: 1, Snapshot: snap},
+		{At: at(29), Phase: "Ready", Node: "node-5", Epoch: 2, Snapshot: snap, RestoredFrom: snap},
+	}}
+	e.Snapshots = map[string]SnapshotInfo{snap: {Gen: 1}}
 	for i := range n {
 		name, uid := "task-"+string(rune('a'+i)), "uid-"+string(rune('a'+i))
 		ti, obs, starts := cleanTask(name, uid)
@@ -127,6 +143,19 @@ func TestCheckFindsViolations(t *testing.T) {
 				"1a": {"task-a: started 2 times: node-1 pid 100 [agent log, command]; node-2 pid 200 [command]"},
 				"1b": {"task-a: reported Succeeded but started 2 times: node-1 pid 100 [agent log, command]; node-2 pid 200 [command]"},
 			},
+		},
+		"a stale copy runs on while the workspace runs elsewhere": {
+			mutate: func(e *Evidence) {
+				e.Beacon = append(e.Beacon, BeaconLine{At: at(30.5), Kind: "beat", Workspace: "ws-a", UID: "w1", Node: "node-4"})
+			},
+			want: map[string][]string{"6a": {"ws-a: task w1 ran on node-4 from " + at(10).Format(time.StampMilli) + " to " + at(30.5).Format(time.StampMilli) +
+				" while task w2 ran on node-5 from " + at(30).Format(time.StampMilli) + " to " + at(31).Format(time.StampMilli)}},
+		},
+		"a restored copy older than its snapshot": {
+			mutate: func(e *Evidence) { e.Beacon[3].Gen = 0 },
+			want: map[string][]string{"6b": {
+				"ws-a: task w2 on node-5 saw generation 0; the status before it named s3://b/workspaces/chaos/ws-a/u/1-1.tar.zst, which holds generation 1",
+			}},
 		},
 		"succeeded without a start": {
 			mutate: func(e *Evidence) { delete(e.Starts, "uid-b") },

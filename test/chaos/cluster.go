@@ -124,7 +124,17 @@ func startCluster(ctx context.Context, dir string, loc locations, set settings, 
 		return c, err
 	}
 
-	agents := localcluster.LoopbackAgents(3)
+	// Three agents at the process level for the plain tasks (their
+	// commands write start records to the harness's directory), two at
+	// the tenant level for the workspaces (workspaces.go).
+	agents := localcluster.LoopbackAgents(processAgents + tenantAgents)
+	for i := range agents {
+		pool := "process"
+		if i >= processAgents {
+			pool = "tenant"
+		}
+		agents[i].Labels[poolLabel] = pool
+	}
 	proxyPort, err := localcluster.FreePort(agents[0].IP)
 	if err != nil {
 		return c, err
@@ -254,6 +264,17 @@ func (c *cluster) startAgent(ctx context.Context, a localcluster.Agent, proxyPor
 		},
 		env:     append(os.Environ(), env...),
 		logPath: filepath.Join(c.dir, "logs", "agent-"+a.Node+".log"), log: c.log}
+	if a.Labels[poolLabel] == "tenant" {
+		// Workspaces: network Node for the beacon; a UID range and a
+		// work root of its own, as two nodes would have.
+		i := len(c.agents)
+		n.proc.args = append(n.proc.args, "--isolation", "tenant", "--allowed-networks", "node,none,egress",
+			"--task-network", "node", "--work-dir-root", filepath.Join(c.dir, "work", a.Node),
+			"--task-uid-range", fmt.Sprintf("%d-%d", 2300000+10000*i, 2300000+10000*i+9999))
+		if err := os.MkdirAll(filepath.Join(c.dir, "work", a.Node), 0o755); err != nil {
+			return err
+		}
+	}
 	if err := startProc(n.proc); err != nil {
 		return err
 	}

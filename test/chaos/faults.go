@@ -19,10 +19,18 @@ const (
 	faultS3Stop         = "s3-stop"
 	faultS3Kill         = "s3-kill"
 	faultPartition      = "agent-partition"
+	// faultAgentStop is a SIGSTOP of an agent that holds a workspace for
+	// longer than --agent-lost-after, then SIGCONT: its tasks go on
+	// while the controller gives the node up.
+	faultAgentStop = "agent-stop"
+	// faultSnapshotS3 stops the object store, asks for a snapshot of a
+	// workspace, and lets the store go on later: the snapshot fails or
+	// waits while the store is away.
+	faultSnapshotS3 = "snapshot-s3-stop"
 )
 
 var faultKinds = []string{faultControllerKill, faultControllerStop, faultAgentKill, faultAPIServerKill,
-	faultEtcdStop, faultS3Stop, faultS3Kill, faultPartition}
+	faultEtcdStop, faultS3Stop, faultS3Kill, faultPartition, faultAgentStop, faultSnapshotS3}
 
 // plannedFault is one fault decided from the seed: its kind, the pause
 // before it (after the previous fault recovered), its length and target.
@@ -30,7 +38,7 @@ type plannedFault struct {
 	kind   string
 	gap    time.Duration
 	length time.Duration // stop or partition length, or delay before a restart
-	agent  int           // index of the target agent
+	agent  int           // index of the target agent; -1: an agent holding a workspace at the time
 }
 
 // planFaults decides n faults: every kind once in a seeded order, then
@@ -44,7 +52,10 @@ func planFaults(rng *rand.Rand, set settings, n int) []plannedFault {
 		if i < len(order) {
 			kind = order[i]
 		}
-		f := plannedFault{kind: kind, gap: time.Duration(2000+rng.IntN(4000)) * time.Millisecond, agent: rng.IntN(3)}
+		f := plannedFault{kind: kind, gap: time.Duration(2000+rng.IntN(4000)) * time.Millisecond, agent: rng.IntN(processAgents + tenantAgents)}
+		if rng.IntN(2) == 0 {
+			f.agent = -1 // half the agent faults hit a workspace's agent
+		}
 		ms := func(lo, hi time.Duration) time.Duration {
 			return lo + time.Duration(rng.Int64N(int64(hi-lo)+1))
 		}
@@ -66,6 +77,11 @@ func planFaults(rng *rand.Rand, set settings, n int) []plannedFault {
 			f.length = ms(time.Second, 10*time.Second)
 		case faultPartition:
 			f.length = set.agentLostAfter + ms(3*time.Second, 10*time.Second)
+		case faultAgentStop:
+			f.agent = -1
+			f.length = set.agentLostAfter + ms(3*time.Second, 10*time.Second)
+		case faultSnapshotS3:
+			f.length = ms(3*time.Second, 10*time.Second)
 		}
 		out = append(out, f)
 	}
@@ -76,6 +92,7 @@ func planFaults(rng *rand.Rand, set settings, n int) []plannedFault {
 // ends, waiting after each for the component to serve again.
 type injector struct {
 	c   *cluster
+	ws  *workspaces
 	log func(string, ...any)
 
 	mu     sync.Mutex
@@ -119,6 +136,22 @@ func waitFor(ctx context.Context, ok func() bool) time.Time {
 	return time.Now()
 }
 
+// agent is the fault's target: its agent, or for -1 the agent of a
+// workspace as last polled (a tenant agent when none holds one).
+func (in *injector) agent(f plannedFault) *agentNode {
+	if f.agent >= 0 {
+		return in.c.agents[f.agent]
+	}
+	if node := in.ws.holder(); node != "" {
+		for _, a := range in.c.agents {
+			if a.Node == node {
+				return a
+			}
+		}
+	}
+	return in.c.agents[processAgents+in.ws.intn(tenantAgents)]
+}
+
 func (in *injector) inject(ctx context.Context, f plannedFault) (FaultWindow, error) {
 	c := in.c
 	set := c.set
@@ -142,7 +175,7 @@ func (in *injector) inject(ctx context.Context, f plannedFault) (FaultWindow, er
 		}
 		w.End = waitFor(bg, leaderBack)
 	case faultAgentKill:
-		a := c.agents[f.agent]
+		a := in.agent(f)
 		w.Target, w.Allowance = a.Node, 5*time.Second
 		w.Start = time.Now()
 		if err := a.proc.kill(f.length); err != nil {
@@ -151,7 +184,7 @@ func (in *injector) inject(ctx context.Context, f plannedFault) (FaultWindow, er
 		}
 		w.End = waitFor(bg, func() bool { return waitHTTP(bg, a.healthURL, 0) == nil })
 	case faultPartition:
-		a := c.agents[f.agent]
+		a := in.agent(f)
 		w.Target, w.Allowance = a.Node, 5*time.Second
 		w.Start = time.Now()
 		a.proxy.partition()
@@ -180,6 +213,40 @@ func (in *injector) inject(ctx context.Context, f plannedFault) (FaultWindow, er
 		time.Sleep(f.length)
 		err = syscall.Kill(pid, syscall.SIGCONT)
 		w.End = waitFor(bg, func() bool { return c.apiReady(bg) })
+		if err != nil {
+			return w, err
+		}
+	case faultAgentStop:
+		a := in.agent(f)
+		w.Target, w.Allowance = a.Node, 5*time.Second
+		w.Start = time.Now()
+		if err := a.proc.signal(syscall.SIGSTOP); err != nil {
+			w.End = time.Now()
+			return w, err
+		}
+		time.Sleep(f.length)
+		err := a.proc.signal(syscall.SIGCONT)
+		w.End = waitFor(bg, func() bool { return waitHTTP(bg, a.healthURL, 0) == nil })
+		if err != nil {
+			return w, err
+		}
+	case faultSnapshotS3:
+		w.Target, w.Allowance = "versitygw", 5*time.Second
+		w.Start = time.Now()
+		if err := c.s3.signal(syscall.SIGSTOP); err != nil {
+			w.End = time.Now()
+			return w, err
+		}
+		if len(in.ws.names) > 0 {
+			name := in.ws.names[in.ws.intn(len(in.ws.names))]
+			w.Target += " (snapshot of " + name + ")"
+			if err := in.ws.requestSnapshot(bg, name); err != nil {
+				in.log("asking for a snapshot of %s: %v", name, err)
+			}
+		}
+		time.Sleep(f.length)
+		err := c.s3.signal(syscall.SIGCONT)
+		w.End = waitFor(bg, func() bool { return c.s3Ready(bg) })
 		if err != nil {
 			return w, err
 		}

@@ -53,6 +53,13 @@ import (
 
 const namespace = "chaos"
 
+// The agents: node-1 to node-3 at the process level run the plain tasks,
+// node-4 and node-5 at the tenant level the workspaces.
+const (
+	processAgents = 3
+	tenantAgents  = 2
+)
+
 // config is a run's profile, from the environment.
 type config struct {
 	seed     uint64
@@ -234,18 +241,29 @@ func exercise(ctx context.Context, cfg config, c *cluster, plan []plannedTask, f
 	watchCtx, stopWatch := context.WithCancel(ctx)
 	defer stopWatch()
 	go rec.run(watchCtx)
+	bc, err := newBeacon()
+	if err != nil {
+		return nil, err
+	}
+	ws := &workspaces{w: w, names: []string{"ws-a", "ws-b"}, beacon: bc, obs: map[string][]WorkspaceObservation{},
+		rng: rand.New(rand.NewPCG(cfg.seed, 0x5eed))}
+	if err := ws.create(ctx); err != nil {
+		return nil, err
+	}
 
 	start := time.Now()
 	logf("workload and faults start")
 	phaseCtx, endPhase := context.WithTimeout(ctx, cfg.duration)
 	defer endPhase()
-	in := &injector{c: c, log: logf}
+	in := &injector{c: c, ws: ws, log: logf}
 	faultsDone := make(chan struct{})
 	go func() { defer close(faultsDone); in.run(phaseCtx, faultPlan) }()
 	// The workload's calls (creates, cancels, deletes) go on past the
 	// phase, through the drain.
 	drainCtx, endDrain := context.WithTimeout(ctx, cfg.duration+cfg.drain)
 	defer endDrain()
+	wsDone := make(chan struct{})
+	go func() { defer close(wsDone); ws.run(phaseCtx, drainCtx) }()
 	w.run(phaseCtx, drainCtx, plan, start)
 	<-phaseCtx.Done()
 	<-faultsDone
@@ -283,6 +301,8 @@ func exercise(ctx context.Context, cfg config, c *cluster, plan []plannedTask, f
 		sleepCtx(drainCtx, time.Second)
 	}
 	w.wg.Wait()
+	endDrain()
+	<-wsDone
 	// Leftover processes get their grace before the check.
 	sleepCtx(ctx, 5*time.Second)
 
@@ -318,6 +338,9 @@ func exercise(ctx context.Context, cfg config, c *cluster, plan []plannedTask, f
 		}
 	}
 	e.Objects = readObjects(bg, c, e.Events)
+	e.Beacon = bc.close()
+	e.Workspaces = ws.observations()
+	e.Snapshots = snapshotGens(bg, c, e.Workspaces)
 	return e, nil
 }
 

@@ -27,6 +27,8 @@ const (
 	kindTimeout = "timeout"
 	kindValue   = "valuefrom"
 	kindOwner   = "owner"
+	// kindWorkspace tasks run in the workload's workspaces (workspaces.go).
+	kindWorkspace = "workspace"
 )
 
 // plannedTask is one task of the workload, decided from the seed before
@@ -151,6 +153,8 @@ func (w *workload) spec(p plannedTask) *v1.BashTask {
 			TimeoutSeconds:         ptr.To(p.timeout),
 			KillGracePeriodSeconds: ptr.To(p.grace),
 			Env:                    []v1.EnvVar{{Name: "CHAOS_RUN", Value: ptr.To(w.runID)}},
+			// The process agents: their commands can write start records.
+			NodeSelector: map[string]string{poolLabel: "process"},
 		},
 	}
 	if p.owner != "" {
@@ -211,15 +215,17 @@ func (w *workload) run(schedule, calls context.Context, plan []plannedTask, star
 	}
 }
 
-func (w *workload) one(ctx context.Context, p plannedTask) {
-	info := &TaskInfo{Name: p.name, Kind: p.kind, OwnerLimited: p.owner != "",
-		Timeout: time.Duration(p.timeout) * time.Second, Grace: time.Duration(p.grace) * time.Second, ExpectUpload: p.expectUpload}
+// created registers the task with what the harness knows of it (ti),
+// creates bt and reads its UID, retrying through the faults; nil when
+// the task could not be created before ctx ended.
+func (w *workload) created(ctx context.Context, bt *v1.BashTask, ti TaskInfo) *TaskInfo {
+	info := &ti
+	name := bt.Name
 	w.mu.Lock()
-	w.tasks[p.name] = info
-	w.order = append(w.order, p.name)
+	w.tasks[name] = info
+	w.order = append(w.order, name)
 	w.mu.Unlock()
 
-	bt := w.spec(p)
 	err := retry(ctx, func() error {
 		err := w.c.Create(ctx, bt.DeepCopy())
 		if apierrors.IsAlreadyExists(err) {
@@ -231,13 +237,13 @@ func (w *workload) one(ctx context.Context, p plannedTask) {
 	})
 	created := time.Now()
 	if err != nil {
-		w.log("creating %s: %v", p.name, err)
-		return
+		w.log("creating %s: %v", name, err)
+		return nil
 	}
 	var got v1.BashTask
 	if err := retry(ctx, func() error { return w.c.Get(ctx, client.ObjectKeyFromObject(bt), &got) }); err != nil {
-		w.log("reading %s: %v", p.name, err)
-		return
+		w.log("reading %s: %v", name, err)
+		return nil
 	}
 	uid := string(got.UID)
 	if seen := w.rec.firstSeen(uid); !seen.IsZero() && seen.Before(created) {
@@ -246,6 +252,16 @@ func (w *workload) one(ctx context.Context, p plannedTask) {
 	w.mu.Lock()
 	info.UID, info.Created = uid, created
 	w.mu.Unlock()
+	return info
+}
+
+func (w *workload) one(ctx context.Context, p plannedTask) {
+	info := w.created(ctx, w.spec(p), TaskInfo{Name: p.name, Kind: p.kind, OwnerLimited: p.owner != "",
+		Timeout: time.Duration(p.timeout) * time.Second, Grace: time.Duration(p.grace) * time.Second, ExpectUpload: p.expectUpload})
+	if info == nil {
+		return
+	}
+	created := info.Created
 
 	if p.refLate > 0 {
 		sleepCtx(ctx, time.Until(created.Add(p.refLate)))
