@@ -5,6 +5,7 @@ package executor
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 )
@@ -62,6 +63,9 @@ func TestLeaseFencesWorkspaceTasks(t *testing.T) {
 			took := time.Since(lapsed)
 			if res.Reason != ReasonSignaled || res.Signal != "SIGKILL" {
 				t.Errorf("fenced task ended %s %s %q, want Signaled by SIGKILL", res.Reason, res.Signal, res.Message)
+			}
+			if !strings.Contains(res.Message, "fenced") {
+				t.Errorf("message %q does not say the task was fenced", res.Message)
 			}
 			if took > window+window/2+time.Second {
 				t.Errorf("the task ended %v after its lease lapsed, want within about a window (%v)", took, window)

@@ -395,6 +395,9 @@ func (t *Task) supervise() {
 		res.Mechanism = MechanismCgroup
 	}
 	res.Reason, res.ExitCode, res.Signal = classify(cause, oom, st)
+	if s.tenant != nil && s.tenant.fenced {
+		problems = append(problems, fmt.Sprintf("fenced: the node's lease on its workspaces lapsed (no controller watched this agent for %v), so the task was stopped before its workspace could run elsewhere", s.tenant.window))
+	}
 	res.Message = message(res, t.spec, st, problems)
 	t.workspaceResult(&res)
 	t.result = res

@@ -27,6 +27,8 @@ type tenantSys struct {
 	pidNS    string         // the task's PID namespace, readlink /proc/<shim>/ns/pid
 	startDir *shim.StartDir // a workspace task's start directory ("workdir" report)
 	carry    *shim.Carry    // a workspace task's carry record, written before the shell's status is sent
+	window   time.Duration  // a fenced task's lease window, 0 for none
+	fenced   bool           // the shim stopped the task for its lease ("fenced" report), set before the shell's status is sent
 }
 
 // gone reports whether the shim was reaped.
@@ -308,7 +310,7 @@ func (l *shimLaunch) handshake(sp *shimProc) (<-chan exitStatus, *tenantSys, err
 	if leaseW != nil {
 		l.lease.hold(leaseW, l.window)
 	}
-	ts := &tenantSys{shimDone: make(chan struct{}), startDir: startDir}
+	ts := &tenantSys{shimDone: make(chan struct{}), startDir: startDir, window: l.window}
 	ts.pidNS, _ = os.Readlink(fmt.Sprintf("/proc/%d/ns/pid", sp.proc.Pid))
 	shellCh := make(chan exitStatus, 1)
 	r, repR, exitCh := sp.rep, sp.repR, sp.exitCh
@@ -322,6 +324,9 @@ func (l *shimLaunch) handshake(sp *shimProc) (<-chan exitStatus, *tenantSys, err
 			}
 			if rep.Carry != nil {
 				ts.carry = rep.Carry // before the status is sent: the supervisor reads it after
+			}
+			if rep.Fenced {
+				ts.fenced = true // as the carry record
 			}
 			if rep.Exited {
 				shellCh <- exitStatus{status: unix.WaitStatus(rep.Status)}

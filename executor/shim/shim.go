@@ -14,7 +14,8 @@
 // (nothing of the command ran), or "started <pid>" and, when the shell
 // exits, "exit <wait status>"; a workspace task's shim also writes
 // "workdir <json>" before "started" and "carry <json>" before "exit"
-// ([WorkspaceConfig]). Standard
+// ([WorkspaceConfig]), and a fenced task's shim "fenced" before "exit"
+// when it stopped the task ([Config.LeaseMillis]). Standard
 // input (or /dev/null, [Config.NullStdin]), output and error (descriptors
 // 0 to 2) are handed to the shell. The shim does nothing before its Config
 // arrives, so the parent may start it ahead of its task and hand it the
@@ -163,6 +164,10 @@ type Report struct {
 	// Carry is set by a "carry" report, which a workspace task's shim
 	// with WorkspaceConfig.Carry writes before "exit".
 	Carry *Carry
+	// Fenced is true for a "fenced" report, which a fenced task's shim
+	// (Config.LeaseMillis) writes before "exit" when it killed the task
+	// because its lease lapsed.
+	Fenced bool
 }
 
 // StartDir is the body of a "workdir" report.
@@ -187,7 +192,7 @@ const Protocol = "4"
 const ReadyLine = "ready " + Protocol + "\n"
 
 // ParseReport parses one report line without its newline. It returns an
-// error for a line that is none of the six forms.
+// error for a line that is none of the seven forms.
 func ParseReport(line string) (Report, error) {
 	kind, rest, _ := strings.Cut(line, " ")
 	switch kind {
@@ -213,6 +218,10 @@ func ParseReport(line string) (Report, error) {
 		var d StartDir
 		if err := json.Unmarshal([]byte(rest), &d); err == nil {
 			return Report{WorkDir: &d}, nil
+		}
+	case "fenced":
+		if rest == "" {
+			return Report{Fenced: true}, nil
 		}
 	case "carry":
 		var c Carry

@@ -491,6 +491,9 @@ func superviseShell(st *state, sigs <-chan os.Signal) (int, error) {
 				unix.Close(st.ws.carry)
 				st.ws.carry = -1
 			}
+			if st.fence.fenced.Load() {
+				fmt.Fprintf(w, "fenced\n")
+			}
 			fmt.Fprintf(w, "exit %d\n", uint32(ws))
 			w.Flush()
 		}

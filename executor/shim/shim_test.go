@@ -21,6 +21,7 @@ func TestParseReport(t *testing.T) {
 		"step failed":                           {line: "error mounts: making / read-only: EPERM", want: Report{Step: "mounts", Err: "making / read-only: EPERM"}},
 		"started":                               {line: "started 10", want: Report{PID: 10}},
 		"exit":                                  {line: "exit 15", want: Report{Exited: true, Status: 15}},
+		"fenced":                                {line: "fenced", want: Report{Fenced: true}},
 		"garbage":                               {line: "hello", wantErr: true},
 		"bad exit":                              {line: "exit x", wantErr: true},
 		"started no id":                         {line: "started", wantErr: true},
