@@ -300,9 +300,10 @@ func pickPort(s *discoveryv1.EndpointSlice, portName string) int32 {
 func (r *AgentRegistry) dial(ctx context.Context, node, addr string) (*agentConn, error) {
 	cc, err := grpc.NewClient(addr,
 		grpc.WithTransportCredentials(credentials.NewTLS(r.opts.TLS.Clone())),
-		// Pings find a dead peer behind a silent stream; the agent's
-		// enforcement policy permits this interval.
-		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 20 * time.Second, Timeout: 10 * time.Second, PermitWithoutStream: true}),
+		// Pings find a dead or stopped peer behind a silent stream within
+		// 15 s, so that --agent-lost-after counts from about then; the
+		// agent's enforcement policy permits pings every 10 s.
+		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 10 * time.Second, Timeout: 5 * time.Second, PermitWithoutStream: true}),
 	)
 	if err != nil {
 		return nil, fmt.Errorf("creating a gRPC client for %s: %w", addr, err)

@@ -78,8 +78,11 @@ func planFaults(rng *rand.Rand, set settings, n int) []plannedFault {
 		case faultPartition:
 			f.length = set.agentLostAfter + ms(3*time.Second, 10*time.Second)
 		case faultAgentStop:
+			// The controller notices a stopped agent by its keepalive
+			// pings (10 s, then 5 s for the answer), then waits
+			// --agent-lost-after: long enough for the workspace to move.
 			f.agent = -1
-			f.length = set.agentLostAfter + ms(3*time.Second, 10*time.Second)
+			f.length = 15*time.Second + set.agentLostAfter + ms(3*time.Second, 8*time.Second)
 		case faultSnapshotS3:
 			f.length = ms(3*time.Second, 10*time.Second)
 		}

@@ -101,7 +101,7 @@ func loadConfig() (config, error) {
 		c.seed = rand.Uint64() % 1_000_000_000
 	}
 	var err error
-	if c.duration, err = envDuration("CHAOS_DURATION", 150*time.Second); err != nil {
+	if c.duration, err = envDuration("CHAOS_DURATION", 3*time.Minute); err != nil {
 		return c, err
 	}
 	if c.slack, err = envDuration("CHAOS_SLACK", 20*time.Second); err != nil {
