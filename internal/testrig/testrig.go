@@ -256,7 +256,10 @@ func Start(opts Options) (rig *Rig, err error) {
 			BucketURL:        bucketURL,
 			MaxConcurrent:    cmp.Or(opts.AgentCapacity, 16),
 			ProgressInterval: 200 * time.Millisecond,
-			Executor:         executor.Config{Shell: "/bin/bash"},
+			// A parent cgroup per process and node: test packages run
+			// side by side, and an executor removes the parent it made
+			// when it closes, under another package's agents.
+			Executor: executor.Config{Shell: "/bin/bash", CgroupParent: fmt.Sprintf("bashtask-rig-%d-%s", os.Getpid(), a.Node)},
 			// Parts of a running stream within a second, so tests of
 			// output that survives the agent wait little.
 			PartBytes:    1 << 20,
