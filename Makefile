@@ -241,6 +241,17 @@ bench-snapshot: ## Workspace snapshot and restore of about 1 GiB of mixed files 
 	mkdir -p _output
 	$(GO) run ./hack/bench-snapshot -json _output/bench-snapshot.json
 
+# The resume of a Suspended workspace of 100 MiB until its first task
+# starts (hack/bench-resume; docs/performance.md), on a local cluster of
+# its own at the tenant level with a versitygw S3 bucket: root only.
+# BENCH_RESUME_ARGS passes flags, e.g. BENCH_RESUME_ARGS='-rounds=20 -modes=task'.
+BENCH_RESUME_ARGS ?=
+
+.PHONY: bench-resume
+bench-resume: build envtest setup-s3 ## Resume of a Suspended 100 MiB workspace until its first task starts, p50/p90/max over rounds (root).
+	mkdir -p _output
+	$(GO) run ./hack/bench-resume -json _output/bench-resume.json $(BENCH_RESUME_ARGS)
+
 .PHONY: bench-executor
 bench-executor: ## Executor overhead, output throughput and memory, printed as a table.
 	mkdir -p _output
