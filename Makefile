@@ -241,6 +241,17 @@ bench-snapshot: ## Workspace snapshot and restore of about 1 GiB of mixed files 
 	mkdir -p _output
 	$(GO) run ./hack/bench-snapshot -json _output/bench-snapshot.json
 
+# The resume of a Suspended workspace of 100 MiB until its first task
+# starts (hack/bench-resume; docs/performance.md), on a local cluster of
+# its own at the tenant level with a versitygw S3 bucket: root only.
+# BENCH_RESUME_ARGS passes flags, e.g. BENCH_RESUME_ARGS='-rounds=20 -modes=task'.
+BENCH_RESUME_ARGS ?=
+
+.PHONY: bench-resume
+bench-resume: build envtest setup-s3 ## Resume of a Suspended 100 MiB workspace until its first task starts, p50/p90/max over rounds (root).
+	mkdir -p _output
+	$(GO) run ./hack/bench-resume -json _output/bench-resume.json $(BENCH_RESUME_ARGS)
+
 .PHONY: bench-executor
 bench-executor: ## Executor overhead, output throughput and memory, printed as a table.
 	mkdir -p _output
@@ -248,10 +259,12 @@ bench-executor: ## Executor overhead, output throughput and memory, printed as a
 
 # `make bench` runs the executor bench, the output API bench (a local
 # cluster of its own: a follower's latency and throughput, the controller's
-# and the agent's RSS under 1000 followers), then the whole system on the
-# local cluster (hack/bench; docs/performance.md), whose table takes in the
-# other two's figures. BENCH_SKIP_EXECUTOR=1 and BENCH_SKIP_OUTPUT=1 skip
-# those parts for quick iterations; BENCH_ARGS passes flags to hack/bench,
+# and the agent's RSS under 1000 followers), the snapshot bench, the resume
+# bench (as root: a local cluster of its own at the tenant level), then the
+# whole system on the local cluster (hack/bench; docs/performance.md),
+# whose table takes in the executor's, the output API's and the resume's
+# figures. BENCH_SKIP_EXECUTOR=1, BENCH_SKIP_OUTPUT=1, BENCH_SKIP_SNAPSHOT=1
+# and BENCH_SKIP_RESUME=1 skip those parts for quick iterations; BENCH_ARGS passes flags to hack/bench,
 # e.g. BENCH_ARGS='-controller-arg=--workers=16 -rss-tasks=0', and
 # BENCH_OUTPUT_ARGS to hack/bench-output, e.g. BENCH_OUTPUT_ARGS='-bytes=0'.
 BENCH_SKIP_EXECUTOR ?=
@@ -261,15 +274,18 @@ BENCH_OUTPUT_ARGS   ?=
 BENCH_EXECUTOR      := $(if $(filter 1 true yes,$(BENCH_SKIP_EXECUTOR)),,1)
 BENCH_OUTPUT        := $(if $(filter 1 true yes,$(BENCH_SKIP_OUTPUT)),,1)
 BENCH_SNAPSHOT      := $(if $(filter 1 true yes,$(BENCH_SKIP_SNAPSHOT)),,1)
+# The resume bench needs root (workspaces need the tenant level).
+BENCH_RESUME        := $(if $(filter 1 true yes,$(BENCH_SKIP_RESUME)),,$(if $(filter 0,$(shell id -u)),1))
 
 .PHONY: bench
-bench: build envtest ## Latency, throughput, writes per task, raw API limit and controller RSS on the local cluster (+ the executor and output API benches); writes _output/bench.json.
+bench: build envtest $(if $(BENCH_RESUME),setup-s3) ## Latency, throughput, writes per task, raw API limit and controller RSS on the local cluster (+ the executor, output API, snapshot and resume benches); writes _output/bench.json.
 	mkdir -p _output
 	$(if $(BENCH_EXECUTOR),$(GO) run ./hack/bench-executor -json _output/bench-executor.json,@echo "bench: executor part skipped (BENCH_SKIP_EXECUTOR)")
 	$(if $(BENCH_OUTPUT),$(GO) run ./hack/bench-output -json _output/bench-output.json $(BENCH_OUTPUT_ARGS),@echo "bench: output API part skipped (BENCH_SKIP_OUTPUT)")
 	$(if $(BENCH_SNAPSHOT),$(GO) run ./hack/bench-snapshot -json _output/bench-snapshot.json,@echo "bench: snapshot part skipped (BENCH_SKIP_SNAPSHOT)")
+	$(if $(BENCH_RESUME),$(GO) run ./hack/bench-resume -json _output/bench-resume.json $(BENCH_RESUME_ARGS),@echo "bench: resume part skipped (BENCH_SKIP_RESUME, or not root)")
 	$(GO) run ./hack/bench -json _output/bench.json $(if $(BENCH_EXECUTOR),-executor-json _output/bench-executor.json) \
-	  $(if $(BENCH_OUTPUT),-output-json _output/bench-output.json) $(BENCH_ARGS)
+	  $(if $(BENCH_OUTPUT),-output-json _output/bench-output.json) $(if $(BENCH_RESUME),-resume-json _output/bench-resume.json) $(BENCH_ARGS)
 
 # kube-apiserver CPU per task for variants of the CRD's validation rules and
 # of the status writes (hack/bench-apiserver; docs/performance.md), e.g.

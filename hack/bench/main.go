@@ -26,13 +26,16 @@
 //
 // -output-json merges the output API figures of hack/bench-output (latency
 // and throughput of a follower, the controller's and the agent's RSS under
-// 1000 followers), which runs on a cluster of its own.
+// 1000 followers), which runs on a cluster of its own, and -resume-json
+// those of hack/bench-resume (a Suspended workspace's resume until its
+// first task starts).
 //
 // The system runs as `bashtask-local up --agents 2` (a child process, file://
 // bucket, loopback only), stopped with SIGTERM at the end, on error and on
 // Ctrl-C. With -json FILE the figures are written as a flat JSON object;
 // -executor-json merges the executor figures of hack/bench-executor,
-// -output-json those of hack/bench-output.
+// -output-json those of hack/bench-output, -resume-json those of
+// hack/bench-resume.
 package main
 
 import (
@@ -85,7 +88,7 @@ const namespace = "bench"
 
 type options struct {
 	jsonOut, executorJSON   string
-	outputJSON              string
+	outputJSON, resumeJSON  string
 	binDir, assetsDir       string
 	crdDir, admissionDir    string
 	agents                  int
@@ -123,6 +126,7 @@ func main() {
 	flag.StringVar(&o.jsonOut, "json", "", "write the figures to this JSON file")
 	flag.StringVar(&o.executorJSON, "executor-json", "", "JSON file of hack/bench-executor whose headline figures are merged in (empty: none)")
 	flag.StringVar(&o.outputJSON, "output-json", "", "JSON file of hack/bench-output whose figures are merged in (empty: none)")
+	flag.StringVar(&o.resumeJSON, "resume-json", "", "JSON file of hack/bench-resume whose figures are merged in (empty: none)")
 	flag.StringVar(&o.binDir, "bin-dir", "bin", "directory of bashtask-local, bashtask-controller and bashtask-agent")
 	flag.StringVar(&o.assetsDir, "assets-dir", envOr("KUBEBUILDER_ASSETS", filepath.Join("bin", "k8s")), "directory of kube-apiserver and etcd")
 	flag.StringVar(&o.crdDir, "crd-dir", filepath.Join("config", "crd", "bases"), "CRD manifests")
@@ -203,7 +207,9 @@ type figures struct {
 	wsCopyMBps float64
 	executor   map[string]float64
 	// output holds hack/bench-output's figures, by their keys.
-	output           map[string]float64
+	output map[string]float64
+	// resume holds hack/bench-resume's figures, by their keys.
+	resume           map[string]float64
 	loadStart, loadE string
 }
 
@@ -227,7 +233,7 @@ func run(ctx context.Context, o options) (err error) {
 	for _, in := range []struct {
 		path, what string
 		dst        *map[string]float64
-	}{{o.executorJSON, "executor", &f.executor}, {o.outputJSON, "output API", &f.output}} {
+	}{{o.executorJSON, "executor", &f.executor}, {o.outputJSON, "output API", &f.output}, {o.resumeJSON, "resume", &f.resume}} {
 		if in.path == "" {
 			continue
 		}
@@ -1480,6 +1486,17 @@ func report(o options, f figures) bool {
 			"(p99 "+num(out("output.followers_latency_p99_ms"), "%.1f")+")", true)
 		rows[len(rows)-1].noTarget = true
 	}
+	if f.resume != nil {
+		res := func(k string) float64 {
+			if v, ok := f.resume[k]; ok {
+				return v
+			}
+			return math.NaN()
+		}
+		p50 := res("resume.first_task_p50_ms")
+		add("resume.first_task_p50_ms", p50, "%.0f", fmt.Sprintf("<= 2000 (%.0f MiB; p90 %s, max %s, %.0f rounds)", res("resume.data_mib"),
+			num(res("resume.first_task_p90_ms"), "%.0f"), num(res("resume.first_task_max_ms"), "%.0f"), res("resume.rounds")), p50 <= 2000)
+	}
 
 	fmt.Printf("\n== bashtask benchmark: %d CPUs, load average %s at start, %s at end\n", runtime.NumCPU(), f.loadStart, f.loadE)
 	tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
@@ -1538,6 +1555,11 @@ func writeJSON(path string, f figures) error {
 			put(k, v)
 		}
 	}
+	for _, k := range resumeKeys {
+		if v, ok := f.resume[k]; ok {
+			put(k, v)
+		}
+	}
 	b, err := json.MarshalIndent(m, "", "  ")
 	if err != nil {
 		return err
@@ -1553,6 +1575,11 @@ func writeJSON(path string, f figures) error {
 var outputKeys = []string{"output.latency_p50_ms", "output.latency_p99_ms", "output.throughput_mb_s",
 	"output.followers", "output.followed_tasks", "output.followers_controller_rss_mb", "output.followers_agent_rss_mb",
 	"output.followers_latency_p50_ms", "output.followers_latency_p99_ms"}
+
+// resumeKeys are the figures of hack/bench-resume that the JSON takes
+// over; the table shows the first of them.
+var resumeKeys = []string{"resume.first_task_p50_ms", "resume.first_task_p90_ms", "resume.first_task_max_ms",
+	"resume.restore_p50_ms", "resume.data_mib", "resume.rounds"}
 
 // median returns the median of xs (the mean of the middle two for an even
 // count), NaN for none.
