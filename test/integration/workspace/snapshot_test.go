@@ -216,3 +216,37 @@ func TestCordonMovesWorkspace(t *testing.T) {
 	g.Expect(stdout(done)).To(Equal("written-before-the-drain\n"))
 	g.Expect(done.Status.NodeName).NotTo(HaveValue(Equal(first)))
 }
+
+// spec.snapshot.intervalSeconds snapshots a workspace while a task runs:
+// at once when it has none, then once per interval, each without stopping
+// the task and without a request.
+func TestSnapshotInterval(t *testing.T) {
+	if testing.Short() {
+		t.Skip("waits a minute: the shortest interval the API takes")
+	}
+	t.Parallel()
+	ns := newNamespace(t)
+	ws := newWorkspace(ns, "interval", func(ws *v1.BashWorkspace) {
+		ws.Spec.Snapshot = &v1.WorkspaceSnapshotPolicy{IntervalSeconds: ptr.To[int32](60)}
+	})
+	create(t, ws)
+	waitPhase(t, ws, v1.WorkspaceReady)
+	long := newTask(ns, "long", "interval", `echo one > f; sleep 120`, func(bt *v1.BashTask) { bt.Spec.TimeoutSeconds = ptr.To[int32](180) })
+	create(t, long)
+	g := NewWithT(t)
+	var first *v1.WorkspaceSnapshotStatus
+	g.Eventually(func(g Gomega) {
+		first = getWorkspace(g, ws).Status.Snapshot
+		g.Expect(first).NotTo(BeNil())
+	}).WithTimeout(waitLong).WithPolling(100 * time.Millisecond).Should(Succeed(), "a first snapshot once the task runs")
+	g.Expect(first.Request).To(BeNil(), "taken for the interval, not asked for")
+	var second *v1.WorkspaceSnapshotStatus
+	g.Eventually(func(g Gomega) {
+		second = getWorkspace(g, ws).Status.Snapshot
+		g.Expect(second.URL).NotTo(Equal(first.URL))
+	}).WithTimeout(90*time.Second).WithPolling(500*time.Millisecond).Should(Succeed(), "a second snapshot one interval later")
+	gap := second.Time.Sub(first.Time.Time)
+	g.Expect(gap).To(BeNumerically(">=", 59*time.Second), "not before the interval")
+	g.Expect(gap).To(BeNumerically("<=", 75*time.Second), "not much after it")
+	g.Expect(getTask(g, long).Status.Phase).To(HaveValue(Equal(v1.PhaseRunning)), "the snapshots did not stop the task")
+}
