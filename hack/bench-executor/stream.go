@@ -244,7 +244,7 @@ func runChild(dir, shell string, uploads bool) error {
 	cpu0 := selfCPU()
 	begin := time.Now()
 	task, err := ex.Start(executor.Spec{
-		Command:    fmt.Sprintf("head -c %d /dev/zero", streamBytes),
+		Command:    producer(),
 		WorkingDir: dir,
 		SpillDir:   spill,
 	})
