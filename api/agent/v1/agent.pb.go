@@ -1941,8 +1941,17 @@ type Readiness struct {
 	// Empty from an agent older than the field: then only task_network's
 	// rule holds.
 	AllowedNetworks []string `protobuf:"bytes,12,rep,name=allowed_networks,json=allowedNetworks,proto3" json:"allowed_networks,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// draining is true from the moment the agent was asked to stop
+	// (SIGTERM: a DaemonSet rollout, a node shutdown) until it exits: ready
+	// is false and problems say how many workspaces it still holds that
+	// may move. It takes no new task or workspace, its running tasks are
+	// being stopped, and it waits, within its
+	// --shutdown-workspace-timeout, for the controller to snapshot and
+	// release each of those workspaces (docs/workspaces.md, "Agent
+	// shutdown").
+	Draining      bool `protobuf:"varint,13,opt,name=draining,proto3" json:"draining,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Readiness) Reset() {
@@ -2057,6 +2066,13 @@ func (x *Readiness) GetAllowedNetworks() []string {
 		return x.AllowedNetworks
 	}
 	return nil
+}
+
+func (x *Readiness) GetDraining() bool {
+	if x != nil {
+		return x.Draining
+	}
+	return false
 }
 
 // AgentInfo is the first message of every Watch stream.
@@ -2694,7 +2710,7 @@ const file_agent_proto_rawDesc = "" +
 	"\tforgotten\x18\x01 \x01(\bR\tforgotten\"l\n" +
 	"\fWatchRequest\x12.\n" +
 	"\x05fence\x18\x01 \x01(\v2\x18.bashtask.agent.v1.FenceR\x05fence\x12,\n" +
-	"\x12workspace_lease_ms\x18\x02 \x01(\x03R\x10workspaceLeaseMs\"\x9a\x03\n" +
+	"\x12workspace_lease_ms\x18\x02 \x01(\x03R\x10workspaceLeaseMs\"\xb6\x03\n" +
 	"\tReadiness\x12\x14\n" +
 	"\x05ready\x18\x01 \x01(\bR\x05ready\x12\x1a\n" +
 	"\bproblems\x18\x02 \x03(\tR\bproblems\x12\x1f\n" +
@@ -2709,7 +2725,8 @@ const file_agent_proto_rawDesc = "" +
 	"\flandlock_abi\x18\n" +
 	" \x01(\x05R\vlandlockAbi\x12$\n" +
 	"\x0edisk_cap_bytes\x18\v \x01(\x03R\fdiskCapBytes\x12)\n" +
-	"\x10allowed_networks\x18\f \x03(\tR\x0fallowedNetworks\"\xe7\x02\n" +
+	"\x10allowed_networks\x18\f \x03(\tR\x0fallowedNetworks\x12\x1a\n" +
+	"\bdraining\x18\r \x01(\bR\bdraining\"\xe7\x02\n" +
 	"\tAgentInfo\x12\x1b\n" +
 	"\tnode_name\x18\x01 \x01(\tR\bnodeName\x12\x19\n" +
 	"\bpod_name\x18\x02 \x01(\tR\apodName\x12%\n" +

@@ -137,7 +137,11 @@ type WorkspaceSpec struct {
 	// (read from the agent's bucket and checked against its bytes and
 	// sha256) before EnsureWorkspace returns; the carried state comes with
 	// it. Ignored for a workspace the agent holds already at this epoch.
-	RestoreFrom   *WorkspaceSnapshot `protobuf:"bytes,7,opt,name=restore_from,json=restoreFrom,proto3" json:"restore_from,omitempty"`
+	RestoreFrom *WorkspaceSnapshot `protobuf:"bytes,7,opt,name=restore_from,json=restoreFrom,proto3" json:"restore_from,omitempty"`
+	// pinned is true when the workspace's placement names its node
+	// (spec.nodeName): the controller never moves it, so a draining agent
+	// does not wait for it to be released. Immutable, as spec.nodeName.
+	Pinned        bool `protobuf:"varint,8,opt,name=pinned,proto3" json:"pinned,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -219,6 +223,13 @@ func (x *WorkspaceSpec) GetRestoreFrom() *WorkspaceSnapshot {
 		return x.RestoreFrom
 	}
 	return nil
+}
+
+func (x *WorkspaceSpec) GetPinned() bool {
+	if x != nil {
+		return x.Pinned
+	}
+	return false
 }
 
 // WorkspaceStatus is a workspace's state on its agent.
@@ -817,7 +828,7 @@ const file_workspace_proto_rawDesc = "" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x10\n" +
 	"\x03uid\x18\x03 \x01(\tR\x03uid\x12\x14\n" +
-	"\x05epoch\x18\x04 \x01(\x03R\x05epoch\"\xa9\x02\n" +
+	"\x05epoch\x18\x04 \x01(\x03R\x05epoch\"\xc1\x02\n" +
 	"\rWorkspaceSpec\x121\n" +
 	"\x03ref\x18\x01 \x01(\v2\x1f.bashtask.agent.v1.WorkspaceRefR\x03ref\x12#\n" +
 	"\rstorage_bytes\x18\x02 \x01(\x03R\fstorageBytes\x12\x18\n" +
@@ -825,7 +836,8 @@ const file_workspace_proto_rawDesc = "" +
 	"\x11carry_working_dir\x18\x04 \x01(\bR\x0fcarryWorkingDir\x12\x1b\n" +
 	"\tcarry_env\x18\x05 \x01(\bR\bcarryEnv\x12\x14\n" +
 	"\x05owner\x18\x06 \x01(\tR\x05owner\x12G\n" +
-	"\frestore_from\x18\a \x01(\v2$.bashtask.agent.v1.WorkspaceSnapshotR\vrestoreFrom\"\xbe\x05\n" +
+	"\frestore_from\x18\a \x01(\v2$.bashtask.agent.v1.WorkspaceSnapshotR\vrestoreFrom\x12\x16\n" +
+	"\x06pinned\x18\b \x01(\bR\x06pinned\"\xbe\x05\n" +
 	"\x0fWorkspaceStatus\x121\n" +
 	"\x03ref\x18\x01 \x01(\v2\x1f.bashtask.agent.v1.WorkspaceRefR\x03ref\x12\x1e\n" +
 	"\vrun_as_user\x18\x02 \x01(\rR\trunAsUser\x12\x12\n" +
