@@ -92,6 +92,7 @@ type serveOptions struct {
 	partBytes          int64
 	partInterval       time.Duration
 	shutdownTimeout    time.Duration
+	workspaceTimeout   time.Duration
 	logFormat          string
 	logLevel           string
 }
@@ -172,6 +173,7 @@ func bindServeFlags(f *pflag.FlagSet, o *serveOptions) {
 	f.Int64Var(&o.partBytes, "output-part-bytes", agent.DefaultPartBytes, fmt.Sprintf("largest part, in bytes, of a running task's stream uploaded while it runs, so that its output survives the node (docs/output.md); at least %d, or 0 to upload no parts", agent.MinPartBytes))
 	f.DurationVar(&o.partInterval, "output-part-interval", agent.DefaultPartInterval, fmt.Sprintf("longest a running stream's new bytes wait for a part, the most output time lost with the node; at least %s", agent.MinPartInterval))
 	f.DurationVar(&o.shutdownTimeout, "shutdown-timeout", 30*time.Second, "time given to open RPCs after the running tasks were stopped on SIGTERM")
+	f.DurationVar(&o.workspaceTimeout, "shutdown-workspace-timeout", 30*time.Second, "on SIGTERM, longest wait for the controller to move this agent's workspaces to other nodes (snapshot, release) before the agent stops; 0 moves none. The pod's terminationGracePeriodSeconds must cover it plus --shutdown-timeout")
 	f.StringVar(&o.logFormat, "log-format", "json", "log format: json or text")
 	f.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn or error")
 }
@@ -278,6 +280,14 @@ func runServe(ctx context.Context, o *serveOptions) error {
 	select {
 	case <-ctx.Done():
 		log.Info("shutting down")
+		// First the workspaces move (docs/workspaces.md, "Agent
+		// shutdown"): the controller needs the agent's gRPC server for
+		// it, which a failed server no longer is.
+		if o.workspaceTimeout > 0 {
+			dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), o.workspaceTimeout)
+			srv.Drain(dctx)
+			cancel()
+		}
 	case serveErr = <-errc:
 		log.Error("server failed; shutting down", "err", serveErr)
 	}
@@ -349,6 +359,9 @@ func (o *serveOptions) agentConfig(log *slog.Logger) (agent.Config, error) {
 	}
 	if o.partInterval < agent.MinPartInterval {
 		return agent.Config{}, fmt.Errorf("--output-part-interval %s: want at least %s", o.partInterval, agent.MinPartInterval)
+	}
+	if o.workspaceTimeout < 0 {
+		return agent.Config{}, fmt.Errorf("--shutdown-workspace-timeout %s: want 0 (move no workspace) or more", o.workspaceTimeout)
 	}
 	if o.shimPoolSize < 0 || o.shimPoolSize > maxShimPoolSize {
 		return agent.Config{}, fmt.Errorf("--shim-pool-size %d: want 0 (none) to %d", o.shimPoolSize, maxShimPoolSize)

@@ -79,3 +79,10 @@ func TestServeRejectsBadDiskFlags(t *testing.T) {
 		}
 	}
 }
+
+func TestServeRejectsNegativeWorkspaceTimeout(t *testing.T) {
+	_, err := execute(t, "serve", "--state-dir", t.TempDir(), "--shutdown-workspace-timeout=-1s")
+	if err == nil || !strings.Contains(err.Error(), "--shutdown-workspace-timeout -1s: want 0 (move no workspace) or more") {
+		t.Errorf("serve --shutdown-workspace-timeout=-1s: %v, want the flag's range in the error", err)
+	}
+}

@@ -157,6 +157,9 @@ type Server struct {
 	watchers map[*watcher]struct{}
 	problems []string
 	stopping bool
+	// draining is set by Drain: the agent moves its workspaces off
+	// before it stops, takes no new task or workspace, and is not ready.
+	draining bool
 }
 
 // entry is one task in the table. Guarded by Server.mu.
@@ -371,7 +374,7 @@ func (s *Server) Health() *health.Server { return s.health }
 func (s *Server) Readiness() (bool, []string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return len(s.problems) == 0, slices.Clone(s.problems)
+	return s.readinessLocked()
 }
 
 // Run does the server's background work until ctx ends: progress events,
@@ -392,14 +395,7 @@ func (s *Server) Run(ctx context.Context) error {
 	s.mu.Lock()
 	s.stopping = true
 	s.health.Shutdown()
-	n := 0
-	for _, e := range s.tasks {
-		if e.task != nil && e.status.State == agentv1.TaskState_TASK_STATE_RUNNING {
-			e.stopByAgent = !e.cancelled
-			e.task.Cancel()
-			n++
-		}
-	}
+	n := s.stopRunningLocked()
 	s.mu.Unlock()
 	if n > 0 {
 		s.log.Info("stopping running tasks for shutdown", "tasks", n)
@@ -477,7 +473,7 @@ func (s *Server) Start(ctx context.Context, req *agentv1.StartRequest) (*agentv1
 	}
 	var refuse error
 	switch {
-	case s.stopping:
+	case s.stopping || s.draining:
 		refuse = status.Error(codes.Unavailable, "agent is shutting down")
 	case s.ex == nil || len(s.problems) > 0:
 		refuse = status.Errorf(codes.Unavailable, "agent is not ready: %s", strings.Join(s.problems, "; "))
@@ -603,7 +599,7 @@ func (s *Server) Start(ctx context.Context, req *agentv1.StartRequest) (*agentv1
 	defer s.mu.Unlock()
 	e.rec, e.status, e.task = rec, st, task
 	switch {
-	case s.stopping:
+	case s.stopping || s.draining:
 		// The shutdown began while the process was being created; it
 		// waits for this task like for the others.
 		e.stopByAgent = !e.cancelled
@@ -976,11 +972,13 @@ func (s *Server) refreshLocked(e *entry) {
 }
 
 func (s *Server) agentInfoLocked() *agentv1.AgentInfo {
+	ready, problems := s.readinessLocked()
 	r := &agentv1.Readiness{
-		Ready:      len(s.problems) == 0,
-		Problems:   slices.Clone(s.problems),
+		Ready:      ready,
+		Problems:   problems,
 		AmbientEnv: string(s.cfg.Executor.AmbientEnv),
 		Shell:      s.cfg.Executor.Shell,
+		Draining:   s.draining,
 	}
 	r.Isolation = string(cmpOr(s.cfg.Executor.Isolation, executor.IsolationProcess))
 	r.TaskNetwork = apiNetwork(cmpOr(s.cfg.TaskNetwork, executor.NetworkNode))
@@ -1105,12 +1103,7 @@ func (s *Server) updateReadinessLocked() {
 	}
 	changed := !slices.Equal(problems, s.problems)
 	s.problems = problems
-	st := healthpb.HealthCheckResponse_SERVING
-	if len(problems) > 0 {
-		st = healthpb.HealthCheckResponse_NOT_SERVING
-	}
-	s.health.SetServingStatus("", st)
-	s.health.SetServingStatus(ServiceName, st)
+	s.updateHealthLocked()
 	if changed {
 		if len(problems) > 0 {
 			s.log.Warn("agent not ready", "problems", problems)

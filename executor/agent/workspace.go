@@ -46,6 +46,9 @@ type workspaces struct {
 
 	byUID  map[string]*workspace
 	taskWS map[string]*workspace // running task UID -> its workspace
+	// changed is closed and replaced whenever a workspace leaves the
+	// table (changedLocked), which a draining agent waits for.
+	changed chan struct{}
 }
 
 // workspace is one workspace of the table. Guarded by Server.mu.
@@ -79,11 +82,12 @@ func newWorkspace(rec *workspaceRecord) *workspace {
 // unknown, so it is not held: the range should be checked by an operator).
 func newWorkspaces(s *Server) (*workspaces, error) {
 	ws := &workspaces{
-		s:      s,
-		files:  workspaceFiles{dir: filepath.Join(s.cfg.StateDir, "workspaces")},
-		max:    cmpOr(s.cfg.MaxWorkspaces, DefaultMaxWorkspaces),
-		byUID:  map[string]*workspace{},
-		taskWS: map[string]*workspace{},
+		s:       s,
+		files:   workspaceFiles{dir: filepath.Join(s.cfg.StateDir, "workspaces")},
+		max:     cmpOr(s.cfg.MaxWorkspaces, DefaultMaxWorkspaces),
+		byUID:   map[string]*workspace{},
+		taskWS:  map[string]*workspace{},
+		changed: make(chan struct{}),
 	}
 	loaded, err := ws.files.load()
 	if err != nil {
@@ -215,6 +219,12 @@ func (ws *workspaces) EnsureWorkspace(ctx context.Context, req *agentv1.EnsureWo
 			defer s.mu.Unlock()
 			return ws.updateLocked(w, spec)
 		}
+		if s.draining {
+			// It would only have to move again: the controller places it
+			// elsewhere.
+			s.mu.Unlock()
+			return nil, status.Error(codes.Unavailable, "agent is shutting down: it makes no new workspace")
+		}
 		return ws.createLocked(ctx, spec) // unlocks
 	}
 }
@@ -241,8 +251,9 @@ func (ws *workspaces) updateLocked(w *workspace, spec *agentv1.WorkspaceSpec) (*
 		return nil, status.Errorf(codes.FailedPrecondition, "workspace %s has storage of %d bytes, the request asks for %d: the storage is immutable",
 			w.rec.UID, w.rec.StorageBytes, size)
 	}
-	if w.rec.CarryWorkingDir != spec.GetCarryWorkingDir() || w.rec.CarryEnv != spec.GetCarryEnv() || w.rec.Owner != spec.GetOwner() {
+	if w.rec.CarryWorkingDir != spec.GetCarryWorkingDir() || w.rec.CarryEnv != spec.GetCarryEnv() || w.rec.Owner != spec.GetOwner() || w.rec.Pinned != spec.GetPinned() {
 		w.rec.CarryWorkingDir, w.rec.CarryEnv, w.rec.Owner = spec.GetCarryWorkingDir(), spec.GetCarryEnv(), spec.GetOwner()
+		w.rec.Pinned = spec.GetPinned()
 		if !w.rec.CarryEnv && len(w.env) > 0 {
 			// Switched off: the values go too, not only their use.
 			w.env, w.rec.CarryEnvNames = nil, nil
@@ -329,7 +340,7 @@ func (ws *workspaces) createLocked(ctx context.Context, spec *agentv1.WorkspaceS
 		Namespace: ref.GetNamespace(), Name: ref.GetName(), UID: uid, Owner: spec.GetOwner(),
 		StorageBytes: size, StorageEnforced: size > 0, Network: network,
 		CarryWorkingDir: spec.GetCarryWorkingDir(), CarryEnv: spec.GetCarryEnv(),
-		TaskUID: taskUID, CreateTime: time.Now().UTC(), Epoch: ref.GetEpoch(),
+		TaskUID: taskUID, CreateTime: time.Now().UTC(), Epoch: ref.GetEpoch(), Pinned: spec.GetPinned(),
 	}
 	w := newWorkspace(rec)
 	w.busy, w.restoreFrom = make(chan struct{}), spec.GetRestoreFrom()
@@ -345,6 +356,7 @@ func (ws *workspaces) createLocked(ctx context.Context, spec *agentv1.WorkspaceS
 	if err != nil {
 		w.gone = true
 		delete(ws.byUID, uid)
+		ws.changedLocked()
 		s.leases.release(taskUID) // nothing of the UID ever ran
 		if _, ok := status.FromError(err); ok {
 			return nil, err // a restore's, with its code
@@ -557,6 +569,7 @@ func (ws *workspaces) delete(ctx context.Context, uid string) (int, error) {
 	s.mu.Lock()
 	w.gone = true
 	delete(ws.byUID, uid)
+	ws.changedLocked()
 	if s.leases != nil && s.leases.held[w.rec.TaskUID] == workspaceLeaseKey(uid) {
 		s.leases.release(w.rec.TaskUID)
 	}

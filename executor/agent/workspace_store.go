@@ -81,6 +81,11 @@ type workspaceRecord struct {
 	// RestoredFrom is the snapshot the copy was filled from; nil for a
 	// workspace made empty.
 	RestoredFrom *agentv1.WorkspaceSnapshot `json:"restoredFrom,omitempty"`
+	// Pinned is set when the workspace's placement names this node
+	// (WorkspaceSpec.pinned): a draining agent does not wait for it to
+	// move. Absent from a record of an earlier agent: the drain waits
+	// for such a workspace as for any that may move.
+	Pinned bool `json:"pinned,omitempty"`
 }
 
 // workspaceFiles is the state directory of the workspaces:
