@@ -18,6 +18,7 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/status"
+	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
@@ -58,6 +59,10 @@ type AgentState struct {
 	Ready bool
 	// Connected is true while the agent's Watch stream works.
 	Connected bool
+	// Draining is true when the agent was asked to stop (SIGTERM: a
+	// DaemonSet rollout, a node shutdown) and moves its workspaces off
+	// before it exits (Readiness.draining); such an agent is not Ready.
+	Draining bool
 	// UnreachableFor is how long, on the controller's monotonic clock, the
 	// agent has been without a working stream; zero while connected.
 	UnreachableFor time.Duration
@@ -108,6 +113,13 @@ type AgentRegistryOptions struct {
 	// Notify receives one event per task event an agent reports, naming the
 	// task, so that it is reconciled.
 	Notify chan<- event.TypedGenericEvent[*bashtaskv1alpha1.BashTask]
+	// AgentChanged, when set, receives the agent's Node (only its name
+	// set) each time an agent repeats its info on its Watch stream (its
+	// readiness changed), and when a stream begins with the agent
+	// draining, so that the workspaces of that node are reconciled: a
+	// draining agent's workspaces move at once, not at their next
+	// refresh.
+	AgentChanged chan<- event.TypedGenericEvent[*corev1.Node]
 	// Held, when set, receives each task an agent lists at the start of a
 	// Watch stream (its CURRENT events), so that tasks whose BashTask is
 	// gone are found on every (re)connect; see OrphanCollector.
@@ -257,17 +269,29 @@ func (r *AgentRegistry) sync(ctx context.Context) error {
 	return nil
 }
 
-// agentAddresses reads the ready agent endpoints of the Service's
-// EndpointSlices: node name to host:port.
+// agentAddresses reads the agent endpoints of the Service's
+// EndpointSlices: node name to host:port (endpointAddresses).
 func agentAddresses(ctx context.Context, reader client.Reader, namespace, service, portName string) (map[string]string, error) {
 	var slices discoveryv1.EndpointSliceList
 	if err := reader.List(ctx, &slices, client.InNamespace(namespace),
 		client.MatchingLabels{discoveryv1.LabelServiceName: service}); err != nil {
 		return nil, fmt.Errorf("listing EndpointSlices of service %s/%s: %w", namespace, service, err)
 	}
-	want := map[string]string{} // node -> host:port
-	for i := range slices.Items {
-		s := &slices.Items[i]
+	return endpointAddresses(slices.Items, portName), nil
+}
+
+// endpointAddresses picks one endpoint per node: a ready one (or one of
+// unknown readiness), else a terminating one. A terminating endpoint is
+// never ready (the EndpointSlice API's rule, whatever its readiness
+// probe says), yet its agent serves until it exits, and a draining agent
+// needs the controller until then to move its workspaces
+// (docs/workspaces.md, "Agent shutdown"). An endpoint that is neither,
+// an agent not ready yet, is left out.
+func endpointAddresses(items []discoveryv1.EndpointSlice, portName string) map[string]string {
+	want := map[string]string{}        // node -> host:port
+	terminating := map[string]string{} // node -> host:port
+	for i := range items {
+		s := &items[i]
 		port := pickPort(s, portName)
 		if port == 0 {
 			continue
@@ -276,13 +300,21 @@ func agentAddresses(ctx context.Context, reader client.Reader, namespace, servic
 			if ep.NodeName == nil || *ep.NodeName == "" || len(ep.Addresses) == 0 {
 				continue
 			}
-			if ep.Conditions.Ready != nil && !*ep.Conditions.Ready {
-				continue
+			addr := net.JoinHostPort(ep.Addresses[0], strconv.Itoa(int(port)))
+			switch {
+			case ep.Conditions.Ready == nil || *ep.Conditions.Ready:
+				want[*ep.NodeName] = addr
+			case ep.Conditions.Terminating != nil && *ep.Conditions.Terminating:
+				terminating[*ep.NodeName] = addr
 			}
-			want[*ep.NodeName] = net.JoinHostPort(ep.Addresses[0], strconv.Itoa(int(port)))
 		}
 	}
-	return want, nil
+	for node, addr := range terminating {
+		if _, ok := want[node]; !ok {
+			want[node] = addr
+		}
+	}
+	return want
 }
 
 func pickPort(s *discoveryv1.EndpointSlice, portName string) int32 {
@@ -563,6 +595,7 @@ func (a *agentConn) state(now time.Time) AgentState {
 		s.Capacity = int(a.info.GetCapacity())
 		s.AmbientEnv = a.info.GetReadiness().GetAmbientEnv()
 		s.Ready = s.Connected && a.info.GetReadiness().GetReady()
+		s.Draining = a.info.GetReadiness().GetDraining()
 		s.Isolation = a.info.GetReadiness().GetIsolation()
 		s.TaskNetwork = a.info.GetReadiness().GetTaskNetwork()
 		s.AllowedNetworks = slices.Clone(a.info.GetReadiness().GetAllowedNetworks())
@@ -605,6 +638,22 @@ func (a *agentConn) observe(ts *agentv1.TaskStatus, forgotten, fromReply bool) {
 		a.running[uid] = true
 	} else {
 		delete(a.running, uid)
+	}
+}
+
+// agentChanged tells AgentChanged, when set, that the agent of node
+// changed; it fails only when ctx ends first.
+func (r *AgentRegistry) agentChanged(ctx context.Context, node string) error {
+	if r.opts.AgentChanged == nil {
+		return nil
+	}
+	n := &corev1.Node{}
+	n.Name = node
+	select {
+	case r.opts.AgentChanged <- event.TypedGenericEvent[*corev1.Node]{Object: n}:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
 	}
 }
 
@@ -679,7 +728,13 @@ func (a *agentConn) watchOnce(ctx context.Context, r *AgentRegistry) (healthy bo
 	a.unreachableSince = time.Time{}
 	a.mu.Unlock()
 	r.opts.Log.Info("Agent connected", "node", a.node, "pod", info.GetPodName(), "incarnation", info.GetIncarnationId(),
-		"capacity", info.GetCapacity(), "ready", info.GetReadiness().GetReady(), "ambientEnv", info.GetReadiness().GetAmbientEnv())
+		"capacity", info.GetCapacity(), "ready", info.GetReadiness().GetReady(), "ambientEnv", info.GetReadiness().GetAmbientEnv(),
+		"draining", info.GetReadiness().GetDraining())
+	if info.GetReadiness().GetDraining() {
+		if err := r.agentChanged(ctx, a.node); err != nil {
+			return true, err
+		}
+	}
 	for {
 		msg, err := stream.Recv()
 		if err != nil {
@@ -690,6 +745,11 @@ func (a *agentConn) watchOnce(ctx context.Context, r *AgentRegistry) (healthy bo
 			a.mu.Lock()
 			a.info = info
 			a.mu.Unlock()
+			r.opts.Log.V(1).Info("Agent readiness changed", "node", a.node, "ready", info.GetReadiness().GetReady(),
+				"draining", info.GetReadiness().GetDraining(), "problems", info.GetReadiness().GetProblems())
+			if err := r.agentChanged(ctx, a.node); err != nil {
+				return true, err
+			}
 			continue
 		}
 		ev := msg.GetTask()

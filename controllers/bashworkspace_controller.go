@@ -27,6 +27,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	agentv1 "github.com/bashtask/bashtask-operator/api/agent/v1"
 	bashtaskv1alpha1 "github.com/bashtask/bashtask-operator/api/v1alpha1"
@@ -86,8 +87,11 @@ func NewBashWorkspaceReconciler(c client.Client, apiReader client.Reader, agents
 
 // SetupWithManager registers the reconciler, its cache index and its event
 // sources: BashWorkspace changes, the start and end of the workspace's
-// tasks (their phase), and Node deletions.
-func (r *BashWorkspaceReconciler) SetupWithManager(mgr ctrl.Manager, workers int) error {
+// tasks (their phase), Node deletions and scheduling changes, and, from
+// agentChanges when it is not nil (AgentRegistryOptions.AgentChanged),
+// the nodes whose agent's readiness changed, such as an agent that began
+// to drain.
+func (r *BashWorkspaceReconciler) SetupWithManager(mgr ctrl.Manager, agentChanges <-chan event.TypedGenericEvent[*corev1.Node], workers int) error {
 	if err := mgr.GetFieldIndexer().IndexField(context.Background(), &bashtaskv1alpha1.BashWorkspace{}, IndexWorkspaceNode,
 		func(o client.Object) []string {
 			if n := ptr.Deref(o.(*bashtaskv1alpha1.BashWorkspace).Status.NodeName, ""); n != "" {
@@ -97,7 +101,7 @@ func (r *BashWorkspaceReconciler) SetupWithManager(mgr ctrl.Manager, workers int
 		}); err != nil {
 		return fmt.Errorf("indexing BashWorkspaces by %s: %w", IndexWorkspaceNode, err)
 	}
-	return ctrl.NewControllerManagedBy(mgr).
+	b := ctrl.NewControllerManagedBy(mgr).
 		For(&bashtaskv1alpha1.BashWorkspace{}).
 		Named("bashworkspace").
 		WithOptions(controller.Options{MaxConcurrentReconciles: workers}).
@@ -109,8 +113,12 @@ func (r *BashWorkspaceReconciler) SetupWithManager(mgr ctrl.Manager, workers int
 				UpdateFunc:  func(event.UpdateEvent) bool { return false },
 				DeleteFunc:  func(event.DeleteEvent) bool { return true },
 				GenericFunc: func(event.GenericEvent) bool { return false },
-			}))).
-		Complete(r)
+			})))
+	if agentChanges != nil {
+		b = b.WatchesRawSource(source.Channel(agentChanges, handler.TypedEnqueueRequestsFromMapFunc(
+			func(ctx context.Context, n *corev1.Node) []reconcile.Request { return r.workspacesOnNode(ctx, n) })))
+	}
+	return b.Complete(r)
 }
 
 // workspaceOfTask maps a task to the workspace it names.
@@ -136,7 +144,7 @@ func taskPhaseChanged() predicate.Predicate {
 	}
 }
 
-// workspacesOnNode maps a deleted Node to the workspaces it held.
+// workspacesOnNode maps a Node to the workspaces it holds.
 func (r *BashWorkspaceReconciler) workspacesOnNode(ctx context.Context, o client.Object) []reconcile.Request {
 	var list bashtaskv1alpha1.BashWorkspaceList
 	if err := r.client.List(ctx, &list, client.MatchingFields{IndexWorkspaceNode: o.GetName()}); err != nil {

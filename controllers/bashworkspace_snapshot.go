@@ -99,19 +99,26 @@ func (r *BashWorkspaceReconciler) snapshots(ctx context.Context, ws *bashtaskv1a
 	return reconcile.Result{}, false, nil
 }
 
-// drained says why the workspace moves off its node, or "": its node no
-// longer takes new work (cordoned by kubectl cordon or drain, not Ready,
-// or tainted against the agent), its agent can snapshot, and its
-// placement does not pin it to that node. Such a workspace is suspended
-// once its running tasks end, and its next task restores it on a node
-// that takes work.
+// drained says why the workspace moves off its node, or "": its agent
+// is draining (asked to stop: a DaemonSet rollout, a node shutdown), or
+// its node no longer takes new work (cordoned by kubectl cordon or drain,
+// not Ready, or tainted against the agent), its agent can snapshot, and
+// its placement does not pin it to that node. Such a workspace is
+// suspended once its running tasks end, and its next task restores it on
+// a node that takes work.
 func (r *BashWorkspaceReconciler) drained(ctx context.Context, ws *bashtaskv1alpha1.BashWorkspace) string {
 	node := ptr.Deref(ws.Status.NodeName, "")
 	if node == "" || ptr.Deref(ws.Spec.NodeName, "") != "" {
 		return ""
 	}
-	if a := r.agents.Agent(node); !slices.Contains(a.Capabilities, "snapshots") {
+	a := r.agents.Agent(node)
+	if !slices.Contains(a.Capabilities, "snapshots") {
 		return "" // no bucket to move through: it stays where its files are
+	}
+	if a.Connected && a.Draining {
+		// The agent waits for this (within its
+		// --shutdown-workspace-timeout) before it stops.
+		return fmt.Sprintf("the agent on node %s is shutting down: moving to another node", node)
 	}
 	var n corev1.Node
 	if err := r.client.Get(ctx, types.NamespacedName{Name: node}, &n); err != nil {

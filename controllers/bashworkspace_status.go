@@ -31,6 +31,9 @@ func workspaceSpec(ws *bashtaskv1alpha1.BashWorkspace) *agentv1.WorkspaceSpec {
 		Network:         string(ptr.Deref(ws.Spec.Network, "")),
 		CarryWorkingDir: true,
 		Owner:           ptr.Deref(ws.Spec.Owner, ""),
+		// A draining agent waits only for the workspaces the controller
+		// moves (drained).
+		Pinned: ptr.Deref(ws.Spec.NodeName, "") != "",
 	}
 	if ws.Spec.Storage != nil {
 		spec.StorageBytes = ws.Spec.Storage.Value()

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/labels"
@@ -215,6 +216,7 @@ func run(cmd *cobra.Command, o *options) error {
 	}
 
 	agentEvents := make(chan event.TypedGenericEvent[*bashtaskv1alpha1.BashTask], 1024)
+	agentChanges := make(chan event.TypedGenericEvent[*corev1.Node], 64)
 	held := make(chan controllers.HeldTask, 1024)
 	registry, err := controllers.NewAgentRegistry(controllers.AgentRegistryOptions{
 		Reader:           mgr.GetClient(),
@@ -224,6 +226,7 @@ func run(cmd *cobra.Command, o *options) error {
 		TLS:              tlsCfg,
 		Clock:            clock.RealClock{},
 		Notify:           agentEvents,
+		AgentChanged:     agentChanges,
 		Held:             held,
 		Fence:            fencer,
 		WorkspaceLease:   o.agentLost / 2,
@@ -271,7 +274,7 @@ func run(cmd *cobra.Command, o *options) error {
 	}
 	wr := controllers.NewBashWorkspaceReconciler(mgr.GetClient(), mgr.GetAPIReader(), registry,
 		mgr.GetEventRecorder("bashtask-controller"), clock.RealClock{}, ropts)
-	if err := wr.SetupWithManager(mgr, o.workers); err != nil {
+	if err := wr.SetupWithManager(mgr, agentChanges, o.workers); err != nil {
 		return fmt.Errorf("setting up the BashWorkspace controller: %w", err)
 	}
 	if err := metrics.Registry.Register(controllers.NewWorkspacePhases(mgr.GetClient())); err != nil {

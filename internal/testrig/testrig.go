@@ -15,6 +15,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -24,6 +25,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/keepalive"
+	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	"k8s.io/utils/clock"
 	"k8s.io/utils/ptr"
@@ -144,6 +146,11 @@ type Agent struct {
 	done   chan struct{}
 	// offline is set between Disconnect and Reconnect.
 	offline atomic.Bool
+	// cfg and files start the agent again (Rig.RestartAgent).
+	cfg   agent.Config
+	files *tlsutil.Files
+	// stop makes Stop happen once.
+	stop sync.Once
 }
 
 // Disconnect stops serving gRPC, as if the agent vanished from the network;
@@ -178,11 +185,44 @@ func newGRPCServer(tlsCfg *tls.Config, srv *agent.Server, extra ...grpc.ServerOp
 }
 
 // Stop ends the agent: its running tasks are stopped, its server closed.
+// Later calls do nothing.
 func (a *Agent) Stop() {
-	a.cancel()
-	<-a.done
-	a.grpc.Stop()
-	_ = a.Server.Close()
+	a.stop.Do(func() {
+		a.cancel()
+		<-a.done
+		a.grpc.Stop()
+		_ = a.Server.Close()
+	})
+}
+
+// Shutdown stops the agent as bashtask-agent does on SIGTERM: it drains
+// first, for at most workspaceTimeout (Server.Drain: it reports itself
+// draining, stops its tasks and waits while the controller moves its
+// workspaces), then stops as Stop does. It returns the drain's result.
+func (a *Agent) Shutdown(workspaceTimeout time.Duration) agent.DrainResult {
+	ctx, cancel := context.WithTimeout(context.Background(), workspaceTimeout)
+	defer cancel()
+	res := a.Server.Drain(ctx)
+	a.Stop()
+	return res
+}
+
+// RestartAgent starts the node's agent again after Stop or Shutdown, at
+// its address with its configuration and state directory, as a
+// DaemonSet's new pod on the same node: it takes up the workspaces its
+// state directory holds. Agents[node] is the new agent afterwards.
+func (r *Rig) RestartAgent(node string) error {
+	old := r.Agents[node]
+	if old == nil {
+		return fmt.Errorf("no agent on node %s", node)
+	}
+	old.Stop()
+	a, err := startAgent(r.ctx, old.cfg, old.Addr, old.files, old.opts)
+	if err != nil {
+		return fmt.Errorf("restarting the agent of %s: %w", node, err)
+	}
+	r.Agents[node] = a
+	return nil
 }
 
 // Start launches the rig. Stop it with Stop.
@@ -348,7 +388,8 @@ func startAgent(ctx context.Context, cfg agent.Config, addr string, files *tlsut
 	}
 	go func() { _ = g.Serve(lis) }()
 	runCtx, cancel := context.WithCancel(ctx)
-	a := &Agent{Node: node, Addr: addr, Server: srv, StateDir: stateDir, grpc: g, tls: tlsCfg, opts: serverOpts, cancel: cancel, done: make(chan struct{})}
+	a := &Agent{Node: node, Addr: addr, Server: srv, StateDir: stateDir, grpc: g, tls: tlsCfg, opts: serverOpts, cancel: cancel, done: make(chan struct{}),
+		cfg: cfg, files: files}
 	go func() { defer close(a.done); _ = srv.Run(runCtx) }()
 	return a, nil
 }
@@ -377,10 +418,11 @@ func (r *Rig) startController() error {
 		return err
 	}
 	events := make(chan event.TypedGenericEvent[*bashtaskv1alpha1.BashTask], 1024)
+	agentChanges := make(chan event.TypedGenericEvent[*corev1.Node], 64)
 	held := make(chan controllers.HeldTask, 1024)
 	registry, err := controllers.NewAgentRegistry(controllers.AgentRegistryOptions{
 		Reader: mgr.GetClient(), ServiceNamespace: localcluster.AgentNamespace, ServiceName: localcluster.AgentService,
-		PortName: localcluster.AgentPortName, TLS: tlsCfg, Clock: clock.RealClock{}, Notify: events, Held: held,
+		PortName: localcluster.AgentPortName, TLS: tlsCfg, Clock: clock.RealClock{}, Notify: events, AgentChanged: agentChanges, Held: held,
 		WorkspaceLease: opts.AgentLostAfter / 2, Log: ctrl.Log.WithName("agents"),
 	})
 	if err != nil {
@@ -397,7 +439,7 @@ func (r *Rig) startController() error {
 	}
 	workspaces := controllers.NewBashWorkspaceReconciler(mgr.GetClient(), mgr.GetAPIReader(), registry,
 		mgr.GetEventRecorder("bashtask-controller"), clock.RealClock{}, opts)
-	if err := workspaces.SetupWithManager(mgr, workers); err != nil {
+	if err := workspaces.SetupWithManager(mgr, agentChanges, workers); err != nil {
 		return err
 	}
 	orphans, err := controllers.NewOrphanCollector(controllers.OrphanCollectorOptions{
