@@ -273,7 +273,9 @@ func runServe(ctx context.Context, o *serveOptions) error {
 	log.Info("agent serving", "listen", lis.Addr().String(), "node", cfg.NodeName, "incarnation", srv.IncarnationID(),
 		"stateDir", cfg.StateDir, "bucket", srv.BucketURL(), "controllerIdentity", o.controllerIdentity)
 
-	runCtx, cancelRun := context.WithCancel(ctx)
+	// Run's stop begins only after the drain: cancelRun, not the signal,
+	// ends its context.
+	runCtx, cancelRun := context.WithCancel(context.WithoutCancel(ctx))
 	runDone := make(chan error, 1)
 	go func() { runDone <- srv.Run(runCtx) }()
 	var serveErr error
