@@ -24,6 +24,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/serializer"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/bashtask/bashtask-operator/controllers"
@@ -374,6 +375,20 @@ func checkWiring(t *testing.T, objs []*unstructured.Unstructured, namespace stri
 	}
 
 	pod := daemonSet.Spec.Template.Spec
+	// On SIGTERM the agent waits while its workspaces move, then gives open
+	// calls their time (docs/workspaces.md, "Agent shutdown"): kubelet's
+	// SIGKILL must come after both.
+	var stopFor time.Duration
+	for flag, def := range map[string]string{"shutdown-workspace-timeout": "30s", "shutdown-timeout": "30s"} {
+		d, err := time.ParseDuration(valueOr(flagValues(agent.Args), flag, def))
+		if err != nil {
+			t.Errorf("agent --%s: %v", flag, err)
+		}
+		stopFor += d
+	}
+	if grace := time.Duration(ptr.Deref(pod.TerminationGracePeriodSeconds, 30)) * time.Second; grace <= stopFor {
+		t.Errorf("agent terminationGracePeriodSeconds %v: want more than --shutdown-workspace-timeout plus --shutdown-timeout, %v", grace, stopFor)
+	}
 	// The controller keeps new tasks off nodes whose taints the agent's
 	// configured tolerations do not tolerate: it must be given the same.
 	tolerations, err := controllers.ParseAgentTolerations(flags["agent-tolerations"])

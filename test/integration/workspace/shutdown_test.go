@@ -43,7 +43,10 @@ func TestAgentShutdownMovesWorkspaces(t *testing.T) {
 	// Still running at the stop, past its SIGTERM by its grace period: the
 	// agent's stop ends it, and its file moves too.
 	running := newTask(ns, "running", "moves", `trap '' TERM; echo also-written > g; echo started; sleep 300`,
-		func(bt *v1.BashTask) { bt.Spec.TimeoutSeconds = ptr.To[int32](600); bt.Spec.KillGracePeriodSeconds = ptr.To[int32](2) })
+		func(bt *v1.BashTask) {
+			bt.Spec.TimeoutSeconds = ptr.To[int32](600)
+			bt.Spec.KillGracePeriodSeconds = ptr.To[int32](2)
+		})
 	create(t, running)
 	g.Eventually(func(g Gomega) string { return stdout(getTask(g, running)) }).WithTimeout(waitLong).Should(Equal("started\n"))
 	g.Expect(getWorkspace(g, ws).Status.Snapshot).To(BeNil(), "no snapshot before the stop")
