@@ -22,6 +22,16 @@ import (
 // restores only from the snapshot recorded in the workspace's status, so
 // an object it was never told of would restore nothing.
 
+// DefaultDrainUnwatchedLimit is Config.DrainUnwatchedLimit's default: long
+// enough for a controller that restarts, or whose stream broke, to watch
+// again, short enough that an agent whose controller is gone (stopped
+// before it, as a local cluster goes down, or on the same node as it
+// shuts down) does not wait its whole --shutdown-workspace-timeout.
+const DefaultDrainUnwatchedLimit = 10 * time.Second
+
+// drainPoll is how often a drain looks whether a controller watches.
+const drainPoll = 250 * time.Millisecond
+
 // DrainResult says what a [Server.Drain] did.
 type DrainResult struct {
 	// StoppedTasks counts the running tasks the drain stopped; they end
@@ -32,10 +42,14 @@ type DrainResult struct {
 	// "snapshots" capability) and not pinned to this node.
 	Movable int
 	// Left counts those still held when the drain ended: the controller
-	// did not release them within the drain's time. They stay in the
+	// did not release them within the drain's time, or no controller
+	// watched the agent for Config.DrainUnwatchedLimit. They stay in the
 	// state directory, where the agent's next start on this node takes
 	// them up.
 	Left int
+	// Unwatched is set when the drain ended because no controller watched
+	// the agent.
+	Unwatched bool
 	// Took is how long the drain lasted.
 	Took time.Duration
 }
@@ -45,8 +59,8 @@ type DrainResult struct {
 // refuses new tasks and new workspaces (UNAVAILABLE) while it keeps
 // serving Watch, the workspace calls and the task reads, stops its
 // running tasks (TERM, grace, KILL; they end AgentRestarted, as at any
-// shutdown), and waits until it holds no workspace that may move, or ctx
-// ends. A workspace may move when the agent has the "snapshots"
+// shutdown), and waits until it holds no workspace that may move, ctx
+// ends, or no Watch stream was open for Config.DrainUnwatchedLimit. A workspace may move when the agent has the "snapshots"
 // capability and the workspace is not pinned (WorkspaceSpec.pinned); the
 // controller moves each once its tasks ended (snapshot, then
 // DeleteWorkspace). Drain returns at once when nothing may move. It is
@@ -66,37 +80,49 @@ func (s *Server) Drain(ctx context.Context) DrainResult {
 	s.log.Info("draining: moving workspaces off this node before the agent stops",
 		"stoppedTasks", res.StoppedTasks, "workspaces", res.Movable)
 
-	res.Left = s.waitMoved(ctx, res.Movable)
+	res.Left, res.Unwatched = s.waitMoved(ctx, res.Movable)
 	res.Took = time.Since(began)
 	if res.Left > 0 {
 		s.log.Warn("drain ended with workspaces still on this node: they stay in the state directory for the agent's next start here",
-			"workspaces", res.Left, "moved", res.Movable-res.Left, "took", res.Took.Round(time.Millisecond))
+			"workspaces", res.Left, "moved", res.Movable-res.Left, "noController", res.Unwatched, "took", res.Took.Round(time.Millisecond))
 	} else {
 		s.log.Info("drained", "moved", res.Movable, "took", res.Took.Round(time.Millisecond))
 	}
 	return res
 }
 
-// waitMoved waits until the agent holds no workspace that may move, or
-// ctx ends, and returns how many it still holds. last is the count the
-// watchers saw; each change goes to them, since it is in the readiness
-// problem.
-func (s *Server) waitMoved(ctx context.Context, last int) int {
+// waitMoved waits until the agent holds no workspace that may move, ctx
+// ends, or no Watch stream was open for Config.DrainUnwatchedLimit (looked
+// at every drainPoll), and returns how many it still holds and whether it
+// gave up for want of a controller. last is the count the watchers saw;
+// each change goes to them, since it is in the readiness problem.
+func (s *Server) waitMoved(ctx context.Context, last int) (left int, unwatched bool) {
+	poll := time.NewTicker(drainPoll)
+	defer poll.Stop()
+	var since time.Time // when the agent was last seen without a watcher; zero while watched
 	for {
 		s.mu.Lock()
-		left, changed := s.ws.movableLocked(), s.ws.changed
+		left, changed, watched := s.ws.movableLocked(), s.ws.changed, len(s.watchers) > 0
 		if left != last {
 			last = left
 			s.broadcastLocked(&agentv1.WatchResponse{Event: &agentv1.WatchResponse_Agent{Agent: s.agentInfoLocked()}})
 		}
 		s.mu.Unlock()
-		if left == 0 {
-			return 0
+		switch {
+		case left == 0:
+			return 0, false
+		case watched:
+			since = time.Time{}
+		case since.IsZero():
+			since = time.Now()
+		case time.Since(since) >= s.cfg.DrainUnwatchedLimit:
+			return left, true
 		}
 		select {
 		case <-changed:
+		case <-poll.C:
 		case <-ctx.Done():
-			return left
+			return left, false
 		}
 	}
 }

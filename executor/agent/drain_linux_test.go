@@ -161,8 +161,9 @@ func TestDrainWaitsForMovableWorkspaces(t *testing.T) {
 }
 
 // A drain that the controller does not finish ends at its context's
-// deadline, with the workspace kept on the node; and an agent without a
-// bucket the nodes share moves nothing, so it does not wait.
+// deadline, or once no controller watched the agent for a while, with the
+// workspace kept on the node; and an agent without a bucket the nodes
+// share moves nothing, so it does not wait.
 func TestDrainEnds(t *testing.T) {
 	t.Run("at its deadline", func(t *testing.T) {
 		r := newRig(t, tenantLevel(2101410, 2101419), withBucket(t.TempDir()))
@@ -177,6 +178,18 @@ func TestDrainEnds(t *testing.T) {
 		}
 		if _, err := wc.GetWorkspace(t.Context(), &agentv1.GetWorkspaceRequest{Uid: "m2"}); err != nil {
 			t.Errorf("the workspace after the drain: %v, want it kept", err)
+		}
+	})
+	t.Run("without a controller", func(t *testing.T) {
+		r := newRig(t, tenantLevel(2101430, 2101439), withBucket(t.TempDir()),
+			func(c *Config) { c.DrainUnwatchedLimit = 300 * time.Millisecond })
+		ensure(t, r.workspaceClient(), "m4", "None", false)
+		ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+		defer cancel()
+		began := time.Now()
+		res := r.srv.Drain(ctx)
+		if took := time.Since(began); !res.Unwatched || res.Left != 1 || took < 300*time.Millisecond || took > 10*time.Second {
+			t.Errorf("drain %+v after %v: want it to end for want of a Watch stream after 300 ms, the workspace left", res, took)
 		}
 	})
 	t.Run("without a shared bucket", func(t *testing.T) {

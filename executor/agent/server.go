@@ -123,6 +123,11 @@ type Config struct {
 	// MaxWorkspaces is how many workspaces the agent holds at most
 	// (--max-workspaces); zero means DefaultMaxWorkspaces.
 	MaxWorkspaces int
+	// DrainUnwatchedLimit is how long Drain goes on while no Watch stream
+	// is open: the controller moves workspaces only while it watches, so
+	// with none for this long nothing will move. Zero means
+	// DefaultDrainUnwatchedLimit.
+	DrainUnwatchedLimit time.Duration
 }
 
 // Server serves the Executor protocol. Create it with New, start its
@@ -346,6 +351,9 @@ func setDefaults(cfg *Config) {
 	}
 	if cfg.WatchBuffer <= 0 {
 		cfg.WatchBuffer = DefaultWatchBuffer
+	}
+	if cfg.DrainUnwatchedLimit <= 0 {
+		cfg.DrainUnwatchedLimit = DefaultDrainUnwatchedLimit
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
