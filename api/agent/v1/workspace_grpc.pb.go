@@ -50,7 +50,9 @@ type WorkspacesClient interface {
 	// does not allow (the message names the field and the limit);
 	// RESOURCE_EXHAUSTED when every UID of the task range is leased or the
 	// agent holds its --max-workspaces; UNAVAILABLE while the agent is not
-	// ready. FAILED_PRECONDITION for a fence older than the newest seen.
+	// ready, and for a workspace it does not hold while it drains
+	// (Readiness.draining). FAILED_PRECONDITION for a fence older than the
+	// newest seen.
 	EnsureWorkspace(ctx context.Context, in *EnsureWorkspaceRequest, opts ...grpc.CallOption) (*EnsureWorkspaceResponse, error)
 	// GetWorkspace returns a workspace's state now: bytes used, the
 	// directory its next task starts in, its running tasks. NOT_FOUND for a
@@ -156,7 +158,9 @@ type WorkspacesServer interface {
 	// does not allow (the message names the field and the limit);
 	// RESOURCE_EXHAUSTED when every UID of the task range is leased or the
 	// agent holds its --max-workspaces; UNAVAILABLE while the agent is not
-	// ready. FAILED_PRECONDITION for a fence older than the newest seen.
+	// ready, and for a workspace it does not hold while it drains
+	// (Readiness.draining). FAILED_PRECONDITION for a fence older than the
+	// newest seen.
 	EnsureWorkspace(context.Context, *EnsureWorkspaceRequest) (*EnsureWorkspaceResponse, error)
 	// GetWorkspace returns a workspace's state now: bytes used, the
 	// directory its next task starts in, its running tasks. NOT_FOUND for a
