@@ -238,7 +238,7 @@ func TestSnapshotInterval(t *testing.T) {
 	g.Eventually(func(g Gomega) {
 		first = getWorkspace(g, ws).Status.Snapshot
 		g.Expect(first).NotTo(BeNil())
-	}).WithTimeout(waitLong).WithPolling(100 * time.Millisecond).Should(Succeed(), "a first snapshot once the task runs")
+	}).WithTimeout(waitLong).WithPolling(100*time.Millisecond).Should(Succeed(), "a first snapshot once the task runs")
 	g.Expect(first.Request).To(BeNil(), "taken for the interval, not asked for")
 	var second *v1.WorkspaceSnapshotStatus
 	g.Eventually(func(g Gomega) {
