@@ -401,7 +401,10 @@ func (r *BashWorkspaceReconciler) idle(ctx context.Context, ws *bashtaskv1alpha1
 	if wait := since.Add(time.Duration(*timeout) * time.Second).Sub(r.clock.Now()); wait > 0 {
 		return reconcile.Result{RequeueAfter: min(wait, r.opts.WorkspaceRefreshInterval)}, nil
 	}
-	active, err := r.hasUnfinishedTasks(ctx, ws)
+	// Read live, not from the cache: a task created a moment ago that the
+	// cache has not seen yet would otherwise be dispatched to a copy the
+	// suspend or the deletion is about to remove.
+	active, err := r.hasUnfinishedTasks(ctx, r.apiReader, ws)
 	if err != nil || active {
 		return refresh, err
 	}
@@ -430,11 +433,12 @@ func (r *BashWorkspaceReconciler) idle(ctx context.Context, ws *bashtaskv1alpha1
 }
 
 // hasUnfinishedTasks reports whether a task naming ws has not finished,
-// from the cache. It lists the namespace's tasks: it runs only when an idle
-// timeout is due.
-func (r *BashWorkspaceReconciler) hasUnfinishedTasks(ctx context.Context, ws *bashtaskv1alpha1.BashWorkspace) (bool, error) {
+// as reader (the cache, or the API server itself) lists the namespace's
+// tasks: it runs only when an idle timeout is due or a suspended workspace
+// is looked at.
+func (r *BashWorkspaceReconciler) hasUnfinishedTasks(ctx context.Context, reader client.Reader, ws *bashtaskv1alpha1.BashWorkspace) (bool, error) {
 	var list bashtaskv1alpha1.BashTaskList
-	if err := r.client.List(ctx, &list, client.InNamespace(ws.Namespace)); err != nil {
+	if err := reader.List(ctx, &list, client.InNamespace(ws.Namespace)); err != nil {
 		return false, fmt.Errorf("listing the tasks of workspace %s: %w", klog.KObj(ws), err)
 	}
 	for i := range list.Items {

@@ -187,6 +187,16 @@ func (r *BashWorkspaceReconciler) suspend(ctx context.Context, ws *bashtaskv1alp
 func (r *BashWorkspaceReconciler) reconcileSuspended(ctx context.Context, ws *bashtaskv1alpha1.BashWorkspace, old *bashtaskv1alpha1.BashWorkspaceStatus, p *workspacePass) (reconcile.Result, error) {
 	if node := ptr.Deref(ws.Status.NodeName, ""); node != "" {
 		if a := r.agents.Agent(node); a.Connected {
+			// A task's reconciler that read the workspace Ready from its
+			// cache just before the suspend was written may have started a
+			// task on the copy since: keep the copy and its task rather
+			// than cancel it, and suspend again once it ends.
+			if st, err := r.agents.GetWorkspace(ctx, node, string(ws.UID)); err == nil && st.GetRunningTasks() > 0 {
+				n := st.GetRunningTasks()
+				ws.Status.RunningTasks = ptr.To(n)
+				setWorkspacePhase(ws, bashtaskv1alpha1.WorkspaceReady, fmt.Sprintf("the suspend was given up: %d tasks started on node %s meanwhile; it is suspended again once they end", n, node))
+				return reconcile.Result{RequeueAfter: r.opts.WorkspaceRefreshInterval}, nil
+			}
 			if _, err := r.agents.DeleteWorkspace(ctx, node, string(ws.UID)); err != nil {
 				return reconcile.Result{}, fmt.Errorf("releasing the copy of suspended workspace %s: %w", klog.KObj(ws), err)
 			}
@@ -208,7 +218,7 @@ func (r *BashWorkspaceReconciler) reconcileSuspended(ctx context.Context, ws *ba
 	wanted := ptr.Deref(ws.Status.ObservedGeneration, 0) != ws.Generation
 	if !wanted {
 		var err error
-		if wanted, err = r.hasUnfinishedTasks(ctx, ws); err != nil {
+		if wanted, err = r.hasUnfinishedTasks(ctx, r.client, ws); err != nil {
 			return reconcile.Result{}, err
 		}
 	}
