@@ -175,7 +175,7 @@ func run(ctx context.Context, o options) (err error) {
 	if err := k8s.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: namespace}}); err != nil && !apierrors.IsAlreadyExists(err) {
 		return fmt.Errorf("creating namespace %s: %w", namespace, err)
 	}
-	if err := waitAdmission(ctx, k8s); err != nil {
+	if err := localcluster.WaitAdmission(ctx, k8s, namespace); err != nil {
 		return err
 	}
 	wctx, cancel := context.WithCancel(ctx)
@@ -262,36 +262,6 @@ func newClient(ctx context.Context, kubeconfig string) (client.WithWatch, error)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-}
-
-// waitAdmission waits until the API server applies the finalizer policy
-// to new BashTasks (dry-run creates): it loads a new policy some seconds
-// after its creation, and until then each task costs the controller a
-// patch of its own, on the path the bench measures.
-func waitAdmission(ctx context.Context, c client.Client) error {
-	deadline := time.Now().Add(2 * time.Minute)
-	var last error
-	for good := 0; good < 3; {
-		probe := &v1.BashTask{ObjectMeta: metav1.ObjectMeta{Name: "admission-probe", Namespace: namespace}, Spec: v1.BashTaskSpec{Command: "true"}}
-		err := c.Create(ctx, probe, client.DryRunAll)
-		switch {
-		case err != nil:
-			good, last = 0, err
-		case len(probe.Finalizers) == 0:
-			good, last = 0, fmt.Errorf("created without the finalizer")
-		default:
-			good++
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("the finalizer admission policy is not in effect after 2 minutes: %w", last)
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(200 * time.Millisecond):
-		}
-	}
-	return nil
 }
 
 // bench is one run: the client, its watches and the rounds measured.

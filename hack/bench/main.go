@@ -608,7 +608,7 @@ func newBench(ctx context.Context, cfg *rest.Config, o options) (*bench, error) 
 	if err := c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: namespace}}); err != nil && !apierrors.IsAlreadyExists(err) {
 		return nil, fmt.Errorf("creating namespace %s: %w", namespace, err)
 	}
-	if err := waitAdmission(ctx, c); err != nil {
+	if err := localcluster.WaitAdmission(ctx, c, namespace); err != nil {
 		return nil, err
 	}
 	bc, err := btclient.New(cfg)
@@ -631,39 +631,6 @@ func newBench(ctx context.Context, cfg *rest.Config, o options) (*bench, error) 
 		return nil, errors.New("the watch on BashTasks did not start in a minute")
 	}
 	return b, nil
-}
-
-// waitAdmission waits until the API server applies the finalizer policy
-// to new BashTasks, probing with dry-run creates. The API server loads a
-// MutatingAdmissionPolicy some seconds after it is created; until then
-// creates pass without the finalizer (costing the controller a write), and
-// for a moment after, fail with 503 "Resource kind ... not found" while
-// the policy's type converter for the CRD is built.
-func waitAdmission(ctx context.Context, c client.Client) error {
-	deadline := time.Now().Add(2 * time.Minute)
-	good := 0
-	var last error
-	for good < 3 {
-		probe := &v1.BashTask{ObjectMeta: metav1.ObjectMeta{Name: "admission-probe", Namespace: namespace}, Spec: v1.BashTaskSpec{Command: "true"}}
-		err := c.Create(ctx, probe, client.DryRunAll)
-		switch {
-		case err != nil:
-			good, last = 0, err
-		case len(probe.Finalizers) == 0:
-			good, last = 0, errors.New("created without the finalizer")
-		default:
-			good++
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("the finalizer admission policy is not in effect after 2 minutes: %w", last)
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(200 * time.Millisecond):
-		}
-	}
-	return nil
 }
 
 func (b *bench) close() {
