@@ -54,6 +54,7 @@ type reader struct {
 	parent  string // tree path of the cached parent directory descriptor
 	parentD int    // -1 when none
 	dirs    []restoredDir
+	pool    *filePool // completes small files (filepool_linux.go)
 	stats   Stats
 }
 
@@ -80,9 +81,12 @@ func Read(ctx context.Context, r io.Reader, root *os.File, o ReadOptions) (*Stat
 	if err != nil {
 		return nil, fmt.Errorf("snapshot: the zstd decoder: %w", err)
 	}
-	rd := &reader{ctx: ctx, root: int(root.Fd()), o: o, buf: make([]byte, readBufBytes), parentD: -1}
+	rd := &reader{ctx: ctx, root: int(root.Fd()), o: o, buf: make([]byte, readBufBytes), parentD: -1, pool: newFilePool(o.UID, o.GID)}
 	defer rd.dropParent()
 	err = rd.restore(tar.NewReader(zr))
+	if perr := rd.pool.wait(); err == nil {
+		err = perr
+	}
 	runtime.KeepAlive(root)
 	// The decoder reads ahead on a goroutine of its own: it stops before
 	// anything else reads the stream.
@@ -102,6 +106,9 @@ func (rd *reader) restore(tr *tar.Reader) error {
 	versioned := false
 	for {
 		if err := rd.ctx.Err(); err != nil {
+			return err
+		}
+		if err := rd.pool.err(); err != nil {
 			return err
 		}
 		h, err := tr.Next()
@@ -133,6 +140,11 @@ func (rd *reader) restore(tr *tar.Reader) error {
 	}
 	if !versioned {
 		return fmt.Errorf("%w: no global header with the format version (an empty or foreign stream)", ErrFormat)
+	}
+	// The directories' modes and times come after every file in them is
+	// complete.
+	if err := rd.pool.wait(); err != nil {
+		return err
 	}
 	return rd.finishDirs()
 }
@@ -227,57 +239,32 @@ func (rd *reader) file(dirFD int, leaf string, h *tar.Header, tr *tar.Reader, mo
 	if err != nil {
 		return fmt.Errorf("snapshot: member %q: %w", h.Name, err)
 	}
-	f := os.NewFile(uintptr(fd), h.Name)
-	defer f.Close()
-	for _, r := range ranges {
-		if r.len == 0 {
-			continue
-		}
-		if _, err := f.Seek(r.off, io.SeekStart); err != nil {
-			return fmt.Errorf("snapshot: member %q: %w", h.Name, err)
-		}
-		if _, err := io.CopyBuffer(onlyWriter{f}, io.LimitReader(tr, r.len), rd.buf); err != nil {
-			return fmt.Errorf("snapshot: member %q: %w", h.Name, err)
-		}
-	}
-	if err := f.Truncate(size); err != nil {
-		return fmt.Errorf("snapshot: member %q: %w", h.Name, err)
-	}
-	if err := f.Chown(int(rd.o.UID), int(rd.o.GID)); err != nil {
-		return fmt.Errorf("snapshot: member %q: %w", h.Name, err)
-	}
-	if err := f.Chmod(os.FileMode(mode&0o777) | goModeBits(mode)); err != nil {
-		return fmt.Errorf("snapshot: member %q: %w", h.Name, err)
-	}
-	ts := []unix.Timespec{{Nsec: unix.UTIME_OMIT}, unix.NsecToTimespec(h.ModTime.UnixNano())}
-	if err := unix.UtimesNanoAt(fd, "", ts, unix.AT_EMPTY_PATH); err != nil {
-		return fmt.Errorf("snapshot: member %q: %w", h.Name, err)
-	}
 	rd.stats.Files++
 	rd.stats.DataBytes += h.Size
-	return nil
-}
-
-// onlyWriter hides *os.File's ReadFrom, so that io.CopyBuffer uses the
-// given buffer instead of a small one of its own.
-type onlyWriter struct{ w io.Writer }
-
-func (o onlyWriter) Write(p []byte) (int, error) { return o.w.Write(p) }
-
-// goModeBits maps the set-user-ID, set-group-ID and sticky bits of a Unix
-// mode to os.FileMode's.
-func goModeBits(mode uint32) os.FileMode {
-	var m os.FileMode
-	if mode&unix.S_ISUID != 0 {
-		m |= os.ModeSetuid
+	if h.Size <= poolFileBytes {
+		buf := rd.pool.buffer()[:h.Size]
+		if _, err := io.ReadFull(tr, buf); err != nil {
+			unix.Close(fd)
+			rd.pool.release(buf)
+			return fmt.Errorf("snapshot: member %q: %w", h.Name, err)
+		}
+		rd.pool.submit(fileJob{fd: fd, member: h.Name, ranges: ranges, size: size, data: buf, mode: mode, mtime: h.ModTime})
+		return nil
 	}
-	if mode&unix.S_ISGID != 0 {
-		m |= os.ModeSetgid
+	defer unix.Close(fd)
+	for _, r := range ranges {
+		for done := int64(0); done < r.len; {
+			n, err := io.ReadFull(tr, rd.buf[:min(int64(len(rd.buf)), r.len-done)])
+			if err != nil {
+				return fmt.Errorf("snapshot: member %q: %w", h.Name, err)
+			}
+			if err := pwriteFull(fd, rd.buf[:n], r.off+done); err != nil {
+				return fmt.Errorf("snapshot: member %q: %w", h.Name, err)
+			}
+			done += int64(n)
+		}
 	}
-	if mode&unix.S_ISVTX != 0 {
-		m |= os.ModeSticky
-	}
-	return m
+	return completeFile(fd, h.Name, ranges, nil, size, int(rd.o.UID), int(rd.o.GID), mode, h.ModTime)
 }
 
 // link restores a hard link to a regular file restored before it.

@@ -8,6 +8,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"os/exec"
@@ -164,6 +165,21 @@ func buildTree(t *testing.T, dir string) {
 	_, err1 := sp.WriteAt(bytes.Repeat([]byte("a"), 8192), 1<<20)
 	_, err2 := sp.WriteAt(bytes.Repeat([]byte("b"), 4096), 40<<20)
 	mustRun(t, func() error { return errors.Join(err1, err2, sp.Truncate(64<<20), sp.Close()) })
+	// Files above the restore's pool size (1 MiB), which the reader
+	// writes as it streams: a plain one, a set-ID one, and a sparse one
+	// that ends in a hole.
+	big := make([]byte, 3<<20+17)
+	for i := range big {
+		big[i] = byte(i*7 + i>>13)
+	}
+	w("big", string(big), 0o4750)
+	spb, err := os.Create(filepath.Join(dir, "sparse-big"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err1 = spb.WriteAt(big[:2<<20], 0)
+	_, err2 = spb.WriteAt(big[:1<<20], 10<<20)
+	mustRun(t, func() error { return errors.Join(err1, err2, spb.Truncate(20<<20), spb.Close()) })
 	// A sparse file that is only a hole.
 	mustRun(t, func() error { return os.Truncate(filepath.Join(dir, "empty-file"), 0) })
 	hole, err := os.Create(filepath.Join(dir, "hole"))
@@ -228,7 +244,7 @@ func TestRoundTripEveryKind(t *testing.T) {
 		t.Errorf("counts: %+v", ws)
 	}
 	// The sparse file's holes are not in the archive.
-	if ws.DataBytes > 2<<20 {
+	if ws.DataBytes > 10<<20 {
 		t.Errorf("file data archived %d bytes: the holes of the sparse files were stored", ws.DataBytes)
 	}
 
@@ -472,5 +488,32 @@ func TestReadRefusesForeignStreams(t *testing.T) {
 				t.Fatal("no error")
 			}
 		})
+	}
+}
+
+// TestReadFullFileSystem fills the file system a restore writes to: the
+// error is ENOSPC and names a member, whether the reader or the file pool
+// met it, and the restore returns with every goroutine and file done.
+func TestReadFullFileSystem(t *testing.T) {
+	requireRoot(t)
+	src := t.TempDir()
+	for i := range 64 {
+		data := bytes.Repeat([]byte{byte(i)}, 256<<10)
+		mustRun(t, func() error { return os.WriteFile(filepath.Join(src, fmt.Sprintf("f%02d", i)), data, 0o644) })
+	}
+	mustRun(t, func() error { return os.Chown(src, ownerUID, ownerGID) })
+	var archive bytes.Buffer
+	if _, err := Write(t.Context(), &archive, openDir(t, src), WriteOptions{UID: ownerUID}); err != nil {
+		t.Fatal(err)
+	}
+	dst := t.TempDir()
+	// 4 MiB for 16 MiB of files.
+	if err := unix.Mount("tmpfs", dst, "tmpfs", 0, "size=4m"); err != nil {
+		t.Skipf("mounting a small tmpfs: %v", err)
+	}
+	t.Cleanup(func() { unix.Unmount(dst, unix.MNT_DETACH) })
+	_, err := Read(t.Context(), bytes.NewReader(archive.Bytes()), openDir(t, dst), ReadOptions{UID: restoreUID, GID: restoreGID})
+	if !errors.Is(err, unix.ENOSPC) || !strings.Contains(err.Error(), `member "tree/f`) {
+		t.Fatalf("restore into a full file system: %v; want ENOSPC naming a member", err)
 	}
 }

@@ -72,7 +72,7 @@ func Write(ctx context.Context, w io.Writer, root *os.File, o WriteOptions) (*St
 	if conc <= 0 {
 		conc = runtime.GOMAXPROCS(0)
 	}
-	zw, err := zstd.NewWriter(ch, zstd.WithEncoderLevel(zstd.SpeedFastest), zstd.WithEncoderConcurrency(conc))
+	zw, err := zstd.NewWriter(ch, zstd.WithEncoderLevel(zstd.SpeedFastest), zstd.WithEncoderConcurrency(conc), zstd.WithConcurrentBlocks(conc > 1))
 	if err != nil {
 		return nil, fmt.Errorf("snapshot: the zstd encoder: %w", err)
 	}

@@ -21,7 +21,9 @@
 // ratios (the target: at least 0.80 both ways, docs/performance.md).
 // Every operation starts with the page cache holding the source; the
 // output files and directories are removed between rounds. With -json
-// FILE the figures are also written as a flat JSON object.
+// FILE the figures are also written as a flat JSON object. With
+// -cpuprofile PREFIX the last round's snapshot and restore write CPU
+// profiles to PREFIX.write and PREFIX.read (go tool pprof reads them).
 package main
 
 import (
@@ -35,6 +37,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"runtime/pprof"
 	"slices"
 	"strings"
 	"text/tabwriter"
@@ -50,11 +53,33 @@ func main() {
 		copies = flag.Int("copies", 4, "copies of the Go source in the tree")
 		jsonTo = flag.String("json", "", "also write the figures to this file as JSON")
 	)
+	flag.StringVar(&cpuProfile, "cpuprofile", "", "write CPU profiles of the last round's snapshot and restore to this prefix + .write and .read")
 	flag.Parse()
 	if err := run(*dir, *rounds, *copies, *jsonTo); err != nil {
 		fmt.Fprintln(os.Stderr, "bench-snapshot:", err)
 		os.Exit(1)
 	}
+}
+
+// cpuProfile is the -cpuprofile prefix; empty: no profiles.
+var cpuProfile string
+
+// profiled runs fn under a CPU profile written to cpuProfile+suffix when
+// last is true and -cpuprofile is set.
+func profiled(last bool, suffix string, fn func() error) error {
+	if !last || cpuProfile == "" {
+		return fn()
+	}
+	f, err := os.Create(cpuProfile + suffix)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	if err := pprof.StartCPUProfile(f); err != nil {
+		return err
+	}
+	defer pprof.StopCPUProfile()
+	return fn()
 }
 
 func run(dir string, rounds, copies int, jsonTo string) error {
@@ -93,9 +118,11 @@ func run(dir string, rounds, copies int, jsonTo string) error {
 		}
 		snapshotOp := func() error {
 			d, err := timed(func() error {
-				n, err := writeSnapshot(dir, ours, uid)
-				archBytes = n
-				return err
+				return profiled(r == rounds-1, ".write", func() error {
+					n, err := writeSnapshot(dir, ours, uid)
+					archBytes = n
+					return err
+				})
 			})
 			snapT = append(snapT, d)
 			return err
@@ -125,7 +152,9 @@ func run(dir string, rounds, copies int, jsonTo string) error {
 				return err
 			}
 			defer cleanup()
-			d, err := timed(func() error { return readSnapshot(ours, out, uid, gid) })
+			d, err := timed(func() error {
+				return profiled(r == rounds-1, ".read", func() error { return readSnapshot(ours, out, uid, gid) })
+			})
 			restT = append(restT, d)
 			return err
 		}
