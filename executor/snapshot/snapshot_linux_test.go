@@ -511,7 +511,7 @@ func TestReadFullFileSystem(t *testing.T) {
 	if err := unix.Mount("tmpfs", dst, "tmpfs", 0, "size=4m"); err != nil {
 		t.Skipf("mounting a small tmpfs: %v", err)
 	}
-	t.Cleanup(func() { unix.Unmount(dst, unix.MNT_DETACH) })
+	t.Cleanup(func() { _ = unix.Unmount(dst, unix.MNT_DETACH) })
 	_, err := Read(t.Context(), bytes.NewReader(archive.Bytes()), openDir(t, dst), ReadOptions{UID: restoreUID, GID: restoreGID})
 	if !errors.Is(err, unix.ENOSPC) || !strings.Contains(err.Error(), `member "tree/f`) {
 		t.Fatalf("restore into a full file system: %v; want ENOSPC naming a member", err)
