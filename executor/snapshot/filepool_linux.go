@@ -3,6 +3,7 @@
 package snapshot
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"runtime"
@@ -71,8 +72,16 @@ func newFilePool(uid, gid uint32) *filePool {
 	return p
 }
 
-// buffer returns a buffer of poolFileBytes, waiting for one to be free.
-func (p *filePool) buffer() []byte { return <-p.free }
+// buffer returns a buffer of poolFileBytes, waiting for one to be free,
+// or ctx's error.
+func (p *filePool) buffer(ctx context.Context) ([]byte, error) {
+	select {
+	case b := <-p.free:
+		return b, nil
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
 
 // release returns a buffer that was not submitted.
 func (p *filePool) release(b []byte) { p.free <- b[:cap(b)] }
@@ -141,13 +150,16 @@ func completeFile(fd int, member string, ranges []dataRange, data []byte, size i
 			return fmt.Errorf("snapshot: member %q: %w", member, err)
 		}
 	}
+	// The mode only after the owner is the workspace's: a file left
+	// root's by a failed chown never gets set-ID bits.
+	if err := unix.Fchown(fd, uid, gid); err != nil {
+		return fmt.Errorf("snapshot: member %q: %w", member, err)
+	}
+	if err := unix.Fchmod(fd, mode); err != nil {
+		return fmt.Errorf("snapshot: member %q: %w", member, err)
+	}
 	ts := []unix.Timespec{{Nsec: unix.UTIME_OMIT}, unix.NsecToTimespec(mtime.UnixNano())}
-	err := errors.Join(
-		unix.Fchown(fd, uid, gid),
-		unix.Fchmod(fd, mode),
-		unix.UtimesNanoAt(fd, "", ts, unix.AT_EMPTY_PATH),
-	)
-	if err != nil {
+	if err := unix.UtimesNanoAt(fd, "", ts, unix.AT_EMPTY_PATH); err != nil {
 		return fmt.Errorf("snapshot: member %q: %w", member, err)
 	}
 	return nil

@@ -242,7 +242,12 @@ func (rd *reader) file(dirFD int, leaf string, h *tar.Header, tr *tar.Reader, mo
 	rd.stats.Files++
 	rd.stats.DataBytes += h.Size
 	if h.Size <= poolFileBytes {
-		buf := rd.pool.buffer()[:h.Size]
+		buf, err := rd.pool.buffer(rd.ctx)
+		if err != nil {
+			unix.Close(fd)
+			return err
+		}
+		buf = buf[:h.Size]
 		if _, err := io.ReadFull(tr, buf); err != nil {
 			unix.Close(fd)
 			rd.pool.release(buf)
@@ -251,7 +256,16 @@ func (rd *reader) file(dirFD int, leaf string, h *tar.Header, tr *tar.Reader, mo
 		rd.pool.submit(fileJob{fd: fd, member: h.Name, ranges: ranges, size: size, data: buf, mode: mode, mtime: h.ModTime})
 		return nil
 	}
-	defer unix.Close(fd)
+	err = rd.streamFile(fd, h, tr, ranges, size, mode)
+	if cerr := unix.Close(fd); err == nil && cerr != nil {
+		err = fmt.Errorf("snapshot: member %q: %w", h.Name, cerr)
+	}
+	return err
+}
+
+// streamFile writes a member too large for the pool into the open file
+// fd as it reads it, then completes the file.
+func (rd *reader) streamFile(fd int, h *tar.Header, tr *tar.Reader, ranges []dataRange, size int64, mode uint32) error {
 	for _, r := range ranges {
 		for done := int64(0); done < r.len; {
 			n, err := io.ReadFull(tr, rd.buf[:min(int64(len(rd.buf)), r.len-done)])
@@ -390,11 +404,14 @@ func (rd *reader) finishDirs() error {
 			return err
 		}
 		ts := []unix.Timespec{{Nsec: unix.UTIME_OMIT}, unix.NsecToTimespec(d.mtime.UnixNano())}
-		err = errors.Join(
-			unix.Fchown(fd, int(rd.o.UID), int(rd.o.GID)),
-			unix.Fchmod(fd, d.mode),
-			unix.UtimesNanoAt(fd, "", ts, unix.AT_EMPTY_PATH),
-		)
+		// The mode only after the owner, as for files.
+		err = unix.Fchown(fd, int(rd.o.UID), int(rd.o.GID))
+		if err == nil {
+			err = unix.Fchmod(fd, d.mode)
+		}
+		if err == nil {
+			err = unix.UtimesNanoAt(fd, "", ts, unix.AT_EMPTY_PATH)
+		}
 		unix.Close(fd)
 		if err != nil {
 			return fmt.Errorf("snapshot: directory %q: %w", treeName(d.rel, true), err)

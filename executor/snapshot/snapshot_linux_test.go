@@ -12,6 +12,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"path"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -286,13 +287,26 @@ func TestArchiveReadsWithTar(t *testing.T) {
 	if _, err := Write(t.Context(), &archive, openDir(t, src), WriteOptions{UID: ownerUID}); err != nil {
 		t.Fatal(err)
 	}
-	zr, err := zstd.NewReader(bytes.NewReader(archive.Bytes()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	plain, err := io.ReadAll(zr)
-	if err != nil {
-		t.Fatal(err)
+	// The reference decoder, where the host has it: the archive is
+	// compressed in parallel jobs (more than 4 MiB of data), which must
+	// still be one standard frame sequence.
+	var plain []byte
+	if _, err := exec.LookPath("zstd"); err == nil {
+		cmd := exec.Command("zstd", "-q", "-dc")
+		cmd.Stdin = bytes.NewReader(archive.Bytes())
+		var stderr bytes.Buffer
+		cmd.Stderr = &stderr
+		if plain, err = cmd.Output(); err != nil {
+			t.Fatalf("zstd -dc: %v\n%s", err, stderr.Bytes())
+		}
+	} else {
+		zr, err := zstd.NewReader(bytes.NewReader(archive.Bytes()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if plain, err = io.ReadAll(zr); err != nil {
+			t.Fatal(err)
+		}
 	}
 	cmd := exec.Command("tar", "-tf", "-")
 	cmd.Stdin = bytes.NewReader(plain)
@@ -515,5 +529,89 @@ func TestReadFullFileSystem(t *testing.T) {
 	_, err := Read(t.Context(), bytes.NewReader(archive.Bytes()), openDir(t, dst), ReadOptions{UID: restoreUID, GID: restoreGID})
 	if !errors.Is(err, unix.ENOSPC) || !strings.Contains(err.Error(), `member "tree/f`) {
 		t.Fatalf("restore into a full file system: %v; want ENOSPC naming a member", err)
+	}
+}
+
+// TestConcurrentWrites runs snapshots at once: one compresses in parallel
+// jobs (parallelWrites), the others one block at a time, and every
+// archive restores the same tree.
+func TestConcurrentWrites(t *testing.T) {
+	requireRoot(t)
+	src := t.TempDir()
+	buildTree(t, src)
+	want := mapOwner(manifest(t, src), restoreUID, restoreGID)
+	archives := make([]bytes.Buffer, 3)
+	errs := make(chan error, len(archives))
+	for i := range archives {
+		go func() {
+			root, err := os.Open(src)
+			if err != nil {
+				errs <- err
+				return
+			}
+			defer root.Close()
+			_, err = Write(t.Context(), &archives[i], root, WriteOptions{UID: ownerUID, Concurrency: 2})
+			errs <- err
+		}()
+	}
+	for range archives {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := range archives {
+		dst := t.TempDir()
+		if _, err := Read(t.Context(), bytes.NewReader(archives[i].Bytes()), openDir(t, dst), ReadOptions{UID: restoreUID, GID: restoreGID}); err != nil {
+			t.Fatalf("archive %d: %v", i, err)
+		}
+		if diff := cmp.Diff(want, manifest(t, dst)); diff != "" {
+			t.Errorf("archive %d restored (-want +got):\n%s", i, diff)
+		}
+	}
+	if len(parallelWrites) != 0 {
+		t.Errorf("%d parallel tokens still held after every Write returned", len(parallelWrites))
+	}
+}
+
+// TestReadChownFailsNoSetID restores set-ID files where the chown to the
+// workspace's UID fails (a user namespace that does not map it): the
+// restore fails naming the member, and no file is left root's with its
+// set-ID bits, for a file of the pool and one streamed.
+func TestReadChownFailsNoSetID(t *testing.T) {
+	requireRoot(t)
+	if dst := os.Getenv("SNAPSHOT_TEST_CHOWN_DST"); dst != "" {
+		// In the user namespace, where only UID 0 is mapped.
+		for _, h := range []*tar.Header{
+			{Typeflag: tar.TypeReg, Name: "tree/small", Mode: 0o6755, Size: 10},
+			{Typeflag: tar.TypeReg, Name: "tree/large", Mode: 0o6755, Size: 2 << 20},
+		} {
+			a := hostile(t, &tar.Header{Typeflag: tar.TypeDir, Name: "tree/", Mode: 0o700}, h)
+			sub := filepath.Join(dst, path.Base(h.Name)+".d")
+			mustRun(t, func() error { return os.Mkdir(sub, 0o755) })
+			_, err := Read(t.Context(), bytes.NewReader(a), openDir(t, sub), ReadOptions{UID: restoreUID, GID: restoreGID})
+			if err == nil || !strings.Contains(err.Error(), h.Name) {
+				t.Errorf("%s: the restore's error %v; want one naming the member", h.Name, err)
+			}
+		}
+		return
+	}
+	if _, err := exec.LookPath("unshare"); err != nil {
+		t.Skip("no unshare on this host")
+	}
+	dst := t.TempDir()
+	cmd := exec.Command("unshare", "--user", "--map-root-user", os.Args[0], "-test.run=^TestReadChownFailsNoSetID$")
+	cmd.Env = append(os.Environ(), "SNAPSHOT_TEST_CHOWN_DST="+dst)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("the restore in a user namespace: %v\n%s", err, out)
+	}
+	for _, n := range []string{"small.d/small", "large.d/large"} {
+		var st unix.Stat_t
+		if err := unix.Stat(filepath.Join(dst, n), &st); err != nil {
+			continue // removed or never made: nothing left behind
+		}
+		if st.Mode&(unix.S_ISUID|unix.S_ISGID) != 0 {
+			t.Errorf("%s: left with owner %d and mode %o after the chown failed", n, st.Uid, st.Mode&0o7777)
+		}
 	}
 }

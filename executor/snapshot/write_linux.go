@@ -31,8 +31,51 @@ type WriteOptions struct {
 	UID uint32
 	// State are the carried-state files stored after the tree.
 	State []StateFile
-	// Concurrency is how many goroutines compress; 0 means GOMAXPROCS.
+	// Concurrency is how many goroutines compress; 0 means
+	// min(GOMAXPROCS, maxParallelJobs). Above 1, the archive is
+	// compressed in parallel jobs when no other Write of the process is
+	// (parallelWrites), else one block at a time beside the walk.
 	Concurrency int
+}
+
+// Parallel compression. klauspost/compress's stream encoder compresses one
+// block at a time (its concurrency overlaps that block with the filling
+// of the next), which bounds a snapshot to one core of compression. With
+// zstd.WithConcurrentBlocks it compresses jobs of four windows of input at
+// once, each with an overlap of the previous one for its matches, into one
+// frame, at a cost in memory of several jobs' input and output held per
+// goroutine: with a 1 MiB window (parallelWindowBytes; the archive grows
+// by about 0.4 % against SpeedFastest's own 4 MiB) measured at 115 MiB of
+// heap with 2 goroutines and 163 MiB with 4, against 10 MiB one block at
+// a time (hack/bench-snapshot; docs/performance.md). An agent can be
+// asked for several snapshots at once (an interval, an idle suspend and a
+// drain of each of its workspaces), so one Write at a time per process
+// (parallelWrites) compresses in parallel and the others one block at a
+// time: the node's cores are busy either way, and the agent's memory
+// stays within its limit.
+const (
+	// maxParallelJobs bounds the default concurrency.
+	maxParallelJobs = 4
+	// parallelWindowBytes is the window of a parallel Write, 1 MiB.
+	parallelWindowBytes = 1 << 20
+)
+
+// parallelWrites holds one token per Write compressing in parallel.
+var parallelWrites = make(chan struct{}, 1)
+
+// encoderOptions returns the zstd options of a Write of concurrency conc
+// and its release: the parallel token taken, if any.
+func encoderOptions(conc int) ([]zstd.EOption, func()) {
+	opts := []zstd.EOption{zstd.WithEncoderLevel(zstd.SpeedFastest), zstd.WithEncoderConcurrency(conc)}
+	if conc <= 1 {
+		return opts, func() {}
+	}
+	select {
+	case parallelWrites <- struct{}{}:
+		return append(opts, zstd.WithConcurrentBlocks(true), zstd.WithWindowSize(parallelWindowBytes)), func() { <-parallelWrites }
+	default:
+		return opts, func() {}
+	}
 }
 
 // countingHash is the compressed stream's byte count and SHA-256.
@@ -70,9 +113,11 @@ func Write(ctx context.Context, w io.Writer, root *os.File, o WriteOptions) (*St
 	ch := &countingHash{w: w, h: sha256.New()}
 	conc := o.Concurrency
 	if conc <= 0 {
-		conc = runtime.GOMAXPROCS(0)
+		conc = min(runtime.GOMAXPROCS(0), maxParallelJobs)
 	}
-	zw, err := zstd.NewWriter(ch, zstd.WithEncoderLevel(zstd.SpeedFastest), zstd.WithEncoderConcurrency(conc), zstd.WithConcurrentBlocks(conc > 1))
+	opts, release := encoderOptions(conc)
+	defer release()
+	zw, err := zstd.NewWriter(ch, opts...)
 	if err != nil {
 		return nil, fmt.Errorf("snapshot: the zstd encoder: %w", err)
 	}
