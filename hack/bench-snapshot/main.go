@@ -21,7 +21,10 @@
 // ratios (the target: at least 0.80 both ways, docs/performance.md).
 // Every operation starts with the page cache holding the source; the
 // output files and directories are removed between rounds. With -json
-// FILE the figures are also written as a flat JSON object. With
+// FILE the figures are also written as a flat JSON object. The table
+// also gives the largest Go heap in use (runtime.MemStats.HeapInuse,
+// sampled every 5 ms, above what it was before) during a snapshot and a
+// restore, the largest over the rounds. With
 // -cpuprofile PREFIX the last round's snapshot and restore write CPU
 // profiles to PREFIX.write and PREFIX.read (go tool pprof reads them).
 package main
@@ -59,6 +62,36 @@ func main() {
 		fmt.Fprintln(os.Stderr, "bench-snapshot:", err)
 		os.Exit(1)
 	}
+}
+
+// heapPeak runs fn while sampling the heap in use every 5 ms, and returns
+// the largest sample above the heap before fn, in bytes.
+func heapPeak(fn func() error) (uint64, error) {
+	runtime.GC()
+	var m runtime.MemStats
+	runtime.ReadMemStats(&m)
+	base, peak := m.HeapInuse, m.HeapInuse
+	done := make(chan struct{})
+	sampled := make(chan struct{})
+	go func() {
+		defer close(sampled)
+		t := time.NewTicker(5 * time.Millisecond)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-t.C:
+				var m runtime.MemStats
+				runtime.ReadMemStats(&m)
+				peak = max(peak, m.HeapInuse)
+			}
+		}
+	}()
+	err := fn()
+	close(done)
+	<-sampled
+	return peak - base, err
 }
 
 // cpuProfile is the -cpuprofile prefix; empty: no profiles.
@@ -111,19 +144,25 @@ func run(dir string, rounds, copies int, jsonTo string) error {
 	ours, theirs := filepath.Join(work, "snap.tar.zst"), filepath.Join(work, "ref.tar.zst")
 	var snapT, tarT, restT, untarT []float64
 	var archBytes, refBytes int64
+	var writeHeap, readHeap uint64
 	uid, gid := uint32(os.Geteuid()), uint32(os.Getegid())
 	for r := range rounds {
 		if err := warm(dir); err != nil {
 			return err
 		}
 		snapshotOp := func() error {
-			d, err := timed(func() error {
-				return profiled(r == rounds-1, ".write", func() error {
-					n, err := writeSnapshot(dir, ours, uid)
-					archBytes = n
-					return err
+			var d float64
+			peak, err := heapPeak(func() (err error) {
+				d, err = timed(func() error {
+					return profiled(r == rounds-1, ".write", func() error {
+						n, err := writeSnapshot(dir, ours, uid)
+						archBytes = n
+						return err
+					})
 				})
+				return err
 			})
+			writeHeap = max(writeHeap, peak)
 			snapT = append(snapT, d)
 			return err
 		}
@@ -152,9 +191,14 @@ func run(dir string, rounds, copies int, jsonTo string) error {
 				return err
 			}
 			defer cleanup()
-			d, err := timed(func() error {
-				return profiled(r == rounds-1, ".read", func() error { return readSnapshot(ours, out, uid, gid) })
+			var d float64
+			peak, err := heapPeak(func() (err error) {
+				d, err = timed(func() error {
+					return profiled(r == rounds-1, ".read", func() error { return readSnapshot(ours, out, uid, gid) })
+				})
+				return err
 			})
+			readHeap = max(readHeap, peak)
 			restT = append(restT, d)
 			return err
 		}
@@ -190,12 +234,14 @@ func run(dir string, rounds, copies int, jsonTo string) error {
 	fmt.Fprintf(w, "snapshot of %.0f MiB, MB/s (against tar | zstd)\t%.0f\t%.0f\t%.2f\t>= 0.80\t\n", float64(data)/(1<<20), mbs(s), mbs(t), t/s)
 	fmt.Fprintf(w, "restore, MB/s (against zstd -d | tar -x)\t%.0f\t%.0f\t%.2f\t>= 0.80\t\n", mbs(rs), mbs(u), u/rs)
 	fmt.Fprintf(w, "archive size, MiB\t%.1f\t%.1f\t\t\t\n", float64(archBytes)/(1<<20), float64(refBytes)/(1<<20))
+	fmt.Fprintf(w, "largest heap in use, snapshot / restore, MiB\t%.0f / %.0f\t\t\t\t\n", float64(writeHeap)/(1<<20), float64(readHeap)/(1<<20))
 	w.Flush()
 	if jsonTo != "" {
 		b, _ := json.MarshalIndent(map[string]float64{
 			"snapshot.write_mb_s": round(mbs(s)), "snapshot.tar_zstd_mb_s": round(mbs(t)), "snapshot.write_ratio": round(t / s),
 			"snapshot.read_mb_s": round(mbs(rs)), "snapshot.untar_mb_s": round(mbs(u)), "snapshot.read_ratio": round(u / rs),
 			"snapshot.data_mib": round(float64(data) / (1 << 20)), "snapshot.archive_mib": round(float64(archBytes) / (1 << 20)),
+			"snapshot.write_heap_mib": round(float64(writeHeap) / (1 << 20)), "snapshot.read_heap_mib": round(float64(readHeap) / (1 << 20)),
 		}, "", "  ")
 		if err := os.WriteFile(jsonTo, append(b, '\n'), 0o644); err != nil {
 			return err
