@@ -8,7 +8,8 @@
 // modification times, symbolic and hard links, FIFOs and names of any
 // length; zstd compresses source trees several-fold at disk speed on one
 // core (the archiver compresses at klauspost/compress's SpeedFastest,
-// about zstd's level 1, on every core); and `zstd -dc | tar -x` reads an
+// about zstd's level 1, on up to four cores for one Write of the process
+// at a time, see parallelWrites); and `zstd -dc | tar -x` reads an
 // archive by hand. The tree's
 // members are named "tree/<path>", the workspace's carried state (the
 // carry-over record and variables, which live outside the tree)
