@@ -117,7 +117,7 @@ func (p *filePool) work() {
 		if cerr := unix.Close(j.fd); err == nil && cerr != nil {
 			err = fmt.Errorf("snapshot: member %q: %w", j.member, cerr)
 		}
-		p.free <- j.data[:cap(j.data)]
+		p.release(j.data)
 		if err != nil {
 			p.mu.Lock()
 			if p.first == nil {

@@ -84,6 +84,8 @@ func Read(ctx context.Context, r io.Reader, root *os.File, o ReadOptions) (*Stat
 	rd := &reader{ctx: ctx, root: int(root.Fd()), o: o, buf: make([]byte, readBufBytes), parentD: -1, pool: newFilePool(o.UID, o.GID)}
 	defer rd.dropParent()
 	err = rd.restore(tar.NewReader(zr))
+	// restore waits for the pool before the directories; after an error
+	// it has not, and the pool's goroutines and open files end here.
 	if perr := rd.pool.wait(); err == nil {
 		err = perr
 	}

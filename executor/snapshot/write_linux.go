@@ -45,9 +45,9 @@ type WriteOptions struct {
 // once, each with an overlap of the previous one for its matches, into one
 // frame, at a cost in memory of several jobs' input and output held per
 // goroutine: with a 1 MiB window (parallelWindowBytes; the archive grows
-// by about 0.4 % against SpeedFastest's own 4 MiB) measured at 115 MiB of
-// heap with 2 goroutines and 163 MiB with 4, against 10 MiB one block at
-// a time (hack/bench-snapshot; docs/performance.md). An agent can be
+// by about 0.2 % against SpeedFastest's own 4 MiB, whose jobs held 286
+// MiB) `make bench-snapshot` measures 107 MiB of heap with 2 goroutines,
+// against 10 MiB one block at a time (docs/performance.md). An agent can be
 // asked for several snapshots at once (an interval, an idle suspend and a
 // drain of each of its workspaces), so one Write at a time per process
 // (parallelWrites) compresses in parallel and the others one block at a
