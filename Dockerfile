@@ -25,9 +25,11 @@ RUN --mount=type=cache,target=/go/pkg/mod go mod download
 COPY api/ api/
 COPY client/ client/
 COPY cmd/ cmd/
+COPY agentpool/ agentpool/
 COPY controllers/ controllers/
 COPY executor/ executor/
 COPY internal/ internal/
+COPY outputapi/ outputapi/
 # Static binaries (no cgo): the controller's base has no C library.
 RUN --mount=type=cache,target=/go/pkg/mod --mount=type=cache,target=/root/.cache/go-build \
     CGO_ENABLED=0 GOOS=${TARGETOS} GOARCH=${TARGETARCH} \

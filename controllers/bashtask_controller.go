@@ -27,6 +27,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 	"sigs.k8s.io/controller-runtime/pkg/source"
 
+	"github.com/bashtask/bashtask-operator/agentpool"
 	agentv1 "github.com/bashtask/bashtask-operator/api/agent/v1"
 	bashtaskv1alpha1 "github.com/bashtask/bashtask-operator/api/v1alpha1"
 )
@@ -35,9 +36,9 @@ import (
 // implements it over mTLS gRPC.
 type Agents interface {
 	// Agents returns the state of every known agent.
-	Agents() []AgentState
+	Agents() []agentpool.AgentState
 	// Agent returns the state of one node's agent.
-	Agent(node string) AgentState
+	Agent(node string) agentpool.AgentState
 	// StartTask starts a task; idempotent on the task UID.
 	StartTask(ctx context.Context, node string, spec *agentv1.TaskSpec) (*agentv1.TaskStatus, error)
 	// GetTask returns a task's status or an error wrapping ErrTaskUnknown.
@@ -101,7 +102,7 @@ type Options struct {
 	// write and before a task's finalizer is added: while this controller
 	// is not sure it leads, it writes nothing (see LeaderFence). Not a
 	// flag: the binary sets it from its leader election.
-	Fence Fencer
+	Fence agentpool.Fencer
 }
 
 // DefaultOptions returns the flag defaults of bashtask-controller.
@@ -333,7 +334,7 @@ func (r *BashTaskReconciler) reconcilePending(ctx context.Context, bt *bashtaskv
 		return reconcile.Result{RequeueAfter: r.opts.RetryInterval}, r.writeStatus(ctx, bt, old, "pending")
 	}
 
-	var agent *AgentState
+	var agent *agentpool.AgentState
 	reason, why, refused := ReasonNoAgent, "", ""
 	if target != nil {
 		// A workspace's tasks go where its files are, whatever the
@@ -487,7 +488,7 @@ func (r *BashTaskReconciler) reconcileDispatched(ctx context.Context, bt *bashta
 		ts, err = r.agents.GetTask(ctx, node, uid)
 	}
 	switch {
-	case errors.Is(err, ErrTaskUnknown) && agent.Incarnation == incarnation:
+	case errors.Is(err, agentpool.ErrTaskUnknown) && agent.Incarnation == incarnation:
 		// Either Start never reached this incarnation (the controller
 		// stopped between the write-ahead and Start, or the reply was
 		// lost), or the task finished, its terminal status was written and
@@ -509,7 +510,7 @@ func (r *BashTaskReconciler) reconcileDispatched(ctx context.Context, bt *bashta
 			return r.reconcileFinished(ctx, bt)
 		}
 		return r.start(ctx, bt, nil)
-	case errors.Is(err, ErrTaskUnknown):
+	case errors.Is(err, agentpool.ErrTaskUnknown):
 		setTerminal(bt, bashtaskv1alpha1.ReasonAgentRestarted,
 			fmt.Sprintf("the agent on node %s restarted (incarnation %s, was %s) and has no record of the task", node, agent.Incarnation, incarnation), r.clock.Now())
 		if err := r.writeStatus(ctx, bt, old, "terminal"); err != nil {
@@ -597,7 +598,7 @@ const runningResync = 30 * time.Second
 func (r *BashTaskReconciler) reconcileFinished(ctx context.Context, bt *bashtaskv1alpha1.BashTask) (reconcile.Result, error) {
 	r.forgetProgress(bt.UID)
 	node := nodeOf(&bt.Status)
-	agent := AgentState{}
+	agent := agentpool.AgentState{}
 	if isDispatched(bt) {
 		agent = r.agents.Agent(node)
 	}
@@ -631,7 +632,7 @@ func (r *BashTaskReconciler) reconcileFinished(ctx context.Context, bt *bashtask
 			if err := r.writeStatus(ctx, bt, old, "upload"); err != nil {
 				return reconcile.Result{}, err
 			}
-		} else if !errors.Is(err, ErrTaskUnknown) {
+		} else if !errors.Is(err, agentpool.ErrTaskUnknown) {
 			return reconcile.Result{}, err
 		}
 	}
@@ -644,7 +645,7 @@ func (r *BashTaskReconciler) reconcileFinished(ctx context.Context, bt *bashtask
 			// The recorded outcome stands; the command is stopped, and
 			// the agent's report of its end brings the task here again to
 			// be forgotten.
-			if _, err := r.agents.CancelTask(ctx, node, string(bt.UID)); err != nil && !errors.Is(err, ErrTaskUnknown) {
+			if _, err := r.agents.CancelTask(ctx, node, string(bt.UID)); err != nil && !errors.Is(err, agentpool.ErrTaskUnknown) {
 				return reconcile.Result{}, err
 			}
 			return reconcile.Result{}, nil
@@ -754,7 +755,7 @@ func (r *BashTaskReconciler) writeStatus(ctx context.Context, bt *bashtaskv1alph
 // leading returns an error wrapping ErrNotLeader when this controller is
 // not sure it leads; action names what it was about to do, for the metric.
 func (r *BashTaskReconciler) leading(action string) error {
-	return leadingFor(r.opts.Fence, action)
+	return agentpool.Leading(r.opts.Fence, action)
 }
 
 func (r *BashTaskReconciler) forgetProgress(uid types.UID) {

@@ -11,6 +11,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
+	"github.com/bashtask/bashtask-operator/agentpool"
 	agentv1 "github.com/bashtask/bashtask-operator/api/agent/v1"
 	bashtaskv1alpha1 "github.com/bashtask/bashtask-operator/api/v1alpha1"
 )
@@ -93,7 +94,7 @@ func ownerMismatch(bt *bashtaskv1alpha1.BashTask, ws *bashtaskv1alpha1.BashWorks
 
 // workspaceAgent returns the agent of the workspace's node when it can
 // take the task now, else nil and why the task waits.
-func (r *BashTaskReconciler) workspaceAgent(target *workspaceTarget) (*AgentState, string) {
+func (r *BashTaskReconciler) workspaceAgent(target *workspaceTarget) (*agentpool.AgentState, string) {
 	a := r.agents.Agent(target.node)
 	switch {
 	case !a.Ready:

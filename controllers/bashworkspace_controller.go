@@ -29,6 +29,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 	"sigs.k8s.io/controller-runtime/pkg/source"
 
+	"github.com/bashtask/bashtask-operator/agentpool"
 	agentv1 "github.com/bashtask/bashtask-operator/api/agent/v1"
 	bashtaskv1alpha1 "github.com/bashtask/bashtask-operator/api/v1alpha1"
 )
@@ -41,9 +42,9 @@ import (
 // agents. AgentRegistry implements it over mTLS gRPC.
 type WorkspaceAgents interface {
 	// Agents returns the state of every known agent.
-	Agents() []AgentState
+	Agents() []agentpool.AgentState
 	// Agent returns the state of one node's agent.
-	Agent(node string) AgentState
+	Agent(node string) agentpool.AgentState
 	// EnsureWorkspace makes a workspace or returns it as it is;
 	// idempotent on the workspace UID.
 	EnsureWorkspace(ctx context.Context, node string, spec *agentv1.WorkspaceSpec) (*agentv1.EnsureWorkspaceResponse, error)
@@ -302,7 +303,7 @@ func (r *BashWorkspaceReconciler) reconcilePending(ctx context.Context, ws *bash
 func (r *BashWorkspaceReconciler) ensureFailed(ws *bashtaskv1alpha1.BashWorkspace, node string, err error, p *workspacePass) (reconcile.Result, error) {
 	st, _ := status.FromError(err)
 	switch code := status.Code(err); {
-	case (code == codes.InvalidArgument || code == codes.FailedPrecondition) && !fencedRefusal(err):
+	case (code == codes.InvalidArgument || code == codes.FailedPrecondition) && !agentpool.FencedRefusal(err):
 		msg := fmt.Sprintf("the agent on node %s refused the workspace: %s", node, st.Message())
 		setWorkspacePhase(ws, bashtaskv1alpha1.WorkspaceFailed, msg)
 		p.event(corev1.EventTypeWarning, bashtaskv1alpha1.WorkspaceReasonInvalidSpec, "Make", "%s", msg)
@@ -343,7 +344,7 @@ func (r *BashWorkspaceReconciler) reconcileReady(ctx context.Context, ws *bashta
 		st, err = r.agents.GetWorkspace(ctx, node, uid)
 	}
 	switch {
-	case errors.Is(err, ErrWorkspaceUnknown):
+	case errors.Is(err, agentpool.ErrWorkspaceUnknown):
 		r.setNodeLost(ws, fmt.Sprintf("the agent on node %s (incarnation %s) no longer holds the workspace: its files are gone", node, agent.Incarnation), p)
 		return reconcile.Result{}, nil
 	case err != nil:
@@ -453,7 +454,7 @@ func (r *BashWorkspaceReconciler) hasUnfinishedTasks(ctx context.Context, reader
 // deleteIdle deletes a workspace whose idle timeout passed; the UID
 // precondition keeps a workspace made again under the same name safe.
 func (r *BashWorkspaceReconciler) deleteIdle(ctx context.Context, ws *bashtaskv1alpha1.BashWorkspace) error {
-	if err := leadingFor(r.opts.Fence, "delete"); err != nil {
+	if err := agentpool.Leading(r.opts.Fence, "delete"); err != nil {
 		return fmt.Errorf("deleting idle workspace %s: %w", klog.KObj(ws), err)
 	}
 	uid := ws.UID
@@ -486,8 +487,8 @@ func (r *BashWorkspaceReconciler) forgetKept(key types.NamespacedName) {
 
 // workspaceLoad ranks agents for a new workspace by the workspaces their
 // node holds already, from the cache.
-func (r *BashWorkspaceReconciler) workspaceLoad(ctx context.Context) func(a *AgentState) int {
-	return func(a *AgentState) int {
+func (r *BashWorkspaceReconciler) workspaceLoad(ctx context.Context) func(a *agentpool.AgentState) int {
+	return func(a *agentpool.AgentState) int {
 		var list bashtaskv1alpha1.BashWorkspaceList
 		if err := r.client.List(ctx, &list, client.MatchingFields{IndexWorkspaceNode: a.Node}); err != nil {
 			return 0
@@ -562,7 +563,7 @@ func (r *BashWorkspaceReconciler) addFinalizer(ctx context.Context, ws *bashtask
 	if controllerutil.ContainsFinalizer(ws, WorkspaceFinalizer) {
 		return nil
 	}
-	if err := leadingFor(r.opts.Fence, "finalizer"); err != nil {
+	if err := agentpool.Leading(r.opts.Fence, "finalizer"); err != nil {
 		return fmt.Errorf("adding finalizer to %s: %w", klog.KObj(ws), err)
 	}
 	patch := client.MergeFromWithOptions(ws.DeepCopy(), client.MergeFromWithOptimisticLock{})
@@ -595,23 +596,11 @@ func (r *BashWorkspaceReconciler) writeStatus(ctx context.Context, ws *bashtaskv
 	if equality.Semantic.DeepEqual(old, &ws.Status) {
 		return nil
 	}
-	if err := leadingFor(r.opts.Fence, "status"); err != nil {
+	if err := agentpool.Leading(r.opts.Fence, "status"); err != nil {
 		return fmt.Errorf("writing the status of %s: %w", klog.KObj(ws), err)
 	}
 	if err := r.client.Status().Update(ctx, ws); err != nil {
 		return fmt.Errorf("writing the status of %s: %w", klog.KObj(ws), err)
 	}
-	return nil
-}
-
-// leadingFor returns an error wrapping ErrNotLeader when fencer says this
-// controller is not sure it leads; action names what it was about to do,
-// for the metric.
-func leadingFor(fencer Fencer, action string) error {
-	_, cancel, _, err := fenceFor(context.Background(), fencer, action)
-	if err != nil {
-		return err
-	}
-	cancel()
 	return nil
 }

@@ -12,6 +12,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 
+	"github.com/bashtask/bashtask-operator/agentpool"
 	agentv1 "github.com/bashtask/bashtask-operator/api/agent/v1"
 	bashtaskv1alpha1 "github.com/bashtask/bashtask-operator/api/v1alpha1"
 )
@@ -158,26 +159,26 @@ func TestOwnerMismatch(t *testing.T) {
 }
 
 // agentList is a fixed set of agents for chooseAgent.
-type agentList []AgentState
+type agentList []agentpool.AgentState
 
-func (l agentList) Agents() []AgentState { return append([]AgentState(nil), l...) }
-func (l agentList) Agent(node string) AgentState {
+func (l agentList) Agents() []agentpool.AgentState { return append([]agentpool.AgentState(nil), l...) }
+func (l agentList) Agent(node string) agentpool.AgentState {
 	for _, a := range l {
 		if a.Node == node {
 			return a
 		}
 	}
-	return AgentState{Node: node}
+	return agentpool.AgentState{Node: node}
 }
 
 // A workspace goes to a ready agent at the tenant level that serves
 // workspaces, the one holding the fewest, whatever its running tasks.
 func TestPlaceWorkspace(t *testing.T) {
-	serving := func(node string, running int) AgentState {
-		return AgentState{Node: node, Ready: true, Connected: true, Isolation: "tenant", Capabilities: []string{"workspaces"}, Capacity: 2, Running: running}
+	serving := func(node string, running int) agentpool.AgentState {
+		return agentpool.AgentState{Node: node, Ready: true, Connected: true, Isolation: "tenant", Capabilities: []string{"workspaces"}, Capacity: 2, Running: running}
 	}
-	process := AgentState{Node: "p", Ready: true, Connected: true, Isolation: "process", Capacity: 2}
-	old := AgentState{Node: "o", Ready: true, Connected: true, Isolation: "tenant", Capacity: 2}
+	process := agentpool.AgentState{Node: "p", Ready: true, Connected: true, Isolation: "process", Capacity: 2}
+	old := agentpool.AgentState{Node: "o", Ready: true, Connected: true, Isolation: "tenant", Capacity: 2}
 	tests := map[string]struct {
 		agents   agentList
 		load     map[string]int
@@ -196,11 +197,11 @@ func TestPlaceWorkspace(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			candidates := tc.agents.Agents()
 			if tc.nodeName != "" {
-				candidates = []AgentState{tc.agents.Agent(tc.nodeName)}
+				candidates = []agentpool.AgentState{tc.agents.Agent(tc.nodeName)}
 			}
 			a, _, why, invalid := chooseAgent(placement{
 				what: "the workspace", nodeName: tc.nodeName, workspace: true, anyCapacity: true,
-				load: func(a *AgentState) int { return tc.load[a.Node] },
+				load: func(a *agentpool.AgentState) int { return tc.load[a.Node] },
 			}, candidates, nil)
 			if invalid != "" {
 				t.Fatalf("invalid = %q", invalid)

@@ -18,6 +18,7 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/bashtask/bashtask-operator/agentpool"
 	agentv1 "github.com/bashtask/bashtask-operator/api/agent/v1"
 	bashtaskv1alpha1 "github.com/bashtask/bashtask-operator/api/v1alpha1"
 )
@@ -194,7 +195,7 @@ func (r *BashTaskReconciler) admitOwner(ctx context.Context, bt *bashtaskv1alpha
 // reason and why when none fits, and then a non-empty invalid when every
 // ready candidate refuses spec.network by its --allowed-networks: a policy
 // of the nodes, not a wait, so the task ends InvalidSpec.
-func (r *BashTaskReconciler) place(ctx context.Context, bt *bashtaskv1alpha1.BashTask) (_ *AgentState, reason, why, invalid string) {
+func (r *BashTaskReconciler) place(ctx context.Context, bt *bashtaskv1alpha1.BashTask) (_ *agentpool.AgentState, reason, why, invalid string) {
 	return placeAgent(ctx, r.client, r.agents, placement{
 		what:         "the task",
 		nodeName:     ptr.Deref(bt.Spec.NodeName, ""),
@@ -206,8 +207,8 @@ func (r *BashTaskReconciler) place(ctx context.Context, bt *bashtaskv1alpha1.Bas
 
 // agentLister is the part of the agent registry placement reads.
 type agentLister interface {
-	Agents() []AgentState
-	Agent(node string) AgentState
+	Agents() []agentpool.AgentState
+	Agent(node string) agentpool.AgentState
 }
 
 // placement is what an object asks of the agent it is placed on. Tasks and
@@ -234,7 +235,7 @@ type placement struct {
 	anyCapacity bool
 	// load ranks the candidates, lowest first, before the running tasks
 	// and the node name; nil ranks by those alone.
-	load func(a *AgentState) int
+	load func(a *agentpool.AgentState) int
 }
 
 // placeAgent chooses the agent for p: p.nodeName, else the agents whose
@@ -243,10 +244,10 @@ type placement struct {
 // (nodeUnschedulable; a missing Node takes nothing either, as the
 // scheduler places nothing on a node it does not know), then leaves the
 // choice to chooseAgent.
-func placeAgent(ctx context.Context, reader client.Reader, agents agentLister, p placement) (_ *AgentState, reason, why, invalid string) {
-	var candidates []AgentState
+func placeAgent(ctx context.Context, reader client.Reader, agents agentLister, p placement) (_ *agentpool.AgentState, reason, why, invalid string) {
+	var candidates []agentpool.AgentState
 	if p.nodeName != "" {
-		candidates = []AgentState{agents.Agent(p.nodeName)}
+		candidates = []agentpool.AgentState{agents.Agent(p.nodeName)}
 	} else {
 		candidates = agents.Agents()
 	}
@@ -288,15 +289,15 @@ func placeAgent(ctx context.Context, reader client.Reader, agents agentLister, p
 // else ReasonNoAgent) and why, and then a non-empty invalid when every
 // candidate refuses p.network by its --allowed-networks: a policy of the
 // nodes, not a wait.
-func chooseAgent(p placement, candidates []AgentState, unschedulable map[string]string) (_ *AgentState, reason, why, invalid string) {
+func chooseAgent(p placement, candidates []agentpool.AgentState, unschedulable map[string]string) (_ *agentpool.AgentState, reason, why, invalid string) {
 	node := p.nodeName
-	rank := func(a *AgentState) int {
+	rank := func(a *agentpool.AgentState) int {
 		if p.load == nil {
 			return 0
 		}
 		return p.load(a)
 	}
-	var best *AgentState
+	var best *agentpool.AgentState
 	bestRank := 0
 	notReady, full, lacking, refused := 0, 0, 0, 0
 	var cordoned []string
@@ -385,7 +386,7 @@ func nodeList(why []string) string {
 // networkNotAllowed names the refusal of spec.network n by agent a's
 // --allowed-networks (the field, the value and the list), empty when a
 // allows it or does not report the list.
-func networkNotAllowed(n bashtaskv1alpha1.TaskNetwork, a *AgentState) string {
+func networkNotAllowed(n bashtaskv1alpha1.TaskNetwork, a *agentpool.AgentState) string {
 	if n == "" || len(a.AllowedNetworks) == 0 || slices.Contains(a.AllowedNetworks, string(n)) {
 		return ""
 	}
@@ -398,7 +399,7 @@ func networkNotAllowed(n bashtaskv1alpha1.TaskNetwork, a *AgentState) string {
 // capability (its nftables table was set up); network Node needs an agent
 // whose default is not None (a task may ask for less network than its
 // agent offers, never more).
-func missingCapability(n bashtaskv1alpha1.TaskNetwork, a *AgentState) string {
+func missingCapability(n bashtaskv1alpha1.TaskNetwork, a *agentpool.AgentState) string {
 	switch n {
 	case bashtaskv1alpha1.NetworkNone:
 		if a.Isolation != string(bashtaskv1alpha1.IsolationLevelTenant) || !slices.Contains(a.Capabilities, "netns") {
@@ -514,7 +515,7 @@ func (r *BashTaskReconciler) taskSpec(bt *bashtaskv1alpha1.BashTask, in *resolve
 // The agent adds its own entries (LANG, TERM, ... and the scrubbed ambient
 // environment) to what is measured here; a task that only fails with
 // those still ends StartFailed with the agent's figures.
-func startSizeError(spec *agentv1.TaskSpec, a *AgentState) string {
+func startSizeError(spec *agentv1.TaskSpec, a *agentpool.AgentState) string {
 	shell := cmp.Or(a.Shell, "/bin/bash")
 	envBytes := agentv1.ArgEnvBytes(spec, shell)
 	if a.ArgEnvLimit > 0 && envBytes > a.ArgEnvLimit {

@@ -7,20 +7,21 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"k8s.io/utils/ptr"
 
+	"github.com/bashtask/bashtask-operator/agentpool"
 	agentv1 "github.com/bashtask/bashtask-operator/api/agent/v1"
 	bashtaskv1alpha1 "github.com/bashtask/bashtask-operator/api/v1alpha1"
 )
 
 // A task is placed only on an agent that offers what it asks for.
 func TestMissingCapability(t *testing.T) {
-	tenant := AgentState{Isolation: "tenant", TaskNetwork: "Node", Capabilities: []string{"namespaces", "netns", "seccomp"}}
-	tenantNoNet := AgentState{Isolation: "tenant", TaskNetwork: "Node", Capabilities: []string{"namespaces", "seccomp"}}
-	process := AgentState{Isolation: "process", TaskNetwork: "Node"}
-	noneDefault := AgentState{Isolation: "tenant", TaskNetwork: "None", Capabilities: []string{"namespaces", "netns"}}
-	egress := AgentState{Isolation: "tenant", TaskNetwork: "Egress", Capabilities: []string{"namespaces", "netns", "egress"}}
+	tenant := agentpool.AgentState{Isolation: "tenant", TaskNetwork: "Node", Capabilities: []string{"namespaces", "netns", "seccomp"}}
+	tenantNoNet := agentpool.AgentState{Isolation: "tenant", TaskNetwork: "Node", Capabilities: []string{"namespaces", "seccomp"}}
+	process := agentpool.AgentState{Isolation: "process", TaskNetwork: "Node"}
+	noneDefault := agentpool.AgentState{Isolation: "tenant", TaskNetwork: "None", Capabilities: []string{"namespaces", "netns"}}
+	egress := agentpool.AgentState{Isolation: "tenant", TaskNetwork: "Egress", Capabilities: []string{"namespaces", "netns", "egress"}}
 	tests := map[string]struct {
 		network *bashtaskv1alpha1.TaskNetwork
-		agent   AgentState
+		agent   agentpool.AgentState
 		want    string // a substring of the message; empty: placeable
 	}{
 		"unset on process":           {agent: process},
@@ -47,11 +48,11 @@ func TestMissingCapability(t *testing.T) {
 // A network outside an agent's --allowed-networks is named with the field,
 // the value and the list; an agent that reports no list refuses nothing.
 func TestNetworkNotAllowed(t *testing.T) {
-	tenant := AgentState{Node: "n1", Isolation: "tenant", AllowedNetworks: []string{"Egress", "None"}}
-	old := AgentState{Node: "n2", Isolation: "tenant"}
+	tenant := agentpool.AgentState{Node: "n1", Isolation: "tenant", AllowedNetworks: []string{"Egress", "None"}}
+	old := agentpool.AgentState{Node: "n2", Isolation: "tenant"}
 	tests := map[string]struct {
 		network *bashtaskv1alpha1.TaskNetwork
-		agent   AgentState
+		agent   agentpool.AgentState
 		want    string
 	}{
 		"unset":              {agent: tenant},

@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/bashtask/bashtask-operator/agentpool"
 	agentv1 "github.com/bashtask/bashtask-operator/api/agent/v1"
 )
 
@@ -17,21 +18,21 @@ func TestStartSizeError(t *testing.T) {
 	}
 	envBytes := agentv1.ArgEnvBytes(spec, "/bin/bash")
 	tests := map[string]struct {
-		agent AgentState
+		agent agentpool.AgentState
 		want  []string // substrings; none for a request that fits
 	}{
-		"no limits reported": {agent: AgentState{Node: "n"}},
-		"fits":               {agent: AgentState{Node: "n", ArgEnvLimit: 1 << 20, MaxRequestBytes: 1 << 20, DiskCap: 2 << 30}},
+		"no limits reported": {agent: agentpool.AgentState{Node: "n"}},
+		"fits":               {agent: agentpool.AgentState{Node: "n", ArgEnvLimit: 1 << 20, MaxRequestBytes: 1 << 20, DiskCap: 2 << 30}},
 		"working directory over the disk cap": {
-			agent: AgentState{Node: "n", DiskCap: 1 << 30},
+			agent: agentpool.AgentState{Node: "n", DiskCap: 1 << 30},
 			want:  []string{"spec.resources.ephemeralStorage of 2147483648 bytes is over the cap of 1073741824 bytes of the agent on node n"},
 		},
 		"environment over ARG_MAX": {
-			agent: AgentState{Node: "n", ArgEnvLimit: 2000, MaxRequestBytes: 1 << 20},
+			agent: agentpool.AgentState{Node: "n", ArgEnvLimit: 2000, MaxRequestBytes: 1 << 20},
 			want:  []string{"over the limit of 2000 bytes the agent on node n accepts", "ARG_MAX", "LARGE (3006 bytes), SMALL (7 bytes)"},
 		},
 		"stdin over the request limit": {
-			agent: AgentState{Node: "n", ArgEnvLimit: 1 << 20, MaxRequestBytes: 40000},
+			agent: agentpool.AgentState{Node: "n", ArgEnvLimit: 1 << 20, MaxRequestBytes: 40000},
 			want:  []string{"over the limit of 40000 bytes per request of the agent on node n", "stdin 50000 bytes", "environment " + strconv.FormatInt(envBytes, 10) + " bytes"},
 		},
 	}

@@ -26,7 +26,7 @@ import (
 
 	v1 "github.com/bashtask/bashtask-operator/api/v1alpha1"
 	"github.com/bashtask/bashtask-operator/controllers"
-	"github.com/bashtask/bashtask-operator/internal/testenv"
+	"github.com/bashtask/bashtask-operator/internal/rig/testenv"
 )
 
 // holdFinalizer keeps a deleted task in Terminating for as long as a test

@@ -8,6 +8,7 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/bashtask/bashtask-operator/agentpool"
 	bashtaskv1alpha1 "github.com/bashtask/bashtask-operator/api/v1alpha1"
 )
 
@@ -41,7 +42,7 @@ type Metrics struct {
 
 // NewMetrics creates the metrics; agents reports the connected agents for
 // the gauge and may be nil.
-func NewMetrics(agents func() []AgentState) *Metrics {
+func NewMetrics(agents func() []agentpool.AgentState) *Metrics {
 	buckets := []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 300}
 	return &Metrics{
 		DispatchLatency: prometheus.NewHistogram(prometheus.HistogramOpts{

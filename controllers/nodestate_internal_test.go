@@ -4,6 +4,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/bashtask/bashtask-operator/agentpool"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
@@ -101,8 +102,8 @@ func TestParseAgentTolerations(t *testing.T) {
 // The reason is NodeUnschedulable only when every candidate's node refuses
 // new work; otherwise NoAgent, naming the unschedulable nodes.
 func TestChooseAgentUnschedulable(t *testing.T) {
-	ready := func(node string, running int) AgentState {
-		return AgentState{Node: node, Ready: true, Connected: true, Capacity: 1, Running: running}
+	ready := func(node string, running int) agentpool.AgentState {
+		return agentpool.AgentState{Node: node, Ready: true, Connected: true, Capacity: 1, Running: running}
 	}
 	cordoned := func(nodes ...string) map[string]string {
 		m := map[string]string{}
@@ -112,17 +113,17 @@ func TestChooseAgentUnschedulable(t *testing.T) {
 		return m
 	}
 	tests := map[string]struct {
-		agents     []AgentState
+		agents     []agentpool.AgentState
 		refused    map[string]string
 		wantNode   string
 		wantReason string
 		wantWhy    string
 	}{
-		"one of two":        {agents: []AgentState{ready("a", 0), ready("b", 0)}, refused: cordoned("a"), wantNode: "b"},
-		"all":               {agents: []AgentState{ready("a", 0), ready("b", 0)}, refused: cordoned("a", "b"), wantReason: ReasonNodeUnschedulable, wantWhy: "node a is cordoned (spec.unschedulable); node b is cordoned"},
-		"the other is full": {agents: []AgentState{ready("a", 0), ready("b", 1)}, refused: cordoned("a"), wantReason: ReasonNoAgent, wantWhy: "1 on unschedulable nodes, 0 not ready, 1 at capacity"},
+		"one of two":        {agents: []agentpool.AgentState{ready("a", 0), ready("b", 0)}, refused: cordoned("a"), wantNode: "b"},
+		"all":               {agents: []agentpool.AgentState{ready("a", 0), ready("b", 0)}, refused: cordoned("a", "b"), wantReason: ReasonNodeUnschedulable, wantWhy: "node a is cordoned (spec.unschedulable); node b is cordoned"},
+		"the other is full": {agents: []agentpool.AgentState{ready("a", 0), ready("b", 1)}, refused: cordoned("a"), wantReason: ReasonNoAgent, wantWhy: "1 on unschedulable nodes, 0 not ready, 1 at capacity"},
 		"many named, then counted": {
-			agents:  []AgentState{ready("a", 0), ready("b", 0), ready("c", 0), ready("d", 0), ready("e", 0), ready("f", 0), ready("g", 0)},
+			agents:  []agentpool.AgentState{ready("a", 0), ready("b", 0), ready("c", 0), ready("d", 0), ready("e", 0), ready("f", 0), ready("g", 0)},
 			refused: cordoned("a", "b", "c", "d", "e", "f", "g"), wantReason: ReasonNodeUnschedulable, wantWhy: "node e is cordoned (spec.unschedulable); and 2 more",
 		},
 	}

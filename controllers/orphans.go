@@ -18,27 +18,17 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/bashtask/bashtask-operator/agentpool"
 	agentv1 "github.com/bashtask/bashtask-operator/api/agent/v1"
 	bashtaskv1alpha1 "github.com/bashtask/bashtask-operator/api/v1alpha1"
 )
-
-// HeldTask names a task an agent holds (running, or finished and not yet
-// forgotten).
-type HeldTask struct {
-	// Node is the node of the agent that holds the task.
-	Node string
-	// Task is the BashTask's namespace and name, as the agent has them.
-	Task types.NamespacedName
-	// UID is the BashTask's UID, the agent's key for the task.
-	UID types.UID
-}
 
 // OrphanAgents is what the [OrphanCollector] needs from the node agents.
 // AgentRegistry implements it.
 type OrphanAgents interface {
 	// HeldTasks returns the tasks the connected agents hold and have not
 	// been asked to forget.
-	HeldTasks() []HeldTask
+	HeldTasks() []agentpool.HeldTask
 	// Latest returns the newest reported status of a task, if any.
 	Latest(node, uid string) (*agentv1.TaskStatus, bool)
 	// CancelTask stops a task; idempotent.
@@ -59,7 +49,7 @@ type OrphanCollectorOptions struct {
 	Agents OrphanAgents
 	// Held receives the tasks each agent lists at the start of a Watch
 	// stream, that is on every (re)connect; see AgentRegistryOptions.Held.
-	Held <-chan HeldTask
+	Held <-chan agentpool.HeldTask
 	// Interval is the time between two checks of every task the agents
 	// hold; zero or less disables the periodic check.
 	Interval time.Duration
@@ -85,10 +75,10 @@ type OrphanCollectorOptions struct {
 // manager.Runnable and runs on the leader only.
 type OrphanCollector struct {
 	opts  OrphanCollectorOptions
-	queue workqueue.TypedRateLimitingInterface[HeldTask]
+	queue workqueue.TypedRateLimitingInterface[agentpool.HeldTask]
 
 	mu      sync.Mutex
-	stopped map[HeldTask]bool // orphans already counted and logged
+	stopped map[agentpool.HeldTask]bool // orphans already counted and logged
 	sweep   chan struct{}
 }
 
@@ -105,9 +95,9 @@ func NewOrphanCollector(opts OrphanCollectorOptions) (*OrphanCollector, error) {
 	return &OrphanCollector{
 		opts: opts,
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
-			workqueue.DefaultTypedControllerRateLimiter[HeldTask](),
-			workqueue.TypedRateLimitingQueueConfig[HeldTask]{Name: "orphans"}),
-		stopped: map[HeldTask]bool{},
+			workqueue.DefaultTypedControllerRateLimiter[agentpool.HeldTask](),
+			workqueue.TypedRateLimitingQueueConfig[agentpool.HeldTask]{Name: "orphans"}),
+		stopped: map[agentpool.HeldTask]bool{},
 		sweep:   make(chan struct{}, 1),
 	}, nil
 }
@@ -146,7 +136,7 @@ func (c *OrphanCollector) deleted(obj any) {
 	if node := ptr.Deref(bt.Status.NodeName, ""); node != "" {
 		// A task deleted the normal way was forgotten before its finalizer
 		// went: the check finds the agent no longer holds it and stops.
-		c.queue.Add(HeldTask{Node: node, Task: client.ObjectKeyFromObject(bt), UID: bt.UID})
+		c.queue.Add(agentpool.HeldTask{Node: node, Task: client.ObjectKeyFromObject(bt), UID: bt.UID})
 	}
 }
 
@@ -225,7 +215,7 @@ func (c *OrphanCollector) work(ctx context.Context) bool {
 // check stops and forgets h when its BashTask no longer exists with its
 // UID. It returns a delay when the task must be looked at again (it was
 // cancelled and has not finished yet).
-func (c *OrphanCollector) check(ctx context.Context, h HeldTask) (time.Duration, error) {
+func (c *OrphanCollector) check(ctx context.Context, h agentpool.HeldTask) (time.Duration, error) {
 	uid := string(h.UID)
 	ts, held := c.opts.Agents.Latest(h.Node, uid)
 	if !held || ts.GetForgetRequested() {
@@ -250,7 +240,7 @@ func (c *OrphanCollector) check(ctx context.Context, h HeldTask) (time.Duration,
 		}
 	}
 	if ts.GetState() != agentv1.TaskState_TASK_STATE_FINISHED {
-		if _, err := c.opts.Agents.CancelTask(ctx, h.Node, uid); err != nil && !errors.Is(err, ErrTaskUnknown) {
+		if _, err := c.opts.Agents.CancelTask(ctx, h.Node, uid); err != nil && !errors.Is(err, agentpool.ErrTaskUnknown) {
 			return 0, err
 		}
 		// Forget is refused until the task has finished; its terminal
@@ -267,7 +257,7 @@ func (c *OrphanCollector) check(ctx context.Context, h HeldTask) (time.Duration,
 // exists reports whether h's BashTask exists with h's UID: first in the
 // cache, and when the cache says no, in the API server, so a cache that
 // has not seen a new task yet never gets it stopped.
-func (c *OrphanCollector) exists(ctx context.Context, h HeldTask) (bool, error) {
+func (c *OrphanCollector) exists(ctx context.Context, h agentpool.HeldTask) (bool, error) {
 	if h.Task.Name == "" || h.Task.Namespace == "" {
 		return false, nil // no object can have it
 	}
@@ -291,7 +281,7 @@ func (c *OrphanCollector) exists(ctx context.Context, h HeldTask) (bool, error) 
 	return m.UID == h.UID, nil
 }
 
-func (c *OrphanCollector) done(h HeldTask) {
+func (c *OrphanCollector) done(h agentpool.HeldTask) {
 	c.mu.Lock()
 	delete(c.stopped, h)
 	c.mu.Unlock()

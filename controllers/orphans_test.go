@@ -14,7 +14,7 @@ import (
 
 	agentv1 "github.com/bashtask/bashtask-operator/api/agent/v1"
 	v1 "github.com/bashtask/bashtask-operator/api/v1alpha1"
-	"github.com/bashtask/bashtask-operator/internal/testrig"
+	"github.com/bashtask/bashtask-operator/internal/rig/testrig"
 )
 
 // orphanGone is how soon an orphan must have ended and been forgotten: a

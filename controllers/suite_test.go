@@ -11,8 +11,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/bashtask/bashtask-operator/controllers"
-	"github.com/bashtask/bashtask-operator/internal/localcluster"
-	"github.com/bashtask/bashtask-operator/internal/testrig"
+	"github.com/bashtask/bashtask-operator/internal/rig/localcluster"
+	"github.com/bashtask/bashtask-operator/internal/rig/testrig"
 )
 
 const (

@@ -10,6 +10,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
 
+	"github.com/bashtask/bashtask-operator/agentpool"
 	agentv1 "github.com/bashtask/bashtask-operator/api/agent/v1"
 	bashtaskv1alpha1 "github.com/bashtask/bashtask-operator/api/v1alpha1"
 )
@@ -23,25 +24,12 @@ const ReasonStaleCopyRemoved = "StaleCopyRemoved"
 // AgentRegistry implements it.
 type WorkspaceCopies interface {
 	// Agents returns the state of every known agent.
-	Agents() []AgentState
+	Agents() []agentpool.AgentState
 	// ListWorkspaces returns the workspaces a connected agent holds.
 	ListWorkspaces(ctx context.Context, node string) ([]*agentv1.WorkspaceStatus, error)
 	// DeleteWorkspace stops a workspace's tasks and removes it;
 	// idempotent.
 	DeleteWorkspace(ctx context.Context, node, uid string) (int32, error)
-}
-
-// ListWorkspaces returns the workspaces the node's agent holds.
-func (r *AgentRegistry) ListWorkspaces(ctx context.Context, node string) ([]*agentv1.WorkspaceStatus, error) {
-	a, err := r.conn(node)
-	if err != nil {
-		return nil, err
-	}
-	resp, err := agentv1.NewWorkspacesClient(a.cc).ListWorkspaces(ctx, &agentv1.ListWorkspacesRequest{})
-	if err != nil {
-		return nil, fmt.Errorf("listing the workspaces of node %q: %w", node, err)
-	}
-	return resp.GetWorkspaces(), nil
 }
 
 // staleCopy says why an agent's copy of a workspace is not the current

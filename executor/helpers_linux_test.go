@@ -16,7 +16,7 @@ import (
 	"time"
 
 	"github.com/bashtask/bashtask-operator/internal/procfs"
-	"github.com/bashtask/bashtask-operator/internal/testshim"
+	"github.com/bashtask/bashtask-operator/internal/rig/testshim"
 )
 
 // noReaperEnv makes a test binary run without BecomeSubreaper, so the

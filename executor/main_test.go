@@ -8,7 +8,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/bashtask/bashtask-operator/executor/shim"
-	"github.com/bashtask/bashtask-operator/internal/testshim"
+	"github.com/bashtask/bashtask-operator/internal/rig/testshim"
 )
 
 func TestMain(m *testing.M) {

@@ -17,7 +17,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"golang.org/x/sys/unix"
 
-	"github.com/bashtask/bashtask-operator/internal/testshim"
+	"github.com/bashtask/bashtask-operator/internal/rig/testshim"
 )
 
 // A process that leaves the session with setsid is still in the task's

@@ -15,7 +15,7 @@ import (
 	"time"
 
 	"github.com/bashtask/bashtask-operator/executor/shim"
-	"github.com/bashtask/bashtask-operator/internal/testshim"
+	"github.com/bashtask/bashtask-operator/internal/rig/testshim"
 )
 
 // The executor cases (CASES.md C01-C27) hold at the tenant level too: the

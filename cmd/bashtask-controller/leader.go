@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/bashtask/bashtask-operator/agentpool"
 	"k8s.io/apimachinery/pkg/util/uuid"
 	coordinationv1client "k8s.io/client-go/kubernetes/typed/coordination/v1"
 	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
@@ -14,8 +15,6 @@ import (
 	"k8s.io/client-go/tools/leaderelection/resourcelock"
 	"k8s.io/utils/clock"
 	ctrl "sigs.k8s.io/controller-runtime"
-
-	"github.com/bashtask/bashtask-operator/controllers"
 )
 
 // leaderElectionID is the name of the leader-election Lease.
@@ -45,7 +44,7 @@ func (o *options) checkLeaderTimings() error {
 // namespace), held under the identity <hostname>_<uuid>, with a client
 // timeout of half the renew deadline so one hung request cannot cost the
 // lead.
-func newLeaderFence(cfg *rest.Config, o *options) (*controllers.LeaderFence, error) {
+func newLeaderFence(cfg *rest.Config, o *options) (*agentpool.LeaderFence, error) {
 	ns := o.leaderElectionNamespace
 	if ns == "" {
 		raw, err := os.ReadFile(inClusterNamespaceFile)
@@ -74,5 +73,5 @@ func newLeaderFence(cfg *rest.Config, o *options) (*controllers.LeaderFence, err
 	if err != nil {
 		return nil, fmt.Errorf("creating the leader-election lock: %w", err)
 	}
-	return controllers.NewLeaderFence(lock, o.renewDeadline, clock.RealClock{}, ctrl.Log.WithName("leader"))
+	return agentpool.NewLeaderFence(lock, o.renewDeadline, clock.RealClock{}, ctrl.Log.WithName("leader"))
 }

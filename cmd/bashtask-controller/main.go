@@ -28,6 +28,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
+	"github.com/bashtask/bashtask-operator/agentpool"
 	bashtaskv1alpha1 "github.com/bashtask/bashtask-operator/api/v1alpha1"
 	"github.com/bashtask/bashtask-operator/controllers"
 	"github.com/bashtask/bashtask-operator/internal/tlsutil"
@@ -170,8 +171,8 @@ func run(cmd *cobra.Command, o *options) error {
 	// a LeaderFence, which the registry and the reconciler ask before
 	// every agent call and status write (docs/architecture.md, leader
 	// fencing).
-	var fence *controllers.LeaderFence
-	var fencer controllers.Fencer
+	var fence *agentpool.LeaderFence
+	var fencer agentpool.Fencer
 	var lock resourcelock.Interface
 	if o.leaderElect {
 		if err := o.checkLeaderTimings(); err != nil {
@@ -217,8 +218,8 @@ func run(cmd *cobra.Command, o *options) error {
 
 	agentEvents := make(chan event.TypedGenericEvent[*bashtaskv1alpha1.BashTask], 1024)
 	agentChanges := make(chan event.TypedGenericEvent[*corev1.Node], 64)
-	held := make(chan controllers.HeldTask, 1024)
-	registry, err := controllers.NewAgentRegistry(controllers.AgentRegistryOptions{
+	held := make(chan agentpool.HeldTask, 1024)
+	registry, err := agentpool.NewAgentRegistry(agentpool.AgentRegistryOptions{
 		Reader:           mgr.GetClient(),
 		ServiceNamespace: o.agentNamespace,
 		ServiceName:      o.agentService,

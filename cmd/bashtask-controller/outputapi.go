@@ -13,8 +13,8 @@ import (
 	_ "gocloud.dev/blob/s3blob"
 	ctrl "sigs.k8s.io/controller-runtime"
 
-	"github.com/bashtask/bashtask-operator/controllers"
-	"github.com/bashtask/bashtask-operator/internal/outputapi"
+	"github.com/bashtask/bashtask-operator/agentpool"
+	"github.com/bashtask/bashtask-operator/outputapi"
 )
 
 // addOutputAPI adds the output.bashtask.dev server to the manager; it runs
@@ -22,7 +22,7 @@ import (
 // cache and output from the agents with the controller's client
 // certificate.
 func addOutputAPI(ctx context.Context, mgr ctrl.Manager, o *options, tlsCfg *tls.Config) error {
-	agents, err := controllers.NewAgentReaders(mgr.GetClient(), o.agentNamespace, o.agentService, o.agentPortName, tlsCfg)
+	agents, err := agentpool.NewAgentReaders(mgr.GetClient(), o.agentNamespace, o.agentService, o.agentPortName, tlsCfg)
 	if err != nil {
 		return err
 	}

@@ -17,7 +17,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/bashtask/bashtask-operator/internal/localcluster"
+	"github.com/bashtask/bashtask-operator/internal/rig/localcluster"
 )
 
 func main() {

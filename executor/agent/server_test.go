@@ -30,7 +30,7 @@ import (
 	agentv1 "github.com/bashtask/bashtask-operator/api/agent/v1"
 	"github.com/bashtask/bashtask-operator/executor"
 	"github.com/bashtask/bashtask-operator/executor/shim"
-	"github.com/bashtask/bashtask-operator/internal/testshim"
+	"github.com/bashtask/bashtask-operator/internal/rig/testshim"
 	"github.com/bashtask/bashtask-operator/internal/tlsutil"
 )
 

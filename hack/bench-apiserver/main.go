@@ -58,8 +58,8 @@ import (
 	"sigs.k8s.io/yaml"
 
 	v1 "github.com/bashtask/bashtask-operator/api/v1alpha1"
-	"github.com/bashtask/bashtask-operator/internal/localcluster"
 	"github.com/bashtask/bashtask-operator/internal/procfs"
+	"github.com/bashtask/bashtask-operator/internal/rig/localcluster"
 )
 
 // namespace holds every task of a run.

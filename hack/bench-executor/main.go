@@ -67,7 +67,7 @@ import (
 
 	"github.com/bashtask/bashtask-operator/executor"
 	"github.com/bashtask/bashtask-operator/executor/shim"
-	"github.com/bashtask/bashtask-operator/internal/testshim"
+	"github.com/bashtask/bashtask-operator/internal/rig/testshim"
 )
 
 const streamBytes = 2_000_000_000

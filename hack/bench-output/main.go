@@ -1,5 +1,5 @@
 // Command bench-output measures the output API (docs/output.md) on a local
-// cluster (internal/localcluster, one agent, file:// objects):
+// cluster (internal/rig/localcluster, one agent, file:// objects):
 //
 //   - latency: a command prints its clock ($EPOCHREALTIME, no fork) on a
 //     line every 10 ms; a client follows bashtasks/log through
@@ -59,8 +59,8 @@ import (
 
 	v1 "github.com/bashtask/bashtask-operator/api/v1alpha1"
 	"github.com/bashtask/bashtask-operator/client"
-	"github.com/bashtask/bashtask-operator/internal/localcluster"
 	"github.com/bashtask/bashtask-operator/internal/procfs"
+	"github.com/bashtask/bashtask-operator/internal/rig/localcluster"
 )
 
 type options struct {

@@ -3,7 +3,7 @@
 // starts (target: p50 <= 2 s for a workspace of 100 MiB on the local
 // cluster; docs/performance.md).
 //
-// It starts a local cluster of its own (internal/localcluster, the parts
+// It starts a local cluster of its own (internal/rig/localcluster, the parts
 // bashtask-local runs: etcd, kube-apiserver, the controller and -agents
 // agents as separate processes, at the tenant isolation level, with a
 // versitygw S3 bucket they share, as the e2e suite's), creates a
@@ -72,7 +72,7 @@ import (
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
 	v1 "github.com/bashtask/bashtask-operator/api/v1alpha1"
-	"github.com/bashtask/bashtask-operator/internal/localcluster"
+	"github.com/bashtask/bashtask-operator/internal/rig/localcluster"
 )
 
 const (

@@ -63,7 +63,7 @@ import (
 	"github.com/bashtask/bashtask-operator/executor"
 	"github.com/bashtask/bashtask-operator/executor/agent"
 	"github.com/bashtask/bashtask-operator/executor/shim"
-	"github.com/bashtask/bashtask-operator/internal/testshim"
+	"github.com/bashtask/bashtask-operator/internal/rig/testshim"
 	"github.com/bashtask/bashtask-operator/internal/tlsutil"
 )
 

@@ -79,8 +79,8 @@ import (
 
 	v1 "github.com/bashtask/bashtask-operator/api/v1alpha1"
 	btclient "github.com/bashtask/bashtask-operator/client"
-	"github.com/bashtask/bashtask-operator/internal/localcluster"
-	"github.com/bashtask/bashtask-operator/internal/syncbuf"
+	"github.com/bashtask/bashtask-operator/internal/rig/localcluster"
+	"github.com/bashtask/bashtask-operator/internal/rig/syncbuf"
 )
 
 // namespace holds every task of a run.

@@ -2,7 +2,7 @@
 
 // Command cluster starts and stops the one-node cluster of
 // hack/cluster.sh: it builds the images, starts the node
-// (internal/nodecluster), installs the operator from the Helm chart as
+// (internal/rig/nodecluster), installs the operator from the Helm chart as
 // docs/install.md tells users, and prints the KUBECONFIG to use. `down`
 // stops everything and puts the host back as it was.
 package main
@@ -19,8 +19,8 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/bashtask/bashtask-operator/internal/nodecluster"
-	"github.com/bashtask/bashtask-operator/internal/nodeimages"
+	"github.com/bashtask/bashtask-operator/internal/rig/nodecluster"
+	"github.com/bashtask/bashtask-operator/internal/rig/nodeimages"
 )
 
 func main() {

@@ -1,5 +1,5 @@
 // Command images builds the controller, agent and pause images without a
-// container engine (internal/nodeimages) and prints one line per image:
+// container engine (internal/rig/nodeimages) and prints one line per image:
 //
 //	REF ARCHIVE
 //
@@ -17,7 +17,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/bashtask/bashtask-operator/internal/nodeimages"
+	"github.com/bashtask/bashtask-operator/internal/rig/nodeimages"
 )
 
 func main() {

@@ -24,8 +24,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	agentv1 "github.com/bashtask/bashtask-operator/api/agent/v1"
-	"github.com/bashtask/bashtask-operator/internal/localcluster"
 	"github.com/bashtask/bashtask-operator/internal/procfs"
+	"github.com/bashtask/bashtask-operator/internal/rig/localcluster"
 	"github.com/bashtask/bashtask-operator/internal/tlsutil"
 )
 

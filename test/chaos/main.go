@@ -47,8 +47,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
-	"github.com/bashtask/bashtask-operator/internal/localcluster"
-	"github.com/bashtask/bashtask-operator/internal/testenv"
+	"github.com/bashtask/bashtask-operator/internal/rig/localcluster"
+	"github.com/bashtask/bashtask-operator/internal/rig/testenv"
 )
 
 const namespace = "chaos"

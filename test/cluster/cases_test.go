@@ -28,7 +28,7 @@ import (
 
 	v1 "github.com/bashtask/bashtask-operator/api/v1alpha1"
 	"github.com/bashtask/bashtask-operator/controllers"
-	"github.com/bashtask/bashtask-operator/internal/exampletasks"
+	"github.com/bashtask/bashtask-operator/internal/rig/exampletasks"
 )
 
 // The tests run in this order; the last one uninstalls the release.

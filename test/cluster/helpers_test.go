@@ -21,8 +21,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1 "github.com/bashtask/bashtask-operator/api/v1alpha1"
-	"github.com/bashtask/bashtask-operator/internal/exampletasks"
 	"github.com/bashtask/bashtask-operator/internal/procfs"
+	"github.com/bashtask/bashtask-operator/internal/rig/exampletasks"
 )
 
 // newNamespace creates a namespace for one test and deletes it after.

@@ -2,7 +2,7 @@
 
 // Package cluster tests the operator the way users run it: on a real
 // one-node Kubernetes cluster (kubelet, containerd, runc, kube-proxy, a
-// bridge CNI; internal/nodecluster) with images built on this machine and
+// bridge CNI; internal/rig/nodecluster) with images built on this machine and
 // the operator installed from its Helm chart. Each test is one promise of
 // docs/install.md, checked from evidence the controller does not write:
 // the node's processes, the bucket's files, the commands' own records.
@@ -24,11 +24,11 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1 "github.com/bashtask/bashtask-operator/api/v1alpha1"
-	"github.com/bashtask/bashtask-operator/internal/exampletasks"
-	"github.com/bashtask/bashtask-operator/internal/localcluster"
-	"github.com/bashtask/bashtask-operator/internal/nodecluster"
-	"github.com/bashtask/bashtask-operator/internal/nodeimages"
-	"github.com/bashtask/bashtask-operator/internal/testenv"
+	"github.com/bashtask/bashtask-operator/internal/rig/exampletasks"
+	"github.com/bashtask/bashtask-operator/internal/rig/localcluster"
+	"github.com/bashtask/bashtask-operator/internal/rig/nodecluster"
+	"github.com/bashtask/bashtask-operator/internal/rig/nodeimages"
+	"github.com/bashtask/bashtask-operator/internal/rig/testenv"
 )
 
 const (

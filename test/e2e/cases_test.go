@@ -18,7 +18,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1 "github.com/bashtask/bashtask-operator/api/v1alpha1"
-	"github.com/bashtask/bashtask-operator/internal/exampletasks"
+	"github.com/bashtask/bashtask-operator/internal/rig/exampletasks"
 )
 
 // TestExamples applies every manifest in examples/, cancels the long one,

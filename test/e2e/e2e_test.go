@@ -24,11 +24,11 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1 "github.com/bashtask/bashtask-operator/api/v1alpha1"
-	"github.com/bashtask/bashtask-operator/internal/exampletasks"
-	"github.com/bashtask/bashtask-operator/internal/localcluster"
 	"github.com/bashtask/bashtask-operator/internal/mounts"
-	"github.com/bashtask/bashtask-operator/internal/syncbuf"
-	"github.com/bashtask/bashtask-operator/internal/testenv"
+	"github.com/bashtask/bashtask-operator/internal/rig/exampletasks"
+	"github.com/bashtask/bashtask-operator/internal/rig/localcluster"
+	"github.com/bashtask/bashtask-operator/internal/rig/syncbuf"
+	"github.com/bashtask/bashtask-operator/internal/rig/testenv"
 )
 
 var (

@@ -30,7 +30,7 @@ import (
 
 	v1 "github.com/bashtask/bashtask-operator/api/v1alpha1"
 	"github.com/bashtask/bashtask-operator/client"
-	"github.com/bashtask/bashtask-operator/internal/localcluster"
+	"github.com/bashtask/bashtask-operator/internal/rig/localcluster"
 )
 
 // adminConfig is the local cluster's administrator kubeconfig.

@@ -17,7 +17,7 @@ import (
 
 	v1 "github.com/bashtask/bashtask-operator/api/v1alpha1"
 	btclient "github.com/bashtask/bashtask-operator/client"
-	"github.com/bashtask/bashtask-operator/internal/localcluster"
+	"github.com/bashtask/bashtask-operator/internal/rig/localcluster"
 )
 
 // megabyteCommand writes, each second for a minute, one MiB of lines

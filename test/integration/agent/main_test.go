@@ -27,7 +27,7 @@ import (
 
 	agentv1 "github.com/bashtask/bashtask-operator/api/agent/v1"
 	"github.com/bashtask/bashtask-operator/internal/procfs"
-	"github.com/bashtask/bashtask-operator/internal/syncbuf"
+	"github.com/bashtask/bashtask-operator/internal/rig/syncbuf"
 	"github.com/bashtask/bashtask-operator/internal/tlsutil"
 )
 

@@ -24,7 +24,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	agentv1 "github.com/bashtask/bashtask-operator/api/agent/v1"
-	"github.com/bashtask/bashtask-operator/internal/syncbuf"
+	"github.com/bashtask/bashtask-operator/internal/rig/syncbuf"
 )
 
 // s3Server is a versitygw process with a posix backend on loopback.

@@ -18,8 +18,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1 "github.com/bashtask/bashtask-operator/api/v1alpha1"
-	"github.com/bashtask/bashtask-operator/internal/localcluster"
-	"github.com/bashtask/bashtask-operator/internal/syncbuf"
+	"github.com/bashtask/bashtask-operator/internal/rig/localcluster"
+	"github.com/bashtask/bashtask-operator/internal/rig/syncbuf"
 )
 
 // Lease settings of the controllers under test: short, so the test is

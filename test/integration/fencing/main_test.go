@@ -1,6 +1,6 @@
 // Package fencing_test runs two bashtask-controller processes with leader
 // election against one control plane and in-process agents
-// (internal/testrig without its controller), pauses the leader with
+// (internal/rig/testrig without its controller), pauses the leader with
 // SIGSTOP for longer than its lease, and checks from what the agents saw
 // that the paused process, once resumed, makes no call the agents accept.
 package fencing_test
@@ -13,8 +13,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/bashtask/bashtask-operator/internal/localcluster"
-	"github.com/bashtask/bashtask-operator/internal/testrig"
+	"github.com/bashtask/bashtask-operator/internal/rig/localcluster"
+	"github.com/bashtask/bashtask-operator/internal/rig/testrig"
 )
 
 var (

@@ -25,7 +25,7 @@ import (
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/bashtask/bashtask-operator/internal/testenv"
+	"github.com/bashtask/bashtask-operator/internal/rig/testenv"
 )
 
 var (

@@ -1,6 +1,6 @@
 // Package plugin_test runs kubectl-bashtask's commands in-process against a
 // real kube-apiserver, the controller, two agents and the output API behind
-// kube-apiserver's front proxy (internal/testrig), through a kubeconfig
+// kube-apiserver's front proxy (internal/rig/testrig), through a kubeconfig
 // file as a user would.
 package plugin_test
 
@@ -26,7 +26,7 @@ import (
 	bashtaskv1alpha1 "github.com/bashtask/bashtask-operator/api/v1alpha1"
 	"github.com/bashtask/bashtask-operator/cmd/kubectl-bashtask/plugin"
 	"github.com/bashtask/bashtask-operator/controllers"
-	"github.com/bashtask/bashtask-operator/internal/testrig"
+	"github.com/bashtask/bashtask-operator/internal/rig/testrig"
 )
 
 var (

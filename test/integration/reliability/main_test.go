@@ -1,5 +1,5 @@
 // Package reliability_test checks the system's limits and failure handling
-// end to end in one process (internal/testrig: a real kube-apiserver and
+// end to end in one process (internal/rig/testrig: a real kube-apiserver and
 // etcd, agents over mTLS, the controller): reports that stay bounded with
 // many tasks holding full tails, and leader fencing.
 package reliability_test
@@ -13,8 +13,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/bashtask/bashtask-operator/controllers"
-	"github.com/bashtask/bashtask-operator/internal/localcluster"
-	"github.com/bashtask/bashtask-operator/internal/testrig"
+	"github.com/bashtask/bashtask-operator/internal/rig/localcluster"
+	"github.com/bashtask/bashtask-operator/internal/rig/testrig"
 )
 
 // manyTasks is how many tasks TestFullTailsSurviveRestart runs on one agent.

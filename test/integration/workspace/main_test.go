@@ -1,5 +1,5 @@
 // Package workspace_test checks BashWorkspaces end to end in one process
-// (internal/testrig: a real kube-apiserver and etcd, the controller, and
+// (internal/rig/testrig: a real kube-apiserver and etcd, the controller, and
 // real agents at the tenant isolation level, which workspaces need): a
 // workspace made on its node, tasks that run in it, the GitOps order, the
 // owner rule, deletion while a task runs, the idle timeout and a lost
@@ -17,8 +17,8 @@ import (
 
 	v1 "github.com/bashtask/bashtask-operator/api/v1alpha1"
 	"github.com/bashtask/bashtask-operator/controllers"
-	"github.com/bashtask/bashtask-operator/internal/localcluster"
-	"github.com/bashtask/bashtask-operator/internal/testrig"
+	"github.com/bashtask/bashtask-operator/internal/rig/localcluster"
+	"github.com/bashtask/bashtask-operator/internal/rig/testrig"
 )
 
 // agentLostAfter is short so that the node-loss test is quick.

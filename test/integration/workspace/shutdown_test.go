@@ -9,8 +9,8 @@ import (
 	"k8s.io/utils/dump"
 	"k8s.io/utils/ptr"
 
+	"github.com/bashtask/bashtask-operator/agentpool"
 	v1 "github.com/bashtask/bashtask-operator/api/v1alpha1"
-	"github.com/bashtask/bashtask-operator/controllers"
 	"github.com/bashtask/bashtask-operator/executor/agent"
 )
 
@@ -66,7 +66,7 @@ func TestAgentShutdownMovesWorkspaces(t *testing.T) {
 		defer close(drained)
 		res = a.Shutdown(workspaceTimeout)
 	}()
-	g.Eventually(func() controllers.AgentState { return rig.Registry.Agent(first) }).WithTimeout(waitLong).WithPolling(10*time.Millisecond).
+	g.Eventually(func() agentpool.AgentState { return rig.Registry.Agent(first) }).WithTimeout(waitLong).WithPolling(10*time.Millisecond).
 		Should(And(HaveField("Draining", BeTrue()), HaveField("Ready", BeFalse())), "the controller sees the agent draining")
 	g.Eventually(func(g Gomega) {
 		st := getWorkspace(g, ws).Status
@@ -106,7 +106,7 @@ func TestAgentShutdownMovesWorkspaces(t *testing.T) {
 
 	g.Eventually(func() bool { return rig.Registry.Agent(first).Ready }).WithTimeout(waitLong).Should(BeTrue())
 	_, err := rig.Registry.GetWorkspace(t.Context(), first, string(ws.UID))
-	g.Expect(errors.Is(err, controllers.ErrWorkspaceUnknown)).To(BeTrue(), "the restarted agent still holds the moved workspace: %v", err)
+	g.Expect(errors.Is(err, agentpool.ErrWorkspaceUnknown)).To(BeTrue(), "the restarted agent still holds the moved workspace: %v", err)
 
 	read := newTask(ns, "read", "moves", "cat src/f g")
 	create(t, read)

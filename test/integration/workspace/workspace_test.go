@@ -19,6 +19,7 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/bashtask/bashtask-operator/agentpool"
 	v1 "github.com/bashtask/bashtask-operator/api/v1alpha1"
 	"github.com/bashtask/bashtask-operator/controllers"
 )
@@ -271,7 +272,7 @@ func TestDeleteWhileTaskRuns(t *testing.T) {
 	g.Expect(cancelled.Status.Reason).To(HaveValue(Equal(v1.ReasonCancelled)), "status: %s", dump.OneLine(cancelled.Status))
 	waitGone(t, ws, waitLong)
 	_, err := rig.Registry.GetWorkspace(t.Context(), node, string(ready.UID))
-	g.Expect(errors.Is(err, controllers.ErrWorkspaceUnknown)).To(BeTrue(), "the agent still holds the workspace: %v", err)
+	g.Expect(errors.Is(err, agentpool.ErrWorkspaceUnknown)).To(BeTrue(), "the agent still holds the workspace: %v", err)
 
 	kept := getTask(g, ended)
 	g.Expect(kept.Status.Reason).To(HaveValue(Equal(v1.ReasonSucceeded)))
@@ -372,7 +373,7 @@ func TestNodeDeleted(t *testing.T) {
 	g.Expect(k8s.Delete(t.Context(), ws)).To(Succeed())
 	waitGone(t, ws, waitLong)
 	_, err := rig.Registry.GetWorkspace(t.Context(), "node-d", string(ready.UID))
-	g.Expect(errors.Is(err, controllers.ErrWorkspaceUnknown)).To(BeTrue(), "the agent still holds the workspace: %v", err)
+	g.Expect(errors.Is(err, agentpool.ErrWorkspaceUnknown)).To(BeTrue(), "the agent still holds the workspace: %v", err)
 }
 
 // Placement follows spec.nodeSelector; a workspace no agent can make

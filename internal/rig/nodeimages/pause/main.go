@@ -1,5 +1,5 @@
 // Command pause is the process of a pod sandbox (the pause image of
-// internal/nodeimages): it holds the pod's namespaces while the pod lives,
+// internal/rig/nodeimages): it holds the pod's namespaces while the pod lives,
 // reaps the orphans reparented to it as PID 1 of a shared PID namespace,
 // and exits with status 0 on SIGTERM or SIGINT, as the upstream pause does.
 //

@@ -29,7 +29,7 @@ var created = time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
 func testOptions(t *testing.T, kinds ...Kind) Options {
 	t.Helper()
 	o, _, err := Options{
-		RepoRoot: filepath.Join("..", ".."),
+		RepoRoot: filepath.Join("..", "..", ".."),
 		OutDir:   t.TempDir(),
 		Tag:      "test",
 		Version:  "v1.2.3",

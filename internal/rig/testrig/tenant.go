@@ -6,7 +6,7 @@ import (
 
 	"github.com/bashtask/bashtask-operator/executor"
 	"github.com/bashtask/bashtask-operator/executor/agent"
-	"github.com/bashtask/bashtask-operator/internal/testshim"
+	"github.com/bashtask/bashtask-operator/internal/rig/testshim"
 )
 
 // tenantUIDsPerAgent is how many task UIDs each agent of a tenant-level

@@ -1,4 +1,4 @@
-package controllers
+package agentpool
 
 import (
 	"context"
@@ -15,8 +15,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials"
-	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/status"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -93,6 +91,17 @@ type AgentState struct {
 	// accepts, in bytes (its --task-disk-cap); 0 when it has no disk quota
 	// or does not report it.
 	DiskCap int64
+}
+
+// HeldTask names a task an agent holds (running, or finished and not yet
+// forgotten).
+type HeldTask struct {
+	// Node is the node of the agent that holds the task.
+	Node string
+	// Task is the BashTask's namespace and name, as the agent has them.
+	Task types.NamespacedName
+	// UID is the BashTask's UID, the agent's key for the task.
+	UID types.UID
 }
 
 // AgentRegistryOptions configures an [AgentRegistry].
@@ -330,13 +339,7 @@ func pickPort(s *discoveryv1.EndpointSlice, portName string) int32 {
 }
 
 func (r *AgentRegistry) dial(ctx context.Context, node, addr string) (*agentConn, error) {
-	cc, err := grpc.NewClient(addr,
-		grpc.WithTransportCredentials(credentials.NewTLS(r.opts.TLS.Clone())),
-		// Pings find a dead or stopped peer behind a silent stream within
-		// 15 s, so that --agent-lost-after counts from about then; the
-		// agent's enforcement policy permits pings every 10 s.
-		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 10 * time.Second, Timeout: 5 * time.Second, PermitWithoutStream: true}),
-	)
+	cc, err := dial(addr, r.opts.TLS)
 	if err != nil {
 		return nil, fmt.Errorf("creating a gRPC client for %s: %w", addr, err)
 	}

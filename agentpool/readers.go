@@ -1,4 +1,4 @@
-package controllers
+package agentpool
 
 import (
 	"context"
@@ -6,11 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"sync"
-	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials"
-	"google.golang.org/grpc/keepalive"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	agentv1 "github.com/bashtask/bashtask-operator/api/agent/v1"
@@ -59,12 +56,7 @@ func (a *AgentReaders) Client(ctx context.Context, node string) (agentv1.Executo
 	if cc := a.conns[addr]; cc != nil {
 		return agentv1.NewExecutorClient(cc), nil
 	}
-	cc, err := grpc.NewClient(addr,
-		grpc.WithTransportCredentials(credentials.NewTLS(a.tls.Clone())),
-		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 20 * time.Second, Timeout: 10 * time.Second, PermitWithoutStream: true}),
-		// A chunk is at most 1 MiB of data (agent.OutputChunkBytes).
-		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(4<<20)),
-	)
+	cc, err := dial(addr, a.tls)
 	if err != nil {
 		return nil, fmt.Errorf("creating a gRPC client for %s: %w", addr, err)
 	}

@@ -1,4 +1,4 @@
-package controllers
+package agentpool
 
 import (
 	"context"
@@ -225,4 +225,16 @@ func fenceFor(ctx context.Context, fencer Fencer, action string) (context.Contex
 	}
 	cctx, cancel := context.WithDeadline(ctx, until)
 	return cctx, cancel, f, nil
+}
+
+// Leading returns an error wrapping ErrNotLeader when fencer says this
+// controller is not sure it leads; action names what it was about to do,
+// for the metric.
+func Leading(fencer Fencer, action string) error {
+	_, cancel, _, err := fenceFor(context.Background(), fencer, action)
+	if err != nil {
+		return err
+	}
+	cancel()
+	return nil
 }

@@ -1,4 +1,4 @@
-package controllers
+package agentpool
 
 import (
 	"context"
@@ -98,10 +98,10 @@ func (r *AgentRegistry) SnapshotWorkspace(ctx context.Context, node, uid string)
 	return resp.GetSnapshot(), nil
 }
 
-// fencedRefusal reports whether err is an agent's refusal of this
+// FencedRefusal reports whether err is an agent's refusal of this
 // controller's leader fence (FAILED_PRECONDITION carrying the newest
 // Fence), which is no statement about the request itself.
-func fencedRefusal(err error) bool {
+func FencedRefusal(err error) bool {
 	if status.Code(err) != codes.FailedPrecondition {
 		return false
 	}
@@ -111,4 +111,17 @@ func fencedRefusal(err error) bool {
 		}
 	}
 	return false
+}
+
+// ListWorkspaces returns the workspaces the node's agent holds.
+func (r *AgentRegistry) ListWorkspaces(ctx context.Context, node string) ([]*agentv1.WorkspaceStatus, error) {
+	a, err := r.conn(node)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := agentv1.NewWorkspacesClient(a.cc).ListWorkspaces(ctx, &agentv1.ListWorkspacesRequest{})
+	if err != nil {
+		return nil, fmt.Errorf("listing the workspaces of node %q: %w", node, err)
+	}
+	return resp.GetWorkspaces(), nil
 }

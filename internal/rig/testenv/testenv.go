@@ -19,7 +19,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
-	"github.com/bashtask/bashtask-operator/internal/localcluster"
+	"github.com/bashtask/bashtask-operator/internal/rig/localcluster"
 )
 
 // Env is a running control plane: a kube-apiserver and its etcd.

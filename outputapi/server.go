@@ -24,7 +24,7 @@ import (
 	agentv1 "github.com/bashtask/bashtask-operator/api/agent/v1"
 )
 
-// Agents hands out a client for a node's agent (controllers.AgentReaders).
+// Agents hands out a client for a node's agent (agentpool.AgentReaders).
 type Agents interface {
 	// Client returns a client for node's agent, or an error when none is
 	// reachable.

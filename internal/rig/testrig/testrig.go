@@ -37,16 +37,17 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
+	"github.com/bashtask/bashtask-operator/agentpool"
 	agentv1 "github.com/bashtask/bashtask-operator/api/agent/v1"
 	bashtaskv1alpha1 "github.com/bashtask/bashtask-operator/api/v1alpha1"
 	"github.com/bashtask/bashtask-operator/controllers"
 	"github.com/bashtask/bashtask-operator/executor"
 	"github.com/bashtask/bashtask-operator/executor/agent"
-	"github.com/bashtask/bashtask-operator/internal/localcluster"
 	"github.com/bashtask/bashtask-operator/internal/mounts"
-	"github.com/bashtask/bashtask-operator/internal/outputapi"
-	"github.com/bashtask/bashtask-operator/internal/testenv"
+	"github.com/bashtask/bashtask-operator/internal/rig/localcluster"
+	"github.com/bashtask/bashtask-operator/internal/rig/testenv"
 	"github.com/bashtask/bashtask-operator/internal/tlsutil"
+	"github.com/bashtask/bashtask-operator/outputapi"
 )
 
 // Options shape a rig.
@@ -65,7 +66,7 @@ type Options struct {
 	// processes, with leader election) against the agents.
 	NoController bool
 	// Tenant runs the agents at the tenant isolation level (root only),
-	// with the static bashtask-shim (internal/testshim) and each agent a
+	// with the static bashtask-shim (internal/rig/testshim) and each agent a
 	// range of task UIDs and a cgroup parent of its own. Workspaces need
 	// it: an agent at the process level refuses them.
 	Tenant bool
@@ -99,7 +100,7 @@ type Rig struct {
 	// Agents are the running agents, by node name.
 	Agents map[string]*Agent
 	// Registry is the controller's view of the agents.
-	Registry *controllers.AgentRegistry
+	Registry *agentpool.AgentRegistry
 	// Orphans is the controller's check for tasks whose BashTask is gone.
 	Orphans *controllers.OrphanCollector
 	// Metrics are the controller's metrics (not registered anywhere).
@@ -419,8 +420,8 @@ func (r *Rig) startController() error {
 	}
 	events := make(chan event.TypedGenericEvent[*bashtaskv1alpha1.BashTask], 1024)
 	agentChanges := make(chan event.TypedGenericEvent[*corev1.Node], 64)
-	held := make(chan controllers.HeldTask, 1024)
-	registry, err := controllers.NewAgentRegistry(controllers.AgentRegistryOptions{
+	held := make(chan agentpool.HeldTask, 1024)
+	registry, err := agentpool.NewAgentRegistry(agentpool.AgentRegistryOptions{
 		Reader: mgr.GetClient(), ServiceNamespace: localcluster.AgentNamespace, ServiceName: localcluster.AgentService,
 		PortName: localcluster.AgentPortName, TLS: tlsCfg, Clock: clock.RealClock{}, Notify: events, AgentChanged: agentChanges, Held: held,
 		WorkspaceLease: opts.AgentLostAfter / 2, Log: ctrl.Log.WithName("agents"),
@@ -509,7 +510,7 @@ func (r *Rig) startOutputAPI(bucketURL string) error {
 	if err != nil {
 		return err
 	}
-	agents, err := controllers.NewAgentReaders(r.Client, localcluster.AgentNamespace, localcluster.AgentService, localcluster.AgentPortName, tlsCfg)
+	agents, err := agentpool.NewAgentReaders(r.Client, localcluster.AgentNamespace, localcluster.AgentService, localcluster.AgentPortName, tlsCfg)
 	if err != nil {
 		return err
 	}
