@@ -9,11 +9,13 @@ package client
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"net/url"
 	"time"
 
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
@@ -81,9 +83,11 @@ func (c *Client) Run(ctx context.Context, task *bashtaskv1alpha1.BashTask) (*bas
 }
 
 // Cancel asks the task to stop (spec.cancelRequested: SIGTERM, grace,
-// SIGKILL); it is idempotent. uid, when set, must be the task's (a merge
-// patch with a UID precondition), so a re-created task of the same name is
-// not cancelled.
+// SIGKILL); it is idempotent. uid, when set, must be the task's: the merge
+// patch carries it as metadata.uid, and since a UID is immutable the API
+// server refuses the patch of a task of the same name made again since
+// (422, field metadata.uid). Cancel returns that refusal as an error
+// wrapping ErrTaskReplaced, and the new task is not cancelled.
 func (c *Client) Cancel(ctx context.Context, ns, name string, uid types.UID) error {
 	patch := `{"spec":{"cancelRequested":true}}`
 	if uid != "" {
@@ -91,8 +95,28 @@ func (c *Client) Cancel(ctx context.Context, ns, name string, uid types.UID) err
 	}
 	t := &bashtaskv1alpha1.BashTask{}
 	t.Namespace, t.Name = ns, name
-	if err := c.k8s.Patch(ctx, t, ctrlclient.RawPatch(types.MergePatchType, []byte(patch))); err != nil {
+	err := c.k8s.Patch(ctx, t, ctrlclient.RawPatch(types.MergePatchType, []byte(patch)))
+	if uid != "" && uidRefused(err) {
+		return fmt.Errorf("cancelling BashTask %s/%s (uid %s): %w: %w", ns, name, uid, ErrTaskReplaced, err)
+	}
+	if err != nil {
 		return fmt.Errorf("cancelling BashTask %s/%s: %w", ns, name, err)
 	}
 	return nil
+}
+
+// uidRefused reports whether err is the API server's refusal of a change
+// of metadata.uid (an Invalid status with a cause on that field): the
+// precondition of a patch that names the UID it was meant for.
+func uidRefused(err error) bool {
+	var se apierrors.APIStatus
+	if !apierrors.IsInvalid(err) || !errors.As(err, &se) || se.Status().Details == nil {
+		return false
+	}
+	for _, c := range se.Status().Details.Causes {
+		if c.Field == "metadata.uid" {
+			return true
+		}
+	}
+	return false
 }

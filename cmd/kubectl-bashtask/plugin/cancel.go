@@ -2,19 +2,16 @@ package plugin
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"github.com/spf13/cobra"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	bashtaskv1alpha1 "github.com/bashtask/bashtask-operator/api/v1alpha1"
+	btclient "github.com/bashtask/bashtask-operator/client"
 )
-
-// cancelPatch sets spec.cancelRequested, the one-way switch: patching it
-// again, or on a finished task, changes nothing, so cancel is idempotent.
-var cancelPatch = client.RawPatch(types.MergePatchType, []byte(`{"spec":{"cancelRequested":true}}`))
 
 func (a *app) cancelCommand() *cobra.Command {
 	return &cobra.Command{
@@ -29,13 +26,17 @@ Cancel does not wait; use "kubectl bashtask wait NAME" for that.`,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx, stop := a.cancelOnInterrupt(cmd.Context())
 			defer stop()
-			c, ns, err := a.client()
+			c, oc, ns, err := a.clients()
 			if err != nil {
 				return err
 			}
 			for _, name := range args {
-				bt, err := cancelTask(ctx, c, types.NamespacedName{Namespace: ns, Name: name})
-				if err != nil {
+				key := types.NamespacedName{Namespace: ns, Name: name}
+				bt := &bashtaskv1alpha1.BashTask{}
+				if err := c.Get(ctx, key, bt); err != nil {
+					return fmt.Errorf("cancelling task %s: %w", key, err)
+				}
+				if err := cancelTask(ctx, oc, bt); err != nil {
 					return err
 				}
 				state := "cancel requested"
@@ -49,21 +50,22 @@ Cancel does not wait; use "kubectl bashtask wait NAME" for that.`,
 	}
 }
 
-// cancelTask requests cancellation and returns the task as patched. A task
-// that already ended, or whose cancel is already requested, is returned
-// unpatched: a spec change would bump its generation past the status's
-// observedGeneration, and tools that compare the two (kstatus, Argo CD,
-// Flux) would show a finished task as still reconciling.
-func cancelTask(ctx context.Context, c client.Client, key types.NamespacedName) (*bashtaskv1alpha1.BashTask, error) {
-	bt := &bashtaskv1alpha1.BashTask{}
-	if err := c.Get(ctx, key, bt); err != nil {
-		return nil, fmt.Errorf("cancelling task %s: %w", key, err)
+// cancelTask requests cancellation of bt, the task as the caller read
+// it, through client.Cancel with bt's UID as a precondition: a task deleted
+// and made again under the same name since that read is a different task,
+// and the API server refuses the patch instead of cancelling it
+// (client.ErrTaskReplaced). A task that already ended, or whose cancel is already
+// requested, is not patched: a spec change would bump its generation past
+// the status's observedGeneration, and tools that compare the two
+// (kstatus, Argo CD, Flux) would show a finished task as still
+// reconciling.
+func cancelTask(ctx context.Context, oc *btclient.Client, bt *bashtaskv1alpha1.BashTask) error {
+	if isFinished(bt) || ptr.Deref(bt.Spec.CancelRequested, false) {
+		return nil
 	}
-	if isFinished(bt) || (bt.Spec.CancelRequested != nil && *bt.Spec.CancelRequested) {
-		return bt, nil
+	err := oc.Cancel(ctx, bt.Namespace, bt.Name, bt.UID)
+	if errors.Is(err, btclient.ErrTaskReplaced) {
+		return fmt.Errorf("the new task of that name is not cancelled: %w", err)
 	}
-	if err := c.Patch(ctx, bt, cancelPatch); err != nil {
-		return nil, fmt.Errorf("cancelling task %s: %w", key, err)
-	}
-	return bt, nil
+	return err
 }

@@ -194,7 +194,7 @@ func taskExit(bt *bashtaskv1alpha1.BashTask) (int, string) {
 	if st.ExitCode != nil && *st.ExitCode > 0 && *st.ExitCode <= 255 {
 		code = int(*st.ExitCode)
 	}
-	if reason == bashtaskv1alpha1.ReasonNonZeroExit && code == int(ptrValue(st.ExitCode)) {
+	if reason == bashtaskv1alpha1.ReasonNonZeroExit && code == int(ptr.Deref(st.ExitCode, 0)) {
 		return code, ""
 	}
 	msg := fmt.Sprintf("task %s/%s ended %s", bt.Namespace, bt.Name, reason)
@@ -202,11 +202,4 @@ func taskExit(bt *bashtaskv1alpha1.BashTask) (int, string) {
 		msg += ": " + m
 	}
 	return code, msg
-}
-
-func ptrValue(p *int32) int32 {
-	if p == nil {
-		return 0
-	}
-	return *p
 }

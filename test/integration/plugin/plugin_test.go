@@ -3,6 +3,7 @@ package plugin_test
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"os"
 	"strings"
 	"testing"
@@ -15,6 +16,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	bashtaskv1alpha1 "github.com/bashtask/bashtask-operator/api/v1alpha1"
+	btclient "github.com/bashtask/bashtask-operator/client"
 	"github.com/bashtask/bashtask-operator/cmd/kubectl-bashtask/plugin"
 )
 
@@ -290,4 +292,53 @@ func taskLines(stderr string) string {
 		}
 	}
 	return b.String()
+}
+
+// A cancel carries the UID of the task it was meant for: after the task
+// is deleted and made again under its name, the API server refuses the
+// cancel (client.ErrTaskReplaced) and the new task runs on. The plugin's Ctrl-C
+// and `cancel` go through this call (client.Cancel).
+func TestCancelByUIDSparesARecreatedTask(t *testing.T) {
+	t.Parallel()
+	ns := newNamespace(t)
+	oc, err := btclient.New(rig.Env.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mk := func() *bashtaskv1alpha1.BashTask {
+		bt := &bashtaskv1alpha1.BashTask{
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "again"},
+			Spec:       bashtaskv1alpha1.BashTaskSpec{Command: "sleep 60", KillGracePeriodSeconds: ptr.To[int32](0)},
+		}
+		if err := rig.Client.Create(t.Context(), bt); err != nil {
+			t.Fatal(err)
+		}
+		return bt
+	}
+	first := mk()
+	if err := rig.Client.Delete(t.Context(), first); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the first task is gone", func() bool {
+		return apierrors.IsNotFound(rig.Client.Get(t.Context(), objectKey(ns, "again"), &bashtaskv1alpha1.BashTask{}))
+	})
+	second := mk()
+	if second.UID == first.UID {
+		t.Fatalf("the re-created task has the first one's uid %s", first.UID)
+	}
+
+	err = oc.Cancel(t.Context(), ns, "again", first.UID)
+	if !errors.Is(err, btclient.ErrTaskReplaced) {
+		t.Errorf("cancel with the first task's uid: %v; want client.ErrTaskReplaced", err)
+	}
+	if got := getTask(t, ns, "again"); got.Spec.CancelRequested != nil {
+		t.Errorf("the re-created task has spec.cancelRequested=%v after a cancel meant for the first one", *got.Spec.CancelRequested)
+	}
+
+	if err := oc.Cancel(t.Context(), ns, "again", second.UID); err != nil {
+		t.Fatalf("cancel with the task's own uid: %v", err)
+	}
+	if got := getTask(t, ns, "again"); !ptr.Deref(got.Spec.CancelRequested, false) {
+		t.Errorf("spec.cancelRequested is not set after a cancel with the task's own uid")
+	}
 }
