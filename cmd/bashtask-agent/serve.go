@@ -23,7 +23,7 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
-	// Bucket drivers for --output-bucket-url (DESIGN.md section 5):
+	// Bucket drivers for --output-bucket-url (docs/agent.md, Uploads):
 	// azblob://, file://, gs:// and s3:// (also S3-compatible servers
 	// through ?endpoint=).
 	_ "gocloud.dev/blob/azureblob"
@@ -97,7 +97,7 @@ type serveOptions struct {
 	logLevel           string
 }
 
-// addServe makes root run the agent server (DESIGN.md sections 5 and 6)
+// addServe makes root run the agent server (docs/agent.md)
 // with the server's flags, and adds the same as the `serve` subcommand for
 // explicitness in manifests.
 func addServe(root *cobra.Command) {

@@ -1,5 +1,5 @@
-// Package outputkey names a task's output objects in the bucket (DESIGN.md
-// section 5, docs/output.md): the agents write them, the output API reads
+// Package outputkey names a task's output objects in the bucket (docs/output.md,
+// Where the bytes come from): the agents write them, the output API reads
 // them, and both must agree on every byte of the key.
 package outputkey
 

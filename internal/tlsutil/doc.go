@@ -5,6 +5,6 @@
 // expected identity, and a small certificate authority for tests and the
 // local launcher.
 //
-// There is deliberately no plaintext or "insecure" mode: DESIGN.md section 6
-// requires mTLS both ways.
+// There is deliberately no plaintext or "insecure" mode: the agent protocol
+// requires mTLS both ways (docs/agent.md, Security).
 package tlsutil

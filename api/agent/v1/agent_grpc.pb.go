@@ -1,5 +1,5 @@
 // The protocol between the bashtask controller and the node-local agent
-// (bashtask-agent). DESIGN.md section 6; docs/agent.md describes each RPC.
+// (bashtask-agent). docs/agent.md describes each RPC.
 //
 // The agent serves it over mutual TLS only. Every RPC that names a task
 // takes the task's Kubernetes UID, which is also the task's key in the

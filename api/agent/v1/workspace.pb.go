@@ -1,7 +1,7 @@
 // The workspace part of the protocol between the bashtask controller and the
-// node-local agent: a BashWorkspace's home on one node (DESIGN.md section
-// 11, docs/workspaces.md). A task runs in a workspace when its TaskSpec
-// names one (TaskSpec.workspace); these calls create, read and remove the
+// node-local agent: a BashWorkspace's home on one node
+// (docs/workspaces.md). A task runs in a workspace when its TaskSpec names
+// one (TaskSpec.workspace); these calls create, read and remove the
 // workspace itself. Served on the same mutual-TLS listener as Executor,
 // with the same identity rule: only the controller's client certificate.
 
