@@ -3,6 +3,7 @@ package main
 import (
 	"cmp"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -224,51 +225,15 @@ func runServe(ctx context.Context, o *serveOptions) error {
 		}
 	}()
 
-	g := grpc.NewServer(
-		grpc.Creds(credentials.NewTLS(tlsCfg)),
-		// A Start may carry a 128 KiB command, 256 KiB of stdin and up to
-		// 256 environment entries resolved from Secrets; gRPC's 4 MiB
-		// default would refuse specs the API accepts.
-		grpc.MaxRecvMsgSize(agentv1.MaxRequestBytes),
-		// The controller keeps one Watch stream open per agent; pings
-		// find a dead peer behind a silent network.
-		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 10 * time.Second}),
-		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
-	)
+	g := newGRPCServer(tlsCfg)
 	srv.Register(g)
 	lis, err := net.Listen("tcp", o.listen)
 	if err != nil {
 		return fmt.Errorf("listening for gRPC: %w", err)
 	}
 
-	var httpServers []*http.Server
 	errc := make(chan error, 4)
-	if o.metricsAddr != "" {
-		mux := http.NewServeMux()
-		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
-		httpServers = append(httpServers, listenHTTP(o.metricsAddr, mux, errc))
-	}
-	if o.healthAddr != "" {
-		mux := http.NewServeMux()
-		mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
-		mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
-			if ready, problems := srv.Readiness(); !ready {
-				http.Error(w, strings.Join(problems, "\n"), http.StatusServiceUnavailable)
-				return
-			}
-			fmt.Fprintln(w, "ok")
-		})
-		httpServers = append(httpServers, listenHTTP(o.healthAddr, mux, errc))
-	}
-	if o.pprofAddr != "" {
-		mux := http.NewServeMux()
-		mux.HandleFunc("/debug/pprof/", pprof.Index)
-		mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
-		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
-		mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
-		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
-		httpServers = append(httpServers, listenHTTP(o.pprofAddr, mux, errc))
-	}
+	httpServers := o.serveHTTP(reg, srv, errc)
 	go func() { errc <- g.Serve(lis) }()
 	log.Info("agent serving", "listen", lis.Addr().String(), "node", cfg.NodeName, "incarnation", srv.IncarnationID(),
 		"stateDir", cfg.StateDir, "bucket", srv.BucketURL(), "controllerIdentity", o.controllerIdentity)
@@ -293,13 +258,66 @@ func runServe(ctx context.Context, o *serveOptions) error {
 	case serveErr = <-errc:
 		log.Error("server failed; shutting down", "err", serveErr)
 	}
-	// Run stops the running tasks and ends the Watch streams first, so the
-	// controller sees the terminal events; then open RPCs get a bounded
-	// time.
-	cancelRun()
-	if err := <-runDone; err != nil {
-		serveErr = errors.Join(serveErr, err)
+	return errors.Join(serveErr, o.stop(ctx, cancelRun, runDone, g, httpServers))
+}
+
+// newGRPCServer returns the agent's gRPC server: mutual TLS from tlsCfg,
+// the request size limit of the protocol, and keepalives.
+func newGRPCServer(tlsCfg *tls.Config) *grpc.Server {
+	return grpc.NewServer(
+		grpc.Creds(credentials.NewTLS(tlsCfg)),
+		// A Start may carry a 128 KiB command, 256 KiB of stdin and up to
+		// 256 environment entries resolved from Secrets; gRPC's 4 MiB
+		// default would refuse specs the API accepts.
+		grpc.MaxRecvMsgSize(agentv1.MaxRequestBytes),
+		// The controller keeps one Watch stream open per agent; pings
+		// find a dead peer behind a silent network. MinTime is the
+		// shortest ping interval accepted, the controller's (agentpool).
+		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 10 * time.Second}),
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
+	)
+}
+
+// serveHTTP starts the metrics, health and pprof listeners whose flags are
+// set; a listener that fails sends its error to errc.
+func (o *serveOptions) serveHTTP(reg *prometheus.Registry, srv *agent.Server, errc chan<- error) []*http.Server {
+	var servers []*http.Server
+	if o.metricsAddr != "" {
+		mux := http.NewServeMux()
+		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+		servers = append(servers, listenHTTP(o.metricsAddr, mux, errc))
 	}
+	if o.healthAddr != "" {
+		mux := http.NewServeMux()
+		mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
+		mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
+			if ready, problems := srv.Readiness(); !ready {
+				http.Error(w, strings.Join(problems, "\n"), http.StatusServiceUnavailable)
+				return
+			}
+			fmt.Fprintln(w, "ok")
+		})
+		servers = append(servers, listenHTTP(o.healthAddr, mux, errc))
+	}
+	if o.pprofAddr != "" {
+		mux := http.NewServeMux()
+		mux.HandleFunc("/debug/pprof/", pprof.Index)
+		mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+		mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+		servers = append(servers, listenHTTP(o.pprofAddr, mux, errc))
+	}
+	return servers
+}
+
+// stop ends the agent after its drain: Run stops the running tasks and
+// ends the Watch streams first (cancelRun), so the controller sees the
+// terminal events; then open RPCs get --shutdown-timeout, and the HTTP
+// listeners 5 s. It returns Run's error.
+func (o *serveOptions) stop(ctx context.Context, cancelRun context.CancelFunc, runDone <-chan error, g *grpc.Server, httpServers []*http.Server) error {
+	cancelRun()
+	err := <-runDone
 	stopped := make(chan struct{})
 	go func() { g.GracefulStop(); close(stopped) }()
 	select {
@@ -312,7 +330,7 @@ func runServe(ctx context.Context, o *serveOptions) error {
 	for _, hs := range httpServers {
 		_ = hs.Shutdown(sctx)
 	}
-	return serveErr
+	return err
 }
 
 func listenHTTP(addr string, h http.Handler, errc chan<- error) *http.Server {
@@ -352,53 +370,21 @@ func (o *serveOptions) agentConfig(log *slog.Logger) (agent.Config, error) {
 	if err != nil {
 		return agent.Config{}, fmt.Errorf("--task-uid-range: %w", err)
 	}
-	partBytes := o.partBytes
-	switch {
-	case partBytes == 0:
-		partBytes = -1 // off
-	case partBytes < agent.MinPartBytes:
-		return agent.Config{}, fmt.Errorf("--output-part-bytes %d: want 0 (no parts) or at least %d", o.partBytes, agent.MinPartBytes)
-	}
-	if o.partInterval < agent.MinPartInterval {
-		return agent.Config{}, fmt.Errorf("--output-part-interval %s: want at least %s", o.partInterval, agent.MinPartInterval)
-	}
-	if o.workspaceTimeout < 0 {
-		return agent.Config{}, fmt.Errorf("--shutdown-workspace-timeout %s: want 0 (move no workspace) or more", o.workspaceTimeout)
-	}
-	if o.shimPoolSize < 0 || o.shimPoolSize > maxShimPoolSize {
-		return agent.Config{}, fmt.Errorf("--shim-pool-size %d: want 0 (none) to %d", o.shimPoolSize, maxShimPoolSize)
-	}
-	diskSize, err := parseBytes("--task-disk-size", o.taskDiskSize)
+	partBytes, err := o.checkLimits()
 	if err != nil {
 		return agent.Config{}, err
 	}
-	diskCap, err := parseBytes("--task-disk-cap", o.taskDiskCap)
+	diskSize, diskCap, err := o.diskQuota()
 	if err != nil {
 		return agent.Config{}, err
-	}
-	if diskSize > 0 && diskCap < diskSize {
-		return agent.Config{}, fmt.Errorf("--task-disk-cap %s is below --task-disk-size %s", o.taskDiskCap, o.taskDiskSize)
 	}
 	shimPath, err := resolveShimPath(o.shimPath)
 	if err != nil {
 		return agent.Config{}, err
 	}
-	if o.taskIdentity != "leased" && o.taskIdentity != "shared" {
-		return agent.Config{}, fmt.Errorf("--task-identity %q: want leased or shared", o.taskIdentity)
-	}
-	// The agent's TLS files are hidden from tenant tasks whatever their
-	// mode (a Secret volume is world-readable by default).
-	var mask []string
-	for _, f := range []string{o.certFile, o.keyFile, o.caFile} {
-		if f != "" {
-			// Mounts need absolute paths; the flags may be relative
-			// (bashtask-local passes paths under its --dir).
-			dir, err := filepath.Abs(filepath.Dir(f))
-			if err != nil {
-				return agent.Config{}, fmt.Errorf("the directory of %s: %w", f, err)
-			}
-			mask = append(mask, dir)
-		}
+	mask, err := o.tlsDirs()
+	if err != nil {
+		return agent.Config{}, err
 	}
 	cfg := agent.Config{
 		NodeName:         node,
@@ -456,6 +442,66 @@ const shimBinary = "bashtask-shim"
 // when there is one (an error when it is not an executable regular file),
 // else this binary itself (executor.DefaultShimPath), which is a shim too. A wrong build of the shim is refused later, by the
 // executor's probe task: the shim's ready report names its protocol.
+// checkLimits checks the flags that bound the agent's work and returns the
+// output part size for agent.Config.PartBytes (-1: parts off), or an error
+// naming the flag and its limit.
+func (o *serveOptions) checkLimits() (partBytes int64, err error) {
+	partBytes = o.partBytes
+	switch {
+	case partBytes == 0:
+		partBytes = -1 // off
+	case partBytes < agent.MinPartBytes:
+		return 0, fmt.Errorf("--output-part-bytes %d: want 0 (no parts) or at least %d", o.partBytes, agent.MinPartBytes)
+	}
+	if o.partInterval < agent.MinPartInterval {
+		return 0, fmt.Errorf("--output-part-interval %s: want at least %s", o.partInterval, agent.MinPartInterval)
+	}
+	if o.workspaceTimeout < 0 {
+		return 0, fmt.Errorf("--shutdown-workspace-timeout %s: want 0 (move no workspace) or more", o.workspaceTimeout)
+	}
+	if o.shimPoolSize < 0 || o.shimPoolSize > maxShimPoolSize {
+		return 0, fmt.Errorf("--shim-pool-size %d: want 0 (none) to %d", o.shimPoolSize, maxShimPoolSize)
+	}
+	if o.taskIdentity != "leased" && o.taskIdentity != "shared" {
+		return 0, fmt.Errorf("--task-identity %q: want leased or shared", o.taskIdentity)
+	}
+	return partBytes, nil
+}
+
+// diskQuota returns a task's default disk quota and the largest one a task
+// may ask for, in bytes, from --task-disk-size and --task-disk-cap.
+func (o *serveOptions) diskQuota() (size, capBytes int64, err error) {
+	if size, err = parseBytes("--task-disk-size", o.taskDiskSize); err != nil {
+		return 0, 0, err
+	}
+	if capBytes, err = parseBytes("--task-disk-cap", o.taskDiskCap); err != nil {
+		return 0, 0, err
+	}
+	if size > 0 && capBytes < size {
+		return 0, 0, fmt.Errorf("--task-disk-cap %s is below --task-disk-size %s", o.taskDiskCap, o.taskDiskSize)
+	}
+	return size, capBytes, nil
+}
+
+// tlsDirs returns the absolute directories of the agent's TLS files, which
+// are hidden from tenant tasks whatever their mode (a Secret volume is
+// world-readable by default). Mounts need absolute paths; the flags may be
+// relative (bashtask-local passes paths under its --dir).
+func (o *serveOptions) tlsDirs() ([]string, error) {
+	var dirs []string
+	for _, f := range []string{o.certFile, o.keyFile, o.caFile} {
+		if f == "" {
+			continue
+		}
+		dir, err := filepath.Abs(filepath.Dir(f))
+		if err != nil {
+			return nil, fmt.Errorf("the directory of %s: %w", f, err)
+		}
+		dirs = append(dirs, dir)
+	}
+	return dirs, nil
+}
+
 func resolveShimPath(flag string) (string, error) {
 	usable := func(p string) error {
 		fi, err := os.Stat(p)
