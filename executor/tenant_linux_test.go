@@ -18,8 +18,9 @@ import (
 	"github.com/bashtask/bashtask-operator/internal/rig/testshim"
 )
 
-// The executor cases (CASES.md C01-C27) hold at the tenant level too: the
-// test binary runs them again with every test executor at IsolationTenant.
+// The executor cases (C01-C27 in docs/executor.md) hold at the tenant
+// level too: the test binary runs them again with every test executor at
+// IsolationTenant.
 func TestCasesAtTenantLevel(t *testing.T) {
 	if os.Getenv(isolationEnv) != "" {
 		t.Skip("this process is the rerun at a fixed level that this test starts; it does not start another")
