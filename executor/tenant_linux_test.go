@@ -415,8 +415,8 @@ func TestTenantUser(t *testing.T) {
 		t.Errorf("the node's /etc/passwd (err %v) names the task's UID", err)
 	}
 
-	// An explicit HOME is the task's choice (DESIGN.md section 5: the
-	// explicit entries come after the identity).
+	// An explicit HOME is the task's choice (docs/executor.md,
+	// "Environment": the explicit entries come after the identity).
 	spec = testSpec(t, `echo home=$HOME user=$USER`)
 	spec.User = &User{UID: 2000132, GID: 2000132}
 	spec.Env = []EnvVar{{"HOME", "/tmp"}}

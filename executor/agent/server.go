@@ -23,7 +23,7 @@ const (
 	// DefaultMaxConcurrent is the default number of tasks run at once.
 	DefaultMaxConcurrent = 16
 	// DefaultProgressInterval is the default minimum time between two
-	// progress events of one task (DESIGN.md: --progress-interval, 2 s).
+	// progress events of one task (--progress-interval).
 	DefaultProgressInterval = 2 * time.Second
 	// DefaultUploadBackoffInitial is the wait after the first failed
 	// upload attempt; each further failure doubles it.
