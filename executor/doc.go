@@ -1,5 +1,5 @@
-// Package executor runs one shell command on a node the way DESIGN.md
-// section 5 describes it: an explicitly built environment with a credential
+// Package executor runs one shell command on a node the way docs/executor.md
+// describes it: an explicitly built environment with a credential
 // scrub, `<shell> -c <command>` in a new session, a cgroup v2 per task where
 // the node allows one, a monotonic timeout, a TERM-grace-KILL stop of every
 // process of the task, and bounded, UTF-8-safe capture of stdout and stderr

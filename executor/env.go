@@ -30,7 +30,7 @@ type EnvOptions struct {
 	Managed []EnvVar
 }
 
-// Fixed terminal settings (DESIGN.md section 5, step 3): commands run
+// Fixed terminal settings (docs/executor.md, "Environment"): commands run
 // without a terminal, so tools must neither colour nor page their output.
 var terminalEnv = []EnvVar{
 	{"NO_COLOR", "1"},
@@ -53,7 +53,7 @@ const ManagedPrefix = "BASHTASK_"
 // Scrubbed reports whether the scrub drops the ambient variable name:
 // names containing KEY, SECRET, TOKEN or PASSWORD (case-insensitive
 // substring), names starting with BASHTASK_ (case-insensitive) and the shell
-// start-up hooks. The rule is DESIGN.md section 5, step 2.
+// start-up hooks. The rule is docs/executor.md's, "Environment".
 func Scrubbed(name string) bool {
 	upper := strings.ToUpper(name)
 	for _, s := range []string{"KEY", "SECRET", "TOKEN", "PASSWORD"} {
@@ -88,7 +88,7 @@ func ValidateEnvVar(v EnvVar) error {
 }
 
 // BuildEnv returns a task's environment as NAME=VALUE strings sorted by
-// name, built in the order of DESIGN.md section 5 with later steps winning:
+// name, built in the order of docs/executor.md with later steps winning:
 // LANG=C.UTF-8 when the result would set neither LANG nor LC_ALL; the
 // ambient environment filtered by Mode; the fixed terminal settings; the
 // identity entries; a workspace's carried entries; the explicit entries;

@@ -5,8 +5,8 @@ import (
 	"time"
 )
 
-// Isolation is the isolation level of an executor's tasks (DESIGN.md
-// section 9, the agent's --isolation flag).
+// Isolation is the isolation level of an executor's tasks (the agent's
+// --isolation flag; docs/executor.md, "The tenant level").
 type Isolation string
 
 const (

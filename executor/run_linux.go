@@ -404,8 +404,8 @@ func (t *Task) supervise() {
 	close(t.done)
 }
 
-// classify applies DESIGN.md's order: deadline, cancel, OOM, signal, exit
-// code. The exit code of a signaled shell is 128+n.
+// classify applies docs/executor.md's order: deadline, cancel, OOM,
+// signal, exit code. The exit code of a signaled shell is 128+n.
 func classify(cause Reason, oom bool, st exitStatus) (reason Reason, exitCode int, signal string) {
 	exitCode = -1
 	switch {

@@ -5,8 +5,8 @@ import (
 	"time"
 )
 
-// Reason is the single terminal cause of a task, from the closed set of
-// DESIGN.md section 4. The first cause wins: the deadline, then a cancel,
+// Reason is the single terminal cause of a task, from a closed set
+// (docs/executor.md, "Stopping and completion"). The first cause wins: the deadline, then a cancel,
 // then an OOM kill in the task's cgroup, then death by signal, then the exit
 // code.
 type Reason string
@@ -49,7 +49,7 @@ const (
 )
 
 // AmbientMode says which part of the agent's own environment reaches a task
-// (DESIGN.md section 5, `--ambient-env`).
+// (`--ambient-env`; docs/executor.md, "Environment").
 type AmbientMode string
 
 const (
@@ -90,13 +90,13 @@ const (
 	// DefaultShell is the shell used when [Config.Shell] is empty.
 	DefaultShell = "/bin/bash"
 	// DefaultKillGrace is the time between SIGTERM and SIGKILL when
-	// [Spec.KillGrace] is zero (DESIGN.md: 3 seconds).
+	// [Spec.KillGrace] is zero.
 	DefaultKillGrace = 3 * time.Second
 	// DefaultTailBytes is the per-stream tail size in bytes when
 	// [Spec.TailBytes] is zero.
 	DefaultTailBytes = 64000
-	// MaxTailBytes is the largest per-stream tail in bytes (DESIGN.md
-	// section 4, output.tailBytes).
+	// MaxTailBytes is the largest per-stream tail in bytes (the
+	// BashTask's output.tailBytes).
 	MaxTailBytes = 262144
 	// DefaultSpillLimitBytes is the per-stream spill file cap in bytes when
 	// [Spec.SpillLimitBytes] is zero (64 MiB).
@@ -155,8 +155,8 @@ type Spec struct {
 	// StdinStream, when set, makes fd 0 a pipe fed by [Task.WriteStdin]
 	// while the task runs; exclusive with Stdin.
 	StdinStream *StdinStream
-	// Env is the task's explicit environment (step 4 of DESIGN.md section
-	// 5): it wins over the ambient environment, even for names that look
+	// Env is the task's explicit environment (docs/executor.md,
+	// "Environment"): it wins over the ambient environment, even for names that look
 	// like credentials.
 	Env []EnvVar
 	// ManagedEnv holds the managed facts (BASHTASK_NAME, ...), applied last

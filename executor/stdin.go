@@ -85,6 +85,8 @@ type StdinOffsetError struct {
 	Offset, Accepted int64
 }
 
+// Error names the offset to send from, the bytes accepted, so that a
+// client that reads only the message can still resume.
 func (e *StdinOffsetError) Error() string {
 	return fmt.Sprintf("stdin offset %d is past the %d bytes accepted: send from offset %d", e.Offset, e.Accepted, e.Accepted)
 }

@@ -217,40 +217,79 @@ func (e *Executor) startTenant(t *Task) error {
 }
 
 // handshake sends the Config to sp, which has reported ready, and reads its
-// next report: the shell started, or the step that failed. On failure the shim is discarded and
-// the error is a [*StartError] with ErrIsolation naming the step. On
-// success it returns the channel that receives the shell's exit status
-// (the shim's own if it died without reporting one) and the shim's state.
-func (l *shimLaunch) handshake(sp *shimProc) (<-chan exitStatus, *tenantSys, error) {
+// next report: the shell started, or the step that failed. On failure the
+// shim is discarded and the error is a [*StartError] with ErrIsolation
+// naming the step. On success it returns the channel that receives the
+// shell's exit status (the shim's own if it died without reporting one)
+// and the shim's state.
+func (l *shimLaunch) handshake(sp *shimProc) (_ <-chan exitStatus, _ *tenantSys, err error) {
+	// What the handshake holds until it hands it on: the tree and the
+	// lease pipe's read end go to the shim with the Config, the write end
+	// to the lease once the shell started. One cleanup for every failure:
+	// what is still held, then the shim.
+	tree := -1
+	var leaseR, leaseW *os.File
+	defer func() {
+		if err == nil {
+			return
+		}
+		if tree >= 0 {
+			unix.Close(tree)
+		}
+		if leaseR != nil {
+			leaseR.Close()
+		}
+		sp.discard()
+		if leaseW != nil {
+			leaseW.Close()
+		}
+	}()
 	data, err := json.Marshal(l.cfg)
 	if err != nil {
-		sp.discard()
 		return nil, nil, err
 	}
 	// The working directory as this process sees it now, a detached
 	// clone of its mounts: a shim started ahead of its task has a copy of
 	// the mounts of its start, without the working directory's own file
 	// system (diskQuota) mounted since.
-	tree, err := unix.OpenTree(unix.AT_FDCWD, l.tree, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC|unix.AT_RECURSIVE)
+	fd, err := unix.OpenTree(unix.AT_FDCWD, l.tree, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC|unix.AT_RECURSIVE)
 	if err != nil {
-		sp.discard()
 		return nil, nil, startErr(ErrIsolation, "", fmt.Errorf("cloning working directory %s: %w", l.tree, err))
 	}
+	tree = fd
+	if l.window > 0 {
+		// The lease pipe: the shim reads renewals from its end, the
+		// lease writes them to this one until the shim is reaped.
+		if leaseR, leaseW, err = os.Pipe(); err != nil {
+			return nil, nil, startErr(ErrIsolation, "", fmt.Errorf("the lease pipe: %w", err))
+		}
+	}
+	l.sendConfig(sp, data, tree, leaseR)
+	tree, leaseR = -1, nil // sendConfig closes them
+	startDir, err := l.awaitStart(sp)
+	if err != nil {
+		return nil, nil, err
+	}
+	if leaseW != nil {
+		l.lease.hold(leaseW, l.window)
+	}
+	ts := &tenantSys{shimDone: make(chan struct{}), startDir: startDir, window: l.window}
+	ts.pidNS, _ = os.Readlink(fmt.Sprintf("/proc/%d/ns/pid", sp.proc.Pid))
+	return l.relayReports(sp, ts, leaseW), ts, nil
+}
+
+// sendConfig writes data, the Config, to sp's config pipe with tree and,
+// for a fenced task, leaseR passed along (SCM_RIGHTS), then closes all
+// three: the shim has descriptors of its own. It does not wait for a large
+// Config to be read.
+func (l *shimLaunch) sendConfig(sp *shimProc, data []byte, tree int, leaseR *os.File) {
 	fds := []int{tree}
 	if l.netns >= 0 {
 		// SCM_RIGHTS gives the shim a descriptor of its own: the
 		// workspace keeps its own.
 		fds = append(fds, l.netns)
 	}
-	var leaseR, leaseW *os.File
-	if l.window > 0 {
-		// The lease pipe: the shim reads renewals from its end, the
-		// lease writes them to this one until the shim is reaped.
-		if leaseR, leaseW, err = os.Pipe(); err != nil {
-			unix.Close(tree)
-			sp.discard()
-			return nil, nil, startErr(ErrIsolation, "", fmt.Errorf("the lease pipe: %w", err))
-		}
+	if leaseR != nil {
 		fds = append(fds, int(leaseR.Fd()))
 	}
 	cfgW := sp.cfgW
@@ -275,8 +314,12 @@ func (l *shimLaunch) handshake(sp *shimProc) (<-chan exitStatus, *tenantSys, err
 	} else {
 		go send()
 	}
-	// The ready report was taken (awaitReady): this is the shell's start
-	// or the step that failed.
+}
+
+// awaitStart reads the shim's reports after its Config: a workspace task's
+// start directory, then the shell's start or the step that failed (the
+// ready report was taken by awaitReady). Its error is a [*StartError].
+func (l *shimLaunch) awaitStart(sp *shimProc) (*shim.StartDir, error) {
 	rep, err := sp.nextReport()
 	var startDir *shim.StartDir
 	if err == nil && rep.WorkDir != nil && l.cfg.Workspace != nil {
@@ -298,20 +341,20 @@ func (l *shimLaunch) handshake(sp *shimProc) (<-chan exitStatus, *tenantSys, err
 		err = errors.New("the shim reported an exit before the shell's start")
 	}
 	if err != nil {
-		sp.discard()
-		if leaseW != nil {
-			leaseW.Close()
-		}
 		if rep.Step == "workdir" {
-			return nil, nil, startErr(ErrWorkingDirMissing, rep.Err, nil)
+			return nil, startErr(ErrWorkingDirMissing, rep.Err, nil)
 		}
-		return nil, nil, startErr(ErrIsolation, "", err)
+		return nil, startErr(ErrIsolation, "", err)
 	}
-	if leaseW != nil {
-		l.lease.hold(leaseW, l.window)
-	}
-	ts := &tenantSys{shimDone: make(chan struct{}), startDir: startDir, window: l.window}
-	ts.pidNS, _ = os.Readlink(fmt.Sprintf("/proc/%d/ns/pid", sp.proc.Pid))
+	return startDir, nil
+}
+
+// relayReports reads the shim's reports after the shell's start until the
+// shim ends, noting a carry record and a fence in ts, and returns the
+// channel that receives the shell's exit status: the one the shim
+// reported, else the shim's own. Once the shim is reaped it closes
+// ts.shimDone and ends the lease on leaseW, if any.
+func (l *shimLaunch) relayReports(sp *shimProc, ts *tenantSys, leaseW *os.File) <-chan exitStatus {
 	shellCh := make(chan exitStatus, 1)
 	r, repR, exitCh := sp.rep, sp.repR, sp.exitCh
 	go func() {
@@ -350,7 +393,7 @@ func (l *shimLaunch) handshake(sp *shimProc) (<-chan exitStatus, *tenantSys, err
 			shellCh <- st
 		}
 	}()
-	return shellCh, ts, nil
+	return shellCh
 }
 
 func readReport(r *bufio.Reader) (shim.Report, error) {

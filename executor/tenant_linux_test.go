@@ -18,8 +18,9 @@ import (
 	"github.com/bashtask/bashtask-operator/internal/rig/testshim"
 )
 
-// The executor cases (CASES.md C01-C27) hold at the tenant level too: the
-// test binary runs them again with every test executor at IsolationTenant.
+// The executor cases (C01-C27 in docs/executor.md) hold at the tenant
+// level too: the test binary runs them again with every test executor at
+// IsolationTenant.
 func TestCasesAtTenantLevel(t *testing.T) {
 	if os.Getenv(isolationEnv) != "" {
 		t.Skip("this process is the rerun at a fixed level that this test starts; it does not start another")
@@ -414,8 +415,8 @@ func TestTenantUser(t *testing.T) {
 		t.Errorf("the node's /etc/passwd (err %v) names the task's UID", err)
 	}
 
-	// An explicit HOME is the task's choice (DESIGN.md section 5: the
-	// explicit entries come after the identity).
+	// An explicit HOME is the task's choice (docs/executor.md,
+	// "Environment": the explicit entries come after the identity).
 	spec = testSpec(t, `echo home=$HOME user=$USER`)
 	spec.User = &User{UID: 2000132, GID: 2000132}
 	spec.Env = []EnvVar{{"HOME", "/tmp"}}

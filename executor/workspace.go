@@ -64,8 +64,8 @@ type WorkspaceTask struct {
 	// ends.
 	CarryEnv bool
 	// Env are the carried variables, placed after the terminal settings
-	// and before the task's explicit Env (DESIGN.md section 5 with the
-	// carried step between 3 and 4).
+	// and before the task's explicit Env (docs/executor.md,
+	// "Environment", with the carried step after the terminal settings).
 	Env []EnvVar
 }
 

@@ -17,11 +17,11 @@ import (
 
 // ReasonAgentRestarted is the terminal reason of a task that was running
 // when the agent process ended; the next incarnation stopped what was left
-// of it (DESIGN.md sections 4 and 6).
+// of it (docs/agent.md, "Restarts").
 const ReasonAgentRestarted = "AgentRestarted"
 
-// Managed environment names the agent sets for every task (DESIGN.md
-// section 5, step 5).
+// Managed environment names the agent sets for every task, last so that
+// nothing displaces them (docs/executor.md, "Environment").
 const (
 	EnvName      = executor.ManagedPrefix + "NAME"
 	EnvNamespace = executor.ManagedPrefix + "NAMESPACE"

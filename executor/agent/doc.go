@@ -6,7 +6,7 @@
 // of each under the state directory, so that an agent that was killed finds
 // the tasks of its earlier incarnation when it starts again, stops what is
 // left of them and reports them finished with reason AgentRestarted, with
-// the output captured so far (DESIGN.md section 6). It sends throttled
+// the output captured so far (docs/agent.md, "Restarts"). It sends throttled
 // progress and complete terminal events on Watch, uploads spill files to a
 // gocloud.dev/blob bucket with capped exponential backoff without holding
 // back the terminal event, and deletes a task's local files on Forget only

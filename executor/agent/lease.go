@@ -72,6 +72,19 @@ func (l *uidLeases) acquire(task string) (uint32, bool) {
 	return 0, false
 }
 
+// full reports whether every UID of the range is held, when acquire would
+// fail: Start refuses a task before it takes anything, so a refusal has no
+// UID to give back.
+func (l *uidLeases) full() bool {
+	var n uint64
+	for uid := range l.held {
+		if uid >= l.r.First && uid <= l.r.Last {
+			n++
+		}
+	}
+	return n == uint64(l.r.Last-l.r.First)+1
+}
+
 // hold marks uid as held by task (a lease read back from the journal).
 func (l *uidLeases) hold(uid uint32, task string) { l.held[uid] = task }
 

@@ -37,10 +37,18 @@ func TestUIDLeases(t *testing.T) {
 	l := newUIDLeases(UIDRange{First: 10, Last: 12})
 	a, _ := l.acquire("a")
 	b, _ := l.acquire("b")
+	if l.full() {
+		t.Errorf("full with one id of three free")
+	}
 	l.hold(12, "recovered")
+	l.hold(99, "out of range")
+	if !l.full() {
+		t.Errorf("not full with every id held")
+	}
 	if _, ok := l.acquire("c"); ok {
 		t.Fatalf("a fourth lease from three ids")
 	}
+	l.release(99)
 	l.release(a)
 	c, ok := l.acquire("c")
 	if !ok || c != a {

@@ -2,8 +2,8 @@ package agent
 
 import "github.com/prometheus/client_golang/prometheus"
 
-// Metrics are the agent's Prometheus metrics (DESIGN.md section 7 and the
-// agent issue): running tasks, tasks finished by reason, output bytes by
+// Metrics are the agent's Prometheus metrics (docs/agent.md, "Metrics"):
+// running tasks, tasks finished by reason, output bytes by
 // stream, leftover processes killed, uploads by result and the upload retry
 // backlog.
 type Metrics struct {

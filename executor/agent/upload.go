@@ -34,8 +34,8 @@ const (
 	MetaComplete = "complete"
 )
 
-// ObjectKey is the key of a task's stream in the bucket (DESIGN.md section
-// 5): <namespace>/<name>/<uid>/<stream>.
+// ObjectKey is the key of a task's stream in the bucket (docs/agent.md,
+// "Uploads"): <namespace>/<name>/<uid>/<stream>.
 func ObjectKey(ref *agentv1.TaskRef, stream string) string {
 	return outputkey.Object(ref.GetNamespace(), ref.GetName(), ref.GetUid(), stream)
 }

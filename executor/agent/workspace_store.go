@@ -250,7 +250,7 @@ var neverCarried = []string{"PWD", "OLDPWD", "SHLVL", "_", "HOME", "USER", "LOGN
 
 // carriedEnv is env less what never carries: executor.Scrubbed (names
 // with KEY, SECRET, TOKEN or PASSWORD, BASHTASK_*, the shell start-up
-// hooks; DESIGN.md section 5) and neverCarried. A later duplicate wins.
+// hooks; docs/executor.md, "Environment") and neverCarried. A later duplicate wins.
 // A variable that no next task could be started with is dropped and its
 // name returned in tooBig: a name that is not a shell identifier (bash
 // exports only those, anything else came from a tampered record), or an

@@ -42,7 +42,7 @@ type state struct {
 	closeAfterStart []int
 }
 
-// steps is the fixed order of DESIGN.md section 9: mounts, then the
+// steps is the fixed order of the tenant level: mounts, then the
 // identity, then Landlock, then seccomp last, so that no step after the
 // filter needs a system call it denies.
 var steps = []step{
