@@ -48,9 +48,33 @@ help: ## Show this help.
 ##@ Development
 
 .PHONY: generate
-generate: ## Generate code: deepcopy functions for the API types, agent protocol Go code.
+generate: ## Generate code: deepcopy functions and OpenAPI definitions for the API types, agent protocol Go code.
 	$(CONTROLLER_GEN) object paths=./api/...
+	$(MAKE) generate-openapi
 	$(MAKE) generate-proto
+
+# The OpenAPI definitions the output API server (outputapi) serves: those of
+# output.bashtask.dev/v1alpha1 and of the apimachinery types they and the
+# server's discovery refer to, from k8s.io/kube-openapi's openapi-gen (a
+# go.mod tool, so its version is kube-openapi's in go.mod). The definitions
+# import kube-openapi, which the api/ packages must not, so they live in
+# outputapi/openapi; the types' OpenAPIModelName methods, which import
+# nothing, are generated next to the types (+k8s:openapi-model-package).
+# The apimachinery packages are read only: their known API rule violations
+# are reported, and one in output.bashtask.dev's types fails the target.
+OPENAPI_GEN       := $(GO) tool openapi-gen
+OPENAPI_OUT       := outputapi/openapi
+OPENAPI_BASE_PKGS := k8s.io/apimachinery/pkg/apis/meta/v1 k8s.io/apimachinery/pkg/runtime k8s.io/apimachinery/pkg/version
+
+.PHONY: generate-openapi
+generate-openapi: ## Generate the output API's OpenAPI definitions (go tool openapi-gen).
+	@mkdir -p $(LOCALBIN)
+	$(OPENAPI_GEN) --output-dir $(OPENAPI_OUT) --output-pkg github.com/bashtask/bashtask-operator/$(OPENAPI_OUT) \
+	  --output-file zz_generated.openapi.go --output-model-name-file zz_generated.model_name.go --go-header-file /dev/null \
+	  $(addprefix --readonly-pkg=,$(OPENAPI_BASE_PKGS)) --report-filename $(LOCALBIN)/openapi-violations.txt \
+	  $(OPENAPI_BASE_PKGS) ./api/output/v1alpha1
+	@if grep -v -e ',k8s.io/apimachinery/' $(LOCALBIN)/openapi-violations.txt >&2; then \
+	  echo "generate-openapi: API rule violations in output.bashtask.dev's types (above)" >&2; exit 1; fi
 
 # The agent protocol's Go code, from api/agent/v1/agent.proto. protoc comes
 # from Debian's protobuf-compiler; the Go plugins are go.mod tools. The
@@ -98,9 +122,9 @@ lint: $(GOLANGCI_LINT) $(KUBE_API_LINTER) ## Run golangci-lint with .golangci.ym
 .PHONY: verify
 verify: ## Regenerate everything and fail on any difference from the commit; then lint.
 	$(MAKE) generate manifests
-	@if [[ -n "$$(git status --porcelain -- api config)" ]]; then \
+	@if [[ -n "$$(git status --porcelain -- api config $(OPENAPI_OUT))" ]]; then \
 	  echo "verify: generated files are out of date; run 'make generate manifests' and commit:" >&2; \
-	  git status --porcelain -- api config >&2; git diff --stat -- api config >&2; exit 1; \
+	  git status --porcelain -- api config $(OPENAPI_OUT) >&2; git diff --stat -- api config $(OPENAPI_OUT) >&2; exit 1; \
 	fi
 	@if [[ -n "$$(git status --porcelain -- charts/bashtask/crds charts/bashtask/files)" ]]; then \
 	  echo "verify: the chart's CRDs or RBAC differ from config/; run 'make manifests' and commit" >&2; exit 1; fi

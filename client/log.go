@@ -16,25 +16,33 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+
+	outputv1alpha1 "github.com/bashtask/bashtask-operator/api/output/v1alpha1"
 )
 
-// Response headers and trailers of bashtasks/log (docs/output.md).
+// Response headers and trailers of bashtasks/log (docs/output.md). The
+// contract defines them, in api/output/v1alpha1; these names stay for the
+// client's users.
 const (
-	// HeaderOffset is the offset of the body's first byte in the stream.
-	HeaderOffset = "Bashtask-Stream-Offset"
+	// HeaderOffset is the offset of the body's first byte in the stream:
+	// outputv1alpha1.HeaderOffset.
+	HeaderOffset = outputv1alpha1.HeaderOffset
 	// HeaderTotal is how many bytes of the stream were known when the
-	// response started.
-	HeaderTotal = "Bashtask-Stream-Total"
+	// response started: outputv1alpha1.HeaderTotal.
+	HeaderTotal = outputv1alpha1.HeaderTotal
 	// HeaderComplete is "true" when the task had ended when the response
-	// started, so HeaderTotal is final.
-	HeaderComplete = "Bashtask-Stream-Complete"
-	// HeaderTaskUID is the task's metadata.uid.
-	HeaderTaskUID = "Bashtask-Task-Uid"
+	// started, so HeaderTotal is final: outputv1alpha1.HeaderComplete.
+	HeaderComplete = outputv1alpha1.HeaderComplete
+	// HeaderTaskUID is the task's metadata.uid:
+	// outputv1alpha1.HeaderTaskUID.
+	HeaderTaskUID = outputv1alpha1.HeaderTaskUID
 	// TrailerEndOffset is the offset after the body's last byte, sent when
-	// a response ends early because bytes cannot be served.
-	TrailerEndOffset = "Bashtask-Stream-End-Offset"
-	// TrailerError says why, naming the offset.
-	TrailerError = "Bashtask-Stream-Error"
+	// a response ends early because bytes cannot be served:
+	// outputv1alpha1.TrailerEndOffset.
+	TrailerEndOffset = outputv1alpha1.TrailerEndOffset
+	// TrailerError says why, naming the offset:
+	// outputv1alpha1.TrailerError.
+	TrailerError = outputv1alpha1.TrailerError
 )
 
 // LogOptions select what FollowLog reads.
@@ -98,7 +106,7 @@ type LogReader struct {
 // 404, 403, 410 past what is kept, 416 past the end). Close the reader.
 func (c *Client) FollowLog(ctx context.Context, ns, name string, opts LogOptions) (*LogReader, error) {
 	if opts.Stream == "" {
-		opts.Stream = "stdout"
+		opts.Stream = outputv1alpha1.StreamStdout
 	}
 	if opts.MaxRetries <= 0 {
 		opts.MaxRetries = 30
@@ -130,11 +138,11 @@ func (r *LogReader) Close() error {
 
 func (r *LogReader) logURL() string {
 	u := *r.c.base
-	u.Path = path.Join(u.Path, "/apis/output.bashtask.dev/v1alpha1/namespaces", r.ns, "bashtasks", r.name, "log")
+	u.Path = path.Join(u.Path, "/apis", outputv1alpha1.Group, outputv1alpha1.Version, "namespaces", r.ns, outputv1alpha1.Resource, r.name, outputv1alpha1.SubresourceLog)
 	q := url.Values{}
-	q.Set("stream", r.opts.Stream)
-	q.Set("offset", strconv.FormatInt(r.offset, 10))
-	q.Set("follow", strconv.FormatBool(r.opts.Follow))
+	q.Set(outputv1alpha1.ParamStream, r.opts.Stream)
+	q.Set(outputv1alpha1.ParamOffset, strconv.FormatInt(r.offset, 10))
+	q.Set(outputv1alpha1.ParamFollow, strconv.FormatBool(r.opts.Follow))
 	u.RawQuery = q.Encode()
 	return u.String()
 }

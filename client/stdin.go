@@ -16,35 +16,47 @@ import (
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	outputv1alpha1 "github.com/bashtask/bashtask-operator/api/output/v1alpha1"
 )
 
 // StdinRequestBytes is the most bytes one bashtasks/stdin request carries,
-// 4 MiB (the agent's limit per WriteStdin, agentv1.MaxStdinWriteBytes); a
-// larger body is refused with 413. StdinWriter splits its writes to fit.
-const StdinRequestBytes = 4 << 20
+// 4 MiB (the agent's limit per WriteStdin); a larger body is refused with
+// 413. StdinWriter splits its writes to fit. The contract defines it:
+// outputv1alpha1.StdinRequestBytes.
+const StdinRequestBytes = outputv1alpha1.StdinRequestBytes
 
-// Response headers of bashtasks/stdin (docs/stdin.md).
+// Response headers of bashtasks/stdin (docs/stdin.md). The contract
+// defines them, in api/output/v1alpha1; these names stay for the client's
+// users.
 const (
 	// HeaderStdinOffset is A, the bytes of input accepted after the
-	// request: the offset of the next byte to send.
-	HeaderStdinOffset = "Bashtask-Stdin-Offset"
-	// HeaderStdinClosed is "true" once the input accepts no more bytes.
-	HeaderStdinClosed = "Bashtask-Stdin-Closed"
+	// request: the offset of the next byte to send
+	// (outputv1alpha1.HeaderStdinOffset).
+	HeaderStdinOffset = outputv1alpha1.HeaderStdinOffset
+	// HeaderStdinClosed is "true" once the input accepts no more bytes
+	// (outputv1alpha1.HeaderStdinClosed).
+	HeaderStdinClosed = outputv1alpha1.HeaderStdinClosed
 	// HeaderStdinReason says why it is closed: StdinReasonClosed,
-	// StdinReasonIdleTimeout or StdinReasonProcessExited.
-	HeaderStdinReason = "Bashtask-Stdin-Reason"
+	// StdinReasonIdleTimeout or StdinReasonProcessExited
+	// (outputv1alpha1.HeaderStdinReason).
+	HeaderStdinReason = outputv1alpha1.HeaderStdinReason
 )
 
-// Reasons of a closed input (HeaderStdinReason).
+// Reasons of a closed input (HeaderStdinReason), defined by the contract
+// in api/output/v1alpha1.
 const (
-	// StdinReasonClosed: a client closed it (close=true).
-	StdinReasonClosed = "Closed"
+	// StdinReasonClosed: a client closed it (close=true);
+	// outputv1alpha1.StdinReasonClosed.
+	StdinReasonClosed = outputv1alpha1.StdinReasonClosed
 	// StdinReasonIdleTimeout: no request came for the task's
-	// spec.stdinStream.idleTimeoutSeconds.
-	StdinReasonIdleTimeout = "IdleTimeout"
+	// spec.stdinStream.idleTimeoutSeconds;
+	// outputv1alpha1.StdinReasonIdleTimeout.
+	StdinReasonIdleTimeout = outputv1alpha1.StdinReasonIdleTimeout
 	// StdinReasonProcessExited: the command closed its standard input or
-	// exited before the input was closed.
-	StdinReasonProcessExited = "ProcessExited"
+	// exited before the input was closed;
+	// outputv1alpha1.StdinReasonProcessExited.
+	StdinReasonProcessExited = outputv1alpha1.StdinReasonProcessExited
 )
 
 // StdinClosedError is a write refused because the task's input is closed:
@@ -227,11 +239,11 @@ func (w *StdinWriter) send(data []byte, closeAfter bool) error {
 
 func (w *StdinWriter) stdinURL(offset int64, closeAfter bool) string {
 	u := *w.c.base
-	u.Path = path.Join(u.Path, "/apis/output.bashtask.dev/v1alpha1/namespaces", w.ns, "bashtasks", w.name, "stdin")
+	u.Path = path.Join(u.Path, "/apis", outputv1alpha1.Group, outputv1alpha1.Version, "namespaces", w.ns, outputv1alpha1.Resource, w.name, outputv1alpha1.SubresourceStdin)
 	q := url.Values{}
-	q.Set("offset", strconv.FormatInt(offset, 10))
+	q.Set(outputv1alpha1.ParamOffset, strconv.FormatInt(offset, 10))
 	if closeAfter {
-		q.Set("close", "true")
+		q.Set(outputv1alpha1.ParamClose, "true")
 	}
 	u.RawQuery = q.Encode()
 	return u.String()

@@ -8,6 +8,7 @@ import (
 	genericapirequest "k8s.io/apiserver/pkg/endpoints/request"
 	"k8s.io/apiserver/pkg/registry/rest"
 
+	outputv1alpha1 "github.com/bashtask/bashtask-operator/api/output/v1alpha1"
 	bashtaskv1alpha1 "github.com/bashtask/bashtask-operator/api/v1alpha1"
 )
 
@@ -24,7 +25,7 @@ var (
 	_ rest.SingularNameProvider = (*bashTaskREST)(nil)
 )
 
-func (b *bashTaskREST) New() runtime.Object     { return &BashTask{} }
+func (b *bashTaskREST) New() runtime.Object     { return &outputv1alpha1.BashTask{} }
 func (b *bashTaskREST) Destroy()                {}
 func (b *bashTaskREST) NamespaceScoped() bool   { return true }
 func (b *bashTaskREST) GetSingularName() string { return "bashtask" }
@@ -40,9 +41,9 @@ func (b *bashTaskREST) Get(ctx context.Context, name string, _ *metav1.GetOption
 	return toOutputView(t), nil
 }
 
-func toOutputView(t *bashtaskv1alpha1.BashTask) *BashTask {
-	out := &BashTask{
-		TypeMeta: metav1.TypeMeta{APIVersion: SchemeGroupVersion.String(), Kind: "BashTask"},
+func toOutputView(t *bashtaskv1alpha1.BashTask) *outputv1alpha1.BashTask {
+	out := &outputv1alpha1.BashTask{
+		TypeMeta: metav1.TypeMeta{APIVersion: outputv1alpha1.SchemeGroupVersion.String(), Kind: "BashTask"},
 		ObjectMeta: metav1.ObjectMeta{
 			Name: t.Name, Namespace: t.Namespace, UID: t.UID, ResourceVersion: t.ResourceVersion,
 			Generation: t.Generation, CreationTimestamp: t.CreationTimestamp, DeletionTimestamp: t.DeletionTimestamp,

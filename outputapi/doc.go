@@ -9,8 +9,8 @@
 // `get` on `bashtasks/log` in the group output.bashtask.dev. docs/output.md
 // is the contract.
 //
-// Its types are served by this package, not by a CRD: controller-gen,
-// which reads every package for CRDs and RBAC markers, skips it.
-//
-// +kubebuilder:skip
+// The wire contract (the API types, query parameters, headers, trailers,
+// stdin reasons and size limits) is api/output/v1alpha1, shared with the
+// Go client (package client); the OpenAPI definitions served are
+// generated into outputapi/openapi.
 package outputapi

@@ -22,6 +22,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	agentv1 "github.com/bashtask/bashtask-operator/api/agent/v1"
+	outputv1alpha1 "github.com/bashtask/bashtask-operator/api/output/v1alpha1"
+	"github.com/bashtask/bashtask-operator/outputapi/openapi"
 )
 
 // Agents hands out a client for a node's agent (agentpool.AgentReaders).
@@ -52,6 +54,15 @@ type Config struct {
 	// LiveTasks, when set, reads a BashTask the cache does not have (yet)
 	// from kube-apiserver (the manager's API reader).
 	LiveTasks client.Reader
+	// Informers, when set, is the cache Tasks reads from (the manager's
+	// cache, mgr.GetCache()): a request waiting for its task's dispatch
+	// (a follow of a pending task, a write of input before the start) is
+	// woken by the cache's BashTask informer as soon as the task has a
+	// node. The server adds one event handler to that informer on the
+	// first such wait and removes it when Start returns. Nil: the wait
+	// reads the task every dispatchPollInterval (100 ms) through Tasks,
+	// and LiveTasks when Tasks does not have it.
+	Informers Informers
 	// Agents reaches the node agents.
 	Agents Agents
 	// BucketURL is the gocloud.dev blob URL of the bucket the agents
@@ -68,6 +79,8 @@ type Server struct {
 	generic    *genericapiserver.GenericAPIServer
 	bucket     *blob.Bucket
 	bucketBase string
+	// dispatch wakes the requests waiting for their task's dispatch.
+	dispatch dispatchWaits
 }
 
 // LongRunning reports whether a request is exempt from the request
@@ -94,7 +107,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	o := genericoptions.NewRecommendedOptions("", codecs.LegacyCodec(SchemeGroupVersion))
+	o := genericoptions.NewRecommendedOptions("", codecs.LegacyCodec(outputv1alpha1.SchemeGroupVersion))
 	o.Etcd = nil
 	o.Admission = nil
 	o.CoreAPI = nil
@@ -117,10 +130,13 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	rc.EffectiveVersion = compatibility.NewEffectiveVersionFromString("1.37", "", "")
 	rc.LongRunningFunc = LongRunning
 	namer := openapinamer.NewDefinitionNamer(scheme)
-	rc.OpenAPIConfig = genericapiserver.DefaultOpenAPIConfig(openAPIDefinitions, namer)
-	rc.OpenAPIConfig.Info.Title, rc.OpenAPIConfig.Info.Version = "output.bashtask.dev", Version
-	rc.OpenAPIV3Config = genericapiserver.DefaultOpenAPIV3Config(openAPIDefinitions, namer)
-	rc.OpenAPIV3Config.Info.Title, rc.OpenAPIV3Config.Info.Version = "output.bashtask.dev", Version
+	// The server needs the definitions even though it stores nothing:
+	// server-side apply's type converter is built from them whether or not
+	// a resource accepts writes.
+	rc.OpenAPIConfig = genericapiserver.DefaultOpenAPIConfig(openapi.GetOpenAPIDefinitions, namer)
+	rc.OpenAPIConfig.Info.Title, rc.OpenAPIConfig.Info.Version = outputv1alpha1.Group, outputv1alpha1.Version
+	rc.OpenAPIV3Config = genericapiserver.DefaultOpenAPIV3Config(openapi.GetOpenAPIDefinitions, namer)
+	rc.OpenAPIV3Config.Info.Title, rc.OpenAPIV3Config.Info.Version = outputv1alpha1.Group, outputv1alpha1.Version
 	if err := o.ApplyTo(rc); err != nil {
 		return nil, fmt.Errorf("output API: %w", err)
 	}
@@ -128,20 +144,20 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("output API: %w", err)
 	}
-	s := &Server{cfg: cfg, generic: g}
+	s := &Server{cfg: cfg, generic: g, dispatch: dispatchWaits{informers: cfg.Informers}}
 	if cfg.BucketURL != "" {
 		if s.bucket, s.bucketBase, err = openBucket(ctx, cfg.BucketURL); err != nil {
 			return nil, err
 		}
 	}
-	info := genericapiserver.NewDefaultAPIGroupInfo(Group, scheme, runtime.NewParameterCodec(scheme), codecs)
-	info.VersionedResourcesStorageMap[Version] = map[string]rest.Storage{
+	info := genericapiserver.NewDefaultAPIGroupInfo(outputv1alpha1.Group, scheme, runtime.NewParameterCodec(scheme), codecs)
+	info.VersionedResourcesStorageMap[outputv1alpha1.Version] = map[string]rest.Storage{
 		"bashtasks":       &bashTaskREST{s: s},
 		"bashtasks/log":   &logREST{s: s},
 		"bashtasks/stdin": &stdinREST{s: s},
 	}
 	if err := g.InstallAPIGroup(&info); err != nil {
-		return nil, fmt.Errorf("output API: installing %s: %w", SchemeGroupVersion, err)
+		return nil, fmt.Errorf("output API: installing %s: %w", outputv1alpha1.SchemeGroupVersion, err)
 	}
 	return s, nil
 }
@@ -166,6 +182,7 @@ func openBucket(ctx context.Context, bucketURL string) (*blob.Bucket, string, er
 // Start serves until ctx ends (manager.Runnable; it runs on every replica,
 // see NeedLeaderElection).
 func (s *Server) Start(ctx context.Context) error {
+	defer s.dispatch.stop()
 	defer func() {
 		if s.bucket != nil {
 			_ = s.bucket.Close()

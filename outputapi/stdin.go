@@ -18,8 +18,8 @@ import (
 	"k8s.io/apiserver/pkg/registry/rest"
 
 	agentv1 "github.com/bashtask/bashtask-operator/api/agent/v1"
+	outputv1alpha1 "github.com/bashtask/bashtask-operator/api/output/v1alpha1"
 	bashtaskv1alpha1 "github.com/bashtask/bashtask-operator/api/v1alpha1"
-	btclient "github.com/bashtask/bashtask-operator/client"
 )
 
 // stdinRequestWait bounds how long one bashtasks/stdin request waits for
@@ -50,18 +50,18 @@ var (
 	_ rest.SingularNameProvider = (*stdinREST)(nil)
 )
 
-func (l *stdinREST) New() runtime.Object      { return &StdinOptions{} }
+func (l *stdinREST) New() runtime.Object      { return &outputv1alpha1.StdinOptions{} }
 func (l *stdinREST) Destroy()                 {}
 func (l *stdinREST) NamespaceScoped() bool    { return true }
 func (l *stdinREST) GetSingularName() string  { return "bashtask" }
 func (l *stdinREST) ConnectMethods() []string { return []string{http.MethodPost} }
 func (l *stdinREST) NewConnectOptions() (runtime.Object, bool, string) {
-	return &StdinOptions{}, false, ""
+	return &outputv1alpha1.StdinOptions{}, false, ""
 }
 
 // Connect implements rest.Connecter.
 func (l *stdinREST) Connect(ctx context.Context, name string, opts runtime.Object, r rest.Responder) (http.Handler, error) {
-	o, ok := opts.(*StdinOptions)
+	o, ok := opts.(*outputv1alpha1.StdinOptions)
 	if !ok {
 		return nil, apierrors.NewBadRequest(fmt.Sprintf("unexpected options %T", opts))
 	}
@@ -74,21 +74,21 @@ func (l *stdinREST) Connect(ctx context.Context, name string, opts runtime.Objec
 // setStdinHeaders writes the input's state into the response headers.
 func setStdinHeaders(w http.ResponseWriter, st *agentv1.StdinState) {
 	h := w.Header()
-	h.Set(btclient.HeaderStdinOffset, strconv.FormatInt(st.GetAcceptedBytes(), 10))
-	h.Set(btclient.HeaderStdinClosed, strconv.FormatBool(st.GetClosed()))
+	h.Set(outputv1alpha1.HeaderStdinOffset, strconv.FormatInt(st.GetAcceptedBytes(), 10))
+	h.Set(outputv1alpha1.HeaderStdinClosed, strconv.FormatBool(st.GetClosed()))
 	if r := stdinReasonName(st.GetReason()); r != "" {
-		h.Set(btclient.HeaderStdinReason, r)
+		h.Set(outputv1alpha1.HeaderStdinReason, r)
 	}
 }
 
 func stdinReasonName(r agentv1.StdinCloseReason) string {
 	switch r {
 	case agentv1.StdinCloseReason_STDIN_CLOSE_REASON_CLOSED:
-		return btclient.StdinReasonClosed
+		return outputv1alpha1.StdinReasonClosed
 	case agentv1.StdinCloseReason_STDIN_CLOSE_REASON_IDLE_TIMEOUT:
-		return btclient.StdinReasonIdleTimeout
+		return outputv1alpha1.StdinReasonIdleTimeout
 	case agentv1.StdinCloseReason_STDIN_CLOSE_REASON_PROCESS_EXITED:
-		return btclient.StdinReasonProcessExited
+		return outputv1alpha1.StdinReasonProcessExited
 	}
 	return ""
 }
@@ -110,13 +110,13 @@ func conflict(msg string) *apierrors.StatusError {
 }
 
 // serveStdin answers one bashtasks/stdin request (docs/stdin.md).
-func (s *Server) serveStdin(w http.ResponseWriter, req *http.Request, r rest.Responder, ns, name string, o StdinOptions) {
+func (s *Server) serveStdin(w http.ResponseWriter, req *http.Request, r rest.Responder, ns, name string, o outputv1alpha1.StdinOptions) {
 	ctx := req.Context()
-	body, err := io.ReadAll(http.MaxBytesReader(w, req.Body, btclient.StdinRequestBytes))
+	body, err := io.ReadAll(http.MaxBytesReader(w, req.Body, outputv1alpha1.StdinRequestBytes))
 	if err != nil {
 		var mbe *http.MaxBytesError
 		if errors.As(err, &mbe) {
-			r.Error(apierrors.NewRequestEntityTooLargeError(fmt.Sprintf("the body of a bashtasks/stdin request is at most %d bytes (client.StdinRequestBytes): send larger input in several requests", btclient.StdinRequestBytes)))
+			r.Error(apierrors.NewRequestEntityTooLargeError(fmt.Sprintf("the body of a bashtasks/stdin request is at most %d bytes (client.StdinRequestBytes): send larger input in several requests", outputv1alpha1.StdinRequestBytes)))
 			return
 		}
 		r.Error(apierrors.NewBadRequest(fmt.Sprintf("reading the body: %v", err)))
@@ -163,7 +163,7 @@ func (s *Server) serveStdin(w http.ResponseWriter, req *http.Request, r rest.Res
 		r.Error(err)
 		return
 	}
-	w.Header().Set(btclient.HeaderTaskUID, string(task.UID))
+	w.Header().Set(outputv1alpha1.HeaderTaskUID, string(task.UID))
 	w.Header().Set("Cache-Control", "no-store")
 	w.WriteHeader(http.StatusOK)
 }
@@ -177,9 +177,11 @@ func (s *Server) writeStdin(ctx context.Context, task *bashtaskv1alpha1.BashTask
 			return nil, goneError(fmt.Sprintf("BashTask %s/%s has ended (%s): its standard input accepts no bytes", task.Namespace, task.Name, *task.Status.Reason))
 		}
 		if task.Status.NodeName == nil || *task.Status.NodeName == "" {
-			if err := s.waitTask(ctx, &task); err != nil {
+			t, err := s.waitDispatched(ctx, task)
+			if err != nil {
 				return nil, stdinWaitError(ctx, task, err)
 			}
+			task = t
 			continue
 		}
 		c, err := s.cfg.Agents.Client(ctx, *task.Status.NodeName)

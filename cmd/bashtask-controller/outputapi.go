@@ -19,7 +19,8 @@ import (
 
 // addOutputAPI adds the output.bashtask.dev server to the manager; it runs
 // on every replica (not only the leader), reading tasks from the manager's
-// cache and output from the agents with the controller's client
+// cache (whose BashTask informer wakes the requests waiting for a task's
+// dispatch) and output from the agents with the controller's client
 // certificate.
 func addOutputAPI(ctx context.Context, mgr ctrl.Manager, o *options, tlsCfg *tls.Config) error {
 	agents, err := agentpool.NewAgentReaders(mgr.GetClient(), o.agentNamespace, o.agentService, o.agentPortName, tlsCfg)
@@ -36,7 +37,7 @@ func addOutputAPI(ctx context.Context, mgr ctrl.Manager, o *options, tlsCfg *tls
 	}
 	srv, err := outputapi.New(ctx, outputapi.Config{
 		BindAddress: bind, Port: o.outputAPIPort, CertDir: o.outputAPICertDir, Kubeconfig: kubeconfig,
-		Tasks: mgr.GetClient(), LiveTasks: mgr.GetAPIReader(), Agents: agents, BucketURL: o.outputBucketURL,
+		Tasks: mgr.GetClient(), LiveTasks: mgr.GetAPIReader(), Informers: mgr.GetCache(), Agents: agents, BucketURL: o.outputBucketURL,
 	})
 	if err != nil {
 		return err
