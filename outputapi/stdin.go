@@ -116,7 +116,7 @@ func (s *Server) serveStdin(w http.ResponseWriter, req *http.Request, r rest.Res
 	if err != nil {
 		var mbe *http.MaxBytesError
 		if errors.As(err, &mbe) {
-			r.Error(apierrors.NewRequestEntityTooLargeError(fmt.Sprintf("the body of a bashtasks/stdin request is at most %d bytes (client.StdinRequestBytes): send larger input in several requests", outputv1alpha1.StdinRequestBytes)))
+			r.Error(apierrors.NewRequestEntityTooLargeError(fmt.Sprintf("the body of a bashtasks/stdin request is at most %d bytes (output.bashtask.dev/v1alpha1 StdinRequestBytes): send larger input in several requests", outputv1alpha1.StdinRequestBytes)))
 			return
 		}
 		r.Error(apierrors.NewBadRequest(fmt.Sprintf("reading the body: %v", err)))

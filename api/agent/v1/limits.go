@@ -41,6 +41,6 @@ func ArgEnvBytes(spec *TaskSpec, shell string) int64 {
 }
 
 // MaxStdinWriteBytes is the most data one WriteStdinRequest carries, 4 MiB
-// (client.StdinRequestBytes, the output API's limit per request): a bulk
+// (api/output/v1alpha1.StdinRequestBytes, the output API's limit per request): a bulk
 // copy costs few calls, and a request stays far below MaxRequestBytes.
 const MaxStdinWriteBytes = 4 << 20

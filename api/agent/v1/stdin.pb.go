@@ -144,7 +144,7 @@ type WriteStdinRequest struct {
 	// before A are a resend and skipped; the rest are appended. Exactly once
 	// across retries.
 	Offset int64 `protobuf:"varint,2,opt,name=offset,proto3" json:"offset,omitempty"`
-	// data is at most 4 MiB (client.StdinRequestBytes); empty without close
+	// data is at most 4 MiB (output.bashtask.dev/v1alpha1 StdinRequestBytes); empty without close
 	// asks for the state and counts as a sign of life for the idle timeout.
 	Data []byte `protobuf:"bytes,3,opt,name=data,proto3" json:"data,omitempty"`
 	// close closes the pipe after data: the command reads EOF once it has
