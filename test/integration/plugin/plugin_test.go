@@ -6,6 +6,7 @@ import (
 	"os"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 	corev1 "k8s.io/api/core/v1"
@@ -16,6 +17,7 @@ import (
 
 	bashtaskv1alpha1 "github.com/bashtask/bashtask-operator/api/v1alpha1"
 	"github.com/bashtask/bashtask-operator/cmd/kubectl-bashtask/plugin"
+	"github.com/bashtask/bashtask-operator/internal/rig/testutil"
 )
 
 func TestRunExitCodeAndStreams(t *testing.T) {
@@ -168,9 +170,9 @@ func TestCancelAndWait(t *testing.T) {
 	if err := rig.Client.Create(t.Context(), bt); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "the task runs", func() bool {
+	testutil.WaitFor(t, "the task runs", 30*time.Second, testutil.Check(func() bool {
 		return ptr.Deref(getTask(t, ns, "long").Status.Phase, "") == bashtaskv1alpha1.PhaseRunning
-	})
+	}, nil))
 
 	if got := kubectlBashtask(t, ns, "wait", "long", "--timeout", "500ms"); got.code != plugin.ExitWaitTimeout || !strings.Contains(got.stderr, "still Running") {
 		t.Errorf("wait --timeout on a running task: exit %d, stderr %q; want %d", got.code, got.stderr, plugin.ExitWaitTimeout)
@@ -209,10 +211,10 @@ func TestRunInterruptCancelsTheTask(t *testing.T) {
 	go func() {
 		done <- invocation{interrupts: interrupts}.run(t, ns, "run", "--name", "intr", "--", "echo started; sleep 60")
 	}()
-	eventually(t, "the task runs", func() bool {
+	testutil.WaitFor(t, "the task runs", 30*time.Second, testutil.Check(func() bool {
 		bt := &bashtaskv1alpha1.BashTask{}
 		return rig.Client.Get(t.Context(), objectKey(ns, "intr"), bt) == nil && ptr.Deref(bt.Status.Phase, "") == bashtaskv1alpha1.PhaseRunning
-	})
+	}, nil))
 	interrupts <- os.Interrupt
 	got := <-done
 	if got.code != exitOf(getTask(t, ns, "intr")) || got.stdout != "started\n" || !strings.Contains(got.stderr, "cancelling task") || !strings.Contains(got.stderr, "ended Cancelled") {
@@ -229,10 +231,10 @@ func TestRunRm(t *testing.T) {
 	if got := kubectlBashtask(t, ns, "run", "--rm", "--name", "gone", "--", "echo hi"); got.code != 0 || got.stdout != "hi\n" {
 		t.Fatalf("run --rm: %+v", got)
 	}
-	eventually(t, "the task is deleted", func() bool {
+	testutil.WaitFor(t, "the task is deleted", 30*time.Second, testutil.Check(func() bool {
 		err := rig.Client.Get(t.Context(), objectKey(ns, "gone"), &bashtaskv1alpha1.BashTask{})
 		return apierrors.IsNotFound(err)
-	})
+	}, nil))
 }
 
 func TestGetOwner(t *testing.T) {
