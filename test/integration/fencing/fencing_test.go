@@ -136,7 +136,7 @@ func TestPausedLeaderMakesNoAcceptedCall(t *testing.T) {
 	a := startController(t, "controller-a", kubeconfig)
 	// The Lease outlives each test with the holder of the last one (until
 	// it expires): controller-a leads once the holder is its own identity.
-	testutil.WaitFor(t, "controller-a leads", 30*time.Second, testutil.Check(func() bool { h, _ := leaseHolder(ctx); return h != "" && strings.Contains(a.out.String(), h) }, nil))
+	testutil.WaitFor(t, "controller-a leads", 30*time.Second, testutil.Check(func() bool { h, _ := leaseHolder(ctx); return h != "" && strings.Contains(a.out.String(), h) }, func() string { h, n := leaseHolder(ctx); return fmt.Sprintf("lease holder %q, %d transitions", h, n) }))
 	b := startController(t, "controller-b", kubeconfig)
 	oldHolder, oldEpoch := leaseHolder(ctx)
 	if !strings.Contains(a.out.String(), oldHolder) {
@@ -184,7 +184,9 @@ func TestPausedLeaderMakesNoAcceptedCall(t *testing.T) {
 		}
 	}()
 
-	testutil.WaitFor(t, "controller-a starts tasks", 30*time.Second, testutil.Check(func() bool { return accepted(oldHolder, time.Time{}, "Start") >= 10 }, nil))
+	testutil.WaitFor(t, "controller-a starts tasks", 30*time.Second, testutil.Check(func() bool { return accepted(oldHolder, time.Time{}, "Start") >= 10 }, func() string {
+		return fmt.Sprintf("%d Start calls accepted", accepted(oldHolder, time.Time{}, "Start"))
+	}))
 	if err := a.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
 	}
@@ -194,12 +196,14 @@ func TestPausedLeaderMakesNoAcceptedCall(t *testing.T) {
 		h, _ := leaseHolder(ctx)
 		newHolder = h
 		return h != "" && h != oldHolder
-	}, nil))
+	}, func() string { h, n := leaseHolder(ctx); return fmt.Sprintf("lease holder %q, %d transitions", h, n) }))
 	_, newEpoch := leaseHolder(ctx)
 	if newEpoch <= oldEpoch {
 		t.Errorf("lease transitions %d after the takeover, want more than %d", newEpoch, oldEpoch)
 	}
-	testutil.WaitFor(t, "controller-b starts tasks", 30*time.Second, testutil.Check(func() bool { return accepted(newHolder, stoppedAt, "Start") >= 3 }, nil))
+	testutil.WaitFor(t, "controller-b starts tasks", 30*time.Second, testutil.Check(func() bool { return accepted(newHolder, stoppedAt, "Start") >= 3 }, func() string {
+		return fmt.Sprintf("%d Start calls accepted from %s", accepted(newHolder, stoppedAt, "Start"), newHolder)
+	}))
 	// Paused well past its lease: a process that stops for a while
 	// (a long GC pause, a frozen VM, SIGSTOP) and then carries on.
 	time.Sleep(time.Until(stoppedAt.Add(2 * leaseDuration)))
@@ -292,7 +296,7 @@ func TestLeaseCountGoesBack(t *testing.T) {
 	}
 
 	c := startController(t, "controller-c", kubeconfig)
-	testutil.WaitFor(t, "controller-c leads", 60*time.Second, testutil.Check(leads(c), nil))
+	testutil.WaitFor(t, "controller-c leads", 60*time.Second, testutil.Check(leads(c), func() string { h, n := leaseHolder(ctx); return fmt.Sprintf("lease holder %q, %d transitions", h, n) }))
 	run("before")
 	// An operator raises the count (the documented way out); the leader
 	// keeps it and the agents see it.
@@ -321,7 +325,7 @@ func TestLeaseCountGoesBack(t *testing.T) {
 		t.Fatal(err)
 	}
 	d := startController(t, "controller-d", kubeconfig)
-	testutil.WaitFor(t, "controller-d leads", 60*time.Second, testutil.Check(leads(d), nil))
+	testutil.WaitFor(t, "controller-d leads", 60*time.Second, testutil.Check(leads(d), func() string { h, n := leaseHolder(ctx); return fmt.Sprintf("lease holder %q, %d transitions", h, n) }))
 	for i := range 3 {
 		run(fmt.Sprintf("after-%d", i))
 	}

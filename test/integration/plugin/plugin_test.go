@@ -3,6 +3,7 @@ package plugin_test
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"fmt"
 	"os"
 	"strings"
 	"testing"
@@ -172,7 +173,7 @@ func TestCancelAndWait(t *testing.T) {
 	}
 	testutil.WaitFor(t, "the task runs", 30*time.Second, testutil.Check(func() bool {
 		return ptr.Deref(getTask(t, ns, "long").Status.Phase, "") == bashtaskv1alpha1.PhaseRunning
-	}, nil))
+	}, func() string { return fmt.Sprintf("status %+v", getTask(t, ns, "long").Status) }))
 
 	if got := kubectlBashtask(t, ns, "wait", "long", "--timeout", "500ms"); got.code != plugin.ExitWaitTimeout || !strings.Contains(got.stderr, "still Running") {
 		t.Errorf("wait --timeout on a running task: exit %d, stderr %q; want %d", got.code, got.stderr, plugin.ExitWaitTimeout)

@@ -84,7 +84,7 @@ func TestLogsFullWhileUploadFails(t *testing.T) {
 	testutil.WaitFor(t, "OutputUploaded names the upload error", 30*time.Second, testutil.Check(func() bool {
 		c := uploadCondition(t, ns, "seq")
 		return c != nil && c.Status == metav1.ConditionFalse && strings.Contains(c.Message, "closing the object writer")
-	}, nil))
+	}, func() string { return fmt.Sprintf("OutputUploaded %+v", uploadCondition(t, ns, "seq")) }))
 	want := seqOutput(200000) // 1288895 bytes
 	st := getTask(t, ns, "seq").Status
 	if ptr.Deref(st.Reason, "") != bashtaskv1alpha1.ReasonSucceeded || ptr.Deref(st.Stdout.TotalBytes, 0) != int64(len(want)) {
@@ -125,7 +125,7 @@ func TestLogsFullWhileUploadFails(t *testing.T) {
 	testutil.WaitFor(t, "the upload recovers", 30*time.Second, testutil.Check(func() bool {
 		c := uploadCondition(t, ns, "seq")
 		return c != nil && c.Status == metav1.ConditionTrue
-	}, nil))
+	}, func() string { return fmt.Sprintf("OutputUploaded %+v", uploadCondition(t, ns, "seq")) }))
 	waitForgotten(t, ns, "seq")
 	full = kubectlBashtask(t, ns, "logs", "seq", "--full")
 	if sum, status := sha256hex(full.stdout), ptr.Deref(getTask(t, ns, "seq").Status.Stdout.SHA256, ""); full.code != 0 || full.stdout != want || sum != status {
