@@ -18,6 +18,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/bashtask/bashtask-operator/internal/rig/testshim"
+	"github.com/bashtask/bashtask-operator/internal/rig/testutil"
 )
 
 // A process that leaves the session with setsid is still in the task's
@@ -26,7 +27,7 @@ func TestSetsidEscapeeDiesWithCgroup(t *testing.T) {
 	t.Parallel()
 	ex := newTestExecutor(t, CgroupAuto)
 	if ex.Mechanism() != MechanismCgroup {
-		t.Skip("no writable cgroup v2 here")
+		testutil.SkipUnlessStrict(t, "no writable cgroup v2 here")
 	}
 	m := marker(300)
 	res := run(t, ex, testSpec(t, fmt.Sprintf("setsid sleep %s >/dev/null 2>&1 & echo started", m)))
@@ -281,7 +282,7 @@ func TestDirectWaitMode(t *testing.T) {
 func TestStaleTaskCgroup(t *testing.T) {
 	p, err := setupCgroupParent("", "bashtask-executor-stale-test")
 	if err != nil {
-		t.Skipf("no writable cgroup v2 here: %v", err)
+		testutil.SkipUnlessStrictf(t, "no writable cgroup v2 here: %v", err)
 	}
 	t.Cleanup(func() { _ = removeCgroupTree(p.path) })
 

@@ -78,7 +78,13 @@ func up(cmd *cobra.Command, o localcluster.LauncherOptions) error {
 	if err != nil {
 		return err
 	}
-	defer c.Down()
+	// Close rather than Down: an undo that failed (a mount left behind, a
+	// process that needed SIGKILL) is worth a line naming its step.
+	defer func() {
+		if err := c.Close(); err != nil {
+			fmt.Fprintln(cmd.ErrOrStderr(), "bashtask-local: stopping:", err)
+		}
+	}()
 	out := cmd.OutOrStdout()
 	fmt.Fprintf(out, "\nbashtask-local is up in %s with %d agents at isolation %s; objects go to %s\n\n", time.Since(start).Round(100*time.Millisecond), len(c.Agents), c.Isolation, c.BucketURL)
 	fmt.Fprintf(out, "  export KUBECONFIG=%s\n", abs(c.Kubeconfig))
@@ -90,6 +96,7 @@ func up(cmd *cobra.Command, o localcluster.LauncherOptions) error {
 	fmt.Fprintf(out, "  kubectl get bt\n")
 	fmt.Fprintf(out, "  kubectl bashtask run -- uname -a\n\n")
 	fmt.Fprintf(out, "Logs are in %s. Stop with Ctrl-C or 'bashtask-local down'.\n", filepath.Join(o.Dir, "logs"))
+	fmt.Fprintf(out, "Every process started and host setting chosen is listed in %s.\n", filepath.Join(o.Dir, "changes.log"))
 	<-ctx.Done()
 	fmt.Fprintln(out, "\nbashtask-local: stopping")
 	return nil

@@ -23,6 +23,7 @@ import (
 
 	agentv1 "github.com/bashtask/bashtask-operator/api/agent/v1"
 	"github.com/bashtask/bashtask-operator/executor/shim"
+	"github.com/bashtask/bashtask-operator/internal/rig/testutil"
 )
 
 // The escape classes of public reports (ESCAPES.md E1-E18; E7, the
@@ -430,7 +431,7 @@ c("own", own.getsockname())
 			t.Errorf("network None: %v, want the node's refused and its own connected", none)
 		}
 		if abi := shim.LandlockABI(); abi < 6 {
-			t.Skipf("Landlock ABI %d < 6: abstract Unix sockets are not scoped, a task with network Node reaches the node's and other Node tasks' (use network None)", abi)
+			testutil.SkipUnlessStrictf(t, "Landlock ABI %d < 6: abstract Unix sockets are not scoped, a task with network Node reaches the node's and other Node tasks' (use network None)", abi)
 		}
 		node := labels(stdoutOf(attack(probe, "Node")))
 		if node["node"] != "Operation not permitted" || node["own"] != "connected" {
@@ -535,7 +536,7 @@ echo "big: $(ipcmk -M %d >/dev/null 2>&1 && echo made || echo refused)"`, 2*atta
 		st := attack(`true`, "")
 		abi := shim.LandlockABI()
 		if abi == 0 {
-			t.Skip("no Landlock in this kernel: the mounts alone keep the file system read-only")
+			testutil.SkipUnlessStrict(t, "no Landlock in this kernel: the mounts alone keep the file system read-only")
 		}
 		if got := st.GetIsolation().GetLandlockAbi(); int(got) != min(abi, 6) {
 			t.Errorf("status says Landlock ABI %d, the kernel offers %d (the shim applies up to 6)", got, abi)

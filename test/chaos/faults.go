@@ -7,6 +7,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/bashtask/bashtask-operator/internal/rig/localcluster"
 )
 
 // Fault kinds.
@@ -129,9 +131,11 @@ func (in *injector) windows() []FaultWindow {
 	return append([]FaultWindow(nil), in.faults...)
 }
 
-// waitFor polls ok until it holds or 2 minutes pass; it returns when it
-// stopped waiting.
-func waitFor(ctx context.Context, ok func() bool) time.Time {
+// awaitRecovery polls ok until it holds or 2 minutes pass; it returns when
+// it stopped waiting, the end of the fault's window. Not a test's wait
+// (testutil.WaitFor fails a test): a component that does not come back is
+// evidence for the invariants, not an error of the harness.
+func awaitRecovery(ctx context.Context, ok func() bool) time.Time {
 	deadline := time.Now().Add(2 * time.Minute)
 	for !ok() && time.Now().Before(deadline) && ctx.Err() == nil {
 		sleepCtx(ctx, 100*time.Millisecond)
@@ -169,23 +173,23 @@ func (in *injector) inject(ctx context.Context, f plannedFault) (FaultWindow, er
 		if err != nil {
 			return w, fmt.Errorf("%w; fault skipped", err)
 		}
-		w.Target = l.proc.name
+		w.Target = l.Process.Name()
 		w.Allowance = set.leaseDuration + 5*time.Second
 		w.Start = time.Now()
-		if err := l.proc.disrupt(f.kind == faultControllerKill, f.length); err != nil {
+		if err := disrupt(l.Process, f.kind == faultControllerKill, f.length); err != nil {
 			w.End = time.Now()
 			return w, err
 		}
-		w.End = waitFor(bg, leaderBack)
+		w.End = awaitRecovery(bg, leaderBack)
 	case faultAgentKill:
 		a := in.agent(f)
 		w.Target, w.Allowance = a.Node, 5*time.Second
 		w.Start = time.Now()
-		if err := a.proc.kill(f.length); err != nil {
+		if err := a.Process.Kill(f.length); err != nil {
 			w.End = time.Now()
 			return w, err
 		}
-		w.End = waitFor(bg, func() bool { return waitHTTP(bg, a.healthURL, 0) == nil })
+		w.End = awaitRecovery(bg, func() bool { return httpOK(bg, a.HealthURL) })
 	case faultPartition:
 		a := in.agent(f)
 		w.Target, w.Allowance = a.Node, 5*time.Second
@@ -201,9 +205,9 @@ func (in *injector) inject(ctx context.Context, f plannedFault) (FaultWindow, er
 			w.End = time.Now()
 			return w, err
 		}
-		w.End = waitFor(bg, func() bool { return c.apiReady(bg) })
+		w.End = awaitRecovery(bg, func() bool { return c.apiReady(bg) })
 	case faultEtcdStop:
-		pid, err := childByComm("etcd")
+		pid, err := localcluster.ChildPID("etcd")
 		if err != nil {
 			return w, err
 		}
@@ -215,7 +219,7 @@ func (in *injector) inject(ctx context.Context, f plannedFault) (FaultWindow, er
 		}
 		time.Sleep(f.length)
 		err = syscall.Kill(pid, syscall.SIGCONT)
-		w.End = waitFor(bg, func() bool { return c.apiReady(bg) })
+		w.End = awaitRecovery(bg, func() bool { return c.apiReady(bg) })
 		if err != nil {
 			return w, err
 		}
@@ -223,20 +227,20 @@ func (in *injector) inject(ctx context.Context, f plannedFault) (FaultWindow, er
 		a := in.agent(f)
 		w.Target, w.Allowance = a.Node, 5*time.Second
 		w.Start = time.Now()
-		if err := a.proc.signal(syscall.SIGSTOP); err != nil {
+		if err := a.Process.Signal(syscall.SIGSTOP); err != nil {
 			w.End = time.Now()
 			return w, err
 		}
 		time.Sleep(f.length)
-		err := a.proc.signal(syscall.SIGCONT)
-		w.End = waitFor(bg, func() bool { return waitHTTP(bg, a.healthURL, 0) == nil })
+		err := a.Process.Signal(syscall.SIGCONT)
+		w.End = awaitRecovery(bg, func() bool { return httpOK(bg, a.HealthURL) })
 		if err != nil {
 			return w, err
 		}
 	case faultSnapshotS3:
 		w.Target, w.Allowance = "versitygw", 5*time.Second
 		w.Start = time.Now()
-		if err := c.s3.signal(syscall.SIGSTOP); err != nil {
+		if err := c.s3.Signal(syscall.SIGSTOP); err != nil {
 			w.End = time.Now()
 			return w, err
 		}
@@ -248,19 +252,19 @@ func (in *injector) inject(ctx context.Context, f plannedFault) (FaultWindow, er
 			}
 		}
 		time.Sleep(f.length)
-		err := c.s3.signal(syscall.SIGCONT)
-		w.End = waitFor(bg, func() bool { return c.s3Ready(bg) })
+		err := c.s3.Signal(syscall.SIGCONT)
+		w.End = awaitRecovery(bg, func() bool { return c.s3Ready(bg) })
 		if err != nil {
 			return w, err
 		}
 	case faultS3Stop, faultS3Kill:
 		w.Target, w.Allowance = "versitygw", 5*time.Second
 		w.Start = time.Now()
-		if err := c.s3.disrupt(f.kind == faultS3Kill, f.length); err != nil {
+		if err := disrupt(c.s3, f.kind == faultS3Kill, f.length); err != nil {
 			w.End = time.Now()
 			return w, err
 		}
-		w.End = waitFor(bg, func() bool { return c.s3Ready(bg) })
+		w.End = awaitRecovery(bg, func() bool { return c.s3Ready(bg) })
 	}
 	return w, nil
 }

@@ -3,9 +3,10 @@
 // twice, no status went backwards, no output was lost and nothing was
 // left behind.
 //
-// It starts a local cluster of processes (etcd and kube-apiserver from
-// bin/k8s, versitygw, three agents behind TCP proxies, two controllers
-// with leader election and short lease settings), creates a steady mix of
+// It starts a local cluster of processes through localcluster's launcher,
+// the one bashtask-local and the e2e suite use (etcd and kube-apiserver
+// from bin/k8s, versitygw, five agents behind TCP proxies, two
+// controllers with leader election and short lease settings), creates a steady mix of
 // tasks, and injects faults one after the other at random times: SIGKILL
 // or SIGSTOP of the leading controller, SIGKILL of an agent, of
 // kube-apiserver or of the S3 server (each restarted after a random
@@ -333,8 +334,8 @@ func exercise(ctx context.Context, cfg config, c *cluster, plan []plannedTask, f
 		return nil, fmt.Errorf("reading the commands' start records: %w", err)
 	}
 	for _, a := range c.agents {
-		if err := readAgentStarts(a.proc.logPath, a.Node, e.Starts); err != nil {
-			return nil, fmt.Errorf("reading the start records in %s: %w", a.proc.logPath, err)
+		if err := readAgentStarts(a.Process.LogPath(), a.Node, e.Starts); err != nil {
+			return nil, fmt.Errorf("reading the start records in %s: %w", a.Process.LogPath(), err)
 		}
 	}
 	e.Objects = readObjects(bg, c, e.Events)

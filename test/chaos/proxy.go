@@ -109,7 +109,9 @@ func (p *proxy) heal() {
 	p.partitioned = false
 }
 
-func (p *proxy) close() {
+// Close stops the proxy: every connection is closed, and so is the
+// listener. The launcher calls it (AgentFront) when the cluster stops.
+func (p *proxy) Close() error {
 	p.partition()
-	_ = p.lis.Close()
+	return p.lis.Close()
 }

@@ -29,6 +29,7 @@ import (
 	v1 "github.com/bashtask/bashtask-operator/api/v1alpha1"
 	"github.com/bashtask/bashtask-operator/controllers"
 	"github.com/bashtask/bashtask-operator/internal/rig/exampletasks"
+	"github.com/bashtask/bashtask-operator/internal/rig/testutil"
 )
 
 // The tests run in this order; the last one uninstalls the release.
@@ -45,7 +46,7 @@ func TestExamples(t *testing.T) {
 	if len(expect) < 9 {
 		t.Fatalf("found %d example tasks, want at least 9", len(expect))
 	}
-	waitTask(t, ns, "long-running", "Running", time.Minute, func(bt *v1.BashTask) bool { return ptr.Deref(bt.Status.Phase, "") == v1.PhaseRunning })
+	waitTaskUntil(t, ns, "long-running", "Running", time.Minute, func(bt *v1.BashTask) bool { return ptr.Deref(bt.Status.Phase, "") == v1.PhaseRunning })
 	if _, errOut, code := plugin(t.Context(), "", "-n", ns, "cancel", "long-running"); code != 0 {
 		t.Fatalf("kubectl bashtask cancel: exit %d: %s", code, errOut)
 	}
@@ -53,11 +54,11 @@ func TestExamples(t *testing.T) {
 	for n := range expect {
 		names = append(names, n)
 	}
-	done := waitTerminal(t, ns, names, 3*time.Minute)
+	done := testutil.WaitTerminal(t, k8s, ns, names, 3*time.Minute)
 	for _, m := range exampletasks.Mismatches(expect, done) {
 		t.Error(m)
 	}
-	large := waitTask(t, ns, "large-output", "uploaded", time.Minute, func(bt *v1.BashTask) bool {
+	large := waitTaskUntil(t, ns, "large-output", "uploaded", time.Minute, func(bt *v1.BashTask) bool {
 		return meta.IsStatusConditionTrue(bt.Status.Conditions, v1.ConditionOutputUploaded)
 	})
 	if s := large.Status.Stdout; s == nil || !ptr.Deref(s.Truncated, false) || s.Spill == nil || !strings.HasPrefix(ptr.Deref(s.Spill.URL, ""), "file://") {
@@ -98,7 +99,7 @@ func unameRelease() (string, error) {
 func TestCgroupContainsEscapees(t *testing.T) {
 	ns := newNamespace(t)
 	newTask(t, ns, "escapee", "setsid sleep 300 & echo started")
-	bt := waitTerminal(t, ns, []string{"escapee"}, time.Minute)["escapee"]
+	bt := testutil.WaitTerminal(t, k8s, ns, []string{"escapee"}, time.Minute)["escapee"]
 	if ptr.Deref(bt.Status.Reason, "") != v1.ReasonSucceeded || bt.Status.Stdout == nil || ptr.Deref(bt.Status.Stdout.Tail, "") != "started\n" {
 		t.Fatalf("%s, stdout %+v", describe(bt), bt.Status.Stdout)
 	}
@@ -118,7 +119,7 @@ func TestCgroupContainsEscapees(t *testing.T) {
 func TestUnprivilegedScrubbed(t *testing.T) {
 	ns := newNamespace(t)
 	newTask(t, ns, "whoami", "id -u; id -g; env")
-	bt := waitTerminal(t, ns, []string{"whoami"}, time.Minute)["whoami"]
+	bt := testutil.WaitTerminal(t, k8s, ns, []string{"whoami"}, time.Minute)["whoami"]
 	if ptr.Deref(bt.Status.Reason, "") != v1.ReasonSucceeded || bt.Status.Stdout == nil {
 		t.Fatalf("%s", describe(bt))
 	}
@@ -160,7 +161,7 @@ func TestUnprivilegedScrubbed(t *testing.T) {
 func TestFullStreamInBucket(t *testing.T) {
 	ns := newNamespace(t)
 	newTask(t, ns, "seq", "seq 1 200000")
-	bt := waitTask(t, ns, "seq", "uploaded", 2*time.Minute, func(bt *v1.BashTask) bool {
+	bt := waitTaskUntil(t, ns, "seq", "uploaded", 2*time.Minute, func(bt *v1.BashTask) bool {
 		return meta.IsStatusConditionTrue(bt.Status.Conditions, v1.ConditionOutputUploaded)
 	})
 	if s := bt.Status.Stdout; ptr.Deref(bt.Status.Reason, "") != v1.ReasonSucceeded || s == nil || ptr.Deref(s.TotalBytes, 0) != 1288895 || !ptr.Deref(s.Truncated, false) || s.Spill == nil || !ptr.Deref(s.Spill.Complete, false) {
@@ -228,7 +229,7 @@ func TestOutputAPI(t *testing.T) {
 			bindRole(t, ns, role, user)
 			// kube-controller-manager aggregates the chart's ClusterRole
 			// into view (and view into edit and admin) asynchronously.
-			waitFor(t, user+" (bound to "+role+") may get bashtasks/log", time.Minute, func() error {
+			testutil.WaitFor(t, user+" (bound to "+role+") may get bashtasks/log", time.Minute, func() error {
 				if !allowed(t, user, ns) {
 					return fmt.Errorf("denied")
 				}
@@ -249,7 +250,7 @@ func TestOutputAPI(t *testing.T) {
 	if svc, _, _ := unstructured.NestedString(u.Object, "spec", "service", "name"); svc == "" {
 		t.Fatalf("APIService %s has no service: %v", outputAPIService, u.Object["spec"])
 	}
-	waitFor(t, "APIService "+outputAPIService+" Available", 2*time.Minute, func() error {
+	testutil.WaitFor(t, "APIService "+outputAPIService+" Available", 2*time.Minute, func() error {
 		if err := k8s.Get(t.Context(), client.ObjectKey{Name: outputAPIService}, u); err != nil {
 			return err
 		}
@@ -267,7 +268,7 @@ func TestOutputAPI(t *testing.T) {
 	})
 
 	newTask(t, ns, "seq", "seq 1 200000; echo done >&2")
-	bt := waitTask(t, ns, "seq", "finished and uploaded", 2*time.Minute, func(bt *v1.BashTask) bool {
+	bt := waitTaskUntil(t, ns, "seq", "finished and uploaded", 2*time.Minute, func(bt *v1.BashTask) bool {
 		return ptr.Deref(bt.Status.Reason, "") != "" && meta.IsStatusConditionTrue(bt.Status.Conditions, v1.ConditionOutputUploaded)
 	})
 	if ptr.Deref(bt.Status.Reason, "") != v1.ReasonSucceeded || bt.Status.Stdout == nil || bt.Status.Stderr == nil {
@@ -351,12 +352,12 @@ func TestOutputAPI(t *testing.T) {
 func TestAgentPodDeleted(t *testing.T) {
 	ns := newNamespace(t)
 	newTask(t, ns, "long", "seq 1 100000; sleep 60")
-	waitTask(t, ns, "long", "with all its output", time.Minute, func(bt *v1.BashTask) bool {
+	waitTaskUntil(t, ns, "long", "with all its output", time.Minute, func(bt *v1.BashTask) bool {
 		return bt.Status.Stdout != nil && ptr.Deref(bt.Status.Stdout.TotalBytes, 0) == 588895
 	})
 	old := agentPod(t)
 	kubectl(t, "-n", releaseNS, "delete", "pod", old, "--wait=false")
-	bt := waitTask(t, ns, "long", "AgentRestarted and uploaded", 3*time.Minute, func(bt *v1.BashTask) bool {
+	bt := waitTaskUntil(t, ns, "long", "AgentRestarted and uploaded", 3*time.Minute, func(bt *v1.BashTask) bool {
 		return ptr.Deref(bt.Status.Reason, "") != "" && meta.IsStatusConditionTrue(bt.Status.Conditions, v1.ConditionOutputUploaded)
 	})
 	if ptr.Deref(bt.Status.Reason, "") != v1.ReasonAgentRestarted {
@@ -381,22 +382,22 @@ func TestCordon(t *testing.T) {
 	node := cluster.NodeName()
 	t.Cleanup(func() { _, _ = cluster.Kubectl(context.Background(), "uncordon", node) })
 	newTask(t, ns, "before", countingCommand("sleep 20"))
-	waitTask(t, ns, "before", "running", time.Minute, func(bt *v1.BashTask) bool {
+	waitTaskUntil(t, ns, "before", "running", time.Minute, func(bt *v1.BashTask) bool {
 		return ptr.Deref(bt.Status.Phase, "") == v1.PhaseRunning
 	})
 	kubectl(t, "cordon", node)
 	newTask(t, ns, "after", countingCommand("true"))
-	waiting := waitTask(t, ns, "after", "waiting for the cordoned node", time.Minute, func(bt *v1.BashTask) bool {
+	waiting := waitTaskUntil(t, ns, "after", "waiting for the cordoned node", time.Minute, func(bt *v1.BashTask) bool {
 		c := meta.FindStatusCondition(bt.Status.Conditions, v1.ConditionScheduled)
 		return c != nil && c.Reason == controllers.ReasonNodeUnschedulable
 	})
 	if c := meta.FindStatusCondition(waiting.Status.Conditions, v1.ConditionScheduled); !strings.Contains(c.Message, "node "+node+" is cordoned") || waiting.Status.NodeName != nil {
 		t.Fatalf("the waiting task: %s", describe(waiting))
 	}
-	if before := waitTask(t, ns, "before", "present", time.Minute, func(*v1.BashTask) bool { return true }); ptr.Deref(before.Status.Reason, "") != "" {
+	if before := waitTaskUntil(t, ns, "before", "present", time.Minute, func(*v1.BashTask) bool { return true }); ptr.Deref(before.Status.Reason, "") != "" {
 		t.Fatalf("the first task ended before the cordon was seen, which checks nothing: %s", describe(before))
 	}
-	done := waitTerminal(t, ns, []string{"before"}, time.Minute)["before"]
+	done := testutil.WaitTerminal(t, k8s, ns, []string{"before"}, time.Minute)["before"]
 	if ptr.Deref(done.Status.Reason, "") != v1.ReasonSucceeded {
 		t.Errorf("the task that ran before the cordon: %s", describe(done))
 	}
@@ -406,7 +407,7 @@ func TestCordon(t *testing.T) {
 	agentPod(t) // the agent still runs on the cordoned node
 
 	kubectl(t, "uncordon", node)
-	got := waitTerminal(t, ns, []string{"after"}, time.Minute)["after"]
+	got := testutil.WaitTerminal(t, k8s, ns, []string{"after"}, time.Minute)["after"]
 	if ptr.Deref(got.Status.Reason, "") != v1.ReasonSucceeded || ptr.Deref(got.Status.NodeName, "") != node {
 		t.Errorf("after uncordon: %s", describe(got))
 	}
@@ -443,7 +444,7 @@ func TestControllerPodDeleted(t *testing.T) {
 	}
 	old := podOf(t, "controller")
 	kubectl(t, "-n", releaseNS, "delete", "pod", old, "--wait=false")
-	done := waitTerminal(t, ns, names, 3*time.Minute)
+	done := testutil.WaitTerminal(t, k8s, ns, names, 3*time.Minute)
 	runs := countRuns(t)
 	for _, n := range names {
 		bt := done[n]
@@ -503,7 +504,7 @@ func TestHelmUpgradeRollsAgents(t *testing.T) {
 	if !strings.Contains(ds, "--max-concurrent-tasks=8") {
 		t.Errorf("the new agent runs with %s, want --max-concurrent-tasks=8", ds)
 	}
-	done := waitTerminal(t, ns, names, 3*time.Minute)
+	done := testutil.WaitTerminal(t, k8s, ns, names, 3*time.Minute)
 	runs := countRuns(t)
 	reasons := map[v1.Reason]int{}
 	for _, n := range names {
@@ -527,7 +528,7 @@ func TestHelmUpgradeRollsAgents(t *testing.T) {
 func TestNamespaceDeletion(t *testing.T) {
 	ns := newNamespace(t)
 	newTask(t, ns, "in-doomed-namespace", "sleep 302")
-	waitTask(t, ns, "in-doomed-namespace", "Running", time.Minute, func(bt *v1.BashTask) bool { return ptr.Deref(bt.Status.Phase, "") == v1.PhaseRunning })
+	waitTaskUntil(t, ns, "in-doomed-namespace", "Running", time.Minute, func(bt *v1.BashTask) bool { return ptr.Deref(bt.Status.Phase, "") == v1.PhaseRunning })
 	if len(processesMatching("sleep 302")) != 1 {
 		t.Fatalf("want one sleep 302 on the node, have %v", processesMatching("sleep 302"))
 	}
@@ -553,11 +554,11 @@ func TestHelmUninstall(t *testing.T) {
 	ns := newNamespace(t)
 	newTask(t, ns, "running-at-uninstall", "sleep 303")
 	newTask(t, ns, "finished-before", "true")
-	waitTask(t, ns, "running-at-uninstall", "Running", time.Minute, func(bt *v1.BashTask) bool { return ptr.Deref(bt.Status.Phase, "") == v1.PhaseRunning })
-	waitTerminal(t, ns, []string{"finished-before"}, time.Minute)
+	waitTaskUntil(t, ns, "running-at-uninstall", "Running", time.Minute, func(bt *v1.BashTask) bool { return ptr.Deref(bt.Status.Phase, "") == v1.PhaseRunning })
+	testutil.WaitTerminal(t, k8s, ns, []string{"finished-before"}, time.Minute)
 	helm(t, "uninstall", releaseName, "--namespace", releaseNS, "--wait", "--timeout", "3m")
 	waitNoProcess(t, "sleep 303", 30*time.Second)
-	bt := waitTerminal(t, ns, []string{"running-at-uninstall"}, 30*time.Second)["running-at-uninstall"]
+	bt := testutil.WaitTerminal(t, k8s, ns, []string{"running-at-uninstall"}, 30*time.Second)["running-at-uninstall"]
 	if ptr.Deref(bt.Status.Reason, "") != v1.ReasonCancelled {
 		t.Errorf("%s, want Cancelled by the uninstall", describe(bt))
 	}

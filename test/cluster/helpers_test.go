@@ -23,6 +23,7 @@ import (
 	v1 "github.com/bashtask/bashtask-operator/api/v1alpha1"
 	"github.com/bashtask/bashtask-operator/internal/procfs"
 	"github.com/bashtask/bashtask-operator/internal/rig/exampletasks"
+	"github.com/bashtask/bashtask-operator/internal/rig/testutil"
 )
 
 // newNamespace creates a namespace for one test and deletes it after.
@@ -48,52 +49,24 @@ func newTask(t *testing.T, ns, name, command string) *v1.BashTask {
 	return bt
 }
 
-// waitTask polls the task until ok returns true for it.
-func waitTask(t *testing.T, ns, name, what string, timeout time.Duration, ok func(*v1.BashTask) bool) *v1.BashTask {
+// waitTaskUntil polls the task until ok returns true for it (what names
+// the state awaited). Named apart from testutil.WaitTerminal: it waits for
+// any state of one task, not for tasks to end.
+func waitTaskUntil(t *testing.T, ns, name, what string, timeout time.Duration, ok func(*v1.BashTask) bool) *v1.BashTask {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
+	var got *v1.BashTask
+	testutil.WaitFor(t, fmt.Sprintf("%s/%s %s", ns, name, what), timeout, func() error {
 		bt := &v1.BashTask{}
-		err := k8s.Get(t.Context(), client.ObjectKey{Namespace: ns, Name: name}, bt)
-		if err == nil && ok(bt) {
-			return bt
+		if err := k8s.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: name}, bt); err != nil {
+			return fmt.Errorf("get: %w", err)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s/%s not %s after %s: get error %v, status %+v", ns, name, what, timeout, err, bt.Status)
+		if !ok(bt) {
+			return fmt.Errorf("status %+v", bt.Status)
 		}
-		time.Sleep(100 * time.Millisecond)
-	}
-}
-
-// waitTerminal waits until every named task has a terminal reason.
-func waitTerminal(t *testing.T, ns string, names []string, timeout time.Duration) map[string]*v1.BashTask {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		var list v1.BashTaskList
-		if err := k8s.List(t.Context(), &list, client.InNamespace(ns)); err != nil {
-			t.Fatal(err)
-		}
-		got := map[string]*v1.BashTask{}
-		for i := range list.Items {
-			if bt := &list.Items[i]; ptr.Deref(bt.Status.Reason, "") != "" {
-				got[bt.Name] = bt
-			}
-		}
-		var missing []string
-		for _, n := range names {
-			if got[n] == nil {
-				missing = append(missing, n)
-			}
-		}
-		if len(missing) == 0 {
-			return got
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d of %d tasks not terminal after %s: %v", len(missing), len(names), timeout, missing)
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
+		got = bt
+		return nil
+	})
+	return got
 }
 
 // plugin runs kubectl-bashtask against the cluster.
@@ -149,17 +122,12 @@ func processesMatching(cmdline string) []int {
 // waitNoProcess waits until no process on the node has the command line.
 func waitNoProcess(t *testing.T, cmdline string, timeout time.Duration) {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		pids := processesMatching(cmdline)
-		if len(pids) == 0 {
-			return
+	testutil.WaitFor(t, fmt.Sprintf("no process %q on the node", cmdline), timeout, func() error {
+		if pids := processesMatching(cmdline); len(pids) > 0 {
+			return fmt.Errorf("still runs: pids %v", pids)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%q still runs on the node after %s: pids %v", cmdline, timeout, pids)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+		return nil
+	})
 }
 
 // countingCommand reports one execution of its task to the suite's
@@ -217,7 +185,7 @@ func taskDir(bt *v1.BashTask) string {
 // directory is gone): its output is then only in the bucket.
 func waitForgotten(t *testing.T, bt *v1.BashTask) {
 	t.Helper()
-	waitFor(t, "the agent forgets the finished task", 2*time.Minute, func() error {
+	testutil.WaitFor(t, "the agent forgets the finished task", 2*time.Minute, func() error {
 		_, err := os.Stat(taskDir(bt))
 		switch {
 		case errors.Is(err, os.ErrNotExist):

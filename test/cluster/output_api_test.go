@@ -12,7 +12,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"testing"
-	"time"
 
 	authorizationv1 "k8s.io/api/authorization/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
@@ -68,23 +67,6 @@ func bindRole(t *testing.T, ns, clusterRole, user string) {
 	}
 	if err := k8s.Create(t.Context(), b); err != nil {
 		t.Fatal(err)
-	}
-}
-
-// waitFor polls cond every 200 ms until it returns nil, failing the test
-// with its last error after timeout.
-func waitFor(t *testing.T, what string, timeout time.Duration, cond func() error) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		err := cond()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not after %s: %v", what, timeout, err)
-		}
-		time.Sleep(200 * time.Millisecond)
 	}
 }
 

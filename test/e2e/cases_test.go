@@ -19,6 +19,7 @@ import (
 
 	v1 "github.com/bashtask/bashtask-operator/api/v1alpha1"
 	"github.com/bashtask/bashtask-operator/internal/rig/exampletasks"
+	"github.com/bashtask/bashtask-operator/internal/rig/testutil"
 )
 
 // TestExamples applies every manifest in examples/, cancels the long one,
@@ -41,7 +42,7 @@ func TestExamples(t *testing.T) {
 	for n := range expect {
 		names = append(names, n)
 	}
-	done := waitTerminal(t, ns, names, 3*time.Minute)
+	done := testutil.WaitTerminal(t, k8s, ns, names, 3*time.Minute)
 	for _, m := range exampletasks.Mismatches(expect, done) {
 		t.Error(m)
 	}
@@ -122,7 +123,7 @@ func TestPlugin(t *testing.T) {
 		if code != 0 || len(lines) != 200000 || lines[0] != "1" || lines[199999] != "200000" {
 			t.Errorf("exit %d, %d lines, stderr %q", code, len(lines), errOut)
 		}
-		st := waitTerminal(t, ns, []string{"seq"}, time.Minute)["seq"].Status.Stdout
+		st := testutil.WaitTerminal(t, k8s, ns, []string{"seq"}, time.Minute)["seq"].Status.Stdout
 		sum := sha256.Sum256([]byte(out))
 		if st == nil || !ptr.Deref(st.Truncated, false) || int64(len(out)) != ptr.Deref(st.TotalBytes, 0) || hex.EncodeToString(sum[:]) != ptr.Deref(st.SHA256, "") {
 			t.Errorf("run wrote %d bytes, sha256 %x; status %s", len(out), sum, dump.OneLine(st))
@@ -185,7 +186,7 @@ func TestControllerRestartRunsOnce(t *testing.T) {
 			killComponent(t, "controller")
 		}
 	}
-	done := waitTerminal(t, ns, append(names, "once"), 3*time.Minute)
+	done := testutil.WaitTerminal(t, k8s, ns, append(names, "once"), 3*time.Minute)
 	runs := countRuns(t)
 	for name, bt := range done {
 		if reason := ptr.Deref(bt.Status.Reason, ""); reason != v1.ReasonSucceeded {
@@ -221,7 +222,7 @@ func TestAgentKilledDuringTask(t *testing.T) {
 	}
 	start := time.Now()
 	killComponent(t, "agent-node-2")
-	done := waitTerminal(t, ns, []string{"agent-killed"}, 2*time.Minute)["agent-killed"]
+	done := testutil.WaitTerminal(t, k8s, ns, []string{"agent-killed"}, 2*time.Minute)["agent-killed"]
 	if reason := ptr.Deref(done.Status.Reason, ""); reason != v1.ReasonAgentRestarted {
 		t.Fatalf("reason %s (%s), want AgentRestarted", reason, ptr.Deref(done.Status.Message, ""))
 	}
@@ -277,7 +278,7 @@ func TestThousandTasks(t *testing.T) {
 	for err := range errs {
 		t.Fatal(err)
 	}
-	done := waitTerminal(t, ns, names, 5*time.Minute)
+	done := testutil.WaitTerminal(t, k8s, ns, names, 5*time.Minute)
 	runs := countRuns(t)
 	nodes := map[string]int{}
 	for name, bt := range done {
@@ -304,7 +305,7 @@ func TestTTL(t *testing.T) {
 	if err := k8s.Create(t.Context(), bt); err != nil {
 		t.Fatal(err)
 	}
-	done := waitTerminal(t, ns, []string{"ttl"}, time.Minute)["ttl"]
+	done := testutil.WaitTerminal(t, k8s, ns, []string{"ttl"}, time.Minute)["ttl"]
 	finished := done.Status.CompletionTime.Time
 	deadline := time.Now().Add(time.Minute)
 	for {

@@ -20,7 +20,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/tools/clientcmd"
-	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1 "github.com/bashtask/bashtask-operator/api/v1alpha1"
@@ -190,49 +189,6 @@ func newNamespace(t *testing.T) string {
 		t.Fatal(err)
 	}
 	return ns.Name
-}
-
-// waitTerminal polls until every named task has a terminal reason.
-func waitTerminal(t *testing.T, ns string, names []string, timeout time.Duration) map[string]*v1.BashTask {
-	t.Helper()
-	return waitTerminalIn(t, k8s, ns, names, timeout)
-}
-
-// waitTerminalIn is waitTerminal in the cluster of c.
-func waitTerminalIn(t *testing.T, c client.Client, ns string, names []string, timeout time.Duration) map[string]*v1.BashTask {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	got := map[string]*v1.BashTask{}
-	for {
-		var list v1.BashTaskList
-		if err := c.List(t.Context(), &list, client.InNamespace(ns)); err != nil {
-			t.Fatal(err)
-		}
-		for i := range list.Items {
-			if bt := &list.Items[i]; bt.Status.Reason != nil {
-				got[bt.Name] = bt
-			}
-		}
-		missing := 0
-		for _, n := range names {
-			if got[n] == nil {
-				missing++
-			}
-		}
-		if missing == 0 {
-			return got
-		}
-		if time.Now().After(deadline) {
-			for i := range list.Items {
-				if bt := &list.Items[i]; bt.Status.Reason == nil {
-					t.Logf("unfinished %s: uid %s phase %q node %q agent %+v conditions %+v finalizers %v", bt.Name, bt.UID,
-						ptr.Deref(bt.Status.Phase, ""), ptr.Deref(bt.Status.NodeName, ""), bt.Status.Agent, bt.Status.Conditions, bt.Finalizers)
-				}
-			}
-			t.Fatalf("%d of %d tasks not terminal after %s", missing, len(names), timeout)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
 }
 
 // componentPid returns the current pid of a supervised component.

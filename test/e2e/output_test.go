@@ -31,6 +31,7 @@ import (
 	v1 "github.com/bashtask/bashtask-operator/api/v1alpha1"
 	"github.com/bashtask/bashtask-operator/client"
 	"github.com/bashtask/bashtask-operator/internal/rig/localcluster"
+	"github.com/bashtask/bashtask-operator/internal/rig/testutil"
 )
 
 // adminConfig is the local cluster's administrator kubeconfig.
@@ -113,7 +114,7 @@ func TestOutputFollow(t *testing.T) {
 		})
 	}
 	wg.Wait()
-	done := waitTerminal(t, ns, []string{bt.Name}, time.Minute)[bt.Name]
+	done := testutil.WaitTerminal(t, k8s, ns, []string{bt.Name}, time.Minute)[bt.Name]
 	want := ptr.Deref(done.Status.Stdout.SHA256, "")
 	total := ptr.Deref(done.Status.Stdout.TotalBytes, 0)
 	if live[0].err != nil || sha(live[0].data) != want || int64(len(live[0].data)) != total {
@@ -170,15 +171,12 @@ func waitForgotten(t *testing.T, bt *v1.BashTask) {
 func waitForgottenIn(t *testing.T, cluster string, bt *v1.BashTask) {
 	t.Helper()
 	dir := filepath.Join(cluster, "agents", ptr.Deref(bt.Status.NodeName, ""), "tasks", string(bt.UID))
-	for deadline := time.Now().Add(time.Minute); ; {
-		if _, err := os.Stat(dir); errors.Is(err, os.ErrNotExist) {
-			return
+	testutil.WaitFor(t, "the agent drops "+dir, time.Minute, func() error {
+		if _, err := os.Stat(dir); !errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("still there (stat: %v)", err)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s still there after a minute", dir)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+		return nil
+	})
 }
 
 // cuttingTransport fails each response's body after cutAfter bytes, the
@@ -238,7 +236,7 @@ func TestOutputReconnect(t *testing.T) {
 	c := outputClient(t, cfg)
 	bt := createTask(t, ns, "reconnect", `for i in $(seq 1 20); do printf 'línea %d\n' $i; sleep 0.02; done; head -c 400000 /dev/urandom | base64`)
 	b, err := readAll(t, c, ns, bt.Name, "stdout", 0, true)
-	done := waitTerminal(t, ns, []string{bt.Name}, time.Minute)[bt.Name]
+	done := testutil.WaitTerminal(t, k8s, ns, []string{bt.Name}, time.Minute)[bt.Name]
 	if err != nil || sha(b) != ptr.Deref(done.Status.Stdout.SHA256, "") {
 		t.Fatalf("followed with two cuts: %d bytes, %v; want %d", len(b), err, ptr.Deref(done.Status.Stdout.TotalBytes, 0))
 	}
@@ -257,7 +255,7 @@ func TestOutputPastSpillLimit(t *testing.T) {
 	bt := createTask(t, ns, "spill", `head -c 200000 /dev/zero | tr '\0' x`, func(bt *v1.BashTask) {
 		bt.Spec.Output = &v1.OutputSpec{SpillLimitBytes: ptr.To(int64(150000))}
 	})
-	waitTerminal(t, ns, []string{bt.Name}, time.Minute)
+	testutil.WaitTerminal(t, k8s, ns, []string{bt.Name}, time.Minute)
 	for _, follow := range []bool{false, true} {
 		b, err := readAll(t, c, ns, bt.Name, "stdout", 100, follow)
 		var se *client.StreamError
@@ -277,7 +275,7 @@ func TestOutputPastSpillLimit(t *testing.T) {
 func TestOutputAuthorization(t *testing.T) {
 	ns, other := newNamespace(t), newNamespace(t)
 	bt := createTask(t, ns, "secret-output", `echo hunter2`)
-	waitTerminal(t, ns, []string{bt.Name}, time.Minute)
+	testutil.WaitTerminal(t, k8s, ns, []string{bt.Name}, time.Minute)
 	grant := func(ns, user string, rules ...rbacv1.PolicyRule) {
 		role := &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: user}, Rules: rules}
 		rb := &rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: user},
@@ -399,7 +397,7 @@ func TestOutputAgentRestartedWhileFollowed(t *testing.T) {
 	if err != nil || len(after) != 0 {
 		t.Errorf("after the agent restart: %q, %v; want the clean end", after, err)
 	}
-	done := waitTerminal(t, ns, []string{bt.Name}, time.Minute)[bt.Name]
+	done := testutil.WaitTerminal(t, k8s, ns, []string{bt.Name}, time.Minute)[bt.Name]
 	if reason := ptr.Deref(done.Status.Reason, ""); reason != v1.ReasonAgentRestarted {
 		t.Errorf("reason %s, want AgentRestarted", reason)
 	}
@@ -414,7 +412,7 @@ func TestOutputNotKept(t *testing.T) {
 	bt := createTask(t, ns, "not-kept", `head -c 100000 /dev/zero | tr '\0' y`, func(bt *v1.BashTask) {
 		bt.Spec.Output = &v1.OutputSpec{Upload: ptr.To(v1.UploadNever)}
 	})
-	done := waitTerminal(t, ns, []string{bt.Name}, time.Minute)[bt.Name]
+	done := testutil.WaitTerminal(t, k8s, ns, []string{bt.Name}, time.Minute)[bt.Name]
 	waitForgotten(t, done)
 	if _, err := readAll(t, c, ns, bt.Name, "stdout", 5, false); !isCode(err, http.StatusGone) || !strings.Contains(err.Error(), "offset 5") {
 		t.Errorf("from 5: %v, want 410 naming the offset", err)
@@ -471,7 +469,7 @@ func TestOutputNodeLocalBucket(t *testing.T) {
 	cut := create("cut", `head -c 200000 /dev/zero | tr '\0' x`, func(bt *v1.BashTask) {
 		bt.Spec.Output = &v1.OutputSpec{SpillLimitBytes: ptr.To(int64(150000))}
 	})
-	done := waitTerminalIn(t, kc, ns, []string{whole.Name, cut.Name}, 2*time.Minute)
+	done := testutil.WaitTerminal(t, kc, ns, []string{whole.Name, cut.Name}, 2*time.Minute)
 	for name, bt := range done {
 		waitForgottenIn(t, dir, bt)
 		// The terminal status may come before the upload's: read the

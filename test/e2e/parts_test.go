@@ -18,6 +18,7 @@ import (
 	v1 "github.com/bashtask/bashtask-operator/api/v1alpha1"
 	btclient "github.com/bashtask/bashtask-operator/client"
 	"github.com/bashtask/bashtask-operator/internal/rig/localcluster"
+	"github.com/bashtask/bashtask-operator/internal/rig/testutil"
 )
 
 // megabyteCommand writes, each second for a minute, one MiB of lines
@@ -93,7 +94,7 @@ func TestOutputSurvivesTheNode(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	done := waitTerminal(t, ns, []string{bt.Name}, 2*time.Minute)[bt.Name]
+	done := testutil.WaitTerminal(t, k8s, ns, []string{bt.Name}, 2*time.Minute)[bt.Name]
 	if reason := ptr.Deref(done.Status.Reason, ""); reason != v1.ReasonAgentLost {
 		t.Fatalf("reason %s (%s), want AgentLost", reason, ptr.Deref(done.Status.Message, ""))
 	}

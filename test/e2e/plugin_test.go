@@ -21,6 +21,7 @@ import (
 	ctrlclient "sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1 "github.com/bashtask/bashtask-operator/api/v1alpha1"
+	"github.com/bashtask/bashtask-operator/internal/rig/testutil"
 )
 
 // TestPluginLogsPastSpillLimit: logs --full of a stream longer than its
@@ -33,7 +34,7 @@ func TestPluginLogsPastSpillLimit(t *testing.T) {
 	bt := createTask(t, ns, "spill", fmt.Sprintf(`head -c %d /dev/zero | tr '\0' x`, size), func(bt *v1.BashTask) {
 		bt.Spec.Output = &v1.OutputSpec{SpillLimitBytes: ptr.To(int64(limit))}
 	})
-	done := waitTerminal(t, ns, []string{bt.Name}, time.Minute)[bt.Name]
+	done := testutil.WaitTerminal(t, k8s, ns, []string{bt.Name}, time.Minute)[bt.Name]
 	tail := ptr.Deref(done.Status.Stdout.Tail, "")
 	out, errOut, code := plugin(t.Context(), "", "-n", ns, "logs", "--full", bt.Name)
 	want := fmt.Sprintf("stdout: bytes %d to %d of %d cannot be read: ", limit, size-len(tail), size)
@@ -53,7 +54,7 @@ func TestPluginLogsPastSpillLimit(t *testing.T) {
 func TestPluginReaderNeedsOnlyRBAC(t *testing.T) {
 	ns := newNamespace(t)
 	bt := createTask(t, ns, "big", `seq 1 100000`)
-	done := waitTerminal(t, ns, []string{bt.Name}, time.Minute)[bt.Name]
+	done := testutil.WaitTerminal(t, k8s, ns, []string{bt.Name}, time.Minute)[bt.Name]
 	grant := func(user string, rules ...rbacv1.PolicyRule) {
 		role := &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: user}, Rules: rules}
 		rb := &rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: user},

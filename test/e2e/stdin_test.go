@@ -22,6 +22,7 @@ import (
 
 	v1 "github.com/bashtask/bashtask-operator/api/v1alpha1"
 	"github.com/bashtask/bashtask-operator/client"
+	"github.com/bashtask/bashtask-operator/internal/rig/testutil"
 )
 
 func streamed(idleSeconds int32) func(*v1.BashTask) {
@@ -150,7 +151,7 @@ func TestStdinStreamThroughAPI(t *testing.T) {
 	if _, err := w2.Write([]byte("late")); (!errors.As(err, &ce) || ce.Reason != client.StdinReasonClosed) && !isCode(err, http.StatusGone) {
 		t.Fatalf("a write after the close: %v", err)
 	}
-	done := waitTerminal(t, ns, []string{bt.Name}, time.Minute)[bt.Name]
+	done := testutil.WaitTerminal(t, k8s, ns, []string{bt.Name}, time.Minute)[bt.Name]
 	if got := ptr.Deref(done.Status.Stdout.Tail, ""); got != "hello world!\n[eof 0]\n" || ptr.Deref(done.Status.Reason, "") != v1.ReasonSucceeded {
 		t.Fatalf("stdout %q, reason %v", got, ptr.Deref(done.Status.Reason, ""))
 	}
@@ -171,7 +172,7 @@ func TestStdinStreamThroughAPI(t *testing.T) {
 func TestStdinStreamIdleTimeout(t *testing.T) {
 	ns := newNamespace(t)
 	bt := createTask(t, ns, "forgotten", `cat; echo "[eof]"`, streamed(1), func(bt *v1.BashTask) { bt.Spec.TimeoutSeconds = ptr.To(int32(300)) })
-	done := waitTerminal(t, ns, []string{bt.Name}, 2*time.Minute)[bt.Name]
+	done := testutil.WaitTerminal(t, k8s, ns, []string{bt.Name}, 2*time.Minute)[bt.Name]
 	if got := ptr.Deref(done.Status.Stdout.Tail, ""); got != "[eof]\n" || ptr.Deref(done.Status.Reason, "") != v1.ReasonSucceeded {
 		t.Fatalf("stdout %q, reason %v: want [eof] and Succeeded", got, ptr.Deref(done.Status.Reason, ""))
 	}
@@ -220,7 +221,7 @@ func TestStdinAuthorization(t *testing.T) {
 	if err := w.Close(); err != nil {
 		t.Fatal(err)
 	}
-	done := waitTerminal(t, ns, []string{bt.Name}, time.Minute)[bt.Name]
+	done := testutil.WaitTerminal(t, k8s, ns, []string{bt.Name}, time.Minute)[bt.Name]
 	if got := ptr.Deref(done.Status.Stdout.Tail, ""); got != "ok\n" {
 		t.Fatalf("stdout %q", got)
 	}

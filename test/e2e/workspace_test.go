@@ -15,6 +15,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1 "github.com/bashtask/bashtask-operator/api/v1alpha1"
+	"github.com/bashtask/bashtask-operator/internal/rig/testutil"
 )
 
 // needWorkspaces skips at the process level: workspaces need the tenant
@@ -106,7 +107,7 @@ func TestWorkspaceGitOpsOrder(t *testing.T) {
 		t.Fatalf("phase %v, want Pending", ptr.Deref(bt.Status.Phase, ""))
 	}
 	createWorkspace(t, ns, "later", "--network", "None")
-	done := waitTerminal(t, ns, []string{"early"}, time.Minute)["early"]
+	done := testutil.WaitTerminal(t, k8s, ns, []string{"early"}, time.Minute)["early"]
 	if ptr.Deref(done.Status.Reason, "") != v1.ReasonSucceeded || ptr.Deref(done.Status.Stdout.Tail, "") != "/home/task\n" {
 		t.Errorf("the early task ended %v with stdout %q, want Succeeded and /home/task", ptr.Deref(done.Status.Reason, ""), ptr.Deref(done.Status.Stdout.Tail, ""))
 	}

@@ -12,24 +12,24 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
-	goruntime "runtime"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/credentials"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
+	s3types "github.com/aws/aws-sdk-go-v2/service/s3/types"
+	"github.com/aws/smithy-go"
 	"golang.org/x/sys/unix"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	bashtaskv1alpha1 "github.com/bashtask/bashtask-operator/api/v1alpha1"
 	"github.com/bashtask/bashtask-operator/internal/mounts"
+	"github.com/bashtask/bashtask-operator/internal/procfs"
 )
 
 // LauncherOptions configure a local cluster.
@@ -63,6 +63,22 @@ type LauncherOptions struct {
 	AgentArgs []string
 	// ControllerArgs are extra flags for bashtask-controller.
 	ControllerArgs []string
+	// Controllers is the number of controller replicas; 0 means 1. With
+	// more than one they elect a leader, as the chart's replicas do (the
+	// chaos run kills and stops the leader).
+	Controllers int
+	// PerAgent, when set, is called for the i-th agent before its Node is
+	// created: it may change the agent's labels, and returns flags for
+	// that agent only, after AgentArgs (so they win). The chaos run gives
+	// some agents the tenant level and others the process level this way.
+	PerAgent func(i int, a *Agent) []string
+	// AgentFront, when set, puts something of the caller's in front of
+	// every agent: the agent listens on a port of its own, and AgentFront
+	// is called once it is ready to listen on the address the
+	// EndpointSlice lists and forward to the agent's. The chaos run
+	// passes a TCP proxy it can cut, to partition an agent from the
+	// controllers without touching the agent. Down closes what it returns.
+	AgentFront func(a Agent, listen, agent string) (io.Closer, error)
 	// Log receives progress messages.
 	Log *slog.Logger
 }
@@ -95,10 +111,19 @@ type Cluster struct {
 	Kubeconfig string
 	// Agents are the agents and their nodes.
 	Agents []Agent
+	// AgentProcesses are the running agents, in the order of Agents.
+	AgentProcesses []*AgentProcess
+	// Controllers are the controller replicas, in start order.
+	Controllers []*ControllerProcess
+	// ObjectStore is versitygw with S3, nil with a file:// bucket.
+	ObjectStore *Process
 	// BucketURL is where agents upload output.
 	BucketURL string
 	// S3Env holds the AWS_* variables a client needs for BucketURL with S3.
 	S3Env []string
+	// S3Endpoint is versitygw's http:// address with S3, and S3Bucket the
+	// outputs bucket in it.
+	S3Endpoint, S3Bucket string
 	// OutputAPIPort is the controller's output.bashtask.dev port on
 	// 127.0.0.1, which kube-apiserver's APIService proxies to.
 	OutputAPIPort int
@@ -108,24 +133,42 @@ type Cluster struct {
 	opts  LauncherOptions
 	lock  *os.File
 	cp    *ControlPlane
-	procs []*process // in start order
+	certs *Certs
+	steps *steps
 }
 
-// process is one component the launcher supervises. Like a kubelet, the
-// launcher starts it again when it exits while the cluster runs, so tests
-// can kill a controller or an agent and watch it come back.
-type process struct {
-	name, bin string
-	args, env []string
-	logPath   string
+// AgentProcess is one running agent of a cluster.
+type AgentProcess struct {
+	Agent
+	// Addr is the agent's own gRPC listener. Without a front it is the
+	// address the EndpointSlice lists; with LauncherOptions.AgentFront,
+	// the front listens there instead and forwards here.
+	Addr string
+	// HealthURL is the agent's /readyz.
+	HealthURL string
+	// MetricsURL is the agent's /metrics.
+	MetricsURL string
+	// StateDir is the agent's --state-dir.
+	StateDir string
+	// Process is the supervised agent.
+	Process *Process
+	// Front is what AgentFront returned, nil without one.
+	Front io.Closer
 
-	mu       sync.Mutex
-	cmd      *exec.Cmd // the current run
-	stopping bool
-	restarts int
+	args []string // PerAgent's flags
+}
 
-	firstExit chan struct{} // closed when the first run ends
-	done      chan struct{} // closed when the supervisor returns
+// ControllerProcess is one running controller replica.
+type ControllerProcess struct {
+	// HealthURL is the controller's /readyz.
+	HealthURL string
+	// MetricsURL is the controller's /metrics, which says whether it leads
+	// (leader_election_master_status).
+	MetricsURL string
+	// OutputAPIPort is its output.bashtask.dev port on 127.0.0.1.
+	OutputAPIPort int
+	// Process is the supervised controller.
+	Process *Process
 }
 
 // ErrAlreadyRunning means another launcher holds the directory's lock.
@@ -133,8 +176,10 @@ var ErrAlreadyRunning = errors.New("a local cluster is already running in this d
 
 // Up starts etcd and kube-apiserver, installs the CRDs, creates the agents'
 // Nodes, Service and EndpointSlice, and starts the object store, the agents
-// and the controller, waiting until each is ready. On error everything
-// started so far is stopped. Call Down to stop the cluster.
+// and the controller, waiting until each is ready. The start-up is the
+// ordered list of named steps of Steps; an error names its step (a
+// *StepError), and on error every step that ran is undone in reverse
+// order. Call Down to stop the cluster, which undoes them all.
 //
 // The controller, agents and object store are supervised: one that exits
 // is started again, as a kubelet restarts a pod's container, and each gets
@@ -143,6 +188,12 @@ var ErrAlreadyRunning = errors.New("a local cluster is already running in this d
 func Up(ctx context.Context, o LauncherOptions) (*Cluster, error) {
 	if o.Agents < 1 || o.Agents > 250 {
 		return nil, fmt.Errorf("--agents must be between 1 and 250 (one loopback address each), got %d", o.Agents)
+	}
+	if o.Controllers < 0 || o.Controllers > 9 {
+		return nil, fmt.Errorf("controllers must be between 1 and 9, got %d", o.Controllers)
+	}
+	if o.Controllers == 0 {
+		o.Controllers = 1
 	}
 	if o.Log == nil {
 		o.Log = slog.Default()
@@ -161,19 +212,156 @@ func Up(ctx context.Context, o LauncherOptions) (*Cluster, error) {
 			return nil, fmt.Errorf("creating %s: %w", d, err)
 		}
 	}
-	c := &Cluster{opts: o, Kubeconfig: filepath.Join(o.Dir, "kubeconfig"), Isolation: isolation}
-	var err error
-	if c.lock, err = lockDir(o.Dir); err != nil {
-		return nil, err
-	}
-	if err := c.up(ctx); err != nil {
-		c.Down()
-		return nil, err
+	c := &Cluster{opts: o, Kubeconfig: filepath.Join(o.Dir, "kubeconfig"), Isolation: isolation,
+		steps: &steps{log: o.Log, dir: o.Dir}}
+	// A new record per run: changes.log describes this launcher's changes.
+	_ = os.Remove(filepath.Join(o.Dir, "changes.log"))
+	for _, s := range c.Steps() {
+		if err := c.steps.run(ctx, s); err != nil {
+			if uerr := c.steps.undo(); uerr != nil {
+				err = errors.Join(err, uerr)
+			}
+			return nil, err
+		}
 	}
 	return c, nil
 }
 
-func (c *Cluster) up(ctx context.Context) error {
+// Steps returns the start-up's steps in order; Up runs them. They are
+// built once the options are known: one per agent and per controller.
+//
+//	check-binaries      the binaries exist (nothing to undo)
+//	lock                the directory's launcher lock (undo: release it)
+//	certificates        the CA and every component's certificate
+//	control-plane       etcd and kube-apiserver with the CRDs (undo: stop them)
+//	kubeconfig          the administrator's kubeconfig
+//	agent-objects       the agents' Nodes, Service and EndpointSlice
+//	object-store        versitygw and its bucket, or a file:// bucket (undo: stop versitygw)
+//	workspace-mounts    the agents' work roots (undo: unmount what the agents left mounted)
+//	agent <node>        one agent, ready (undo: stop its front and the agent)
+//	output-api-objects  the APIService and its Service for output.bashtask.dev
+//	controller[-<n>]    one controller replica, ready (undo: stop it)
+//	output-api          wait until the APIService is available
+func (c *Cluster) Steps() []Step {
+	o := c.opts
+	var agentPort int
+	out := []Step{
+		{Name: "check-binaries", Do: func(context.Context) error { return c.checkBinaries() }},
+		{Name: "lock", Do: func(context.Context) error {
+			lock, err := lockDir(o.Dir)
+			if err != nil {
+				return err
+			}
+			c.lock = lock
+			c.steps.record("", "lock", filepath.Join(o.Dir, "launcher.lock")+" and launcher.pid "+strconv.Itoa(os.Getpid()), 0)
+			return nil
+		}, Undo: func() error {
+			if c.lock == nil {
+				return nil
+			}
+			_ = os.Remove(filepath.Join(o.Dir, "launcher.pid"))
+			err := c.lock.Close()
+			c.lock = nil
+			return err
+		}},
+		{Name: "certificates", Do: func(context.Context) error {
+			certs, err := IssueCerts(filepath.Join(o.Dir, "certs"), AgentServerName, 30*24*time.Hour)
+			if err != nil {
+				return fmt.Errorf("issuing certificates: %w", err)
+			}
+			c.certs = certs
+			return nil
+		}},
+		{Name: "control-plane", Do: c.startControlPlane, Undo: func() error {
+			if c.cp == nil {
+				return nil
+			}
+			err := c.cp.Stop()
+			c.cp = nil
+			return err
+		}},
+		{Name: "kubeconfig", Do: c.writeKubeconfig},
+		{Name: "agent-objects", Do: func(ctx context.Context) error {
+			c.Agents = LoopbackAgents(o.Agents)
+			for i := range c.Agents {
+				if o.PerAgent != nil {
+					// Called here, before the Nodes exist, so that the
+					// hook's labels are on them; its flags are kept for
+					// the agent's step.
+					c.AgentProcesses = append(c.AgentProcesses, &AgentProcess{})
+					c.AgentProcesses[i].args = o.PerAgent(i, &c.Agents[i])
+				} else {
+					c.AgentProcesses = append(c.AgentProcesses, &AgentProcess{})
+				}
+				c.AgentProcesses[i].Agent = c.Agents[i]
+			}
+			port, err := FreePort(c.Agents[0].IP)
+			if err != nil {
+				return err
+			}
+			agentPort = port
+			return CreateAgentObjects(ctx, c.cp.Client, c.Agents, port)
+		}},
+		{Name: "object-store", Do: c.startObjectStore, Undo: func() error {
+			if c.ObjectStore != nil {
+				c.stopProcess(c.ObjectStore, 15*time.Second)
+			}
+			return nil
+		}},
+		{Name: "workspace-mounts", Do: func(context.Context) error {
+			return os.MkdirAll(absPath(filepath.Join(o.Dir, "work")), 0o711)
+		}, Undo: func() error {
+			// The agents leave their workspaces' file systems mounted, as
+			// an agent restart must find them; the cluster going down
+			// takes them along (the images stay in the agents' state:
+			// the next up mounts them again).
+			return mounts.UnmountUnder(absPath(filepath.Join(o.Dir, "work")))
+		}},
+	}
+	for i := range o.Agents {
+		name := fmt.Sprintf("agent node-%d", i+1)
+		out = append(out, Step{Name: name,
+			Do: func(ctx context.Context) error { return c.startAgent(ctx, i, agentPort) },
+			Undo: func() error {
+				if i >= len(c.AgentProcesses) {
+					return nil
+				}
+				a := c.AgentProcesses[i]
+				var err error
+				if a.Front != nil {
+					err = a.Front.Close()
+				}
+				if a.Process != nil {
+					c.stopProcess(a.Process, 15*time.Second)
+				}
+				return err
+			}})
+	}
+	out = append(out, Step{Name: "output-api-objects", Do: func(ctx context.Context) error {
+		port, err := FreePort("127.0.0.1")
+		if err != nil {
+			return err
+		}
+		c.OutputAPIPort = port
+		return CreateOutputAPIObjects(ctx, c.cp.Client, port, c.certs)
+	}})
+	for i := range o.Controllers {
+		out = append(out, Step{Name: c.controllerName(i),
+			Do: func(ctx context.Context) error { return c.startController(ctx, i) },
+			Undo: func() error {
+				if i < len(c.Controllers) && c.Controllers[i].Process != nil {
+					c.stopProcess(c.Controllers[i].Process, 15*time.Second)
+				}
+				return nil
+			}})
+	}
+	out = append(out, Step{Name: "output-api", Do: func(ctx context.Context) error {
+		return WaitOutputAPI(ctx, c.cp.Config, 60*time.Second)
+	}})
+	return out
+}
+
+func (c *Cluster) checkBinaries() error {
 	o := c.opts
 	for _, bin := range []string{filepath.Join(o.AssetsDir, "kube-apiserver"), filepath.Join(o.AssetsDir, "etcd"),
 		filepath.Join(o.BinDir, "bashtask-controller"), filepath.Join(o.BinDir, "bashtask-agent")} {
@@ -181,18 +369,38 @@ func (c *Cluster) up(ctx context.Context) error {
 			return fmt.Errorf("%s is missing (build it with `make build envtest`): %w", bin, err)
 		}
 	}
-
-	o.Log.Info("Starting etcd and kube-apiserver", "assets", o.AssetsDir)
-	certs, err := IssueCerts(filepath.Join(o.Dir, "certs"), AgentServerName, 30*24*time.Hour)
-	if err != nil {
-		return fmt.Errorf("issuing certificates: %w", err)
+	if o.S3 {
+		if bin := filepath.Join(o.BinDir, "versitygw"); !fileExists(bin) {
+			return fmt.Errorf("%s is missing (build it with hack/setup-s3.sh)", bin)
+		}
 	}
-	cp, err := StartControlPlaneWith(ctx, o.AssetsDir, o.CRDDir, o.AdmissionDir, certs)
+	return nil
+}
+
+func fileExists(p string) bool {
+	_, err := os.Stat(p)
+	return err == nil
+}
+
+func (c *Cluster) startControlPlane(ctx context.Context) error {
+	c.opts.Log.Info("Starting etcd and kube-apiserver", "assets", c.opts.AssetsDir)
+	cp, err := StartControlPlaneWith(ctx, c.opts.AssetsDir, c.opts.CRDDir, c.opts.AdmissionDir, c.certs)
 	if err != nil {
 		return err
 	}
 	c.cp = cp
-	user, err := cp.Env.AddUser(envtest.User{Name: "bashtask-admin", Groups: []string{"system:masters"}}, cp.Config)
+	// envtest starts them; their pids are recorded all the same, as every
+	// process this launcher caused.
+	for _, comm := range []string{"etcd", "kube-apiserver"} {
+		if pid, err := ChildPID(comm); err == nil {
+			c.steps.record("", "pid", comm, pid)
+		}
+	}
+	return nil
+}
+
+func (c *Cluster) writeKubeconfig(context.Context) error {
+	user, err := c.cp.Env.AddUser(envtest.User{Name: "bashtask-admin", Groups: []string{"system:masters"}}, c.cp.Config)
 	if err != nil {
 		return fmt.Errorf("creating the administrator: %w", err)
 	}
@@ -203,139 +411,201 @@ func (c *Cluster) up(ctx context.Context) error {
 	if err := os.WriteFile(c.Kubeconfig, kubeconfig, 0o600); err != nil {
 		return fmt.Errorf("writing the kubeconfig: %w", err)
 	}
-	k8s := cp.Client
+	return nil
+}
 
-	c.Agents = LoopbackAgents(o.Agents)
-	port, err := FreePort(c.Agents[0].IP)
-	if err != nil {
-		return err
-	}
-	if err := CreateAgentObjects(ctx, k8s, c.Agents, port); err != nil {
-		return err
-	}
-
-	var bucketEnv []string
-	if o.S3 {
-		if bucketEnv, err = c.startS3(ctx); err != nil {
+func (c *Cluster) startObjectStore(ctx context.Context) error {
+	if c.opts.S3 {
+		env, err := c.startS3(ctx)
+		if err != nil {
 			return err
 		}
+		c.S3Env = env
+		return nil
 	}
+	// One bucket directory for every agent, as one object store serves a
+	// cluster. Temporary files go next to the objects, so fileblob's
+	// rename stays on one file system.
+	objects := absPath(filepath.Join(c.opts.Dir, "objects"))
+	if err := os.MkdirAll(objects, 0o700); err != nil {
+		return err
+	}
+	c.BucketURL = "file://" + objects + "?no_tmp_dir=true"
+	return nil
+}
 
-	if !o.S3 {
-		// One bucket directory for every agent, as one object store serves
-		// a cluster. Temporary files go next to the objects, so fileblob's
-		// rename stays on one file system.
-		objects := absPath(filepath.Join(o.Dir, "objects"))
-		if err := os.MkdirAll(objects, 0o700); err != nil {
-			return err
-		}
-		c.BucketURL = "file://" + objects + "?no_tmp_dir=true"
-	}
-	// Agents on one host must not share what each assumes is its own: the
-	// cgroup parent (a starting agent at the tenant level empties the
-	// pooled shims' cgroups under it) and the task UIDs (two tasks with
-	// one UID are one tenant). Each gets its own, derived from the
-	// cluster's directory and the node, so two local clusters on one host
-	// are apart too.
+// clusterTag tells this cluster's host-wide names (cgroup parents, UID
+// ranges, egress ranges) from another local cluster's on the same host: it
+// is derived from the cluster's directory.
+func (c *Cluster) clusterTag() uint32 {
 	tag := fnv.New32a()
-	_, _ = tag.Write([]byte(absPath(o.Dir)))
-	clusterTag := tag.Sum32()
-	for i, a := range c.Agents {
-		stateDir := absPath(filepath.Join(o.Dir, "agents", a.Node))
-		// Working directories and workspaces of its own, beside (not in)
-		// its state directory, which tasks do not see: the agents of one
-		// host would otherwise share the system temporary directory.
-		workRoot := absPath(filepath.Join(o.Dir, "work", a.Node))
-		if err := os.MkdirAll(workRoot, 0o711); err != nil {
-			return err
-		}
-		bucket := c.BucketURL
-		args := []string{"serve",
-			"--node-name", a.Node, "--pod-name", "bashtask-agent-" + a.Node,
-			"--listen", net.JoinHostPort(a.IP, strconv.Itoa(port)),
-			"--health-probe-address", net.JoinHostPort(a.IP, strconv.Itoa(port+1)),
-			"--metrics-address", net.JoinHostPort(a.IP, strconv.Itoa(port+2)),
-			"--pprof-address", net.JoinHostPort(a.IP, strconv.Itoa(port+3)),
-			"--state-dir", stateDir, "--output-bucket-url", bucket,
-			"--tls-cert-file", certs.AgentCertFile, "--tls-key-file", certs.AgentKeyFile, "--tls-ca-file", certs.CAFile,
-			"--progress-interval", "500ms", "--log-format", "text",
-			// Parts of 4 MiB or every 2 s: a task's output survives its
-			// agent to within 2 s, and the e2e suite checks it quickly.
-			"--output-part-bytes", "4194304", "--output-part-interval", "2s",
-			"--work-dir-root", workRoot,
-		}
-		args = append(args, "--isolation="+c.Isolation,
-			fmt.Sprintf("--cgroup-parent=bashtask-local-%08x-%s", clusterTag, a.Node),
-			"--task-uid-range="+agentUIDRange(clusterTag, i))
-		if c.Isolation == "tenant" {
-			// Egress by default, as the chart's agents at this level (each
-			// agent with a task range of its own: agents on one host share
-			// its routing table). Node stays allowed, for a task that must
-			// reach a service of the local cluster on the host's addresses
-			// (the e2e suite's run counter), which Egress never reaches;
-			// --agent-arg=--task-network=node makes it the default again.
-			args = append(args, "--task-network=egress", "--allowed-networks=node,egress,none",
-				"--egress-cidr="+agentEgressCIDR(clusterTag, i))
-		}
-		args = append(args, o.AgentArgs...)
-		env := append(append(os.Environ(), bucketEnv...), o.AgentEnv...)
-		if err := c.start("agent-"+a.Node, filepath.Join(o.BinDir, "bashtask-agent"), args, env); err != nil {
-			return err
-		}
-		if err := c.waitHTTP(ctx, "agent "+a.Node, "http://"+net.JoinHostPort(a.IP, strconv.Itoa(port+1))+"/readyz"); err != nil {
-			return err
-		}
-	}
-	c.S3Env = bucketEnv
+	_, _ = tag.Write([]byte(absPath(c.opts.Dir)))
+	return tag.Sum32()
+}
 
-	ctrlHealth, err := FreePort("127.0.0.1")
+// startAgent starts the i-th agent and waits until it is ready. Agents on
+// one host must not share what each assumes is its own: the cgroup parent
+// (a starting agent at the tenant level empties the pooled shims' cgroups
+// under it) and the task UIDs (two tasks with one UID are one tenant).
+// Each gets its own, derived from the cluster's directory and the node, so
+// two local clusters on one host are apart too.
+func (c *Cluster) startAgent(ctx context.Context, i, servicePort int) error {
+	o := c.opts
+	ap := c.AgentProcesses[i]
+	a := ap.Agent
+	// Without a front the agent listens on the EndpointSlice's port;
+	// with one, on a port of its own behind it.
+	port := servicePort
+	if o.AgentFront != nil {
+		var err error
+		if port, err = freePortApart(a.IP, servicePort); err != nil {
+			return err
+		}
+	}
+	ap.Addr = net.JoinHostPort(a.IP, strconv.Itoa(port))
+	ap.HealthURL = "http://" + net.JoinHostPort(a.IP, strconv.Itoa(port+1)) + "/readyz"
+	ap.MetricsURL = "http://" + net.JoinHostPort(a.IP, strconv.Itoa(port+2)) + "/metrics"
+	ap.StateDir = absPath(filepath.Join(o.Dir, "agents", a.Node))
+	// Working directories and workspaces of its own, beside (not in) its
+	// state directory, which tasks do not see: the agents of one host
+	// would otherwise share the system temporary directory.
+	workRoot := absPath(filepath.Join(o.Dir, "work", a.Node))
+	if err := os.MkdirAll(workRoot, 0o711); err != nil {
+		return err
+	}
+	tag := c.clusterTag()
+	cgroupParent := fmt.Sprintf("bashtask-local-%08x-%s", tag, a.Node)
+	uids := agentUIDRange(tag, i)
+	args := []string{"serve",
+		"--node-name", a.Node, "--pod-name", "bashtask-agent-" + a.Node,
+		"--listen", ap.Addr,
+		"--health-probe-address", net.JoinHostPort(a.IP, strconv.Itoa(port+1)),
+		"--metrics-address", net.JoinHostPort(a.IP, strconv.Itoa(port+2)),
+		"--pprof-address", net.JoinHostPort(a.IP, strconv.Itoa(port+3)),
+		"--state-dir", ap.StateDir, "--output-bucket-url", c.BucketURL,
+		"--tls-cert-file", c.certs.AgentCertFile, "--tls-key-file", c.certs.AgentKeyFile, "--tls-ca-file", c.certs.CAFile,
+		"--progress-interval", "500ms", "--log-format", "text",
+		// Parts of 4 MiB or every 2 s: a task's output survives its agent
+		// to within 2 s, and the e2e suite checks it quickly.
+		"--output-part-bytes", "4194304", "--output-part-interval", "2s",
+		"--work-dir-root", workRoot,
+		"--isolation=" + c.Isolation, "--cgroup-parent=" + cgroupParent, "--task-uid-range=" + uids,
+	}
+	// Host settings the agent makes from these flags, recorded as the
+	// launcher's: it chose them.
+	c.steps.record("", "setting", "cgroup parent "+cgroupParent+" (made by agent "+a.Node+")", 0)
+	c.steps.record("", "setting", "task UIDs "+uids+" (leased by agent "+a.Node+")", 0)
+	c.steps.record("", "setting", "mounts under "+workRoot+" (made by agent "+a.Node+", unmounted by workspace-mounts)", 0)
+	if c.Isolation == "tenant" {
+		// Egress by default, as the chart's agents at this level (each
+		// agent with a task range of its own: agents on one host share its
+		// routing table). Node stays allowed, for a task that must reach a
+		// service of the local cluster on the host's addresses (the e2e
+		// suite's run counter), which Egress never reaches;
+		// --agent-arg=--task-network=node makes it the default again.
+		cidr := agentEgressCIDR(tag, i)
+		args = append(args, "--task-network=egress", "--allowed-networks=node,egress,none", "--egress-cidr="+cidr)
+		c.steps.record("", "setting", "egress range "+cidr+" routes and nftables rules (made by agent "+a.Node+")", 0)
+	}
+	args = append(args, o.AgentArgs...)
+	args = append(args, ap.args...)
+	env := append(append(os.Environ(), c.S3Env...), o.AgentEnv...)
+	p, err := c.startProcess("agent-"+a.Node, filepath.Join(o.BinDir, "bashtask-agent"), args, env)
 	if err != nil {
 		return err
 	}
-	ctrlMetrics, err := FreePort("127.0.0.1")
-	if err != nil {
+	ap.Process = p
+	if err := c.waitHTTP(ctx, "agent "+a.Node, ap.HealthURL, p); err != nil {
 		return err
 	}
-	ctrlPprof, err := FreePort("127.0.0.1")
-	if err != nil {
-		return err
+	if o.AgentFront != nil {
+		front, err := o.AgentFront(a, net.JoinHostPort(a.IP, strconv.Itoa(servicePort)), ap.Addr)
+		if err != nil {
+			return fmt.Errorf("the front of agent %s: %w", a.Node, err)
+		}
+		ap.Front = front
 	}
-	outputPort, err := FreePort("127.0.0.1")
-	if err != nil {
-		return err
+	return nil
+}
+
+// freePortApart returns a free port on ip whose next three (the agents'
+// health, metrics and pprof ports) do not include avoid.
+func freePortApart(ip string, avoid int) (int, error) {
+	for range 20 {
+		p, err := FreePort(ip)
+		if err != nil {
+			return 0, err
+		}
+		if p != avoid && (avoid < p || avoid > p+3) {
+			return p, nil
+		}
 	}
-	c.OutputAPIPort = outputPort
-	if err := CreateOutputAPIObjects(ctx, k8s, outputPort, certs); err != nil {
-		return err
+	return 0, fmt.Errorf("no free port on %s apart from %d", ip, avoid)
+}
+
+func (c *Cluster) controllerName(i int) string {
+	if c.opts.Controllers <= 1 {
+		return "controller"
+	}
+	return fmt.Sprintf("controller-%d", i+1)
+}
+
+// startController starts the i-th controller replica and waits until it
+// is ready. With more than one replica they elect a leader, as the chart's
+// replicas do; each serves the output API on a port of its own (the
+// APIService reaches the first).
+func (c *Cluster) startController(ctx context.Context, i int) error {
+	o := c.opts
+	var ports [3]int
+	for k := range ports {
+		p, err := FreePort("127.0.0.1")
+		if err != nil {
+			return err
+		}
+		ports[k] = p
+	}
+	outputPort := c.OutputAPIPort
+	if i > 0 {
+		p, err := FreePort("127.0.0.1")
+		if err != nil {
+			return err
+		}
+		outputPort = p
+	}
+	cp := &ControllerProcess{
+		HealthURL:     "http://" + net.JoinHostPort("127.0.0.1", strconv.Itoa(ports[0])) + "/readyz",
+		MetricsURL:    "http://" + net.JoinHostPort("127.0.0.1", strconv.Itoa(ports[1])) + "/metrics",
+		OutputAPIPort: outputPort,
+	}
+	leaderElect := []string{"--leader-elect=false"}
+	if o.Controllers > 1 {
+		leaderElect = []string{"--leader-elect=true", "--leader-election-namespace", AgentNamespace}
 	}
 	args := append([]string{
 		"--kubeconfig", absPath(c.Kubeconfig),
 		"--output-api-port", strconv.Itoa(outputPort), "--output-api-bind-address", "127.0.0.1",
-		"--output-api-cert-dir", absPath(certs.OutputAPIDir), "--output-bucket-url", c.BucketURL,
-		"--leader-elect=false",
+		"--output-api-cert-dir", absPath(c.certs.OutputAPIDir), "--output-bucket-url", c.BucketURL,
 		"--agent-namespace", AgentNamespace, "--agent-service", AgentService, "--agent-port-name", AgentPortName,
-		"--tls-cert-file", certs.ControllerCertFile, "--tls-key-file", certs.ControllerKeyFile, "--tls-ca-file", certs.CAFile,
-		"--health-probe-bind-address", net.JoinHostPort("127.0.0.1", strconv.Itoa(ctrlHealth)),
-		"--metrics-bind-address", net.JoinHostPort("127.0.0.1", strconv.Itoa(ctrlMetrics)),
-		"--pprof-bind-address", net.JoinHostPort("127.0.0.1", strconv.Itoa(ctrlPprof)),
+		"--tls-cert-file", c.certs.ControllerCertFile, "--tls-key-file", c.certs.ControllerKeyFile, "--tls-ca-file", c.certs.CAFile,
+		"--health-probe-bind-address", net.JoinHostPort("127.0.0.1", strconv.Itoa(ports[0])),
+		"--metrics-bind-address", net.JoinHostPort("127.0.0.1", strconv.Itoa(ports[1])),
+		"--pprof-bind-address", net.JoinHostPort("127.0.0.1", strconv.Itoa(ports[2])),
 		"--zap-log-level", "info",
-	}, o.ControllerArgs...)
-	if err := c.start("controller", filepath.Join(o.BinDir, "bashtask-controller"), args, append(os.Environ(), bucketEnv...)); err != nil {
+	}, leaderElect...)
+	args = append(args, o.ControllerArgs...)
+	p, err := c.startProcess(c.controllerName(i), filepath.Join(o.BinDir, "bashtask-controller"), args, append(os.Environ(), c.S3Env...))
+	if err != nil {
 		return err
 	}
-	if err := c.waitHTTP(ctx, "controller", "http://"+net.JoinHostPort("127.0.0.1", strconv.Itoa(ctrlHealth))+"/readyz"); err != nil {
-		return err
-	}
-	return WaitOutputAPI(ctx, cp.Config, 60*time.Second)
+	cp.Process = p
+	c.Controllers = append(c.Controllers, cp)
+	return c.waitHTTP(ctx, c.controllerName(i), cp.HealthURL, p)
 }
 
 // startS3 runs versitygw with a posix backend on loopback, with credentials
 // made for this run, and creates the outputs bucket.
 func (c *Cluster) startS3(ctx context.Context) ([]string, error) {
 	bin := filepath.Join(c.opts.BinDir, "versitygw")
-	if _, err := os.Stat(bin); err != nil {
-		return nil, fmt.Errorf("%s is missing (build it with hack/setup-s3.sh): %w", bin, err)
-	}
 	root := filepath.Join(c.opts.Dir, "s3")
 	if err := os.MkdirAll(root, 0o700); err != nil {
 		return nil, err
@@ -346,190 +616,151 @@ func (c *Cluster) startS3(ctx context.Context) ([]string, error) {
 	}
 	access, secret := "local"+randomHex(6), randomHex(20)
 	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
-	if err := c.start("versitygw", bin, []string{"--port", addr, "--access", access, "--secret", secret, "--region", "us-east-1", "posix", root},
-		os.Environ()); err != nil {
+	p, err := c.startProcess("versitygw", bin, []string{"--port", addr, "--access", access, "--secret", secret, "--region", "us-east-1", "posix", root},
+		os.Environ())
+	if err != nil {
 		return nil, err
 	}
-	client := s3.New(s3.Options{
-		Region: "us-east-1", BaseEndpoint: aws.String("http://" + addr), UsePathStyle: true,
-		Credentials: credentials.NewStaticCredentialsProvider(access, secret, ""),
-	})
+	c.ObjectStore = p
+	c.S3Endpoint, c.S3Bucket = "http://"+addr, "bashtask-outputs"
+	env := []string{"AWS_ACCESS_KEY_ID=" + access, "AWS_SECRET_ACCESS_KEY=" + secret, "AWS_REGION=us-east-1"}
+	client := newS3Client(c.S3Endpoint, access, secret)
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		_, err := client.CreateBucket(ctx, &s3.CreateBucketInput{Bucket: aws.String("bashtask-outputs")})
-		if err == nil || strings.Contains(err.Error(), "BucketAlreadyOwnedByYou") || strings.Contains(err.Error(), "BucketAlreadyExists") {
+		_, err := client.CreateBucket(ctx, &s3.CreateBucketInput{Bucket: aws.String(c.S3Bucket)})
+		if err == nil || BucketExists(err) {
 			break
 		}
 		if time.Now().After(deadline) {
 			return nil, fmt.Errorf("creating the outputs bucket in versitygw at %s: %w", addr, err)
 		}
-		time.Sleep(100 * time.Millisecond)
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
 	}
-	c.BucketURL = fmt.Sprintf("s3://bashtask-outputs?endpoint=http://%s&region=us-east-1&use_path_style=true", addr)
-	return []string{"AWS_ACCESS_KEY_ID=" + access, "AWS_SECRET_ACCESS_KEY=" + secret, "AWS_REGION=us-east-1"}, nil
+	c.BucketURL = fmt.Sprintf("s3://%s?endpoint=http://%s&region=us-east-1&use_path_style=true", c.S3Bucket, addr)
+	return env, nil
 }
 
-// start runs a supervised child with its output appended to
-// logs/<name>.log and its pid in pids/<name>. It returns once the first run
-// started.
-func (c *Cluster) start(name, bin string, args, env []string) error {
-	p := &process{
-		name: name, bin: bin, args: args, env: env,
-		logPath:   filepath.Join(c.opts.Dir, "logs", name+".log"),
-		firstExit: make(chan struct{}),
-		done:      make(chan struct{}),
-	}
-	if err := os.MkdirAll(filepath.Join(c.opts.Dir, "pids"), 0o700); err != nil {
-		return err
-	}
-	_ = os.Remove(p.logPath)
-	started := make(chan error, 1)
-	go c.supervise(p, started)
-	if err := <-started; err != nil {
-		return err
-	}
-	c.procs = append(c.procs, p)
-	return nil
+func newS3Client(endpoint, access, secret string) *s3.Client {
+	return s3.New(s3.Options{
+		Region: "us-east-1", BaseEndpoint: aws.String(endpoint), UsePathStyle: true,
+		Credentials: credentials.NewStaticCredentialsProvider(access, secret, ""),
+	})
 }
 
-// supervise runs p until the cluster stops, restarting it after a second
-// whenever it exits. It runs on an OS thread of its own, locked for its
-// whole life, because PR_SET_PDEATHSIG ties each child to the thread that
-// forked it: the child is killed when this goroutine (and so its thread)
-// ends, or when the whole launcher dies.
-func (c *Cluster) supervise(p *process, started chan<- error) {
-	goruntime.LockOSThread()
-	defer close(p.done)
-	first := true
-	for {
-		cmd, err := p.run(c.opts.Dir)
-		if first {
-			started <- err
-			first = false
-			if err != nil {
-				return
-			}
-			c.opts.Log.Info("Started", "component", p.name, "pid", cmd.Process.Pid, "log", p.logPath)
-		} else if err != nil {
-			c.opts.Log.Error("Restarting failed", "component", p.name, "err", err)
-		} else {
-			c.opts.Log.Warn("Restarted", "component", p.name, "pid", cmd.Process.Pid, "restarts", p.restarts)
-		}
-		if cmd != nil {
-			werr := cmd.Wait()
-			if f, ok := cmd.Stdout.(*os.File); ok {
-				_ = f.Close()
-			}
-			select {
-			case <-p.firstExit:
-			default:
-				close(p.firstExit)
-			}
-			p.mu.Lock()
-			stopping := p.stopping
-			p.mu.Unlock()
-			if stopping {
-				return
-			}
-			c.opts.Log.Warn("Exited; restarting in 1s", "component", p.name, "status", werr)
-		}
-		time.Sleep(time.Second)
-		if p.held(c.opts.Dir) {
-			return
-		}
-		p.mu.Lock()
-		stopping := p.stopping
-		p.restarts++
-		p.mu.Unlock()
-		if stopping {
-			return
+// S3Client returns a client of the cluster's versitygw with its
+// credentials, nil without S3.
+func (c *Cluster) S3Client() *s3.Client {
+	if c.S3Endpoint == "" {
+		return nil
+	}
+	var access, secret string
+	for _, kv := range c.S3Env {
+		if v, ok := strings.CutPrefix(kv, "AWS_ACCESS_KEY_ID="); ok {
+			access = v
+		} else if v, ok := strings.CutPrefix(kv, "AWS_SECRET_ACCESS_KEY="); ok {
+			secret = v
 		}
 	}
+	return newS3Client(c.S3Endpoint, access, secret)
 }
 
-// HoldPath is the file that keeps a supervised component down once it
-// exits: while hold/<name> exists under the cluster's directory, the
-// launcher does not start it again, as for a node that is gone. Removing
-// the file lets it start.
-func HoldPath(dir, name string) string {
-	return filepath.Join(dir, "hold", name)
-}
-
-// held waits while p's hold file exists; true when the cluster stops
-// meanwhile.
-func (p *process) held(dir string) bool {
-	pidRemoved := false
-	for {
-		if _, err := os.Stat(HoldPath(dir, p.name)); err != nil {
-			return false
-		}
-		if !pidRemoved {
-			pidRemoved = true
-			_ = os.Remove(filepath.Join(dir, "pids", p.name))
-		}
-		p.mu.Lock()
-		stopping := p.stopping
-		p.mu.Unlock()
-		if stopping {
+// BucketExists reports whether err says the bucket to create exists
+// already, which for the launcher means the bucket is there: versitygw
+// keeps its buckets across a restart of its own. Matched by the S3 error's
+// type and code, not by its message, which servers word differently.
+func BucketExists(err error) bool {
+	var owned *s3types.BucketAlreadyOwnedByYou
+	var exists *s3types.BucketAlreadyExists
+	if errors.As(err, &owned) || errors.As(err, &exists) {
+		return true
+	}
+	var api smithy.APIError
+	if errors.As(err, &api) {
+		switch api.ErrorCode() {
+		case "BucketAlreadyOwnedByYou", "BucketAlreadyExists":
 			return true
 		}
-		time.Sleep(100 * time.Millisecond)
 	}
+	return false
 }
 
-// run starts one run of p.
-func (p *process) run(dir string) (*exec.Cmd, error) {
-	logf, err := os.OpenFile(p.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+// ControlPlane returns the cluster's etcd and kube-apiserver.
+func (c *Cluster) ControlPlane() *ControlPlane { return c.cp }
+
+// Certs returns the cluster's certificates.
+func (c *Cluster) Certs() *Certs { return c.certs }
+
+// Changes returns every change to the host recorded so far: processes
+// started (each run) and host settings, in order.
+func (c *Cluster) Changes() []Change {
+	c.steps.mu.Lock()
+	defer c.steps.mu.Unlock()
+	return append([]Change(nil), c.steps.changes...)
+}
+
+// StepsDone returns the names of the steps that ran (and that Down will
+// undo), in order.
+func (c *Cluster) StepsDone() []string { return c.steps.names() }
+
+// startProcess starts a supervised component, recording each run's pid.
+func (c *Cluster) startProcess(name, bin string, args, env []string) (*Process, error) {
+	step := ""
+	p := &Process{
+		name: name, bin: bin, args: args, env: env,
+		logPath: filepath.Join(c.opts.Dir, "logs", name+".log"),
+		dir:     c.opts.Dir,
+		log:     c.opts.Log.Info,
+		recordPID: func(name string, pid int) {
+			c.steps.record(step, "pid", name, pid)
+		},
+	}
+	c.steps.mu.Lock()
+	step = c.steps.current
+	if step == "" {
+		step = "supervise " + name
+	}
+	c.steps.mu.Unlock()
+	_ = os.Remove(p.logPath)
+	if err := startProcess(p); err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+// Supervise starts a component of the caller's (the chaos run restarts
+// kube-apiserver this way after killing envtest's) under the cluster's
+// supervision: restarted when it exits, its pid recorded, and stopped by
+// Down before the steps of the start-up are undone.
+func (c *Cluster) Supervise(name, bin string, args, env []string) (*Process, error) {
+	p, err := c.startProcess(name, bin, args, env)
 	if err != nil {
-		return nil, fmt.Errorf("opening %s: %w", p.logPath, err)
+		return nil, err
 	}
-	cmd := exec.Command(p.bin, p.args...)
-	cmd.Env = p.env
-	cmd.Stdout, cmd.Stderr = logf, logf
-	// A process group of its own keeps a terminal's Ctrl-C from reaching
-	// the child before the launcher stops it in order.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.stopping {
-		_ = logf.Close()
-		return nil, errors.New("stopping")
-	}
-	if err := cmd.Start(); err != nil {
-		_ = logf.Close()
-		return nil, fmt.Errorf("starting %s: %w", p.name, err)
-	}
-	p.cmd = cmd
-	_ = os.WriteFile(filepath.Join(dir, "pids", p.name), []byte(strconv.Itoa(cmd.Process.Pid)+"\n"), 0o600)
-	return cmd, nil
+	c.steps.add(Step{Name: "supervise " + name, Undo: func() error {
+		c.stopProcess(p, 15*time.Second)
+		return nil
+	}})
+	return p, nil
 }
 
-// stop ends p's supervision: SIGTERM, then SIGKILL after grace.
-func (p *process) stop(grace time.Duration) (killed bool) {
-	p.mu.Lock()
-	p.stopping = true
-	cmd := p.cmd
-	p.mu.Unlock()
-	if cmd != nil {
-		_ = cmd.Process.Signal(syscall.SIGTERM)
+// stopProcess stops p: SIGTERM, then SIGKILL after grace.
+func (c *Cluster) stopProcess(p *Process, grace time.Duration) {
+	if p.stop(grace) {
+		c.opts.Log.Warn("Did not stop in time; killed", "component", p.name, "grace", grace)
 	}
-	select {
-	case <-p.done:
-		return false
-	case <-time.After(grace):
-	}
-	if cmd != nil {
-		_ = cmd.Process.Kill()
-	}
-	<-p.done
-	return true
+	_ = os.Remove(filepath.Join(c.opts.Dir, "pids", p.name))
+	c.opts.Log.Info("Stopped", "component", p.name)
 }
 
-// waitHTTP waits until url answers 200, or a child exits, or 60 s pass.
-func (c *Cluster) waitHTTP(ctx context.Context, what, url string) error {
+// waitHTTP waits until url answers 200, or p's first run exits, or 60 s
+// pass.
+func (c *Cluster) waitHTTP(ctx context.Context, what, url string, p *Process) error {
 	deadline := time.Now().Add(60 * time.Second)
 	hc := &http.Client{Timeout: time.Second}
-	last := c.procs[len(c.procs)-1]
 	for {
 		req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 		if err != nil {
@@ -544,49 +775,46 @@ func (c *Cluster) waitHTTP(ctx context.Context, what, url string) error {
 			}
 		}
 		select {
-		case <-last.firstExit:
-			return fmt.Errorf("%s exited while starting; see %s", what, last.logPath)
+		case <-p.firstExit:
+			return fmt.Errorf("%s exited while starting; see %s", what, p.logPath)
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-time.After(100 * time.Millisecond):
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("%s not ready after 60 s at %s; see %s", what, url, last.logPath)
+			return fmt.Errorf("%s not ready after 60 s at %s; see %s", what, url, p.logPath)
 		}
 	}
 }
 
 // Down stops the controller first, then the agents (which stop their
-// tasks), the object store and the control plane, and releases the lock.
-// Each child gets SIGTERM and, 15 s later, SIGKILL.
+// tasks), the object store and the control plane, and releases the lock:
+// the start-up's steps undone in reverse order. Each child gets SIGTERM
+// and, 15 s later, SIGKILL. Errors are logged; Close returns them.
 func (c *Cluster) Down() {
-	for i := len(c.procs) - 1; i >= 0; i-- {
-		p := c.procs[i]
-		if p.stop(15 * time.Second) {
-			c.opts.Log.Warn("Did not stop in 15 s; killed", "component", p.name)
+	_ = c.Close()
+}
+
+// Close is Down returning the undo errors, each naming its step.
+func (c *Cluster) Close() error {
+	return c.steps.undo()
+}
+
+// ChildPID returns the pid of this process's child whose command name
+// (/proc/<pid>/comm) is comm, such as envtest's "etcd": what the chaos run
+// signals, and what the launcher records for processes envtest started.
+func ChildPID(comm string) (int, error) {
+	for _, pid := range procfs.PIDs() {
+		st, err := procfs.ReadStat(pid)
+		if err != nil || st.PPID != os.Getpid() {
+			continue
 		}
-		_ = os.Remove(filepath.Join(c.opts.Dir, "pids", p.name))
-		c.opts.Log.Info("Stopped", "component", p.name)
-	}
-	c.procs = nil
-	// The agents leave their workspaces' file systems mounted, as an
-	// agent restart must find them; the cluster going down takes them
-	// along (the images stay in the agents' state: the next up mounts
-	// them again).
-	if err := mounts.UnmountUnder(absPath(filepath.Join(c.opts.Dir, "work"))); err != nil {
-		c.opts.Log.Error("Unmounting the workspaces", "err", err)
-	}
-	if c.cp != nil {
-		if err := c.cp.Stop(); err != nil {
-			c.opts.Log.Error("Stopping the control plane", "err", err)
+		name, _ := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "comm"))
+		if strings.TrimSpace(string(name)) == comm {
+			return pid, nil
 		}
-		c.cp = nil
 	}
-	if c.lock != nil {
-		_ = os.Remove(filepath.Join(c.opts.Dir, "launcher.pid"))
-		_ = c.lock.Close()
-		c.lock = nil
-	}
+	return 0, fmt.Errorf("no %s child of pid %d", comm, os.Getpid())
 }
 
 // lockDir takes the directory's launcher lock and records this process's

@@ -20,6 +20,7 @@ import (
 	v1 "github.com/bashtask/bashtask-operator/api/v1alpha1"
 	"github.com/bashtask/bashtask-operator/internal/rig/localcluster"
 	"github.com/bashtask/bashtask-operator/internal/rig/syncbuf"
+	"github.com/bashtask/bashtask-operator/internal/rig/testutil"
 )
 
 // Lease settings of the controllers under test: short, so the test is
@@ -103,17 +104,6 @@ func leaseHolder(ctx context.Context) (string, int32) {
 	return ptr.Deref(l.Spec.HolderIdentity, ""), ptr.Deref(l.Spec.LeaseTransitions, 0)
 }
 
-func waitFor(t *testing.T, what string, timeout time.Duration, ok func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !ok() {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within %s", what, timeout)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-}
-
 // accepted counts the calls the agents accepted from holder after since.
 func accepted(holder string, since time.Time, rpcs ...string) int {
 	n := 0
@@ -146,7 +136,7 @@ func TestPausedLeaderMakesNoAcceptedCall(t *testing.T) {
 	a := startController(t, "controller-a", kubeconfig)
 	// The Lease outlives each test with the holder of the last one (until
 	// it expires): controller-a leads once the holder is its own identity.
-	waitFor(t, "controller-a leads", 30*time.Second, func() bool { h, _ := leaseHolder(ctx); return h != "" && strings.Contains(a.out.String(), h) })
+	testutil.WaitFor(t, "controller-a leads", 30*time.Second, testutil.Check(func() bool { h, _ := leaseHolder(ctx); return h != "" && strings.Contains(a.out.String(), h) }, func() string { h, n := leaseHolder(ctx); return fmt.Sprintf("lease holder %q, %d transitions", h, n) }))
 	b := startController(t, "controller-b", kubeconfig)
 	oldHolder, oldEpoch := leaseHolder(ctx)
 	if !strings.Contains(a.out.String(), oldHolder) {
@@ -194,22 +184,26 @@ func TestPausedLeaderMakesNoAcceptedCall(t *testing.T) {
 		}
 	}()
 
-	waitFor(t, "controller-a starts tasks", 30*time.Second, func() bool { return accepted(oldHolder, time.Time{}, "Start") >= 10 })
+	testutil.WaitFor(t, "controller-a starts tasks", 30*time.Second, testutil.Check(func() bool { return accepted(oldHolder, time.Time{}, "Start") >= 10 }, func() string {
+		return fmt.Sprintf("%d Start calls accepted", accepted(oldHolder, time.Time{}, "Start"))
+	}))
 	if err := a.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
 	}
 	stoppedAt := time.Now()
 	var newHolder string
-	waitFor(t, "controller-b takes over", 30*time.Second, func() bool {
+	testutil.WaitFor(t, "controller-b takes over", 30*time.Second, testutil.Check(func() bool {
 		h, _ := leaseHolder(ctx)
 		newHolder = h
 		return h != "" && h != oldHolder
-	})
+	}, func() string { h, n := leaseHolder(ctx); return fmt.Sprintf("lease holder %q, %d transitions", h, n) }))
 	_, newEpoch := leaseHolder(ctx)
 	if newEpoch <= oldEpoch {
 		t.Errorf("lease transitions %d after the takeover, want more than %d", newEpoch, oldEpoch)
 	}
-	waitFor(t, "controller-b starts tasks", 30*time.Second, func() bool { return accepted(newHolder, stoppedAt, "Start") >= 3 })
+	testutil.WaitFor(t, "controller-b starts tasks", 30*time.Second, testutil.Check(func() bool { return accepted(newHolder, stoppedAt, "Start") >= 3 }, func() string {
+		return fmt.Sprintf("%d Start calls accepted from %s", accepted(newHolder, stoppedAt, "Start"), newHolder)
+	}))
 	// Paused well past its lease: a process that stops for a while
 	// (a long GC pause, a frozen VM, SIGSTOP) and then carries on.
 	time.Sleep(time.Until(stoppedAt.Add(2 * leaseDuration)))
@@ -252,13 +246,13 @@ func TestPausedLeaderMakesNoAcceptedCall(t *testing.T) {
 
 	// Every task ends, and none was started twice.
 	for _, bt := range tasks {
-		waitFor(t, bt.Name+" ends", time.Minute, func() bool {
+		testutil.WaitFor(t, bt.Name+" ends", time.Minute, testutil.Check(func() bool {
 			var got v1.BashTask
 			if err := rig.Client.Get(ctx, client.ObjectKeyFromObject(bt), &got); err != nil {
 				return false
 			}
 			return got.Status.Reason != nil
-		})
+		}, nil))
 	}
 	starts := map[string]int{}
 	for _, c := range calls.all() {
@@ -291,18 +285,18 @@ func TestLeaseCountGoesBack(t *testing.T) {
 		if err := rig.Client.Create(ctx, bt); err != nil {
 			t.Fatal(err)
 		}
-		waitFor(t, name+" succeeds", 30*time.Second, func() bool {
+		testutil.WaitFor(t, name+" succeeds", 30*time.Second, testutil.Check(func() bool {
 			var got v1.BashTask
 			return rig.Client.Get(ctx, client.ObjectKeyFromObject(bt), &got) == nil &&
 				ptr.Deref(got.Status.Reason, "") == v1.ReasonSucceeded
-		})
+		}, nil))
 	}
 	leads := func(c *controller) func() bool {
 		return func() bool { h, _ := leaseHolder(ctx); return h != "" && strings.Contains(c.out.String(), h) }
 	}
 
 	c := startController(t, "controller-c", kubeconfig)
-	waitFor(t, "controller-c leads", 60*time.Second, leads(c))
+	testutil.WaitFor(t, "controller-c leads", 60*time.Second, testutil.Check(leads(c), func() string { h, n := leaseHolder(ctx); return fmt.Sprintf("lease holder %q, %d transitions", h, n) }))
 	run("before")
 	// An operator raises the count (the documented way out); the leader
 	// keeps it and the agents see it.
@@ -313,9 +307,9 @@ func TestLeaseCountGoesBack(t *testing.T) {
 	if err := rig.Client.Patch(ctx, lease, client.RawPatch("application/merge-patch+json", patch)); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "controller-c renews at the patched count", 30*time.Second, func() bool {
+	testutil.WaitFor(t, "controller-c renews at the patched count", 30*time.Second, testutil.Check(func() bool {
 		return strings.Contains(c.out.String(), fmt.Sprintf(`"epoch":%d`, raised))
-	})
+	}, nil))
 	patched := time.Now()
 	run("patched")
 	for _, cl := range calls.all() {
@@ -331,7 +325,7 @@ func TestLeaseCountGoesBack(t *testing.T) {
 		t.Fatal(err)
 	}
 	d := startController(t, "controller-d", kubeconfig)
-	waitFor(t, "controller-d leads", 60*time.Second, leads(d))
+	testutil.WaitFor(t, "controller-d leads", 60*time.Second, testutil.Check(leads(d), func() string { h, n := leaseHolder(ctx); return fmt.Sprintf("lease holder %q, %d transitions", h, n) }))
 	for i := range 3 {
 		run(fmt.Sprintf("after-%d", i))
 	}

@@ -17,6 +17,7 @@ import (
 
 	bashtaskv1alpha1 "github.com/bashtask/bashtask-operator/api/v1alpha1"
 	"github.com/bashtask/bashtask-operator/cmd/kubectl-bashtask/plugin"
+	"github.com/bashtask/bashtask-operator/internal/rig/testutil"
 )
 
 // TestDeletedWhileFollowed checks the one rule for run, wait and logs -f
@@ -62,7 +63,7 @@ func TestDeletedWhileFollowed(t *testing.T) {
 			}
 			done := make(chan result, 1)
 			go func() { done <- kubectlBashtask(t, ns, args...) }()
-			eventually(t, "the task is followed in the state to delete it in", func() bool {
+			testutil.WaitFor(t, "the task is followed in the state to delete it in", 30*time.Second, testutil.Check(func() bool {
 				bt := &bashtaskv1alpha1.BashTask{}
 				if rig.Client.Get(t.Context(), objectKey(ns, task), bt) != nil {
 					return false
@@ -71,7 +72,7 @@ func TestDeletedWhileFollowed(t *testing.T) {
 					return bt.Status.Phase != nil
 				}
 				return ptr.Deref(bt.Status.Phase, "") == bashtaskv1alpha1.PhaseRunning
-			})
+			}, nil))
 			// Give the plugin time to be following (it reads, then
 			// watches), as a user deleting a task from another terminal:
 			// a task deleted before the plugin first read it is a task

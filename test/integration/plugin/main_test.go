@@ -131,16 +131,4 @@ func getTask(t *testing.T, ns, name string) *bashtaskv1alpha1.BashTask {
 	return bt
 }
 
-// eventually polls cond every 50 ms until it holds or 30 s passed.
-func eventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting until %s", what)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-}
-
 func objectKey(ns, name string) client.ObjectKey { return client.ObjectKey{Namespace: ns, Name: name} }

@@ -4,9 +4,11 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"os"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 	corev1 "k8s.io/api/core/v1"
@@ -18,6 +20,7 @@ import (
 	bashtaskv1alpha1 "github.com/bashtask/bashtask-operator/api/v1alpha1"
 	btclient "github.com/bashtask/bashtask-operator/client"
 	"github.com/bashtask/bashtask-operator/cmd/kubectl-bashtask/plugin"
+	"github.com/bashtask/bashtask-operator/internal/rig/testutil"
 )
 
 func TestRunExitCodeAndStreams(t *testing.T) {
@@ -170,9 +173,9 @@ func TestCancelAndWait(t *testing.T) {
 	if err := rig.Client.Create(t.Context(), bt); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "the task runs", func() bool {
+	testutil.WaitFor(t, "the task runs", 30*time.Second, testutil.Check(func() bool {
 		return ptr.Deref(getTask(t, ns, "long").Status.Phase, "") == bashtaskv1alpha1.PhaseRunning
-	})
+	}, func() string { return fmt.Sprintf("status %+v", getTask(t, ns, "long").Status) }))
 
 	if got := kubectlBashtask(t, ns, "wait", "long", "--timeout", "500ms"); got.code != plugin.ExitWaitTimeout || !strings.Contains(got.stderr, "still Running") {
 		t.Errorf("wait --timeout on a running task: exit %d, stderr %q; want %d", got.code, got.stderr, plugin.ExitWaitTimeout)
@@ -211,10 +214,10 @@ func TestRunInterruptCancelsTheTask(t *testing.T) {
 	go func() {
 		done <- invocation{interrupts: interrupts}.run(t, ns, "run", "--name", "intr", "--", "echo started; sleep 60")
 	}()
-	eventually(t, "the task runs", func() bool {
+	testutil.WaitFor(t, "the task runs", 30*time.Second, testutil.Check(func() bool {
 		bt := &bashtaskv1alpha1.BashTask{}
 		return rig.Client.Get(t.Context(), objectKey(ns, "intr"), bt) == nil && ptr.Deref(bt.Status.Phase, "") == bashtaskv1alpha1.PhaseRunning
-	})
+	}, nil))
 	interrupts <- os.Interrupt
 	got := <-done
 	if got.code != exitOf(getTask(t, ns, "intr")) || got.stdout != "started\n" || !strings.Contains(got.stderr, "cancelling task") || !strings.Contains(got.stderr, "ended Cancelled") {
@@ -231,10 +234,10 @@ func TestRunRm(t *testing.T) {
 	if got := kubectlBashtask(t, ns, "run", "--rm", "--name", "gone", "--", "echo hi"); got.code != 0 || got.stdout != "hi\n" {
 		t.Fatalf("run --rm: %+v", got)
 	}
-	eventually(t, "the task is deleted", func() bool {
+	testutil.WaitFor(t, "the task is deleted", 30*time.Second, testutil.Check(func() bool {
 		err := rig.Client.Get(t.Context(), objectKey(ns, "gone"), &bashtaskv1alpha1.BashTask{})
 		return apierrors.IsNotFound(err)
-	})
+	}, nil))
 }
 
 func TestGetOwner(t *testing.T) {
@@ -319,8 +322,12 @@ func TestCancelByUIDSparesARecreatedTask(t *testing.T) {
 	if err := rig.Client.Delete(t.Context(), first); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "the first task is gone", func() bool {
-		return apierrors.IsNotFound(rig.Client.Get(t.Context(), objectKey(ns, "again"), &bashtaskv1alpha1.BashTask{}))
+	testutil.WaitFor(t, "the first task is gone", 30*time.Second, func() error {
+		err := rig.Client.Get(t.Context(), objectKey(ns, "again"), &bashtaskv1alpha1.BashTask{})
+		if apierrors.IsNotFound(err) {
+			return nil
+		}
+		return fmt.Errorf("get: %v", err)
 	})
 	second := mk()
 	if second.UID == first.UID {

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -19,6 +20,7 @@ import (
 
 	bashtaskv1alpha1 "github.com/bashtask/bashtask-operator/api/v1alpha1"
 	"github.com/bashtask/bashtask-operator/cmd/kubectl-bashtask/plugin"
+	"github.com/bashtask/bashtask-operator/internal/rig/testutil"
 )
 
 // seqOutput is what `seq 1 n` prints.
@@ -43,10 +45,10 @@ func waitForgotten(t *testing.T, ns, name string) {
 	t.Helper()
 	bt := getTask(t, ns, name)
 	dir := filepath.Join(rig.Agents[ptr.Deref(bt.Status.NodeName, "")].StateDir, "tasks", string(bt.UID))
-	eventually(t, "the agent forgot "+name, func() bool {
+	testutil.WaitFor(t, "the agent forgot "+name, 30*time.Second, testutil.Check(func() bool {
 		_, err := os.Stat(dir)
 		return errors.Is(err, os.ErrNotExist)
-	})
+	}, nil))
 }
 
 // TestLogsFullWhileUploadFails (C42): while the bucket refuses a finished
@@ -79,10 +81,10 @@ func TestLogsFullWhileUploadFails(t *testing.T) {
 	if err := rig.Client.Patch(t.Context(), bt, client.RawPatch(types.MergePatchType, []byte(`{"spec":{"suspend":false}}`))); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "OutputUploaded names the upload error", func() bool {
+	testutil.WaitFor(t, "OutputUploaded names the upload error", 30*time.Second, testutil.Check(func() bool {
 		c := uploadCondition(t, ns, "seq")
 		return c != nil && c.Status == metav1.ConditionFalse && strings.Contains(c.Message, "closing the object writer")
-	})
+	}, func() string { return fmt.Sprintf("OutputUploaded %+v", uploadCondition(t, ns, "seq")) }))
 	want := seqOutput(200000) // 1288895 bytes
 	st := getTask(t, ns, "seq").Status
 	if ptr.Deref(st.Reason, "") != bashtaskv1alpha1.ReasonSucceeded || ptr.Deref(st.Stdout.TotalBytes, 0) != int64(len(want)) {
@@ -120,10 +122,10 @@ func TestLogsFullWhileUploadFails(t *testing.T) {
 	if err := os.Remove(attrs); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "the upload recovers", func() bool {
+	testutil.WaitFor(t, "the upload recovers", 30*time.Second, testutil.Check(func() bool {
 		c := uploadCondition(t, ns, "seq")
 		return c != nil && c.Status == metav1.ConditionTrue
-	})
+	}, func() string { return fmt.Sprintf("OutputUploaded %+v", uploadCondition(t, ns, "seq")) }))
 	waitForgotten(t, ns, "seq")
 	full = kubectlBashtask(t, ns, "logs", "seq", "--full")
 	if sum, status := sha256hex(full.stdout), ptr.Deref(getTask(t, ns, "seq").Status.Stdout.SHA256, ""); full.code != 0 || full.stdout != want || sum != status {

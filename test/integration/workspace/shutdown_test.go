@@ -12,6 +12,7 @@ import (
 	"github.com/bashtask/bashtask-operator/agentpool"
 	v1 "github.com/bashtask/bashtask-operator/api/v1alpha1"
 	"github.com/bashtask/bashtask-operator/executor/agent"
+	"github.com/bashtask/bashtask-operator/internal/rig/testutil"
 )
 
 // An agent asked to stop (SIGTERM, as for a DaemonSet rollout) moves its
@@ -38,7 +39,7 @@ func TestAgentShutdownMovesWorkspaces(t *testing.T) {
 	g := NewWithT(t)
 	write := newTask(ns, "write", "moves", "mkdir -p src && echo written-before-the-stop > src/f")
 	create(t, write)
-	written := waitTerminal(t, write)
+	written := testutil.WaitTerminal(t, k8s, write.Namespace, []string{write.Name}, waitLong)[write.Name]
 	g.Expect(written.Status.Reason).To(HaveValue(Equal(v1.ReasonSucceeded)), "status: %s", dump.OneLine(written.Status))
 	// Still running at the stop, past its SIGTERM by its grace period: the
 	// agent's stop ends it, and its file moves too.
@@ -93,7 +94,7 @@ func TestAgentShutdownMovesWorkspaces(t *testing.T) {
 	g.Expect(res.StoppedTasks).To(Equal(1))
 	g.Expect(took).To(BeNumerically("<", workspaceTimeout/2), "the drain ended when the workspace was released, not at its timeout")
 
-	stopped := waitTerminal(t, running)
+	stopped := testutil.WaitTerminal(t, k8s, running.Namespace, []string{running.Name}, waitLong)[running.Name]
 	g.Expect(stopped.Status.Reason).To(HaveValue(Equal(v1.ReasonAgentRestarted)), "status: %s", dump.OneLine(stopped.Status))
 	suspended := waitSuspendedAndReleased(t, ws)
 	snap := suspended.Status.Snapshot
@@ -110,7 +111,7 @@ func TestAgentShutdownMovesWorkspaces(t *testing.T) {
 
 	read := newTask(ns, "read", "moves", "cat src/f g")
 	create(t, read)
-	done := waitTerminal(t, read)
+	done := testutil.WaitTerminal(t, k8s, read.Namespace, []string{read.Name}, waitLong)[read.Name]
 	g.Expect(done.Status.Reason).To(HaveValue(Equal(v1.ReasonSucceeded)), "status: %s", dump.OneLine(done.Status))
 	g.Expect(stdout(done)).To(Equal("written-before-the-stop\nalso-written\n"))
 	g.Expect(done.Status.NodeName).To(HaveValue(Equal(other)))

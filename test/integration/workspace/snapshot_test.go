@@ -11,6 +11,7 @@ import (
 
 	v1 "github.com/bashtask/bashtask-operator/api/v1alpha1"
 	"github.com/bashtask/bashtask-operator/controllers"
+	"github.com/bashtask/bashtask-operator/internal/rig/testutil"
 )
 
 // spec.suspend snapshots a workspace and releases its node's copy; its
@@ -28,7 +29,7 @@ func TestSuspendAndResume(t *testing.T) {
 	g.Expect(ready.Status.Epoch).To(HaveValue(Equal(int64(1))))
 	first := newTask(ns, "first", "s", `mkdir -p repo/empty && cd repo && echo kept > f && ln -s f link && export STAGE=one`)
 	create(t, first)
-	g.Expect(waitTerminal(t, first).Status.Reason).To(HaveValue(Equal(v1.ReasonSucceeded)))
+	g.Expect(testutil.WaitTerminal(t, k8s, first.Namespace, []string{first.Name}, waitLong)[first.Name].Status.Reason).To(HaveValue(Equal(v1.ReasonSucceeded)))
 
 	setSuspend(t, ws, true)
 	suspended := waitSuspendedAndReleased(t, ws)
@@ -47,7 +48,7 @@ func TestSuspendAndResume(t *testing.T) {
 	g.Expect(restored.Status.RestoredFrom).NotTo(BeNil())
 	g.Expect(restored.Status.RestoredFrom.URL).To(Equal(suspended.Status.Snapshot.URL))
 	g.Expect(restored.Status.RestoredFrom.AgeSeconds).NotTo(BeNil())
-	done := waitTerminal(t, waiting)
+	done := testutil.WaitTerminal(t, k8s, waiting.Namespace, []string{waiting.Name}, waitLong)[waiting.Name]
 	g.Expect(done.Status.Reason).To(HaveValue(Equal(v1.ReasonSucceeded)), "status: %v", done.Status)
 	g.Expect(stdout(done)).To(Equal(v1.WorkspacePath + "/repo\none\nkept\nf\nempty\n"))
 }
@@ -64,14 +65,14 @@ func TestIdleSuspendAndRestoreOnTask(t *testing.T) {
 	write.Spec.Command = "echo from-before > note"
 	create(t, write)
 	g := NewWithT(t)
-	g.Expect(waitTerminal(t, write).Status.Reason).To(HaveValue(Equal(v1.ReasonSucceeded)))
+	g.Expect(testutil.WaitTerminal(t, k8s, write.Namespace, []string{write.Name}, waitLong)[write.Name].Status.Reason).To(HaveValue(Equal(v1.ReasonSucceeded)))
 	suspended := waitSuspendedAndReleased(t, ws)
 	g.Expect(suspended.DeletionTimestamp).To(BeNil(), "suspended, not deleted")
 	g.Expect(suspended.Status.Snapshot).NotTo(BeNil())
 
 	read := newTask(ns, "read", "idle", "cat note")
 	create(t, read)
-	done := waitTerminal(t, read)
+	done := testutil.WaitTerminal(t, k8s, read.Namespace, []string{read.Name}, waitLong)[read.Name]
 	g.Expect(done.Status.Reason).To(HaveValue(Equal(v1.ReasonSucceeded)), "status: %v", done.Status)
 	g.Expect(stdout(done)).To(Equal("from-before\n"))
 	g.Expect(done.Status.NodeName).NotTo(BeNil())
@@ -119,7 +120,7 @@ func TestNodeLostRestoresElsewhere(t *testing.T) {
 	g := NewWithT(t)
 	write := newTask(ns, "write", "mover", "echo before-the-loss > kept")
 	create(t, write)
-	g.Expect(waitTerminal(t, write).Status.Reason).To(HaveValue(Equal(v1.ReasonSucceeded)))
+	g.Expect(testutil.WaitTerminal(t, k8s, write.Namespace, []string{write.Name}, waitLong)[write.Name].Status.Reason).To(HaveValue(Equal(v1.ReasonSucceeded)))
 	NewWithT(t).Eventually(func(g Gomega) {
 		cur := getWorkspace(g, ws)
 		cur.Spec.Snapshot = &v1.WorkspaceSnapshotPolicy{Request: ptr.To("before-loss")}
@@ -147,7 +148,7 @@ func TestNodeLostRestoresElsewhere(t *testing.T) {
 
 	read := newTask(ns, "read", "mover", "cat kept")
 	create(t, read)
-	done := waitTerminal(t, read)
+	done := testutil.WaitTerminal(t, k8s, read.Namespace, []string{read.Name}, waitLong)[read.Name]
 	g.Expect(done.Status.Reason).To(HaveValue(Equal(v1.ReasonSucceeded)), "status: %v", done.Status)
 	g.Expect(stdout(done)).To(Equal("before-the-loss\n"))
 	moved := getWorkspace(g, ws)
@@ -202,7 +203,7 @@ func TestCordonMovesWorkspace(t *testing.T) {
 	g := NewWithT(t)
 	write := newTask(ns, "write", "drained", "echo written-before-the-drain > f")
 	create(t, write)
-	g.Expect(waitTerminal(t, write).Status.Reason).To(HaveValue(Equal(v1.ReasonSucceeded)))
+	g.Expect(testutil.WaitTerminal(t, k8s, write.Namespace, []string{write.Name}, waitLong)[write.Name].Status.Reason).To(HaveValue(Equal(v1.ReasonSucceeded)))
 
 	t.Cleanup(func() { setUnschedulable(t, first, false) })
 	setUnschedulable(t, first, true)
@@ -211,7 +212,7 @@ func TestCordonMovesWorkspace(t *testing.T) {
 
 	read := newTask(ns, "read", "drained", "cat f")
 	create(t, read)
-	done := waitTerminal(t, read)
+	done := testutil.WaitTerminal(t, k8s, read.Namespace, []string{read.Name}, waitLong)[read.Name]
 	g.Expect(done.Status.Reason).To(HaveValue(Equal(v1.ReasonSucceeded)), "status: %v", done.Status)
 	g.Expect(stdout(done)).To(Equal("written-before-the-drain\n"))
 	g.Expect(done.Status.NodeName).NotTo(HaveValue(Equal(first)))

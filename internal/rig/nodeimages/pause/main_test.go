@@ -11,6 +11,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/bashtask/bashtask-operator/internal/rig/testutil"
 )
 
 // asPause makes the test binary run main instead of the tests, so the
@@ -97,8 +99,8 @@ func TestReapsOrphans(t *testing.T) {
 	}
 	// The shell exited at once (the sleep holds none of its output): the
 	// sleep is now the program's child for a second.
-	waitFor(t, "the orphan reparented to pause", func() bool { return len(children(t, pid)) > 0 })
-	waitFor(t, "the orphan reaped", func() bool { return len(children(t, pid)) == 0 })
+	testutil.WaitFor(t, "the orphan reparented to pause", 10*time.Second, testutil.Check(func() bool { return len(children(t, pid)) > 0 }, nil))
+	testutil.WaitFor(t, "the orphan reaped", 10*time.Second, testutil.Check(func() bool { return len(children(t, pid)) == 0 }, nil))
 }
 
 // children lists the children of process pid, zombies included, from
@@ -118,15 +120,4 @@ func children(t *testing.T, pid string) []string {
 		out = append(out, strings.Fields(string(b))...)
 	}
 	return out
-}
-
-// waitFor polls cond for up to 10 seconds.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
-		if cond() {
-			return
-		}
-	}
-	t.Fatalf("timed out waiting for %s", what)
 }
