@@ -324,10 +324,13 @@ func TestCancelByUIDSparesARecreatedTask(t *testing.T) {
 	}
 	testutil.WaitFor(t, "the first task is gone", 30*time.Second, func() error {
 		err := rig.Client.Get(t.Context(), objectKey(ns, "again"), &bashtaskv1alpha1.BashTask{})
-		if apierrors.IsNotFound(err) {
+		switch {
+		case apierrors.IsNotFound(err):
 			return nil
+		case err == nil:
+			return errors.New("it still exists")
 		}
-		return fmt.Errorf("get: %v", err)
+		return fmt.Errorf("reading it: %w", err)
 	})
 	second := mk()
 	if second.UID == first.UID {
