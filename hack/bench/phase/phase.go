@@ -7,7 +7,6 @@ import (
 	"context"
 	"flag"
 	"fmt"
-	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -17,6 +16,7 @@ import (
 
 	"github.com/bashtask/bashtask-operator/internal/procfs"
 	"github.com/bashtask/bashtask-operator/internal/rig/localcluster"
+	"github.com/bashtask/bashtask-operator/internal/rig/syncbuf"
 )
 
 // Figures are a phase's results by their JSON keys (e.g.
@@ -88,6 +88,9 @@ type Cluster struct {
 	// starts is: this list tells them apart).
 	ControlPlanePIDs []int
 	tmp              string
+	// log is the launcher's log: restarts, exits and errors of the
+	// components, printed when the cluster stops.
+	log *syncbuf.Buffer
 }
 
 // Cluster returns the shared local cluster, starting it on the first call.
@@ -112,19 +115,20 @@ func (e *Env) startCluster(ctx context.Context) (*Cluster, error) {
 		agentArgs = append([]string{"--max-concurrent-tasks=" + strconv.Itoa(o.MaxConcurrentTasks)}, agentArgs...)
 	}
 	before := ControlPlaneChildren()
+	log := &syncbuf.Buffer{}
 	fmt.Printf("starting the local cluster: %d agents, isolation %s, controller args %q, agent args %q, in %s\n",
 		o.Agents, orDefault(o.Isolation, "(default)"), o.ControllerArgs, agentArgs, dir)
 	lc, err := localcluster.Up(ctx, localcluster.LauncherOptions{
 		Dir: dir, BinDir: o.BinDir, AssetsDir: o.AssetsDir, CRDDir: o.CRDDir, AdmissionDir: o.AdmissionDir,
 		Agents: o.Agents, Isolation: o.Isolation, ControllerArgs: o.ControllerArgs, AgentArgs: agentArgs,
-		Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		Log: slog.New(slog.NewTextHandler(log, nil)),
 	})
 	if err != nil {
 		localcluster.WriteLogTails(os.Stderr, dir, 15)
 		fmt.Fprintf(os.Stderr, "bench: logs and state kept in %s\n", dir)
 		return nil, fmt.Errorf("starting the local cluster: %w", err)
 	}
-	c := &Cluster{Cluster: lc, Dir: dir, tmp: tmp}
+	c := &Cluster{Cluster: lc, Dir: dir, tmp: tmp, log: log}
 	for _, pid := range ControlPlaneChildren() {
 		if !slices.Contains(before, pid) {
 			c.ControlPlanePIDs = append(c.ControlPlanePIDs, pid)
@@ -150,6 +154,14 @@ func (e *Env) Close() {
 		localcluster.WriteLogTails(os.Stderr, c.Dir, 15)
 	}
 	c.Down()
+	// A figure measured while a component restarted measures something
+	// else: the launcher's restarts, exits and errors are printed.
+	for _, line := range strings.Split(c.log.String(), "\n") {
+		if strings.Contains(line, "Restart") || strings.Contains(line, "Exited") || strings.Contains(line, "level=ERROR") ||
+			strings.Contains(line, "killed") {
+			fmt.Printf("launcher: %s\n", line)
+		}
+	}
 	if e.failed || e.ClusterOptions.Keep {
 		fmt.Fprintf(os.Stderr, "bench: logs and state kept in %s\n", c.Dir)
 		return
