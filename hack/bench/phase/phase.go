@@ -13,6 +13,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/bashtask/bashtask-operator/internal/procfs"
 	"github.com/bashtask/bashtask-operator/internal/rig/localcluster"
@@ -116,6 +117,7 @@ func (e *Env) startCluster(ctx context.Context) (*Cluster, error) {
 	}
 	before := ControlPlaneChildren()
 	log := &syncbuf.Buffer{}
+	start := time.Now()
 	fmt.Printf("starting the local cluster: %d agents, isolation %s, controller args %q, agent args %q, in %s\n",
 		o.Agents, orDefault(o.Isolation, "(default)"), o.ControllerArgs, agentArgs, dir)
 	lc, err := localcluster.Up(ctx, localcluster.LauncherOptions{
@@ -134,7 +136,8 @@ func (e *Env) startCluster(ctx context.Context) (*Cluster, error) {
 			c.ControlPlanePIDs = append(c.ControlPlanePIDs, pid)
 		}
 	}
-	fmt.Printf("local cluster is up: %d agents, isolation %s, kubeconfig %s\n", len(lc.Agents), lc.Isolation, lc.Kubeconfig)
+	fmt.Printf("local cluster is up in %s with %d agents at isolation %s; objects go to %s\n",
+		time.Since(start).Round(100*time.Millisecond), len(lc.Agents), lc.Isolation, lc.BucketURL)
 	return c, nil
 }
 
