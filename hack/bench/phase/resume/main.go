@@ -151,7 +151,7 @@ func run(ctx context.Context, o options) (f phase.Figures, err error) {
 	}
 	defer func() {
 		if o.keep || err != nil {
-			fmt.Fprintf(os.Stderr, "bench-resume: logs and state kept in %s\n", dir)
+			fmt.Fprintf(os.Stderr, "bench resume: logs and state kept in %s\n", dir)
 			return
 		}
 		_ = os.RemoveAll(dir)
@@ -456,7 +456,7 @@ func (b *bench) round(ctx context.Context, mode string) (round, error) {
 	if took, err := agentTook(b.logDir, "workspace snapshot written", *snap.URL); err == nil {
 		r.snapshot = ms(took)
 	} else {
-		fmt.Fprintf(os.Stderr, "bench-resume: the agent's time for snapshot %s: %v\n", *snap.URL, err)
+		fmt.Fprintf(os.Stderr, "bench resume: the agent's time for snapshot %s: %v\n", *snap.URL, err)
 	}
 	epoch := ptr.Deref(ev.obj.Status.Epoch, 0)
 
@@ -506,7 +506,7 @@ func (b *bench) round(ctx context.Context, mode string) (round, error) {
 	if took, err := agentTook(b.logDir, "workspace restored", *snap.URL); err == nil {
 		r.restore = ms(took)
 	} else {
-		fmt.Fprintf(os.Stderr, "bench-resume: the agent's time for the restore of %s: %v\n", *snap.URL, err)
+		fmt.Fprintf(os.Stderr, "bench resume: the agent's time for the restore of %s: %v\n", *snap.URL, err)
 	}
 	return r, nil
 }

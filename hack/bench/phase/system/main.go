@@ -194,9 +194,9 @@ type figures struct {
 	// out by the client's CopyFrom, in MB/s.
 	wsCopyMBps float64
 	executor   map[string]float64
-	// output holds hack/bench-output's figures, by their keys.
+	// output holds the output phase's figures, by their keys.
 	output map[string]float64
-	// resume holds hack/bench-resume's figures, by their keys.
+	// resume holds the resume phase's figures, by their keys.
 	resume           map[string]float64
 	loadStart, loadE string
 }
