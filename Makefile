@@ -260,13 +260,20 @@ test-packaging: envtest tools ## Render the chart and config/default, validate t
 
 ##@ Benchmarks
 
+# Every benchmark is a phase of one harness, hack/bench (docs/performance.md):
+# executor, snapshot, workspace, apiserver, resume, output and system, chosen
+# with -phases; `go run ./hack/bench -help` lists every flag. Each phase prints
+# its table, and the run writes one JSON file with a section per phase. The
+# output and system phases share one local cluster, started once.
+BENCH := $(GO) run ./hack/bench
+
 .PHONY: bench-snapshot
 bench-snapshot: ## Workspace snapshot and restore of about 1 GiB of mixed files against tar | zstd and zstd -d | tar -x.
 	mkdir -p _output
-	$(GO) run ./hack/bench-snapshot -json _output/bench-snapshot.json
+	$(BENCH) -phases=snapshot -json _output/bench-snapshot.json -snapshot-args='$(BENCH_SNAPSHOT_ARGS)'
 
 # The resume of a Suspended workspace of 100 MiB until its first task
-# starts (hack/bench-resume; docs/performance.md), on a local cluster of
+# starts (the resume phase; docs/performance.md), on a local cluster of
 # its own at the tenant level with a versitygw S3 bucket: root only.
 # BENCH_RESUME_ARGS passes flags, e.g. BENCH_RESUME_ARGS='-rounds=20 -modes=task'.
 BENCH_RESUME_ARGS ?=
@@ -274,23 +281,31 @@ BENCH_RESUME_ARGS ?=
 .PHONY: bench-resume
 bench-resume: build envtest setup-s3 ## Resume of a Suspended 100 MiB workspace until its first task starts, p50/p90/max over rounds (root).
 	mkdir -p _output
-	$(GO) run ./hack/bench-resume -json _output/bench-resume.json $(BENCH_RESUME_ARGS)
+	$(BENCH) -phases=resume -json _output/bench-resume.json -resume-args='$(BENCH_RESUME_ARGS)'
+
+# BENCH_EXECUTOR_ARGS passes flags to the executor phase, e.g.
+# BENCH_EXECUTOR_ARGS='-n=50 -stream-rounds=2'; BENCH_SNAPSHOT_ARGS to the
+# snapshot phase, e.g. BENCH_SNAPSHOT_ARGS='-rounds=1 -copies=1'.
+BENCH_EXECUTOR_ARGS ?=
+BENCH_SNAPSHOT_ARGS ?=
 
 .PHONY: bench-executor
 bench-executor: ## Executor overhead, output throughput and memory, printed as a table.
 	mkdir -p _output
-	$(GO) run ./hack/bench-executor -json _output/bench-executor.json
+	$(BENCH) -phases=executor -json _output/bench-executor.json -executor-args='$(BENCH_EXECUTOR_ARGS)'
 
-# `make bench` runs the executor bench, the output API bench (a local
-# cluster of its own: a follower's latency and throughput, the controller's
-# and the agent's RSS under 1000 followers), the snapshot bench, the resume
-# bench (as root: a local cluster of its own at the tenant level), then the
-# whole system on the local cluster (hack/bench; docs/performance.md),
-# whose table takes in the executor's, the output API's and the resume's
-# figures. BENCH_SKIP_EXECUTOR=1, BENCH_SKIP_OUTPUT=1, BENCH_SKIP_SNAPSHOT=1
-# and BENCH_SKIP_RESUME=1 skip those parts for quick iterations; BENCH_ARGS passes flags to hack/bench,
-# e.g. BENCH_ARGS='-controller-arg=--workers=16 -rss-tasks=0', and
-# BENCH_OUTPUT_ARGS to hack/bench-output, e.g. BENCH_OUTPUT_ARGS='-bytes=0'.
+# `make bench` runs the executor phase, the snapshot phase, the resume phase
+# (as root: a local cluster of its own at the tenant level), then the output
+# API phase (a follower's latency and throughput, the controller's and the
+# agent's RSS under 1000 followers) and the whole system, both on one local
+# cluster (docs/performance.md); the system's table takes in the executor's,
+# the output API's and the resume's figures. BENCH_SKIP_EXECUTOR=1,
+# BENCH_SKIP_OUTPUT=1, BENCH_SKIP_SNAPSHOT=1 and BENCH_SKIP_RESUME=1 skip
+# those phases for quick iterations (BENCH_PHASES=... names the phases
+# outright); BENCH_ARGS passes flags to hack/bench, e.g.
+# BENCH_ARGS='-controller-arg=--workers=16 -rss-tasks=0' (the system phase's
+# flags and the cluster's), and BENCH_OUTPUT_ARGS to the output phase, e.g.
+# BENCH_OUTPUT_ARGS='-bytes=0'.
 BENCH_SKIP_EXECUTOR ?=
 BENCH_SKIP_OUTPUT   ?=
 BENCH_ARGS          ?=
@@ -300,27 +315,29 @@ BENCH_OUTPUT        := $(if $(filter 1 true yes,$(BENCH_SKIP_OUTPUT)),,1)
 BENCH_SNAPSHOT      := $(if $(filter 1 true yes,$(BENCH_SKIP_SNAPSHOT)),,1)
 # The resume bench needs root (workspaces need the tenant level).
 BENCH_RESUME        := $(if $(filter 1 true yes,$(BENCH_SKIP_RESUME)),,$(if $(filter 0,$(shell id -u)),1))
+bench_empty         :=
+bench_space         := $(bench_empty) $(bench_empty)
+BENCH_PHASES        ?= $(subst $(bench_space),$(comma),$(strip $(if $(BENCH_EXECUTOR),executor) $(if $(BENCH_OUTPUT),output) \
+                       $(if $(BENCH_SNAPSHOT),snapshot) $(if $(BENCH_RESUME),resume) system))
+comma               := ,
 
 .PHONY: bench
-bench: build envtest $(if $(BENCH_RESUME),setup-s3) ## Latency, throughput, writes per task, raw API limit and controller RSS on the local cluster (+ the executor, output API, snapshot and resume benches); writes _output/bench.json.
+bench: build envtest $(if $(BENCH_RESUME),setup-s3) ## Latency, throughput, writes per task, raw API limit and controller RSS on the local cluster (+ the executor, output API, snapshot and resume phases); writes _output/bench.json.
 	mkdir -p _output
-	$(if $(BENCH_EXECUTOR),$(GO) run ./hack/bench-executor -json _output/bench-executor.json,@echo "bench: executor part skipped (BENCH_SKIP_EXECUTOR)")
-	$(if $(BENCH_OUTPUT),$(GO) run ./hack/bench-output -json _output/bench-output.json $(BENCH_OUTPUT_ARGS),@echo "bench: output API part skipped (BENCH_SKIP_OUTPUT)")
-	$(if $(BENCH_SNAPSHOT),$(GO) run ./hack/bench-snapshot -json _output/bench-snapshot.json,@echo "bench: snapshot part skipped (BENCH_SKIP_SNAPSHOT)")
-	$(if $(BENCH_RESUME),$(GO) run ./hack/bench-resume -json _output/bench-resume.json $(BENCH_RESUME_ARGS),@echo "bench: resume part skipped (BENCH_SKIP_RESUME, or not root)")
-	$(GO) run ./hack/bench -json _output/bench.json $(if $(BENCH_EXECUTOR),-executor-json _output/bench-executor.json) \
-	  $(if $(BENCH_OUTPUT),-output-json _output/bench-output.json) $(if $(BENCH_RESUME),-resume-json _output/bench-resume.json) $(BENCH_ARGS)
+	$(BENCH) -phases=$(BENCH_PHASES) -json _output/bench.json -executor-args='$(BENCH_EXECUTOR_ARGS)' \
+	  -snapshot-args='$(BENCH_SNAPSHOT_ARGS)' -output-args='$(BENCH_OUTPUT_ARGS)' -resume-args='$(BENCH_RESUME_ARGS)' $(BENCH_ARGS)
 
 # kube-apiserver CPU per task for variants of the CRD's validation rules and
-# of the status writes (hack/bench-apiserver; docs/performance.md), e.g.
+# of the status writes (the apiserver phase; docs/performance.md), e.g.
 # BENCH_APISERVER_ARGS='-variants=base,nocel,base/nocond'.
 BENCH_APISERVER_ARGS ?=
 
 .PHONY: bench-apiserver
 bench-apiserver: envtest ## kube-apiserver CPU per task for variants of the CRD's rules and of the status writes, in alternating windows.
-	$(GO) run ./hack/bench-apiserver $(BENCH_APISERVER_ARGS)
+	mkdir -p _output
+	$(BENCH) -phases=apiserver -json _output/bench-apiserver.json -apiserver-args='$(BENCH_APISERVER_ARGS)'
 
-# What idle workspaces cost one agent (hack/bench-workspace;
+# What idle workspaces cost one agent (the workspace phase;
 # docs/performance.md): 1000 of them by default, with the agent's default
 # 10Gi file system each. Needs root, loop devices and mkfs.ext4; a few
 # minutes, so not part of `make bench`. BENCH_WORKSPACE_ARGS passes flags,
@@ -330,7 +347,7 @@ BENCH_WORKSPACE_ARGS ?=
 .PHONY: bench-workspaces
 bench-workspaces: ## Memory, kernel memory, disk, loop devices and create/delete latency of 1000 idle workspaces on one agent (root).
 	mkdir -p _output
-	$(GO) run ./hack/bench-workspace -json _output/bench-workspace.json $(BENCH_WORKSPACE_ARGS)
+	$(BENCH) -phases=workspace -json _output/bench-workspace.json -workspace-args='$(BENCH_WORKSPACE_ARGS)'
 
 ##@ Tools
 

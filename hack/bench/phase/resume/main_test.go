@@ -1,4 +1,4 @@
-package main
+package resume
 
 import (
 	"bytes"
@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/bashtask/bashtask-operator/hack/bench/stats"
 )
 
 // agentLog is what the agent's text logger (--log-format text) writes
@@ -73,11 +75,11 @@ func TestEpochRealtime(t *testing.T) {
 func TestPercentile(t *testing.T) {
 	xs := []float64{900, 1500, 1100, 2500, 1000, 1200, 1300, 1400, 1600, 3000}
 	for p, want := range map[float64]float64{0.5: 1300, 0.9: 2500, 1: 3000} {
-		if got := percentile(xs, p); got != want {
+		if got := stats.Percentile(xs, p); got != want {
 			t.Errorf("percentile(p%.0f) = %v, want %v", p*100, got, want)
 		}
 	}
-	if got := percentile(nil, 0.5); !math.IsNaN(got) {
+	if got := stats.Percentile(nil, 0.5); !math.IsNaN(got) {
 		t.Errorf("percentile of none = %v, want NaN", got)
 	}
 	if !strings.Contains(sec(1234), "1.23s") || sec(math.NaN()) != "-" {

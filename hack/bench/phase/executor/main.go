@@ -1,4 +1,5 @@
-// Command bench-executor measures the executor against plain process
+// Package executor is the executor phase of hack/bench (formerly
+// hack/bench-executor). It measures the executor against plain process
 // creation and a plain file write, and prints one table:
 //
 //   - the median wall time of `true` run as a task, against a plain
@@ -41,15 +42,16 @@
 // bashtask-shim lies beside it.
 //
 // The 2 GB task runs in a child process of this program (re-executed with
-// -child), so its peak RSS (VmHWM) and CPU are measured without the rest
-// of the benchmark; -starts=false measures only the stream. With -json FILE the headline figures are also written as a
-// flat JSON object.
-package main
+// -executor-child as its first argument, see ChildMain), so its peak RSS
+// (VmHWM) and CPU are measured without the rest of the benchmark;
+// -starts=false measures only the stream. The headline figures are the
+// phase's JSON section.
+package executor
 
 import (
 	"bytes"
+	"context"
 	"crypto/sha256"
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -58,79 +60,94 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
 	"syscall"
-	"text/tabwriter"
 	"time"
 
 	"github.com/bashtask/bashtask-operator/executor"
-	"github.com/bashtask/bashtask-operator/executor/shim"
+	"github.com/bashtask/bashtask-operator/hack/bench/phase"
+	"github.com/bashtask/bashtask-operator/hack/bench/report"
+	"github.com/bashtask/bashtask-operator/hack/bench/stats"
 	"github.com/bashtask/bashtask-operator/internal/rig/testshim"
 )
 
 const streamBytes = 2_000_000_000
 
-func main() {
-	var (
-		jsonOut = flag.String("json", "", "also write the figures to this JSON file")
-		iters   = flag.Int("n", 300, "tasks per start-overhead measurement")
-		dir     = flag.String("dir", "", "directory for spill files and the plain write (default: a temporary directory)")
-		shell   = flag.String("shell", executor.DefaultShell, "shell to run")
-		child   = flag.Bool("child", false, "internal: run the 2 GB task and report on stdout")
-		stream  = flag.Bool("stream", true, "also measure the 2 GB stream (throughput and memory)")
-		starts  = flag.Bool("starts", true, "measure task starts and their CPU (false: only the 2 GB stream)")
-		rounds  = flag.Int("stream-rounds", 8, "rounds of the 2 GB stream: each runs the executor without and with the part-upload reader and SHA-256 alone, in a random order")
-		uploads = flag.Bool("uploads", false, "internal: with -child, follow the spill file with the part-upload reader")
-		shimBin = flag.String("shim", "", "the tenant level's shim binary: empty builds ./cmd/bashtask-shim from this tree; self is this binary")
-	)
-	// This binary is also the task shim of the tenant level.
-	shim.Main()
-	flag.Parse()
-	if *child {
-		if err := runChild(*dir, *shell, *uploads); err != nil {
-			fmt.Fprintln(os.Stderr, "bench-executor child:", err)
-			os.Exit(1)
-		}
-		return
-	}
-	if !*starts {
-		if err := runStreamOnly(*jsonOut, *dir, *shell, *rounds); err != nil {
-			fmt.Fprintln(os.Stderr, "bench-executor:", err)
-			os.Exit(1)
-		}
-		return
-	}
-	if err := run(*jsonOut, *iters, *dir, *shell, *shimBin, *stream, *rounds); err != nil {
-		fmt.Fprintln(os.Stderr, "bench-executor:", err)
-		os.Exit(1)
-	}
+// Phase is the executor phase.
+type Phase struct {
+	iters, rounds       int
+	dir, shell, shimBin string
+	stream, starts      bool
 }
 
-func run(jsonOut string, iters int, dir, shell, shimBin string, stream bool, rounds int) error {
+// Name is "executor".
+func (*Phase) Name() string { return "executor" }
+
+// Flags registers the flags of the former hack/bench-executor.
+func (p *Phase) Flags(fs *flag.FlagSet) {
+	fs.IntVar(&p.iters, "n", 300, "tasks per start-overhead measurement")
+	fs.StringVar(&p.dir, "dir", "", "directory for spill files and the plain write (default: a temporary directory)")
+	fs.StringVar(&p.shell, "shell", executor.DefaultShell, "shell to run")
+	fs.BoolVar(&p.stream, "stream", true, "also measure the 2 GB stream (throughput and memory)")
+	fs.BoolVar(&p.starts, "starts", true, "measure task starts and their CPU (false: only the 2 GB stream)")
+	fs.IntVar(&p.rounds, "stream-rounds", 8, "rounds of the 2 GB stream: each runs the executor without and with the part-upload reader and SHA-256 alone, in a random order")
+	fs.StringVar(&p.shimBin, "shim", "", "the tenant level's shim binary: empty builds ./cmd/bashtask-shim from this tree; self is this binary")
+}
+
+// Run measures and prints the executor's table.
+func (p *Phase) Run(context.Context, *phase.Env) (phase.Figures, error) {
+	if !p.starts {
+		return runStreamOnly(p.dir, p.shell, p.rounds)
+	}
+	return run(p.iters, p.dir, p.shell, p.shimBin, p.stream, p.rounds)
+}
+
+// ChildFlag, as the first argument of this binary, runs the 2 GB task
+// and reports on stdout (ChildMain).
+const ChildFlag = "-executor-child"
+
+// ChildMain runs the 2 GB task as the child the phase re-executes this
+// binary as, when os.Args[1] is ChildFlag, and exits; otherwise it returns.
+func ChildMain() {
+	if len(os.Args) < 2 || os.Args[1] != ChildFlag {
+		return
+	}
+	fs := flag.NewFlagSet(ChildFlag, flag.ExitOnError)
+	dir := fs.String("dir", "", "directory for the spill file")
+	shell := fs.String("shell", executor.DefaultShell, "shell to run")
+	uploads := fs.Bool("uploads", false, "follow the spill file with the part-upload reader")
+	_ = fs.Parse(os.Args[2:])
+	if err := runChild(*dir, *shell, *uploads); err != nil {
+		fmt.Fprintln(os.Stderr, "bench executor child:", err)
+		os.Exit(1)
+	}
+	os.Exit(0)
+}
+
+func run(iters int, dir, shell, shimBin string, stream bool, rounds int) (phase.Figures, error) {
 	if dir == "" {
 		d, err := os.MkdirTemp("", "bench-executor-")
 		if err != nil {
-			return err
+			return nil, err
 		}
 		defer os.RemoveAll(d)
 		dir = d
 	}
 	shimPath, err := shimBinary(shimBin, dir)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	// The plain baseline uses os/exec, so this process does not become a
 	// subreaper (its reaper would take os/exec's statuses); the child that
 	// runs the 2 GB task does, like the agent.
 	noCg, err := executor.New(executor.Config{Shell: shell, Cgroups: executor.CgroupOff, WorkDirRoot: dir})
 	if err != nil {
-		return err
+		return nil, err
 	}
 	withCg, err := executor.New(executor.Config{Shell: shell, Cgroups: executor.CgroupAuto, CgroupParent: fmt.Sprintf("bashtask-bench-%d", os.Getpid()), WorkDirRoot: dir})
 	if err != nil {
-		return err
+		return nil, err
 	}
 	defer withCg.Close()
 	// Network Egress with a task range and an ID of this process's own, so
@@ -141,7 +158,7 @@ func run(jsonOut string, iters int, dir, shell, shimBin string, stream bool, rou
 	tenant, err := executor.New(executor.Config{Shell: shell, Cgroups: executor.CgroupAuto, CgroupParent: fmt.Sprintf("bashtask-bench-tenant-%d", os.Getpid()),
 		WorkDirRoot: dir, Isolation: executor.IsolationTenant, ShimPath: shimPath, Egress: egress})
 	if err != nil {
-		return err
+		return nil, err
 	}
 	defer tenant.Close()
 	// The tenant level with a disk quota on each working directory (the
@@ -150,13 +167,13 @@ func run(jsonOut string, iters int, dir, shell, shimBin string, stream bool, rou
 	// made (mkfs.ext4, loop device, mount) on its start.
 	images, err := os.MkdirTemp(dir, "disk-images-")
 	if err != nil {
-		return err
+		return nil, err
 	}
 	tenantDisk, err := executor.New(executor.Config{Shell: shell, Cgroups: executor.CgroupAuto, CgroupParent: fmt.Sprintf("bashtask-bench-disk-%d", os.Getpid()),
 		WorkDirRoot: dir, Isolation: executor.IsolationTenant, ShimPath: shimPath,
 		DiskQuotaBytes: 10 << 30, DiskQuotaCapBytes: 20 << 30, DiskImageDir: images})
 	if err != nil {
-		return err
+		return nil, err
 	}
 	defer tenantDisk.Close()
 	diskOK := tenantDisk.Capabilities().DiskQuota
@@ -166,7 +183,7 @@ func run(jsonOut string, iters int, dir, shell, shimBin string, stream bool, rou
 	// shell's cost, not the executor's.
 	env, err := executor.BuildEnv(executor.EnvOptions{Ambient: os.Environ()})
 	if err != nil {
-		return err
+		return nil, err
 	}
 
 	// Interleave the variants round by round, each round in another
@@ -193,7 +210,7 @@ func run(jsonOut string, iters int, dir, shell, shimBin string, stream bool, rou
 	// record written and read.
 	ws, err := tenant.OpenWorkspace(executor.WorkspaceOptions{ID: fmt.Sprintf("bench-%d", pid), UID: benchUID + 1, GID: benchUID + 1, Network: executor.NetworkNone})
 	if err != nil {
-		return err
+		return nil, err
 	}
 	defer func() { _ = ws.Remove() }() // the benchmark's result stands without it
 	variants = append(variants, func(i int) (time.Duration, error) { return timeWorkspace(tenant, dir, i, ws) })
@@ -207,7 +224,7 @@ func run(jsonOut string, iters int, dir, shell, shimBin string, stream bool, rou
 		for _, v := range order.Perm(len(variants)) {
 			d, err := variants[v](i)
 			if err != nil {
-				return err
+				return nil, err
 			}
 			if i >= 10 { // warm-up
 				times[v] = append(times[v], d)
@@ -215,30 +232,30 @@ func run(jsonOut string, iters int, dir, shell, shimBin string, stream bool, rou
 		}
 	}
 	plain, plainSid, exNoCg, exCg := times[0], times[1], times[2], times[3]
-	mPlain, mPlainSid, mNoCg, mCg := median(plain), median(plainSid), median(exNoCg), median(exCg)
-	mTenant, mTenantNone := median(times[4]), median(times[5])
-	mDisk, mDiskOwn := median(times[6]), median(times[7])
+	mPlain, mPlainSid, mNoCg, mCg := stats.MedianDuration(plain), stats.MedianDuration(plainSid), stats.MedianDuration(exNoCg), stats.MedianDuration(exCg)
+	mTenant, mTenantNone := stats.MedianDuration(times[4]), stats.MedianDuration(times[5])
+	mDisk, mDiskOwn := stats.MedianDuration(times[6]), stats.MedianDuration(times[7])
 	// A workspace task's overhead is the median of its differences to the
 	// tenant task of the same round: on a loaded machine the medians of
 	// the variants drift by a millisecond or more between runs, and
 	// pairing the tasks run next to each other cancels that drift.
-	mWorkspace := median(times[8])
+	mWorkspace := stats.MedianDuration(times[8])
 	wsOverNone, wsOverNode := medianDiff(times[8], times[5]), medianDiff(times[8], times[4])
 	var mTenantEgress time.Duration
 	if egressOK {
-		mTenantEgress = median(times[9])
+		mTenantEgress = stats.MedianDuration(times[9])
 	}
 	// Making a workspace until it takes tasks: a plain directory with a
 	// network namespace, and a 10Gi file system (mkfs.ext4, a loop
 	// device, the mount) with one.
 	mCreate, err := timeCreate(tenant, 20)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	var mCreateDisk time.Duration
 	if diskOK {
 		if mCreateDisk, err = timeCreate(tenantDisk, 20); err != nil {
-			return err
+			return nil, err
 		}
 	}
 
@@ -246,31 +263,31 @@ func run(jsonOut string, iters int, dir, shell, shimBin string, stream bool, rou
 	// variant's processes are reaped (and counted) meanwhile.
 	cpuCg, err := taskCPU(iters, func(i int) error { _, err := timeTask(withCg, dir, iters+i); return err })
 	if err != nil {
-		return err
+		return nil, err
 	}
 	cpuTenant, err := taskCPU(iters, func(i int) error {
 		_, err := timeTenant(tenant, dir, iters+10+i, executor.NetworkNode)
 		return err
 	})
 	if err != nil {
-		return err
+		return nil, err
 	}
 	cpuWorkspace, err := taskCPU(iters, func(i int) error {
 		_, err := timeWorkspace(tenant, dir, iters+10+i, ws)
 		return err
 	})
 	if err != nil {
-		return err
+		return nil, err
 	}
 
 	var sf streamFigures
 	if stream {
 		if sf, err = measureStream(dir, shell, rounds); err != nil {
-			return err
+			return nil, err
 		}
 	}
 
-	w := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
+	w := report.NewTable(os.Stdout, true)
 	fmt.Fprintf(w, "measure\texecutor\tbaseline\tratio\ttarget\t\n")
 	fmt.Fprintf(w, "start `true`, process group (median of %d)\t%v\t%v\t%.2f\t<= 1.30\t\n", iters, mNoCg, mPlain, ratio(mNoCg, mPlain))
 	cgName := "cgroup"
@@ -317,7 +334,7 @@ func run(jsonOut string, iters int, dir, shell, shimBin string, stream bool, rou
 		sf.print(w)
 	}
 	if err := w.Flush(); err != nil {
-		return err
+		return nil, err
 	}
 	fmt.Printf("tenant starts that took a shim started ahead of them (--shim-pool-size %d): network Node %d of %d, None %d of %d, Egress %d of %d, in a workspace %d of %d; shim %s\n",
 		executor.DefaultShimPoolSize, pooledStarts[executor.NetworkNode], 2*iters+10, pooledStarts[executor.NetworkNone], iters+10,
@@ -326,8 +343,8 @@ func run(jsonOut string, iters int, dir, shell, shimBin string, stream bool, rou
 		sf.printNotes()
 	}
 
-	if jsonOut != "" {
-		figures := map[string]float64{
+	{
+		figures := phase.Figures{
 			"executor.overhead_ratio":                  round(ratio(mNoCg, mPlain)),
 			"executor.overhead_ratio_cgroup":           round(ratio(mCg, mPlain)),
 			"executor.session_ratio":                   round(ratio(mPlainSid, mPlain)),
@@ -350,15 +367,8 @@ func run(jsonOut string, iters int, dir, shell, shimBin string, stream bool, rou
 		if egressOK {
 			figures["executor.tenant_egress_overhead_ms"] = round(float64(mTenantEgress-mPlain) / float64(time.Millisecond))
 		}
-		b, err := json.MarshalIndent(figures, "", "  ")
-		if err != nil {
-			return err
-		}
-		if err := os.WriteFile(jsonOut, append(b, '\n'), 0o644); err != nil {
-			return err
-		}
+		return figures, nil
 	}
-	return nil
 }
 
 // timePlain runs `<shell> -c true` with os/exec and the task's
@@ -496,7 +506,7 @@ func timeCreate(ex *executor.Executor, n int) (time.Duration, error) {
 			return 0, err
 		}
 	}
-	return median(times), nil
+	return stats.MedianDuration(times), nil
 }
 
 // timeTenantDisk times `true` at the tenant level with a working
@@ -602,12 +612,6 @@ func vmHWM() (int64, error) {
 	return 0, errors.New("no VmHWM in /proc/self/status")
 }
 
-func median(d []time.Duration) time.Duration {
-	s := slices.Clone(d)
-	slices.Sort(s)
-	return s[len(s)/2]
-}
-
 // signed is d rounded to 10µs with its sign.
 func signed(d time.Duration) string {
 	if d < 0 {
@@ -623,7 +627,7 @@ func medianDiff(a, b []time.Duration) time.Duration {
 	for i := range d {
 		d[i] = a[i] - b[i]
 	}
-	return median(d)
+	return stats.MedianDuration(d)
 }
 
 func ratio(a, b time.Duration) float64 { return float64(a) / float64(b) }

@@ -1,4 +1,5 @@
-// Command bench-workspace measures what idle workspaces cost one agent:
+// Package workspace is the workspace phase of hack/bench (formerly
+// hack/bench-workspace). It measures what idle workspaces cost one agent:
 // it starts an agent server in this process at the tenant isolation
 // level, with the agent's default disk quota (--task-disk-size 10Gi:
 // each workspace a sparse ext4 image on a loop device, mounted) on a
@@ -28,7 +29,11 @@
 //
 // The tenant level starts the shim the agent ships: bashtask-shim, built
 // from this tree into the temporary directory.
-package main
+//
+// The phase runs in a child of this binary (-workspace-child as its first
+// argument, see ChildMain) in a mount namespace of its own; the child
+// prints the tables and hands the figures back in a file.
+package workspace
 
 import (
 	"bufio"
@@ -50,7 +55,6 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
-	"text/tabwriter"
 	"time"
 
 	// The agent's default bucket, file://<state dir>/uploads.
@@ -62,61 +66,90 @@ import (
 	agentv1 "github.com/bashtask/bashtask-operator/api/agent/v1"
 	"github.com/bashtask/bashtask-operator/executor"
 	"github.com/bashtask/bashtask-operator/executor/agent"
-	"github.com/bashtask/bashtask-operator/executor/shim"
+	"github.com/bashtask/bashtask-operator/hack/bench/phase"
+	"github.com/bashtask/bashtask-operator/hack/bench/report"
+	"github.com/bashtask/bashtask-operator/hack/bench/stats"
+	"github.com/bashtask/bashtask-operator/internal/procfs"
 	"github.com/bashtask/bashtask-operator/internal/rig/testshim"
 	"github.com/bashtask/bashtask-operator/internal/tlsutil"
 )
 
-func main() {
-	var (
-		n        = flag.Int("n", 1000, "workspaces to create")
-		networks = flag.String("networks", "None", "comma-separated networks to run with, one run each: None, Egress")
-		sizeGiB  = flag.Int64("size-gib", 10, "each workspace's file system in GiB (the agent's --task-disk-size)")
-		dir      = flag.String("dir", "", "parent of the temporary state directory; its file system holds the images (default: $TMPDIR)")
-		jsonOut  = flag.String("json", "", "also write the figures to this JSON file")
-	)
-	// This binary may be the task shim of the tenant level too.
-	shim.Main()
-	flag.Parse()
-	if os.Getenv(inOwnNS) == "" {
-		// The agent runs in a mount namespace of its own, as in its pod:
-		// a process elsewhere on the node that makes a mount namespace
-		// of its own while a workspace is mounted (a test's, another
-		// agent's shim) would otherwise hold a copy of its file system,
-		// and its deletion would wait for that process.
-		if err := reexecInOwnMountNS(); err != nil {
-			fmt.Fprintln(os.Stderr, "bench-workspace:", err)
-			os.Exit(1)
-		}
-		return
-	}
-	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
-		fmt.Fprintln(os.Stderr, "bench-workspace: making the mounts private:", err)
-		os.Exit(1)
-	}
-	if err := run(*n, strings.Split(*networks, ","), *sizeGiB<<30, *dir, *jsonOut); err != nil {
-		fmt.Fprintln(os.Stderr, "bench-workspace:", err)
-		os.Exit(1)
-	}
+// Phase is the workspace phase.
+type Phase struct {
+	n        int
+	networks string
+	sizeGiB  int64
+	dir      string
 }
 
-// inOwnNS is set in the environment of this program re-executed in a
-// mount namespace of its own.
-const inOwnNS = "BENCH_WORKSPACE_OWN_MOUNT_NS"
+// Name is "workspace".
+func (*Phase) Name() string { return "workspace" }
 
-// reexecInOwnMountNS runs this program again in a new mount namespace
-// and exits with its status.
-func reexecInOwnMountNS() error {
-	cmd := exec.Command("/proc/self/exe", os.Args[1:]...)
-	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
-	cmd.Env = append(os.Environ(), inOwnNS+"=1")
-	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWNS, Pdeathsig: syscall.SIGTERM}
-	err := cmd.Run()
-	var ee *exec.ExitError
-	if errors.As(err, &ee) {
-		os.Exit(ee.ExitCode())
+// Flags registers the flags of the former hack/bench-workspace.
+func (p *Phase) Flags(fs *flag.FlagSet) {
+	fs.IntVar(&p.n, "n", 1000, "workspaces to create")
+	fs.StringVar(&p.networks, "networks", "None", "comma-separated networks to run with, one run each: None, Egress")
+	fs.Int64Var(&p.sizeGiB, "size-gib", 10, "each workspace's file system in GiB (the agent's --task-disk-size)")
+	fs.StringVar(&p.dir, "dir", "", "parent of the temporary state directory; its file system holds the images (default: $TMPDIR)")
+}
+
+// Run runs the phase in a child of this binary in a mount namespace of
+// its own, and returns the figures it hands back.
+func (p *Phase) Run(ctx context.Context, _ *phase.Env) (phase.Figures, error) {
+	// The agent runs in a mount namespace of its own, as in its pod: a
+	// process elsewhere on the node that makes a mount namespace of its
+	// own while a workspace is mounted (a test's, another agent's shim)
+	// would otherwise hold a copy of its file system, and its deletion
+	// would wait for that process.
+	out, err := os.CreateTemp("", "bench-workspace-figures-")
+	if err != nil {
+		return nil, err
 	}
-	return err
+	_ = out.Close()
+	defer os.Remove(out.Name())
+	cmd := exec.CommandContext(ctx, "/proc/self/exe", ChildFlag, "-n", strconv.Itoa(p.n), "-networks", p.networks,
+		"-size-gib", strconv.FormatInt(p.sizeGiB, 10), "-dir", p.dir, "-figures", out.Name())
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
+	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWNS, Pdeathsig: syscall.SIGTERM}
+	if err := cmd.Run(); err != nil {
+		return nil, fmt.Errorf("the workspace phase's child: %w", err)
+	}
+	raw, err := os.ReadFile(out.Name())
+	if err != nil {
+		return nil, err
+	}
+	f := phase.Figures{}
+	if err := json.Unmarshal(raw, &f); err != nil {
+		return nil, fmt.Errorf("the workspace phase's figures: %w", err)
+	}
+	return f, nil
+}
+
+// ChildFlag, as the first argument of this binary, runs the phase in this
+// process (ChildMain).
+const ChildFlag = "-workspace-child"
+
+// ChildMain runs the phase when os.Args[1] is ChildFlag (this binary
+// re-executed by Run in a mount namespace of its own) and exits; otherwise
+// it returns.
+func ChildMain() {
+	if len(os.Args) < 2 || os.Args[1] != ChildFlag {
+		return
+	}
+	var p Phase
+	fs := flag.NewFlagSet(ChildFlag, flag.ExitOnError)
+	p.Flags(fs)
+	figuresOut := fs.String("figures", "", "write the figures to this JSON file")
+	_ = fs.Parse(os.Args[2:])
+	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
+		fmt.Fprintln(os.Stderr, "bench workspace: making the mounts private:", err)
+		os.Exit(1)
+	}
+	if err := run(p.n, strings.Split(p.networks, ","), p.sizeGiB<<30, p.dir, *figuresOut); err != nil {
+		fmt.Fprintln(os.Stderr, "bench workspace:", err)
+		os.Exit(1)
+	}
+	os.Exit(0)
 }
 
 func run(n int, networks []string, size int64, parent, jsonOut string) error {
@@ -367,7 +400,9 @@ func startAgent(cfg agent.Config, dir string) (*runningAgent, error) {
 func measure(state, work string) sample {
 	runtime.GC()
 	s := sample{meminfo: readMeminfo(), goroutes: runtime.NumGoroutine()}
-	s.rssKB, s.hwmKB = statusKB("VmRSS"), statusKB("VmHWM")
+	if m, err := procfs.ReadMemory(os.Getpid()); err == nil {
+		s.rssKB, s.hwmKB = m.RSS>>10, m.HWM>>10
+	}
 	ms := []metrics.Sample{{Name: "/memory/classes/heap/objects:bytes"}}
 	metrics.Read(ms)
 	s.heapBytes = int64(ms[0].Value.Uint64())
@@ -404,11 +439,6 @@ func measure(state, work string) sample {
 		s.links = len(links)
 	}
 	return s
-}
-
-// statusKB reads a field of /proc/self/status in KiB.
-func statusKB(field string) int64 {
-	return fieldKB("/proc/self/status", field)[field]
 }
 
 // readMeminfo reads the kernel memory fields of /proc/meminfo, in KiB.
@@ -472,7 +502,7 @@ func printLimits(w io.Writer, n int, top string, networks []string) {
 }
 
 func (r *result) print(w io.Writer) {
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	tw := report.NewTable(w, true)
 	per := func(a, b int64) string { return fmt.Sprintf("%.1f", float64(b-a)/float64(r.n)) }
 	fmt.Fprintf(tw, "%d workspaces, network %s, %d GiB file system each\tbefore\twith them\tper workspace\t\n", r.n, r.network, r.size>>30)
 	fmt.Fprintf(tw, "create (EnsureWorkspace), p50 / p99 / max\t\t%v / %v / %v\t\t\n", pct(r.create, 50), pct(r.create, 99), slices.Max(r.create).Round(10*time.Microsecond))
@@ -509,11 +539,10 @@ func (r *result) addFigures(m map[string]float64) {
 	m[p+"delete_all_s"] = round(r.deleteAll.Seconds())
 }
 
-// pct is the p-th percentile of d.
+// pct is the p-th percentile of d (stats.PercentileDuration), rounded to
+// 10µs.
 func pct(d []time.Duration, p int) time.Duration {
-	s := slices.Clone(d)
-	slices.Sort(s)
-	return s[min(len(s)-1, len(s)*p/100)].Round(10 * time.Microsecond)
+	return stats.PercentileDuration(d, float64(p)/100).Round(10 * time.Microsecond)
 }
 
 func mib(kb int64) float64 { return float64(kb) / 1024 }

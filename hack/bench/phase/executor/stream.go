@@ -1,4 +1,4 @@
-package main
+package executor
 
 import (
 	"context"
@@ -13,13 +13,15 @@ import (
 	"slices"
 	"strings"
 	"syscall"
-	"text/tabwriter"
 	"time"
 
 	"gocloud.dev/blob"
 	"gocloud.dev/blob/fileblob"
 
 	"github.com/bashtask/bashtask-operator/executor"
+	"github.com/bashtask/bashtask-operator/hack/bench/phase"
+	"github.com/bashtask/bashtask-operator/hack/bench/report"
+	"github.com/bashtask/bashtask-operator/hack/bench/stats"
 )
 
 // The part-upload reader's cadence, as the agent's uploader of a running
@@ -93,17 +95,17 @@ func measureStream(dir, shell string, rounds int) (streamFigures, error) {
 
 // print adds the stream's rows to the table.
 func (f streamFigures) print(w io.Writer) {
-	task, hash, up := medianF(f.task), medianF(f.hash), medianF(f.up)
+	task, hash, up := stats.Median(f.task), stats.Median(f.hash), stats.Median(f.up)
 	fmt.Fprintf(w, "2 GB stdout, MB/s (median of %d rounds)\t%.0f\t%.0f\t%.2f\t>= 0.50\t\n", f.rounds, task, f.plainMBs, task/f.plainMBs)
 	fmt.Fprintf(w, "2 GB stdout against a plain pipe drain, MB/s\t%.0f\t%.0f\t%.2f\t>= 0.75\t\n", task, f.drainMBs, task/f.drainMBs)
 	// Every byte is hashed in order, so no executor of this design
 	// passes the hash's own speed: the ceiling of the ratio above.
 	fmt.Fprintf(w, "(SHA-256 on one core, in memory, MB/s; against the drain)\t%.0f\t%.0f\t%.2f\t\t\n", hash, f.drainMBs, hash/f.drainMBs)
 	fmt.Fprintf(w, "2 GB stdout against SHA-256 on one core (median of %d paired rounds; range %s)\t%.0f\t%.0f\t%.2f\t>= 0.90\t\n",
-		f.rounds, spread(f.ratioTask, "%.2f"), task, hash, medianF(f.ratioTask))
+		f.rounds, spread(f.ratioTask, "%.2f"), task, hash, stats.Median(f.ratioTask))
 	fmt.Fprintf(w, "2 GB stdout with part uploads against SHA-256 on one core (median of %d paired rounds; range %s)\t%.0f\t%.0f\t%.2f\t>= 0.90\t\n",
-		f.rounds, spread(f.ratio, "%.2f"), up, hash, medianF(f.ratio))
-	fmt.Fprintf(w, "CPU of the executor's process per GB of stdout, without and with part uploads, ms\t%.0f\t%.0f\t\t\t\n", medianF(f.cpuTask), medianF(f.cpuUp))
+		f.rounds, spread(f.ratio, "%.2f"), up, hash, stats.Median(f.ratio))
+	fmt.Fprintf(w, "CPU of the executor's process per GB of stdout, without and with part uploads, ms\t%.0f\t%.0f\t\t\t\n", stats.Median(f.cpuTask), stats.Median(f.cpuUp))
 	fmt.Fprintf(w, "peak RSS growth during 2 GB, MiB\t%.1f\t\t\t< 32\t\n", f.rssGrowthMB)
 }
 
@@ -119,52 +121,45 @@ func (f streamFigures) printNotes() {
 }
 
 // addJSON adds the stream's figures to the JSON object.
-func (f streamFigures) addJSON(m map[string]float64) {
-	task := medianF(f.task)
+func (f streamFigures) addJSON(m phase.Figures) {
+	task := stats.Median(f.task)
 	m["executor.throughput_mb_s"] = round(task)
-	m["executor.throughput_uploads_mb_s"] = round(medianF(f.up))
+	m["executor.throughput_uploads_mb_s"] = round(stats.Median(f.up))
 	m["executor.plain_write_mb_s"] = round(f.plainMBs)
 	m["executor.pipe_drain_mb_s"] = round(f.drainMBs)
 	m["executor.throughput_ratio"] = round(task / f.drainMBs)
-	m["executor.sha256_mb_s"] = round(medianF(f.hash))
-	m["executor.sha256_ratio"] = round(medianF(f.ratioTask))
-	m["executor.sha256_ratio_uploads"] = round(medianF(f.ratio))
-	m["executor.stream_cpu_ms_per_gb"] = round(medianF(f.cpuTask))
-	m["executor.stream_cpu_ms_per_gb_uploads"] = round(medianF(f.cpuUp))
+	m["executor.sha256_mb_s"] = round(stats.Median(f.hash))
+	m["executor.sha256_ratio"] = round(stats.Median(f.ratioTask))
+	m["executor.sha256_ratio_uploads"] = round(stats.Median(f.ratio))
+	m["executor.stream_cpu_ms_per_gb"] = round(stats.Median(f.cpuTask))
+	m["executor.stream_cpu_ms_per_gb_uploads"] = round(stats.Median(f.cpuUp))
 	m["executor.rss_growth_mb"] = round(f.rssGrowthMB)
 }
 
 // runStreamOnly measures and prints only the 2 GB stream (-starts=false).
-func runStreamOnly(jsonOut, dir, shell string, rounds int) error {
+func runStreamOnly(dir, shell string, rounds int) (phase.Figures, error) {
 	if dir == "" {
 		d, err := os.MkdirTemp("", "bench-executor-")
 		if err != nil {
-			return err
+			return nil, err
 		}
 		defer os.RemoveAll(d)
 		dir = d
 	}
 	f, err := measureStream(dir, shell, rounds)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	w := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
+	w := report.NewTable(os.Stdout, true)
 	fmt.Fprintf(w, "measure\texecutor\tbaseline\tratio\ttarget\t\n")
 	f.print(w)
 	if err := w.Flush(); err != nil {
-		return err
+		return nil, err
 	}
 	f.printNotes()
-	if jsonOut == "" {
-		return nil
-	}
-	m := map[string]float64{}
+	m := phase.Figures{}
 	f.addJSON(m)
-	b, err := json.MarshalIndent(m, "", "  ")
-	if err != nil {
-		return err
-	}
-	return os.WriteFile(jsonOut, append(b, '\n'), 0o644)
+	return m, nil
 }
 
 // childReport is what the child process prints.
@@ -188,7 +183,7 @@ func childRun(dir, shell string, uploads bool) (childReport, error) {
 	if err != nil {
 		return childReport{}, err
 	}
-	args := []string{"-child", "-dir", dir, "-shell", shell}
+	args := []string{ChildFlag, "-dir", dir, "-shell", shell}
 	if uploads {
 		args = append(args, "-uploads")
 	}
@@ -369,12 +364,6 @@ func loadAvg() string {
 	return strings.Join(strings.Fields(string(b))[:3], " ")
 }
 
-func medianF(v []float64) float64 {
-	s := slices.Clone(v)
-	slices.Sort(s)
-	return s[len(s)/2]
-}
-
 // spread is "min to max" of v in format.
 func spread(v []float64, format string) string {
 	return fmt.Sprintf(format+" to "+format, slices.Min(v), slices.Max(v))
@@ -382,5 +371,5 @@ func spread(v []float64, format string) string {
 
 // spread3 is "min/median/max" of v, rounded.
 func spread3(v []float64) string {
-	return fmt.Sprintf("%.0f/%.0f/%.0f", slices.Min(v), medianF(v), slices.Max(v))
+	return fmt.Sprintf("%.0f/%.0f/%.0f", slices.Min(v), stats.Median(v), slices.Max(v))
 }

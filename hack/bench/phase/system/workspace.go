@@ -1,4 +1,4 @@
-package main
+package system
 
 import (
 	"context"
@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 	"sync"
 	"time"
+
+	"github.com/bashtask/bashtask-operator/hack/bench/stats"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/watch"
@@ -227,11 +229,11 @@ func (b *bench) workspaceFigures(ctx context.Context, o options, f *figures) err
 	if err != nil {
 		return fmt.Errorf("workspace phase: %w", err)
 	}
-	f.wsCreateP50, f.wsCreateP99 = percentile(wf.createReady, 0.50), percentile(wf.createReady, 0.99)
-	f.wsTaskP50, f.wsPlainP50 = percentile(wf.inWorkspace, 0.50), percentile(wf.plain, 0.50)
+	f.wsCreateP50, f.wsCreateP99 = stats.Percentile(wf.createReady, 0.50), stats.Percentile(wf.createReady, 0.99)
+	f.wsTaskP50, f.wsPlainP50 = stats.Percentile(wf.inWorkspace, 0.50), stats.Percentile(wf.plain, 0.50)
 	fmt.Printf("workspace create to Ready: p50 %.1f ms, p99 %.1f ms; a task in a workspace: p50 %.1f ms, a plain task: p50 %.1f ms\n",
 		f.wsCreateP50, f.wsCreateP99, f.wsTaskP50, f.wsPlainP50)
-	f.wsCopyMBps = percentile(wf.copyMBps, 0.50)
+	f.wsCopyMBps = stats.Percentile(wf.copyMBps, 0.50)
 	fmt.Printf("cp out of a workspace, %d MiB: %s MB/s, median %.1f MB/s\n", copyBytes>>20, joinFloats(wf.copyMBps, "%.1f"), f.wsCopyMBps)
 	return nil
 }

@@ -1,4 +1,5 @@
-// Command bench-snapshot measures a workspace snapshot against the
+// Package snapshot is the snapshot phase of hack/bench (formerly
+// hack/bench-snapshot). It measures a workspace snapshot against the
 // command-line tools on the same data, side by side, and prints one table:
 //
 //   - the snapshot of a tree of about 1 GiB of mixed files
@@ -20,18 +21,17 @@
 // the medians of -rounds rounds in MB/s of the tree's file data and the
 // ratios (the target: at least 0.80 both ways, docs/performance.md).
 // Every operation starts with the page cache holding the source; the
-// output files and directories are removed between rounds. With -json
-// FILE the figures are also written as a flat JSON object. The table
+// output files and directories are removed between rounds. The figures
+// are the phase's JSON section. The table
 // also gives the largest Go heap in use (runtime.MemStats.HeapInuse,
 // sampled every 5 ms, above what it was before) during a snapshot and a
 // restore, the largest over the rounds. With
 // -cpuprofile PREFIX the last round's snapshot and restore write CPU
 // profiles to PREFIX.write and PREFIX.read (go tool pprof reads them).
-package main
+package snapshot
 
 import (
 	"context"
-	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
@@ -43,25 +43,34 @@ import (
 	"runtime/pprof"
 	"slices"
 	"strings"
-	"text/tabwriter"
 	"time"
 
 	"github.com/bashtask/bashtask-operator/executor/snapshot"
+	"github.com/bashtask/bashtask-operator/hack/bench/phase"
+	"github.com/bashtask/bashtask-operator/hack/bench/report"
+	"github.com/bashtask/bashtask-operator/hack/bench/stats"
 )
 
-func main() {
-	var (
-		dir    = flag.String("dir", "", "the tree to measure (made there when missing); empty: a temporary one, removed at the end")
-		rounds = flag.Int("rounds", 5, "rounds of the four operations")
-		copies = flag.Int("copies", 4, "copies of the Go source in the tree")
-		jsonTo = flag.String("json", "", "also write the figures to this file as JSON")
-	)
-	flag.StringVar(&cpuProfile, "cpuprofile", "", "write CPU profiles of the last round's snapshot and restore to this prefix + .write and .read")
-	flag.Parse()
-	if err := run(*dir, *rounds, *copies, *jsonTo); err != nil {
-		fmt.Fprintln(os.Stderr, "bench-snapshot:", err)
-		os.Exit(1)
-	}
+// Phase is the snapshot phase.
+type Phase struct {
+	dir            string
+	rounds, copies int
+}
+
+// Name is "snapshot".
+func (*Phase) Name() string { return "snapshot" }
+
+// Flags registers the flags of the former hack/bench-snapshot.
+func (p *Phase) Flags(fs *flag.FlagSet) {
+	fs.StringVar(&p.dir, "dir", "", "the tree to measure (made there when missing); empty: a temporary one, removed at the end")
+	fs.IntVar(&p.rounds, "rounds", 5, "rounds of the four operations")
+	fs.IntVar(&p.copies, "copies", 4, "copies of the Go source in the tree")
+	fs.StringVar(&cpuProfile, "cpuprofile", "", "write CPU profiles of the last round's snapshot and restore to this prefix + .write and .read")
+}
+
+// Run measures and prints the snapshot's table.
+func (p *Phase) Run(context.Context, *phase.Env) (phase.Figures, error) {
+	return run(p.dir, p.rounds, p.copies)
 }
 
 // heapPeak runs fn while sampling the heap in use every 5 ms, and returns
@@ -115,15 +124,15 @@ func profiled(last bool, suffix string, fn func() error) error {
 	return fn()
 }
 
-func run(dir string, rounds, copies int, jsonTo string) error {
+func run(dir string, rounds, copies int) (phase.Figures, error) {
 	for _, tool := range []string{"tar", "zstd"} {
 		if _, err := exec.LookPath(tool); err != nil {
-			return fmt.Errorf("%s is needed for the reference (apt-get install %s)", tool, tool)
+			return nil, fmt.Errorf("%s is needed for the reference (apt-get install %s)", tool, tool)
 		}
 	}
 	work, err := os.MkdirTemp("", "bench-snapshot-")
 	if err != nil {
-		return err
+		return nil, err
 	}
 	defer os.RemoveAll(work)
 	if dir == "" {
@@ -132,12 +141,12 @@ func run(dir string, rounds, copies int, jsonTo string) error {
 	if _, err := os.Stat(dir); os.IsNotExist(err) {
 		fmt.Printf("making the tree in %s ...\n", dir)
 		if err := makeTree(dir, copies); err != nil {
-			return err
+			return nil, err
 		}
 	}
 	data, files, err := treeSize(dir)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	fmt.Printf("tree: %d files, %.0f MiB of data, GOMAXPROCS %d\n", files, float64(data)/(1<<20), runtime.GOMAXPROCS(0))
 
@@ -148,7 +157,7 @@ func run(dir string, rounds, copies int, jsonTo string) error {
 	uid, gid := uint32(os.Geteuid()), uint32(os.Getegid())
 	for r := range rounds {
 		if err := warm(dir); err != nil {
-			return err
+			return nil, err
 		}
 		snapshotOp := func() error {
 			var d float64
@@ -179,7 +188,7 @@ func run(dir string, rounds, copies int, jsonTo string) error {
 		}
 		for _, op := range ops {
 			if err := op(); err != nil {
-				return err
+				return nil, err
 			}
 		}
 		if fi, err := os.Stat(theirs); err == nil {
@@ -218,36 +227,30 @@ func run(dir string, rounds, copies int, jsonTo string) error {
 		}
 		for _, op := range ops {
 			if err := warmFile(ours, theirs); err != nil {
-				return err
+				return nil, err
 			}
 			if err := op(); err != nil {
-				return err
+				return nil, err
 			}
 		}
 		fmt.Printf("round %d: snapshot %.2fs tar|zstd %.2fs restore %.2fs zstd -d|tar -x %.2fs (load %s)\n",
 			r+1, snapT[r], tarT[r], restT[r], untarT[r], load())
 	}
 	mbs := func(sec float64) float64 { return float64(data) / 1e6 / sec }
-	s, t, rs, u := median(snapT), median(tarT), median(restT), median(untarT)
-	w := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
+	s, t, rs, u := stats.Median(snapT), stats.Median(tarT), stats.Median(restT), stats.Median(untarT)
+	w := report.NewTable(os.Stdout, false)
 	fmt.Fprintf(w, "\nfigure\tours\treference\tratio\ttarget\t\n")
 	fmt.Fprintf(w, "snapshot of %.0f MiB, MB/s (against tar | zstd)\t%.0f\t%.0f\t%.2f\t>= 0.80\t\n", float64(data)/(1<<20), mbs(s), mbs(t), t/s)
 	fmt.Fprintf(w, "restore, MB/s (against zstd -d | tar -x)\t%.0f\t%.0f\t%.2f\t>= 0.80\t\n", mbs(rs), mbs(u), u/rs)
 	fmt.Fprintf(w, "archive size, MiB\t%.1f\t%.1f\t\t\t\n", float64(archBytes)/(1<<20), float64(refBytes)/(1<<20))
 	fmt.Fprintf(w, "largest heap in use, snapshot / restore, MiB\t%.0f / %.0f\t\t\t\t\n", float64(writeHeap)/(1<<20), float64(readHeap)/(1<<20))
 	w.Flush()
-	if jsonTo != "" {
-		b, _ := json.MarshalIndent(map[string]float64{
-			"snapshot.write_mb_s": round(mbs(s)), "snapshot.tar_zstd_mb_s": round(mbs(t)), "snapshot.write_ratio": round(t / s),
-			"snapshot.read_mb_s": round(mbs(rs)), "snapshot.untar_mb_s": round(mbs(u)), "snapshot.read_ratio": round(u / rs),
-			"snapshot.data_mib": round(float64(data) / (1 << 20)), "snapshot.archive_mib": round(float64(archBytes) / (1 << 20)),
-			"snapshot.write_heap_mib": round(float64(writeHeap) / (1 << 20)), "snapshot.read_heap_mib": round(float64(readHeap) / (1 << 20)),
-		}, "", "  ")
-		if err := os.WriteFile(jsonTo, append(b, '\n'), 0o644); err != nil {
-			return err
-		}
-	}
-	return nil
+	return phase.Figures{
+		"snapshot.write_mb_s": round(mbs(s)), "snapshot.tar_zstd_mb_s": round(mbs(t)), "snapshot.write_ratio": round(t / s),
+		"snapshot.read_mb_s": round(mbs(rs)), "snapshot.untar_mb_s": round(mbs(u)), "snapshot.read_ratio": round(u / rs),
+		"snapshot.data_mib": round(float64(data) / (1 << 20)), "snapshot.archive_mib": round(float64(archBytes) / (1 << 20)),
+		"snapshot.write_heap_mib": round(float64(writeHeap) / (1 << 20)), "snapshot.read_heap_mib": round(float64(readHeap) / (1 << 20)),
+	}, nil
 }
 
 func writeSnapshot(dir, out string, uid uint32) (int64, error) {
@@ -408,15 +411,6 @@ func treeSize(dir string) (data int64, files int, err error) {
 		return nil
 	})
 	return data, files, err
-}
-
-func median(xs []float64) float64 {
-	s := slices.Clone(xs)
-	slices.Sort(s)
-	if len(s)%2 == 1 {
-		return s[len(s)/2]
-	}
-	return (s[len(s)/2-1] + s[len(s)/2]) / 2
 }
 
 func round(x float64) float64 { return float64(int64(x*100+0.5)) / 100 }

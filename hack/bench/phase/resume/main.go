@@ -1,4 +1,5 @@
-// Command bench-resume measures how long a Suspended BashWorkspace takes
+// Package resume is the resume phase of hack/bench (formerly
+// hack/bench-resume). It measures how long a Suspended BashWorkspace takes
 // to come back: from the action that resumes it until its first task
 // starts (target: p50 <= 2 s for a workspace of 100 MiB on the local
 // cluster; docs/performance.md).
@@ -34,33 +35,33 @@
 // the files came back as the fill wrote them, through every round's
 // snapshot and restore.
 //
-// It prints every round, then p50, p90 and max; with -json FILE the
-// figures are also written as a flat JSON object, which `make bench`
-// merges into its table (hack/bench -resume-json). Run as root (the
-// tenant level), after `make build envtest setup-s3`.
-package main
+// It prints every round, then p50, p90 and max; the figures are the
+// phase's JSON section, and the system phase's table takes in some of
+// them. Run as root (the tenant level), after `make build envtest
+// setup-s3`.
+//
+// The phase starts a local cluster of its own instead of the shared one
+// of hack/bench: it needs a versitygw S3 bucket (the snapshots go there,
+// as in a cluster) and the tenant level whatever -isolation says, and its
+// restore times are those of an otherwise idle cluster.
+package resume
 
 import (
 	"context"
-	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
 	"log/slog"
 	"math"
 	"os"
-	"os/signal"
 	"path/filepath"
 	"regexp"
 	"runtime"
 	"slices"
 	"strconv"
 	"strings"
-	"syscall"
-	"text/tabwriter"
 	"time"
 
-	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -69,9 +70,11 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
 	v1 "github.com/bashtask/bashtask-operator/api/v1alpha1"
+	"github.com/bashtask/bashtask-operator/hack/bench/phase"
+	"github.com/bashtask/bashtask-operator/hack/bench/report"
+	"github.com/bashtask/bashtask-operator/hack/bench/stats"
 	"github.com/bashtask/bashtask-operator/internal/rig/localcluster"
 )
 
@@ -93,65 +96,67 @@ const (
 
 type options struct {
 	binDir, assetsDir, crdDir, admissionDir string
-	jsonOut                                 string
 	rounds, agents                          int
 	modes                                   []string
 	timeout                                 time.Duration
 	keep                                    bool
 }
 
-func main() {
-	var o options
-	flag.StringVar(&o.binDir, "bin-dir", "bin", "directory of bashtask-controller, bashtask-agent and versitygw")
-	flag.StringVar(&o.assetsDir, "assets-dir", envOr("KUBEBUILDER_ASSETS", filepath.Join("bin", "k8s")), "directory of kube-apiserver and etcd")
-	flag.StringVar(&o.crdDir, "crd-dir", filepath.Join("config", "crd", "bases"), "CRD manifests")
-	flag.StringVar(&o.admissionDir, "admission-dir", filepath.Join("config", "admission"), "admission policies")
-	flag.StringVar(&o.jsonOut, "json", "", "also write the figures to this JSON file")
-	flag.IntVar(&o.rounds, "rounds", 10, "suspend and resume rounds of each mode")
-	flag.IntVar(&o.agents, "agents", 2, "agents of the local cluster (a resume may land on any of them)")
-	modes := flag.String("modes", modeSpec+","+modeTask, "resume modes, in this order: spec (spec.suspend=false, then a task), task (a task for a workspace suspended by its idle timeout)")
-	flag.DurationVar(&o.timeout, "step-timeout", 3*time.Minute, "longest wait for one step (the fill, a suspend, a resume, the first task's end)")
-	flag.BoolVar(&o.keep, "keep", false, "keep the cluster directory (component logs, agent state); it is always kept after a failure")
-	flag.Parse()
-	for m := range strings.SplitSeq(*modes, ",") {
+// Phase is the resume phase.
+type Phase struct {
+	o     options
+	modes string
+}
+
+// Name is "resume".
+func (*Phase) Name() string { return "resume" }
+
+// Flags registers the flags of the former hack/bench-resume.
+func (p *Phase) Flags(fs *flag.FlagSet) {
+	o := &p.o
+	fs.StringVar(&o.binDir, "bin-dir", "bin", "directory of bashtask-controller, bashtask-agent and versitygw")
+	fs.StringVar(&o.assetsDir, "assets-dir", phase.EnvOr("KUBEBUILDER_ASSETS", filepath.Join("bin", "k8s")), "directory of kube-apiserver and etcd")
+	fs.StringVar(&o.crdDir, "crd-dir", filepath.Join("config", "crd", "bases"), "CRD manifests")
+	fs.StringVar(&o.admissionDir, "admission-dir", filepath.Join("config", "admission"), "admission policies")
+	fs.IntVar(&o.rounds, "rounds", 10, "suspend and resume rounds of each mode")
+	fs.IntVar(&o.agents, "agents", 2, "agents of the local cluster (a resume may land on any of them)")
+	fs.StringVar(&p.modes, "modes", modeSpec+","+modeTask, "resume modes, in this order: spec (spec.suspend=false, then a task), task (a task for a workspace suspended by its idle timeout)")
+	fs.DurationVar(&o.timeout, "step-timeout", 3*time.Minute, "longest wait for one step (the fill, a suspend, a resume, the first task's end)")
+	fs.BoolVar(&o.keep, "keep", false, "keep the cluster directory (component logs, agent state); it is always kept after a failure")
+}
+
+// Run measures and prints the resume's rounds and table.
+func (p *Phase) Run(ctx context.Context, _ *phase.Env) (phase.Figures, error) {
+	o := p.o
+	o.modes = nil
+	for m := range strings.SplitSeq(p.modes, ",") {
 		if m != modeSpec && m != modeTask {
-			fmt.Fprintf(os.Stderr, "bench-resume: -modes: %q is neither %s nor %s\n", m, modeSpec, modeTask)
-			os.Exit(2)
+			return nil, fmt.Errorf("-modes: %q is neither %s nor %s", m, modeSpec, modeTask)
 		}
 		o.modes = append(o.modes, m)
 	}
 	if o.rounds < 1 {
-		fmt.Fprintln(os.Stderr, "bench-resume: -rounds must be at least 1")
-		os.Exit(2)
+		return nil, fmt.Errorf("-rounds must be at least 1")
 	}
-	// controller-runtime's client logs through it, and complains with a
-	// stack trace when it is never set.
-	ctrllog.SetLogger(logr.Discard())
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	err := run(ctx, o)
-	stop()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "bench-resume:", err)
-		os.Exit(1)
-	}
+	return run(ctx, o)
 }
 
-func run(ctx context.Context, o options) (err error) {
+func run(ctx context.Context, o options) (f phase.Figures, err error) {
 	if os.Geteuid() != 0 {
-		return fmt.Errorf("run as root: workspaces need agents at the tenant isolation level (euid %d)", os.Geteuid())
+		return nil, fmt.Errorf("run as root: workspaces need agents at the tenant isolation level (euid %d)", os.Geteuid())
 	}
 	dir, err := os.MkdirTemp("", "bench-resume-")
 	if err != nil {
-		return err
+		return nil, err
 	}
 	defer func() {
 		if o.keep || err != nil {
-			fmt.Fprintf(os.Stderr, "bench-resume: logs and state kept in %s\n", dir)
+			fmt.Fprintf(os.Stderr, "bench resume: logs and state kept in %s\n", dir)
 			return
 		}
 		_ = os.RemoveAll(dir)
 	}()
-	load0 := loadAvg()
+	load0 := phase.LoadAvg()
 	fmt.Printf("machine: %d CPUs, load average %s\n", runtime.NumCPU(), load0)
 	fmt.Printf("starting a local cluster in %s: %d agents at the tenant level, versitygw S3\n", dir, o.agents)
 	c, err := localcluster.Up(ctx, localcluster.LauncherOptions{
@@ -160,7 +165,7 @@ func run(ctx context.Context, o options) (err error) {
 		Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
 	})
 	if err != nil {
-		return err
+		return nil, err
 	}
 	defer c.Down()
 	defer func() {
@@ -170,13 +175,13 @@ func run(ctx context.Context, o options) (err error) {
 	}()
 	k8s, err := newClient(ctx, c.Kubeconfig)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if err := k8s.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: namespace}}); err != nil && !apierrors.IsAlreadyExists(err) {
-		return fmt.Errorf("creating namespace %s: %w", namespace, err)
+		return nil, fmt.Errorf("creating namespace %s: %w", namespace, err)
 	}
 	if err := localcluster.WaitAdmission(ctx, k8s, namespace); err != nil {
-		return err
+		return nil, err
 	}
 	wctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -198,30 +203,24 @@ func run(ctx context.Context, o options) (err error) {
 		}
 	}()
 	if err := b.prepare(ctx); err != nil {
-		return err
+		return nil, err
 	}
 	for _, mode := range o.modes {
 		fmt.Printf("\n== %d rounds of mode %s: %s\n", o.rounds, mode, modeText(mode))
 		for i := range o.rounds {
 			r, err := b.round(ctx, mode)
 			if err != nil {
-				return fmt.Errorf("round %d of mode %s: %w", i+1, mode, err)
+				return nil, fmt.Errorf("round %d of mode %s: %w", i+1, mode, err)
 			}
 			b.rounds = append(b.rounds, r)
 			fmt.Println(r.line(i + 1))
 		}
 	}
 	if err := b.verify(ctx); err != nil {
-		return err
+		return nil, err
 	}
-	b.report(load0, loadAvg())
-	if o.jsonOut != "" {
-		if err := b.writeJSON(o.jsonOut, load0, loadAvg()); err != nil {
-			return err
-		}
-		fmt.Printf("figures written to %s\n", o.jsonOut)
-	}
-	return nil
+	b.report(load0, phase.LoadAvg())
+	return b.figures(load0, phase.LoadAvg()), nil
 }
 
 func modeText(mode string) string {
@@ -302,7 +301,7 @@ type round struct {
 
 func (r round) line(n int) string {
 	return fmt.Sprintf("round %2d %-4s first task started %s after the action (API saw it Running at %s): Pending %s, Ready %s on %s (restore %s), suspend %s (snapshot %s, release %s); load %s",
-		n, r.mode, sec(r.first), sec(r.running), sec(r.pending), sec(r.ready), r.node, sec(r.restore), sec(r.suspend), sec(r.snapshot), sec(r.release), loadAvg())
+		n, r.mode, sec(r.first), sec(r.running), sec(r.pending), sec(r.ready), r.node, sec(r.restore), sec(r.suspend), sec(r.snapshot), sec(r.release), phase.LoadAvg())
 }
 
 func sec(ms float64) string {
@@ -457,7 +456,7 @@ func (b *bench) round(ctx context.Context, mode string) (round, error) {
 	if took, err := agentTook(b.logDir, "workspace snapshot written", *snap.URL); err == nil {
 		r.snapshot = ms(took)
 	} else {
-		fmt.Fprintf(os.Stderr, "bench-resume: the agent's time for snapshot %s: %v\n", *snap.URL, err)
+		fmt.Fprintf(os.Stderr, "bench resume: the agent's time for snapshot %s: %v\n", *snap.URL, err)
 	}
 	epoch := ptr.Deref(ev.obj.Status.Epoch, 0)
 
@@ -507,7 +506,7 @@ func (b *bench) round(ctx context.Context, mode string) (round, error) {
 	if took, err := agentTook(b.logDir, "workspace restored", *snap.URL); err == nil {
 		r.restore = ms(took)
 	} else {
-		fmt.Fprintf(os.Stderr, "bench-resume: the agent's time for the restore of %s: %v\n", *snap.URL, err)
+		fmt.Fprintf(os.Stderr, "bench resume: the agent's time for the restore of %s: %v\n", *snap.URL, err)
 	}
 	return r, nil
 }
@@ -710,17 +709,17 @@ func (b *bench) report(load0, load1 string) {
 	}
 	fmt.Printf("\n== resume of a Suspended workspace of %.1f MiB of file data (archive %.1f MiB): %d CPUs, load average %s at start, %s at end\n",
 		float64(b.dataBytes)/(1<<20), float64(b.archive)/(1<<20), runtime.NumCPU(), load0, load1)
-	tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
+	tw := report.NewTable(os.Stdout, false)
 	fmt.Fprintf(tw, "from the action, ms\trounds\tp50\tp90\tmax\ttarget\t\n")
 	row := func(what string, xs []float64, target string) {
 		if len(xs) == 0 {
 			return
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%.0f\t%.0f\t%.0f\t%s\t\n", what, len(xs), percentile(xs, 0.5), percentile(xs, 0.9), slices.Max(xs), target)
+		fmt.Fprintf(tw, "%s\t%d\t%.0f\t%.0f\t%.0f\t%s\t\n", what, len(xs), stats.Percentile(xs, 0.5), stats.Percentile(xs, 0.9), slices.Max(xs), target)
 	}
 	first := col(func(r round) float64 { return r.first }, b.rounds)
 	verdict := "ok"
-	if percentile(first, 0.5) > targetMs {
+	if stats.Percentile(first, 0.5) > targetMs {
 		verdict = "MISS"
 	}
 	row("the first task started (its shell's clock)", first, fmt.Sprintf("p50 <= %d  %s", targetMs, verdict))
@@ -743,10 +742,9 @@ func (b *bench) report(load0, load1 string) {
 	_ = tw.Flush()
 }
 
-// writeJSON writes the figures as a flat JSON object of numbers (ms, MiB,
-// the 1-minute load average).
-func (b *bench) writeJSON(path, load0, load1 string) error {
-	m := map[string]float64{}
+// figures are the phase's figures (ms, MiB, the 1-minute load average).
+func (b *bench) figures(load0, load1 string) phase.Figures {
+	m := phase.Figures{}
 	put := func(k string, v float64) {
 		if !math.IsNaN(v) && !math.IsInf(v, 0) {
 			m[k] = math.Round(v*100) / 100
@@ -762,62 +760,32 @@ func (b *bench) writeJSON(path, load0, load1 string) error {
 		return xs
 	}
 	first := pick(func(r round) float64 { return r.first }, "")
-	put("resume.first_task_p50_ms", percentile(first, 0.5))
-	put("resume.first_task_p90_ms", percentile(first, 0.9))
+	put("resume.first_task_p50_ms", stats.Percentile(first, 0.5))
+	put("resume.first_task_p90_ms", stats.Percentile(first, 0.9))
 	if len(first) > 0 {
 		put("resume.first_task_max_ms", slices.Max(first))
 	}
 	for _, mode := range b.o.modes {
-		put("resume."+mode+".first_task_p50_ms", percentile(pick(func(r round) float64 { return r.first }, mode), 0.5))
+		put("resume."+mode+".first_task_p50_ms", stats.Percentile(pick(func(r round) float64 { return r.first }, mode), 0.5))
 	}
-	put("resume.running_seen_p50_ms", percentile(pick(func(r round) float64 { return r.running }, ""), 0.5))
-	put("resume.pending_seen_p50_ms", percentile(pick(func(r round) float64 { return r.pending }, ""), 0.5))
-	put("resume.ready_seen_p50_ms", percentile(pick(func(r round) float64 { return r.ready }, ""), 0.5))
-	put("resume.restore_p50_ms", percentile(pick(func(r round) float64 { return r.restore }, ""), 0.5))
-	put("resume.suspend_p50_ms", percentile(pick(func(r round) float64 { return r.suspend }, ""), 0.5))
-	put("resume.snapshot_p50_ms", percentile(pick(func(r round) float64 { return r.snapshot }, ""), 0.5))
-	put("resume.release_p50_ms", percentile(pick(func(r round) float64 { return r.release }, ""), 0.5))
+	put("resume.running_seen_p50_ms", stats.Percentile(pick(func(r round) float64 { return r.running }, ""), 0.5))
+	put("resume.pending_seen_p50_ms", stats.Percentile(pick(func(r round) float64 { return r.pending }, ""), 0.5))
+	put("resume.ready_seen_p50_ms", stats.Percentile(pick(func(r round) float64 { return r.ready }, ""), 0.5))
+	put("resume.restore_p50_ms", stats.Percentile(pick(func(r round) float64 { return r.restore }, ""), 0.5))
+	put("resume.suspend_p50_ms", stats.Percentile(pick(func(r round) float64 { return r.suspend }, ""), 0.5))
+	put("resume.snapshot_p50_ms", stats.Percentile(pick(func(r round) float64 { return r.snapshot }, ""), 0.5))
+	put("resume.release_p50_ms", stats.Percentile(pick(func(r round) float64 { return r.release }, ""), 0.5))
 	put("resume.rounds", float64(len(first)))
 	put("resume.data_mib", float64(b.dataBytes)/(1<<20))
 	put("resume.archive_mib", float64(b.archive)/(1<<20))
 	put("resume.load_start", load1m(load0))
 	put("resume.load_end", load1m(load1))
-	raw, err := json.MarshalIndent(m, "", "  ")
-	if err != nil {
-		return err
-	}
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-		return err
-	}
-	return os.WriteFile(path, append(raw, '\n'), 0o644)
-}
-
-// percentile is the nearest-rank percentile of xs, NaN for none.
-func percentile(xs []float64, p float64) float64 {
-	if len(xs) == 0 {
-		return math.NaN()
-	}
-	s := slices.Clone(xs)
-	slices.Sort(s)
-	i := int(math.Ceil(p*float64(len(s)))) - 1
-	return s[min(max(i, 0), len(s)-1)]
+	return m
 }
 
 func msSince(start, t time.Time) float64 { return float64(t.Sub(start)) / float64(time.Millisecond) }
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
-
-func loadAvg() string {
-	raw, err := os.ReadFile("/proc/loadavg")
-	if err != nil {
-		return "unknown"
-	}
-	f := strings.Fields(string(raw))
-	if len(f) < 3 {
-		return "unknown"
-	}
-	return strings.Join(f[:3], " ")
-}
 
 // load1m is the 1-minute figure of a loadAvg string, NaN when unknown.
 func load1m(s string) float64 {
@@ -826,11 +794,4 @@ func load1m(s string) float64 {
 		return math.NaN()
 	}
 	return v
-}
-
-func envOr(name, fallback string) string {
-	if v := os.Getenv(name); v != "" {
-		return v
-	}
-	return fallback
 }

@@ -1,4 +1,5 @@
-// Command bench-apiserver measures kube-apiserver's CPU per BashTask for
+// Package apiserver is the apiserver phase of hack/bench (formerly
+// hack/bench-apiserver). It measures kube-apiserver's CPU per BashTask for
 // variants of the CRD's validation rules and of the writes a task costs, to
 // tell where the API server's time per task goes before changing the API.
 //
@@ -30,7 +31,15 @@
 //
 // The variants that remove rules or conditions are not candidate changes:
 // they bound what the removed part costs.
-package main
+//
+// The phase starts a control plane of its own rather than using the
+// shared local cluster: it swaps the CRD under the API server between
+// windows, and measures an API server that only this phase loads (no
+// controller, no agents, no admission policies).
+//
+// Its figures are apiserver.<variant>.cpu_ms_per_task, the median of the
+// variant's windows.
+package apiserver
 
 import (
 	"context"
@@ -38,26 +47,24 @@ import (
 	"flag"
 	"fmt"
 	"os"
-	"os/signal"
 	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
-	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
 	apiextv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/yaml"
 
 	v1 "github.com/bashtask/bashtask-operator/api/v1alpha1"
+	"github.com/bashtask/bashtask-operator/hack/bench/phase"
+	"github.com/bashtask/bashtask-operator/hack/bench/stats"
 	"github.com/bashtask/bashtask-operator/internal/procfs"
 	"github.com/bashtask/bashtask-operator/internal/rig/localcluster"
 )
@@ -73,30 +80,38 @@ type options struct {
 	settle                 time.Duration
 }
 
-func main() {
-	ctrllog.SetLogger(logr.Discard())
-	var o options
-	var variants string
-	flag.StringVar(&o.assetsDir, "assets-dir", envOr("KUBEBUILDER_ASSETS", filepath.Join("bin", "k8s")), "directory of kube-apiserver and etcd")
-	flag.StringVar(&o.crd, "crd", filepath.Join("config", "crd", "bases", "bashtask.dev_bashtasks.yaml"), "the BashTask CRD")
-	flag.StringVar(&o.altCRD, "alt-crd", "", "a second BashTask CRD, the variant alt")
-	flag.StringVar(&variants, "variants", "base,nocel,nooldself", "comma-separated variants, CRD[/WRITES] (see the package documentation)")
-	flag.IntVar(&o.tasks, "tasks", 300, "tasks per window")
-	flag.IntVar(&o.windows, "windows", 6, "windows per variant")
-	flag.IntVar(&o.workers, "workers", 16, "client workers")
-	flag.DurationVar(&o.settle, "settle", 5*time.Second, "wait after the CRD changed, until the API server serves the new one")
-	flag.Parse()
-	o.variants = strings.Split(variants, ",")
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	err := run(ctx, o)
-	stop()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "bench-apiserver:", err)
-		os.Exit(1)
-	}
+// Phase is the apiserver phase.
+type Phase struct {
+	o        options
+	variants string
 }
 
-func run(ctx context.Context, o options) (err error) {
+// Name is "apiserver".
+func (*Phase) Name() string { return "apiserver" }
+
+// Flags registers the flags of the former hack/bench-apiserver.
+func (p *Phase) Flags(fs *flag.FlagSet) {
+	o := &p.o
+	fs.StringVar(&o.assetsDir, "assets-dir", phase.EnvOr("KUBEBUILDER_ASSETS", filepath.Join("bin", "k8s")), "directory of kube-apiserver and etcd")
+	fs.StringVar(&o.crd, "crd", filepath.Join("config", "crd", "bases", "bashtask.dev_bashtasks.yaml"), "the BashTask CRD")
+	fs.StringVar(&o.altCRD, "alt-crd", "", "a second BashTask CRD, the variant alt")
+	fs.StringVar(&p.variants, "variants", "base,nocel,nooldself", "comma-separated variants, CRD[/WRITES] (see the package documentation)")
+	fs.IntVar(&o.tasks, "tasks", 300, "tasks per window")
+	fs.IntVar(&o.windows, "windows", 6, "windows per variant")
+	fs.IntVar(&o.workers, "workers", 16, "client workers")
+	fs.DurationVar(&o.settle, "settle", 5*time.Second, "wait after the CRD changed, until the API server serves the new one")
+}
+
+// Run measures and prints the variants' table.
+func (p *Phase) Run(ctx context.Context, _ *phase.Env) (phase.Figures, error) {
+	o := p.o
+	o.variants = strings.Split(p.variants, ",")
+	f := phase.Figures{}
+	err := run(ctx, o, f)
+	return f, err
+}
+
+func run(ctx context.Context, o options, f phase.Figures) (err error) {
 	for _, v := range o.variants {
 		crd, writes, _ := strings.Cut(v, "/")
 		if !slices.Contains([]string{"base", "nocel", "nooldself", "alt"}, crd) || !slices.Contains([]string{"", "mf", "nocond", "createonly"}, writes) {
@@ -120,6 +135,7 @@ func run(ctx context.Context, o options) (err error) {
 		}
 	}
 
+	others := phase.ControlPlaneChildren()
 	cp, err := localcluster.StartControlPlane(ctx, o.assetsDir, filepath.Dir(o.crd), "")
 	if err != nil {
 		return err
@@ -137,7 +153,7 @@ func run(ctx context.Context, o options) (err error) {
 	if err := c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: namespace}}); err != nil {
 		return fmt.Errorf("creating namespace %s: %w", namespace, err)
 	}
-	apiserver := apiserverPID()
+	apiserver := apiserverPID(others)
 	if apiserver == 0 {
 		return errors.New("no kube-apiserver child process found")
 	}
@@ -193,14 +209,15 @@ func run(ctx context.Context, o options) (err error) {
 		}
 	}
 	fmt.Println("\nvariant               median   against the first   windows")
-	first := median(results[o.variants[0]])
+	first := stats.Median(results[o.variants[0]])
 	for _, v := range o.variants {
-		m := median(results[v])
+		m := stats.Median(results[v])
 		parts := make([]string, len(results[v]))
 		for i, x := range results[v] {
 			parts[i] = fmt.Sprintf("%.2f", x)
 		}
 		fmt.Printf("%-20s %7.2f   %+6.1f %%           %s\n", v, m, 100*(m/first-1), strings.Join(parts, " "))
+		f["apiserver."+v+".cpu_ms_per_task"] = m
 	}
 	return nil
 }
@@ -333,11 +350,12 @@ func dropRules(s *apiextv1.JSONSchemaProps, drop func(apiextv1.ValidationRule) b
 }
 
 // apiserverPID returns the pid of the kube-apiserver child of this
-// process, 0 when there is none.
-func apiserverPID() int {
+// process that is not one of others (the shared cluster's, when it runs),
+// 0 when there is none.
+func apiserverPID(others []int) int {
 	for _, pid := range procfs.PIDs() {
 		st, err := procfs.ReadStat(pid)
-		if err != nil || st.PPID != os.Getpid() {
+		if err != nil || st.PPID != os.Getpid() || slices.Contains(others, pid) {
 			continue
 		}
 		if comm, _ := os.ReadFile(filepath.Join("/proc", fmt.Sprint(pid), "comm")); strings.TrimSpace(string(comm)) == "kube-apiserver" {
@@ -354,22 +372,4 @@ func cpuTime(pid int) (time.Duration, bool) {
 		return 0, false
 	}
 	return time.Duration(st.UTime+st.STime) * (time.Second / procfs.ClockTicks), true
-}
-
-// median returns the median of xs (the mean of the middle two for an even
-// count).
-func median(xs []float64) float64 {
-	s := slices.Clone(xs)
-	slices.Sort(s)
-	if len(s)%2 == 1 {
-		return s[len(s)/2]
-	}
-	return (s[len(s)/2-1] + s[len(s)/2]) / 2
-}
-
-func envOr(name, def string) string {
-	if v := os.Getenv(name); v != "" {
-		return v
-	}
-	return def
 }

@@ -1,5 +1,8 @@
-// Command bench-output measures the output API (docs/output.md) on a local
-// cluster (internal/rig/localcluster, one agent, file:// objects):
+// Package output is the output phase of hack/bench (formerly
+// hack/bench-output). It measures the output API (docs/output.md) on the
+// shared local cluster of hack/bench (internal/rig/localcluster, file://
+// objects); every task of the phase runs on the cluster's first agent
+// (spec.nodeName), whose figures are "the agent's":
 //
 //   - latency: a command prints its clock ($EPOCHREALTIME, no fork) on a
 //     line every 10 ms; a client follows bashtasks/log through
@@ -20,139 +23,109 @@
 //   - throughput: one follower of a stream of -bytes (1 GiB) written at
 //     once, from its first byte to the end. Target: >= 100 MB/s.
 //
-// A phase whose count is 0 (-lines, -bytes, -followed-tasks) is skipped.
-// With -json FILE the figures are written as a flat JSON object, which
-// `make bench` merges into its table (hack/bench -output-json).
+// A part whose count is 0 (-lines, -bytes, -followed-tasks) is skipped.
+// The figures are the phase's JSON section; the system phase's table
+// takes them in.
 //
-// Run with `go run ./hack/bench-output` after `make build` and with the
-// control-plane binaries in bin/k8s.
-package main
+// Run with `go run ./hack/bench -phases=output` after `make build` and
+// with the control-plane binaries in bin/k8s.
+package output
 
 import (
 	"bufio"
 	"context"
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
-	"log/slog"
-	"math"
 	"net"
 	"os"
-	"os/signal"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
-	"github.com/go-logr/logr"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/utils/ptr"
 	ctrlclient "sigs.k8s.io/controller-runtime/pkg/client"
-	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
 	v1 "github.com/bashtask/bashtask-operator/api/v1alpha1"
 	"github.com/bashtask/bashtask-operator/client"
+	"github.com/bashtask/bashtask-operator/hack/bench/phase"
+	"github.com/bashtask/bashtask-operator/hack/bench/stats"
 	"github.com/bashtask/bashtask-operator/internal/procfs"
 	"github.com/bashtask/bashtask-operator/internal/rig/localcluster"
 )
 
 type options struct {
-	binDir, assetsDir, crdDir, isolation string
-	jsonOut                              string
-	lines                                int
-	size                                 int64
-	followedTasks, followersPerTask      int
-	connections                          int
-	window, settle                       time.Duration
-	keep                                 bool
+	lines                           int
+	size                            int64
+	followedTasks, followersPerTask int
+	connections                     int
+	window, settle                  time.Duration
 }
 
-func main() {
-	var o options
-	flag.StringVar(&o.binDir, "bin-dir", "bin", "directory of bashtask-controller and bashtask-agent")
-	flag.StringVar(&o.assetsDir, "assets-dir", filepath.Join("bin", "k8s"), "directory of kube-apiserver and etcd")
-	flag.StringVar(&o.crdDir, "crd-dir", filepath.Join("config", "crd", "bases"), "CRD manifests")
-	flag.StringVar(&o.isolation, "isolation", "process", "isolation level of the agent")
-	flag.StringVar(&o.jsonOut, "json", "", "write the figures to this JSON file")
-	flag.IntVar(&o.lines, "lines", 1000, "timestamped lines of the latency phase, one per 10 ms (0 skips the phase)")
-	flag.Int64Var(&o.size, "bytes", 1<<30, "bytes of the throughput phase's stream (0 skips the phase)")
-	flag.IntVar(&o.followedTasks, "followed-tasks", 100, "running tasks of the many-followers phase (0 skips the phase)")
-	flag.IntVar(&o.followersPerTask, "followers-per-task", 10, "follow=true clients of each task in the many-followers phase")
-	flag.IntVar(&o.connections, "follower-connections", 10, "HTTP/2 connections (transports) the followers are spread over")
-	flag.DurationVar(&o.window, "follow-window", 20*time.Second, "how long the memory is sampled once every follower receives")
-	flag.DurationVar(&o.settle, "follow-settle", 5*time.Second, "wait between every follower's first line and the window, for the lines written before they connected")
-	flag.BoolVar(&o.keep, "keep", false, "keep the cluster directory (component logs, agent state)")
-	flag.Parse()
-	// controller-runtime's client logs through it, and complains with a
-	// stack trace when it is never set.
-	ctrllog.SetLogger(logr.Discard())
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	err := run(ctx, o)
-	stop()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "bench-output:", err)
-		os.Exit(1)
+// Phase is the output phase.
+type Phase struct{ o options }
+
+// Name is "output".
+func (*Phase) Name() string { return "output" }
+
+// Flags registers the flags of the former hack/bench-output but those of
+// its cluster (-bin-dir, -assets-dir, -crd-dir, -isolation, -keep), which
+// are hack/bench's own now.
+func (p *Phase) Flags(fs *flag.FlagSet) {
+	o := &p.o
+	fs.IntVar(&o.lines, "lines", 1000, "timestamped lines of the latency phase, one per 10 ms (0 skips the phase)")
+	fs.Int64Var(&o.size, "bytes", 1<<30, "bytes of the throughput phase's stream (0 skips the phase)")
+	fs.IntVar(&o.followedTasks, "followed-tasks", 100, "running tasks of the many-followers phase (0 skips the phase)")
+	fs.IntVar(&o.followersPerTask, "followers-per-task", 10, "follow=true clients of each task in the many-followers phase")
+	fs.IntVar(&o.connections, "follower-connections", 10, "HTTP/2 connections (transports) the followers are spread over")
+	fs.DurationVar(&o.window, "follow-window", 20*time.Second, "how long the memory is sampled once every follower receives")
+	fs.DurationVar(&o.settle, "follow-settle", 5*time.Second, "wait between every follower's first line and the window, for the lines written before they connected")
+}
+
+// Configure raises the agents' running tasks for the many-followers part:
+// the agent's default of 16, raised for the part's tasks and the other
+// parts' one each.
+func (p *Phase) Configure(o *phase.ClusterOptions) {
+	if p.o.followedTasks > 0 {
+		o.MaxConcurrentTasks = max(o.MaxConcurrentTasks, 16, p.o.followedTasks+2)
 	}
 }
 
-// figures are a run's results, by their JSON keys; a phase skipped leaves
-// its keys out.
-type figures map[string]float64
-
-func run(ctx context.Context, o options) (err error) {
-	dir, err := os.MkdirTemp("", "bench-output-")
+// Run measures the output API on the shared cluster.
+func (p *Phase) Run(ctx context.Context, env *phase.Env) (phase.Figures, error) {
+	o := p.o
+	c, err := env.Cluster(ctx)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	defer func() {
-		if o.keep || err != nil {
-			fmt.Fprintf(os.Stderr, "bench-output: logs and state kept in %s\n", dir)
-			return
-		}
-		_ = os.RemoveAll(dir)
-	}()
-	lo := localcluster.LauncherOptions{
-		Dir: dir, BinDir: o.binDir, AssetsDir: o.assetsDir, CRDDir: o.crdDir, Agents: 1, Isolation: o.isolation,
-		Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
-	}
-	if o.followedTasks > 0 {
-		// The agent's default of 16 running tasks, raised for the phase's
-		// tasks and the other phases' one each.
-		lo.AgentArgs = []string{fmt.Sprintf("--max-concurrent-tasks=%d", max(16, o.followedTasks+2))}
-	}
-	c, err := localcluster.Up(ctx, lo)
-	if err != nil {
-		return err
-	}
-	defer c.Down()
 	cfg, err := clientcmd.BuildConfigFromFlags("", c.Kubeconfig)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	cfg.QPS, cfg.Burst = 500, 1000
 	scheme, err := localcluster.NewScheme()
 	if err != nil {
-		return err
+		return nil, err
 	}
 	k8s, err := ctrlclient.New(cfg, ctrlclient.Options{Scheme: scheme})
 	if err != nil {
-		return err
+		return nil, err
 	}
 	oc, err := client.New(cfg)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	b := &bench{dir: dir, cfg: cfg, k8s: k8s, oc: oc, node: c.Agents[0].Node, f: figures{}}
+	b := &bench{dir: c.Dir, cfg: cfg, k8s: k8s, oc: oc, node: c.Agents[0].Node, apiservers: c.ControlPlanePIDs, f: phase.Figures{}}
 	if o.lines > 0 {
 		if err := b.latency(ctx, o.lines); err != nil {
-			return fmt.Errorf("latency: %w", err)
+			return b.f, fmt.Errorf("latency: %w", err)
 		}
 	}
 	// The followers before the throughput: the gigabyte's buffers stay
@@ -160,21 +133,15 @@ func run(ctx context.Context, o options) (err error) {
 	// their memory, not what the throughput left behind.
 	if o.followedTasks > 0 {
 		if err := b.followers(ctx, o); err != nil {
-			return fmt.Errorf("many followers: %w", err)
+			return b.f, fmt.Errorf("many followers: %w", err)
 		}
 	}
 	if o.size > 0 {
 		if err := b.throughput(ctx, o.size); err != nil {
-			return fmt.Errorf("throughput: %w", err)
+			return b.f, fmt.Errorf("throughput: %w", err)
 		}
 	}
-	if o.jsonOut != "" {
-		if err := b.f.write(o.jsonOut); err != nil {
-			return err
-		}
-		fmt.Printf("figures written to %s\n", o.jsonOut)
-	}
-	return nil
+	return b.f, nil
 }
 
 // bench is a run on one local cluster.
@@ -184,24 +151,9 @@ type bench struct {
 	k8s  ctrlclient.Client
 	oc   *client.Client
 	node string
-	f    figures
-}
-
-func (f figures) write(path string) error {
-	m := map[string]float64{}
-	for k, v := range f {
-		if !math.IsNaN(v) && !math.IsInf(v, 0) {
-			m[k] = math.Round(v*100) / 100
-		}
-	}
-	raw, err := json.MarshalIndent(m, "", "  ")
-	if err != nil {
-		return err
-	}
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-		return err
-	}
-	return os.WriteFile(path, append(raw, '\n'), 0o644)
+	// apiservers are the cluster's control-plane processes.
+	apiservers []int
+	f          phase.Figures
 }
 
 // clockLines is a command printing $EPOCHREALTIME on a line every interval
@@ -228,9 +180,10 @@ func lineDelay(line string, now time.Time) (time.Duration, error) {
 	return now.Sub(time.Unix(s, us*1000)), nil
 }
 
-// quantile is the nearest-rank quantile of sorted durations.
+// quantile is the p-percentile of sorted durations
+// (stats.PercentileDuration).
 func quantile(sorted []time.Duration, p float64) time.Duration {
-	return sorted[min(len(sorted)-1, int(p*float64(len(sorted))))]
+	return stats.PercentileDuration(sorted, p)
 }
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
@@ -238,6 +191,7 @@ func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond)
 func (b *bench) latency(ctx context.Context, lines int) error {
 	lat := &v1.BashTask{}
 	lat.Namespace, lat.Name = "default", "bench-latency"
+	lat.Spec.NodeName = ptr.To(b.node)
 	lat.Spec.Command = clockLines(lines, "0.01")
 	if err := b.k8s.Create(ctx, lat); err != nil {
 		return err
@@ -274,6 +228,7 @@ func (b *bench) latency(ctx context.Context, lines int) error {
 func (b *bench) throughput(ctx context.Context, size int64) error {
 	tp := &v1.BashTask{}
 	tp.Namespace, tp.Name = "default", "bench-throughput"
+	tp.Spec.NodeName = ptr.To(b.node)
 	tp.Spec.Command = fmt.Sprintf(`head -c %d /dev/zero`, size)
 	tp.Spec.Output = &v1.OutputSpec{SpillLimitBytes: ptr.To(size), Upload: ptr.To(v1.UploadNever)}
 	if err := b.k8s.Create(ctx, tp); err != nil {
@@ -354,7 +309,7 @@ func (b *bench) procs() ([]*proc, error) {
 		}
 		procs = append(procs, &proc{name: name, pid: pid})
 	}
-	if pid := childNamed("kube-apiserver"); pid != 0 {
+	if pid := childNamed("kube-apiserver", b.apiservers); pid != 0 {
 		procs = append(procs, &proc{name: "kube-apiserver", pid: pid})
 	}
 	return append(procs, &proc{name: "bench (client)", pid: os.Getpid()}), nil
@@ -404,6 +359,7 @@ func (b *bench) followers(ctx context.Context, o options) error {
 		tasks[i] = fmt.Sprintf("bench-follow-%03d", i)
 		bt := &v1.BashTask{}
 		bt.Namespace, bt.Name = "default", tasks[i]
+		bt.Spec.NodeName = ptr.To(b.node)
 		bt.Spec.Command = clockLines(0, "0.1")
 		if err := b.k8s.Create(ctx, bt); err != nil {
 			return err
@@ -566,15 +522,10 @@ func follow(ctx context.Context, c *client.Client, f *follower, onLine func(time
 	}
 }
 
-// childNamed returns the pid of this process's child named comm (the
-// kube-apiserver the in-process launcher started), 0 when there is none.
-func childNamed(comm string) int {
-	self := os.Getpid()
-	for _, pid := range procfs.PIDs() {
-		st, err := procfs.ReadStat(pid)
-		if err != nil || st.PPID != self {
-			continue
-		}
+// childNamed returns the pid among pids (the cluster's control plane)
+// named comm, 0 when there is none.
+func childNamed(comm string, pids []int) int {
+	for _, pid := range pids {
 		if name, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "comm")); err == nil && strings.TrimSpace(string(name)) == comm {
 			return pid
 		}

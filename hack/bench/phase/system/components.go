@@ -1,4 +1,4 @@
-package main
+package system
 
 import (
 	"context"
@@ -10,9 +10,10 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"text/tabwriter"
 	"time"
 
+	"github.com/bashtask/bashtask-operator/hack/bench/phase"
+	"github.com/bashtask/bashtask-operator/hack/bench/report"
 	"github.com/bashtask/bashtask-operator/internal/procfs"
 )
 
@@ -26,9 +27,9 @@ type component struct {
 }
 
 // components lists the processes of the cluster in dir: those the launcher
-// supervises (pids/<name>), the etcd and kube-apiserver it started as its
-// children, and this benchmark itself.
-func components(dir string) []component {
+// supervises (pids/<name>), its etcd and kube-apiserver (controlPlane), and
+// this benchmark itself.
+func components(dir string, controlPlane []int) []component {
 	var out []component
 	entries, _ := os.ReadDir(filepath.Join(dir, "pids"))
 	for _, e := range entries {
@@ -42,28 +43,31 @@ func components(dir string) []component {
 		}
 		out = append(out, c)
 	}
-	if launcher := readPID(filepath.Join(dir, "launcher.pid")); launcher != 0 {
-		out = append(out, controlPlaneOf(launcher)...)
-	}
+	out = append(out, named(controlPlane)...)
 	out = append(out, component{name: "bench (client)", pid: os.Getpid()})
 	slices.SortFunc(out, func(a, b component) int { return strings.Compare(a.name, b.name) })
 	return out
 }
 
 // rawComponents lists the processes of the raw API phase: the etcd and
-// kube-apiserver this benchmark started, and itself.
-func rawComponents() []component {
-	return append(controlPlaneOf(os.Getpid()), component{name: "bench (client)", pid: os.Getpid()})
+// kube-apiserver this benchmark started, but the shared cluster's
+// (cluster), and itself.
+func rawComponents(cluster []int) []component {
+	var raw []int
+	for _, pid := range phase.ControlPlaneChildren() {
+		if !slices.Contains(cluster, pid) {
+			raw = append(raw, pid)
+		}
+	}
+	return append(named(raw), component{name: "bench (client)", pid: os.Getpid()})
 }
 
-// controlPlaneOf returns the etcd and kube-apiserver children of ppid.
-func controlPlaneOf(ppid int) []component {
+// named names each of pids by its command (etcd, kube-apiserver).
+func named(pids []int) []component {
 	var out []component
-	for _, pid := range childrenOf(ppid) {
+	for _, pid := range pids {
 		comm, _ := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "comm"))
-		if name := strings.TrimSpace(string(comm)); name == "etcd" || name == "kube-apiserver" {
-			out = append(out, component{name: name, pid: pid})
-		}
+		out = append(out, component{name: strings.TrimSpace(string(comm)), pid: pid})
 	}
 	return out
 }
@@ -95,17 +99,6 @@ func flagValue(pid int, names ...string) string {
 		}
 	}
 	return ""
-}
-
-// childrenOf returns the pids whose parent is ppid.
-func childrenOf(ppid int) []int {
-	var out []int
-	for _, pid := range procfs.PIDs() {
-		if st, err := procfs.ReadStat(pid); err == nil && st.PPID == ppid {
-			out = append(out, pid)
-		}
-	}
-	return out
 }
 
 // cpuTimes returns the user plus system time of pid itself (children not
@@ -197,7 +190,7 @@ func (t cpuTotal) print(phase string, tasks int) {
 		return
 	}
 	fmt.Printf("CPU per component in the %s (%.1f s, /proc/<pid>/stat, children not included):\n", phase, t.wall.Seconds())
-	tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
+	tw := report.NewTable(os.Stdout, false)
 	fmt.Fprintf(tw, "  component\tcores\tms per task\n")
 	var total time.Duration
 	for _, name := range sortedKeys(t.cpu) {
