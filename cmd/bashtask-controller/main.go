@@ -11,19 +11,11 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
-	corev1 "k8s.io/api/core/v1"
-	discoveryv1 "k8s.io/api/discovery/v1"
-	"k8s.io/apimachinery/pkg/fields"
-	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/tools/leaderelection/resourcelock"
 	"k8s.io/utils/clock"
 	ctrl "sigs.k8s.io/controller-runtime"
-	"sigs.k8s.io/controller-runtime/pkg/cache"
-	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/event"
-	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
@@ -32,6 +24,7 @@ import (
 	bashtaskv1alpha1 "github.com/bashtask/bashtask-operator/api/v1alpha1"
 	"github.com/bashtask/bashtask-operator/controllers"
 	"github.com/bashtask/bashtask-operator/internal/tlsutil"
+	"github.com/bashtask/bashtask-operator/operator"
 )
 
 // options are the command's flags.
@@ -184,6 +177,38 @@ func run(cmd *cobra.Command, o *options) error {
 		fencer, lock = fence, fence
 	}
 
+	ropts := controllers.DefaultOptions()
+	ropts.MaxRunningPerOwner = o.maxRunningPerOwner
+	ropts.ProgressInterval = o.progressInterval
+	ropts.AgentLostAfter = o.agentLost
+	ropts.WorkspaceRefreshInterval = o.workspaceRefresh
+	ropts.RunningStatusDelay = o.runningDelay
+	ropts.OrphanCheckInterval = o.orphanCheckInterval
+	ropts.StatusBudgetBytes = o.statusBudget
+	ropts.MaxTimeoutSeconds = o.maxTimeout
+	ropts.TTLDeletesGitOpsManaged = o.ttlDeletesGitOpsManaged
+	ropts.AgentTolerations = tolerations
+	if o.defaultTTL >= 0 {
+		ttl := o.defaultTTL
+		ropts.DefaultTTLSecondsAfterFinished = &ttl
+	}
+	outputAPI, err := outputAPIOptions(o)
+	if err != nil {
+		return err
+	}
+	opOpts := operator.Options{
+		AgentNamespace: o.agentNamespace,
+		AgentService:   o.agentService,
+		AgentPortName:  o.agentPortName,
+		AgentTLS:       tlsCfg,
+		Clock:          clock.RealClock{},
+		Controller:     ropts,
+		Workers:        o.workers,
+		Fence:          fencer,
+		Metrics:        metrics.Registry,
+		OutputAPI:      outputAPI,
+	}
+
 	mgr, err := ctrl.NewManager(restCfg, ctrl.Options{
 		Scheme:                  scheme,
 		Metrics:                 metricsserver.Options{BindAddress: o.metricsAddr},
@@ -198,111 +223,16 @@ func run(cmd *cobra.Command, o *options) error {
 		// The manager's elector renews through the fence, which is how
 		// the fence knows when this controller last renewed.
 		LeaderElectionResourceLockInterface: lock,
-		Cache: cache.Options{
-			// managedFields are a large share of a cached object and the
-			// controller never reads them: at 10000 tasks that is memory
-			// for nothing.
-			DefaultTransform: cache.TransformStripManagedFields(),
-			ByObject: map[client.Object]cache.ByObject{
-				// Only the agents' EndpointSlices are cached, not the cluster's.
-				&discoveryv1.EndpointSlice{}: {
-					Namespaces: map[string]cache.Config{o.agentNamespace: {}},
-					Label:      labels.SelectorFromSet(labels.Set{discoveryv1.LabelServiceName: o.agentService}),
-					Field:      fields.Everything(),
-				},
-			}},
+		Cache:                               operator.CacheOptions(opOpts),
 	})
 	if err != nil {
 		return fmt.Errorf("creating the manager: %w", err)
 	}
-
-	agentEvents := make(chan event.TypedGenericEvent[*bashtaskv1alpha1.BashTask], 1024)
-	agentChanges := make(chan event.TypedGenericEvent[*corev1.Node], 64)
-	held := make(chan agentpool.HeldTask, 1024)
-	registry, err := agentpool.NewAgentRegistry(agentpool.AgentRegistryOptions{
-		Reader:           mgr.GetClient(),
-		ServiceNamespace: o.agentNamespace,
-		ServiceName:      o.agentService,
-		PortName:         o.agentPortName,
-		TLS:              tlsCfg,
-		Clock:            clock.RealClock{},
-		Notify:           agentEvents,
-		AgentChanged:     agentChanges,
-		Held:             held,
-		Fence:            fencer,
-		WorkspaceLease:   o.agentLost / 2,
-		Log:              ctrl.Log.WithName("agents"),
-	})
+	op, err := operator.Setup(cmd.Context(), mgr, opOpts)
 	if err != nil {
 		return err
 	}
-	if err := registry.SetupWithManager(mgr); err != nil {
-		return err
-	}
-
-	m := controllers.NewMetrics(registry.Agents)
-	if err := m.Register(metrics.Registry); err != nil {
-		return fmt.Errorf("registering metrics: %w", err)
-	}
-	if err := metrics.Registry.Register(registry.StreamEnds); err != nil {
-		return fmt.Errorf("registering metrics: %w", err)
-	}
-	if fence != nil {
-		if err := metrics.Registry.Register(fence.Collector()); err != nil {
-			return fmt.Errorf("registering metrics: %w", err)
-		}
-	}
-	ropts := controllers.DefaultOptions()
-	ropts.MaxRunningPerOwner = o.maxRunningPerOwner
-	ropts.ProgressInterval = o.progressInterval
-	ropts.AgentLostAfter = o.agentLost
-	ropts.WorkspaceRefreshInterval = o.workspaceRefresh
-	ropts.RunningStatusDelay = o.runningDelay
-	ropts.OrphanCheckInterval = o.orphanCheckInterval
-	ropts.StatusBudgetBytes = o.statusBudget
-	ropts.MaxTimeoutSeconds = o.maxTimeout
-	ropts.TTLDeletesGitOpsManaged = o.ttlDeletesGitOpsManaged
-	ropts.Fence = fencer
-	ropts.AgentTolerations = tolerations
-	if o.defaultTTL >= 0 {
-		ttl := o.defaultTTL
-		ropts.DefaultTTLSecondsAfterFinished = &ttl
-	}
-	r := controllers.NewBashTaskReconciler(mgr.GetClient(), mgr.GetAPIReader(), registry,
-		mgr.GetEventRecorder("bashtask-controller"), clock.RealClock{}, ropts, m)
-	if err := r.SetupWithManager(mgr, agentEvents, o.workers); err != nil {
-		return fmt.Errorf("setting up the BashTask controller: %w", err)
-	}
-	wr := controllers.NewBashWorkspaceReconciler(mgr.GetClient(), mgr.GetAPIReader(), registry,
-		mgr.GetEventRecorder("bashtask-controller"), clock.RealClock{}, ropts)
-	if err := wr.SetupWithManager(mgr, agentChanges, o.workers); err != nil {
-		return fmt.Errorf("setting up the BashWorkspace controller: %w", err)
-	}
-	if err := metrics.Registry.Register(controllers.NewWorkspacePhases(mgr.GetClient())); err != nil {
-		return fmt.Errorf("registering metrics: %w", err)
-	}
-	orphans, err := controllers.NewOrphanCollector(controllers.OrphanCollectorOptions{
-		Cache: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Agents: registry, Held: held,
-		Interval: ropts.OrphanCheckInterval, Metrics: m, Log: ctrl.Log.WithName("orphans"),
-		Workspaces: registry, Recorder: mgr.GetEventRecorder("bashtask-controller"),
-	})
-	if err != nil {
-		return err
-	}
-	if err := orphans.SetupWithManager(mgr); err != nil {
-		return err
-	}
-	if o.outputAPIPort > 0 {
-		if err := addOutputAPI(cmd.Context(), mgr, o, tlsCfg); err != nil {
-			return err
-		}
-	}
-	if err := mgr.AddHealthzCheck("healthz", healthz.Ping); err != nil {
-		return err
-	}
-	if err := mgr.AddReadyzCheck("readyz", healthz.Ping); err != nil {
-		return err
-	}
+	defer op.Close()
 
 	log.Info("Starting", "agentService", o.agentNamespace+"/"+o.agentService, "agentServerName", serverName,
 		"maxRunningPerOwner", o.maxRunningPerOwner, "agentLostAfter", o.agentLost)

@@ -1,8 +1,6 @@
 package main
 
 import (
-	"context"
-	"crypto/tls"
 	"flag"
 	"fmt"
 	"net"
@@ -11,36 +9,28 @@ import (
 	_ "gocloud.dev/blob/fileblob"
 	_ "gocloud.dev/blob/gcsblob"
 	_ "gocloud.dev/blob/s3blob"
-	ctrl "sigs.k8s.io/controller-runtime"
 
-	"github.com/bashtask/bashtask-operator/agentpool"
-	"github.com/bashtask/bashtask-operator/outputapi"
+	"github.com/bashtask/bashtask-operator/operator"
 )
 
-// addOutputAPI adds the output.bashtask.dev server to the manager; it runs
-// on every replica (not only the leader), reading tasks from the manager's
-// cache (whose BashTask informer wakes the requests waiting for a task's
-// dispatch) and output from the agents with the controller's client
-// certificate.
-func addOutputAPI(ctx context.Context, mgr ctrl.Manager, o *options, tlsCfg *tls.Config) error {
-	agents, err := agentpool.NewAgentReaders(mgr.GetClient(), o.agentNamespace, o.agentService, o.agentPortName, tlsCfg)
-	if err != nil {
-		return err
+// outputAPIOptions are the output.bashtask.dev server's options from the
+// flags: a zero Port (--output-api-port 0) serves none.
+func outputAPIOptions(o *options) (operator.OutputAPIOptions, error) {
+	if o.outputAPIPort <= 0 {
+		return operator.OutputAPIOptions{}, nil
 	}
 	bind := net.ParseIP(o.outputAPIBind)
 	if bind == nil {
-		return fmt.Errorf("--output-api-bind-address %q: not an IP address", o.outputAPIBind)
+		return operator.OutputAPIOptions{}, fmt.Errorf("--output-api-bind-address %q: not an IP address", o.outputAPIBind)
 	}
+	// The server authenticates and authorizes its requests through the
+	// same kube-apiserver as the manager.
 	kubeconfig := ""
 	if f := flag.Lookup("kubeconfig"); f != nil {
 		kubeconfig = f.Value.String()
 	}
-	srv, err := outputapi.New(ctx, outputapi.Config{
-		BindAddress: bind, Port: o.outputAPIPort, CertDir: o.outputAPICertDir, Kubeconfig: kubeconfig,
-		Tasks: mgr.GetClient(), LiveTasks: mgr.GetAPIReader(), Informers: mgr.GetCache(), Agents: agents, BucketURL: o.outputBucketURL,
-	})
-	if err != nil {
-		return err
-	}
-	return mgr.Add(srv)
+	return operator.OutputAPIOptions{
+		Port: o.outputAPIPort, BindAddress: bind, CertDir: o.outputAPICertDir, Kubeconfig: kubeconfig,
+		BucketURL: o.outputBucketURL,
+	}, nil
 }

@@ -19,27 +19,23 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap/zapcore"
 	// The agents upload to file:// buckets.
 	_ "gocloud.dev/blob/fileblob"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/keepalive"
-	corev1 "k8s.io/api/core/v1"
-	discoveryv1 "k8s.io/api/discovery/v1"
 	"k8s.io/utils/clock"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
-	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/config"
-	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	"github.com/bashtask/bashtask-operator/agentpool"
 	agentv1 "github.com/bashtask/bashtask-operator/api/agent/v1"
-	bashtaskv1alpha1 "github.com/bashtask/bashtask-operator/api/v1alpha1"
 	"github.com/bashtask/bashtask-operator/controllers"
 	"github.com/bashtask/bashtask-operator/executor"
 	"github.com/bashtask/bashtask-operator/executor/agent"
@@ -47,7 +43,7 @@ import (
 	"github.com/bashtask/bashtask-operator/internal/rig/localcluster"
 	"github.com/bashtask/bashtask-operator/internal/rig/testenv"
 	"github.com/bashtask/bashtask-operator/internal/tlsutil"
-	"github.com/bashtask/bashtask-operator/outputapi"
+	"github.com/bashtask/bashtask-operator/operator"
 )
 
 // Options shape a rig.
@@ -80,10 +76,12 @@ type Options struct {
 	// so a test can see what the agents were asked and what they answered.
 	Unary  grpc.UnaryServerInterceptor
 	Stream grpc.StreamServerInterceptor
-	// OutputAPI serves output.bashtask.dev in this process, as the
-	// controller does, behind kube-apiserver's front proxy (set up for
-	// it), and has every agent upload to one file:// bucket, BucketDir,
-	// which the server reads once an agent forgot a task.
+	// OutputAPI serves output.bashtask.dev from the controller's manager,
+	// as the controller does, behind kube-apiserver's front proxy (set up
+	// for it), and has every agent upload to one file:// bucket,
+	// BucketDir, which the server reads once an agent forgot a task. It is
+	// down while RestartController restarts the controller, and needs
+	// the controller (not NoController).
 	OutputAPI bool
 	// SharedBucket gives every agent one file:// bucket, as with
 	// OutputAPI, without the output API: a snapshot one agent writes is
@@ -103,7 +101,8 @@ type Rig struct {
 	Registry *agentpool.AgentRegistry
 	// Orphans is the controller's check for tasks whose BashTask is gone.
 	Orphans *controllers.OrphanCollector
-	// Metrics are the controller's metrics (not registered anywhere).
+	// Metrics are the controller's metrics, registered with a registry
+	// of the controller's own, not the process-wide one.
 	Metrics *controllers.Metrics
 	// Workspaces is the controller's BashWorkspace reconciler.
 	Workspaces *controllers.BashWorkspaceReconciler
@@ -118,9 +117,15 @@ type Rig struct {
 
 	cancel context.CancelFunc
 	done   chan struct{}
-	// outputDone is closed when the output API server stopped; nil when
-	// none runs.
-	outputDone chan struct{}
+
+	// outputPort is the output API's port, served by the controller's
+	// manager; 0 when none is served. outputKubeconfig and bucketURL are
+	// its Kubeconfig and BucketURL; outputRegistered is set once its
+	// APIService exists.
+	outputPort       int
+	outputKubeconfig string
+	bucketURL        string
+	outputRegistered bool
 
 	// The controller runs under a context of its own so that
 	// RestartController can end it while the agents keep running.
@@ -239,6 +244,9 @@ func Start(opts Options) (rig *Rig, err error) {
 	if opts.Workers == 0 {
 		opts.Workers = 4
 	}
+	if opts.OutputAPI && opts.NoController {
+		return nil, errors.New("testrig: the output API is served by the controller: OutputAPI needs a controller")
+	}
 	dir, err := os.MkdirTemp("", "bashtask-rig-")
 	if err != nil {
 		return nil, err
@@ -321,13 +329,13 @@ func Start(opts Options) (rig *Rig, err error) {
 		return nil, err
 	}
 	r.ctx, r.ctrlFiles, r.ctrlOpts, r.ctrlWorkers = ctx, certs.Controller, copts, opts.Workers
-	if opts.OutputAPI {
-		if err := r.startOutputAPI(bucketURL); err != nil {
-			return nil, fmt.Errorf("starting the output API: %w", err)
-		}
-	}
 	if opts.NoController {
 		return r, nil
+	}
+	if opts.OutputAPI {
+		if err := r.prepareOutputAPI(bucketURL); err != nil {
+			return nil, fmt.Errorf("preparing the output API: %w", err)
+		}
 	}
 	if err := r.startController(); err != nil {
 		return nil, err
@@ -358,9 +366,6 @@ func (r *Rig) Stop() {
 	}
 	if r.Registry != nil {
 		<-r.done
-	}
-	if r.outputDone != nil {
-		<-r.outputDone
 	}
 	_ = r.Env.Stop()
 	if r.Dir != "" {
@@ -404,6 +409,24 @@ func (r *Rig) startController() error {
 	if err != nil {
 		return err
 	}
+	oopts := operator.Options{
+		AgentNamespace: localcluster.AgentNamespace,
+		AgentService:   localcluster.AgentService,
+		AgentPortName:  localcluster.AgentPortName,
+		AgentTLS:       tlsCfg,
+		Clock:          clock.RealClock{},
+		Controller:     opts,
+		Workers:        workers,
+		// A registry per manager: a restarted controller registers the
+		// same collectors again, which the process-wide registry refuses.
+		Metrics: prometheus.NewRegistry(),
+	}
+	if r.outputPort != 0 {
+		oopts.OutputAPI = operator.OutputAPIOptions{
+			Port: r.outputPort, BindAddress: net.IPv4(127, 0, 0, 1), CertDir: r.Certs.OutputAPIDir,
+			Kubeconfig: r.outputKubeconfig, BucketURL: r.bucketURL,
+		}
+	}
 	mgr, err := ctrl.NewManager(r.Env.Config, ctrl.Options{
 		Scheme: r.Env.Scheme,
 		// Each manager of a restarted rig registers its controllers
@@ -411,59 +434,32 @@ func (r *Rig) startController() error {
 		Controller:             config.Controller{SkipNameValidation: ptr.To(true)},
 		Metrics:                metricsserver.Options{BindAddress: "0"},
 		HealthProbeBindAddress: "0",
-		Cache: cache.Options{ByObject: map[client.Object]cache.ByObject{
-			&discoveryv1.EndpointSlice{}: {Namespaces: map[string]cache.Config{localcluster.AgentNamespace: {}}},
-		}},
+		Cache:                  operator.CacheOptions(oopts),
 	})
 	if err != nil {
 		return err
 	}
-	events := make(chan event.TypedGenericEvent[*bashtaskv1alpha1.BashTask], 1024)
-	agentChanges := make(chan event.TypedGenericEvent[*corev1.Node], 64)
-	held := make(chan agentpool.HeldTask, 1024)
-	registry, err := agentpool.NewAgentRegistry(agentpool.AgentRegistryOptions{
-		Reader: mgr.GetClient(), ServiceNamespace: localcluster.AgentNamespace, ServiceName: localcluster.AgentService,
-		PortName: localcluster.AgentPortName, TLS: tlsCfg, Clock: clock.RealClock{}, Notify: events, AgentChanged: agentChanges, Held: held,
-		WorkspaceLease: opts.AgentLostAfter / 2, Log: ctrl.Log.WithName("agents"),
-	})
+	op, err := operator.Setup(ctx, mgr, oopts)
 	if err != nil {
 		return err
 	}
-	if err := registry.SetupWithManager(mgr); err != nil {
-		return err
-	}
-	metrics := controllers.NewMetrics(registry.Agents)
-	rec := controllers.NewBashTaskReconciler(mgr.GetClient(), mgr.GetAPIReader(), registry,
-		mgr.GetEventRecorder("bashtask-controller"), clock.RealClock{}, opts, metrics)
-	if err := rec.SetupWithManager(mgr, events, workers); err != nil {
-		return err
-	}
-	workspaces := controllers.NewBashWorkspaceReconciler(mgr.GetClient(), mgr.GetAPIReader(), registry,
-		mgr.GetEventRecorder("bashtask-controller"), clock.RealClock{}, opts)
-	if err := workspaces.SetupWithManager(mgr, agentChanges, workers); err != nil {
-		return err
-	}
-	orphans, err := controllers.NewOrphanCollector(controllers.OrphanCollectorOptions{
-		Cache: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Agents: registry, Held: held,
-		Interval: opts.OrphanCheckInterval, Metrics: metrics, Log: ctrl.Log.WithName("orphans"),
-		Workspaces: registry, Recorder: mgr.GetEventRecorder("bashtask-controller"),
-	})
-	if err != nil {
-		return err
-	}
-	if err := orphans.SetupWithManager(mgr); err != nil {
-		return err
-	}
+	registry := op.Registry
 	r.Registry = registry
-	r.Workspaces = workspaces
-	r.Orphans = orphans
-	r.Metrics = metrics
+	r.Workspaces = op.Workspaces
+	r.Orphans = op.Orphans
+	r.Metrics = op.Metrics
 	go func() {
 		defer close(r.done)
+		defer op.Close()
 		if err := mgr.Start(ctx); err != nil {
 			fmt.Fprintln(os.Stderr, "testrig: manager:", err)
 		}
 	}()
+	if r.outputPort != 0 {
+		if err := r.registerOutputAPI(); err != nil {
+			return fmt.Errorf("serving the output API: %w", err)
+		}
+	}
 	// Start from a steady state: every agent connected and ready (but
 	// those a test disconnected).
 	want := 0
@@ -496,46 +492,32 @@ func (r *Rig) startController() error {
 	return fmt.Errorf("agents not all ready after 90s (manager started its runnables: %v): %+v", elected, registry.Agents())
 }
 
-// startOutputAPI serves output.bashtask.dev as every controller replica
-// does (cmd/bashtask-controller), reading tasks and agent endpoints with
-// the rig's uncached client, registers it with kube-apiserver
-// (localcluster.CreateOutputAPIObjects) and waits until kube-apiserver
-// serves it. It runs until the rig stops, across RestartController.
-func (r *Rig) startOutputAPI(bucketURL string) error {
-	kubeconfig := filepath.Join(r.Dir, "output-api.kubeconfig")
-	if err := r.Env.WriteKubeconfig(kubeconfig); err != nil {
-		return err
-	}
-	tlsCfg, err := tlsutil.ClientConfig(r.Certs.Controller, localcluster.AgentServerName)
-	if err != nil {
-		return err
-	}
-	agents, err := agentpool.NewAgentReaders(r.Client, localcluster.AgentNamespace, localcluster.AgentService, localcluster.AgentPortName, tlsCfg)
-	if err != nil {
+// prepareOutputAPI chooses the output API's port and writes the
+// kubeconfig it authenticates requests with; the controller's manager
+// then serves it (operator.Setup), as every controller replica does.
+func (r *Rig) prepareOutputAPI(bucketURL string) error {
+	r.outputKubeconfig = filepath.Join(r.Dir, "output-api.kubeconfig")
+	if err := r.Env.WriteKubeconfig(r.outputKubeconfig); err != nil {
 		return err
 	}
 	port, err := localcluster.FreePort("127.0.0.1")
 	if err != nil {
 		return err
 	}
-	srv, err := outputapi.New(r.ctx, outputapi.Config{
-		BindAddress: net.IPv4(127, 0, 0, 1), Port: port, CertDir: r.Certs.OutputAPIDir, Kubeconfig: kubeconfig,
-		Tasks: r.Client, Agents: agents, BucketURL: bucketURL,
-	})
-	if err != nil {
-		agents.Close()
-		return err
-	}
-	r.outputDone = make(chan struct{})
-	go func() {
-		defer close(r.outputDone)
-		defer agents.Close()
-		if err := srv.Start(r.ctx); err != nil && r.ctx.Err() == nil {
-			fmt.Fprintln(os.Stderr, "testrig: output API:", err)
+	r.outputPort, r.bucketURL = port, bucketURL
+	return nil
+}
+
+// registerOutputAPI registers the output API with kube-apiserver
+// (localcluster.CreateOutputAPIObjects) the first time, and waits until
+// kube-apiserver serves it: after a RestartController too, since the
+// server runs in the controller's manager.
+func (r *Rig) registerOutputAPI() error {
+	if !r.outputRegistered {
+		if err := localcluster.CreateOutputAPIObjects(r.ctx, r.Client, r.outputPort, r.Certs); err != nil {
+			return err
 		}
-	}()
-	if err := localcluster.CreateOutputAPIObjects(r.ctx, r.Client, port, r.Certs); err != nil {
-		return err
+		r.outputRegistered = true
 	}
 	return localcluster.WaitOutputAPI(r.ctx, r.Env.Config, 60*time.Second)
 }
