@@ -211,19 +211,8 @@ func Setup(ctx context.Context, mgr ctrl.Manager, o Options) (op *Operator, err 
 	op.Registry = registry
 
 	op.Metrics = controllers.NewMetrics(registry.Agents)
-	if o.Metrics != nil {
-		if err := op.Metrics.Register(o.Metrics); err != nil {
-			return op, fmt.Errorf("registering metrics: %w", err)
-		}
-		collectors := []prometheus.Collector{registry.StreamEnds, controllers.NewWorkspacePhases(mgr.GetClient())}
-		if f, ok := fence.(interface{ Collector() prometheus.Collector }); ok {
-			collectors = append(collectors, f.Collector())
-		}
-		for _, c := range collectors {
-			if err := o.Metrics.Register(c); err != nil {
-				return op, fmt.Errorf("registering metrics: %w", err)
-			}
-		}
+	if err := op.registerMetrics(mgr, o.Metrics, fence); err != nil {
+		return op, err
 	}
 
 	recorder := mgr.GetEventRecorder(RecorderName)
@@ -267,6 +256,28 @@ func Setup(ctx context.Context, mgr ctrl.Manager, o Options) (op *Operator, err 
 // have yet) and output from the agents, with the controller's client
 // certificate, through connections of its own: the registry's are only
 // on the leader.
+// registerMetrics adds the task metrics, the agents' Watch stream ends,
+// the workspace phases and, when the fence exports one, its refusal
+// counter to reg; a nil reg registers nothing.
+func (op *Operator) registerMetrics(mgr ctrl.Manager, reg prometheus.Registerer, fence agentpool.Fencer) error {
+	if reg == nil {
+		return nil
+	}
+	if err := op.Metrics.Register(reg); err != nil {
+		return fmt.Errorf("registering metrics: %w", err)
+	}
+	collectors := []prometheus.Collector{op.Registry.StreamEnds, controllers.NewWorkspacePhases(mgr.GetClient())}
+	if f, ok := fence.(interface{ Collector() prometheus.Collector }); ok {
+		collectors = append(collectors, f.Collector())
+	}
+	for _, c := range collectors {
+		if err := reg.Register(c); err != nil {
+			return fmt.Errorf("registering metrics: %w", err)
+		}
+	}
+	return nil
+}
+
 func (op *Operator) addOutputAPI(ctx context.Context, mgr ctrl.Manager, o Options) error {
 	readers, err := agentpool.NewAgentReaders(mgr.GetClient(), o.AgentNamespace, o.AgentService, o.AgentPortName, o.AgentTLS)
 	if err != nil {

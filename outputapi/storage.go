@@ -105,6 +105,15 @@ func (s *Server) fromStorage(ctx context.Context, lr *logResponse, task *bashtas
 		}
 		return s.fromAgentBucket(ctx, lr, task, stream, o, *ss.Spill.URL, gone)
 	}
+	return s.fromBucket(ctx, lr, task, o, ss, key, gone)
+
+}
+
+// fromBucket serves lr from the task's uploaded copy of the stream, the
+// object key in the controller's bucket, up to the stream's total (the
+// copy may hold only its first spillLimitBytes). gone makes the error for
+// bytes that can no longer be served.
+func (s *Server) fromBucket(ctx context.Context, lr *logResponse, task *bashtaskv1alpha1.BashTask, o outputv1alpha1.LogOptions, ss *bashtaskv1alpha1.StreamStatus, key string, gone func(string) error) error {
 	total := int64(0)
 	if ss.TotalBytes != nil {
 		total = *ss.TotalBytes

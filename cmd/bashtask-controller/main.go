@@ -4,6 +4,8 @@
 package main
 
 import (
+	"cmp"
+	"crypto/tls"
 	"errors"
 	"flag"
 	"fmt"
@@ -11,6 +13,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/tools/leaderelection/resourcelock"
@@ -141,17 +144,10 @@ func run(cmd *cobra.Command, o *options) error {
 		return err
 	}
 
-	serverName := o.agentServerName
-	if serverName == "" {
-		serverName = fmt.Sprintf("%s.%s.svc", o.agentService, o.agentNamespace)
-	}
-	files, err := tlsutil.NewFiles(o.certFile, o.keyFile, o.caFile)
+	serverName := cmp.Or(o.agentServerName, fmt.Sprintf("%s.%s.svc", o.agentService, o.agentNamespace))
+	tlsCfg, err := agentTLS(o, serverName)
 	if err != nil {
-		return fmt.Errorf("loading the client certificate for the agents: %w", err)
-	}
-	tlsCfg, err := tlsutil.ClientConfig(files, serverName)
-	if err != nil {
-		return fmt.Errorf("building the TLS configuration for the agents: %w", err)
+		return err
 	}
 
 	restCfg, err := ctrl.GetConfig()
@@ -177,21 +173,7 @@ func run(cmd *cobra.Command, o *options) error {
 		fencer, lock = fence, fence
 	}
 
-	ropts := controllers.DefaultOptions()
-	ropts.MaxRunningPerOwner = o.maxRunningPerOwner
-	ropts.ProgressInterval = o.progressInterval
-	ropts.AgentLostAfter = o.agentLost
-	ropts.WorkspaceRefreshInterval = o.workspaceRefresh
-	ropts.RunningStatusDelay = o.runningDelay
-	ropts.OrphanCheckInterval = o.orphanCheckInterval
-	ropts.StatusBudgetBytes = o.statusBudget
-	ropts.MaxTimeoutSeconds = o.maxTimeout
-	ropts.TTLDeletesGitOpsManaged = o.ttlDeletesGitOpsManaged
-	ropts.AgentTolerations = tolerations
-	if o.defaultTTL >= 0 {
-		ttl := o.defaultTTL
-		ropts.DefaultTTLSecondsAfterFinished = &ttl
-	}
+	ropts := o.reconcilerOptions(tolerations)
 	outputAPI, err := outputAPIOptions(o)
 	if err != nil {
 		return err
@@ -240,4 +222,41 @@ func run(cmd *cobra.Command, o *options) error {
 		return fmt.Errorf("running the manager: %w", err)
 	}
 	return nil
+}
+
+// agentTLS returns the client TLS configuration for the agents: the
+// controller's certificate from --cert-file and --key-file, the agents' CA
+// from --ca-file, and serverName as the name the agents' certificate must
+// carry.
+func agentTLS(o *options, serverName string) (*tls.Config, error) {
+	files, err := tlsutil.NewFiles(o.certFile, o.keyFile, o.caFile)
+	if err != nil {
+		return nil, fmt.Errorf("loading the client certificate for the agents: %w", err)
+	}
+	tlsCfg, err := tlsutil.ClientConfig(files, serverName)
+	if err != nil {
+		return nil, fmt.Errorf("building the TLS configuration for the agents: %w", err)
+	}
+	return tlsCfg, nil
+}
+
+// reconcilerOptions are the reconcilers' settings from the flags, on top
+// of controllers.DefaultOptions.
+func (o *options) reconcilerOptions(tolerations []corev1.Toleration) controllers.Options {
+	ropts := controllers.DefaultOptions()
+	ropts.MaxRunningPerOwner = o.maxRunningPerOwner
+	ropts.ProgressInterval = o.progressInterval
+	ropts.AgentLostAfter = o.agentLost
+	ropts.WorkspaceRefreshInterval = o.workspaceRefresh
+	ropts.RunningStatusDelay = o.runningDelay
+	ropts.OrphanCheckInterval = o.orphanCheckInterval
+	ropts.StatusBudgetBytes = o.statusBudget
+	ropts.MaxTimeoutSeconds = o.maxTimeout
+	ropts.TTLDeletesGitOpsManaged = o.ttlDeletesGitOpsManaged
+	ropts.AgentTolerations = tolerations
+	if o.defaultTTL >= 0 {
+		ttl := o.defaultTTL
+		ropts.DefaultTTLSecondsAfterFinished = &ttl
+	}
+	return ropts
 }
