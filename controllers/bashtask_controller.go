@@ -223,6 +223,27 @@ func (r *BashTaskReconciler) waitingForOwnerSlot(ctx context.Context, o client.O
 }
 
 // Reconcile moves one task one step towards its terminal state.
+//
+// A pass reads the task, releases one deleted before it was dispatched,
+// copies its status, and runs the one phase function the task's state
+// selects: reconcilePending (not dispatched yet), reconcileDispatched (on
+// an agent, not terminal) or reconcileFinished (terminal). A phase changes
+// the status in memory, makes the agent calls it needs and returns a
+// taskDecision; it never calls another phase. The status is then written
+// once, at the end of the pass and only if it changed, and the pass's
+// events and the steps that must follow a recorded status (an agent's
+// Forget, the finalizer, the TTL) run only after that write succeeded: an
+// event never announces what the API does not show, and an agent drops
+// its copy of a task only once the status says where the output went.
+//
+// A phase that ends a task leaves the rest to the next pass, which the
+// watch event of that terminal write brings: reconcileFinished then works
+// from the terminal status as stored.
+//
+// The single exception to one write per pass is the write-ahead in
+// reconcilePending (see writeAhead): the chosen node is written before the
+// agent is asked to Start, so that a controller that stops between the two
+// finds the node recorded and cannot start the task twice.
 func (r *BashTaskReconciler) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
 	bt := &bashtaskv1alpha1.BashTask{}
 	if err := r.client.Get(ctx, req.NamespacedName, bt); err != nil {
@@ -232,35 +253,83 @@ func (r *BashTaskReconciler) Reconcile(ctx context.Context, req reconcile.Reques
 		}
 		return reconcile.Result{}, client.IgnoreNotFound(err)
 	}
+	log := ctrl.LoggerFrom(ctx).WithValues("uid", bt.UID, "phase", phaseOf(&bt.Status), "node", nodeOf(&bt.Status))
+	ctx = ctrl.LoggerInto(ctx, log)
 	if r.written.stale(req.NamespacedName, bt.ResourceVersion) {
 		// This process wrote a newer version than the cache holds: a pass
 		// on this copy would redo work already done (a second dispatch
 		// attempt that ends in a conflict, a live read). The watch event
 		// of that newer version is still to come and triggers the next
 		// pass, so nothing needs requeueing.
-		ctrl.LoggerFrom(ctx).V(1).Info("Cache behind this controller's last write; waiting for it", "resourceVersion", bt.ResourceVersion)
+		log.V(1).Info("Cache behind this controller's last write; waiting for it", "resourceVersion", bt.ResourceVersion)
 		return reconcile.Result{}, nil
 	}
-	var res reconcile.Result
-	var err error
-	switch {
-	case isTerminal(bt):
-		res, err = r.reconcileFinished(ctx, bt)
-	case isDispatched(bt):
-		res, err = r.reconcileDispatched(ctx, bt)
-	default:
-		res, err = r.reconcilePending(ctx, bt)
-	}
+	res, err := r.reconcile(ctx, bt)
 	if apierrors.IsConflict(err) {
 		// The cache was behind the object: nothing computed from it was
 		// stored. The watch event of the newer version triggers the next
 		// pass, which starts from fresh state; the requeue is the safety
 		// net should that event have been coalesced into this pass. It
 		// costs a read of the cache, never a write.
-		ctrl.LoggerFrom(ctx).V(1).Info("Stale object; waiting for the newer version", "err", err)
+		log.V(1).Info("Stale object; waiting for the newer version", "err", err)
 		return reconcile.Result{RequeueAfter: r.opts.RetryInterval}, nil
 	}
 	return res, err
+}
+
+// reconcile is one pass on bt: the finalizer of a task deleted before
+// dispatch, then one phase, one status write, then what the decision owes
+// once the status is recorded.
+func (r *BashTaskReconciler) reconcile(ctx context.Context, bt *bashtaskv1alpha1.BashTask) (reconcile.Result, error) {
+	if !bt.DeletionTimestamp.IsZero() && !isDispatched(bt) && !isTerminal(bt) {
+		// Nothing was started, so nothing is left to stop. The finalizer
+		// is only added just before the write-ahead (a task that never
+		// dispatches costs no write for it), and removed here.
+		return reconcile.Result{}, r.removeFinalizer(ctx, bt)
+	}
+	old := bt.Status.DeepCopy()
+	var d taskDecision
+	var err error
+	switch {
+	case isTerminal(bt):
+		d, err = r.reconcileFinished(ctx, bt)
+	case isDispatched(bt):
+		d, err = r.reconcileDispatched(ctx, bt, old)
+	default:
+		d, err = r.reconcilePending(ctx, bt, old)
+	}
+	if d.write != "" {
+		if werr := r.writeStatus(ctx, bt, old, d.write); werr != nil {
+			return reconcile.Result{}, errors.Join(werr, err)
+		}
+	}
+	if err != nil {
+		return reconcile.Result{}, err
+	}
+	return r.afterWrite(ctx, bt, d)
+}
+
+// afterWrite runs what d owes once the pass's status is recorded: the
+// progress throttle's stamp, the events, the finish metric and the steps
+// of a finished task.
+func (r *BashTaskReconciler) afterWrite(ctx context.Context, bt *bashtaskv1alpha1.BashTask, d taskDecision) (reconcile.Result, error) {
+	if d.progress {
+		r.progressMu.Lock()
+		r.progress[bt.UID] = r.clock.Now()
+		r.progressMu.Unlock()
+	}
+	for _, e := range d.events {
+		r.recorder.Eventf(bt, nil, e.typ, e.reason, e.action, "%s", e.note)
+	}
+	if d.finished && r.metrics != nil {
+		r.metrics.observeFinish(bt)
+	}
+	if d.finish != nil {
+		if err := r.finish(ctx, bt, *d.finish); err != nil {
+			return reconcile.Result{}, err
+		}
+	}
+	return d.result, nil
 }
 
 // isTerminal reports whether the task has its terminal reason.
@@ -271,166 +340,137 @@ func isDispatched(bt *bashtaskv1alpha1.BashTask) bool {
 	return nodeOf(&bt.Status) != "" && bt.Status.Agent != nil
 }
 
-// reconcilePending handles a task not yet dispatched.
-func (r *BashTaskReconciler) reconcilePending(ctx context.Context, bt *bashtaskv1alpha1.BashTask) (reconcile.Result, error) {
-	if !bt.DeletionTimestamp.IsZero() {
-		return reconcile.Result{}, r.removeFinalizer(ctx, bt)
-	}
-	old := bt.Status.DeepCopy()
+// reconcilePending is the phase of a task not yet dispatched: it waits for
+// what the task needs (its workspace, its references, an owner slot, an
+// agent), or ends it when waiting cannot help, and else records the
+// placement (write-ahead) and starts the task. old is updated by the
+// write-ahead.
+func (r *BashTaskReconciler) reconcilePending(ctx context.Context, bt *bashtaskv1alpha1.BashTask, old *bashtaskv1alpha1.BashTaskStatus) (taskDecision, error) {
 	now := r.clock.Now()
-	if isTrue(bt.Spec.CancelRequested) {
-		setTerminal(bt, bashtaskv1alpha1.ReasonCancelled, "cancelled before it was dispatched", now)
-		return reconcile.Result{}, r.writeStatus(ctx, bt, old, "terminal")
+	if d := specGate(bt, now); d != nil {
+		return *d, nil
 	}
-	if isTrue(bt.Spec.Suspend) {
-		setPending(bt, ReasonSuspended, "spec.suspend is true; the task is not dispatched")
-		return reconcile.Result{}, r.writeStatus(ctx, bt, old, "pending")
-	}
-
 	var target *workspaceTarget
 	if ptr.Deref(bt.Spec.Workspace, "") != "" {
 		c, err := r.checkWorkspace(ctx, bt)
-		switch {
-		case err != nil:
-			return reconcile.Result{}, err
-		case c.end != "":
-			setTerminal(bt, c.end, c.message, now)
-			return reconcile.Result{}, r.writeStatus(ctx, bt, old, "terminal")
-		case c.target == nil:
-			// The workspace's changes wake the task (see
-			// tasksWaitingForWorkspace); the requeue is the safety net.
-			setPending(bt, c.wait, c.message)
-			return reconcile.Result{RequeueAfter: runningResync}, r.writeStatus(ctx, bt, old, "pending")
+		if err != nil {
+			return taskDecision{}, err
+		}
+		if d := workspaceGate(bt, c, now); d != nil {
+			return *d, nil
 		}
 		target = c.target
 	}
-
 	resolved, err := r.resolve(ctx, bt)
-	var missing *missingReferenceError
-	var invalid *invalidValueError
-	switch {
-	case errors.As(err, &missing):
-		setPending(bt, ReasonMissingReference, missing.Error())
-		if werr := r.writeStatus(ctx, bt, old, "pending"); werr != nil {
-			return reconcile.Result{}, werr
-		}
-		if conditionChanged(old, bt, bashtaskv1alpha1.ConditionScheduled) {
-			r.recorder.Eventf(bt, nil, corev1.EventTypeWarning, ReasonMissingReference, "Resolve", "%s", missing.Error())
-		}
-		return reconcile.Result{RequeueAfter: r.opts.RetryInterval}, nil
-	case errors.As(err, &invalid):
-		setTerminal(bt, bashtaskv1alpha1.ReasonInvalidSpec, invalid.Error(), now)
-		return reconcile.Result{}, r.writeStatus(ctx, bt, old, "terminal")
-	case err != nil:
-		return reconcile.Result{}, err
+	if d := resolveGate(bt, old, err, now, r.opts.RetryInterval); d != nil {
+		return *d, nil
 	}
-
+	if err != nil {
+		return taskDecision{}, err
+	}
 	release, admitted, err := r.admitOwner(ctx, bt)
 	if err != nil {
-		return reconcile.Result{}, err
+		return taskDecision{}, err
 	}
 	if !admitted {
 		setPending(bt, ReasonOwnerLimit, fmt.Sprintf("owner %q already runs %d tasks, the --max-running-per-owner limit", ptr.Deref(bt.Spec.Owner, ""), r.opts.MaxRunningPerOwner))
-		return reconcile.Result{RequeueAfter: r.opts.RetryInterval}, r.writeStatus(ctx, bt, old, "pending")
+		return taskDecision{write: "pending", result: reconcile.Result{RequeueAfter: r.opts.RetryInterval}}, nil
 	}
-
-	var agent *agentpool.AgentState
-	reason, why, refused := ReasonNoAgent, "", ""
-	if target != nil {
-		// A workspace's tasks go where its files are, whatever the
-		// node's scheduling state (docs/workspaces.md, placement).
-		resolved.workspace = target.ref
-		agent, why = r.workspaceAgent(target)
-	} else {
-		agent, reason, why, refused = r.place(ctx, bt)
-	}
-	if refused != "" {
-		release()
-		setTerminal(bt, bashtaskv1alpha1.ReasonInvalidSpec, refused, now)
-		return reconcile.Result{}, r.writeStatus(ctx, bt, old, "terminal")
-	}
+	agent, d := r.choose(ctx, bt, target, resolved, now)
 	if agent == nil {
 		release()
-		setPending(bt, reason, why)
-		return reconcile.Result{RequeueAfter: r.opts.RetryInterval}, r.writeStatus(ctx, bt, old, "pending")
+		return d, nil
 	}
-	// Checked before the write-ahead: a task the agent would refuse is
-	// never dispatched, and the message says by how much it is over.
-	if msg := startSizeError(r.taskSpecOn(bt, resolved, agent.Node), agent); msg != "" {
+	// The documented exception to one status write per pass, at its end
+	// (see Reconcile): the placement is written here, before Start, so
+	// that a crash between the two leaves the node recorded and the task
+	// can never be started twice, or elsewhere, unrecorded.
+	if err := r.writeAhead(ctx, bt, old, agent); err != nil {
 		release()
-		setTerminal(bt, bashtaskv1alpha1.ReasonInvalidSpec, msg, now)
-		return reconcile.Result{}, r.writeStatus(ctx, bt, old, "terminal")
-	}
-
-	if !controllerutil.ContainsFinalizer(bt, Finalizer) {
-		if err := r.leading("finalizer"); err != nil {
-			release()
-			return reconcile.Result{}, fmt.Errorf("dispatching %s: %w", klog.KObj(bt), err)
-		}
-		controllerutil.AddFinalizer(bt, Finalizer)
-		if err := r.client.Update(ctx, bt); err != nil {
-			release()
-			return reconcile.Result{}, fmt.Errorf("adding finalizer to %s: %w", klog.KObj(bt), err)
-		}
-		r.written.wrote(bt)
-	}
-
-	// Write ahead: the placement is recorded before Start is called, and the
-	// write is conditional on the resourceVersion we read. A stale cache or
-	// a second controller loses the race here with a conflict instead of
-	// starting the task elsewhere, which makes dispatch at-most-once.
-	bt.Status.NodeName = ptr.To(agent.Node)
-	bt.Status.Agent = &bashtaskv1alpha1.AgentRef{Pod: optional(agent.Pod), Incarnation: optional(agent.Incarnation)}
-	bt.Status.Phase = ptr.To(bashtaskv1alpha1.PhasePending)
-	setCondition(bt, bashtaskv1alpha1.ConditionScheduled, true, ReasonDispatched, fmt.Sprintf("dispatched to the agent on node %s", agent.Node))
-	if err := r.writeStatus(ctx, bt, old, "dispatch"); err != nil {
-		release()
-		return reconcile.Result{}, err
+		return taskDecision{}, err
 	}
 	// No event here: the Scheduled condition records the dispatch, and a
 	// short task would pay one more API write for it. A task's events are
 	// Started (only for one still running after --running-status-delay),
 	// its outcome (every failure; a success after a Started), and
 	// anomalies.
-	return r.start(ctx, bt, resolved)
+	return r.start(ctx, bt, resolved, old)
 }
 
-// start sends a written-ahead task to its agent and records the reply.
-func (r *BashTaskReconciler) start(ctx context.Context, bt *bashtaskv1alpha1.BashTask, resolved *resolvedInput) (reconcile.Result, error) {
+// choose places the task, on its workspace's node (whatever that node's
+// scheduling state: the task goes where the files are, see
+// docs/workspaces.md) or by place, and checks that the agent would accept
+// its Start. It returns the agent, or nil and the decision of a task that
+// waits or ends. The size check comes before the write-ahead: a task the
+// agent would refuse is never dispatched, and the message says by how
+// much it is over.
+func (r *BashTaskReconciler) choose(ctx context.Context, bt *bashtaskv1alpha1.BashTask, target *workspaceTarget, resolved *resolvedInput, now time.Time) (*agentpool.AgentState, taskDecision) {
+	var pl placement
+	if target != nil {
+		resolved.workspace = target.ref
+		pl = r.workspaceAgent(target)
+	} else {
+		pl = r.place(ctx, bt)
+	}
+	if d := placementGate(bt, pl, now, r.opts.RetryInterval); d != nil {
+		return nil, *d
+	}
+	if msg := startSizeError(r.taskSpecOn(bt, resolved, pl.agent.Node), pl.agent); msg != "" {
+		setTerminal(bt, bashtaskv1alpha1.ReasonInvalidSpec, msg, now)
+		return nil, taskDecision{write: "terminal"}
+	}
+	return pl.agent, taskDecision{}
+}
+
+// writeAhead adds the finalizer and records the placement on agent before
+// Start is called: the one status write of a pass that is not its last
+// (see Reconcile). The write is conditional on the resourceVersion read,
+// so a stale cache or a second controller loses the race here with a
+// conflict instead of starting the task elsewhere, and a controller that
+// stops after it finds the node the task may run on: dispatch is
+// at-most-once. old becomes the status written, which the pass's final
+// write compares with.
+func (r *BashTaskReconciler) writeAhead(ctx context.Context, bt *bashtaskv1alpha1.BashTask, old *bashtaskv1alpha1.BashTaskStatus, agent *agentpool.AgentState) error {
+	if !controllerutil.ContainsFinalizer(bt, Finalizer) {
+		if err := r.leading("finalizer"); err != nil {
+			return fmt.Errorf("dispatching %s: %w", klog.KObj(bt), err)
+		}
+		controllerutil.AddFinalizer(bt, Finalizer)
+		if err := r.client.Update(ctx, bt); err != nil {
+			return fmt.Errorf("adding finalizer to %s: %w", klog.KObj(bt), err)
+		}
+		r.written.wrote(bt)
+	}
+	bt.Status.NodeName = ptr.To(agent.Node)
+	bt.Status.Agent = &bashtaskv1alpha1.AgentRef{Pod: optional(agent.Pod), Incarnation: optional(agent.Incarnation)}
+	bt.Status.Phase = ptr.To(bashtaskv1alpha1.PhasePending)
+	setCondition(bt, bashtaskv1alpha1.ConditionScheduled, true, ReasonDispatched, fmt.Sprintf("dispatched to the agent on node %s", agent.Node))
+	if err := r.writeStatus(ctx, bt, old, "dispatch"); err != nil {
+		return err
+	}
+	*old = *bt.Status.DeepCopy()
+	return nil
+}
+
+// start sends a written-ahead task to its agent and decides on the reply.
+// resolved is nil when the pass that wrote the dispatch is not this one
+// (a controller restarted in between, a Start whose reply was lost): the
+// references are read again then. old is the status as last written.
+func (r *BashTaskReconciler) start(ctx context.Context, bt *bashtaskv1alpha1.BashTask, resolved *resolvedInput, old *bashtaskv1alpha1.BashTaskStatus) (taskDecision, error) {
 	if resolved == nil {
+		var d *taskDecision
 		var err error
-		if resolved, err = r.resolve(ctx, bt); err != nil {
-			// The values existed at dispatch; one removed since then cannot
-			// be waited for on an assigned node.
-			old := bt.Status.DeepCopy()
-			setTerminal(bt, bashtaskv1alpha1.ReasonInvalidSpec, fmt.Sprintf("resolving values for dispatch: %v", err), r.clock.Now())
-			return reconcile.Result{}, r.writeStatus(ctx, bt, old, "terminal")
+		if resolved, d, err = r.resolveAgain(ctx, bt); d != nil || err != nil {
+			return ptr.Deref(d, taskDecision{}), err
 		}
-		ref, gone, err := r.workspaceRef(ctx, bt)
-		if err != nil {
-			return reconcile.Result{}, err
-		}
-		if gone != "" {
-			old := bt.Status.DeepCopy()
-			setTerminal(bt, bashtaskv1alpha1.ReasonCancelled, gone, r.clock.Now())
-			if err := r.writeStatus(ctx, bt, old, "terminal"); err != nil {
-				return reconcile.Result{}, err
-			}
-			return r.reconcileFinished(ctx, bt)
-		}
-		resolved.workspace = ref
 	}
 	spec := r.taskSpec(bt, resolved)
 	node := nodeOf(&bt.Status)
 	if agent := r.agents.Agent(node); agent.Connected {
 		// The values may have changed since the dispatch was written.
 		if msg := startSizeError(spec, &agent); msg != "" {
-			old := bt.Status.DeepCopy()
 			setTerminal(bt, bashtaskv1alpha1.ReasonInvalidSpec, msg, r.clock.Now())
-			if err := r.writeStatus(ctx, bt, old, "terminal"); err != nil {
-				return reconcile.Result{}, err
-			}
-			return r.reconcileFinished(ctx, bt)
+			return taskDecision{write: "terminal"}, nil
 		}
 	}
 	ts, err := r.agents.StartTask(ctx, node, spec)
@@ -438,12 +478,12 @@ func (r *BashTaskReconciler) start(ctx context.Context, bt *bashtaskv1alpha1.Bas
 		// The agent runs its maximum and started nothing; the task waits
 		// for a slot on the node it is recorded on.
 		ctrl.LoggerFrom(ctx).V(1).Info("Agent at capacity; retrying", "node", node)
-		return reconcile.Result{RequeueAfter: r.opts.RetryInterval / 4}, nil
+		return taskDecision{result: reconcile.Result{RequeueAfter: r.opts.RetryInterval / 4}}, nil
 	}
 	if err != nil {
 		// The task stays assigned to this agent: Start is idempotent on the
 		// UID, so retrying there can never run it twice.
-		return reconcile.Result{}, fmt.Errorf("dispatching %s: %w", klog.KObj(bt), err)
+		return taskDecision{}, fmt.Errorf("dispatching %s: %w", klog.KObj(bt), err)
 	}
 	now := r.clock.Now()
 	if r.metrics != nil {
@@ -452,31 +492,44 @@ func (r *BashTaskReconciler) start(ctx context.Context, bt *bashtaskv1alpha1.Bas
 	r.progressMu.Lock()
 	r.started[bt.UID] = now
 	r.progressMu.Unlock()
-	old := bt.Status.DeepCopy()
 	r.applyTaskStatus(bt, ts)
-	return r.afterApply(ctx, bt, old)
+	return r.reported(bt, old), nil
 }
 
-// reconcileDispatched follows a dispatched task on its agent.
-func (r *BashTaskReconciler) reconcileDispatched(ctx context.Context, bt *bashtaskv1alpha1.BashTask) (reconcile.Result, error) {
-	old := bt.Status.DeepCopy()
+// resolveAgain reads a dispatched task's references and workspace for a
+// Start the dispatching pass did not make. It returns the decision of a
+// task that can no longer start: a value removed since the dispatch cannot
+// be waited for on an assigned node, and a workspace deleted since ends
+// its tasks Cancelled.
+func (r *BashTaskReconciler) resolveAgain(ctx context.Context, bt *bashtaskv1alpha1.BashTask) (*resolvedInput, *taskDecision, error) {
+	resolved, err := r.resolve(ctx, bt)
+	if err != nil {
+		setTerminal(bt, bashtaskv1alpha1.ReasonInvalidSpec, fmt.Sprintf("resolving values for dispatch: %v", err), r.clock.Now())
+		return nil, &taskDecision{write: "terminal"}, nil
+	}
+	ref, gone, err := r.workspaceRef(ctx, bt)
+	if err != nil {
+		return nil, nil, err
+	}
+	if gone != "" {
+		setTerminal(bt, bashtaskv1alpha1.ReasonCancelled, gone, r.clock.Now())
+		return nil, &taskDecision{write: "terminal"}, nil
+	}
+	resolved.workspace = ref
+	return resolved, nil, nil
+}
+
+// reconcileDispatched is the phase of a task on an agent that has not
+// ended: it follows the agent's reports into status, cancels on request,
+// ends the task when its agent is lost or restarted without it, and
+// starts it again where Start never arrived.
+func (r *BashTaskReconciler) reconcileDispatched(ctx context.Context, bt *bashtaskv1alpha1.BashTask, old *bashtaskv1alpha1.BashTaskStatus) (taskDecision, error) {
 	node := nodeOf(&bt.Status)
 	agent := r.agents.Agent(node)
-	incarnation := ptr.Deref(bt.Status.Agent.Incarnation, "")
 	if !agent.Connected {
-		if agent.UnreachableFor >= r.opts.AgentLostAfter {
-			lost := markOutputLost(&bt.Status)
-			setTerminal(bt, bashtaskv1alpha1.ReasonAgentLost,
-				fmt.Sprintf("the agent on node %s was unreachable for %s (--agent-lost-after %s)%s", node, agent.UnreachableFor.Round(time.Second), r.opts.AgentLostAfter, lost), r.clock.Now())
-			if err := r.writeStatus(ctx, bt, old, "terminal"); err != nil {
-				return reconcile.Result{}, err
-			}
-			r.recorder.Eventf(bt, nil, corev1.EventTypeWarning, string(bashtaskv1alpha1.ReasonAgentLost), "Follow", "Agent on node %s lost", node)
-			return r.reconcileFinished(ctx, bt)
-		}
-		return reconcile.Result{RequeueAfter: r.opts.AgentLostAfter - agent.UnreachableFor}, nil
+		return unreachableDecision(bt, agent, r.opts.AgentLostAfter, r.clock.Now()), nil
 	}
-
+	incarnation := ptr.Deref(bt.Status.Agent.Incarnation, "")
 	uid := string(bt.UID)
 	var ts *agentv1.TaskStatus
 	var err error
@@ -489,113 +542,66 @@ func (r *BashTaskReconciler) reconcileDispatched(ctx context.Context, bt *bashta
 	}
 	switch {
 	case errors.Is(err, agentpool.ErrTaskUnknown) && agent.Incarnation == incarnation:
-		// Either Start never reached this incarnation (the controller
-		// stopped between the write-ahead and Start, or the reply was
-		// lost), or the task finished, its terminal status was written and
-		// the agent forgot it, and the cache has not caught up. Only a live
-		// read tells them apart; starting in the second case would run the
-		// command twice.
-		fresh := &bashtaskv1alpha1.BashTask{}
-		if err := r.apiReader.Get(ctx, client.ObjectKeyFromObject(bt), fresh); err != nil {
-			return reconcile.Result{}, client.IgnoreNotFound(err)
-		}
-		if fresh.ResourceVersion != bt.ResourceVersion || isTerminal(fresh) {
-			return reconcile.Result{}, nil // the watch event of the newer version follows
-		}
-		if !bt.DeletionTimestamp.IsZero() || isTrue(bt.Spec.CancelRequested) {
-			setTerminal(bt, bashtaskv1alpha1.ReasonCancelled, "cancelled before the agent started it", r.clock.Now())
-			if err := r.writeStatus(ctx, bt, old, "terminal"); err != nil {
-				return reconcile.Result{}, err
-			}
-			return r.reconcileFinished(ctx, bt)
-		}
-		return r.start(ctx, bt, nil)
+		return r.notStarted(ctx, bt, old)
 	case errors.Is(err, agentpool.ErrTaskUnknown):
 		setTerminal(bt, bashtaskv1alpha1.ReasonAgentRestarted,
 			fmt.Sprintf("the agent on node %s restarted (incarnation %s, was %s) and has no record of the task", node, agent.Incarnation, incarnation), r.clock.Now())
-		if err := r.writeStatus(ctx, bt, old, "terminal"); err != nil {
-			return reconcile.Result{}, err
-		}
-		return r.reconcileFinished(ctx, bt)
+		return taskDecision{write: "terminal"}, nil
 	case err != nil:
-		return reconcile.Result{}, err
+		return taskDecision{}, err
 	}
-
 	if ts.GetState() == agentv1.TaskState_TASK_STATE_RUNNING && (!bt.DeletionTimestamp.IsZero() || isTrue(bt.Spec.CancelRequested)) {
 		if ts, err = r.agents.CancelTask(ctx, node, uid); err != nil {
-			return reconcile.Result{}, err
+			return taskDecision{}, err
 		}
 	}
 	r.applyTaskStatus(bt, ts)
-	return r.afterApply(ctx, bt, old)
+	return r.reported(bt, old), nil
 }
 
-// afterApply writes the status an agent report produced, throttling
-// progress-only changes, and finishes a terminal task.
-func (r *BashTaskReconciler) afterApply(ctx context.Context, bt *bashtaskv1alpha1.BashTask, old *bashtaskv1alpha1.BashTaskStatus) (reconcile.Result, error) {
-	if isTerminal(bt) {
-		if err := r.writeStatus(ctx, bt, old, "terminal"); err != nil {
-			return reconcile.Result{}, err
-		}
-		if reasonOf(&bt.Status) != bashtaskv1alpha1.ReasonSucceeded || phaseOf(old) == bashtaskv1alpha1.PhaseRunning {
-			// Every failure gets an event, a success only when the task
-			// ran long enough to have been reported Running (and so got a
-			// Started event): a Normal event per short successful task
-			// would be one more API write per task, repeating its status.
-			r.recorder.Eventf(bt, nil, eventType(bt), string(reasonOf(&bt.Status)), "Finish", "%s", finishNote(bt))
-		}
-		if r.metrics != nil {
-			r.metrics.observeFinish(bt)
-		}
-		return r.reconcileFinished(ctx, bt)
+// notStarted handles a dispatched task its agent's incarnation does not
+// know. Either Start never reached this incarnation (the controller
+// stopped between the write-ahead and Start, or the reply was lost), or
+// the task finished, its terminal status was written and the agent forgot
+// it, and the cache has not caught up. Only a live read tells them apart;
+// starting in the second case would run the command twice.
+func (r *BashTaskReconciler) notStarted(ctx context.Context, bt *bashtaskv1alpha1.BashTask, old *bashtaskv1alpha1.BashTaskStatus) (taskDecision, error) {
+	fresh := &bashtaskv1alpha1.BashTask{}
+	if err := r.apiReader.Get(ctx, client.ObjectKeyFromObject(bt), fresh); err != nil {
+		return taskDecision{}, client.IgnoreNotFound(err)
 	}
-	kind := "running"
-	if phaseOf(old) != bashtaskv1alpha1.PhaseRunning {
-		r.progressMu.Lock()
-		since, ok := r.started[bt.UID]
-		r.progressMu.Unlock()
-		if wait := r.opts.RunningStatusDelay - r.clock.Since(since); ok && wait > 0 {
-			// Most tasks are short: their terminal status will replace
-			// this write. A task still running then is written Running.
-			return reconcile.Result{RequeueAfter: wait}, nil
-		}
+	if fresh.ResourceVersion != bt.ResourceVersion || isTerminal(fresh) {
+		return taskDecision{}, nil // the watch event of the newer version follows
 	}
-	if phaseOf(old) == bashtaskv1alpha1.PhaseRunning {
-		// Only the tail and byte counts changed: at most one write per
-		// progress interval.
-		kind = "progress"
-		now := r.clock.Now()
-		r.progressMu.Lock()
-		last, seen := r.progress[bt.UID]
-		r.progressMu.Unlock()
-		if seen && now.Sub(last) < r.opts.ProgressInterval {
-			return reconcile.Result{RequeueAfter: r.opts.ProgressInterval - now.Sub(last)}, nil
-		}
+	if !bt.DeletionTimestamp.IsZero() || isTrue(bt.Spec.CancelRequested) {
+		setTerminal(bt, bashtaskv1alpha1.ReasonCancelled, "cancelled before the agent started it", r.clock.Now())
+		return taskDecision{write: "terminal"}, nil
 	}
-	if equality.Semantic.DeepEqual(old, &bt.Status) {
-		// Agent events drive running tasks; this requeue is the safety net
-		// that re-derives their state should an event ever be missed.
-		return reconcile.Result{RequeueAfter: runningResync}, nil
-	}
-	if err := r.writeStatus(ctx, bt, old, kind); err != nil {
-		return reconcile.Result{}, err
-	}
+	return r.start(ctx, bt, nil, old)
+}
+
+// reported decides on the status an agent's report produced (see
+// reportDecision), with this process's record of when it dispatched the
+// task and last wrote its progress.
+func (r *BashTaskReconciler) reported(bt *bashtaskv1alpha1.BashTask, old *bashtaskv1alpha1.BashTaskStatus) taskDecision {
 	r.progressMu.Lock()
-	r.progress[bt.UID] = r.clock.Now()
+	started, dispatched := r.started[bt.UID]
+	last, written := r.progress[bt.UID]
 	r.progressMu.Unlock()
-	if phaseOf(old) != bashtaskv1alpha1.PhaseRunning && phaseOf(&bt.Status) == bashtaskv1alpha1.PhaseRunning {
-		r.recorder.Eventf(bt, nil, corev1.EventTypeNormal, ReasonStarted, "Start", "Started on node %s", nodeOf(&bt.Status))
-	}
-	return reconcile.Result{RequeueAfter: runningResync}, nil
+	return reportDecision(bt, old, reportTimes{
+		now: r.clock.Now(), started: started, dispatched: dispatched, lastProgress: last, progressWritten: written,
+	}, r.opts.RunningStatusDelay, r.opts.ProgressInterval)
 }
 
 // runningResync is how often a running task is looked at without an agent
 // event.
 const runningResync = 30 * time.Second
 
-// reconcileFinished handles a terminal task: pending uploads, Forget, the
-// finalizer and the TTL.
-func (r *BashTaskReconciler) reconcileFinished(ctx context.Context, bt *bashtaskv1alpha1.BashTask) (reconcile.Result, error) {
+// reconcileFinished is the phase of a terminal task: it records that a
+// spec change was seen and the uploads that finish after the terminal
+// report, and plans what follows the recorded status (the agent's Cancel
+// or Forget, the finalizer, the TTL; see planFinish).
+func (r *BashTaskReconciler) reconcileFinished(ctx context.Context, bt *bashtaskv1alpha1.BashTask) (taskDecision, error) {
 	r.forgetProgress(bt.UID)
 	node := nodeOf(&bt.Status)
 	agent := agentpool.AgentState{}
@@ -609,14 +615,12 @@ func (r *BashTaskReconciler) reconcileFinished(ctx context.Context, bt *bashtask
 	// and one that still runs it refuses.
 	connected := agent.Connected
 
+	var d taskDecision
 	if ptr.Deref(bt.Status.ObservedGeneration, 0) != bt.Generation && bt.DeletionTimestamp.IsZero() {
 		// A spec change after the end (cancelRequested, suspend, the TTL)
 		// changes nothing in the outcome, but the status must say it was
 		// seen: tools compare generation and observedGeneration.
-		old := bt.Status.DeepCopy()
-		if err := r.writeStatus(ctx, bt, old, "observed"); err != nil {
-			return reconcile.Result{}, err
-		}
+		d.write = "observed"
 	}
 	if connected && uploadPending(bt) {
 		// Uploads finish after the terminal report; follow them into the
@@ -626,63 +630,58 @@ func (r *BashTaskReconciler) reconcileFinished(ctx context.Context, bt *bashtask
 		if !ok {
 			ts, err = r.agents.GetTask(ctx, node, string(bt.UID))
 		}
-		if err == nil {
-			old := bt.Status.DeepCopy()
+		switch {
+		case err == nil:
+			before := bt.Status.DeepCopy()
 			applyUploads(bt, ts)
-			if err := r.writeStatus(ctx, bt, old, "upload"); err != nil {
-				return reconcile.Result{}, err
+			if d.write == "" || !equality.Semantic.DeepEqual(before, &bt.Status) {
+				d.write = "upload"
 			}
-		} else if !errors.Is(err, agentpool.ErrTaskUnknown) {
-			return reconcile.Result{}, err
+		case !errors.Is(err, agentpool.ErrTaskUnknown):
+			return d, err
 		}
 	}
-
 	// Latest's ok is Holds: the connected agent still reports the task.
-	if ts, held := r.agents.Latest(node, string(bt.UID)); connected && !uploadPending(bt) && held {
-		if ts.GetState() == agentv1.TaskState_TASK_STATE_RUNNING {
-			// Recorded terminal while its agent still runs it: the node
-			// was declared lost while unreachable (AgentLost) and is back.
-			// The recorded outcome stands; the command is stopped, and
-			// the agent's report of its end brings the task here again to
-			// be forgotten.
-			if _, err := r.agents.CancelTask(ctx, node, string(bt.UID)); err != nil && !errors.Is(err, agentpool.ErrTaskUnknown) {
-				return reconcile.Result{}, err
-			}
-			return reconcile.Result{}, nil
-		}
-		// The terminal status and the object references are recorded: the
-		// agent may drop its copy. Not earlier: an agent that forgot a task
-		// can no longer tell where its output went.
-		if _, err := r.agents.ForgetTask(ctx, node, string(bt.UID)); err != nil {
-			return reconcile.Result{}, err
-		}
-	}
-	if !bt.DeletionTimestamp.IsZero() {
-		// The finalizer stays on a finished task until it is deleted:
-		// removing it earlier would cost every task one more write.
-		return reconcile.Result{}, r.removeFinalizer(ctx, bt)
-	}
+	ts, held := r.agents.Latest(node, string(bt.UID))
+	plan, wait := planFinish(bt, finishState{
+		held:       connected && !uploadPending(bt) && held,
+		running:    ts.GetState() == agentv1.TaskState_TASK_STATE_RUNNING,
+		defaultTTL: r.opts.DefaultTTLSecondsAfterFinished,
+		now:        r.clock.Now(),
+	})
+	d.finish = &plan
+	d.result = reconcile.Result{RequeueAfter: wait}
+	return d, nil
+}
 
-	ttl := bt.Spec.TTLSecondsAfterFinished
-	if ttl == nil {
-		ttl = r.opts.DefaultTTLSecondsAfterFinished
+// finish carries out the plan of a finished task once its status is
+// recorded (see finishPlan): the Forget only then, since an agent that
+// forgot a task can no longer tell where its output went, and the event
+// of a task kept past its TTL (keepManaged) only then too.
+func (r *BashTaskReconciler) finish(ctx context.Context, bt *bashtaskv1alpha1.BashTask, p finishPlan) error {
+	node, uid := nodeOf(&bt.Status), string(bt.UID)
+	switch p.agent {
+	case finishCancel:
+		if _, err := r.agents.CancelTask(ctx, node, uid); err != nil && !errors.Is(err, agentpool.ErrTaskUnknown) {
+			return err
+		}
+		return nil
+	case finishForget:
+		if _, err := r.agents.ForgetTask(ctx, node, uid); err != nil {
+			return err
+		}
 	}
-	if ttl == nil || bt.Status.CompletionTime == nil {
-		return reconcile.Result{}, nil
+	switch {
+	case p.removeFinalizer:
+		return r.removeFinalizer(ctx, bt)
+	case p.ttlDue && !r.keepManaged(bt, p.ttl):
+		// The UID precondition keeps a task recreated under the same name safe.
+		uid := bt.UID
+		if err := r.client.Delete(ctx, bt, client.Preconditions{UID: &uid}); err != nil && !apierrors.IsNotFound(err) {
+			return fmt.Errorf("deleting %s after its TTL: %w", klog.KObj(bt), err)
+		}
 	}
-	due := bt.Status.CompletionTime.Add(time.Duration(*ttl) * time.Second)
-	if wait := due.Sub(r.clock.Now()); wait > 0 {
-		return reconcile.Result{RequeueAfter: wait}, nil
-	}
-	if r.keepManaged(bt, *ttl) {
-		return reconcile.Result{}, nil
-	}
-	// The UID precondition keeps a task recreated under the same name safe.
-	uid := bt.UID
-	if err := r.client.Delete(ctx, bt, client.Preconditions{UID: &uid}); err != nil && !apierrors.IsNotFound(err) {
-		return reconcile.Result{}, fmt.Errorf("deleting %s after its TTL: %w", klog.KObj(bt), err)
-	}
-	return reconcile.Result{}, nil
+	return nil
 }
 
 func (r *BashTaskReconciler) removeFinalizer(ctx context.Context, bt *bashtaskv1alpha1.BashTask) error {

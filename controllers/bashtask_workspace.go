@@ -11,7 +11,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
-	"github.com/bashtask/bashtask-operator/agentpool"
 	agentv1 "github.com/bashtask/bashtask-operator/api/agent/v1"
 	bashtaskv1alpha1 "github.com/bashtask/bashtask-operator/api/v1alpha1"
 )
@@ -92,17 +91,18 @@ func ownerMismatch(bt *bashtaskv1alpha1.BashTask, ws *bashtaskv1alpha1.BashWorks
 	return fmt.Sprintf("spec.owner %q differs from the owner %q of BashWorkspace %q: only that owner's tasks run in it", *bt.Spec.Owner, *want, ws.Name)
 }
 
-// workspaceAgent returns the agent of the workspace's node when it can
-// take the task now, else nil and why the task waits.
-func (r *BashTaskReconciler) workspaceAgent(target *workspaceTarget) (*agentpool.AgentState, string) {
+// workspaceAgent places a task of a workspace: on the agent of the
+// workspace's node when it can take the task now, else nowhere, with
+// ReasonNoAgent and why the task waits.
+func (r *BashTaskReconciler) workspaceAgent(target *workspaceTarget) placement {
 	a := r.agents.Agent(target.node)
 	switch {
 	case !a.Ready:
-		return nil, fmt.Sprintf("the agent on node %s, which holds BashWorkspace %q, is not ready; retrying", target.node, target.ref.GetName())
+		return placement{reason: ReasonNoAgent, why: fmt.Sprintf("the agent on node %s, which holds BashWorkspace %q, is not ready; retrying", target.node, target.ref.GetName())}
 	case a.Capacity > 0 && a.Running >= a.Capacity:
-		return nil, fmt.Sprintf("the agent on node %s, which holds BashWorkspace %q, runs its maximum of %d tasks; retrying", target.node, target.ref.GetName(), a.Capacity)
+		return placement{reason: ReasonNoAgent, why: fmt.Sprintf("the agent on node %s, which holds BashWorkspace %q, runs its maximum of %d tasks; retrying", target.node, target.ref.GetName(), a.Capacity)}
 	}
-	return &a, ""
+	return placement{agent: &a}
 }
 
 // workspaceRef reads the reference a dispatched task's Start carries,

@@ -235,7 +235,7 @@ func (r *BashWorkspaceReconciler) reconcilePending(ctx context.Context, ws *bash
 		if err := r.addFinalizer(ctx, ws); err != nil {
 			return reconcile.Result{}, err
 		}
-		agent, _, why, invalid := placeAgent(ctx, r.client, r.agents, placement{
+		pl := placeAgent(ctx, r.client, r.agents, placementRequest{
 			what:         "the workspace",
 			nodeName:     ptr.Deref(ws.Spec.NodeName, ""),
 			nodeSelector: ws.Spec.NodeSelector,
@@ -246,13 +246,14 @@ func (r *BashWorkspaceReconciler) reconcilePending(ctx context.Context, ws *bash
 			anyCapacity:  true,
 			load:         r.workspaceLoad(ctx),
 		})
-		if invalid != "" {
-			setWorkspacePhase(ws, bashtaskv1alpha1.WorkspaceFailed, invalid)
-			p.event(corev1.EventTypeWarning, bashtaskv1alpha1.WorkspaceReasonInvalidSpec, "Place", "%s", invalid)
-			return reconcile.Result{}, reconcile.TerminalError(errors.New(invalid))
+		if pl.invalid != "" {
+			setWorkspacePhase(ws, bashtaskv1alpha1.WorkspaceFailed, pl.invalid)
+			p.event(corev1.EventTypeWarning, bashtaskv1alpha1.WorkspaceReasonInvalidSpec, "Place", "%s", pl.invalid)
+			return reconcile.Result{}, reconcile.TerminalError(errors.New(pl.invalid))
 		}
+		agent := pl.agent
 		if agent == nil {
-			setWorkspacePhase(ws, bashtaskv1alpha1.WorkspacePending, why)
+			setWorkspacePhase(ws, bashtaskv1alpha1.WorkspacePending, pl.why)
 			return reconcile.Result{RequeueAfter: r.opts.RetryInterval}, nil
 		}
 		// Write ahead: the node is recorded before the agent is asked, in

@@ -199,10 +199,11 @@ func TestPlaceWorkspace(t *testing.T) {
 			if tc.nodeName != "" {
 				candidates = []agentpool.AgentState{tc.agents.Agent(tc.nodeName)}
 			}
-			a, _, why, invalid := chooseAgent(placement{
+			pl := chooseAgent(placementRequest{
 				what: "the workspace", nodeName: tc.nodeName, workspace: true, anyCapacity: true,
 				load: func(a *agentpool.AgentState) int { return tc.load[a.Node] },
 			}, candidates, nil)
+			a, why, invalid := pl.agent, pl.why, pl.invalid
 			if invalid != "" {
 				t.Fatalf("invalid = %q", invalid)
 			}

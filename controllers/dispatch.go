@@ -191,12 +191,10 @@ func (r *BashTaskReconciler) admitOwner(ctx context.Context, bt *bashtaskv1alpha
 // place chooses the agent for a task: spec.nodeName, else the agents whose
 // Node matches spec.nodeSelector, else every agent; among those, on a node
 // that takes new work (see nodeUnschedulable), a ready one with free
-// capacity and the fewest running tasks. It returns nil, the Scheduled
-// reason and why when none fits, and then a non-empty invalid when every
-// ready candidate refuses spec.network by its --allowed-networks: a policy
-// of the nodes, not a wait, so the task ends InvalidSpec.
-func (r *BashTaskReconciler) place(ctx context.Context, bt *bashtaskv1alpha1.BashTask) (_ *agentpool.AgentState, reason, why, invalid string) {
-	return placeAgent(ctx, r.client, r.agents, placement{
+// capacity and the fewest running tasks. See placement for what it
+// returns when none fits.
+func (r *BashTaskReconciler) place(ctx context.Context, bt *bashtaskv1alpha1.BashTask) placement {
+	return placeAgent(ctx, r.client, r.agents, placementRequest{
 		what:         "the task",
 		nodeName:     ptr.Deref(bt.Spec.NodeName, ""),
 		nodeSelector: bt.Spec.NodeSelector,
@@ -211,9 +209,28 @@ type agentLister interface {
 	Agent(node string) agentpool.AgentState
 }
 
-// placement is what an object asks of the agent it is placed on. Tasks and
-// workspaces share it, so both follow one set of placement rules.
+// placement is the outcome of placing a task or a workspace: the chosen
+// agent, or why there is none. Exactly one of agent and reason is set.
 type placement struct {
+	// agent is the chosen agent, nil when none fits.
+	agent *agentpool.AgentState
+	// reason is the Scheduled reason while none fits
+	// (ReasonNodeUnschedulable when every candidate's node refuses new
+	// work, else ReasonNoAgent).
+	reason string
+	// why explains the wait, for the Scheduled condition's message.
+	why string
+	// invalid is set, to why, when every candidate refuses the object's
+	// spec.network by its --allowed-networks: a policy of the nodes, not a
+	// wait, so the object ends InvalidSpec (a task) or Failed (a workspace)
+	// instead of waiting.
+	invalid string
+}
+
+// placementRequest is what an object asks of the agent it is placed on.
+// Tasks and workspaces share it, so both follow one set of placement
+// rules.
+type placementRequest struct {
 	// what names the object in messages ("the task", "the workspace").
 	what string
 	// nodeName and nodeSelector are the object's spec fields.
@@ -244,7 +261,7 @@ type placement struct {
 // (nodeUnschedulable; a missing Node takes nothing either, as the
 // scheduler places nothing on a node it does not know), then leaves the
 // choice to chooseAgent.
-func placeAgent(ctx context.Context, reader client.Reader, agents agentLister, p placement) (_ *agentpool.AgentState, reason, why, invalid string) {
+func placeAgent(ctx context.Context, reader client.Reader, agents agentLister, p placementRequest) placement {
 	var candidates []agentpool.AgentState
 	if p.nodeName != "" {
 		candidates = []agentpool.AgentState{agents.Agent(p.nodeName)}
@@ -284,12 +301,8 @@ func placeAgent(ctx context.Context, reader client.Reader, agents agentLister, p
 // nodeName or nodeSelector, skipping those whose node unschedulable names
 // (node name to why): a ready agent that offers what p asks for, with
 // free capacity (unless p.anyCapacity), the lowest p.load and the fewest
-// running tasks. When none fits it returns nil, a Scheduled reason
-// (ReasonNodeUnschedulable when every candidate's node refuses new work,
-// else ReasonNoAgent) and why, and then a non-empty invalid when every
-// candidate refuses p.network by its --allowed-networks: a policy of the
-// nodes, not a wait.
-func chooseAgent(p placement, candidates []agentpool.AgentState, unschedulable map[string]string) (_ *agentpool.AgentState, reason, why, invalid string) {
+// running tasks. When none fits, the placement says why (see placement).
+func chooseAgent(p placementRequest, candidates []agentpool.AgentState, unschedulable map[string]string) placement {
 	node := p.nodeName
 	rank := func(a *agentpool.AgentState) int {
 		if p.load == nil {
@@ -339,12 +352,12 @@ func chooseAgent(p placement, candidates []agentpool.AgentState, unschedulable m
 		}
 	}
 	if best != nil {
-		return best, "", "", ""
+		return placement{agent: best}
 	}
 	// Only when every candidate refuses: an agent on a node that takes no
 	// work now may allow the network once it does.
 	if refused > 0 && refused == len(candidates) {
-		return nil, ReasonNoAgent, refusal, refusal
+		return placement{reason: ReasonNoAgent, why: refusal, invalid: refusal}
 	}
 	where := "any node"
 	switch {
@@ -354,19 +367,19 @@ func chooseAgent(p placement, candidates []agentpool.AgentState, unschedulable m
 		where = "nodes matching " + labels.SelectorFromSet(p.nodeSelector).String()
 	}
 	if len(cordoned) > 0 && len(cordoned) == len(candidates) {
-		return nil, ReasonNodeUnschedulable, fmt.Sprintf("no node on %s takes new work: %s; waiting for one to become schedulable", where, nodeList(cordoned)), ""
+		return placement{reason: ReasonNodeUnschedulable, why: fmt.Sprintf("no node on %s takes new work: %s; waiting for one to become schedulable", where, nodeList(cordoned))}
 	}
 	if node != "" && len(candidates) == 1 && candidates[0].Incarnation == "" && !candidates[0].Connected {
-		return nil, ReasonNoAgent, fmt.Sprintf("no agent has reported from node %s (spec.nodeName); retrying", node), ""
+		return placement{reason: ReasonNoAgent, why: fmt.Sprintf("no agent has reported from node %s (spec.nodeName); retrying", node)}
 	}
 	skipped := ""
 	if len(cordoned) > 0 {
 		skipped = fmt.Sprintf("; not schedulable: %s", nodeList(cordoned))
 	}
 	if lacking > 0 && full == 0 && lacking+notReady+len(cordoned) == len(candidates) {
-		return nil, ReasonNoAgent, fmt.Sprintf("no ready agent on %s offers what %s asks for: %s (%d matching, %d on unschedulable nodes, %d not ready, %d lacking it%s); retrying", where, p.what, missing, len(candidates), len(cordoned), notReady, lacking, skipped), ""
+		return placement{reason: ReasonNoAgent, why: fmt.Sprintf("no ready agent on %s offers what %s asks for: %s (%d matching, %d on unschedulable nodes, %d not ready, %d lacking it%s); retrying", where, p.what, missing, len(candidates), len(cordoned), notReady, lacking, skipped)}
 	}
-	return nil, ReasonNoAgent, fmt.Sprintf("no ready agent with free capacity on %s (%d matching, %d on unschedulable nodes, %d not ready, %d at capacity, %d lacking a capability, %d not allowing spec.network%s); retrying", where, len(candidates), len(cordoned), notReady, full, lacking, refused, skipped), ""
+	return placement{reason: ReasonNoAgent, why: fmt.Sprintf("no ready agent with free capacity on %s (%d matching, %d on unschedulable nodes, %d not ready, %d at capacity, %d lacking a capability, %d not allowing spec.network%s); retrying", where, len(candidates), len(cordoned), notReady, full, lacking, refused, skipped)}
 }
 
 // maxNamedNodes bounds how many nodes a placement message names, so that

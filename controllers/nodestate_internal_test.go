@@ -129,7 +129,8 @@ func TestChooseAgentUnschedulable(t *testing.T) {
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
-			a, reason, why, invalid := chooseAgent(placement{what: "the task"}, tc.agents, tc.refused)
+			pl := chooseAgent(placementRequest{what: "the task"}, tc.agents, tc.refused)
+			a, reason, why, invalid := pl.agent, pl.reason, pl.why, pl.invalid
 			if invalid != "" {
 				t.Fatalf("invalid = %q", invalid)
 			}
