@@ -29,6 +29,7 @@ COPY agentpool/ agentpool/
 COPY controllers/ controllers/
 COPY executor/ executor/
 COPY internal/ internal/
+COPY operator/ operator/
 COPY outputapi/ outputapi/
 # Static binaries (no cgo): the controller's base has no C library.
 RUN --mount=type=cache,target=/go/pkg/mod --mount=type=cache,target=/root/.cache/go-build \

@@ -166,7 +166,7 @@ func images() map[Kind]image {
 			description: "Pod sandbox process: holds the pod's namespaces and reaps orphans",
 			binary:      "pause",
 			path:        "/pause",
-			pkg:         "./internal/nodeimages/pause",
+			pkg:         "./internal/rig/nodeimages/pause",
 			user:        "65535:65535",
 			entrypoint:  []string{"/pause"},
 		},
