@@ -550,7 +550,7 @@ func (r *BashTaskReconciler) reconcileDispatched(ctx context.Context, bt *bashta
 	case err != nil:
 		return taskDecision{}, err
 	}
-	if ts.GetState() == agentv1.TaskState_TASK_STATE_RUNNING && (!bt.DeletionTimestamp.IsZero() || isTrue(bt.Spec.CancelRequested)) {
+	if ts.GetState() == agentv1.TaskState_TASK_STATE_RUNNING && (!bt.DeletionTimestamp.IsZero() || ptr.Deref(bt.Spec.CancelRequested, false)) {
 		if ts, err = r.agents.CancelTask(ctx, node, uid); err != nil {
 			return taskDecision{}, err
 		}
@@ -573,7 +573,7 @@ func (r *BashTaskReconciler) notStarted(ctx context.Context, bt *bashtaskv1alpha
 	if fresh.ResourceVersion != bt.ResourceVersion || isTerminal(fresh) {
 		return taskDecision{}, nil // the watch event of the newer version follows
 	}
-	if !bt.DeletionTimestamp.IsZero() || isTrue(bt.Spec.CancelRequested) {
+	if !bt.DeletionTimestamp.IsZero() || ptr.Deref(bt.Spec.CancelRequested, false) {
 		setTerminal(bt, bashtaskv1alpha1.ReasonCancelled, "cancelled before the agent started it", r.clock.Now())
 		return taskDecision{write: "terminal"}, nil
 	}
@@ -763,5 +763,3 @@ func (r *BashTaskReconciler) forgetProgress(uid types.UID) {
 	delete(r.started, uid)
 	r.progressMu.Unlock()
 }
-
-func isTrue(b *bool) bool { return b != nil && *b }

@@ -7,6 +7,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	"github.com/bashtask/bashtask-operator/agentpool"
@@ -52,10 +53,10 @@ type taskEvent struct {
 // neither.
 func specGate(bt *bashtaskv1alpha1.BashTask, now time.Time) *taskDecision {
 	switch {
-	case isTrue(bt.Spec.CancelRequested):
+	case ptr.Deref(bt.Spec.CancelRequested, false):
 		setTerminal(bt, bashtaskv1alpha1.ReasonCancelled, "cancelled before it was dispatched", now)
 		return &taskDecision{write: "terminal"}
-	case isTrue(bt.Spec.Suspend):
+	case ptr.Deref(bt.Spec.Suspend, false):
 		setPending(bt, ReasonSuspended, "spec.suspend is true; the task is not dispatched")
 		return &taskDecision{write: "pending"}
 	}

@@ -141,7 +141,7 @@ func progressOf(bt *bashtaskv1alpha1.BashTask) (reason, message string) {
 	switch {
 	case phaseOf(st) == bashtaskv1alpha1.PhaseRunning:
 		return ReasonRunning, "the command is running on node " + nodeOf(st)
-	case nodeOf(st) == "" && isTrue(bt.Spec.Suspend):
+	case nodeOf(st) == "" && ptr.Deref(bt.Spec.Suspend, false):
 		return ReasonSuspended, "spec.suspend is true; the task is not dispatched"
 	case scheduled != nil && scheduled.Status == metav1.ConditionTrue:
 		return ReasonPending, "waiting for the agent on node " + nodeOf(st) + " to start the command"

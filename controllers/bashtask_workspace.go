@@ -62,7 +62,7 @@ func (r *BashTaskReconciler) checkWorkspace(ctx context.Context, bt *bashtaskv1a
 	case phase == bashtaskv1alpha1.WorkspaceNodeLost || phase == bashtaskv1alpha1.WorkspaceFailed:
 		return workspaceCheck{end: bashtaskv1alpha1.ReasonInvalidSpec,
 			message: fmt.Sprintf("spec.workspace: BashWorkspace %q is %s (%s); it takes no more tasks", name, phase, why)}, nil
-	case phase != bashtaskv1alpha1.WorkspaceReady || ptr.Deref(ws.Status.NodeName, "") == "" || isTrue(ws.Spec.Suspend):
+	case phase != bashtaskv1alpha1.WorkspaceReady || ptr.Deref(ws.Status.NodeName, "") == "" || ptr.Deref(ws.Spec.Suspend, false):
 		switch phase {
 		case "":
 			why = "not placed yet"

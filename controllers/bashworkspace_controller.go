@@ -445,7 +445,7 @@ func (r *BashWorkspaceReconciler) hasUnfinishedTasks(ctx context.Context, reader
 	}
 	for i := range list.Items {
 		t := &list.Items[i]
-		if ptr.Deref(t.Spec.Workspace, "") == ws.Name && !isTerminal(t) && !isTrue(t.Spec.Suspend) && t.DeletionTimestamp.IsZero() {
+		if ptr.Deref(t.Spec.Workspace, "") == ws.Name && !isTerminal(t) && !ptr.Deref(t.Spec.Suspend, false) && t.DeletionTimestamp.IsZero() {
 			return true, nil
 		}
 	}

@@ -65,7 +65,7 @@ func snapshotStatus(s *agentv1.WorkspaceSnapshot, request *string) *bashtaskv1al
 // while a task runs, and the suspend spec.suspend asks for. done is true
 // when the pass ends here.
 func (r *BashWorkspaceReconciler) snapshots(ctx context.Context, ws *bashtaskv1alpha1.BashWorkspace, p *workspacePass) (reconcile.Result, bool, error) {
-	if isTrue(ws.Spec.Suspend) {
+	if ptr.Deref(ws.Spec.Suspend, false) {
 		res, err := r.suspend(ctx, ws, "spec.suspend is true", p)
 		return res, true, err
 	}
@@ -212,7 +212,7 @@ func (r *BashWorkspaceReconciler) reconcileSuspended(ctx context.Context, ws *ba
 		setWorkspacePhase(ws, bashtaskv1alpha1.WorkspaceSuspended, msg+"; its next task restores it on a node")
 		return reconcile.Result{}, nil
 	}
-	if isTrue(ws.Spec.Suspend) {
+	if ptr.Deref(ws.Spec.Suspend, false) {
 		return reconcile.Result{}, nil
 	}
 	wanted := ptr.Deref(ws.Status.ObservedGeneration, 0) != ws.Generation

@@ -44,7 +44,7 @@ const (
 
 	// ManagedEnvName and the others below are the managed facts given to
 	// every command, last in its environment so nothing displaces them
-	// (DESIGN.md section 5).
+	// (docs/executor.md, "Environment, in order, later wins").
 	ManagedEnvName      = "BASHTASK_NAME"
 	ManagedEnvNamespace = "BASHTASK_NAMESPACE"
 	ManagedEnvUID       = "BASHTASK_UID"

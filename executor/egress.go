@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/netip"
 	"regexp"
+	"slices"
 	"strings"
 )
 
@@ -217,7 +218,7 @@ func ParseResolvConf(data []byte) ResolvConf {
 		case "nameserver":
 			rc.Nameservers = append(rc.Nameservers, f[1])
 		case "search", "domain":
-			rc.Search = append([]string(nil), f[1:]...)
+			rc.Search = slices.Clone(f[1:])
 		case "options":
 			rc.Options = append(rc.Options, f[1:]...)
 		}

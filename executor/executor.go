@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"time"
 )
 
@@ -185,7 +186,7 @@ type cgroupParent struct {
 func New(cfg Config) (*Executor, error) {
 	e := &Executor{
 		shell:    cfg.Shell,
-		allow:    slices0(cfg.AmbientAllowlist),
+		allow:    slices.Clone(cfg.AmbientAllowlist),
 		workRoot: cfg.WorkDirRoot,
 		lease:    cfg.Lease,
 	}
@@ -285,7 +286,7 @@ func (e *Executor) configureIsolation(cfg Config) error {
 	}
 	e.isolation, e.shimPath, e.tmpSize, e.taskProcs = level, cfg.ShimPath, cfg.TmpSizeBytes, cfg.TaskProcs
 	e.noLandlock, e.noSeccomp = cfg.NoLandlock, cfg.NoSeccomp
-	e.mask = slices0(cfg.MaskPaths)
+	e.mask = slices.Clone(cfg.MaskPaths)
 	for _, m := range e.mask {
 		if !filepath.IsAbs(m) {
 			return fmt.Errorf("%w: masked path %q is not absolute", ErrInvalidConfig, m)
@@ -335,8 +336,6 @@ func (e *Executor) ShimPath() string {
 	return e.shimPath
 }
 
-func slices0(s []string) []string { return append([]string(nil), s...) }
-
 // Mechanism says how tasks of this executor are held: MechanismCgroup when
 // a writable cgroup v2 parent was set up, MechanismProcessGroup otherwise.
 func (e *Executor) Mechanism() Mechanism {
@@ -362,7 +361,7 @@ func (e *Executor) Controllers() []string {
 	if e.cg == nil {
 		return nil
 	}
-	return slices0(e.cg.controllers)
+	return slices.Clone(e.cg.controllers)
 }
 
 // DiskCap is the largest Limits.DiskBytes the executor accepts, in bytes

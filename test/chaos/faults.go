@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"syscall"
 	"time"
@@ -47,7 +48,7 @@ type plannedFault struct {
 // kinds at random.
 func planFaults(rng *rand.Rand, set settings, n int) []plannedFault {
 	var out []plannedFault
-	order := append([]string(nil), faultKinds...)
+	order := slices.Clone(faultKinds)
 	rng.Shuffle(len(order), func(i, j int) { order[i], order[j] = order[j], order[i] })
 	for i := range n {
 		kind := faultKinds[rng.IntN(len(faultKinds))]

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -272,7 +273,7 @@ func (r *recorder) snapshot() (events map[string][]Observation, gaps []string) {
 	for k, v := range r.events {
 		events[k] = append([]Observation(nil), v...)
 	}
-	return events, append([]string(nil), r.gaps...)
+	return events, slices.Clone(r.gaps)
 }
 
 func sleepCtx(ctx context.Context, d time.Duration) {
