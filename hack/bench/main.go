@@ -36,6 +36,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"flag"
@@ -100,7 +101,7 @@ func main() {
 		co      phase.ClusterOptions
 	)
 	flag.StringVar(&co.BinDir, "bin-dir", "bin", "directory of bashtask-controller and bashtask-agent (the shared cluster)")
-	flag.StringVar(&co.AssetsDir, "assets-dir", phase.EnvOr("KUBEBUILDER_ASSETS", filepath.Join("bin", "k8s")), "directory of kube-apiserver and etcd (the shared cluster, the system phase's raw API control plane)")
+	flag.StringVar(&co.AssetsDir, "assets-dir", cmp.Or(os.Getenv("KUBEBUILDER_ASSETS"), filepath.Join("bin", "k8s")), "directory of kube-apiserver and etcd (the shared cluster, the system phase's raw API control plane)")
 	flag.StringVar(&co.CRDDir, "crd-dir", filepath.Join("config", "crd", "bases"), "CRD manifests (the shared cluster)")
 	flag.StringVar(&co.AdmissionDir, "admission-dir", filepath.Join("config", "admission"), "admission policies (the shared cluster)")
 	flag.IntVar(&co.Agents, "agents", 2, "agents of the shared cluster")

@@ -4,6 +4,7 @@
 package phase
 
 import (
+	"cmp"
 	"context"
 	"flag"
 	"fmt"
@@ -15,6 +16,12 @@ import (
 	"strings"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	v1 "github.com/bashtask/bashtask-operator/api/v1alpha1"
 	"github.com/bashtask/bashtask-operator/internal/procfs"
 	"github.com/bashtask/bashtask-operator/internal/rig/localcluster"
 	"github.com/bashtask/bashtask-operator/internal/rig/syncbuf"
@@ -119,7 +126,7 @@ func (e *Env) startCluster(ctx context.Context) (*Cluster, error) {
 	log := &syncbuf.Buffer{}
 	start := time.Now()
 	fmt.Printf("starting the local cluster: %d agents, isolation %s, controller args %q, agent args %q, in %s\n",
-		o.Agents, orDefault(o.Isolation, "(default)"), o.ControllerArgs, agentArgs, dir)
+		o.Agents, cmp.Or(o.Isolation, "(default)"), o.ControllerArgs, agentArgs, dir)
 	lc, err := localcluster.Up(ctx, localcluster.LauncherOptions{
 		Dir: dir, BinDir: o.BinDir, AssetsDir: o.AssetsDir, CRDDir: o.CRDDir, AdmissionDir: o.AdmissionDir,
 		Agents: o.Agents, Isolation: o.Isolation, ControllerArgs: o.ControllerArgs, AgentArgs: agentArgs,
@@ -204,18 +211,18 @@ func LoadAvg() string {
 	return strings.Join(f[:3], " ")
 }
 
-// EnvOr returns the environment variable name, or fallback when it is
-// empty.
-func EnvOr(name, fallback string) string {
-	if v := os.Getenv(name); v != "" {
-		return v
+// NewClient returns a client for BashTasks, BashWorkspaces and Namespaces
+// with cfg's QPS and burst. Its REST mapper is fixed: the lazy one reads
+// discovery, which lags behind on a loaded machine and made creates fail
+// mid-phase with "no matches for kind" although the kind was served.
+func NewClient(cfg *rest.Config) (client.WithWatch, error) {
+	scheme, err := localcluster.NewScheme()
+	if err != nil {
+		return nil, err
 	}
-	return fallback
-}
-
-func orDefault(s, d string) string {
-	if s == "" {
-		return d
-	}
-	return s
+	mapper := meta.NewDefaultRESTMapper(nil)
+	mapper.Add(v1.GroupVersion.WithKind("BashTask"), meta.RESTScopeNamespace)
+	mapper.Add(v1.GroupVersion.WithKind("BashWorkspace"), meta.RESTScopeNamespace)
+	mapper.Add(corev1.SchemeGroupVersion.WithKind("Namespace"), meta.RESTScopeRoot)
+	return client.NewWithWatch(cfg, client.Options{Scheme: scheme, Mapper: mapper})
 }

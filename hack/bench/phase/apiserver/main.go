@@ -42,6 +42,7 @@
 package apiserver
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"flag"
@@ -92,7 +93,7 @@ func (*Phase) Name() string { return "apiserver" }
 // Flags registers the flags of the former hack/bench-apiserver.
 func (p *Phase) Flags(fs *flag.FlagSet) {
 	o := &p.o
-	fs.StringVar(&o.assetsDir, "assets-dir", phase.EnvOr("KUBEBUILDER_ASSETS", filepath.Join("bin", "k8s")), "directory of kube-apiserver and etcd")
+	fs.StringVar(&o.assetsDir, "assets-dir", cmp.Or(os.Getenv("KUBEBUILDER_ASSETS"), filepath.Join("bin", "k8s")), "directory of kube-apiserver and etcd")
 	fs.StringVar(&o.crd, "crd", filepath.Join("config", "crd", "bases", "bashtask.dev_bashtasks.yaml"), "the BashTask CRD")
 	fs.StringVar(&o.altCRD, "alt-crd", "", "a second BashTask CRD, the variant alt")
 	fs.StringVar(&p.variants, "variants", "base,nocel,nooldself", "comma-separated variants, CRD[/WRITES] (see the package documentation)")

@@ -47,6 +47,7 @@
 package resume
 
 import (
+	"cmp"
 	"context"
 	"flag"
 	"fmt"
@@ -64,7 +65,6 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/clientcmd"
@@ -115,7 +115,7 @@ func (*Phase) Name() string { return "resume" }
 func (p *Phase) Flags(fs *flag.FlagSet) {
 	o := &p.o
 	fs.StringVar(&o.binDir, "bin-dir", "bin", "directory of bashtask-controller, bashtask-agent and versitygw")
-	fs.StringVar(&o.assetsDir, "assets-dir", phase.EnvOr("KUBEBUILDER_ASSETS", filepath.Join("bin", "k8s")), "directory of kube-apiserver and etcd")
+	fs.StringVar(&o.assetsDir, "assets-dir", cmp.Or(os.Getenv("KUBEBUILDER_ASSETS"), filepath.Join("bin", "k8s")), "directory of kube-apiserver and etcd")
 	fs.StringVar(&o.crdDir, "crd-dir", filepath.Join("config", "crd", "bases"), "CRD manifests")
 	fs.StringVar(&o.admissionDir, "admission-dir", filepath.Join("config", "admission"), "admission policies")
 	fs.IntVar(&o.rounds, "rounds", 10, "suspend and resume rounds of each mode")
@@ -239,15 +239,7 @@ func newClient(ctx context.Context, kubeconfig string) (client.WithWatch, error)
 		return nil, err
 	}
 	cfg.QPS, cfg.Burst = 100, 200
-	scheme, err := localcluster.NewScheme()
-	if err != nil {
-		return nil, err
-	}
-	mapper := meta.NewDefaultRESTMapper(nil)
-	mapper.Add(v1.GroupVersion.WithKind("BashTask"), meta.RESTScopeNamespace)
-	mapper.Add(v1.GroupVersion.WithKind("BashWorkspace"), meta.RESTScopeNamespace)
-	mapper.Add(corev1.SchemeGroupVersion.WithKind("Namespace"), meta.RESTScopeRoot)
-	c, err := client.NewWithWatch(cfg, client.Options{Scheme: scheme, Mapper: mapper})
+	c, err := phase.NewClient(cfg)
 	if err != nil {
 		return nil, err
 	}

@@ -63,7 +63,6 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes"
@@ -447,18 +446,7 @@ type bench struct {
 func newBench(ctx context.Context, cfg *rest.Config, o options) (*bench, error) {
 	cfg = rest.CopyConfig(cfg)
 	cfg.QPS, cfg.Burst = o.qps, o.burst
-	scheme, err := localcluster.NewScheme()
-	if err != nil {
-		return nil, err
-	}
-	// A fixed REST mapper: the lazy one reads discovery, which lags behind
-	// on a loaded machine and made creates fail mid-phase with "no matches
-	// for kind" although the kind was served.
-	mapper := meta.NewDefaultRESTMapper(nil)
-	mapper.Add(v1.GroupVersion.WithKind("BashTask"), meta.RESTScopeNamespace)
-	mapper.Add(v1.GroupVersion.WithKind("BashWorkspace"), meta.RESTScopeNamespace)
-	mapper.Add(corev1.SchemeGroupVersion.WithKind("Namespace"), meta.RESTScopeRoot)
-	c, err := client.NewWithWatch(cfg, client.Options{Scheme: scheme, Mapper: mapper})
+	c, err := phase.NewClient(cfg)
 	if err != nil {
 		return nil, err
 	}
