@@ -4,9 +4,10 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/bashtask/bashtask-operator/agentpool"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/bashtask/bashtask-operator/agentpool"
 )
 
 func TestNodeUnschedulable(t *testing.T) {

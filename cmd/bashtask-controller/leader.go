@@ -7,7 +7,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/bashtask/bashtask-operator/agentpool"
 	"k8s.io/apimachinery/pkg/util/uuid"
 	coordinationv1client "k8s.io/client-go/kubernetes/typed/coordination/v1"
 	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
@@ -15,6 +14,8 @@ import (
 	"k8s.io/client-go/tools/leaderelection/resourcelock"
 	"k8s.io/utils/clock"
 	ctrl "sigs.k8s.io/controller-runtime"
+
+	"github.com/bashtask/bashtask-operator/agentpool"
 )
 
 // leaderElectionID is the name of the leader-election Lease.

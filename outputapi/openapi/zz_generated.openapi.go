@@ -201,7 +201,7 @@ func schema_bashtask_operator_api_output_v1alpha1_LogOptions(ref common.Referenc
 					},
 					"limitBytes": {
 						SchemaProps: spec.SchemaProps{
-							Description: "limitBytes, when positive, ends the body after that many bytes.",
+							Description: "limitBytes is the most bytes the body holds when positive: the body ends after that many bytes.",
 							Type:        []string{"integer"},
 							Format:      "int64",
 						},

@@ -173,7 +173,7 @@ func waitForgottenIn(t *testing.T, cluster string, bt *v1.BashTask) {
 	dir := filepath.Join(cluster, "agents", ptr.Deref(bt.Status.NodeName, ""), "tasks", string(bt.UID))
 	testutil.WaitFor(t, "the agent drops "+dir, time.Minute, func() error {
 		if _, err := os.Stat(dir); !errors.Is(err, os.ErrNotExist) {
-			return fmt.Errorf("still there (stat: %v)", err)
+			return fmt.Errorf("still there (stat: %w)", err)
 		}
 		return nil
 	})

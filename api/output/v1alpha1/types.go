@@ -56,7 +56,8 @@ type LogOptions struct {
 	// stream's start; default 0.
 	// +optional
 	Offset int64 `json:"offset,omitempty"`
-	// limitBytes, when positive, ends the body after that many bytes.
+	// limitBytes is the most bytes the body holds when positive: the body
+	// ends after that many bytes.
 	// +optional
 	LimitBytes int64 `json:"limitBytes,omitempty"`
 	// follow keeps the response open while the task runs and ends it once

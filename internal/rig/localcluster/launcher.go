@@ -304,7 +304,7 @@ func (c *Cluster) Steps() []Step {
 		}},
 		{Name: "object-store", Do: c.startObjectStore, Undo: func() error {
 			if c.ObjectStore != nil {
-				c.stopProcess(c.ObjectStore, 15*time.Second)
+				c.stopProcess(c.ObjectStore)
 			}
 			return nil
 		}},
@@ -332,7 +332,7 @@ func (c *Cluster) Steps() []Step {
 					err = a.Front.Close()
 				}
 				if a.Process != nil {
-					c.stopProcess(a.Process, 15*time.Second)
+					c.stopProcess(a.Process)
 				}
 				return err
 			}})
@@ -350,7 +350,7 @@ func (c *Cluster) Steps() []Step {
 			Do: func(ctx context.Context) error { return c.startController(ctx, i) },
 			Undo: func() error {
 				if i < len(c.Controllers) && c.Controllers[i].Process != nil {
-					c.stopProcess(c.Controllers[i].Process, 15*time.Second)
+					c.stopProcess(c.Controllers[i].Process)
 				}
 				return nil
 			}})
@@ -741,14 +741,19 @@ func (c *Cluster) Supervise(name, bin string, args, env []string) (*Process, err
 		return nil, err
 	}
 	c.steps.add(Step{Name: "supervise " + name, Undo: func() error {
-		c.stopProcess(p, 15*time.Second)
+		c.stopProcess(p)
 		return nil
 	}})
 	return p, nil
 }
 
-// stopProcess stops p: SIGTERM, then SIGKILL after grace.
-func (c *Cluster) stopProcess(p *Process, grace time.Duration) {
+// stopGrace is how long a process of the cluster gets after SIGTERM before
+// SIGKILL: long enough for an agent's drain without a controller (10 s).
+const stopGrace = 15 * time.Second
+
+// stopProcess stops p: SIGTERM, then SIGKILL after stopGrace.
+func (c *Cluster) stopProcess(p *Process) {
+	grace := stopGrace
 	if p.stop(grace) {
 		c.opts.Log.Warn("Did not stop in time; killed", "component", p.name, "grace", grace)
 	}

@@ -21,6 +21,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap/zapcore"
+
 	// The agents upload to file:// buckets.
 	_ "gocloud.dev/blob/fileblob"
 	"google.golang.org/grpc"

@@ -103,8 +103,8 @@ func (p *Phase) Run(context.Context, *phase.Env) (phase.Figures, error) {
 	return run(p.iters, p.dir, p.shell, p.shimBin, p.stream, p.rounds)
 }
 
-// ChildFlag, as the first argument of this binary, runs the 2 GB task
-// and reports on stdout (ChildMain).
+// ChildFlag is the first argument that makes this binary run the 2 GB task
+// and report on stdout (ChildMain).
 const ChildFlag = "-executor-child"
 
 // ChildMain runs the 2 GB task as the child the phase re-executes this

@@ -125,8 +125,8 @@ func (p *Phase) Run(ctx context.Context, _ *phase.Env) (phase.Figures, error) {
 	return f, nil
 }
 
-// ChildFlag, as the first argument of this binary, runs the phase in this
-// process (ChildMain).
+// ChildFlag is the first argument that makes this binary run the phase in
+// its own process (ChildMain).
 const ChildFlag = "-workspace-child"
 
 // ChildMain runs the phase when os.Args[1] is ChildFlag (this binary
