@@ -13,6 +13,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/dump"
 	"k8s.io/utils/ptr"
@@ -118,7 +119,17 @@ func TestLargeOutputRunAndLogsFull(t *testing.T) {
 	if got.code != 0 || taskLines(got.stderr) != "done\n" {
 		t.Fatalf("run: exit %d, stderr %q", got.code, got.stderr)
 	}
-	bt := getTask(t, ns, "big")
+	// The upload of the stream ends after the task did: its reference is
+	// in the status once OutputUploaded is True, a pass after the
+	// terminal write that `run` returned on.
+	var bt *bashtaskv1alpha1.BashTask
+	testutil.WaitFor(t, "the stream's upload recorded", 30*time.Second, func() error {
+		bt = getTask(t, ns, "big")
+		if c := meta.FindStatusCondition(bt.Status.Conditions, bashtaskv1alpha1.ConditionOutputUploaded); c == nil || c.Status != metav1.ConditionTrue {
+			return fmt.Errorf("OutputUploaded: %s", dump.OneLine(c))
+		}
+		return nil
+	})
 	out := bt.Status.Stdout
 	if out == nil || ptr.Deref(out.TotalBytes, 0) != size || !ptr.Deref(out.Truncated, false) || out.Spill == nil {
 		t.Fatalf("status.stdout %s: want %d bytes, truncated, stored", dump.OneLine(out), size)
