@@ -199,7 +199,7 @@ test-cluster: build tools ## The Helm chart on a real one-node cluster (kubelet,
 # The seed is printed first; CHAOS_SEED replays a run, CHAOS_DURATION=30m
 # is the long profile.
 .PHONY: test-chaos
-test-chaos: envtest setup-s3 build ## Randomized faults on a local cluster (two controllers, three agents, S3); prints the seed, then the invariant table.
+test-chaos: envtest setup-s3 build ## Randomized faults on a local cluster (two controllers, five agents, two of them at the tenant level, S3); prints the seed, then the invariant table.
 	@$(GO) run ./test/chaos
 
 ##@ One-node cluster
