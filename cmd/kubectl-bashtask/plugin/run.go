@@ -140,7 +140,7 @@ func (a *app) run(ctx context.Context, f runFlags, timeoutSet bool, args []strin
 			return &exitError{code: ExitInterrupted, err: fmt.Errorf("stopped waiting; task %s was asked to cancel and may still be running", key)}
 		}
 		a.note("cancelling task %s; following it until it ends (interrupt again to stop waiting)", key)
-		return cancelTask(ctx, oc, bt)
+		return cancelCreated(ctx, c, oc, bt)
 	}
 	if f.stream {
 		pctx, stopPump := context.WithCancel(ctx)

@@ -363,3 +363,33 @@ func TestCancelByUIDSparesARecreatedTask(t *testing.T) {
 		t.Errorf("spec.cancelRequested is not set after a cancel with the task's own uid")
 	}
 }
+
+// Like kubectl delete, cancel tries every name: a missing one is an error
+// of its own and does not keep the names after it from being cancelled.
+func TestCancelEveryName(t *testing.T) {
+	t.Parallel()
+	ns := newNamespace(t)
+	for _, name := range []string{"c1", "c2"} {
+		bt := &bashtaskv1alpha1.BashTask{
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+			Spec:       bashtaskv1alpha1.BashTaskSpec{Command: "sleep 60", KillGracePeriodSeconds: ptr.To[int32](0)},
+		}
+		if err := rig.Client.Create(t.Context(), bt); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got := kubectlBashtask(t, ns, "cancel", "c1", "nosuch", "c2")
+	// docs/kubectl-plugin.md: get, logs and cancel exit 1 on any error.
+	if got.code != 1 || !strings.Contains(got.stderr, "nosuch") || !strings.Contains(got.stderr, "not found") {
+		t.Errorf("cancel c1 nosuch c2: exit %d, stderr %q; want 1 naming nosuch as not found", got.code, got.stderr)
+	}
+	want := "bashtask.bashtask.dev/c1 cancel requested\nbashtask.bashtask.dev/c2 cancel requested\n"
+	if got.stdout != want {
+		t.Errorf("cancel c1 nosuch c2: stdout %q, want %q", got.stdout, want)
+	}
+	for _, name := range []string{"c1", "c2"} {
+		if bt := getTask(t, ns, name); !ptr.Deref(bt.Spec.CancelRequested, false) {
+			t.Errorf("%s: spec.cancelRequested is not set", name)
+		}
+	}
+}
