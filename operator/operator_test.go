@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
+	"fmt"
 	"net"
 	"net/http"
 	"path/filepath"
@@ -26,6 +27,7 @@ import (
 	"github.com/bashtask/bashtask-operator/controllers"
 	"github.com/bashtask/bashtask-operator/internal/rig/localcluster"
 	"github.com/bashtask/bashtask-operator/internal/rig/testenv"
+	"github.com/bashtask/bashtask-operator/internal/rig/testutil"
 	"github.com/bashtask/bashtask-operator/internal/tlsutil"
 	"github.com/bashtask/bashtask-operator/operator"
 )
@@ -149,13 +151,16 @@ func TestSetup(t *testing.T) {
 
 	// The output API serves (its /healthz needs no credentials).
 	hc := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}} //nolint:gosec // a self-signed test server
-	eventually(t, "the output API answers /healthz", func() bool {
+	testutil.WaitFor(t, "the output API answers /healthz", time.Minute, func() error {
 		resp, err := hc.Get("https://" + net.JoinHostPort("127.0.0.1", strconv.Itoa(port)) + "/healthz")
 		if err != nil {
-			return false
+			return err
 		}
 		_ = resp.Body.Close()
-		return resp.StatusCode == http.StatusOK
+		if resp.StatusCode != http.StatusOK {
+			return fmt.Errorf("HTTP %d", resp.StatusCode)
+		}
+		return nil
 	})
 
 	// The BashTask reconciler runs.
@@ -170,9 +175,15 @@ func TestSetup(t *testing.T) {
 	if err := env.Client.Create(ctx, bt); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "the task has the controller's finalizer", func() bool {
+	testutil.WaitFor(t, "the task has the controller's finalizer", time.Minute, func() error {
 		got := &bashtaskv1alpha1.BashTask{}
-		return env.Client.Get(ctx, client.ObjectKeyFromObject(bt), got) == nil && slices.Contains(got.Finalizers, controllers.Finalizer)
+		if err := env.Client.Get(ctx, client.ObjectKeyFromObject(bt), got); err != nil {
+			return err
+		}
+		if !slices.Contains(got.Finalizers, controllers.Finalizer) {
+			return fmt.Errorf("finalizers %v", got.Finalizers)
+		}
+		return nil
 	})
 }
 
@@ -180,16 +191,5 @@ func TestSetup(t *testing.T) {
 func TestSetupRequiresTLS(t *testing.T) {
 	if _, err := operator.Setup(t.Context(), nil, operator.Options{AgentNamespace: "a", AgentService: "b"}); err == nil {
 		t.Error("Setup accepted options without a TLS configuration")
-	}
-}
-
-func eventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(60 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting until %s", what)
-		}
-		time.Sleep(100 * time.Millisecond)
 	}
 }
