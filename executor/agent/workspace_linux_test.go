@@ -453,6 +453,13 @@ func TestWorkspaceRestartMounts(t *testing.T) {
 				if _, err := os.Stat(filepath.Join(root, "f")); !os.IsNotExist(err) {
 					t.Fatalf("the file without the mount: %v", err)
 				}
+				// A new pod starts once every process of the old one is
+				// gone. Until then a process that exits (the first task's
+				// shim) may still hold the file system in its mount
+				// namespace, unflushed; mounting the image a second time
+				// then reads it stale. The loop device clears itself
+				// (LO_FLAGS_AUTOCLEAR) when the last hold ends.
+				waitLoopCleared(t, before[0].source, image)
 			}
 
 			r2 := newRig(t, tenantLevel(tc.first, tc.first+1), quota, func(c *Config) {
@@ -484,5 +491,24 @@ func TestWorkspaceRestartMounts(t *testing.T) {
 				t.Errorf("mounted at %s after the deletion: %v", root, m)
 			}
 		})
+	}
+}
+
+// waitLoopCleared waits until the loop device dev (/dev/loopN) no longer
+// has image as its backing file: the file system on it is released in
+// every mount namespace. It fails the test after 10 s.
+func waitLoopCleared(t *testing.T, dev, image string) {
+	t.Helper()
+	backing := filepath.Join("/sys/block", strings.TrimPrefix(dev, "/dev/"), "loop", "backing_file")
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		b, err := os.ReadFile(backing)
+		if err != nil || strings.TrimSpace(string(b)) != image {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s still backed by %s 10 s after the unmount: a process still holds its file system", dev, image)
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }
