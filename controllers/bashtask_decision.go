@@ -54,13 +54,26 @@ type taskEvent struct {
 func specGate(bt *bashtaskv1alpha1.BashTask, now time.Time) *taskDecision {
 	switch {
 	case ptr.Deref(bt.Spec.CancelRequested, false):
-		setTerminal(bt, bashtaskv1alpha1.ReasonCancelled, "cancelled before it was dispatched", now)
-		return &taskDecision{write: "terminal"}
+		return endDecision(bt, bashtaskv1alpha1.ReasonCancelled, "cancelled before it was dispatched", now)
 	case ptr.Deref(bt.Spec.Suspend, false):
 		setPending(bt, ReasonSuspended, "spec.suspend is true; the task is not dispatched")
 		return &taskDecision{write: "pending"}
 	}
 	return nil
+}
+
+// endDecision ends the task with reason and message at now: the pass
+// writes the terminal status.
+func endDecision(bt *bashtaskv1alpha1.BashTask, reason bashtaskv1alpha1.Reason, message string, now time.Time) *taskDecision {
+	setTerminal(bt, reason, message, now)
+	return &taskDecision{write: "terminal"}
+}
+
+// waitDecision keeps the task pending for reason (Scheduled=False) and
+// comes back after retry.
+func waitDecision(bt *bashtaskv1alpha1.BashTask, reason, message string, retry time.Duration) *taskDecision {
+	setPending(bt, reason, message)
+	return &taskDecision{write: "pending", result: reconcile.Result{RequeueAfter: retry}}
 }
 
 // workspaceGate decides for a task whose workspace c says it cannot run
@@ -70,11 +83,9 @@ func specGate(bt *bashtaskv1alpha1.BashTask, now time.Time) *taskDecision {
 func workspaceGate(bt *bashtaskv1alpha1.BashTask, c workspaceCheck, now time.Time) *taskDecision {
 	switch {
 	case c.end != "":
-		setTerminal(bt, c.end, c.message, now)
-		return &taskDecision{write: "terminal"}
+		return endDecision(bt, c.end, c.message, now)
 	case c.target == nil:
-		setPending(bt, c.wait, c.message)
-		return &taskDecision{write: "pending", result: reconcile.Result{RequeueAfter: runningResync}}
+		return waitDecision(bt, c.wait, c.message, runningResync)
 	}
 	return nil
 }
@@ -96,8 +107,7 @@ func resolveGate(bt *bashtaskv1alpha1.BashTask, old *bashtaskv1alpha1.BashTaskSt
 		}
 		return d
 	case errors.As(err, &invalid):
-		setTerminal(bt, bashtaskv1alpha1.ReasonInvalidSpec, invalid.Error(), now)
-		return &taskDecision{write: "terminal"}
+		return endDecision(bt, bashtaskv1alpha1.ReasonInvalidSpec, invalid.Error(), now)
 	}
 	return nil
 }
@@ -109,11 +119,9 @@ func resolveGate(bt *bashtaskv1alpha1.BashTask, old *bashtaskv1alpha1.BashTaskSt
 func placementGate(bt *bashtaskv1alpha1.BashTask, pl placement, now time.Time, retry time.Duration) *taskDecision {
 	switch {
 	case pl.invalid != "":
-		setTerminal(bt, bashtaskv1alpha1.ReasonInvalidSpec, pl.invalid, now)
-		return &taskDecision{write: "terminal"}
+		return endDecision(bt, bashtaskv1alpha1.ReasonInvalidSpec, pl.invalid, now)
 	case pl.agent == nil:
-		setPending(bt, pl.reason, pl.why)
-		return &taskDecision{write: "pending", result: reconcile.Result{RequeueAfter: retry}}
+		return waitDecision(bt, pl.reason, pl.why, retry)
 	}
 	return nil
 }
