@@ -275,7 +275,7 @@ func (c *Client) CopyFrom(ctx context.Context, namespace, workspace, remotePath,
 		return fmt.Errorf("reading the archive from task %s: %w", task.Name, err)
 	}
 	defer r.Close()
-	xerr := tarcopy.Extract(r, path.Base(remote), localPath)
+	xerr := tarcopy.Extract(r, path.Base(remote), localPath, tarcopy.ExtractOptions{})
 	var me *tarcopy.MemberError
 	if errors.As(xerr, &me) {
 		// A refused member: nothing after it is wanted.

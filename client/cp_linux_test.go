@@ -60,7 +60,7 @@ func TestCopyCommandsWithGNUTar(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = syscall.Kill(-download.Process.Pid, syscall.SIGKILL); _ = download.Wait() })
 	local := filepath.Join(t.TempDir(), "copy")
-	if err := tarcopy.Extract(stdout, hostileName, local); err != nil {
+	if err := tarcopy.Extract(stdout, hostileName, local, tarcopy.ExtractOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	if code, err := readTarStatus(stdout); err != nil || code != 0 {

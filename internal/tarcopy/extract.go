@@ -65,16 +65,23 @@ var (
 // member is written through a symbolic link, a hard link must point to a
 // regular file written earlier by the same archive, and device nodes and
 // named pipes are refused; all writes go through an os.Root as a second
-// guard. Modes are kept (set-user-ID and set-group-ID only for root, as
-// tar does), symbolic links stay links, empty directories are made, and
-// modification times are kept except on links. Files belong to the
-// calling user. An existing file or link is replaced; an existing
-// directory is never replaced. The first refused member ends the
-// extraction with a *MemberError naming it; what was written before
-// stays, as with tar.
-func Extract(r io.Reader, base, dest string) error {
+// guard. Permission and sticky bits are kept, symbolic links stay links,
+// empty directories are made, and modification times are kept except on
+// links. Files belong to the calling user, and so never get the
+// set-user-ID or set-group-ID bit: an archive's content is not the
+// caller's, and a set-ID file of root's made from it runs as root for
+// whoever may execute it. opts.SameOwner (root only) keeps the archive's
+// numeric owners and, with them, the set-ID bits, as GNU tar's
+// --same-owner does. An existing file or link is replaced; an existing
+// directory is never replaced and keeps its owner and mode. The first
+// refused member ends the extraction with a *MemberError naming it; what
+// was written before stays, as with tar.
+func Extract(r io.Reader, base, dest string, opts ExtractOptions) error {
 	if base == "" || base == "." || base == ".." || strings.Contains(base, "/") {
 		return fmt.Errorf("extracting: base %q is not one path component", base)
+	}
+	if opts.SameOwner && os.Geteuid() != 0 {
+		return errors.New("extracting: keeping the archive's owners needs root (only root may give a file to another user)")
 	}
 	tr := tar.NewReader(r)
 	hdr, err := tr.Next()
@@ -84,8 +91,8 @@ func Extract(r io.Reader, base, dest string) error {
 	if err != nil {
 		return fmt.Errorf("extracting: %w", err)
 	}
-	x := &extractor{base: base, buf: make([]byte, copyBufferBytes), verified: map[string]bool{".": true}, files: map[string]bool{}, modeMask: permBits}
-	if os.Geteuid() == 0 {
+	x := &extractor{base: base, buf: make([]byte, copyBufferBytes), verified: map[string]bool{".": true}, files: map[string]bool{}, modeMask: permBits, sameOwner: opts.SameOwner}
+	if opts.SameOwner {
 		x.modeMask |= fs.ModeSetuid | fs.ModeSetgid
 	}
 	if err := x.open(hdr, dest); err != nil {
@@ -117,6 +124,17 @@ func Extract(r io.Reader, base, dest string) error {
 	return x.finishDirs()
 }
 
+// ExtractOptions are Extract's choices beyond the archive and the
+// destination.
+type ExtractOptions struct {
+	// SameOwner gives each file, directory and link made the numeric
+	// owner and group of its archive member, and keeps the set-user-ID
+	// and set-group-ID bits, which Extract otherwise drops. It needs root
+	// (chown(2) to another user takes CAP_CHOWN). Use it only for an
+	// archive whose owners are meaningful where it is extracted.
+	SameOwner bool
+}
+
 // extractor is one Extract's state.
 type extractor struct {
 	base string
@@ -134,13 +152,16 @@ type extractor struct {
 	// the end so that a read-only directory can still receive its members.
 	dirs     []dirMeta
 	modeMask fs.FileMode
-	buf      []byte
+	// sameOwner: ExtractOptions.SameOwner.
+	sameOwner bool
+	buf       []byte
 }
 
 type dirMeta struct {
-	rel   string
-	mode  fs.FileMode
-	mtime time.Time
+	rel      string
+	mode     fs.FileMode
+	mtime    time.Time
+	uid, gid int
 }
 
 // open decides from the first member whether base is a directory and
@@ -161,7 +182,7 @@ func (x *extractor) open(hdr *tar.Header, dest string) error {
 				return err
 			}
 			// Made here: it gets the copied directory's mode at the end.
-			x.dirs = append(x.dirs, dirMeta{rel: ".", mode: x.mode(hdr), mtime: hdr.ModTime})
+			x.dirs = append(x.dirs, dirMeta{rel: ".", mode: x.mode(hdr), mtime: hdr.ModTime, uid: hdr.Uid, gid: hdr.Gid})
 		case err != nil:
 			return err
 		case !fi.IsDir():
@@ -206,7 +227,7 @@ func (x *extractor) relName(name string) (string, error) {
 }
 
 // mode is the mode a member gets: its permission and sticky bits, and
-// set-user-ID and set-group-ID only for root.
+// set-user-ID and set-group-ID only with the archive's owners.
 func (x *extractor) mode(hdr *tar.Header) fs.FileMode {
 	return hdr.FileInfo().Mode() & x.modeMask
 }
@@ -265,7 +286,7 @@ func (x *extractor) write(tr *tar.Reader, hdr *tar.Header, rel string) error {
 			if err := x.root.Mkdir(rel, 0o700); err != nil {
 				return err
 			}
-			x.dirs = append(x.dirs, dirMeta{rel: rel, mode: x.mode(hdr), mtime: hdr.ModTime})
+			x.dirs = append(x.dirs, dirMeta{rel: rel, mode: x.mode(hdr), mtime: hdr.ModTime, uid: hdr.Uid, gid: hdr.Gid})
 		case !existing.IsDir():
 			return ErrNotDir
 		}
@@ -284,7 +305,13 @@ func (x *extractor) write(tr *tar.Reader, hdr *tar.Header, rel string) error {
 	}
 	switch hdr.Typeflag {
 	case tar.TypeSymlink:
-		return x.root.Symlink(hdr.Linkname, rel)
+		if err := x.root.Symlink(hdr.Linkname, rel); err != nil {
+			return err
+		}
+		if x.sameOwner {
+			return x.root.Lchown(rel, hdr.Uid, hdr.Gid)
+		}
+		return nil
 	case tar.TypeLink:
 		target, err := x.relName(hdr.Linkname)
 		if err != nil {
@@ -302,6 +329,13 @@ func (x *extractor) write(tr *tar.Reader, hdr *tar.Header, rel string) error {
 	if _, err := io.CopyBuffer(struct{ io.Writer }{f}, tr, x.buf); err != nil {
 		_ = f.Close()
 		return err
+	}
+	// chown(2) clears the set-ID bits, so the owner goes first.
+	if x.sameOwner {
+		if err := f.Chown(hdr.Uid, hdr.Gid); err != nil {
+			_ = f.Close()
+			return err
+		}
 	}
 	if err := f.Chmod(x.mode(hdr)); err != nil {
 		_ = f.Close()
@@ -350,6 +384,11 @@ func (x *extractor) parents(rel string) error {
 // and a child's time does not change its parent's afterwards.
 func (x *extractor) finishDirs() error {
 	for _, d := range slices.Backward(x.dirs) {
+		if x.sameOwner {
+			if err := x.root.Lchown(d.rel, d.uid, d.gid); err != nil {
+				return fmt.Errorf("directory %s: %w", d.rel, err)
+			}
+		}
 		if err := x.root.Chmod(d.rel, d.mode); err != nil {
 			return fmt.Errorf("directory %s: %w", d.rel, err)
 		}

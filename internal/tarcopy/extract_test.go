@@ -17,6 +17,7 @@ type member struct {
 	name, link, body string
 	typ              byte
 	mode             int64
+	uid, gid         int
 }
 
 func archive(t *testing.T, ms ...member) *bytes.Buffer {
@@ -24,7 +25,7 @@ func archive(t *testing.T, ms ...member) *bytes.Buffer {
 	var b bytes.Buffer
 	tw := tar.NewWriter(&b)
 	for _, m := range ms {
-		h := &tar.Header{Name: m.name, Linkname: m.link, Typeflag: m.typ, Mode: m.mode, Size: int64(len(m.body)), ModTime: time.Unix(1700000000, 0)}
+		h := &tar.Header{Name: m.name, Linkname: m.link, Typeflag: m.typ, Mode: m.mode, Size: int64(len(m.body)), ModTime: time.Unix(1700000000, 0), Uid: m.uid, Gid: m.gid}
 		if h.Mode == 0 {
 			h.Mode = 0o644
 		}
@@ -172,7 +173,7 @@ func TestExtractRefusesHostileArchives(t *testing.T) {
 			if tc.setup != nil {
 				tc.setup(t, dest, outside)
 			}
-			err := Extract(archive(t, tc.members(outside)...), "b", dest)
+			err := Extract(archive(t, tc.members(outside)...), "b", dest, ExtractOptions{})
 			var me *MemberError
 			if !errors.As(err, &me) || !errors.Is(err, tc.want) {
 				t.Fatalf("Extract = %v, want a *MemberError of %q", err, tc.want)
@@ -210,7 +211,7 @@ func TestExtractReplacesALinkNotItsTarget(t *testing.T) {
 	if err := os.Symlink(target, filepath.Join(dest, "l")); err != nil {
 		t.Fatal(err)
 	}
-	if err := Extract(archive(t, dir("b/"), file("b/l", "new")), "b", dest); err != nil {
+	if err := Extract(archive(t, dir("b/"), file("b/l", "new")), "b", dest, ExtractOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	if b, _ := os.ReadFile(target); string(b) != "keep" {
@@ -229,19 +230,19 @@ func TestExtractReplacesALinkNotItsTarget(t *testing.T) {
 // inside it when it is an existing directory; a second member is refused.
 func TestExtractSingleFile(t *testing.T) {
 	top := t.TempDir()
-	if err := Extract(archive(t, file("f.txt", "one")), "f.txt", filepath.Join(top, "renamed")); err != nil {
+	if err := Extract(archive(t, file("f.txt", "one")), "f.txt", filepath.Join(top, "renamed"), ExtractOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	if b, err := os.ReadFile(filepath.Join(top, "renamed")); err != nil || string(b) != "one" {
 		t.Errorf("renamed: %q, %v", b, err)
 	}
-	if err := Extract(archive(t, file("f.txt", "two")), "f.txt", top); err != nil {
+	if err := Extract(archive(t, file("f.txt", "two")), "f.txt", top, ExtractOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	if b, err := os.ReadFile(filepath.Join(top, "f.txt")); err != nil || string(b) != "two" {
 		t.Errorf("f.txt in the directory: %q, %v", b, err)
 	}
-	err := Extract(archive(t, file("f.txt", "x"), file("f.txt/../evil", "y")), "f.txt", filepath.Join(top, "third"))
+	err := Extract(archive(t, file("f.txt", "x"), file("f.txt/../evil", "y")), "f.txt", filepath.Join(top, "third"), ExtractOptions{})
 	var me *MemberError
 	if !errors.As(err, &me) {
 		t.Errorf("a member after the single file: %v, want a *MemberError", err)
@@ -304,7 +305,7 @@ func TestWriteExtractRoundTrip(t *testing.T) {
 		t.Fatal(err)
 	}
 	dest := filepath.Join(t.TempDir(), "dest")
-	if err := Extract(&b, Placeholder, dest); err != nil {
+	if err := Extract(&b, Placeholder, dest, ExtractOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = os.Chmod(filepath.Join(dest, "ro"), 0o755) })
@@ -367,7 +368,7 @@ func TestExtractMergesIntoAnExistingDirectory(t *testing.T) {
 	}
 	m := dir("b/")
 	m.mode = 0o777
-	if err := Extract(archive(t, m, file("b/new", "new")), "b", dest); err != nil {
+	if err := Extract(archive(t, m, file("b/new", "new")), "b", dest, ExtractOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	for _, f := range []string{"old", "new"} {
