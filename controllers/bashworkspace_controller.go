@@ -284,7 +284,13 @@ func (r *BashWorkspaceReconciler) reconcilePending(ctx context.Context, ws *bash
 		return reconcile.Result{RequeueAfter: max(r.opts.AgentLostAfter-agent.UnreachableFor, r.opts.RetryInterval)}, nil
 	}
 	spec := workspaceSpec(ws)
-	spec.RestoreFrom = agentSnapshot(ws.Status.Snapshot)
+	from, err := restoreSource(ws)
+	if err != nil {
+		setWorkspacePhase(ws, bashtaskv1alpha1.WorkspaceFailed, err.Error())
+		p.event(corev1.EventTypeWarning, bashtaskv1alpha1.WorkspaceReasonSnapshotRefused, "Restore", "%v", err)
+		return reconcile.Result{}, reconcile.TerminalError(err)
+	}
+	spec.RestoreFrom = from
 	resp, err := r.agents.EnsureWorkspace(ctx, node, spec)
 	if err != nil {
 		return r.ensureFailed(ws, node, err, p)

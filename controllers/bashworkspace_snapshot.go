@@ -40,6 +40,22 @@ func agentSnapshot(s *bashtaskv1alpha1.WorkspaceSnapshotStatus) *agentv1.Workspa
 	}
 }
 
+// restoreSource is the snapshot a new copy of ws is made from, nil for
+// none. It refuses, with an error naming both, a status.snapshot outside
+// ws's own prefix (agentv1.CheckSnapshotKey): whoever may write a
+// workspace's status must not be able to fill it with another owner's
+// files. The agent checks the same again.
+func restoreSource(ws *bashtaskv1alpha1.BashWorkspace) (*agentv1.WorkspaceSnapshot, error) {
+	from := agentSnapshot(ws.Status.Snapshot)
+	if from == nil {
+		return nil, nil
+	}
+	if err := agentv1.CheckSnapshotKey(workspaceRefOf(ws), from.GetKey()); err != nil {
+		return nil, fmt.Errorf("status.snapshot.url %q: %w; nothing was restored", from.GetUrl(), err)
+	}
+	return from, nil
+}
+
 // snapshotKey is the bucket key in a snapshot's URL: what follows
 // "/workspaces/", the prefix every snapshot key has (agent.SnapshotKey).
 func snapshotKey(url string) string {

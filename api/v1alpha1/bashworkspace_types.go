@@ -223,6 +223,10 @@ const (
 	// WorkspaceReasonInvalidSpec: the agent refused the spec (the message
 	// names the field and the limit).
 	WorkspaceReasonInvalidSpec = "InvalidSpec"
+	// WorkspaceReasonSnapshotRefused: status.snapshot names an object
+	// outside the workspace's own snapshots (another workspace's, or one
+	// of an earlier workspace of the same name); nothing was restored.
+	WorkspaceReasonSnapshotRefused = "SnapshotRefused"
 )
 
 // BashWorkspaceStatus is what the controller observed of a workspace.

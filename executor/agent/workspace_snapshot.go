@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"path"
 	"strings"
 	"time"
 
@@ -62,8 +61,7 @@ func (ws *workspaces) capabilitiesLocked() []string {
 // and time t: workspaces/<namespace>/<name>/<uid>/<epoch>-<unix ns>.tar.zst.
 // Keys of one workspace sort by epoch, then time, within an epoch.
 func SnapshotKey(ref *agentv1.WorkspaceRef, epoch int64, t time.Time) string {
-	return path.Join("workspaces", ref.GetNamespace(), ref.GetName(), ref.GetUid(),
-		fmt.Sprintf("%d-%d.tar.zst", epoch, t.UnixNano()))
+	return agentv1.SnapshotKeyPrefix(ref) + fmt.Sprintf("%d-%d.tar.zst", epoch, t.UnixNano())
 }
 
 // SnapshotWorkspace implements the SnapshotWorkspace RPC.
@@ -176,6 +174,12 @@ func (ws *workspaces) restore(ctx context.Context, w *workspace, xw *executor.Wo
 	key := from.GetKey()
 	if want := s.bucketBase + "/" + key; key == "" || from.GetUrl() != want {
 		return status.Errorf(codes.InvalidArgument, "spec.restore_from.url %q is not in this agent's bucket %s", from.GetUrl(), s.bucketBase)
+	}
+	// The record names the workspace being made: only its own snapshots
+	// fill it, whatever the request says.
+	ref := &agentv1.WorkspaceRef{Namespace: w.rec.Namespace, Name: w.rec.Name, Uid: w.rec.UID}
+	if err := agentv1.CheckSnapshotKey(ref, key); err != nil {
+		return status.Errorf(codes.InvalidArgument, "spec.restore_from: %v; refusing to restore", err)
 	}
 	began := time.Now()
 	br, err := s.bucket.NewReader(ctx, key, nil)

@@ -4,6 +4,7 @@ package agent
 
 import (
 	"os"
+	"path"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -91,11 +92,28 @@ func TestWorkspaceSnapshotRestoreElsewhere(t *testing.T) {
 		t.Errorf("Ensure of epoch 2 on the stale copy: %v, want FAILED_PRECONDITION", err)
 	}
 
-	// A restore that does not match its status's digest is refused.
-	bad := proto.CloneOf(s)
-	bad.Sha256 = strings.Repeat("0", 64)
+	// Another workspace's snapshot is refused, whatever the request
+	// says, and nothing is made (docs/security.md: snapshots bound to
+	// their workspace).
+	s2 := &agentv1.WorkspaceRef{Namespace: "ns", Name: "ws-s2", Uid: "s2", Epoch: 1}
 	if _, err := wb.EnsureWorkspace(t.Context(), &agentv1.EnsureWorkspaceRequest{Spec: &agentv1.WorkspaceSpec{
-		Ref: &agentv1.WorkspaceRef{Namespace: "ns", Name: "ws-s2", Uid: "s2", Epoch: 1}, Network: "None", RestoreFrom: bad,
+		Ref: s2, Network: "None", RestoreFrom: s,
+	}}); status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "is not one of workspace ns/ws-s2") {
+		t.Errorf("restore of ws-s2 from ws-s1's snapshot: %v, want INVALID_ARGUMENT naming the workspace", err)
+	}
+	if _, err := wb.GetWorkspace(t.Context(), &agentv1.GetWorkspaceRequest{Uid: "s2"}); status.Code(err) != codes.NotFound {
+		t.Errorf("the refused restore left a workspace: %v", err)
+	}
+
+	// A restore that does not match its status's digest is refused: the
+	// same object under ws-s2's own prefix, with another digest.
+	bad := proto.CloneOf(s)
+	bad.Key = agentv1.SnapshotKeyPrefix(s2) + path.Base(s.GetKey())
+	bad.Url = strings.TrimSuffix(s.GetUrl(), s.GetKey()) + bad.Key
+	bad.Sha256 = strings.Repeat("0", 64)
+	copyFile(t, filepath.Join(bucket, s.GetKey()), filepath.Join(bucket, bad.Key))
+	if _, err := wb.EnsureWorkspace(t.Context(), &agentv1.EnsureWorkspaceRequest{Spec: &agentv1.WorkspaceSpec{
+		Ref: s2, Network: "None", RestoreFrom: bad,
 	}}); status.Code(err) != codes.DataLoss {
 		t.Errorf("restore with a wrong digest: %v, want DATA_LOSS", err)
 	}
@@ -116,5 +134,20 @@ func TestWorkspaceSnapshotRestoreElsewhere(t *testing.T) {
 	}
 	if res := b.runTask(task("t4", `cat f`, 2)); res.GetStdout().GetTail() != "one\n" {
 		t.Errorf("after the failed snapshot: %s %q", res.GetReason(), res.GetStdout().GetTail())
+	}
+}
+
+// copyFile copies the file from to to, making to's directory.
+func copyFile(t *testing.T, from, to string) {
+	t.Helper()
+	b, err := os.ReadFile(from)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(filepath.Dir(to), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(to, b, 0o600); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -1,0 +1,47 @@
+package workspace_test
+
+import (
+	"testing"
+
+	. "github.com/onsi/gomega"
+	"k8s.io/utils/ptr"
+
+	v1 "github.com/bashtask/bashtask-operator/api/v1alpha1"
+	"github.com/bashtask/bashtask-operator/internal/rig/testutil"
+)
+
+// A workspace's status pointed at another owner's snapshot (by whoever
+// may write bashworkspaces/status) restores nothing: the resume ends the
+// workspace Failed with SnapshotRefused, naming the object and the
+// workspace, and no task of it ever reads the other owner's files.
+func TestRestoreRefusesAnotherWorkspacesSnapshot(t *testing.T) {
+	ns := newNamespace(t)
+	a := newWorkspace(ns, "a", func(ws *v1.BashWorkspace) { ws.Spec.Owner = ptr.To("owner-a") })
+	b := newWorkspace(ns, "b", func(ws *v1.BashWorkspace) { ws.Spec.Owner = ptr.To("owner-b") })
+	create(t, a)
+	create(t, b)
+	waitPhase(t, a, v1.WorkspaceReady)
+	waitPhase(t, b, v1.WorkspaceReady)
+	write := newTask(ns, "write-a", "a", "echo secret-of-a > note", owner("owner-a"))
+	create(t, write)
+	g := NewWithT(t)
+	g.Expect(testutil.WaitTerminal(t, k8s, ns, []string{write.Name}, waitLong)[write.Name].Status.Reason).To(HaveValue(Equal(v1.ReasonSucceeded)))
+
+	setSuspend(t, a, true)
+	snapA := waitSuspendedAndReleased(t, a).Status.Snapshot
+	g.Expect(snapA).NotTo(BeNil())
+	setSuspend(t, b, true)
+	waitSuspendedAndReleased(t, b)
+
+	g.Eventually(func(g Gomega) {
+		cur := getWorkspace(g, b)
+		cur.Status.Snapshot = snapA.DeepCopy()
+		g.Expect(k8s.Status().Update(ctxBackground(), cur)).To(Succeed())
+	}).WithTimeout(waitLong).Should(Succeed())
+	setSuspend(t, b, false)
+
+	failed := waitPhase(t, b, v1.WorkspaceFailed)
+	g.Expect(ptr.Deref(failed.Status.Message, "")).To(And(ContainSubstring(*snapA.URL), ContainSubstring("is not one of workspace "+ns+"/b")))
+	g.Expect(eventReasons(g, ns, "b")).To(ContainElement(v1.WorkspaceReasonSnapshotRefused))
+	g.Expect(failed.Status.RestoredFrom).To(BeNil(), "nothing was restored")
+}
