@@ -2,6 +2,7 @@ package executor
 
 import (
 	"fmt"
+	"regexp"
 	"slices"
 	"strings"
 )
@@ -12,6 +13,10 @@ type EnvOptions struct {
 	Mode AmbientMode
 	// Allowlist names the ambient variables passed in AmbientAllowlist mode.
 	Allowlist []string
+	// Defaults are applied first, so that the ambient environment and
+	// everything after it replace them: at the tenant level PATH (
+	// [DefaultTaskPath]), where no agent variable is inherited.
+	Defaults []EnvVar
 	// Ambient is the agent's environment as NAME=VALUE strings (os.Environ
 	// form); entries without '=' are ignored, a later duplicate wins.
 	Ambient []string
@@ -50,21 +55,66 @@ var shellHookNames = []string{"BASH_ENV", "ENV", "SHELLOPTS", "BASHOPTS"}
 // of the agent's own environment never looks like a managed fact.
 const ManagedPrefix = "BASHTASK_"
 
-// Scrubbed reports whether the scrub drops the ambient variable name:
-// names containing KEY, SECRET, TOKEN or PASSWORD (case-insensitive
-// substring), names starting with BASHTASK_ (case-insensitive) and the shell
-// start-up hooks. The rule is docs/executor.md's, "Environment".
+// DefaultTaskPath is PATH at the tenant level unless the task sets one:
+// the search path container runtimes give a container without an image
+// PATH (containerd's and runc's default), the same on every node, so that
+// no directory of the agent's own PATH leaks into a task.
+const DefaultTaskPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+// credentialSubstrings are the name fragments [Scrubbed] drops,
+// case-insensitive: the design's KEY, SECRET, TOKEN and PASSWORD, and the
+// shapes seen holding credentials besides (PASSWD, CREDENTIAL, the
+// connection strings of database and storage drivers such as
+// AZURE_STORAGE_CONNECTION_STRING).
+var credentialSubstrings = []string{"KEY", "SECRET", "TOKEN", "PASSWORD", "PASSWD", "CREDENTIAL", "CONNECTION_STRING", "CONNECTIONSTRING", "CONN_STR"}
+
+// credentialWords are the words of a name ('_'-, '-'- or '.'-separated,
+// case-insensitive) [Scrubbed] drops: too short to match as substrings
+// (PAT is in PATH), whole words they name a credential (GITHUB_PAT,
+// PROXY_AUTH, DB_PWD).
+var credentialWords = []string{"PAT", "AUTH", "PWD", "PASS", "CREDS"}
+
+// Scrubbed reports whether the scrub drops the ambient variable name: a
+// name containing one of credentialSubstrings or with one of
+// credentialWords as a word (case-insensitive), a name starting with
+// BASHTASK_ (case-insensitive) and the shell start-up hooks. PWD and
+// OLDPWD, the shell's own, are not credentials and pass. The rule is
+// docs/executor.md's, "Environment".
 func Scrubbed(name string) bool {
 	upper := strings.ToUpper(name)
-	for _, s := range []string{"KEY", "SECRET", "TOKEN", "PASSWORD"} {
+	for _, s := range credentialSubstrings {
 		if strings.Contains(upper, s) {
 			return true
+		}
+	}
+	if upper != "PWD" {
+		for _, w := range strings.FieldsFunc(upper, func(r rune) bool { return r == '_' || r == '-' || r == '.' }) {
+			if slices.Contains(credentialWords, w) {
+				return true
+			}
 		}
 	}
 	if strings.HasPrefix(upper, ManagedPrefix) {
 		return true
 	}
 	return slices.Contains(shellHookNames, name) || strings.HasPrefix(name, "BASH_FUNC_")
+}
+
+// urlWithPassword matches a URL whose user information has a password
+// (scheme://user:password@host), as DATABASE_URL, REDIS_URL or a proxy
+// URL carry one (RFC 3986, section 3.2.1).
+var urlWithPassword = regexp.MustCompile(`[A-Za-z][A-Za-z0-9+.-]*://[^/?#@\s]*:[^/?#@\s]*@`)
+
+// connectionStringSecret matches the secret keys of a connection string
+// (Key=Value pairs separated by ';'), as Azure Storage, Service Bus and
+// ADO.NET drivers read them.
+var connectionStringSecret = regexp.MustCompile(`(?i)(^|;)\s*(AccountKey|SharedAccessKey|SharedAccessSignature|Password|Pwd)\s*=`)
+
+// ScrubbedValue reports whether the scrub drops an ambient variable for
+// its value, whatever its name: a URL with a password, or a connection
+// string with a key or password.
+func ScrubbedValue(value string) bool {
+	return urlWithPassword.MatchString(value) || connectionStringSecret.MatchString(value)
 }
 
 // ValidateEnvVar checks one entry the way execve needs it. It returns
@@ -108,14 +158,17 @@ func BuildEnv(o EnvOptions) ([]string, error) {
 		return nil, err
 	}
 
-	env := make(map[string]string, len(o.Ambient)+len(terminalEnv)+len(o.Identity)+len(o.Explicit)+len(o.Managed)+1)
+	env := make(map[string]string, len(o.Defaults)+len(o.Ambient)+len(terminalEnv)+len(o.Identity)+len(o.Explicit)+len(o.Managed)+1)
+	for _, v := range o.Defaults {
+		env[v.Name] = v.Value
+	}
 	for _, kv := range o.Ambient {
 		name, value, ok := strings.Cut(kv, "=")
 		// An entry without '=' or with an empty name cannot be passed on
 		// faithfully (shells ignore it), and one with a NUL would make
 		// execve fail; the agent's own environment never has those, an
 		// injected one might.
-		if !ok || name == "" || strings.IndexByte(kv, 0) >= 0 || !allowed(name) {
+		if !ok || name == "" || strings.IndexByte(kv, 0) >= 0 || !allowed(name, value) {
 			continue
 		}
 		env[name] = value
@@ -145,16 +198,17 @@ func BuildEnv(o EnvOptions) ([]string, error) {
 	return out, nil
 }
 
-// ambientFilter returns the test an ambient variable name must pass in
-// mode.
-func ambientFilter(mode AmbientMode, allowlist []string) (func(string) bool, error) {
+// ambientFilter returns the test an ambient variable must pass in mode.
+// An allow-listed name passes whatever its value: naming it is the
+// operator's deliberate choice.
+func ambientFilter(mode AmbientMode, allowlist []string) (func(name, value string) bool, error) {
 	switch mode {
 	case "", AmbientScrub:
-		return func(name string) bool { return !Scrubbed(name) }, nil
+		return func(name, value string) bool { return !Scrubbed(name) && !ScrubbedValue(value) }, nil
 	case AmbientAllowlist:
-		return func(name string) bool { return slices.Contains(allowlist, name) }, nil
+		return func(name, _ string) bool { return slices.Contains(allowlist, name) }, nil
 	case AmbientInherit:
-		return func(string) bool { return true }, nil
+		return func(string, string) bool { return true }, nil
 	}
 	return nil, fmt.Errorf("%w: ambient env mode %q", ErrInvalidConfig, mode)
 }
@@ -169,7 +223,7 @@ func filterAmbient(mode AmbientMode, allowlist, ambient []string) ([]string, err
 	}
 	out := make([]string, 0, len(ambient))
 	for _, kv := range ambient {
-		if name, _, ok := strings.Cut(kv, "="); ok && allowed(name) {
+		if name, value, ok := strings.Cut(kv, "="); ok && allowed(name, value) {
 			out = append(out, kv)
 		}
 	}

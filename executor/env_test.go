@@ -51,6 +51,23 @@ func TestBuildEnv(t *testing.T) {
 			want: with(map[string]string{"PLAIN": "1", "PATH": "/bin", "LANG": "C.UTF-8"}),
 		},
 		{
+			name: "scrub drops the wider credential shapes, by name and by value",
+			opts: EnvOptions{Ambient: []string{
+				"AZURE_STORAGE_CONNECTION_STRING=DefaultEndpointsProtocol=https;AccountName=a;AccountKey=c2VjcmV0",
+				"DATABASE_URL=postgres://app:hunter2@db:5432/app", "DB_PASSWD=p", "GITHUB_PAT=ghp_x", "PROXY_AUTH=u:p",
+				"SMTP_PASS=p", "AWS_CREDENTIALS_FILE=/x", "QUEUE=Endpoint=sb://q/;SharedAccessKeyName=n;SharedAccessKey=k",
+				"MIRROR=https://user:pw@mirror.example/", "APP_DSN=Server=s;Database=d;Password=p",
+				"PATH=/bin", "OLDPWD=/root", "PWD=/", "HOMEPAGE_URL=https://example.com/a@b", "NO_PROXY=localhost", "PATTERN=x",
+			}},
+			want: with(map[string]string{"PATH": "/bin", "OLDPWD": "/root", "PWD": "/", "HOMEPAGE_URL": "https://example.com/a@b",
+				"NO_PROXY": "localhost", "PATTERN": "x", "LANG": "C.UTF-8"}),
+		},
+		{
+			name: "defaults come first: the ambient and the task replace them",
+			opts: EnvOptions{Defaults: []EnvVar{{"PATH", DefaultTaskPath}, {"A", "default"}}, Ambient: []string{"A=ambient"}},
+			want: with(map[string]string{"PATH": DefaultTaskPath, "A": "ambient", "LANG": "C.UTF-8"}),
+		},
+		{
 			name: "explicit entry wins even when it looks like a credential",
 			opts: EnvOptions{Ambient: []string{"GITHUB_TOKEN=agent"}, Explicit: []EnvVar{{"GITHUB_TOKEN", "x"}}},
 			want: with(map[string]string{"GITHUB_TOKEN": "x", "LANG": "C.UTF-8"}),

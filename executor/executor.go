@@ -34,7 +34,8 @@ type Config struct {
 	// <command>`; never looked up in PATH. Empty means DefaultShell.
 	Shell string
 	// AmbientEnv selects which part of AmbientEnviron reaches tasks; empty
-	// means AmbientScrub.
+	// means the level's default: AmbientAllowlist at the tenant level,
+	// AmbientScrub at the process level.
 	AmbientEnv AmbientMode
 	// AmbientAllowlist names the variables passed in AmbientAllowlist mode.
 	AmbientAllowlist []string
@@ -196,25 +197,13 @@ func New(cfg Config) (*Executor, error) {
 	if !filepath.IsAbs(e.shell) {
 		return nil, fmt.Errorf("%w: shell %q is not an absolute path", ErrInvalidConfig, e.shell)
 	}
-	mode, err := ParseAmbientMode(string(cfg.AmbientEnv))
-	if err != nil {
-		return nil, err
-	}
-	e.envMode = mode
-	ambient := cfg.AmbientEnviron
-	if ambient == nil {
-		ambient = os.Environ()
-	}
-	// The ambient environment is fixed as of New, so the mode's filter
-	// (an upper-casing scan of every name in scrub mode) runs once here
-	// instead of in every Start.
-	if e.ambient, err = filterAmbient(e.envMode, e.allow, ambient); err != nil {
-		return nil, err
-	}
 	if e.workRoot == "" {
 		e.workRoot = os.TempDir()
 	}
 	if err := e.configureIsolation(cfg); err != nil {
+		return nil, err
+	}
+	if err := e.configureAmbient(cfg); err != nil {
 		return nil, err
 	}
 	if err := checkShell(e.shell); err != nil {
@@ -277,6 +266,30 @@ func New(cfg Config) (*Executor, error) {
 		e.pool = newShimPool(e, size)
 	}
 	return e, nil
+}
+
+// configureAmbient fixes the part of the agent's environment tasks get,
+// once: the mode (the level's default when cfg leaves it empty) and its
+// filter over the environment as of New, so that the filter's scan runs
+// here and not in every Start.
+func (e *Executor) configureAmbient(cfg Config) error {
+	mode, err := ParseAmbientMode(string(cfg.AmbientEnv))
+	if err != nil {
+		return err
+	}
+	if mode == "" {
+		mode = AmbientScrub
+		if e.isolation == IsolationTenant {
+			mode = AmbientAllowlist
+		}
+	}
+	e.envMode = mode
+	ambient := cfg.AmbientEnviron
+	if ambient == nil {
+		ambient = os.Environ()
+	}
+	e.ambient, err = filterAmbient(e.envMode, e.allow, ambient)
+	return err
 }
 
 func (e *Executor) configureIsolation(cfg Config) error {

@@ -204,6 +204,17 @@ func (e *Executor) identityEnv(p *prepared) []EnvVar {
 	}
 }
 
+// defaultEnv is the base of a task's environment under the ambient part:
+// at the tenant level PATH, since no variable of the agent's is inherited
+// there by default ([AmbientAllowlist]); nothing at the process level,
+// where the agent's scrubbed PATH passes.
+func (e *Executor) defaultEnv() []EnvVar {
+	if e.isolation != IsolationTenant {
+		return nil
+	}
+	return []EnvVar{{"PATH", DefaultTaskPath}}
+}
+
 // LimitEphemeralStorage is the name, in Result.LimitsNotEnforced, of the
 // working directory's disk quota (Config.DiskQuotaBytes) on a node that
 // cannot enforce it; as in Kubernetes' resource names.

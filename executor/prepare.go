@@ -89,7 +89,8 @@ func (e *Executor) prepare(spec Spec) (*prepared, error) {
 	if p.Workspace != nil {
 		carried = p.Workspace.Env
 	}
-	env, err := BuildEnv(EnvOptions{Mode: AmbientInherit, Ambient: e.ambient, Identity: e.identityEnv(p), Carried: carried, Explicit: p.Env, Managed: p.ManagedEnv})
+	env, err := BuildEnv(EnvOptions{Mode: AmbientInherit, Defaults: e.defaultEnv(), Ambient: e.ambient, Identity: e.identityEnv(p),
+		Carried: carried, Explicit: p.Env, Managed: p.ManagedEnv})
 	if err != nil {
 		return nil, err
 	}

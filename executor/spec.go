@@ -53,13 +53,16 @@ const (
 type AmbientMode string
 
 const (
-	// AmbientScrub passes the agent's environment minus credential-like
-	// names (containing KEY, SECRET, TOKEN or PASSWORD, case-insensitive),
-	// names starting with BASHTASK_ (case-insensitive) and the shell start-up
-	// hooks BASH_ENV, ENV, SHELLOPTS, BASHOPTS and BASH_FUNC_*. The default.
+	// AmbientScrub passes the agent's environment minus the names and
+	// values [Scrubbed] and [ScrubbedValue] report (credential shapes,
+	// BASHTASK_* names, shell start-up hooks). The process level's
+	// default.
 	AmbientScrub AmbientMode = "scrub"
 	// AmbientAllowlist passes only the names listed in
-	// [Config.AmbientAllowlist] (exact, case-sensitive match).
+	// [Config.AmbientAllowlist] (exact, case-sensitive match). The tenant
+	// level's default, with an empty list: a task's environment is then
+	// defined by the executor ([DefaultTaskPath], the identity, the
+	// terminal settings, LANG) and the task, never inherited.
 	AmbientAllowlist AmbientMode = "allowlist"
 	// AmbientInherit passes the whole environment without a scrub; meant for
 	// single-tenant nodes only.
@@ -67,13 +70,13 @@ const (
 )
 
 // ParseAmbientMode converts a flag value to an [AmbientMode]. The empty
-// string selects [AmbientScrub]. It returns an error wrapping
-// [ErrInvalidConfig] for any other unknown value.
+// string is returned as is: [New] then takes the level's default
+// ([AmbientAllowlist] at the tenant level, [AmbientScrub] at the process
+// level). It returns an error wrapping [ErrInvalidConfig] for any other
+// unknown value.
 func ParseAmbientMode(s string) (AmbientMode, error) {
 	switch m := AmbientMode(s); m {
-	case "":
-		return AmbientScrub, nil
-	case AmbientScrub, AmbientAllowlist, AmbientInherit:
+	case "", AmbientScrub, AmbientAllowlist, AmbientInherit:
 		return m, nil
 	}
 	return "", fmt.Errorf("%w: ambient env mode %q is not one of scrub, allowlist, inherit", ErrInvalidConfig, s)

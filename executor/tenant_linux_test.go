@@ -425,3 +425,62 @@ func TestTenantUser(t *testing.T) {
 		t.Errorf("with an explicit HOME: stdout %q, want %q (stderr %q)", res.Stdout.Tail, want, res.Stderr.Tail)
 	}
 }
+
+// At the tenant level a task's environment is defined, not inherited: by
+// default (no --ambient-env) no variable of the agent's reaches it, a
+// credential, a path of the agent's or a harmless one alike, and PATH is
+// DefaultTaskPath; a name the agent's configuration lists passes
+// (docs/executor.md, "Environment").
+func TestTenantEnvironmentIsDefined(t *testing.T) {
+	t.Parallel()
+	ambient := []string{
+		"PATH=/agent/bin:" + os.Getenv("PATH"), "KUBECONFIG=/etc/agent/kubeconfig", "CONTAINER_NAME=agent", "OLDPWD=/agent",
+		"AZURE_STORAGE_CONNECTION_STRING=AccountName=a;AccountKey=k", "DATABASE_URL=postgres://u:pw@db/app", "DB_PASSWD=p",
+		"GITHUB_PAT=ghp", "PLAIN=1", "LANG=de_DE.UTF-8",
+	}
+	envOf := func(allow []string) map[string]string {
+		t.Helper()
+		ex := newTestExecutor(t, CgroupAuto, func(c *Config) {
+			c.Isolation, c.AmbientEnviron, c.AmbientAllowlist = IsolationTenant, ambient, allow
+		})
+		if ex.AmbientMode() != AmbientAllowlist {
+			t.Errorf("the tenant level's default ambient mode is %q, want allowlist", ex.AmbientMode())
+		}
+		spec := testSpec(t, "env -0")
+		spec.User = &User{UID: 2000141, GID: 2000141}
+		res := run(t, ex, spec)
+		if res.Reason != ReasonSucceeded {
+			t.Fatalf("%s: %s\n%s", res.Reason, res.Message, res.Stderr.Tail)
+		}
+		m := map[string]string{}
+		for kv := range strings.SplitSeq(strings.TrimSuffix(res.Stdout.Tail, "\x00"), "\x00") {
+			name, value, _ := strings.Cut(kv, "=")
+			m[name] = value
+		}
+		return m
+	}
+	env := envOf(nil)
+	for _, kv := range ambient {
+		name, _, _ := strings.Cut(kv, "=")
+		if name != "PATH" && name != "LANG" && env[name] != "" {
+			t.Errorf("the agent's %s=%q reached the task", name, env[name])
+		}
+	}
+	want := map[string]string{"PATH": DefaultTaskPath, "LANG": "C.UTF-8", "HOME": TaskHome, "USER": TaskUserName, "TERM": "dumb", "NO_COLOR": "1"}
+	for name, value := range want {
+		if env[name] != value {
+			t.Errorf("%s=%q, want %q", name, env[name], value)
+		}
+	}
+	for name := range env {
+		switch {
+		case slices.Contains([]string{"PATH", "LANG", "HOME", "USER", "LOGNAME", "EMAIL", "TERM", "NO_COLOR", "PAGER", "GIT_PAGER", "PWD", "SHLVL", "_"}, name),
+			strings.HasPrefix(name, ManagedPrefix):
+		default:
+			t.Errorf("%s=%q is outside the defined environment", name, env[name])
+		}
+	}
+	if env := envOf([]string{"PLAIN"}); env["PLAIN"] != "1" || env["KUBECONFIG"] != "" {
+		t.Errorf("with PLAIN allowed: PLAIN=%q KUBECONFIG=%q, want 1 and nothing", env["PLAIN"], env["KUBECONFIG"])
+	}
+}

@@ -86,7 +86,7 @@ The exit status is 0 whenever the command ran, whatever its outcome; it is
 	f.StringVar(&o.spillDir, "spill-dir", "", "directory for the spill files (created 0700); default a fresh temporary directory")
 	f.StringVar(&o.stdinFile, "stdin-file", "", "file whose bytes are the command's stdin ('-' for this process's stdin); default /dev/null")
 	f.StringArrayVar(&o.env, "env", nil, "explicit environment entry NAME=VALUE (repeatable)")
-	f.StringVar(&o.ambientEnv, "ambient-env", string(executor.AmbientScrub), "how much of this process's environment passes: scrub, allowlist or inherit")
+	f.StringVar(&o.ambientEnv, "ambient-env", "", "how much of this process's environment passes: allowlist, scrub or inherit (default: the isolation level's, allowlist at tenant, scrub at process)")
 	f.StringSliceVar(&o.allow, "ambient-allow", nil, "names passed in allowlist mode")
 	f.StringVar(&o.shell, "shell", executor.DefaultShell, "absolute path of the shell")
 	f.StringVar(&o.workDir, "workdir", "", "working directory; default a fresh temporary directory")

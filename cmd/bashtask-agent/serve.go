@@ -112,7 +112,9 @@ Prometheus metrics and health probes.
 Environment: NODE_NAME and POD_NAME are the defaults of --node-name and
 --pod-name (set them from the downward API). Bucket credentials come from
 the driver's usual sources (for s3://, AWS_ACCESS_KEY_ID and
-AWS_SECRET_ACCESS_KEY); the ambient-env scrub keeps them from tasks.`
+AWS_SECRET_ACCESS_KEY); no variable of the agent's reaches a task at the
+tenant level unless --ambient-allow names it, and the process level's scrub
+drops credential-shaped names and values.`
 	root.Long = long
 	root.RunE = func(cmd *cobra.Command, _ []string) error { return runServe(cmd.Context(), o) }
 	root.Args = cobra.NoArgs
@@ -146,8 +148,10 @@ func bindServeFlags(f *pflag.FlagSet, o *serveOptions) {
 	f.StringVar(&o.pprofAddr, "pprof-address", "", "address of the Go profiler's /debug/pprof endpoints (plain HTTP, unauthenticated: bind to loopback); empty disables them")
 	f.StringVar(&o.healthAddr, "health-probe-address", ":8081", "address of the /healthz and /readyz probe endpoints (plain HTTP); empty disables them")
 	f.StringVar(&o.shell, "shell", executor.DefaultShell, "absolute path of the shell run as <shell> -c <command>")
-	f.StringVar(&o.ambientEnv, "ambient-env", string(executor.AmbientScrub), "which part of the agent's environment tasks get: scrub, allowlist or inherit")
-	f.StringSliceVar(&o.ambientAllow, "ambient-allow", nil, "names passed from the agent's environment with --ambient-env=allowlist")
+	f.StringVar(&o.ambientEnv, "ambient-env", "", "which part of the agent's environment tasks get: allowlist (only --ambient-allow's names; "+
+		"the tenant level's default), scrub (all but credential-shaped names and values; the process level's default) or inherit (everything: single-tenant nodes only)")
+	f.StringSliceVar(&o.ambientAllow, "ambient-allow", nil, "names passed from the agent's environment in allowlist mode; their values reach every tenant's tasks, "+
+		"so never name a credential of the agent's")
 	f.StringVar(&o.cgroups, "cgroups", string(executor.CgroupAuto), "cgroup v2 use: auto, off or required")
 	f.StringVar(&o.cgroupRoot, "cgroup-root", "", "cgroup v2 directory under which the tasks' parent cgroup is created; empty means detected")
 	f.StringVar(&o.cgroupParent, "cgroup-parent", executor.DefaultCgroupParent, "name of the parent cgroup of tasks")

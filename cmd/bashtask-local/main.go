@@ -62,7 +62,7 @@ everything it started. Only one cluster runs per directory.`,
 	f.StringVar(&o.AdmissionDir, "admission-dir", filepath.Join("config", "admission"), "directory of the admission policies to install; empty installs none")
 	f.IntVar(&o.Agents, "agents", 2, "number of agents, each with a node of its own")
 	f.BoolVar(&o.S3, "s3", false, "store output in a local S3 server (versitygw, built by hack/setup-s3.sh) instead of a file:// bucket")
-	f.StringArrayVar(&o.AgentEnv, "agent-env", nil, "NAME=VALUE added to the agents' own environment (repeatable); the credential scrub applies to it")
+	f.StringArrayVar(&o.AgentEnv, "agent-env", nil, "NAME=VALUE added to the agents' own environment (repeatable); it reaches tasks as the agents' --ambient-env mode allows (at the tenant level only names --agent-arg=--ambient-allow=NAME lists)")
 	f.StringVar(&o.Isolation, "isolation", "", "the agents' isolation level: tenant (a UID, namespaces, Landlock and seccomp per task; needs root) or process; empty means tenant when run as root, else process")
 	f.StringArrayVar(&o.AgentArgs, "agent-arg", nil, "extra flag for every bashtask-agent (repeatable), such as --agent-arg=--task-network=none")
 	f.StringArrayVar(&o.ControllerArgs, "controller-arg", nil, "extra flag for bashtask-controller (repeatable), such as --controller-arg=--max-running-per-owner=2")

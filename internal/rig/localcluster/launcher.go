@@ -52,7 +52,7 @@ type LauncherOptions struct {
 	// S3 stores output in a versitygw S3 server instead of a file:// bucket.
 	S3 bool
 	// AgentEnv are extra NAME=VALUE entries of the agents' environment,
-	// which the ambient-env scrub applies to like any other.
+	// which the agents' ambient-env mode applies to like any other.
 	AgentEnv []string
 	// Isolation is the agents' --isolation level: process or tenant (which
 	// needs root). Empty means tenant when the launcher runs as root, as the
@@ -509,7 +509,7 @@ func (c *Cluster) startAgent(ctx context.Context, i, servicePort int) error {
 	}
 	args = append(args, o.AgentArgs...)
 	args = append(args, ap.args...)
-	env := append(append(os.Environ(), c.S3Env...), o.AgentEnv...)
+	env := append(append(agentEnviron(os.Getenv), c.S3Env...), o.AgentEnv...)
 	p, err := c.startProcess("agent-"+a.Node, filepath.Join(o.BinDir, "bashtask-agent"), args, env)
 	if err != nil {
 		return err
@@ -913,4 +913,23 @@ func WriteLogTails(w io.Writer, dir string, lines int) {
 		}
 		fmt.Fprintf(w, "==== %s (last lines)\n%s\n", l, strings.Join(ls, "\n"))
 	}
+}
+
+// agentEnvNames are the variables of the launcher's environment an agent
+// gets: what a DaemonSet's container has (PATH, HOME) and what a Go
+// program's test run sets for its children (TMPDIR, coverage and race
+// settings). Nothing else of the shell that started the launcher reaches
+// an agent, and so no task: a local run previews a cluster's.
+var agentEnvNames = []string{"PATH", "HOME", "TMPDIR", "GOCOVERDIR", "GORACE", "GOTRACEBACK"}
+
+// agentEnviron is an agent's base environment, the agentEnvNames that
+// getenv has.
+func agentEnviron(getenv func(string) string) []string {
+	var env []string
+	for _, name := range agentEnvNames {
+		if v := getenv(name); v != "" {
+			env = append(env, name+"="+v)
+		}
+	}
+	return env
 }
