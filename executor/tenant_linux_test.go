@@ -484,3 +484,46 @@ func TestTenantEnvironmentIsDefined(t *testing.T) {
 		t.Errorf("with PLAIN allowed: PLAIN=%q KUBECONFIG=%q, want 1 and nothing", env["PLAIN"], env["KUBECONFIG"])
 	}
 }
+
+// A work root under a directory other users may not search (an agent, or
+// bashtask-local, run from a checkout under a 0700 home), outside /tmp so
+// that the task's private /tmp does not stand in for the fix: the task
+// still reaches its working directory by its path, and sees nothing else
+// of that directory.
+func TestTenantWorkRootUnderPrivateDirectory(t *testing.T) {
+	t.Parallel()
+	base, err := os.MkdirTemp("/var/tmp", "bashtask-private-parent-")
+	if err != nil {
+		t.Skipf("no /var/tmp: %v", err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(base) })
+	home := filepath.Join(base, "home")
+	root := filepath.Join(home, "src", "checkout", ".bashtask", "work")
+	if err := os.MkdirAll(root, 0o711); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(home, "secret"), []byte("s3cret\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for dir, mode := range map[string]os.FileMode{base: 0o755, home: 0o700} {
+		if err := os.Chmod(dir, mode); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ex := newTestExecutor(t, CgroupAuto, func(c *Config) { c.Isolation, c.WorkDirRoot = IsolationTenant, root })
+	spec := testSpec(t, `echo pwd=$PWD; echo hi > "$PWD/f" && cat "$PWD/f"; cat `+filepath.Join(home, "secret")+` 2>/dev/null || echo secret=hidden; ls -A `+home)
+	spec.User = &User{UID: 2000151, GID: 2000151}
+	task, err := ex.Start(spec)
+	if err != nil {
+		t.Fatalf("Start: %v", err)
+	}
+	wd := task.WorkingDir()
+	res := wait(t, task)
+	if res.Reason != ReasonSucceeded {
+		t.Fatalf("%s: %s\n%s", res.Reason, res.Message, res.Stderr.Tail)
+	}
+	want := "pwd=" + wd + "\nhi\nsecret=hidden\nsrc\n"
+	if !strings.HasPrefix(wd, root+"/") || res.Stdout.Tail != want {
+		t.Errorf("working directory %q, stdout %q, want %q\nstderr %q", wd, res.Stdout.Tail, want, res.Stderr.Tail)
+	}
+}

@@ -8,8 +8,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"runtime"
 	"strconv"
 	"syscall"
@@ -227,6 +229,9 @@ func mountStep(st *state) error {
 		}
 	}
 	if st.cfg.Workspace == nil {
+		if err := bridgeUnsearchable(wd); err != nil {
+			return err
+		}
 		if err := os.MkdirAll(wd, 0o755); err != nil && !errors.Is(err, unix.EROFS) {
 			return fmt.Errorf("making mount point %s: %w", wd, err)
 		}
@@ -245,6 +250,39 @@ func mountStep(st *state) error {
 	}
 	if err := unix.MoveMount(tree, "", unix.AT_FDCWD, wd, unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
 		return fmt.Errorf("mounting working directory %s: %w", wd, err)
+	}
+	return nil
+}
+
+// bridgeUnsearchable makes the way to the working directory wd passable
+// for the task's UID: the topmost directory above wd that other users
+// may not search (a 0700 home holding the agent's work root, say) gets an
+// empty tmpfs (mode 0755) in this mount namespace, on which the mount
+// step then makes the path down to wd. The task could not reach anything
+// of that directory anyway; now it reaches its working directory, from
+// any work root the agent was given. A task's UID is never the owner or
+// the group of the node's directories, so the execute bit for others is
+// what decides (a working directory under /tmp is past the private /tmp
+// already, made the same way).
+func bridgeUnsearchable(wd string) error {
+	var top string
+	for p := filepath.Dir(wd); p != "/" && p != "."; p = filepath.Dir(p) {
+		fi, err := os.Stat(p)
+		switch {
+		case errors.Is(err, fs.ErrNotExist):
+			continue // below a tmpfs of this namespace: made 0755 by the mount step
+		case err != nil:
+			return fmt.Errorf("checking the way to working directory %s: %w", wd, err)
+		}
+		if fi.Mode().Perm()&0o001 == 0 {
+			top = p
+		}
+	}
+	if top == "" {
+		return nil
+	}
+	if err := unix.Mount("tmpfs", top, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "size=64k,nr_inodes=256,mode=0755"); err != nil {
+		return fmt.Errorf("mounting a tmpfs over %s, which other users may not search, on the way to working directory %s: %w", top, wd, err)
 	}
 	return nil
 }
