@@ -278,10 +278,7 @@ func (e *Executor) configureAmbient(cfg Config) error {
 		return err
 	}
 	if mode == "" {
-		mode = AmbientScrub
-		if e.isolation == IsolationTenant {
-			mode = AmbientAllowlist
-		}
+		mode = DefaultAmbientMode(e.isolation)
 	}
 	e.envMode = mode
 	ambient := cfg.AmbientEnviron

@@ -69,6 +69,16 @@ const (
 	AmbientInherit AmbientMode = "inherit"
 )
 
+// DefaultAmbientMode is the ambient mode of an executor at level when its
+// configuration names none: [AmbientAllowlist] at [IsolationTenant],
+// where several owners share the agent, [AmbientScrub] otherwise.
+func DefaultAmbientMode(level Isolation) AmbientMode {
+	if level == IsolationTenant {
+		return AmbientAllowlist
+	}
+	return AmbientScrub
+}
+
 // ParseAmbientMode converts a flag value to an [AmbientMode]. The empty
 // string is returned as is: [New] then takes the level's default
 // ([AmbientAllowlist] at the tenant level, [AmbientScrub] at the process

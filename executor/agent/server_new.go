@@ -137,9 +137,6 @@ func setDefaults(cfg *Config) {
 	if cfg.Executor.Shell == "" {
 		cfg.Executor.Shell = executor.DefaultShell
 	}
-	if cfg.Executor.AmbientEnv == "" {
-		cfg.Executor.AmbientEnv = executor.AmbientScrub
-	}
 }
 
 // credentialEnv name files of cloud credentials the bucket drivers read,

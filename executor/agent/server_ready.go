@@ -16,7 +16,7 @@ func (s *Server) agentInfoLocked() *agentv1.AgentInfo {
 	r := &agentv1.Readiness{
 		Ready:      ready,
 		Problems:   problems,
-		AmbientEnv: string(s.cfg.Executor.AmbientEnv),
+		AmbientEnv: string(cmpOr(s.cfg.Executor.AmbientEnv, executor.DefaultAmbientMode(s.cfg.Executor.Isolation))),
 		Shell:      s.cfg.Executor.Shell,
 		Draining:   s.draining,
 	}
