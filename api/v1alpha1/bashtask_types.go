@@ -39,15 +39,37 @@ const (
 	// a stream larger than this belongs in a Job that writes to storage itself.
 	MaxSpillLimitBytes = 16 << 30
 
-	// DefaultTimeoutSeconds is spec.timeoutSeconds when unset.
+	// DefaultTimeoutSeconds is the timeout, in seconds, of a task that
+	// sets neither spec.timeoutSeconds nor spec.timeoutMilliseconds (the
+	// controller lowers it to its --max-timeout-seconds when that is
+	// smaller).
 	DefaultTimeoutSeconds = 120
+
+	// MaxTimeoutSeconds is the largest spec.timeoutSeconds: 604800, a
+	// week. The controller's --max-timeout-seconds may allow less.
+	MaxTimeoutSeconds = 604800
+
+	// MaxTimeoutMilliseconds is the largest spec.timeoutMilliseconds, the
+	// same week as MaxTimeoutSeconds in milliseconds.
+	MaxTimeoutMilliseconds = MaxTimeoutSeconds * 1000
 
 	// DefaultStdinIdleTimeoutSeconds is spec.stdinStream.idleTimeoutSeconds
 	// when unset.
 	DefaultStdinIdleTimeoutSeconds = 60
 
-	// DefaultKillGracePeriodSeconds is spec.killGracePeriodSeconds when unset.
+	// DefaultKillGracePeriodSeconds is the grace period, in seconds, of a
+	// task that sets neither spec.killGracePeriodSeconds nor
+	// spec.killGracePeriodMilliseconds.
 	DefaultKillGracePeriodSeconds = 3
+
+	// MaxKillGracePeriodSeconds is the largest spec.killGracePeriodSeconds
+	// (5 minutes).
+	MaxKillGracePeriodSeconds = 300
+
+	// MaxKillGracePeriodMilliseconds is the largest
+	// spec.killGracePeriodMilliseconds, MaxKillGracePeriodSeconds in
+	// milliseconds.
+	MaxKillGracePeriodMilliseconds = MaxKillGracePeriodSeconds * 1000
 )
 
 // StdinStream configures a streamed standard input (spec.stdinStream).
@@ -79,6 +101,10 @@ type StdinStream struct {
 // +kubebuilder:validation:XValidation:rule="has(self.workingDir) == has(oldSelf.workingDir)",message="spec.workingDir is immutable (it cannot be added or removed): a task runs its command once. To run a new command, create a task with a new name; Argo CD does that with the sync options Force=true,Replace=true or a hook with hook-delete-policy BeforeHookCreation, Flux with the annotation kustomize.toolkit.fluxcd.io/force: enabled"
 // +kubebuilder:validation:XValidation:rule="has(self.timeoutSeconds) == has(oldSelf.timeoutSeconds)",message="spec.timeoutSeconds is immutable (it cannot be added or removed): a task runs its command once. To run a new command, create a task with a new name; Argo CD does that with the sync options Force=true,Replace=true or a hook with hook-delete-policy BeforeHookCreation, Flux with the annotation kustomize.toolkit.fluxcd.io/force: enabled"
 // +kubebuilder:validation:XValidation:rule="has(self.killGracePeriodSeconds) == has(oldSelf.killGracePeriodSeconds)",message="spec.killGracePeriodSeconds is immutable (it cannot be added or removed): a task runs its command once. To run a new command, create a task with a new name; Argo CD does that with the sync options Force=true,Replace=true or a hook with hook-delete-policy BeforeHookCreation, Flux with the annotation kustomize.toolkit.fluxcd.io/force: enabled"
+// +kubebuilder:validation:XValidation:rule="has(self.timeoutMilliseconds) == has(oldSelf.timeoutMilliseconds)",message="spec.timeoutMilliseconds is immutable (it cannot be added or removed): a task runs its command once. To run a new command, create a task with a new name; Argo CD does that with the sync options Force=true,Replace=true or a hook with hook-delete-policy BeforeHookCreation, Flux with the annotation kustomize.toolkit.fluxcd.io/force: enabled"
+// +kubebuilder:validation:XValidation:rule="has(self.killGracePeriodMilliseconds) == has(oldSelf.killGracePeriodMilliseconds)",message="spec.killGracePeriodMilliseconds is immutable (it cannot be added or removed): a task runs its command once. To run a new command, create a task with a new name; Argo CD does that with the sync options Force=true,Replace=true or a hook with hook-delete-policy BeforeHookCreation, Flux with the annotation kustomize.toolkit.fluxcd.io/force: enabled"
+// +kubebuilder:validation:XValidation:rule="!(has(self.timeoutSeconds) && has(self.timeoutMilliseconds))",message="timeoutSeconds and timeoutMilliseconds are mutually exclusive: set at most one (timeoutMilliseconds for a limit that is not a whole number of seconds)"
+// +kubebuilder:validation:XValidation:rule="!(has(self.killGracePeriodSeconds) && has(self.killGracePeriodMilliseconds))",message="killGracePeriodSeconds and killGracePeriodMilliseconds are mutually exclusive: set at most one (killGracePeriodMilliseconds for a grace period that is not a whole number of seconds)"
 // +kubebuilder:validation:XValidation:rule="has(self.output) == has(oldSelf.output)",message="spec.output is immutable (it cannot be added or removed): a task runs its command once. To run a new command, create a task with a new name; Argo CD does that with the sync options Force=true,Replace=true or a hook with hook-delete-policy BeforeHookCreation, Flux with the annotation kustomize.toolkit.fluxcd.io/force: enabled"
 // +kubebuilder:validation:XValidation:rule="has(self.nodeName) == has(oldSelf.nodeName)",message="spec.nodeName is immutable (it cannot be added or removed): a task runs its command once. To run a new command, create a task with a new name; Argo CD does that with the sync options Force=true,Replace=true or a hook with hook-delete-policy BeforeHookCreation, Flux with the annotation kustomize.toolkit.fluxcd.io/force: enabled"
 // +kubebuilder:validation:XValidation:rule="has(self.nodeSelector) == has(oldSelf.nodeSelector)",message="spec.nodeSelector is immutable (it cannot be added or removed): a task runs its command once. To run a new command, create a task with a new name; Argo CD does that with the sync options Force=true,Replace=true or a hook with hook-delete-policy BeforeHookCreation, Flux with the annotation kustomize.toolkit.fluxcd.io/force: enabled"
@@ -164,24 +190,49 @@ type BashTaskSpec struct {
 	WorkingDir *string `json:"workingDir,omitempty"`
 
 	// timeoutSeconds is the wall-clock limit of the run in seconds, measured
-	// by the agent on a monotonic clock from the start of the process. The
-	// controller caps it at its --max-timeout-seconds. Default 120. Immutable.
+	// by the agent on a monotonic clock from the start of the process, 1 to
+	// 604800 (a week). A value over the controller's --max-timeout-seconds
+	// (600 by default) ends the task InvalidSpec before it is dispatched;
+	// it is never cut short. Exclusive with timeoutMilliseconds; when both
+	// are unset the timeout is 120 seconds (or the controller's cap, when
+	// lower). Immutable.
 	// +optional
-	// +default=120
 	// +kubebuilder:validation:Minimum=1
 	// +kubebuilder:validation:Maximum=604800
 	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="spec.timeoutSeconds is immutable: a task runs its command once. To run a new command, create a task with a new name; Argo CD does that with the sync options Force=true,Replace=true or a hook with hook-delete-policy BeforeHookCreation, Flux with the annotation kustomize.toolkit.fluxcd.io/force: enabled"
 	TimeoutSeconds *int32 `json:"timeoutSeconds,omitempty"`
 
+	// timeoutMilliseconds is timeoutSeconds in milliseconds, for a limit
+	// under a second or between two whole seconds: 1 to 604800000 (a
+	// week). The same rules hold: measured by the agent on a monotonic
+	// clock, refused over the controller's --max-timeout-seconds.
+	// Exclusive with timeoutSeconds. Immutable.
+	// +optional
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=604800000
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="spec.timeoutMilliseconds is immutable: a task runs its command once. To run a new command, create a task with a new name; Argo CD does that with the sync options Force=true,Replace=true or a hook with hook-delete-policy BeforeHookCreation, Flux with the annotation kustomize.toolkit.fluxcd.io/force: enabled"
+	TimeoutMilliseconds *int32 `json:"timeoutMilliseconds,omitempty"`
+
 	// killGracePeriodSeconds is the time in seconds between SIGTERM and
 	// SIGKILL when the task is stopped (timeout, cancel, deletion, leftover
-	// processes). Default 3, at most 300. Immutable.
+	// processes), 0 to 300; 0 sends SIGKILL right after SIGTERM. Exclusive
+	// with killGracePeriodMilliseconds; when both are unset the grace
+	// period is 3 seconds. Immutable.
 	// +optional
-	// +default=3
 	// +kubebuilder:validation:Minimum=0
 	// +kubebuilder:validation:Maximum=300
 	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="spec.killGracePeriodSeconds is immutable: a task runs its command once. To run a new command, create a task with a new name; Argo CD does that with the sync options Force=true,Replace=true or a hook with hook-delete-policy BeforeHookCreation, Flux with the annotation kustomize.toolkit.fluxcd.io/force: enabled"
 	KillGracePeriodSeconds *int32 `json:"killGracePeriodSeconds,omitempty"`
+
+	// killGracePeriodMilliseconds is killGracePeriodSeconds in
+	// milliseconds, for a grace period under a second or between two whole
+	// seconds: 0 to 300000 (5 minutes). Exclusive with
+	// killGracePeriodSeconds. Immutable.
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=300000
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="spec.killGracePeriodMilliseconds is immutable: a task runs its command once. To run a new command, create a task with a new name; Argo CD does that with the sync options Force=true,Replace=true or a hook with hook-delete-policy BeforeHookCreation, Flux with the annotation kustomize.toolkit.fluxcd.io/force: enabled"
+	KillGracePeriodMilliseconds *int32 `json:"killGracePeriodMilliseconds,omitempty"`
 
 	// output controls how much output is kept in status, on the node and in
 	// object storage. Immutable.
@@ -229,9 +280,13 @@ type BashTaskSpec struct {
 	// as its UID, in its network, with its HOME, starting in the directory
 	// its last task ended in. The workspace's spec.owner, when set, must
 	// equal this task's spec.owner (else InvalidSpec naming both). A task
-	// naming a workspace that does not exist yet, or is not Ready, stays
-	// Pending with the Scheduled condition saying why, so that a GitOps
-	// apply of both works in any order. nodeName, nodeSelector, network and
+	// naming a workspace that does not exist yet, or is not Ready yet
+	// (being placed, made, or restored; one suspended by its idle timeout
+	// is restored for the task), stays Pending with the Scheduled
+	// condition saying what it waits for, so that a GitOps apply of both
+	// works in any order. A workspace whose spec.suspend is true, or that
+	// is NodeLost or Failed, takes no task: the task ends
+	// WorkspaceUnavailable at once. nodeName, nodeSelector, network and
 	// resources.ephemeralStorage must be unset. A DNS subdomain of at most
 	// 253 characters. Immutable.
 	// +optional
@@ -417,7 +472,7 @@ const (
 // Reason is the terminal reason of a task, from a closed set. Exactly one is
 // ever written; the first cause wins.
 //
-// +kubebuilder:validation:Enum=Succeeded;NonZeroExit;Signaled;TimedOut;Cancelled;OOMKilled;StartFailed;AgentRestarted;AgentLost;InvalidSpec
+// +kubebuilder:validation:Enum=Succeeded;NonZeroExit;Signaled;TimedOut;Cancelled;OOMKilled;StartFailed;AgentRestarted;AgentLost;InvalidSpec;WorkspaceUnavailable
 type Reason string
 
 const (
@@ -447,6 +502,12 @@ const (
 	// ReasonInvalidSpec means the controller rejected the spec for a rule the
 	// schema cannot express.
 	ReasonInvalidSpec Reason = "InvalidSpec"
+	// ReasonWorkspaceUnavailable means the task was not dispatched because
+	// its workspace (spec.workspace) takes no task: spec.suspend holds it,
+	// or it is NodeLost or Failed. The message names the workspace and
+	// what would let a new task run (for a hold: `kubectl bashtask
+	// workspace resume`, or spec.suspend set to false).
+	ReasonWorkspaceUnavailable Reason = "WorkspaceUnavailable"
 )
 
 // Condition types of a BashTask, in the Job vocabulary. Each condition is

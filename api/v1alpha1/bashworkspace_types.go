@@ -102,9 +102,11 @@ type BashWorkspaceSpec struct {
 
 	// suspend keeps the workspace off every node while true: the
 	// controller snapshots it once its running tasks have ended, then
-	// releases its node's copy and UID (phase Suspended); its tasks wait
-	// Pending. Set back to false, it is restored from the snapshot at
-	// once on a node that fits its placement. Needs agents with a bucket.
+	// releases its node's copy and UID (phase Suspended). While it is
+	// true a new task naming the workspace is not dispatched: it ends
+	// WorkspaceUnavailable at once. Set back to false, the workspace is
+	// restored from the snapshot at once on a node that fits its
+	// placement. Needs agents with a bucket.
 	// +optional
 	Suspend *bool `json:"suspend,omitempty"`
 
@@ -181,8 +183,9 @@ const (
 	// tasks.
 	WorkspaceReady WorkspacePhase = "Ready"
 	// WorkspaceSuspended means the workspace is on no node: its files and
-	// carried state are in its last snapshot (status.snapshot), and its
-	// next task (or spec.suspend set back to false) restores it on a node.
+	// carried state are in its last snapshot (status.snapshot). Its next
+	// task restores it on a node, unless spec.suspend is true: then
+	// spec.suspend set back to false does.
 	WorkspaceSuspended WorkspacePhase = "Suspended"
 	// WorkspaceTerminating means the workspace is being deleted: its
 	// running tasks are stopped, then its directory, network and UID go.

@@ -133,8 +133,18 @@ func (in *BashTaskSpec) DeepCopyInto(out *BashTaskSpec) {
 		*out = new(int32)
 		**out = **in
 	}
+	if in.TimeoutMilliseconds != nil {
+		in, out := &in.TimeoutMilliseconds, &out.TimeoutMilliseconds
+		*out = new(int32)
+		**out = **in
+	}
 	if in.KillGracePeriodSeconds != nil {
 		in, out := &in.KillGracePeriodSeconds, &out.KillGracePeriodSeconds
+		*out = new(int32)
+		**out = **in
+	}
+	if in.KillGracePeriodMilliseconds != nil {
+		in, out := &in.KillGracePeriodMilliseconds, &out.KillGracePeriodMilliseconds
 		*out = new(int32)
 		**out = **in
 	}

@@ -659,10 +659,12 @@ type TaskSpec struct {
 	ManagedEnv []*EnvVar `protobuf:"bytes,5,rep,name=managed_env,json=managedEnv,proto3" json:"managed_env,omitempty"`
 	// working_dir is an absolute path; empty means a fresh per-task directory.
 	WorkingDir string `protobuf:"bytes,6,opt,name=working_dir,json=workingDir,proto3" json:"working_dir,omitempty"`
-	// timeout of the task; absent or zero means none.
+	// timeout of the task; absent or zero means none. Any duration is
+	// honoured, also one under a second (the BashTask's
+	// timeoutMilliseconds).
 	Timeout *durationpb.Duration `protobuf:"bytes,7,opt,name=timeout,proto3" json:"timeout,omitempty"`
-	// kill_grace is the time between SIGTERM and SIGKILL; absent or zero
-	// means 3 s.
+	// kill_grace is the time between SIGTERM and SIGKILL, also under a
+	// second; absent means 3 s, zero none (SIGKILL right after SIGTERM).
 	KillGrace *durationpb.Duration `protobuf:"bytes,8,opt,name=kill_grace,json=killGrace,proto3" json:"kill_grace,omitempty"`
 	// output bounds the captured output.
 	Output *OutputSettings `protobuf:"bytes,9,opt,name=output,proto3" json:"output,omitempty"`
