@@ -26,6 +26,12 @@ const (
 	// only a process stuck in the kernel (uninterruptible sleep) takes
 	// longer, and the task must still end.
 	killWait = 5 * time.Second
+	// shimExitWait is the least time a tenant task's shim gets to exit on
+	// its own after the shell did, whatever the grace period: it takes
+	// well under a millisecond, and a shorter grace (none at all, or a
+	// few milliseconds) must not have a task that left nothing behind
+	// stopped as if it had.
+	shimExitWait = 100 * time.Millisecond
 	// drainTimeout is how long output is read after every process of the
 	// task is gone before the pipes are cut: only a process outside the
 	// task's reach (one that left the process group on a node without
@@ -331,7 +337,7 @@ func (t *Task) supervise() {
 		// The shell's exit is the command's result; anything of the task
 		// still alive is stopped the same way as on a timeout.
 		leftovers = t.countLeftovers()
-		if leftovers > 0 || (s.tenant != nil && !t.waitShim(t.spec.KillGrace)) {
+		if leftovers > 0 || (s.tenant != nil && !t.waitShim(max(t.spec.KillGrace, shimExitWait))) {
 			t.terminate(nil)
 		}
 	case <-deadline:

@@ -105,6 +105,10 @@ const (
 	// DefaultKillGrace is the time between SIGTERM and SIGKILL when
 	// [Spec.KillGrace] is zero.
 	DefaultKillGrace = 3 * time.Second
+	// KillGraceNone is the [Spec.KillGrace] of a task stopped without a
+	// grace period: SIGKILL follows SIGTERM at once. Zero cannot say it,
+	// as it means DefaultKillGrace.
+	KillGraceNone = time.Nanosecond
 	// DefaultTailBytes is the per-stream tail size in bytes when
 	// [Spec.TailBytes] is zero.
 	DefaultTailBytes = 64000
@@ -180,10 +184,12 @@ type Spec struct {
 	// removed when the task ends.
 	WorkingDir string
 	// Timeout is measured on the monotonic clock from the start of the
-	// shell; zero means no deadline.
+	// shell, to the nanosecond asked (a 100 ms timeout is 100 ms); zero
+	// means no deadline.
 	Timeout time.Duration
 	// KillGrace is the time between SIGTERM and SIGKILL; zero means
-	// DefaultKillGrace.
+	// DefaultKillGrace, KillGraceNone none. Any duration is honoured,
+	// also one under a second.
 	KillGrace time.Duration
 	// TailBytes is the size in bytes of the in-memory tail kept per stream;
 	// zero means DefaultTailBytes; at most MaxTailBytes.

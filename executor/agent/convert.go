@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"time"
 
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -40,7 +41,7 @@ func (s *Server) toExecSpec(spec *agentv1.TaskSpec) executor.Spec {
 		Command:         spec.GetCommand(),
 		WorkingDir:      spec.GetWorkingDir(),
 		Timeout:         spec.GetTimeout().AsDuration(),
-		KillGrace:       spec.GetKillGrace().AsDuration(),
+		KillGrace:       killGrace(spec),
 		TailBytes:       int(spec.GetOutput().GetTailBytes()),
 		SpillLimitBytes: spec.GetOutput().GetSpillLimitBytes(),
 		SpillDir:        s.store.outputDir(ref.GetUid()),
@@ -73,6 +74,20 @@ func (s *Server) toExecSpec(spec *agentv1.TaskSpec) executor.Spec {
 		executor.EnvVar{Name: EnvNode, Value: s.cfg.NodeName},
 	)
 	return es
+}
+
+// killGrace is the executor's grace period for spec's kill_grace: absent
+// is zero, the executor's DefaultKillGrace; a present zero is no grace
+// period, executor.KillGraceNone (SIGKILL right after SIGTERM).
+func killGrace(spec *agentv1.TaskSpec) time.Duration {
+	g := spec.GetKillGrace()
+	if g == nil {
+		return 0
+	}
+	if d := g.AsDuration(); d != 0 {
+		return d
+	}
+	return executor.KillGraceNone
 }
 
 // applyResult writes a finished task's Result into status.
