@@ -68,7 +68,11 @@ type Options struct {
 	AgentLostAfter time.Duration
 	// StatusBudgetBytes caps the JSON encoding of a task's status.
 	StatusBudgetBytes int
-	// MaxTimeoutSeconds caps spec.timeoutSeconds.
+	// MaxTimeoutSeconds is the longest timeout a task may ask for, in
+	// seconds (spec.timeoutSeconds, or spec.timeoutMilliseconds): a task
+	// over it ends InvalidSpec before dispatch, and a task that asks for
+	// none gets the default 120 s or this, whichever is less. 0 or less
+	// is no cap.
 	MaxTimeoutSeconds int32
 	// DefaultTTLSecondsAfterFinished applies when a task sets no
 	// ttlSecondsAfterFinished; nil keeps such tasks.
@@ -348,6 +352,9 @@ func isDispatched(bt *bashtaskv1alpha1.BashTask) bool {
 func (r *BashTaskReconciler) reconcilePending(ctx context.Context, bt *bashtaskv1alpha1.BashTask, old *bashtaskv1alpha1.BashTaskStatus) (taskDecision, error) {
 	now := r.clock.Now()
 	if d := specGate(bt, now); d != nil {
+		return *d, nil
+	}
+	if d := timeoutGate(bt, r.opts.MaxTimeoutSeconds, now); d != nil {
 		return *d, nil
 	}
 	var target *workspaceTarget

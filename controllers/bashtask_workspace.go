@@ -3,6 +3,7 @@ package controllers
 import (
 	"context"
 	"fmt"
+	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
@@ -35,47 +36,98 @@ type workspaceTarget struct {
 	node string
 }
 
-// checkWorkspace reads the task's workspace from the cache and decides:
-// run there when it is Ready and its owner matches; wait while it does not
-// exist or is not Ready yet (so a GitOps apply of both works in any
-// order); end the task InvalidSpec for another owner or a workspace that
-// is NodeLost or Failed, and Cancelled for one being deleted.
+// checkWorkspace reads the task's workspace from the cache and decides
+// with workspaceVerdict. An end is confirmed on a live read: a cache
+// behind a resume (spec.suspend set back to false) or behind a workspace
+// made again under the name must not end a task that the API server's
+// view lets run. It costs one read, only for a task about to end.
 func (r *BashTaskReconciler) checkWorkspace(ctx context.Context, bt *bashtaskv1alpha1.BashTask) (workspaceCheck, error) {
+	c, err := readWorkspaceCheck(ctx, r.client, bt)
+	if err != nil || c.end == "" {
+		return c, err
+	}
+	return readWorkspaceCheck(ctx, r.apiReader, bt)
+}
+
+// readWorkspaceCheck reads the task's workspace through reader and
+// decides with workspaceVerdict.
+func readWorkspaceCheck(ctx context.Context, reader client.Reader, bt *bashtaskv1alpha1.BashTask) (workspaceCheck, error) {
 	name := ptr.Deref(bt.Spec.Workspace, "")
 	ws := &bashtaskv1alpha1.BashWorkspace{}
-	if err := r.client.Get(ctx, types.NamespacedName{Namespace: bt.Namespace, Name: name}, ws); err != nil {
-		if apierrors.IsNotFound(err) {
-			return workspaceCheck{wait: ReasonWorkspaceNotFound,
-				message: fmt.Sprintf("spec.workspace: BashWorkspace %q not found in namespace %s; waiting for it to be created", name, bt.Namespace)}, nil
+	if err := reader.Get(ctx, types.NamespacedName{Namespace: bt.Namespace, Name: name}, ws); err != nil {
+		if !apierrors.IsNotFound(err) {
+			return workspaceCheck{}, fmt.Errorf("reading workspace %s of %s: %w", name, klog.KObj(bt), err)
 		}
-		return workspaceCheck{}, fmt.Errorf("reading workspace %s of %s: %w", name, klog.KObj(bt), err)
+		ws = nil
+	}
+	return workspaceVerdict(bt, ws), nil
+}
+
+// workspaceVerdict decides what ws (nil when it does not exist) means for
+// a task not yet dispatched (docs/workspaces.md, "BashTask fields"): run
+// there when it is Ready on a node and its owner matches; end the task
+// InvalidSpec for another owner, Cancelled for a workspace being
+// deleted, WorkspaceUnavailable for one that spec.suspend holds or that
+// is NodeLost or Failed; else wait, with a message that says what for
+// (workspaceWait): the workspace to be created (so that a GitOps apply of
+// both works in any order), placed, made or restored, which a Suspended
+// workspace that spec.suspend does not hold is for this task.
+func workspaceVerdict(bt *bashtaskv1alpha1.BashTask, ws *bashtaskv1alpha1.BashWorkspace) workspaceCheck {
+	name := ptr.Deref(bt.Spec.Workspace, "")
+	if ws == nil {
+		return workspaceCheck{wait: ReasonWorkspaceNotFound,
+			message: fmt.Sprintf("spec.workspace: BashWorkspace %q not found in namespace %s; waiting for it to be created", name, bt.Namespace)}
 	}
 	if msg := ownerMismatch(bt, ws); msg != "" {
-		return workspaceCheck{end: bashtaskv1alpha1.ReasonInvalidSpec, message: msg}, nil
+		return workspaceCheck{end: bashtaskv1alpha1.ReasonInvalidSpec, message: msg}
 	}
 	phase := workspacePhaseOf(&ws.Status)
-	why := ptr.Deref(ws.Status.Message, string(phase))
 	switch {
 	case !ws.DeletionTimestamp.IsZero() || phase == bashtaskv1alpha1.WorkspaceTerminating:
 		return workspaceCheck{end: bashtaskv1alpha1.ReasonCancelled,
-			message: fmt.Sprintf("spec.workspace: BashWorkspace %q is being deleted; the task was not started", name)}, nil
+			message: fmt.Sprintf("spec.workspace: BashWorkspace %q is being deleted; the task was not started", name)}
+	case ptr.Deref(ws.Spec.Suspend, false):
+		return workspaceCheck{end: bashtaskv1alpha1.ReasonWorkspaceUnavailable,
+			message: fmt.Sprintf("spec.workspace: BashWorkspace %q is held by its spec.suspend (true), which keeps it off every node and its new tasks out; the task was not started. "+
+				"Resume the workspace with `kubectl bashtask workspace resume %s` (or set its spec.suspend to false), then create the task again", name, name)}
 	case phase == bashtaskv1alpha1.WorkspaceNodeLost || phase == bashtaskv1alpha1.WorkspaceFailed:
-		return workspaceCheck{end: bashtaskv1alpha1.ReasonInvalidSpec,
-			message: fmt.Sprintf("spec.workspace: BashWorkspace %q is %s (%s); it takes no more tasks", name, phase, why)}, nil
-	case phase != bashtaskv1alpha1.WorkspaceReady || ptr.Deref(ws.Status.NodeName, "") == "" || ptr.Deref(ws.Spec.Suspend, false):
-		switch phase {
-		case "":
-			why = "not placed yet"
-		case bashtaskv1alpha1.WorkspaceReady:
-			why = "spec.suspend is true: it is being suspended"
-		}
-		return workspaceCheck{wait: ReasonWorkspaceNotReady,
-			message: fmt.Sprintf("spec.workspace: BashWorkspace %q is not Ready (%s); waiting for it", name, why)}, nil
+		return workspaceCheck{end: bashtaskv1alpha1.ReasonWorkspaceUnavailable,
+			message: fmt.Sprintf("spec.workspace: BashWorkspace %q is %s (%s); it takes no more tasks, and the task was not started. Create a new workspace for new tasks",
+				name, phase, ptr.Deref(ws.Status.Message, string(phase)))}
+	case phase == bashtaskv1alpha1.WorkspaceReady && ptr.Deref(ws.Status.NodeName, "") != "":
+		return workspaceCheck{target: &workspaceTarget{ref: workspaceRefOf(ws), node: *ws.Status.NodeName}}
 	}
-	return workspaceCheck{target: &workspaceTarget{
-		ref:  workspaceRefOf(ws),
-		node: *ws.Status.NodeName,
-	}}, nil
+	return workspaceCheck{wait: ReasonWorkspaceNotReady, message: workspaceWait(ws)}
+}
+
+// workspaceWait says what a task waits for in ws, which exists, takes
+// tasks and is not Ready on a node yet: to be placed, made or restored
+// (the workspace's own status message says which, and where), or, for a
+// Suspended one, to be restored by this task.
+func workspaceWait(ws *bashtaskv1alpha1.BashWorkspace) string {
+	prefix := fmt.Sprintf("spec.workspace: BashWorkspace %q ", ws.Name)
+	node, why := ptr.Deref(ws.Status.NodeName, ""), ptr.Deref(ws.Status.Message, "")
+	switch phase := workspacePhaseOf(&ws.Status); phase {
+	case "":
+		return prefix + "is new and not placed on a node yet; the task starts once the controller has placed and made it"
+	case bashtaskv1alpha1.WorkspaceSuspended:
+		msg := prefix + fmt.Sprintf("is Suspended to its snapshot of %s, and this task restores it: the task starts once the workspace is placed on a node and restored there",
+			snapshotTime(ws.Status.Snapshot).UTC().Format(time.RFC3339))
+		if node != "" {
+			msg += fmt.Sprintf(", after its copy on node %s is released", node)
+		}
+		return msg
+	case bashtaskv1alpha1.WorkspacePending:
+		if why == "" {
+			why = "being placed on a node"
+		}
+		return prefix + "is Pending: " + why + "; the task starts once it is Ready"
+	default:
+		if why == "" {
+			why = "no node"
+		}
+		return prefix + fmt.Sprintf("is %s (%s), not Ready on a node; the task starts once it is", phase, why)
+	}
 }
 
 // ownerMismatch names both owners when the workspace has an owner and the

@@ -224,11 +224,12 @@ func (r *BashWorkspaceReconciler) reconcileSuspended(ctx context.Context, ws *ba
 		p.event(corev1.EventTypeNormal, bashtaskv1alpha1.WorkspaceReasonSuspended, "Suspend", "Suspended; its copy on node %s released (UID %d)", node, ptr.Deref(s.RunAsUser, 0))
 		s.NodeName, s.RunAsUser, s.UsedBytes, s.CapacityBytes, s.RunningTasks = nil, nil, nil, nil, nil
 		// The message keeps why it was suspended (suspend wrote it).
-		msg := strings.TrimSuffix(ptr.Deref(ws.Status.Message, ""), "; releasing its copy on node "+node)
-		setWorkspacePhase(ws, bashtaskv1alpha1.WorkspaceSuspended, msg+"; its next task restores it on a node")
+		setWorkspacePhase(ws, bashtaskv1alpha1.WorkspaceSuspended, strings.TrimSuffix(ptr.Deref(ws.Status.Message, ""), "; releasing its copy on node "+node))
+		suspendedNote(ws)
 		return reconcile.Result{}, nil
 	}
 	if ptr.Deref(ws.Spec.Suspend, false) {
+		suspendedNote(ws)
 		return reconcile.Result{}, nil
 	}
 	wanted := ptr.Deref(ws.Status.ObservedGeneration, 0) != ws.Generation
@@ -243,6 +244,24 @@ func (r *BashWorkspaceReconciler) reconcileSuspended(ctx context.Context, ws *ba
 	}
 	setWorkspacePhase(ws, bashtaskv1alpha1.WorkspacePending, "to be restored from its snapshot")
 	return r.reconcilePending(ctx, ws, old, p)
+}
+
+// The ends of a Suspended workspace's message: what restores it.
+const (
+	restoredByNextTask = "; its next task restores it on a node"
+	heldBySuspend      = "; spec.suspend holds it: a task naming it is refused until it is resumed (kubectl bashtask workspace resume, or spec.suspend set to false)"
+)
+
+// suspendedNote ends a Suspended workspace's message with what restores
+// it: its next task, or, while spec.suspend holds it, a resume (its
+// tasks are refused meanwhile, docs/workspaces.md).
+func suspendedNote(ws *bashtaskv1alpha1.BashWorkspace) {
+	msg := strings.TrimSuffix(strings.TrimSuffix(ptr.Deref(ws.Status.Message, ""), restoredByNextTask), heldBySuspend)
+	note := restoredByNextTask
+	if ptr.Deref(ws.Spec.Suspend, false) {
+		note = heldBySuspend
+	}
+	setWorkspacePhase(ws, bashtaskv1alpha1.WorkspaceSuspended, msg+note)
 }
 
 // suspendLost takes a lost node's workspace that has a snapshot to

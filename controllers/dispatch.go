@@ -444,17 +444,6 @@ func (r *BashTaskReconciler) taskSpecOn(bt *bashtaskv1alpha1.BashTask, in *resol
 
 // taskSpec builds the agent request: everything resolved, defaults applied.
 func (r *BashTaskReconciler) taskSpec(bt *bashtaskv1alpha1.BashTask, in *resolvedInput) *agentv1.TaskSpec {
-	timeout := int32(bashtaskv1alpha1.DefaultTimeoutSeconds)
-	if bt.Spec.TimeoutSeconds != nil {
-		timeout = *bt.Spec.TimeoutSeconds
-	}
-	if r.opts.MaxTimeoutSeconds > 0 && timeout > r.opts.MaxTimeoutSeconds {
-		timeout = r.opts.MaxTimeoutSeconds
-	}
-	grace := int32(bashtaskv1alpha1.DefaultKillGracePeriodSeconds)
-	if bt.Spec.KillGracePeriodSeconds != nil {
-		grace = *bt.Spec.KillGracePeriodSeconds
-	}
 	out := &agentv1.OutputSettings{
 		TailBytes:       bashtaskv1alpha1.DefaultTailBytes,
 		SpillLimitBytes: bashtaskv1alpha1.DefaultSpillLimitBytes,
@@ -480,11 +469,12 @@ func (r *BashTaskReconciler) taskSpec(bt *bashtaskv1alpha1.BashTask, in *resolve
 		Stdin:      in.stdin,
 		Env:        in.env,
 		WorkingDir: ptr.Deref(bt.Spec.WorkingDir, ""),
-		Timeout:    durationpb.New(time.Duration(timeout) * time.Second),
-		KillGrace:  durationpb.New(time.Duration(grace) * time.Second),
-		Output:     out,
-		Network:    string(ptr.Deref(bt.Spec.Network, "")),
-		Workspace:  in.workspace,
+		// Never cut to the cap: timeoutGate refused a task over it.
+		Timeout:   durationpb.New(taskTimeout(&bt.Spec, r.opts.MaxTimeoutSeconds).d),
+		KillGrace: durationpb.New(taskKillGrace(&bt.Spec)),
+		Output:    out,
+		Network:   string(ptr.Deref(bt.Spec.Network, "")),
+		Workspace: in.workspace,
 		ManagedEnv: []*agentv1.EnvVar{
 			{Name: ManagedEnvName, Value: bt.Name},
 			{Name: ManagedEnvNamespace, Value: bt.Namespace},
