@@ -5,9 +5,11 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 	"google.golang.org/protobuf/testing/protocmp"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	agentv1 "github.com/bashtask/bashtask-operator/api/agent/v1"
 	"github.com/bashtask/bashtask-operator/executor"
@@ -151,5 +153,27 @@ func TestPrepareStateDirNarrowsMode(t *testing.T) {
 	}
 	if err := prepareStateDir("relative/state"); err == nil {
 		t.Error("prepareStateDir accepted a relative path")
+	}
+}
+
+// kill_grace reaches the executor as asked, also under a second; absent
+// takes the executor's default, and a present zero is no grace period
+// (KillGraceNone), not the 3 s default.
+func TestKillGrace(t *testing.T) {
+	tests := map[string]struct {
+		grace *durationpb.Duration
+		want  time.Duration
+	}{
+		"absent: the executor's default":    {grace: nil, want: 0},
+		"200ms":                             {grace: durationpb.New(200 * time.Millisecond), want: 200 * time.Millisecond},
+		"zero: none":                        {grace: durationpb.New(0), want: executor.KillGraceNone},
+		"negative: refused by the executor": {grace: durationpb.New(-time.Second), want: -time.Second},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			if got := killGrace(&agentv1.TaskSpec{KillGrace: tc.grace}); got != tc.want {
+				t.Errorf("killGrace = %v, want %v", got, tc.want)
+			}
+		})
 	}
 }

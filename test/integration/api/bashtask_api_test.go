@@ -237,6 +237,54 @@ func TestCreateValidation(t *testing.T) {
 			mutate:  func(bt *v1.BashTask) { bt.Spec.TimeoutSeconds = ptr.To[int32](0) },
 			wantErr: "spec.timeoutSeconds",
 		},
+		"timeout over a week": {
+			mutate:  func(bt *v1.BashTask) { bt.Spec.TimeoutSeconds = ptr.To[int32](v1.MaxTimeoutSeconds + 1) },
+			wantErr: "spec.timeoutSeconds: Invalid value: 604801",
+		},
+		"timeout of 100 ms, grace of 200 ms": {
+			mutate: func(bt *v1.BashTask) {
+				bt.Spec.TimeoutMilliseconds = ptr.To[int32](100)
+				bt.Spec.KillGracePeriodMilliseconds = ptr.To[int32](200)
+			},
+		},
+		"timeout of a week in milliseconds, no grace": {
+			mutate: func(bt *v1.BashTask) {
+				bt.Spec.TimeoutMilliseconds = ptr.To[int32](v1.MaxTimeoutMilliseconds)
+				bt.Spec.KillGracePeriodMilliseconds = ptr.To[int32](0)
+			},
+		},
+		"timeoutMilliseconds zero": {
+			mutate:  func(bt *v1.BashTask) { bt.Spec.TimeoutMilliseconds = ptr.To[int32](0) },
+			wantErr: "spec.timeoutMilliseconds: Invalid value: 0",
+		},
+		"timeoutMilliseconds over a week": {
+			mutate:  func(bt *v1.BashTask) { bt.Spec.TimeoutMilliseconds = ptr.To[int32](v1.MaxTimeoutMilliseconds + 1) },
+			wantErr: "spec.timeoutMilliseconds: Invalid value: 604800001",
+		},
+		"timeoutSeconds and timeoutMilliseconds": {
+			mutate: func(bt *v1.BashTask) {
+				bt.Spec.TimeoutSeconds = ptr.To[int32](1)
+				bt.Spec.TimeoutMilliseconds = ptr.To[int32](500)
+			},
+			wantErr: "timeoutSeconds and timeoutMilliseconds are mutually exclusive: set at most one",
+		},
+		"killGracePeriodMilliseconds negative": {
+			mutate:  func(bt *v1.BashTask) { bt.Spec.KillGracePeriodMilliseconds = ptr.To[int32](-1) },
+			wantErr: "spec.killGracePeriodMilliseconds: Invalid value: -1",
+		},
+		"killGracePeriodMilliseconds over 5 minutes": {
+			mutate: func(bt *v1.BashTask) {
+				bt.Spec.KillGracePeriodMilliseconds = ptr.To[int32](v1.MaxKillGracePeriodMilliseconds + 1)
+			},
+			wantErr: "spec.killGracePeriodMilliseconds: Invalid value: 300001",
+		},
+		"killGracePeriodSeconds and killGracePeriodMilliseconds": {
+			mutate: func(bt *v1.BashTask) {
+				bt.Spec.KillGracePeriodSeconds = ptr.To[int32](0)
+				bt.Spec.KillGracePeriodMilliseconds = ptr.To[int32](200)
+			},
+			wantErr: "killGracePeriodSeconds and killGracePeriodMilliseconds are mutually exclusive: set at most one",
+		},
 		"tailBytes over 262144": {
 			mutate:  func(bt *v1.BashTask) { bt.Spec.Output = &v1.OutputSpec{TailBytes: ptr.To[int32](v1.MaxTailBytes + 1)} },
 			wantErr: "spec.output.tailBytes",
@@ -315,11 +363,10 @@ func TestDefaults(t *testing.T) {
 	if diff := cmp.Diff([]string{"bashtask.dev/finalizer"}, got.Finalizers); diff != "" {
 		t.Errorf("finalizers added by the admission policy (-want +got):\n%s", diff)
 	}
-	want := v1.BashTaskSpec{
-		Command:                "echo hello",
-		TimeoutSeconds:         ptr.To[int32](v1.DefaultTimeoutSeconds),
-		KillGracePeriodSeconds: ptr.To[int32](v1.DefaultKillGracePeriodSeconds),
-	}
+	// No field is defaulted in the schema: the timeout and the grace
+	// period each have two exclusive fields, and a default in one would
+	// refuse the other (docs/api.md, "Defaults").
+	want := v1.BashTaskSpec{Command: "echo hello"}
 	if diff := cmp.Diff(want, got.Spec); diff != "" {
 		t.Errorf("spec after defaulting (-want +got):\n%s", diff)
 	}
@@ -362,7 +409,14 @@ func TestUpdateValidation(t *testing.T) {
 		"stdinStream changed":      {initial: func(bt *v1.BashTask) { bt.Spec.StdinStream = &v1.StdinStream{} }, update: func(bt *v1.BashTask) { bt.Spec.StdinStream.IdleTimeoutSeconds = ptr.To[int32](9) }, wantErr: "spec.stdinStream is immutable"},
 		"stdin added":              {update: func(bt *v1.BashTask) { bt.Spec.Stdin = ptr.To("x") }, wantErr: "spec.stdin is immutable (it cannot be added or removed)"},
 		"nodeName added":           {update: func(bt *v1.BashTask) { bt.Spec.NodeName = ptr.To("n") }, wantErr: "spec.nodeName is immutable (it cannot be added or removed)"},
-		"timeout changed":          {update: func(bt *v1.BashTask) { bt.Spec.TimeoutSeconds = ptr.To[int32](7) }, wantErr: "spec.timeoutSeconds is immutable"},
+		"timeout changed":          {initial: func(bt *v1.BashTask) { bt.Spec.TimeoutSeconds = ptr.To[int32](5) }, update: func(bt *v1.BashTask) { bt.Spec.TimeoutSeconds = ptr.To[int32](7) }, wantErr: "spec.timeoutSeconds is immutable"},
+		"timeout added":            {update: func(bt *v1.BashTask) { bt.Spec.TimeoutSeconds = ptr.To[int32](7) }, wantErr: "spec.timeoutSeconds is immutable (it cannot be added or removed)"},
+		"timeout in ms changed":    {initial: func(bt *v1.BashTask) { bt.Spec.TimeoutMilliseconds = ptr.To[int32](100) }, update: func(bt *v1.BashTask) { bt.Spec.TimeoutMilliseconds = ptr.To[int32](200) }, wantErr: "spec.timeoutMilliseconds is immutable"},
+		"timeout in ms added":      {update: func(bt *v1.BashTask) { bt.Spec.TimeoutMilliseconds = ptr.To[int32](100) }, wantErr: "spec.timeoutMilliseconds is immutable (it cannot be added or removed)"},
+		"timeout in ms removed":    {initial: func(bt *v1.BashTask) { bt.Spec.TimeoutMilliseconds = ptr.To[int32](100) }, update: func(bt *v1.BashTask) { bt.Spec.TimeoutMilliseconds = nil }, wantErr: "spec.timeoutMilliseconds is immutable (it cannot be added or removed)"},
+		"grace in ms changed":      {initial: func(bt *v1.BashTask) { bt.Spec.KillGracePeriodMilliseconds = ptr.To[int32](100) }, update: func(bt *v1.BashTask) { bt.Spec.KillGracePeriodMilliseconds = ptr.To[int32](0) }, wantErr: "spec.killGracePeriodMilliseconds is immutable"},
+		"grace in ms added":        {update: func(bt *v1.BashTask) { bt.Spec.KillGracePeriodMilliseconds = ptr.To[int32](100) }, wantErr: "spec.killGracePeriodMilliseconds is immutable (it cannot be added or removed)"},
+		"grace in ms removed":      {initial: func(bt *v1.BashTask) { bt.Spec.KillGracePeriodMilliseconds = ptr.To[int32](100) }, update: func(bt *v1.BashTask) { bt.Spec.KillGracePeriodMilliseconds = nil }, wantErr: "spec.killGracePeriodMilliseconds is immutable (it cannot be added or removed)"},
 		"network changed":          {initial: func(bt *v1.BashTask) { bt.Spec.Network = ptr.To(v1.NetworkNone) }, update: func(bt *v1.BashTask) { bt.Spec.Network = ptr.To(v1.NetworkNode) }, wantErr: "spec.network is immutable"},
 		"network added":            {update: func(bt *v1.BashTask) { bt.Spec.Network = ptr.To(v1.NetworkNone) }, wantErr: "spec.network is immutable (it cannot be added or removed)"},
 		"network removed":          {initial: func(bt *v1.BashTask) { bt.Spec.Network = ptr.To(v1.NetworkNone) }, update: func(bt *v1.BashTask) { bt.Spec.Network = nil }, wantErr: "spec.network is immutable (it cannot be added or removed)"},
