@@ -53,6 +53,8 @@ func TestGitOpsView(t *testing.T) {
 	g := NewWithT(t)
 	secret := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "nul"}, Data: map[string][]byte{"v": []byte("a\x00b")}}
 	g.Expect(k8s.Create(t.Context(), secret)).To(Succeed())
+	held := &v1.BashWorkspace{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "held"}, Spec: v1.BashWorkspaceSpec{Suspend: ptr.To(true)}}
+	g.Expect(k8s.Create(t.Context(), held)).To(Succeed())
 
 	type phase struct {
 		task  *v1.BashTask
@@ -126,6 +128,11 @@ func TestGitOpsView(t *testing.T) {
 			}),
 			ready: terminal(v1.ReasonInvalidSpec),
 			want:  phaseView{"Ready=False/InvalidSpec Stalled=True/InvalidSpec", status.FailedStatus, "Degraded"},
+		},
+		"failed WorkspaceUnavailable": {
+			task:  newTask(ns, "unavailable", "true", func(bt *v1.BashTask) { bt.Spec.Workspace = ptr.To("held") }),
+			ready: terminal(v1.ReasonWorkspaceUnavailable),
+			want:  phaseView{"Ready=False/WorkspaceUnavailable Stalled=True/WorkspaceUnavailable", status.FailedStatus, "Degraded"},
 		},
 		"deleted while running, finalizer pending": {
 			task:  newTask(ns, "terminating", "sleep 60", func(bt *v1.BashTask) { bt.Finalizers = []string{holdFinalizer} }),
