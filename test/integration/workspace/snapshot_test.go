@@ -14,10 +14,12 @@ import (
 	"github.com/bashtask/bashtask-operator/internal/rig/testutil"
 )
 
-// spec.suspend snapshots a workspace and releases its node's copy; its
-// tasks wait meanwhile; set back to false, it is restored on a node at a
-// new epoch with its files and carried directory, and the status says
-// from which snapshot.
+// spec.suspend snapshots a workspace and releases its node's copy; a
+// task for it meanwhile is refused at once (WorkspaceUnavailable) with
+// how to resume it; set back to false, the workspace is restored on a
+// node at a new epoch with its files and carried directory, the status
+// says from which snapshot, and a task created with the resume waits for
+// the restore and runs.
 func TestSuspendAndResume(t *testing.T) {
 	ns := newNamespace(t)
 	ws := newWorkspace(ns, "s", func(ws *v1.BashWorkspace) {
@@ -37,18 +39,26 @@ func TestSuspendAndResume(t *testing.T) {
 	g.Expect(suspended.Status.Snapshot.Epoch).To(HaveValue(Equal(int64(1))))
 	g.Expect(suspended.Status.Snapshot.Bytes).To(HaveValue(BeNumerically(">", 0)))
 
-	waiting := newTask(ns, "waiting", "s", `pwd; echo "$STAGE"; cat f; readlink link; ls -d empty`)
-	create(t, waiting)
-	g.Consistently(func(g Gomega) v1.Phase { return ptr.Deref(getTask(g, waiting).Status.Phase, v1.PhasePending) }).
-		WithTimeout(2*time.Second).Should(Equal(v1.PhasePending), "a task of a workspace suspended by its spec waits")
+	g.Expect(suspended.Status.Message).To(HaveValue(ContainSubstring("spec.suspend holds it")), "the workspace's status must not promise that its next task restores it")
+	refused := newTask(ns, "refused", "s", "true")
+	created := time.Now()
+	create(t, refused)
+	done := testutil.WaitTerminal(t, k8s, refused.Namespace, []string{refused.Name}, waitLong)[refused.Name]
+	g.Expect(time.Since(created)).To(BeNumerically("<", 5*time.Second), "refused at once, not after a wait")
+	g.Expect(done.Status.Reason).To(HaveValue(Equal(v1.ReasonWorkspaceUnavailable)), "status: %v", done.Status)
+	g.Expect(done.Status.NodeName).To(BeNil(), "never dispatched")
+	g.Expect(done.Status.Message).To(HaveValue(And(ContainSubstring(`BashWorkspace "s" is held by its spec.suspend`),
+		ContainSubstring("kubectl bashtask workspace resume s"), ContainSubstring("spec.suspend to false"))))
 
 	setSuspend(t, ws, false)
+	waiting := newTask(ns, "waiting", "s", `pwd; echo "$STAGE"; cat f; readlink link; ls -d empty`)
+	create(t, waiting)
 	restored := waitPhase(t, ws, v1.WorkspaceReady)
 	g.Expect(restored.Status.Epoch).To(HaveValue(Equal(int64(2))))
 	g.Expect(restored.Status.RestoredFrom).NotTo(BeNil())
 	g.Expect(restored.Status.RestoredFrom.URL).To(Equal(suspended.Status.Snapshot.URL))
 	g.Expect(restored.Status.RestoredFrom.AgeSeconds).NotTo(BeNil())
-	done := testutil.WaitTerminal(t, k8s, waiting.Namespace, []string{waiting.Name}, waitLong)[waiting.Name]
+	done = testutil.WaitTerminal(t, k8s, waiting.Namespace, []string{waiting.Name}, waitLong)[waiting.Name]
 	g.Expect(done.Status.Reason).To(HaveValue(Equal(v1.ReasonSucceeded)), "status: %v", done.Status)
 	g.Expect(stdout(done)).To(Equal(v1.WorkspacePath + "/repo\none\nkept\nf\nempty\n"))
 }
@@ -69,6 +79,7 @@ func TestIdleSuspendAndRestoreOnTask(t *testing.T) {
 	suspended := waitSuspendedAndReleased(t, ws)
 	g.Expect(suspended.DeletionTimestamp).To(BeNil(), "suspended, not deleted")
 	g.Expect(suspended.Status.Snapshot).NotTo(BeNil())
+	g.Expect(suspended.Status.Message).To(HaveValue(HaveSuffix("its next task restores it on a node")))
 
 	read := newTask(ns, "read", "idle", "cat note")
 	create(t, read)

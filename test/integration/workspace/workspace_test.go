@@ -319,8 +319,8 @@ func TestIdleTimeout(t *testing.T) {
 }
 
 // A workspace whose agent stays unreachable past --agent-lost-after is
-// NodeLost: the object is kept, tasks naming it are refused, and deleting
-// it does not wait for the agent.
+// NodeLost: the object is kept, tasks naming it are refused
+// (WorkspaceUnavailable), and deleting it does not wait for the agent.
 func TestAgentLost(t *testing.T) {
 	ns := newNamespace(t)
 	ws := newWorkspace(ns, "far", func(ws *v1.BashWorkspace) { ws.Spec.NodeName = ptr.To("node-c") })
@@ -341,7 +341,7 @@ func TestAgentLost(t *testing.T) {
 	refused := newTask(ns, "refused", "far", "true")
 	create(t, refused)
 	done := testutil.WaitTerminal(t, k8s, refused.Namespace, []string{refused.Name}, waitLong)[refused.Name]
-	g.Expect(done.Status.Reason).To(HaveValue(Equal(v1.ReasonInvalidSpec)))
+	g.Expect(done.Status.Reason).To(HaveValue(Equal(v1.ReasonWorkspaceUnavailable)))
 	g.Expect(done.Status.Message).To(HaveValue(ContainSubstring("NodeLost")))
 
 	g.Expect(k8s.Delete(t.Context(), ws)).To(Succeed())
