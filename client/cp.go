@@ -25,8 +25,10 @@ import (
 
 const (
 	// DefaultCopyTimeout is spec.timeoutSeconds of a copy's task when
-	// CopyOptions.Timeout is zero: one hour, 16 GiB at 5 MB/s.
-	DefaultCopyTimeout = time.Hour
+	// CopyOptions.Timeout is zero: ten minutes (3 GiB at 5 MB/s), the
+	// controller's default --max-timeout-seconds, which refuses a longer
+	// timeout rather than cut it (docs/api.md).
+	DefaultCopyTimeout = 10 * time.Minute
 	// copyTTLSeconds deletes a copy's task a day after its end if the
 	// client that made it did not (it deletes it itself when done). Long
 	// because a slow reader may still be reading a download's stream
@@ -51,8 +53,9 @@ var ErrArchiveTooLarge = fmt.Errorf("the archive is over %d bytes, the most an u
 // CopyOptions tune CopyTo and CopyFrom.
 type CopyOptions struct {
 	// Timeout is spec.timeoutSeconds of the copy's task (whole seconds,
-	// 1 s to 7 days; the controller caps it at its
-	// --max-timeout-seconds). Zero: DefaultCopyTimeout.
+	// 1 s to 7 days; the controller refuses one over its
+	// --max-timeout-seconds, and the copy fails InvalidSpec naming it).
+	// Zero: DefaultCopyTimeout.
 	Timeout time.Duration
 	// Stdin gives CopyTo's task its input. Nil: StreamedStdin.
 	Stdin StdinOpener
