@@ -686,6 +686,12 @@ type BashTaskStatus struct {
 	// +optional
 	// +kubebuilder:validation:MaxLength=4096
 	WorkingDir *string `json:"workingDir,omitempty"`
+
+	// workspaceRestore is set on the first task dispatched to a copy of
+	// its workspace restored from a snapshot (docs/workspaces.md): which
+	// snapshot, how old, and which node was lost, if one was.
+	// +optional
+	WorkspaceRestore *WorkspaceRestoreNotice `json:"workspaceRestore,omitempty"`
 }
 
 // AgentRef identifies one incarnation of a node's agent.

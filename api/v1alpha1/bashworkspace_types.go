@@ -11,6 +11,10 @@ const (
 	// MaxIdleTimeoutSeconds is the largest spec.idleTimeoutSeconds: 30 days.
 	MaxIdleTimeoutSeconds = 30 * 24 * 3600
 
+	// MaxSnapshotAfterTaskSeconds is the largest
+	// spec.snapshot.afterTaskSeconds: a day.
+	MaxSnapshotAfterTaskSeconds = 86400
+
 	// WorkspacePath is the root of every workspace as its tasks see it, and
 	// their HOME: the same on every node, so that a carried directory and
 	// a path in a script mean the same wherever the workspace lives.
@@ -147,6 +151,19 @@ type WorkspaceSnapshotPolicy struct {
 	// +kubebuilder:validation:MinLength=1
 	// +kubebuilder:validation:MaxLength=63
 	Request *string `json:"request,omitempty"`
+
+	// afterTaskSeconds snapshots the workspace this many seconds after its
+	// last task ended, when a task ended since its last snapshot, without
+	// suspending it: a lost node then loses at most the work of this
+	// delay after a task. 0 turns it off; 1 to 86400 otherwise. Unset:
+	// the controller's --workspace-snapshot-after-task (300 s). Needs
+	// agents with a bucket the nodes share (the snapshots capability);
+	// without one the status message says the workspace is not
+	// snapshotted.
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=86400
+	AfterTaskSeconds *int32 `json:"afterTaskSeconds,omitempty"`
 }
 
 // CarryOver says what a workspace's next task inherits from the shell of
@@ -334,6 +351,23 @@ type BashWorkspaceStatus struct {
 	// from; unset for a copy made empty.
 	// +optional
 	RestoredFrom *WorkspaceRestoreStatus `json:"restoredFrom,omitempty"`
+
+	// nodeLoss is the loss of the node that held the workspace's last
+	// copy, while the workspace waits to be restored from its snapshot;
+	// the restore moves it into restoredFrom.
+	// +optional
+	NodeLoss *WorkspaceNodeLoss `json:"nodeLoss,omitempty"`
+}
+
+// WorkspaceNodeLoss is a node, and the copy of a workspace it held, lost.
+type WorkspaceNodeLoss struct {
+	// nodeName is the node that was lost.
+	// +optional
+	// +kubebuilder:validation:MaxLength=253
+	NodeName *string `json:"nodeName,omitempty"`
+	// time is when the controller declared it lost.
+	// +optional
+	Time *metav1.Time `json:"time,omitempty"`
 }
 
 // WorkspaceSnapshotStatus is one snapshot of a workspace in the agents'
@@ -393,7 +427,66 @@ type WorkspaceRestoreStatus struct {
 	// +optional
 	// +kubebuilder:validation:Minimum=0
 	AgeSeconds *int64 `json:"ageSeconds,omitempty"`
+	// lostNode is the node whose loss made the restore necessary; unset
+	// for a restore after a suspend, which loses nothing.
+	// +optional
+	// +kubebuilder:validation:MaxLength=253
+	LostNode *string `json:"lostNode,omitempty"`
+	// lostTime is when lostNode was declared lost: what the workspace's
+	// tasks wrote between snapshotTime and it is gone.
+	// +optional
+	LostTime *metav1.Time `json:"lostTime,omitempty"`
+	// firstTask is the BashTask that carries the notice of this restore
+	// (its status.workspaceRestore): the first task dispatched to the
+	// restored copy.
+	// +optional
+	// +kubebuilder:validation:MaxLength=253
+	FirstTask *string `json:"firstTask,omitempty"`
 }
+
+// WorkspaceRestoreNotice tells the first task dispatched to a restored
+// copy of its workspace where the copy came from: files its workspace's
+// tasks wrote after snapshotTime are not in it.
+type WorkspaceRestoreNotice struct {
+	// workspace is the BashWorkspace's name.
+	// +optional
+	// +kubebuilder:validation:MaxLength=253
+	Workspace *string `json:"workspace,omitempty"`
+	// nodeName is the node the copy was restored on.
+	// +optional
+	// +kubebuilder:validation:MaxLength=253
+	NodeName *string `json:"nodeName,omitempty"`
+	// url is the snapshot's object.
+	// +optional
+	// +kubebuilder:validation:MaxLength=2048
+	URL *string `json:"url,omitempty"`
+	// snapshotTime is when the snapshot began.
+	// +optional
+	SnapshotTime *metav1.Time `json:"snapshotTime,omitempty"`
+	// restoreTime is when the copy was made from it.
+	// +optional
+	RestoreTime *metav1.Time `json:"restoreTime,omitempty"`
+	// ageSeconds is how old the snapshot was at restoreTime.
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	AgeSeconds *int64 `json:"ageSeconds,omitempty"`
+	// lostNode is the node whose loss made the restore necessary; unset
+	// after a suspend.
+	// +optional
+	// +kubebuilder:validation:MaxLength=253
+	LostNode *string `json:"lostNode,omitempty"`
+	// lostTime is when lostNode was declared lost.
+	// +optional
+	LostTime *metav1.Time `json:"lostTime,omitempty"`
+}
+
+// ConditionWorkspaceRestored is a BashTask condition, True on the first
+// task dispatched to a restored copy of its workspace, its message the
+// notice in a sentence (status.workspaceRestore has the fields).
+const ConditionWorkspaceRestored = "WorkspaceRestored"
+
+// ReasonRestoredFromSnapshot is the reason of ConditionWorkspaceRestored.
+const ReasonRestoredFromSnapshot = "RestoredFromSnapshot"
 
 // BashWorkspace is a session's home on one node that the BashTasks naming
 // it (spec.workspace) share: files, working directory, optionally the
