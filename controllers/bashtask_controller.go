@@ -96,6 +96,11 @@ type Options struct {
 	// workspace's state on its agent (bytes used, running tasks) when no
 	// task of it changed meanwhile.
 	WorkspaceRefreshInterval time.Duration
+	// WorkspaceSnapshotAfterTask is how long after its last task ended a
+	// workspace that changed since its last snapshot is snapshotted,
+	// when its spec.snapshot.afterTaskSeconds is unset; zero or less
+	// turns it off (docs/workspaces.md, "Snapshots").
+	WorkspaceSnapshotAfterTask time.Duration
 	// AgentTolerations are the tolerations of the agent's pods as the
 	// user configured them (--agent-tolerations, rendered by the chart
 	// from agent.tolerations, without the ones the DaemonSet controller
@@ -120,7 +125,8 @@ func DefaultOptions() Options {
 		RunningStatusDelay:  500 * time.Millisecond,
 		OrphanCheckInterval: time.Minute,
 
-		WorkspaceRefreshInterval: 30 * time.Second,
+		WorkspaceRefreshInterval:   30 * time.Second,
+		WorkspaceSnapshotAfterTask: 5 * time.Minute,
 	}
 }
 
@@ -387,6 +393,10 @@ func (r *BashTaskReconciler) reconcilePending(ctx context.Context, bt *bashtaskv
 	if agent == nil {
 		release()
 		return d, nil
+	}
+	if err := r.restoreNotice(ctx, bt, target); err != nil {
+		release()
+		return taskDecision{}, err
 	}
 	// The documented exception to one status write per pass, at its end
 	// (see Reconcile): the placement is written here, before Start, so

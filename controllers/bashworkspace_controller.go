@@ -296,6 +296,7 @@ func (r *BashWorkspaceReconciler) reconcilePending(ctx context.Context, ws *bash
 		return r.ensureFailed(ws, node, err, p)
 	}
 	applyWorkspaceStatus(ws, resp.GetStatus(), node)
+	r.noteNoSnapshots(ws)
 	if from := resp.GetStatus().GetRestoredFrom(); from != nil && ws.Status.Snapshot != nil {
 		r.restored(ws, node, p)
 	} else {
@@ -358,10 +359,35 @@ func (r *BashWorkspaceReconciler) reconcileReady(ctx context.Context, ws *bashta
 		return reconcile.Result{}, fmt.Errorf("reading workspace %s: %w", klog.KObj(ws), err)
 	}
 	applyWorkspaceStatus(ws, st, node)
-	if res, done, err := r.snapshots(ctx, ws, p); done || err != nil {
+	r.noteNoSnapshots(ws)
+	res, done, err := r.snapshots(ctx, ws, p)
+	if done || err != nil {
 		return res, err
 	}
-	return r.idle(ctx, ws, p)
+	next, err := r.idle(ctx, ws, p)
+	return soonest(res, next), err
+}
+
+// soonest is the result of the two whose requeue comes first; a result
+// without a requeue gives way to one with.
+func soonest(a, b reconcile.Result) reconcile.Result {
+	switch {
+	case a.RequeueAfter <= 0:
+		return b
+	case b.RequeueAfter <= 0 || a.RequeueAfter < b.RequeueAfter:
+		return a
+	}
+	return b
+}
+
+// noteNoSnapshots adds to a Ready workspace's message that its agent
+// cannot snapshot it (no bucket the nodes share): nothing bounds what a
+// loss of its node loses, and the status says so rather than nothing.
+func (r *BashWorkspaceReconciler) noteNoSnapshots(ws *bashtaskv1alpha1.BashWorkspace) {
+	if workspacePhaseOf(&ws.Status) != bashtaskv1alpha1.WorkspaceReady || r.canSnapshot(ws) {
+		return
+	}
+	setWorkspacePhase(ws, bashtaskv1alpha1.WorkspaceReady, ptr.Deref(ws.Status.Message, "")+noSnapshots)
 }
 
 // nodeLost says why the workspace's node counts as lost, or "": its agent

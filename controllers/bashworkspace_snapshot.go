@@ -78,8 +78,9 @@ func snapshotStatus(s *agentv1.WorkspaceSnapshot, request *string) *bashtaskv1al
 
 // snapshots takes the snapshots a Ready workspace is due: the one
 // spec.snapshot.request asks for, one per spec.snapshot.intervalSeconds
-// while a task runs, and the suspend spec.suspend asks for. done is true
-// when the pass ends here.
+// while a task runs, the suspend spec.suspend asks for, and one a while
+// after its last task ended (afterTask). done is true when the pass ends
+// here.
 func (r *BashWorkspaceReconciler) snapshots(ctx context.Context, ws *bashtaskv1alpha1.BashWorkspace, p *workspacePass) (reconcile.Result, bool, error) {
 	if ptr.Deref(ws.Spec.Suspend, false) {
 		res, err := r.suspend(ctx, ws, "spec.suspend is true", p)
@@ -89,10 +90,7 @@ func (r *BashWorkspaceReconciler) snapshots(ctx context.Context, ws *bashtaskv1a
 		res, err := r.suspend(ctx, ws, why, p)
 		return res, true, err
 	}
-	pol := ws.Spec.Snapshot
-	if pol == nil {
-		return reconcile.Result{}, false, nil
-	}
+	pol := ptr.Deref(ws.Spec.Snapshot, bashtaskv1alpha1.WorkspaceSnapshotPolicy{})
 	last := ws.Status.Snapshot
 	if req := ptr.Deref(pol.Request, ""); req != "" && (last == nil || ptr.Deref(last.Request, "") != req) {
 		return reconcile.Result{}, false, r.snapshot(ctx, ws, ptr.To(req), p)
@@ -104,15 +102,79 @@ func (r *BashWorkspaceReconciler) snapshots(ctx context.Context, ws *bashtaskv1a
 			since = r.clock.Since(snapshotTime(last))
 		}
 		if last == nil || since >= every {
-			var req *string
-			if last != nil {
-				req = last.Request
-			}
-			return reconcile.Result{RequeueAfter: every}, true, r.snapshot(ctx, ws, req, p)
+			return reconcile.Result{RequeueAfter: every}, true, r.snapshot(ctx, ws, lastRequest(last), p)
 		}
 		return reconcile.Result{RequeueAfter: min(every-since, r.opts.WorkspaceRefreshInterval)}, true, nil
 	}
-	return reconcile.Result{}, false, nil
+	res, err := r.afterTask(ctx, ws, p)
+	return res, false, err
+}
+
+// lastRequest is the request the last snapshot answered, kept by a
+// snapshot taken for another reason.
+func lastRequest(last *bashtaskv1alpha1.WorkspaceSnapshotStatus) *string {
+	if last == nil {
+		return nil
+	}
+	return last.Request
+}
+
+// afterTaskDelay is how long after its last task ended a changed
+// workspace is snapshotted: spec.snapshot.afterTaskSeconds, else the
+// controller's WorkspaceSnapshotAfterTask; 0 or less is off.
+func (r *BashWorkspaceReconciler) afterTaskDelay(ws *bashtaskv1alpha1.BashWorkspace) time.Duration {
+	if ws.Spec.Snapshot != nil && ws.Spec.Snapshot.AfterTaskSeconds != nil {
+		return time.Duration(*ws.Spec.Snapshot.AfterTaskSeconds) * time.Second
+	}
+	return r.opts.WorkspaceSnapshotAfterTask
+}
+
+// canSnapshot reports whether the agent holding ws writes snapshots to a
+// bucket the nodes share (the snapshots capability).
+func (r *BashWorkspaceReconciler) canSnapshot(ws *bashtaskv1alpha1.BashWorkspace) bool {
+	return slices.Contains(r.agents.Agent(ptr.Deref(ws.Status.NodeName, "")).Capabilities, "snapshots")
+}
+
+// afterTask snapshots a workspace that changed since its last snapshot
+// (a task ended after it) once afterTaskDelay passed since its last task
+// ended, without suspending it, so that a lost node loses at most that
+// much work after a task. It asks for the next pass when the snapshot is
+// not due yet, and does nothing while a task runs (the interval is for
+// that), for an unchanged workspace, or without a bucket.
+func (r *BashWorkspaceReconciler) afterTask(ctx context.Context, ws *bashtaskv1alpha1.BashWorkspace, p *workspacePass) (reconcile.Result, error) {
+	delay := r.afterTaskDelay(ws)
+	if delay <= 0 || !r.canSnapshot(ws) {
+		return reconcile.Result{}, nil
+	}
+	changed, wait := snapshotDueAfterTask(&ws.Status, delay, r.clock.Now())
+	switch {
+	case !changed:
+		return reconcile.Result{}, nil
+	case wait > 0:
+		return reconcile.Result{RequeueAfter: wait}, nil
+	}
+	return reconcile.Result{}, r.snapshot(ctx, ws, lastRequest(ws.Status.Snapshot), p)
+}
+
+// snapshotDueAfterTask says whether the workspace of status st changed
+// since its copy was last captured (its last task ended no earlier than
+// its last snapshot began and than its copy was restored: both are
+// whole seconds, so a task of the same second counts as a change, at
+// the cost of one more snapshot) with no task running, and how long from
+// now until it is due, delay after that task's end; 0 when due.
+func snapshotDueAfterTask(st *bashtaskv1alpha1.BashWorkspaceStatus, delay time.Duration, now time.Time) (changed bool, wait time.Duration) {
+	if st.LastTaskTime == nil || ptr.Deref(st.RunningTasks, 0) > 0 {
+		return false, 0
+	}
+	covered := snapshotTime(st.Snapshot)
+	if rf := st.RestoredFrom; rf != nil && rf.RestoreTime != nil && rf.RestoreTime.After(covered) {
+		covered = rf.RestoreTime.Time
+	}
+	end := st.LastTaskTime.Time
+	if end.Before(covered) {
+		return false, 0
+	}
+	return true, max(end.Add(delay).Sub(now), 0)
 }
 
 // drained says why the workspace moves off its node, or "": its agent
@@ -181,11 +243,7 @@ func (r *BashWorkspaceReconciler) suspend(ctx context.Context, ws *bashtaskv1alp
 	fresh := last != nil && ptr.Deref(last.Epoch, 0) == ptr.Deref(ws.Status.Epoch, 0) &&
 		(ws.Status.LastTaskTime == nil || snapshotTime(last).After(ws.Status.LastTaskTime.Time))
 	if !fresh {
-		var req *string
-		if last != nil {
-			req = last.Request
-		}
-		if err := r.snapshot(ctx, ws, req, p); err != nil {
+		if err := r.snapshot(ctx, ws, lastRequest(last), p); err != nil {
 			return reconcile.Result{}, err
 		}
 	}
@@ -275,6 +333,8 @@ func (r *BashWorkspaceReconciler) suspendLost(ws *bashtaskv1alpha1.BashWorkspace
 	}
 	s := &ws.Status
 	node := ptr.Deref(s.NodeName, "")
+	lost := metav1.NewTime(r.clock.Now().Truncate(time.Second))
+	s.NodeLoss = &bashtaskv1alpha1.WorkspaceNodeLoss{NodeName: optional(node), Time: &lost}
 	s.NodeName, s.RunAsUser, s.UsedBytes, s.CapacityBytes, s.RunningTasks = nil, nil, nil, nil, nil
 	setWorkspacePhase(ws, bashtaskv1alpha1.WorkspaceSuspended, fmt.Sprintf("%s; its next task restores it on another node from its snapshot of %s",
 		msg, snapshotTime(snap).UTC().Format(time.RFC3339)))
@@ -285,7 +345,9 @@ func (r *BashWorkspaceReconciler) suspendLost(ws *bashtaskv1alpha1.BashWorkspace
 }
 
 // restored records that the workspace's new copy on node came from its
-// snapshot, and how old the snapshot was.
+// snapshot, how old the snapshot was, and the node loss that made the
+// restore necessary (status.nodeLoss, moved here). The first task
+// dispatched to the copy claims the notice (firstTask, unset here).
 func (r *BashWorkspaceReconciler) restored(ws *bashtaskv1alpha1.BashWorkspace, node string, p *workspacePass) {
 	snap := ws.Status.Snapshot
 	now := r.clock.Now()
@@ -294,6 +356,10 @@ func (r *BashWorkspaceReconciler) restored(ws *bashtaskv1alpha1.BashWorkspace, n
 	ws.Status.RestoredFrom = &bashtaskv1alpha1.WorkspaceRestoreStatus{
 		URL: snap.URL, SnapshotTime: &taken, RestoreTime: &restored,
 		AgeSeconds: ptr.To(max(int64(now.Sub(taken.Time)/time.Second), 0)),
+	}
+	if loss := ws.Status.NodeLoss; loss != nil {
+		ws.Status.RestoredFrom.LostNode, ws.Status.RestoredFrom.LostTime = loss.NodeName, loss.Time
+		ws.Status.NodeLoss = nil
 	}
 	p.event(corev1.EventTypeNormal, bashtaskv1alpha1.WorkspaceReasonRestored, "Restore",
 		"Restored on node %s at epoch %d from its snapshot of %s (%ds old), running as UID %d",

@@ -18,6 +18,10 @@ const maxCarryMessage = 1024
 // cannot give it a file system of its own.
 const noStorageCap = "; its node cannot cap its storage (no loop devices or mkfs.ext4 there), so it is a plain directory of the node's file system: spec.storage is not enforced and usedBytes is not measured"
 
+// noSnapshots is added to the status message of a Ready workspace whose
+// agent has no bucket the nodes share (the snapshots capability).
+const noSnapshots = "; its agent has no bucket the nodes share (--output-bucket-url), so it is never snapshotted: if its node is lost, its files are lost with it"
+
 // workspacePhaseOf is the workspace's phase, "" before the controller
 // first wrote one.
 func workspacePhaseOf(st *bashtaskv1alpha1.BashWorkspaceStatus) bashtaskv1alpha1.WorkspacePhase {
