@@ -6,11 +6,13 @@ import (
 	"io"
 	"os"
 
+	"github.com/bashtask/bashtask-operator/executor/shim"
 	"github.com/bashtask/bashtask-operator/executor/snapshot"
 )
 
 // Snapshot archives the workspace's tree to wr in the format of package
-// snapshot, with state after it, while its tasks may go on running (the
+// snapshot, with state after it and without its temporary directory
+// (shim.WorkspaceTmpDir, the tasks' /tmp), while its tasks may go on running (the
 // package's doc says what that captures). The tree is read through the
 // root's descriptor the executor opened, never through a path a task
 // controls. Errors are those of snapshot.Write, or that the workspace is
@@ -21,7 +23,7 @@ func (w *Workspace) Snapshot(ctx context.Context, wr io.Writer, state []snapshot
 		return nil, err
 	}
 	defer root.Close()
-	st, err := snapshot.Write(ctx, wr, root, snapshot.WriteOptions{UID: w.uid, State: state})
+	st, err := snapshot.Write(ctx, wr, root, snapshot.WriteOptions{UID: w.uid, State: state, Exclude: []string{shim.WorkspaceTmpDir}})
 	if err != nil {
 		return nil, fmt.Errorf("snapshot of workspace %s: %w", w.id, err)
 	}

@@ -46,6 +46,10 @@ type workspaces struct {
 
 	byUID  map[string]*workspace
 	taskWS map[string]*workspace // running task UID -> its workspace
+	// taskFresh are the managed variables' names each running task of a
+	// workspace was started with: set anew for every task, they never
+	// carry and the carry message does not name them.
+	taskFresh map[string][]string
 	// changed is closed and replaced whenever a workspace leaves the
 	// table (changedLocked), which a draining agent waits for.
 	changed chan struct{}
@@ -82,12 +86,13 @@ func newWorkspace(rec *workspaceRecord) *workspace {
 // unknown, so it is not held: the range should be checked by an operator).
 func newWorkspaces(s *Server) (*workspaces, error) {
 	ws := &workspaces{
-		s:       s,
-		files:   workspaceFiles{dir: filepath.Join(s.cfg.StateDir, "workspaces")},
-		max:     cmpOr(s.cfg.MaxWorkspaces, DefaultMaxWorkspaces),
-		byUID:   map[string]*workspace{},
-		taskWS:  map[string]*workspace{},
-		changed: make(chan struct{}),
+		s:         s,
+		files:     workspaceFiles{dir: filepath.Join(s.cfg.StateDir, "workspaces")},
+		max:       cmpOr(s.cfg.MaxWorkspaces, DefaultMaxWorkspaces),
+		byUID:     map[string]*workspace{},
+		taskWS:    map[string]*workspace{},
+		taskFresh: map[string][]string{},
+		changed:   make(chan struct{}),
 	}
 	loaded, err := ws.files.load()
 	if err != nil {
@@ -653,6 +658,11 @@ func (ws *workspaces) bindTask(uid string, spec *agentv1.TaskSpec, es *executor.
 	es.Workspace, es.WorkingDir, es.User = wt, "", nil
 	w.tasks[uid] = true
 	ws.taskWS[uid] = w
+	fresh := make([]string, 0, len(es.ManagedEnv))
+	for _, v := range es.ManagedEnv {
+		fresh = append(fresh, v.Name)
+	}
+	ws.taskFresh[uid] = fresh
 	return nil
 }
 
@@ -666,7 +676,9 @@ func (ws *workspaces) taskEndedLocked(uid, name string, res executor.Result) {
 	if w == nil {
 		return
 	}
+	fresh := ws.taskFresh[uid]
 	delete(ws.taskWS, uid)
+	delete(ws.taskFresh, uid)
 	delete(w.tasks, uid)
 	if len(w.tasks) == 0 {
 		close(w.idle)
@@ -683,7 +695,7 @@ func (ws *workspaces) taskEndedLocked(uid, name string, res executor.Result) {
 	r.LastTaskEnd = &end
 	r.LastTaskName, r.LastTaskUID = name, uid
 	if c := res.Carry; c != nil {
-		ws.applyCarryLocked(w, c)
+		ws.applyCarryLocked(w, c, fresh)
 	}
 	if err := ws.files.writeRecord(r, false); err != nil {
 		ws.s.log.Error("recording a workspace's carried state", "workspace", r.UID, "err", err)
@@ -691,13 +703,16 @@ func (ws *workspaces) taskEndedLocked(uid, name string, res executor.Result) {
 }
 
 // applyCarryLocked keeps c, a recorded end state, as w's carried state.
-func (ws *workspaces) applyCarryLocked(w *workspace, c *executor.Carry) {
+// fresh are the managed names the task was started with. The carry
+// message names what did not carry and why: the directory, and every
+// exported variable dropped but the ones each task gets anew.
+func (ws *workspaces) applyCarryLocked(w *workspace, c *executor.Carry, fresh []string) {
 	r := w.rec
 	if !c.Recorded {
 		r.CarryMessage = "the last task's state did not carry over: " + c.Why
 		return
 	}
-	r.CarryMessage = ""
+	var msgs []string
 	if r.CarryWorkingDir {
 		switch dir := c.Dir; {
 		case dir == executor.WorkspaceHome:
@@ -705,26 +720,34 @@ func (ws *workspaces) applyCarryLocked(w *workspace, c *executor.Carry) {
 		case strings.HasPrefix(dir, executor.WorkspaceHome+"/"):
 			r.CarriedDir = executor.WorkspaceDirIn(dir)
 		default:
-			r.CarryMessage = fmt.Sprintf("the last task's shell ended in %s, outside the workspace: its directory does not carry over", dir)
+			msgs = append(msgs, fmt.Sprintf("the last task's shell ended in %s, outside the workspace: its directory does not carry over", dir))
 		}
 	}
 	if r.CarryEnv {
-		env, dropped := carriedEnv(c.Env)
-		if len(dropped) > 0 {
-			r.CarryMessage = fmt.Sprintf("the variables %s do not carry over: a name that is not a shell identifier, or NAME=VALUE over the kernel's limit of %d bytes for one environment entry",
-				strings.Join(dropped, ", "), executor.MaxArgStrlen-1)
-		}
-		if err := ws.files.writeEnv(r.UID, env, r.TaskUID); err != nil {
-			ws.s.log.Error("recording a workspace's carried variables", "workspace", r.UID, "err", err)
-			r.CarryMessage = "the last task's variables could not be recorded on the node"
-			return
-		}
-		w.env = env
-		r.CarryEnvNames = r.CarryEnvNames[:0]
-		for _, v := range env {
-			r.CarryEnvNames = append(r.CarryEnvNames, v.Name)
-		}
+		msgs = append(msgs, ws.carryEnvLocked(w, c.Env, fresh)...)
 	}
+	r.CarryMessage = strings.Join(msgs, "; ")
+}
+
+// carryEnvLocked keeps the variables of env that carry as w's and
+// returns what the carry message says of them.
+func (ws *workspaces) carryEnvLocked(w *workspace, env []executor.EnvVar, fresh []string) []string {
+	r := w.rec
+	env, dropped := carriedEnv(env, fresh)
+	var msgs []string
+	if m := droppedMessage(dropped); m != "" {
+		msgs = append(msgs, m)
+	}
+	if err := ws.files.writeEnv(r.UID, env, r.TaskUID); err != nil {
+		ws.s.log.Error("recording a workspace's carried variables", "workspace", r.UID, "err", err)
+		return []string{"the last task's variables could not be recorded on the node"}
+	}
+	w.env = env
+	r.CarryEnvNames = r.CarryEnvNames[:0]
+	for _, v := range env {
+		r.CarryEnvNames = append(r.CarryEnvNames, v.Name)
+	}
+	return msgs
 }
 
 // closeAll ends the executor's hold on every workspace (their network

@@ -217,7 +217,7 @@ func (ws *workspaces) restore(ctx context.Context, w *workspace, xw *executor.Wo
 	r.LastTaskEnd, r.LastTaskName, r.LastTaskUID = carry.LastTaskEnd, carry.LastTaskName, carry.LastTaskUID
 	r.CarryEnvNames = nil
 	if r.CarryEnv && len(env) > 0 {
-		env, _ = carriedEnv(env) // the same rules as a task's end: the archive is not trusted more
+		env, _ = carriedEnv(env, nil) // the same rules as a task's end: the archive is not trusted more
 		if err := ws.files.writeEnv(r.UID, env, r.TaskUID); err != nil {
 			return status.Errorf(codes.Internal, "restoring the carried variables: %v", err)
 		}

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strings"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -248,22 +249,41 @@ func writeAtomic(dir, name string, data []byte, perm os.FileMode, owner int, syn
 // shell's own bookkeeping and the identity the agent sets for each task.
 var neverCarried = []string{"PWD", "OLDPWD", "SHLVL", "_", "HOME", "USER", "LOGNAME", "BASH_ENV"}
 
-// carriedEnv is env less what never carries: executor.Scrubbed (names
-// with KEY, SECRET, TOKEN or PASSWORD, BASHTASK_*, the shell start-up
-// hooks; docs/executor.md, "Environment") and neverCarried. A later duplicate wins.
-// A variable that no next task could be started with is dropped and its
-// name returned in tooBig: a name that is not a shell identifier (bash
+// Why a variable did not carry over (carriedEnv): each is a group of the
+// workspace's carry message.
+const (
+	dropCredential = "their names contain KEY, SECRET, TOKEN or PASSWORD, which the credential scrub removes (docs/executor.md, \"Environment\")"
+	dropManaged    = "the prefix BASHTASK_ is the agent's own"
+	dropHook       = "shell start-up hooks (BASH_ENV, ENV, SHELLOPTS, BASHOPTS, BASH_FUNC_*) never carry"
+	dropName       = "not shell identifiers"
+	dropTooBig     = "NAME=VALUE over the kernel's limit of %d bytes for one environment entry"
+)
+
+// droppedVar is a variable that did not carry over, and why (one of the
+// drop* reasons).
+type droppedVar struct{ name, why string }
+
+// carriedEnv is env less what never carries: the names every task gets
+// anew (neverCarried and fresh, the managed names the task was started
+// with), which are left out silently, and, each returned in dropped with
+// its reason, what executor.Scrubbed removes (names with KEY, SECRET,
+// TOKEN or PASSWORD, BASHTASK_*, the shell start-up hooks;
+// docs/executor.md, "Environment"), and a variable that no next task
+// could be started with: a name that is not a shell identifier (bash
 // exports only those, anything else came from a tampered record), or an
 // entry NAME=VALUE over the kernel's limit on one environment string
-// (MAX_ARG_STRLEN less the NUL, executor.MaxArgStrlen): execve would
-// refuse every later task of the workspace.
-func carriedEnv(env []executor.EnvVar) (out []executor.EnvVar, tooBig []string) {
+// (MAX_ARG_STRLEN less the NUL, executor.MaxArgStrlen), which execve
+// would refuse for every later task of the workspace. A later duplicate
+// wins.
+func carriedEnv(env []executor.EnvVar, fresh []string) (out []executor.EnvVar, dropped []droppedVar) {
 	for _, v := range env {
-		if v.Name == "" || executor.Scrubbed(v.Name) || slices.Contains(neverCarried, v.Name) {
+		if v.Name == "" || slices.Contains(neverCarried, v.Name) || slices.Contains(fresh, v.Name) {
 			continue
 		}
-		if !shellName.MatchString(v.Name) || len(v.Name)+1+len(v.Value) > executor.MaxArgStrlen-1 {
-			tooBig = append(tooBig, v.Name)
+		if why := dropReason(v); why != "" {
+			if !slices.Contains(dropped, droppedVar{v.Name, why}) {
+				dropped = append(dropped, droppedVar{v.Name, why})
+			}
 			continue
 		}
 		if i := slices.IndexFunc(out, func(o executor.EnvVar) bool { return o.Name == v.Name }); i >= 0 {
@@ -271,7 +291,61 @@ func carriedEnv(env []executor.EnvVar) (out []executor.EnvVar, tooBig []string) 
 		}
 		out = append(out, v)
 	}
-	return out, tooBig
+	return out, dropped
+}
+
+// dropReason says why v does not carry over, "" when it does.
+func dropReason(v executor.EnvVar) string {
+	upper := strings.ToUpper(v.Name)
+	switch {
+	case strings.HasPrefix(upper, executor.ManagedPrefix):
+		return dropManaged
+	case executor.Scrubbed(v.Name) && (slices.Contains(shellHooks, v.Name) || strings.HasPrefix(v.Name, "BASH_FUNC_")):
+		return dropHook
+	case executor.Scrubbed(v.Name):
+		return dropCredential
+	case !shellName.MatchString(v.Name):
+		return dropName
+	case len(v.Name)+1+len(v.Value) > executor.MaxArgStrlen-1:
+		return fmt.Sprintf(dropTooBig, executor.MaxArgStrlen-1)
+	}
+	return ""
+}
+
+// shellHooks are the shell start-up hooks the scrub removes by name
+// (executor.Scrubbed), besides BASH_FUNC_*.
+var shellHooks = []string{"BASH_ENV", "ENV", "SHELLOPTS", "BASHOPTS"}
+
+// maxDroppedNames bounds the names the carry message lists per reason;
+// the rest are counted.
+const maxDroppedNames = 16
+
+// droppedMessage names every variable in dropped, grouped by reason in
+// the order the reasons first appear: "exported variables that did not
+// carry over: MONKEY, KEYCLOAK_URL (their names contain KEY, ...); ...".
+// Empty when nothing was dropped.
+func droppedMessage(dropped []droppedVar) string {
+	var reasons []string
+	names := map[string][]string{}
+	for _, d := range dropped {
+		if _, ok := names[d.why]; !ok {
+			reasons = append(reasons, d.why)
+		}
+		names[d.why] = append(names[d.why], d.name)
+	}
+	parts := make([]string, 0, len(reasons))
+	for _, why := range reasons {
+		n := names[why]
+		list := strings.Join(n[:min(len(n), maxDroppedNames)], ", ")
+		if len(n) > maxDroppedNames {
+			list += fmt.Sprintf(" and %d more", len(n)-maxDroppedNames)
+		}
+		parts = append(parts, list+" ("+why+")")
+	}
+	if len(parts) == 0 {
+		return ""
+	}
+	return "exported variables that did not carry over: " + strings.Join(parts, "; ")
 }
 
 // shellName is a name bash exports: letters, digits and '_', not starting

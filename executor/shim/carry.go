@@ -11,6 +11,12 @@ import (
 // /home/task): a directory owned by root, mode 0755, that the task can
 // read but not change.
 const (
+	// WorkspaceTmpDir is the workspace's own temporary directory, at
+	// the root of its file system: bound over /tmp for each of its
+	// tasks (root's, mode 1777, made when missing), so that /tmp lives
+	// on the workspace's storage, counts against its size and lasts
+	// from one task to the next. Snapshots leave it out.
+	WorkspaceTmpDir = ".bashtask-tmp"
 	// CarryDir holds RCPath and CarryPath.
 	CarryDir = "/home/.bashtask"
 	// RCPath is the file the shell sources first (BASH_ENV): it unsets

@@ -161,7 +161,8 @@ func run() int {
 
 // mountStep makes every mount private, remounts the whole tree read-only
 // and nosuid, puts a fresh proc (hidepid=invisible) on /proc and
-// size-capped tmpfs on /tmp and /dev/shm, and puts back a writable bind of
+// size-capped tmpfs on /tmp (a workspace task's /tmp is its workspace's,
+// see workspaceTmp) and /dev/shm, and puts back a writable bind of
 // the working directory at its path (inside the new /tmp if it lies there).
 func mountStep(st *state) error {
 	wd := st.cfg.WorkDir
@@ -209,6 +210,9 @@ func mountStep(st *state) error {
 			",nr_inodes=" + strconv.FormatInt(tmpInodes(st.cfg.TmpSizeBytes), 10)
 	}
 	for _, dir := range []string{"/tmp", "/dev/shm"} {
+		if dir == "/tmp" && st.cfg.Workspace != nil {
+			continue // the workspace's own, bound by the user step (workspaceTmp)
+		}
 		if fi, err := os.Stat(dir); err != nil || !fi.IsDir() {
 			continue // nothing to hide where there is no such directory
 		}

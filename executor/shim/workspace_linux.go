@@ -113,7 +113,71 @@ func workspaceHome(st *state, mnt int, uid, gid uint32) error {
 			return fmt.Errorf("giving the workspace's root back its owner's access: %w", err)
 		}
 	}
+	return workspaceTmp(root)
+}
+
+// tmpHow resolves WorkspaceTmpDir below the workspace's root without
+// following anything the task could have put there: no symbolic link,
+// no magic link, no other mount.
+var tmpHow = unix.OpenHow{
+	Flags:   unix.O_PATH | unix.O_DIRECTORY | unix.O_NOFOLLOW | unix.O_CLOEXEC,
+	Resolve: unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS | unix.RESOLVE_NO_XDEV,
+}
+
+// workspaceTmp binds the workspace's temporary directory
+// (WorkspaceTmpDir below root, the attached workspace's O_PATH
+// descriptor) over /tmp: a clone of that one directory (open_tree of
+// its descriptor, never of a path) moved onto /tmp, which the mount step
+// left without its tmpfs. So /tmp is on the workspace's file system,
+// under its size limit, shared by its tasks and kept between them.
+func workspaceTmp(root int) error {
+	fd, err := openWorkspaceTmp(root)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	tree, err := unix.OpenTree(fd, "", unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC|unix.AT_EMPTY_PATH)
+	if err != nil {
+		return fmt.Errorf("cloning the workspace's %s: %w", WorkspaceTmpDir, err)
+	}
+	defer unix.Close(tree)
+	if err := unix.MoveMount(tree, "", unix.AT_FDCWD, "/tmp", unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
+		return fmt.Errorf("mounting the workspace's %s at /tmp: %w", WorkspaceTmpDir, err)
+	}
 	return nil
+}
+
+// openWorkspaceTmp opens WorkspaceTmpDir below root, making it (root's,
+// mode 1777, as a node's /tmp) when it is missing. Whatever else a task
+// left at the name (a symbolic link, a file) is unlinked, never
+// followed, and the directory made in its place; a directory the task
+// made there itself is the task's own and is used as it is.
+func openWorkspaceTmp(root int) (int, error) {
+	how := tmpHow
+	fd, err := unix.Openat2(root, WorkspaceTmpDir, &how)
+	switch {
+	case err == nil:
+		return fd, nil
+	case errors.Is(err, unix.ELOOP) || errors.Is(err, unix.ENOTDIR):
+		if err := unix.Unlinkat(root, WorkspaceTmpDir, 0); err != nil && !errors.Is(err, unix.ENOENT) {
+			return -1, fmt.Errorf("removing what is at the workspace's %s: %w", WorkspaceTmpDir, err)
+		}
+	case !errors.Is(err, unix.ENOENT):
+		return -1, fmt.Errorf("opening the workspace's %s: %w", WorkspaceTmpDir, err)
+	}
+	if err := unix.Mkdirat(root, WorkspaceTmpDir, 0o700); err != nil {
+		return -1, fmt.Errorf("making the workspace's %s: %w", WorkspaceTmpDir, err)
+	}
+	if fd, err = unix.Openat2(root, WorkspaceTmpDir, &how); err != nil {
+		return -1, fmt.Errorf("opening the workspace's %s: %w", WorkspaceTmpDir, err)
+	}
+	// By the descriptor just opened: mkdir's mode passed the umask, and
+	// the task cannot have replaced what the descriptor holds.
+	if err := unix.Chmod(fmt.Sprintf("/proc/self/fd/%d", fd), 0o1777); err != nil {
+		unix.Close(fd)
+		return -1, fmt.Errorf("chmod of the workspace's %s: %w", WorkspaceTmpDir, err)
+	}
+	return fd, nil
 }
 
 // workdirStep changes to a workspace task's start directory as the task's

@@ -31,6 +31,9 @@ type WriteOptions struct {
 	UID uint32
 	// State are the carried-state files stored after the tree.
 	State []StateFile
+	// Exclude are names of entries at the top of the tree that are left
+	// out, whatever they are (a workspace's temporary directory).
+	Exclude []string
 	// Concurrency is how many goroutines compress; 0 means
 	// min(GOMAXPROCS, maxParallelJobs). Above 1, the archive is
 	// compressed in parallel jobs when no other Write of the process is
@@ -97,6 +100,7 @@ type writer struct {
 	ctx   context.Context
 	tw    *tar.Writer
 	uid   uint32
+	skip  []string // top-level names left out (WriteOptions.Exclude)
 	links map[[2]uint64]string // (dev, inode) of a multiply linked file -> its first member name
 	buf   []byte
 	stats Stats
@@ -106,7 +110,7 @@ type writer struct {
 // open) and then o.State to w, and returns what it wrote. It reads root
 // as it is, without stopping anyone writing to it (the package's doc says
 // what that gives). A top-level lost+found directory owned by root (made
-// by mkfs) is left out. Errors are those of reading the tree's
+// by mkfs) is left out, and so is every top-level entry o.Exclude names. Errors are those of reading the tree's
 // directories, of w, or ctx's; an entry that vanishes or changes its kind
 // while walked is not an error but listed in Stats.Changed.
 func Write(ctx context.Context, w io.Writer, root *os.File, o WriteOptions) (*Stats, error) {
@@ -121,7 +125,7 @@ func Write(ctx context.Context, w io.Writer, root *os.File, o WriteOptions) (*St
 	if err != nil {
 		return nil, fmt.Errorf("snapshot: the zstd encoder: %w", err)
 	}
-	wr := &writer{ctx: ctx, tw: tar.NewWriter(zw), uid: o.UID, links: map[[2]uint64]string{}, buf: make([]byte, readBufBytes)}
+	wr := &writer{ctx: ctx, tw: tar.NewWriter(zw), uid: o.UID, skip: o.Exclude, links: map[[2]uint64]string{}, buf: make([]byte, readBufBytes)}
 	err = wr.archive(int(root.Fd()), o.State)
 	runtime.KeepAlive(root)
 	if cerr := wr.tw.Close(); err == nil {
@@ -192,6 +196,9 @@ func (wr *writer) dir(fd int, rel string) error {
 
 // entry archives the entry name of directory dirFD (tree path p).
 func (wr *writer) entry(dirFD int, name, p string) error {
+	if p == name && slices.Contains(wr.skip, name) {
+		return nil
+	}
 	var st unix.Stat_t
 	if err := unix.Fstatat(dirFD, name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
 		if errors.Is(err, unix.ENOENT) {
