@@ -203,6 +203,29 @@ func TestWorkspaceCarriedEnvFiltered(t *testing.T) {
 		t.Errorf("env file %q", b)
 	}
 
+	// Every exported variable that does not carry is named with why;
+	// the names each task gets anew (PWD, HOME, the managed ones) are not.
+	r.runTask(wsTask("m1", "we", `export MONKEY=1 KEYCLOAK_URL=http://k BASHTASK_X=1 ENV=/x FOO=bar`))
+	g, err = wc.GetWorkspace(t.Context(), &agentv1.GetWorkspaceRequest{Uid: "we"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	msg := g.GetStatus().GetCarryMessage()
+	for _, want := range []string{"KEYCLOAK_URL, MONKEY (their names contain KEY", "credential scrub", "BASHTASK_X (the prefix BASHTASK_", "ENV (shell start-up hooks"} {
+		if !strings.Contains(msg, want) {
+			t.Errorf("carry message %q lacks %q", msg, want)
+		}
+	}
+	for _, not := range []string{"PWD", "HOME", "SHLVL", "FOO"} {
+		if strings.Contains(msg, not) {
+			t.Errorf("carry message %q names %s, which carries or is set anew for every task", msg, not)
+		}
+	}
+	r.runTask(wsTask("m2", "we", `export FOO=bar`))
+	if g, err = wc.GetWorkspace(t.Context(), &agentv1.GetWorkspaceRequest{Uid: "we"}); err != nil || g.GetStatus().GetCarryMessage() != "" {
+		t.Errorf("carry message when everything carried: %q (%v), want none", g.GetStatus().GetCarryMessage(), err)
+	}
+
 	// A variable no next task could be started with (one environment
 	// entry over MAX_ARG_STRLEN) does not carry, and says so; the
 	// workspace keeps working.

@@ -252,7 +252,7 @@ var neverCarried = []string{"PWD", "OLDPWD", "SHLVL", "_", "HOME", "USER", "LOGN
 // Why a variable did not carry over (carriedEnv): each is a group of the
 // workspace's carry message.
 const (
-	dropCredential = "their names contain KEY, SECRET, TOKEN or PASSWORD, which the credential scrub removes (docs/executor.md, \"Environment\")"
+	dropCredential = "their names contain KEY, SECRET, TOKEN or PASSWORD: the credential scrub of docs/executor.md removes them"
 	dropManaged    = "the prefix BASHTASK_ is the agent's own"
 	dropHook       = "shell start-up hooks (BASH_ENV, ENV, SHELLOPTS, BASHOPTS, BASH_FUNC_*) never carry"
 	dropName       = "not shell identifiers"
