@@ -100,7 +100,7 @@ type writer struct {
 	ctx   context.Context
 	tw    *tar.Writer
 	uid   uint32
-	skip  []string // top-level names left out (WriteOptions.Exclude)
+	skip  []string             // top-level names left out (WriteOptions.Exclude)
 	links map[[2]uint64]string // (dev, inode) of a multiply linked file -> its first member name
 	buf   []byte
 	stats Stats
