@@ -36,7 +36,8 @@ func (a *app) getCommand() *cobra.Command {
 		Long: `Get prints a table of tasks: NAME, PHASE, REASON, EXIT, NODE, OWNER, DURATION
 (from start to completion, or until now while running) and AGE. Without names
 it lists the namespace's tasks, filtered by --owner (the API server's field
-selector spec.owner) and -l (labels).`,
+selector spec.owner) and -l (labels). A task named that was the first in a
+workspace restored from a snapshot gets a line on stderr saying so.`,
 		Example: `  kubectl bashtask get
   kubectl bashtask get --owner session-42
   kubectl bashtask get -A -l team=data`,
@@ -99,7 +100,19 @@ func (a *app) get(ctx context.Context, names []string, f getFlags) error {
 		}
 		return nil
 	}
-	return printTable(a.opts.IOStreams.Out, items, a.opts.Now(), f.allNamespaces)
+	if err := printTable(a.opts.IOStreams.Out, items, a.opts.Now(), f.allNamespaces); err != nil {
+		return err
+	}
+	if len(names) > 0 {
+		// A task named on its own: the restore notice it carries, as run
+		// prints it.
+		for i := range items {
+			if n := restoreNote(&items[i]); n != "" {
+				a.note("%s: %s", items[i].Name, n)
+			}
+		}
+	}
+	return nil
 }
 
 // printTable writes tasks as kubectl prints resources: aligned columns,

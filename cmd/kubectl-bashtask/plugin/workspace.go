@@ -35,6 +35,11 @@ type workspaceCreateFlags struct {
 	noCarryDir  bool
 	idleTimeout time.Duration
 	wait        time.Duration
+	// snapshotEvery and snapshotAfterTask are spec.snapshot's
+	// intervalSeconds and afterTaskSeconds; snapshotAfterTask is -1
+	// when the flag is not given (the controller's default).
+	snapshotEvery     time.Duration
+	snapshotAfterTask time.Duration
 }
 
 func (a *app) workspaceCommand() *cobra.Command {
@@ -59,7 +64,8 @@ func (a *app) workspaceCreateCommand() *cobra.Command {
 		Use:   "create NAME",
 		Short: "Create a workspace and wait until it is Ready",
 		Example: `  kubectl bashtask workspace create s1 --owner session-1
-  kubectl bashtask workspace create s2 --storage 2Gi --network None --carry-env --idle-timeout 2h`,
+  kubectl bashtask workspace create s2 --storage 2Gi --network None --carry-env --idle-timeout 2h
+  kubectl bashtask workspace create s3 --snapshot-interval 10m --snapshot-after-task 1m`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return a.workspaceCreate(cmd.Context(), args[0], f)
@@ -75,6 +81,8 @@ func (a *app) workspaceCreateCommand() *cobra.Command {
 	fl.BoolVar(&f.noCarryDir, "no-carry-dir", false, "start every task at the workspace's root instead of where the last one ended")
 	fl.DurationVar(&f.idleTimeout, "idle-timeout", 0, "spec.idleTimeoutSeconds: delete the workspace after this long without a task (whole seconds)")
 	fl.DurationVar(&f.wait, "wait", time.Minute, "how long to wait for Ready; 0 returns at once")
+	fl.DurationVar(&f.snapshotEvery, "snapshot-interval", 0, "spec.snapshot.intervalSeconds: snapshot this often while a task runs, 1m to 24h (whole seconds)")
+	fl.DurationVar(&f.snapshotAfterTask, "snapshot-after-task", -1, "spec.snapshot.afterTaskSeconds: snapshot this long after the last task ended when a task changed the workspace, up to 24h (whole seconds); 0 turns it off (default: the controller's, 5m)")
 	return cmd
 }
 
@@ -122,7 +130,32 @@ func workspaceSpec(f workspaceCreateFlags) (bashtaskv1alpha1.BashWorkspaceSpec, 
 		}
 		spec.IdleTimeoutSeconds = ptr.To(int32(s))
 	}
-	return spec, nil
+	snap, err := snapshotPolicy(f)
+	spec.Snapshot = snap
+	return spec, err
+}
+
+// snapshotPolicy is spec.snapshot from --snapshot-interval and
+// --snapshot-after-task, nil when neither is given; each is checked
+// against the API's limits.
+func snapshotPolicy(f workspaceCreateFlags) (*bashtaskv1alpha1.WorkspaceSnapshotPolicy, error) {
+	var pol bashtaskv1alpha1.WorkspaceSnapshotPolicy
+	if d := f.snapshotEvery; d != 0 {
+		if d%time.Second != 0 || d < time.Minute || d > 24*time.Hour {
+			return nil, fmt.Errorf("--snapshot-interval %s: whole seconds from 1m to 24h (spec.snapshot.intervalSeconds)", d)
+		}
+		pol.IntervalSeconds = ptr.To(int32(d / time.Second))
+	}
+	if d := f.snapshotAfterTask; d != -1 {
+		if d < 0 || d%time.Second != 0 || d > bashtaskv1alpha1.MaxSnapshotAfterTaskSeconds*time.Second {
+			return nil, fmt.Errorf("--snapshot-after-task %s: whole seconds up to 24h, 0 for none (spec.snapshot.afterTaskSeconds)", d)
+		}
+		pol.AfterTaskSeconds = ptr.To(int32(d / time.Second))
+	}
+	if pol.IntervalSeconds == nil && pol.AfterTaskSeconds == nil {
+		return nil, nil
+	}
+	return &pol, nil
 }
 
 // parseNetwork accepts the API's spelling of a network in any case.
