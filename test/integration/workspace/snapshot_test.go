@@ -61,6 +61,12 @@ func TestSuspendAndResume(t *testing.T) {
 	done = testutil.WaitTerminal(t, k8s, waiting.Namespace, []string{waiting.Name}, waitLong)[waiting.Name]
 	g.Expect(done.Status.Reason).To(HaveValue(Equal(v1.ReasonSucceeded)), "status: %v", done.Status)
 	g.Expect(stdout(done)).To(Equal(v1.WorkspacePath + "/repo\none\nkept\nf\nempty\n"))
+	// The first task on the restored copy carries the notice, without a
+	// lost node; the next one does not.
+	later := newTask(ns, "later", "s", "true")
+	create(t, later)
+	tasks := testutil.WaitTerminal(t, k8s, ns, []string{waiting.Name, later.Name}, waitLong)
+	g.Expect(restoreNotice(g, tasks, suspended.Status.Snapshot.URL, "").Name).To(Equal(waiting.Name))
 }
 
 // The idle timeout suspends a workspace by default; its next task
@@ -157,15 +163,25 @@ func TestNodeLostRestoresElsewhere(t *testing.T) {
 	g.Expect(suspended.Status.Message).To(HaveValue(ContainSubstring("unreachable")))
 	g.Eventually(func(g Gomega) []string { return eventReasons(g, ns, "mover") }).WithTimeout(10 * time.Second).Should(ContainElement(v1.WorkspaceReasonNodeLost))
 
-	read := newTask(ns, "read", "mover", "cat kept")
+	// Two tasks at once after the loss: one of them, and only one,
+	// carries the notice naming the lost node; a later task none.
+	read, read2 := newTask(ns, "read", "mover", "cat kept"), newTask(ns, "read2", "mover", "cat kept")
 	create(t, read)
-	done := testutil.WaitTerminal(t, k8s, read.Namespace, []string{read.Name}, waitLong)[read.Name]
+	create(t, read2)
+	both := testutil.WaitTerminal(t, k8s, read.Namespace, []string{read.Name, read2.Name}, waitLong)
+	done := both[read.Name]
 	g.Expect(done.Status.Reason).To(HaveValue(Equal(v1.ReasonSucceeded)), "status: %v", done.Status)
 	g.Expect(stdout(done)).To(Equal("before-the-loss\n"))
+	read3 := newTask(ns, "read3", "mover", "true")
+	create(t, read3)
+	both[read3.Name] = testutil.WaitTerminal(t, k8s, ns, []string{read3.Name}, waitLong)[read3.Name]
+	g.Expect(restoreNotice(g, both, suspended.Status.Snapshot.URL, first).Name).NotTo(Equal(read3.Name))
 	moved := getWorkspace(g, ws)
 	g.Expect(*moved.Status.NodeName).NotTo(Equal(first))
 	g.Expect(moved.Status.Epoch).To(HaveValue(Equal(int64(2))))
 	g.Expect(moved.Status.RestoredFrom).NotTo(BeNil())
+	g.Expect(moved.Status.RestoredFrom.LostNode).To(HaveValue(Equal(first)))
+	g.Expect(moved.Status.NodeLoss).To(BeNil(), "moved into restoredFrom")
 
 	// The old agent comes back holding epoch 1: the sweep removes it.
 	g.Expect(agent.Reconnect()).To(Succeed())
