@@ -209,8 +209,9 @@ func (r *BashWorkspaceReconciler) reconcile(ctx context.Context, ws *bashtaskv1a
 	case bashtaskv1alpha1.WorkspaceSuspended:
 		res, err = r.reconcileSuspended(ctx, ws, old, p)
 	case bashtaskv1alpha1.WorkspaceNodeLost, bashtaskv1alpha1.WorkspaceFailed:
-		// Final until deleted: moving a workspace to another node is not
-		// done. Only observedGeneration follows spec edits.
+		// Final until deleted: a workspace with a snapshot is Suspended
+		// instead (suspendLost), so these have nothing to move from.
+		// Only observedGeneration follows spec edits.
 	default:
 		res, err = r.reconcilePending(ctx, ws, old, p)
 	}
