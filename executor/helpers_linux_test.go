@@ -45,6 +45,23 @@ const isolationEnv = "EXECUTOR_TEST_ISOLATION"
 
 var executorSeq atomic.Int64
 
+// traversableTempDir is a t.TempDir that task UIDs may pass through
+// (0711, and its parent, the test's own temporary directory, too), as an
+// agent's work root is (the local cluster's is 0711): a task reaches its
+// working directory by its node path, and a temporary directory under a
+// TMPDIR outside /tmp is not hidden by the task's private /tmp, so its
+// mode 0700 would refuse the task's UID.
+func traversableTempDir(t *testing.T) string {
+	t.Helper()
+	dir := t.TempDir()
+	for _, d := range []string{filepath.Dir(dir), dir} {
+		if err := os.Chmod(d, 0o711); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return dir
+}
+
 // newTestExecutor returns an executor with its own parent cgroup (removed
 // at cleanup), or process groups only when cgroups is CgroupOff. At
 // IsolationTenant it starts the static bashtask-shim (testshim.Path) unless
@@ -54,7 +71,7 @@ func newTestExecutor(t *testing.T, cgroups CgroupMode, mutate ...func(*Config)) 
 	cfg := Config{
 		Cgroups:      cgroups,
 		CgroupParent: fmt.Sprintf("bashtask-test-%d-%d", os.Getpid(), executorSeq.Add(1)),
-		WorkDirRoot:  t.TempDir(),
+		WorkDirRoot:  traversableTempDir(t),
 		Isolation:    Isolation(os.Getenv(isolationEnv)),
 	}
 	for _, m := range mutate {
