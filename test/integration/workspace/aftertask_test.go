@@ -18,7 +18,9 @@ import (
 func TestSnapshotAfterTask(t *testing.T) {
 	ns := newNamespace(t)
 	after := func(s int32) func(*v1.BashWorkspace) {
-		return func(ws *v1.BashWorkspace) { ws.Spec.Snapshot = &v1.WorkspaceSnapshotPolicy{AfterTaskSeconds: ptr.To(s)} }
+		return func(ws *v1.BashWorkspace) {
+			ws.Spec.Snapshot = &v1.WorkspaceSnapshotPolicy{AfterTaskSeconds: ptr.To(s)}
+		}
 	}
 	ws, off := newWorkspace(ns, "after", after(2)), newWorkspace(ns, "off", after(0))
 	create(t, ws)
