@@ -211,7 +211,7 @@ func TestWorkspaceCarriedEnvFiltered(t *testing.T) {
 		t.Fatal(err)
 	}
 	msg := g.GetStatus().GetCarryMessage()
-	for _, want := range []string{"KEYCLOAK_URL, MONKEY (their names contain KEY", "credential scrub", "BASHTASK_X (the prefix BASHTASK_", "ENV (shell start-up hooks"} {
+	for _, want := range []string{"KEYCLOAK_URL, MONKEY (their names have the credential shapes", "credential scrub", "BASHTASK_X (the prefix BASHTASK_", "ENV (shell start-up hooks"} {
 		if !strings.Contains(msg, want) {
 			t.Errorf("carry message %q lacks %q", msg, want)
 		}

@@ -252,7 +252,7 @@ var neverCarried = []string{"PWD", "OLDPWD", "SHLVL", "_", "HOME", "USER", "LOGN
 // Why a variable did not carry over (carriedEnv): each is a group of the
 // workspace's carry message.
 const (
-	dropCredential = "their names contain KEY, SECRET, TOKEN or PASSWORD: the credential scrub of docs/executor.md removes them"
+	dropCredential = "their names have the credential shapes (KEY, SECRET, TOKEN, PASSWORD, ...) the credential scrub of docs/executor.md removes"
 	dropManaged    = "the prefix BASHTASK_ is the agent's own"
 	dropHook       = "shell start-up hooks (BASH_ENV, ENV, SHELLOPTS, BASHOPTS, BASH_FUNC_*) never carry"
 	dropName       = "not shell identifiers"
@@ -322,8 +322,8 @@ const maxDroppedNames = 16
 
 // droppedMessage names every variable in dropped, grouped by reason in
 // the order the reasons first appear: "exported variables that did not
-// carry over: MONKEY, KEYCLOAK_URL (their names contain KEY, ...); ...".
-// Empty when nothing was dropped.
+// carry over: KEYCLOAK_URL, MONKEY (their names have the credential
+// shapes ...); ...". Empty when nothing was dropped.
 func droppedMessage(dropped []droppedVar) string {
 	var reasons []string
 	names := map[string][]string{}
