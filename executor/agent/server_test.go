@@ -72,6 +72,14 @@ type rigOption func(*Config)
 func newRig(t *testing.T, opts ...rigOption) *rig {
 	t.Helper()
 	dir := t.TempDir()
+	// The work root (dir) is one task UIDs pass through, as an agent's
+	// is: under a TMPDIR outside /tmp the task's private /tmp does not
+	// hide it, and t.TempDir's 0700 would refuse the task's UID.
+	for _, d := range []string{filepath.Dir(dir), dir} {
+		if err := os.Chmod(d, 0o711); err != nil {
+			t.Fatal(err)
+		}
+	}
 	ca, err := tlsutil.NewCA("test-ca", time.Hour)
 	if err != nil {
 		t.Fatal(err)
