@@ -7,6 +7,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 
+	"github.com/bashtask/bashtask-operator/agentpool"
 	bashtaskv1alpha1 "github.com/bashtask/bashtask-operator/api/v1alpha1"
 )
 
@@ -43,6 +44,38 @@ func TestSnapshotDueAfterTask(t *testing.T) {
 		changed, wait := snapshotDueAfterTask(&tc.st, delay, t0.Add(time.Duration(tc.now)*time.Second))
 		if changed != tc.wantChanged || wait != tc.wantWait {
 			t.Errorf("%s: changed %v, wait %v; want %v, %v", tc.name, changed, wait, tc.wantChanged, tc.wantWait)
+		}
+	}
+}
+
+// capsAgents is a WorkspaceAgents whose every agent reports caps; it
+// answers nothing else.
+type capsAgents struct {
+	WorkspaceAgents
+	caps []string
+}
+
+func (a capsAgents) Agent(node string) agentpool.AgentState {
+	return agentpool.AgentState{Node: node, Connected: true, Capabilities: a.caps}
+}
+
+// A Ready workspace whose agent cannot snapshot says so in its message;
+// one whose agent can does not.
+func TestNoteNoSnapshots(t *testing.T) {
+	for _, tc := range []struct {
+		caps []string
+		want string
+	}{
+		{[]string{"workspaces"}, "ready on node n1" + noSnapshots},
+		{[]string{"workspaces", "snapshots"}, "ready on node n1"},
+	} {
+		ws := &bashtaskv1alpha1.BashWorkspace{}
+		ws.Status.NodeName = ptr.To("n1")
+		setWorkspacePhase(ws, bashtaskv1alpha1.WorkspaceReady, "ready on node n1")
+		r := &BashWorkspaceReconciler{agents: capsAgents{caps: tc.caps}}
+		r.noteNoSnapshots(ws)
+		if got := ptr.Deref(ws.Status.Message, ""); got != tc.want {
+			t.Errorf("capabilities %v: message %q, want %q", tc.caps, got, tc.want)
 		}
 	}
 }
