@@ -83,10 +83,13 @@ func (e *Executor) start(p *prepared) (_ *Task, err error) {
 
 	// The spill files themselves are created with each stream's first
 	// byte, after the start; nothing here needs undoing.
-	if t.stdout, err = newStream(p.spill, "stdout", p.TailBytes, p.SpillLimitBytes); err != nil {
+	if t.order, err = newOrderJournal(p.spill); err != nil {
 		return nil, err
 	}
-	if t.stderr, err = newStream(p.spill, "stderr", p.TailBytes, p.SpillLimitBytes); err != nil {
+	if t.stdout, err = newOrderedStream(p.spill, "stdout", p.TailBytes, p.SpillLimitBytes, t.order); err != nil {
+		return nil, err
+	}
+	if t.stderr, err = newOrderedStream(p.spill, "stderr", p.TailBytes, p.SpillLimitBytes, t.order); err != nil {
 		return nil, err
 	}
 
@@ -376,6 +379,9 @@ func (t *Task) supervise() {
 	stderr, err := t.stderr.finish()
 	if err != nil {
 		problems = append(problems, err.Error())
+	}
+	if err := t.order.close(); err != nil {
+		problems = append(problems, fmt.Sprintf("writing the order journal %s: %v", t.order.path, err))
 	}
 	if t.spec.ownWorkDir {
 		if err := t.spec.removeWorkDir(); err != nil {

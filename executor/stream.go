@@ -12,6 +12,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/bashtask/bashtask-operator/internal/outputorder"
 )
 
 // Read buffer sizes. A task that prints little reads through a small
@@ -37,6 +39,8 @@ var largeBufPool = sync.Pool{New: func() any { b := make([]byte, largeReadBuf); 
 // fails only when something raced to plant a file there; the stream then
 // goes on without a spill file and reports it incomplete.
 type stream struct {
+	id         byte          // outputorder.Stdout or outputorder.Stderr
+	order      *orderJournal // shared by the task's two streams
 	dir        *spillDir
 	path       string
 	spill      *os.File // nil until the first byte
@@ -61,11 +65,23 @@ type stream struct {
 // newStream prepares the stream whose spill file is name in dir, after
 // checking that nothing exists under that name yet.
 func newStream(dir *spillDir, name string, tailBytes int, spillLimit int64) (*stream, error) {
+	return newOrderedStream(dir, name, tailBytes, spillLimit, nil)
+}
+
+// newOrderedStream is newStream for a stream whose chunks order records
+// (stdout or stderr, after name).
+func newOrderedStream(dir *spillDir, name string, tailBytes int, spillLimit int64, order *orderJournal) (*stream, error) {
 	path := filepath.Join(dir.path, name)
 	if err := checkSpillName(path); err != nil {
 		return nil, err
 	}
+	id := outputorder.Stdout
+	if name == "stderr" {
+		id = outputorder.Stderr
+	}
 	return &stream{
+		id:         id,
+		order:      order,
 		dir:        dir,
 		path:       path,
 		spillLimit: spillLimit,
@@ -103,7 +119,10 @@ func (s *stream) create() error {
 	return nil
 }
 
-// record appends a chunk to the spill file (up to the limit) and the tail.
+// record appends a chunk to the spill file (up to the limit) and the tail,
+// publishes the spill file's new size, adds the chunk to the order journal
+// and then wakes the followers: a follower woken finds the chunk in the
+// journal, and a journal record's bytes are in the spill file.
 func (s *stream) record(p []byte) {
 	if s.spill == nil && s.spillErr == nil && len(p) > 0 {
 		s.spillErr = s.create()
@@ -121,6 +140,9 @@ func (s *stream) record(p []byte) {
 	s.mu.Lock()
 	s.tail.Write(p)
 	s.pubSpill, s.pubFailed = s.spillBytes, s.spillErr != nil
+	if s.order != nil {
+		s.order.add(s.id, len(p))
+	}
 	s.wakeLocked()
 	s.mu.Unlock()
 }

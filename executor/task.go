@@ -28,6 +28,7 @@ type Task struct {
 	exec   *Executor
 	stdout *stream
 	stderr *stream
+	order  *orderJournal
 
 	cancelOnce sync.Once
 	cancel     chan struct{}
