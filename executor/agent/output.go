@@ -14,6 +14,7 @@ import (
 
 	agentv1 "github.com/bashtask/bashtask-operator/api/agent/v1"
 	"github.com/bashtask/bashtask-operator/executor"
+	"github.com/bashtask/bashtask-operator/internal/outputorder"
 )
 
 // OutputChunkBytes is the most data one OutputChunk carries, 1 MiB: large
@@ -66,8 +67,15 @@ func (s *Server) ReadOutput(req *agentv1.ReadOutputRequest, srv agentv1.Executor
 	if stderr {
 		name = streamNames[1]
 	}
-	if req.GetObjectUrl() != "" {
+	order := req.GetStream() == agentv1.OutputStream_OUTPUT_STREAM_ORDER
+	if order {
+		name = outputorder.Name
+	}
+	if req.GetObjectUrl() != "" || req.GetObjectKey() != "" {
 		return s.readObject(req, name, srv)
+	}
+	if order {
+		return status.Error(codes.InvalidArgument, "stream OUTPUT_STREAM_ORDER: served from the bucket only (object_url or object_key); ReadCombinedOutput frames a held task's streams in their order")
 	}
 	src, err := s.outputSource(ctx, uid, stderr, name)
 	if err != nil {

@@ -14,7 +14,8 @@ import (
 	agentv1 "github.com/bashtask/bashtask-operator/api/agent/v1"
 )
 
-// readObject serves ReadOutput with object_url: the stream's uploaded copy,
+// readObject serves ReadOutput with object_url (or object_key, the same
+// URL without the bucket's): the stream's uploaded copy,
 // read through the agent's bucket handle with range reads, for a task the
 // agent may no longer hold. The controller asks for it when it cannot read
 // the bucket itself, as with the chart's default file:// bucket on the
@@ -24,6 +25,9 @@ import (
 func (s *Server) readObject(req *agentv1.ReadOutputRequest, name string, srv agentv1.Executor_ReadOutputServer) error {
 	ctx := srv.Context()
 	objURL, offset, limit := req.GetObjectUrl(), req.GetOffset(), req.GetLimitBytes()
+	if objURL == "" {
+		objURL = s.bucketBase + "/" + req.GetObjectKey()
+	}
 	key, err := s.uploadedKey(objURL, req.GetUid(), name)
 	if err != nil {
 		return err

@@ -48,7 +48,7 @@ func (s *Server) recoverTasks() {
 		if rec.State != stateFinished {
 			s.recoverRunning(e)
 		} else {
-			for i := range 2 {
+			for i := range e.uploads {
 				if sp := e.stream(i).GetSpill(); sp.GetUploadState() == agentv1.UploadState_UPLOAD_STATE_PENDING {
 					e.uploads[i] = &uploadJob{next: time.Now()}
 				}

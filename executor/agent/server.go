@@ -167,8 +167,9 @@ type entry struct {
 	// cancelled is set by the Cancel RPC; stopByAgent when the agent's
 	// shutdown cancelled the task and no Cancel came before.
 	cancelled, stopByAgent bool
-	// uploads are the streams still to upload (stdout, stderr).
-	uploads [2]*uploadJob
+	// uploads are the objects still to upload (stdout, stderr and the
+	// order journal, uploadNames).
+	uploads [3]*uploadJob
 	// parts are the part uploads of the running task's streams (parts.go).
 	parts [2]partState
 	// sentKept are the kept byte counts of the last progress event.

@@ -19,6 +19,7 @@ import (
 
 	agentv1 "github.com/bashtask/bashtask-operator/api/agent/v1"
 	"github.com/bashtask/bashtask-operator/internal/outputkey"
+	"github.com/bashtask/bashtask-operator/internal/outputorder"
 )
 
 // Object metadata keys set on every upload.
@@ -40,11 +41,24 @@ func ObjectKey(ref *agentv1.TaskRef, stream string) string {
 	return outputkey.Object(ref.GetNamespace(), ref.GetName(), ref.GetUid(), stream)
 }
 
+// uploadNames are the objects a task may upload, in the order of
+// entry.uploads: its streams, then its order journal.
+var uploadNames = [3]string{streamNames[0], streamNames[1], outputorder.Name}
+
+// stream returns the status of upload i: stdout, stderr or the order
+// journal.
 func (e *entry) stream(i int) *agentv1.StreamStatus {
-	if i == 0 {
-		return e.status.GetStdout()
+	return statusOf(e.status, i)
+}
+
+func statusOf(st *agentv1.TaskStatus, i int) *agentv1.StreamStatus {
+	switch i {
+	case 0:
+		return st.GetStdout()
+	case 1:
+		return st.GetStderr()
 	}
-	return e.status.GetStderr()
+	return st.GetOrder()
 }
 
 func (e *entry) pendingUploads() int {
@@ -91,7 +105,31 @@ func (s *Server) planUploadsLocked(e *entry, recovered bool) {
 		ss.Spill.Url = s.bucketBase + "/" + ObjectKey(e.status.GetRef(), streamNames[i])
 		e.uploads[i] = &uploadJob{next: time.Now()}
 	}
+	s.planOrderUploadLocked(e)
 	s.updateBacklogLocked()
+}
+
+// planOrderUploadLocked uploads the order journal of a finished task whose
+// streams both have bytes, unless the policy is NEVER: the object "order"
+// beside the streams' lets the output API serve both streams in one after
+// the agent forgot the task, also when the status tails hold the streams
+// (docs/output.md). A task that printed to one stream needs none. A
+// journal never written (it writes nothing before its first switch, and
+// stops at a write error) uploads as an empty object.
+func (s *Server) planOrderUploadLocked(e *entry) {
+	if e.rec.Upload == agentv1.UploadPolicy_UPLOAD_POLICY_NEVER ||
+		e.status.GetStdout().GetTotalBytes() == 0 || e.status.GetStderr().GetTotalBytes() == 0 {
+		return
+	}
+	size := int64(0)
+	if fi, err := os.Lstat(filepath.Join(s.store.outputDir(e.status.GetRef().GetUid()), outputorder.Name)); err == nil && fi.Mode().IsRegular() {
+		size = fi.Size()
+	}
+	e.status.Order = &agentv1.StreamStatus{TotalBytes: size, Spill: &agentv1.Spill{
+		Bytes: size, Complete: true, UploadState: agentv1.UploadState_UPLOAD_STATE_PENDING,
+		Url: s.bucketBase + "/" + ObjectKey(e.status.GetRef(), outputorder.Name),
+	}}
+	e.uploads[2] = &uploadJob{next: time.Now()}
 }
 
 func (s *Server) updateBacklogLocked() {
@@ -136,7 +174,7 @@ func (s *Server) uploadLoop(ctx context.Context) {
 		}
 		e, i, wait := s.nextUpload()
 		if e != nil {
-			if key, ok := s.uploadOne(ctx, e, i); ok {
+			if key, ok := s.uploadOne(ctx, e, i); ok && i < 2 {
 				// The object holds every byte the parts did: they go, so
 				// a finished stream costs its object alone
 				// (docs/output.md). After the UPLOADED event, which
@@ -192,14 +230,10 @@ func (s *Server) nextUpload() (*entry, int, time.Duration) {
 func (s *Server) uploadOne(ctx context.Context, e *entry, i int) (string, bool) {
 	s.mu.Lock()
 	uid := e.status.GetRef().GetUid()
-	key := ObjectKey(e.status.GetRef(), streamNames[i])
-	ss := clone(e.status)
+	key := ObjectKey(e.status.GetRef(), uploadNames[i])
+	streamStatus := statusOf(clone(e.status), i)
 	s.mu.Unlock()
-	streamStatus := ss.GetStdout()
-	if i == 1 {
-		streamStatus = ss.GetStderr()
-	}
-	file := filepath.Join(s.store.outputDir(uid), streamNames[i])
+	file := filepath.Join(s.store.outputDir(uid), uploadNames[i])
 
 	actx, cancel := context.WithTimeout(ctx, s.cfg.UploadTimeout)
 	err := s.put(actx, file, key, streamStatus)

@@ -288,6 +288,10 @@ const (
 	OutputStream_OUTPUT_STREAM_STDOUT OutputStream = 1
 	// OUTPUT_STREAM_STDERR is the command's fd 2.
 	OutputStream_OUTPUT_STREAM_STDERR OutputStream = 2
+	// OUTPUT_STREAM_ORDER is the task's order journal (docs/output.md), the
+	// object "order" beside the streams' in the bucket; ReadOutput serves it
+	// only from the bucket (object_url or object_key).
+	OutputStream_OUTPUT_STREAM_ORDER OutputStream = 3
 )
 
 // Enum value maps for OutputStream.
@@ -296,11 +300,13 @@ var (
 		0: "OUTPUT_STREAM_UNSPECIFIED",
 		1: "OUTPUT_STREAM_STDOUT",
 		2: "OUTPUT_STREAM_STDERR",
+		3: "OUTPUT_STREAM_ORDER",
 	}
 	OutputStream_value = map[string]int32{
 		"OUTPUT_STREAM_UNSPECIFIED": 0,
 		"OUTPUT_STREAM_STDOUT":      1,
 		"OUTPUT_STREAM_STDERR":      2,
+		"OUTPUT_STREAM_ORDER":       3,
 	}
 )
 
@@ -1059,7 +1065,14 @@ type TaskStatus struct {
 	WorkingDir string `protobuf:"bytes,18,opt,name=working_dir,json=workingDir,proto3" json:"working_dir,omitempty"`
 	// stdin is the state of a streamed standard input (TaskSpec.stdin_stream);
 	// absent for other tasks.
-	Stdin         *StdinState `protobuf:"bytes,19,opt,name=stdin,proto3" json:"stdin,omitempty"`
+	Stdin *StdinState `protobuf:"bytes,19,opt,name=stdin,proto3" json:"stdin,omitempty"`
+	// order is the task's order journal (docs/output.md, "stdout and stderr
+	// in one stream"), set on a finished task both of whose streams have
+	// bytes and whose upload policy is not NEVER: total_bytes and spill
+	// bytes are the journal file's size, spill its upload to the object
+	// "order" beside the streams'. Tail, truncated, sanitized and sha256
+	// stay empty.
+	Order         *StreamStatus `protobuf:"bytes,25,opt,name=order,proto3" json:"order,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1223,6 +1236,13 @@ func (x *TaskStatus) GetWorkingDir() string {
 func (x *TaskStatus) GetStdin() *StdinState {
 	if x != nil {
 		return x.Stdin
+	}
+	return nil
+}
+
+func (x *TaskStatus) GetOrder() *StreamStatus {
+	if x != nil {
+		return x.Order
 	}
 	return nil
 }
@@ -2369,7 +2389,12 @@ type ReadOutputRequest struct {
 	// key). The header and end messages then describe the object (its
 	// stream-bytes and bytes metadata, complete), follow changes nothing,
 	// and a missing object is NOT_FOUND.
-	ObjectUrl     string `protobuf:"bytes,6,opt,name=object_url,json=objectUrl,proto3" json:"object_url,omitempty"`
+	ObjectUrl string `protobuf:"bytes,6,opt,name=object_url,json=objectUrl,proto3" json:"object_url,omitempty"`
+	// object_key, when set instead of object_url, names the object by its
+	// key in the agent's bucket, <namespace>/<name>/<uid>/<stream> with this
+	// request's uid and stream: for the order journal, whose URL no status
+	// records. The same checks and answers as object_url.
+	ObjectKey     string `protobuf:"bytes,7,opt,name=object_key,json=objectKey,proto3" json:"object_key,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2446,6 +2471,88 @@ func (x *ReadOutputRequest) GetObjectUrl() string {
 	return ""
 }
 
+func (x *ReadOutputRequest) GetObjectKey() string {
+	if x != nil {
+		return x.ObjectKey
+	}
+	return ""
+}
+
+// ReadCombinedOutputRequest asks for a task's framed stdout and stderr from
+// an offset of the framed stream.
+type ReadCombinedOutputRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// uid of the task.
+	Uid string `protobuf:"bytes,1,opt,name=uid,proto3" json:"uid,omitempty"`
+	// offset of the first byte wanted, counted in bytes of the framed
+	// stream (headers included); not negative.
+	Offset int64 `protobuf:"varint,2,opt,name=offset,proto3" json:"offset,omitempty"`
+	// follow waits for new bytes while the task runs.
+	Follow bool `protobuf:"varint,3,opt,name=follow,proto3" json:"follow,omitempty"`
+	// limit_bytes, when positive, ends the stream after that many bytes.
+	LimitBytes    int64 `protobuf:"varint,4,opt,name=limit_bytes,json=limitBytes,proto3" json:"limit_bytes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReadCombinedOutputRequest) Reset() {
+	*x = ReadCombinedOutputRequest{}
+	mi := &file_agent_proto_msgTypes[26]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReadCombinedOutputRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReadCombinedOutputRequest) ProtoMessage() {}
+
+func (x *ReadCombinedOutputRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[26]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReadCombinedOutputRequest.ProtoReflect.Descriptor instead.
+func (*ReadCombinedOutputRequest) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{26}
+}
+
+func (x *ReadCombinedOutputRequest) GetUid() string {
+	if x != nil {
+		return x.Uid
+	}
+	return ""
+}
+
+func (x *ReadCombinedOutputRequest) GetOffset() int64 {
+	if x != nil {
+		return x.Offset
+	}
+	return 0
+}
+
+func (x *ReadCombinedOutputRequest) GetFollow() bool {
+	if x != nil {
+		return x.Follow
+	}
+	return false
+}
+
+func (x *ReadCombinedOutputRequest) GetLimitBytes() int64 {
+	if x != nil {
+		return x.LimitBytes
+	}
+	return 0
+}
+
 // OutputState is what the agent knows of a stream at one moment.
 type OutputState struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -2464,7 +2571,7 @@ type OutputState struct {
 
 func (x *OutputState) Reset() {
 	*x = OutputState{}
-	mi := &file_agent_proto_msgTypes[26]
+	mi := &file_agent_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2476,7 +2583,7 @@ func (x *OutputState) String() string {
 func (*OutputState) ProtoMessage() {}
 
 func (x *OutputState) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[26]
+	mi := &file_agent_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2489,7 +2596,7 @@ func (x *OutputState) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OutputState.ProtoReflect.Descriptor instead.
 func (*OutputState) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{26}
+	return file_agent_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *OutputState) GetTotalBytes() int64 {
@@ -2530,7 +2637,7 @@ type OutputChunk struct {
 
 func (x *OutputChunk) Reset() {
 	*x = OutputChunk{}
-	mi := &file_agent_proto_msgTypes[27]
+	mi := &file_agent_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2542,7 +2649,7 @@ func (x *OutputChunk) String() string {
 func (*OutputChunk) ProtoMessage() {}
 
 func (x *OutputChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[27]
+	mi := &file_agent_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2555,7 +2662,7 @@ func (x *OutputChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OutputChunk.ProtoReflect.Descriptor instead.
 func (*OutputChunk) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{27}
+	return file_agent_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *OutputChunk) GetOffset() int64 {
@@ -2645,7 +2752,7 @@ const file_agent_proto_rawDesc = "" +
 	"\x06sha256\x18\x05 \x01(\tR\x06sha256\x12.\n" +
 	"\x05spill\x18\x06 \x01(\v2\x18.bashtask.agent.v1.SpillR\x05spill\x12\x1d\n" +
 	"\n" +
-	"kept_bytes\x18\a \x01(\x03R\tkeptBytes\"\xcd\x06\n" +
+	"kept_bytes\x18\a \x01(\x03R\tkeptBytes\"\x84\a\n" +
 	"\n" +
 	"TaskStatus\x12,\n" +
 	"\x03ref\x18\x01 \x01(\v2\x1a.bashtask.agent.v1.TaskRefR\x03ref\x122\n" +
@@ -2670,7 +2777,8 @@ const file_agent_proto_rawDesc = "" +
 	"\tisolation\x18\x11 \x01(\v2 .bashtask.agent.v1.TaskIsolationR\tisolation\x12\x1f\n" +
 	"\vworking_dir\x18\x12 \x01(\tR\n" +
 	"workingDir\x123\n" +
-	"\x05stdin\x18\x13 \x01(\v2\x1d.bashtask.agent.v1.StdinStateR\x05stdin\"\xdd\x01\n" +
+	"\x05stdin\x18\x13 \x01(\v2\x1d.bashtask.agent.v1.StdinStateR\x05stdin\x125\n" +
+	"\x05order\x18\x19 \x01(\v2\x1f.bashtask.agent.v1.StreamStatusR\x05order\"\xdd\x01\n" +
 	"\rTaskIsolation\x12\x14\n" +
 	"\x05level\x18\x01 \x01(\tR\x05level\x12\x17\n" +
 	"\x04user\x18\x02 \x01(\rH\x00R\x04user\x88\x01\x01\x12\x1e\n" +
@@ -2745,7 +2853,7 @@ const file_agent_proto_rawDesc = "" +
 	"\rWatchResponse\x124\n" +
 	"\x05agent\x18\x01 \x01(\v2\x1c.bashtask.agent.v1.AgentInfoH\x00R\x05agent\x122\n" +
 	"\x04task\x18\x02 \x01(\v2\x1c.bashtask.agent.v1.TaskEventH\x00R\x04taskB\a\n" +
-	"\x05event\"\xce\x01\n" +
+	"\x05event\"\xed\x01\n" +
 	"\x11ReadOutputRequest\x12\x10\n" +
 	"\x03uid\x18\x01 \x01(\tR\x03uid\x127\n" +
 	"\x06stream\x18\x02 \x01(\x0e2\x1f.bashtask.agent.v1.OutputStreamR\x06stream\x12\x16\n" +
@@ -2754,7 +2862,15 @@ const file_agent_proto_rawDesc = "" +
 	"\vlimit_bytes\x18\x05 \x01(\x03R\n" +
 	"limitBytes\x12\x1d\n" +
 	"\n" +
-	"object_url\x18\x06 \x01(\tR\tobjectUrl\"k\n" +
+	"object_url\x18\x06 \x01(\tR\tobjectUrl\x12\x1d\n" +
+	"\n" +
+	"object_key\x18\a \x01(\tR\tobjectKey\"~\n" +
+	"\x19ReadCombinedOutputRequest\x12\x10\n" +
+	"\x03uid\x18\x01 \x01(\tR\x03uid\x12\x16\n" +
+	"\x06offset\x18\x02 \x01(\x03R\x06offset\x12\x16\n" +
+	"\x06follow\x18\x03 \x01(\bR\x06follow\x12\x1f\n" +
+	"\vlimit_bytes\x18\x04 \x01(\x03R\n" +
+	"limitBytes\"k\n" +
 	"\vOutputState\x12\x1f\n" +
 	"\vtotal_bytes\x18\x01 \x01(\x03R\n" +
 	"totalBytes\x12\x1a\n" +
@@ -2788,11 +2904,12 @@ const file_agent_proto_rawDesc = "" +
 	"\x13EVENT_TYPE_FINISHED\x10\x04\x12\x17\n" +
 	"\x13EVENT_TYPE_UPLOADED\x10\x05\x12\x18\n" +
 	"\x14EVENT_TYPE_FORGOTTEN\x10\x06\x12\x1c\n" +
-	"\x18EVENT_TYPE_UPLOAD_FAILED\x10\a*a\n" +
+	"\x18EVENT_TYPE_UPLOAD_FAILED\x10\a*z\n" +
 	"\fOutputStream\x12\x1d\n" +
 	"\x19OUTPUT_STREAM_UNSPECIFIED\x10\x00\x12\x18\n" +
 	"\x14OUTPUT_STREAM_STDOUT\x10\x01\x12\x18\n" +
-	"\x14OUTPUT_STREAM_STDERR\x10\x022\x82\x05\n" +
+	"\x14OUTPUT_STREAM_STDERR\x10\x02\x12\x17\n" +
+	"\x13OUTPUT_STREAM_ORDER\x10\x032\xe8\x05\n" +
 	"\bExecutor\x12J\n" +
 	"\x05Start\x12\x1f.bashtask.agent.v1.StartRequest\x1a .bashtask.agent.v1.StartResponse\x12M\n" +
 	"\x06Cancel\x12 .bashtask.agent.v1.CancelRequest\x1a!.bashtask.agent.v1.CancelResponse\x12D\n" +
@@ -2801,7 +2918,8 @@ const file_agent_proto_rawDesc = "" +
 	"\x06Forget\x12 .bashtask.agent.v1.ForgetRequest\x1a!.bashtask.agent.v1.ForgetResponse\x12L\n" +
 	"\x05Watch\x12\x1f.bashtask.agent.v1.WatchRequest\x1a .bashtask.agent.v1.WatchResponse0\x01\x12T\n" +
 	"\n" +
-	"ReadOutput\x12$.bashtask.agent.v1.ReadOutputRequest\x1a\x1e.bashtask.agent.v1.OutputChunk0\x01\x12Y\n" +
+	"ReadOutput\x12$.bashtask.agent.v1.ReadOutputRequest\x1a\x1e.bashtask.agent.v1.OutputChunk0\x01\x12d\n" +
+	"\x12ReadCombinedOutput\x12,.bashtask.agent.v1.ReadCombinedOutputRequest\x1a\x1e.bashtask.agent.v1.OutputChunk0\x01\x12Y\n" +
 	"\n" +
 	"WriteStdin\x12$.bashtask.agent.v1.WriteStdinRequest\x1a%.bashtask.agent.v1.WriteStdinResponseB<Z:github.com/bashtask/bashtask-operator/api/agent/v1;agentv1b\x06proto3"
 
@@ -2818,49 +2936,50 @@ func file_agent_proto_rawDescGZIP() []byte {
 }
 
 var file_agent_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
-var file_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 28)
+var file_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 29)
 var file_agent_proto_goTypes = []any{
-	(UploadPolicy)(0),             // 0: bashtask.agent.v1.UploadPolicy
-	(TaskState)(0),                // 1: bashtask.agent.v1.TaskState
-	(UploadState)(0),              // 2: bashtask.agent.v1.UploadState
-	(EventType)(0),                // 3: bashtask.agent.v1.EventType
-	(OutputStream)(0),             // 4: bashtask.agent.v1.OutputStream
-	(*TaskRef)(nil),               // 5: bashtask.agent.v1.TaskRef
-	(*EnvVar)(nil),                // 6: bashtask.agent.v1.EnvVar
-	(*Stdin)(nil),                 // 7: bashtask.agent.v1.Stdin
-	(*OutputSettings)(nil),        // 8: bashtask.agent.v1.OutputSettings
-	(*Resources)(nil),             // 9: bashtask.agent.v1.Resources
-	(*TaskSpec)(nil),              // 10: bashtask.agent.v1.TaskSpec
-	(*Spill)(nil),                 // 11: bashtask.agent.v1.Spill
-	(*StreamStatus)(nil),          // 12: bashtask.agent.v1.StreamStatus
-	(*TaskStatus)(nil),            // 13: bashtask.agent.v1.TaskStatus
-	(*TaskIsolation)(nil),         // 14: bashtask.agent.v1.TaskIsolation
-	(*StartRequest)(nil),          // 15: bashtask.agent.v1.StartRequest
-	(*StartResponse)(nil),         // 16: bashtask.agent.v1.StartResponse
-	(*CancelRequest)(nil),         // 17: bashtask.agent.v1.CancelRequest
-	(*CancelResponse)(nil),        // 18: bashtask.agent.v1.CancelResponse
-	(*GetRequest)(nil),            // 19: bashtask.agent.v1.GetRequest
-	(*GetResponse)(nil),           // 20: bashtask.agent.v1.GetResponse
-	(*ListRequest)(nil),           // 21: bashtask.agent.v1.ListRequest
-	(*ListResponse)(nil),          // 22: bashtask.agent.v1.ListResponse
-	(*ForgetRequest)(nil),         // 23: bashtask.agent.v1.ForgetRequest
-	(*ForgetResponse)(nil),        // 24: bashtask.agent.v1.ForgetResponse
-	(*WatchRequest)(nil),          // 25: bashtask.agent.v1.WatchRequest
-	(*Readiness)(nil),             // 26: bashtask.agent.v1.Readiness
-	(*AgentInfo)(nil),             // 27: bashtask.agent.v1.AgentInfo
-	(*TaskEvent)(nil),             // 28: bashtask.agent.v1.TaskEvent
-	(*WatchResponse)(nil),         // 29: bashtask.agent.v1.WatchResponse
-	(*ReadOutputRequest)(nil),     // 30: bashtask.agent.v1.ReadOutputRequest
-	(*OutputState)(nil),           // 31: bashtask.agent.v1.OutputState
-	(*OutputChunk)(nil),           // 32: bashtask.agent.v1.OutputChunk
-	(*durationpb.Duration)(nil),   // 33: google.protobuf.Duration
-	(*WorkspaceRef)(nil),          // 34: bashtask.agent.v1.WorkspaceRef
-	(*StdinStream)(nil),           // 35: bashtask.agent.v1.StdinStream
-	(*timestamppb.Timestamp)(nil), // 36: google.protobuf.Timestamp
-	(*StdinState)(nil),            // 37: bashtask.agent.v1.StdinState
-	(*Fence)(nil),                 // 38: bashtask.agent.v1.Fence
-	(*WriteStdinRequest)(nil),     // 39: bashtask.agent.v1.WriteStdinRequest
-	(*WriteStdinResponse)(nil),    // 40: bashtask.agent.v1.WriteStdinResponse
+	(UploadPolicy)(0),                 // 0: bashtask.agent.v1.UploadPolicy
+	(TaskState)(0),                    // 1: bashtask.agent.v1.TaskState
+	(UploadState)(0),                  // 2: bashtask.agent.v1.UploadState
+	(EventType)(0),                    // 3: bashtask.agent.v1.EventType
+	(OutputStream)(0),                 // 4: bashtask.agent.v1.OutputStream
+	(*TaskRef)(nil),                   // 5: bashtask.agent.v1.TaskRef
+	(*EnvVar)(nil),                    // 6: bashtask.agent.v1.EnvVar
+	(*Stdin)(nil),                     // 7: bashtask.agent.v1.Stdin
+	(*OutputSettings)(nil),            // 8: bashtask.agent.v1.OutputSettings
+	(*Resources)(nil),                 // 9: bashtask.agent.v1.Resources
+	(*TaskSpec)(nil),                  // 10: bashtask.agent.v1.TaskSpec
+	(*Spill)(nil),                     // 11: bashtask.agent.v1.Spill
+	(*StreamStatus)(nil),              // 12: bashtask.agent.v1.StreamStatus
+	(*TaskStatus)(nil),                // 13: bashtask.agent.v1.TaskStatus
+	(*TaskIsolation)(nil),             // 14: bashtask.agent.v1.TaskIsolation
+	(*StartRequest)(nil),              // 15: bashtask.agent.v1.StartRequest
+	(*StartResponse)(nil),             // 16: bashtask.agent.v1.StartResponse
+	(*CancelRequest)(nil),             // 17: bashtask.agent.v1.CancelRequest
+	(*CancelResponse)(nil),            // 18: bashtask.agent.v1.CancelResponse
+	(*GetRequest)(nil),                // 19: bashtask.agent.v1.GetRequest
+	(*GetResponse)(nil),               // 20: bashtask.agent.v1.GetResponse
+	(*ListRequest)(nil),               // 21: bashtask.agent.v1.ListRequest
+	(*ListResponse)(nil),              // 22: bashtask.agent.v1.ListResponse
+	(*ForgetRequest)(nil),             // 23: bashtask.agent.v1.ForgetRequest
+	(*ForgetResponse)(nil),            // 24: bashtask.agent.v1.ForgetResponse
+	(*WatchRequest)(nil),              // 25: bashtask.agent.v1.WatchRequest
+	(*Readiness)(nil),                 // 26: bashtask.agent.v1.Readiness
+	(*AgentInfo)(nil),                 // 27: bashtask.agent.v1.AgentInfo
+	(*TaskEvent)(nil),                 // 28: bashtask.agent.v1.TaskEvent
+	(*WatchResponse)(nil),             // 29: bashtask.agent.v1.WatchResponse
+	(*ReadOutputRequest)(nil),         // 30: bashtask.agent.v1.ReadOutputRequest
+	(*ReadCombinedOutputRequest)(nil), // 31: bashtask.agent.v1.ReadCombinedOutputRequest
+	(*OutputState)(nil),               // 32: bashtask.agent.v1.OutputState
+	(*OutputChunk)(nil),               // 33: bashtask.agent.v1.OutputChunk
+	(*durationpb.Duration)(nil),       // 34: google.protobuf.Duration
+	(*WorkspaceRef)(nil),              // 35: bashtask.agent.v1.WorkspaceRef
+	(*StdinStream)(nil),               // 36: bashtask.agent.v1.StdinStream
+	(*timestamppb.Timestamp)(nil),     // 37: google.protobuf.Timestamp
+	(*StdinState)(nil),                // 38: bashtask.agent.v1.StdinState
+	(*Fence)(nil),                     // 39: bashtask.agent.v1.Fence
+	(*WriteStdinRequest)(nil),         // 40: bashtask.agent.v1.WriteStdinRequest
+	(*WriteStdinResponse)(nil),        // 41: bashtask.agent.v1.WriteStdinResponse
 }
 var file_agent_proto_depIdxs = []int32{
 	0,  // 0: bashtask.agent.v1.OutputSettings.upload:type_name -> bashtask.agent.v1.UploadPolicy
@@ -2868,60 +2987,63 @@ var file_agent_proto_depIdxs = []int32{
 	7,  // 2: bashtask.agent.v1.TaskSpec.stdin:type_name -> bashtask.agent.v1.Stdin
 	6,  // 3: bashtask.agent.v1.TaskSpec.env:type_name -> bashtask.agent.v1.EnvVar
 	6,  // 4: bashtask.agent.v1.TaskSpec.managed_env:type_name -> bashtask.agent.v1.EnvVar
-	33, // 5: bashtask.agent.v1.TaskSpec.timeout:type_name -> google.protobuf.Duration
-	33, // 6: bashtask.agent.v1.TaskSpec.kill_grace:type_name -> google.protobuf.Duration
+	34, // 5: bashtask.agent.v1.TaskSpec.timeout:type_name -> google.protobuf.Duration
+	34, // 6: bashtask.agent.v1.TaskSpec.kill_grace:type_name -> google.protobuf.Duration
 	8,  // 7: bashtask.agent.v1.TaskSpec.output:type_name -> bashtask.agent.v1.OutputSettings
 	9,  // 8: bashtask.agent.v1.TaskSpec.resources:type_name -> bashtask.agent.v1.Resources
-	34, // 9: bashtask.agent.v1.TaskSpec.workspace:type_name -> bashtask.agent.v1.WorkspaceRef
-	35, // 10: bashtask.agent.v1.TaskSpec.stdin_stream:type_name -> bashtask.agent.v1.StdinStream
+	35, // 9: bashtask.agent.v1.TaskSpec.workspace:type_name -> bashtask.agent.v1.WorkspaceRef
+	36, // 10: bashtask.agent.v1.TaskSpec.stdin_stream:type_name -> bashtask.agent.v1.StdinStream
 	2,  // 11: bashtask.agent.v1.Spill.upload_state:type_name -> bashtask.agent.v1.UploadState
 	11, // 12: bashtask.agent.v1.StreamStatus.spill:type_name -> bashtask.agent.v1.Spill
 	5,  // 13: bashtask.agent.v1.TaskStatus.ref:type_name -> bashtask.agent.v1.TaskRef
 	1,  // 14: bashtask.agent.v1.TaskStatus.state:type_name -> bashtask.agent.v1.TaskState
-	36, // 15: bashtask.agent.v1.TaskStatus.start_time:type_name -> google.protobuf.Timestamp
-	36, // 16: bashtask.agent.v1.TaskStatus.completion_time:type_name -> google.protobuf.Timestamp
+	37, // 15: bashtask.agent.v1.TaskStatus.start_time:type_name -> google.protobuf.Timestamp
+	37, // 16: bashtask.agent.v1.TaskStatus.completion_time:type_name -> google.protobuf.Timestamp
 	12, // 17: bashtask.agent.v1.TaskStatus.stdout:type_name -> bashtask.agent.v1.StreamStatus
 	12, // 18: bashtask.agent.v1.TaskStatus.stderr:type_name -> bashtask.agent.v1.StreamStatus
 	14, // 19: bashtask.agent.v1.TaskStatus.isolation:type_name -> bashtask.agent.v1.TaskIsolation
-	37, // 20: bashtask.agent.v1.TaskStatus.stdin:type_name -> bashtask.agent.v1.StdinState
-	10, // 21: bashtask.agent.v1.StartRequest.spec:type_name -> bashtask.agent.v1.TaskSpec
-	38, // 22: bashtask.agent.v1.StartRequest.fence:type_name -> bashtask.agent.v1.Fence
-	13, // 23: bashtask.agent.v1.StartResponse.status:type_name -> bashtask.agent.v1.TaskStatus
-	38, // 24: bashtask.agent.v1.CancelRequest.fence:type_name -> bashtask.agent.v1.Fence
-	13, // 25: bashtask.agent.v1.CancelResponse.status:type_name -> bashtask.agent.v1.TaskStatus
-	13, // 26: bashtask.agent.v1.GetResponse.status:type_name -> bashtask.agent.v1.TaskStatus
-	13, // 27: bashtask.agent.v1.ListResponse.tasks:type_name -> bashtask.agent.v1.TaskStatus
-	38, // 28: bashtask.agent.v1.WatchRequest.fence:type_name -> bashtask.agent.v1.Fence
-	26, // 29: bashtask.agent.v1.AgentInfo.readiness:type_name -> bashtask.agent.v1.Readiness
-	38, // 30: bashtask.agent.v1.AgentInfo.fence:type_name -> bashtask.agent.v1.Fence
-	3,  // 31: bashtask.agent.v1.TaskEvent.type:type_name -> bashtask.agent.v1.EventType
-	13, // 32: bashtask.agent.v1.TaskEvent.status:type_name -> bashtask.agent.v1.TaskStatus
-	27, // 33: bashtask.agent.v1.WatchResponse.agent:type_name -> bashtask.agent.v1.AgentInfo
-	28, // 34: bashtask.agent.v1.WatchResponse.task:type_name -> bashtask.agent.v1.TaskEvent
-	4,  // 35: bashtask.agent.v1.ReadOutputRequest.stream:type_name -> bashtask.agent.v1.OutputStream
-	31, // 36: bashtask.agent.v1.OutputChunk.header:type_name -> bashtask.agent.v1.OutputState
-	31, // 37: bashtask.agent.v1.OutputChunk.end:type_name -> bashtask.agent.v1.OutputState
-	15, // 38: bashtask.agent.v1.Executor.Start:input_type -> bashtask.agent.v1.StartRequest
-	17, // 39: bashtask.agent.v1.Executor.Cancel:input_type -> bashtask.agent.v1.CancelRequest
-	19, // 40: bashtask.agent.v1.Executor.Get:input_type -> bashtask.agent.v1.GetRequest
-	21, // 41: bashtask.agent.v1.Executor.List:input_type -> bashtask.agent.v1.ListRequest
-	23, // 42: bashtask.agent.v1.Executor.Forget:input_type -> bashtask.agent.v1.ForgetRequest
-	25, // 43: bashtask.agent.v1.Executor.Watch:input_type -> bashtask.agent.v1.WatchRequest
-	30, // 44: bashtask.agent.v1.Executor.ReadOutput:input_type -> bashtask.agent.v1.ReadOutputRequest
-	39, // 45: bashtask.agent.v1.Executor.WriteStdin:input_type -> bashtask.agent.v1.WriteStdinRequest
-	16, // 46: bashtask.agent.v1.Executor.Start:output_type -> bashtask.agent.v1.StartResponse
-	18, // 47: bashtask.agent.v1.Executor.Cancel:output_type -> bashtask.agent.v1.CancelResponse
-	20, // 48: bashtask.agent.v1.Executor.Get:output_type -> bashtask.agent.v1.GetResponse
-	22, // 49: bashtask.agent.v1.Executor.List:output_type -> bashtask.agent.v1.ListResponse
-	24, // 50: bashtask.agent.v1.Executor.Forget:output_type -> bashtask.agent.v1.ForgetResponse
-	29, // 51: bashtask.agent.v1.Executor.Watch:output_type -> bashtask.agent.v1.WatchResponse
-	32, // 52: bashtask.agent.v1.Executor.ReadOutput:output_type -> bashtask.agent.v1.OutputChunk
-	40, // 53: bashtask.agent.v1.Executor.WriteStdin:output_type -> bashtask.agent.v1.WriteStdinResponse
-	46, // [46:54] is the sub-list for method output_type
-	38, // [38:46] is the sub-list for method input_type
-	38, // [38:38] is the sub-list for extension type_name
-	38, // [38:38] is the sub-list for extension extendee
-	0,  // [0:38] is the sub-list for field type_name
+	38, // 20: bashtask.agent.v1.TaskStatus.stdin:type_name -> bashtask.agent.v1.StdinState
+	12, // 21: bashtask.agent.v1.TaskStatus.order:type_name -> bashtask.agent.v1.StreamStatus
+	10, // 22: bashtask.agent.v1.StartRequest.spec:type_name -> bashtask.agent.v1.TaskSpec
+	39, // 23: bashtask.agent.v1.StartRequest.fence:type_name -> bashtask.agent.v1.Fence
+	13, // 24: bashtask.agent.v1.StartResponse.status:type_name -> bashtask.agent.v1.TaskStatus
+	39, // 25: bashtask.agent.v1.CancelRequest.fence:type_name -> bashtask.agent.v1.Fence
+	13, // 26: bashtask.agent.v1.CancelResponse.status:type_name -> bashtask.agent.v1.TaskStatus
+	13, // 27: bashtask.agent.v1.GetResponse.status:type_name -> bashtask.agent.v1.TaskStatus
+	13, // 28: bashtask.agent.v1.ListResponse.tasks:type_name -> bashtask.agent.v1.TaskStatus
+	39, // 29: bashtask.agent.v1.WatchRequest.fence:type_name -> bashtask.agent.v1.Fence
+	26, // 30: bashtask.agent.v1.AgentInfo.readiness:type_name -> bashtask.agent.v1.Readiness
+	39, // 31: bashtask.agent.v1.AgentInfo.fence:type_name -> bashtask.agent.v1.Fence
+	3,  // 32: bashtask.agent.v1.TaskEvent.type:type_name -> bashtask.agent.v1.EventType
+	13, // 33: bashtask.agent.v1.TaskEvent.status:type_name -> bashtask.agent.v1.TaskStatus
+	27, // 34: bashtask.agent.v1.WatchResponse.agent:type_name -> bashtask.agent.v1.AgentInfo
+	28, // 35: bashtask.agent.v1.WatchResponse.task:type_name -> bashtask.agent.v1.TaskEvent
+	4,  // 36: bashtask.agent.v1.ReadOutputRequest.stream:type_name -> bashtask.agent.v1.OutputStream
+	32, // 37: bashtask.agent.v1.OutputChunk.header:type_name -> bashtask.agent.v1.OutputState
+	32, // 38: bashtask.agent.v1.OutputChunk.end:type_name -> bashtask.agent.v1.OutputState
+	15, // 39: bashtask.agent.v1.Executor.Start:input_type -> bashtask.agent.v1.StartRequest
+	17, // 40: bashtask.agent.v1.Executor.Cancel:input_type -> bashtask.agent.v1.CancelRequest
+	19, // 41: bashtask.agent.v1.Executor.Get:input_type -> bashtask.agent.v1.GetRequest
+	21, // 42: bashtask.agent.v1.Executor.List:input_type -> bashtask.agent.v1.ListRequest
+	23, // 43: bashtask.agent.v1.Executor.Forget:input_type -> bashtask.agent.v1.ForgetRequest
+	25, // 44: bashtask.agent.v1.Executor.Watch:input_type -> bashtask.agent.v1.WatchRequest
+	30, // 45: bashtask.agent.v1.Executor.ReadOutput:input_type -> bashtask.agent.v1.ReadOutputRequest
+	31, // 46: bashtask.agent.v1.Executor.ReadCombinedOutput:input_type -> bashtask.agent.v1.ReadCombinedOutputRequest
+	40, // 47: bashtask.agent.v1.Executor.WriteStdin:input_type -> bashtask.agent.v1.WriteStdinRequest
+	16, // 48: bashtask.agent.v1.Executor.Start:output_type -> bashtask.agent.v1.StartResponse
+	18, // 49: bashtask.agent.v1.Executor.Cancel:output_type -> bashtask.agent.v1.CancelResponse
+	20, // 50: bashtask.agent.v1.Executor.Get:output_type -> bashtask.agent.v1.GetResponse
+	22, // 51: bashtask.agent.v1.Executor.List:output_type -> bashtask.agent.v1.ListResponse
+	24, // 52: bashtask.agent.v1.Executor.Forget:output_type -> bashtask.agent.v1.ForgetResponse
+	29, // 53: bashtask.agent.v1.Executor.Watch:output_type -> bashtask.agent.v1.WatchResponse
+	33, // 54: bashtask.agent.v1.Executor.ReadOutput:output_type -> bashtask.agent.v1.OutputChunk
+	33, // 55: bashtask.agent.v1.Executor.ReadCombinedOutput:output_type -> bashtask.agent.v1.OutputChunk
+	41, // 56: bashtask.agent.v1.Executor.WriteStdin:output_type -> bashtask.agent.v1.WriteStdinResponse
+	48, // [48:57] is the sub-list for method output_type
+	39, // [39:48] is the sub-list for method input_type
+	39, // [39:39] is the sub-list for extension type_name
+	39, // [39:39] is the sub-list for extension extendee
+	0,  // [0:39] is the sub-list for field type_name
 }
 
 func init() { file_agent_proto_init() }
@@ -2943,7 +3065,7 @@ func file_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_agent_proto_rawDesc), len(file_agent_proto_rawDesc)),
 			NumEnums:      5,
-			NumMessages:   28,
+			NumMessages:   29,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

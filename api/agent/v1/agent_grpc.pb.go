@@ -26,14 +26,15 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	Executor_Start_FullMethodName      = "/bashtask.agent.v1.Executor/Start"
-	Executor_Cancel_FullMethodName     = "/bashtask.agent.v1.Executor/Cancel"
-	Executor_Get_FullMethodName        = "/bashtask.agent.v1.Executor/Get"
-	Executor_List_FullMethodName       = "/bashtask.agent.v1.Executor/List"
-	Executor_Forget_FullMethodName     = "/bashtask.agent.v1.Executor/Forget"
-	Executor_Watch_FullMethodName      = "/bashtask.agent.v1.Executor/Watch"
-	Executor_ReadOutput_FullMethodName = "/bashtask.agent.v1.Executor/ReadOutput"
-	Executor_WriteStdin_FullMethodName = "/bashtask.agent.v1.Executor/WriteStdin"
+	Executor_Start_FullMethodName              = "/bashtask.agent.v1.Executor/Start"
+	Executor_Cancel_FullMethodName             = "/bashtask.agent.v1.Executor/Cancel"
+	Executor_Get_FullMethodName                = "/bashtask.agent.v1.Executor/Get"
+	Executor_List_FullMethodName               = "/bashtask.agent.v1.Executor/List"
+	Executor_Forget_FullMethodName             = "/bashtask.agent.v1.Executor/Forget"
+	Executor_Watch_FullMethodName              = "/bashtask.agent.v1.Executor/Watch"
+	Executor_ReadOutput_FullMethodName         = "/bashtask.agent.v1.Executor/ReadOutput"
+	Executor_ReadCombinedOutput_FullMethodName = "/bashtask.agent.v1.Executor/ReadCombinedOutput"
+	Executor_WriteStdin_FullMethodName         = "/bashtask.agent.v1.Executor/WriteStdin"
 )
 
 // ExecutorClient is the client API for Executor service.
@@ -95,6 +96,19 @@ type ExecutorClient interface {
 	// bucket instead (see ReadOutputRequest). It takes no fence: it changes
 	// nothing.
 	ReadOutput(ctx context.Context, in *ReadOutputRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[OutputChunk], error)
+	// ReadCombinedOutput streams a task's stdout and stderr in one framed
+	// stream, in the order the agent read them (docs/output.md, "stdout and
+	// stderr in one stream"): every run of one stream in the task's order
+	// journal, cut into frames of at most 1 MiB, each behind an 8-byte
+	// header (the stream, 1 or 2, three zero bytes, the payload's length as
+	// a big-endian uint32), then the bytes no record holds, stdout's first.
+	// Offsets, sizes and the messages are ReadOutput's, counted in bytes of
+	// the framed stream: header and end describe it (total_bytes the framed
+	// bytes known, spill_bytes those that can be served). With follow, a
+	// run being read is framed as soon as the agent is asked for it. The
+	// same errors as ReadOutput, naming the framed offset; DATA_LOSS also
+	// for a journal that cannot be read. It takes no fence.
+	ReadCombinedOutput(ctx context.Context, in *ReadCombinedOutputRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[OutputChunk], error)
 	// WriteStdin appends bytes to a task's streamed standard input
 	// (TaskSpec.stdin_stream; docs/stdin.md), exactly once by input offset,
 	// and closes it on request. It waits while the agent's buffer for the
@@ -205,6 +219,25 @@ func (c *executorClient) ReadOutput(ctx context.Context, in *ReadOutputRequest, 
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type Executor_ReadOutputClient = grpc.ServerStreamingClient[OutputChunk]
 
+func (c *executorClient) ReadCombinedOutput(ctx context.Context, in *ReadCombinedOutputRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[OutputChunk], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &Executor_ServiceDesc.Streams[2], Executor_ReadCombinedOutput_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[ReadCombinedOutputRequest, OutputChunk]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Executor_ReadCombinedOutputClient = grpc.ServerStreamingClient[OutputChunk]
+
 func (c *executorClient) WriteStdin(ctx context.Context, in *WriteStdinRequest, opts ...grpc.CallOption) (*WriteStdinResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(WriteStdinResponse)
@@ -274,6 +307,19 @@ type ExecutorServer interface {
 	// bucket instead (see ReadOutputRequest). It takes no fence: it changes
 	// nothing.
 	ReadOutput(*ReadOutputRequest, grpc.ServerStreamingServer[OutputChunk]) error
+	// ReadCombinedOutput streams a task's stdout and stderr in one framed
+	// stream, in the order the agent read them (docs/output.md, "stdout and
+	// stderr in one stream"): every run of one stream in the task's order
+	// journal, cut into frames of at most 1 MiB, each behind an 8-byte
+	// header (the stream, 1 or 2, three zero bytes, the payload's length as
+	// a big-endian uint32), then the bytes no record holds, stdout's first.
+	// Offsets, sizes and the messages are ReadOutput's, counted in bytes of
+	// the framed stream: header and end describe it (total_bytes the framed
+	// bytes known, spill_bytes those that can be served). With follow, a
+	// run being read is framed as soon as the agent is asked for it. The
+	// same errors as ReadOutput, naming the framed offset; DATA_LOSS also
+	// for a journal that cannot be read. It takes no fence.
+	ReadCombinedOutput(*ReadCombinedOutputRequest, grpc.ServerStreamingServer[OutputChunk]) error
 	// WriteStdin appends bytes to a task's streamed standard input
 	// (TaskSpec.stdin_stream; docs/stdin.md), exactly once by input offset,
 	// and closes it on request. It waits while the agent's buffer for the
@@ -316,6 +362,9 @@ func (UnimplementedExecutorServer) Watch(*WatchRequest, grpc.ServerStreamingServ
 }
 func (UnimplementedExecutorServer) ReadOutput(*ReadOutputRequest, grpc.ServerStreamingServer[OutputChunk]) error {
 	return status.Error(codes.Unimplemented, "method ReadOutput not implemented")
+}
+func (UnimplementedExecutorServer) ReadCombinedOutput(*ReadCombinedOutputRequest, grpc.ServerStreamingServer[OutputChunk]) error {
+	return status.Error(codes.Unimplemented, "method ReadCombinedOutput not implemented")
 }
 func (UnimplementedExecutorServer) WriteStdin(context.Context, *WriteStdinRequest) (*WriteStdinResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method WriteStdin not implemented")
@@ -453,6 +502,17 @@ func _Executor_ReadOutput_Handler(srv interface{}, stream grpc.ServerStream) err
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type Executor_ReadOutputServer = grpc.ServerStreamingServer[OutputChunk]
 
+func _Executor_ReadCombinedOutput_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(ReadCombinedOutputRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(ExecutorServer).ReadCombinedOutput(m, &grpc.GenericServerStream[ReadCombinedOutputRequest, OutputChunk]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Executor_ReadCombinedOutputServer = grpc.ServerStreamingServer[OutputChunk]
+
 func _Executor_WriteStdin_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(WriteStdinRequest)
 	if err := dec(in); err != nil {
@@ -512,6 +572,11 @@ var Executor_ServiceDesc = grpc.ServiceDesc{
 		{
 			StreamName:    "ReadOutput",
 			Handler:       _Executor_ReadOutput_Handler,
+			ServerStreams: true,
+		},
+		{
+			StreamName:    "ReadCombinedOutput",
+			Handler:       _Executor_ReadCombinedOutput_Handler,
 			ServerStreams: true,
 		},
 	},
