@@ -47,7 +47,9 @@ const (
 
 // LogOptions select what FollowLog reads.
 type LogOptions struct {
-	// Stream is "stdout" (empty means stdout) or "stderr".
+	// Stream is "stdout" (empty means stdout), "stderr", or "all": both in
+	// the order they were read, framed (Demux splits them; Offset counts
+	// framed bytes).
 	Stream string
 	// Offset is the first byte wanted (bytes from the stream's start).
 	Offset int64

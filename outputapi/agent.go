@@ -20,8 +20,9 @@ import (
 // went away (a restart) while it held the task, so it is asked again.
 var errAgentBroke = errors.New("the agent's stream broke")
 
-// fromAgent streams from the node's agent: the task's spill file, or with
-// objectURL its uploaded copy, which the agent reads from its own bucket.
+// fromAgent streams from the node's agent: the task's spill file (both
+// spill files framed in their order for StreamAll), or with objectURL its
+// uploaded copy, which the agent reads from its own bucket.
 // ended is true when the response is over (successfully or with an error to
 // report); false with an error when another source, or the same agent
 // later, should be tried.
@@ -32,10 +33,19 @@ func (s *Server) fromAgent(ctx context.Context, lr *logResponse, task *bashtaskv
 	}
 	actx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	rs, err := c.ReadOutput(actx, &agentv1.ReadOutputRequest{
-		Uid: string(task.UID), Stream: stream, Offset: lr.offset, Follow: o.Follow, LimitBytes: lr.remaining(),
-		ObjectUrl: objectURL,
-	})
+	var rs interface {
+		Recv() (*agentv1.OutputChunk, error)
+	}
+	if o.Stream == outputv1alpha1.StreamAll && objectURL == "" {
+		rs, err = c.ReadCombinedOutput(actx, &agentv1.ReadCombinedOutputRequest{
+			Uid: string(task.UID), Offset: lr.offset, Follow: o.Follow, LimitBytes: lr.remaining(),
+		})
+	} else {
+		rs, err = c.ReadOutput(actx, &agentv1.ReadOutputRequest{
+			Uid: string(task.UID), Stream: stream, Offset: lr.offset, Follow: o.Follow, LimitBytes: lr.remaining(),
+			ObjectUrl: objectURL,
+		})
+	}
 	if err != nil {
 		return false, err
 	}

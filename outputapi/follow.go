@@ -66,6 +66,9 @@ func (s *Server) streamLog(ctx context.Context, lr *logResponse, task *bashtaskv
 			if finished(task) {
 				// Never dispatched (refused, cancelled while pending):
 				// the streams are empty.
+				if o.Stream == outputv1alpha1.StreamAll {
+					return s.combinedFromStorage(ctx, lr, task, o, nil)
+				}
 				return s.fromStatus(lr, task, stream, o)
 			}
 			if !o.Follow {
@@ -106,6 +109,9 @@ func (s *Server) streamLog(ctx context.Context, lr *logResponse, task *bashtaskv
 		}
 		task = fresh
 		if finished(task) && !errors.Is(err, errAgentBroke) {
+			if o.Stream == outputv1alpha1.StreamAll {
+				return s.combinedFromStorage(ctx, lr, task, o, err)
+			}
 			return s.fromStorage(ctx, lr, task, stream, o, err)
 		}
 		if !o.Follow && !lr.started && status.Code(err) == codes.NotFound {

@@ -51,9 +51,9 @@ func decodeLogOptions(q url.Values, o *outputv1alpha1.LogOptions) error {
 	switch o.Stream {
 	case "":
 		o.Stream = outputv1alpha1.StreamStdout
-	case outputv1alpha1.StreamStdout, outputv1alpha1.StreamStderr:
+	case outputv1alpha1.StreamStdout, outputv1alpha1.StreamStderr, outputv1alpha1.StreamAll:
 	default:
-		return fmt.Errorf("stream %q: must be stdout or stderr", o.Stream)
+		return fmt.Errorf("stream %q: must be stdout, stderr or all", o.Stream)
 	}
 	var err error
 	if v := q.Get(outputv1alpha1.ParamOffset); v != "" {

@@ -6,7 +6,7 @@ package v1alpha1
 const (
 	// Resource is the parent resource, the view of a bashtask.dev BashTask.
 	Resource = "bashtasks"
-	// SubresourceLog streams a task's stdout or stderr (GET).
+	// SubresourceLog streams a task's stdout, stderr or both framed (GET).
 	SubresourceLog = "log"
 	// SubresourceStdin takes a task's streamed standard input (POST).
 	SubresourceStdin = "stdin"
@@ -18,6 +18,26 @@ const (
 	StreamStdout = "stdout"
 	// StreamStderr is the command's standard error.
 	StreamStderr = "stderr"
+	// StreamAll is both streams in one, in the order the agent read them,
+	// framed as Docker's multiplexed attach stream (docs/output.md,
+	// "stdout and stderr in one stream"): offsets, sizes and limits count
+	// bytes of the framed stream, headers included.
+	StreamAll = "all"
+)
+
+// The framing of StreamAll: each frame is a header of FrameHeaderBytes, the
+// stream (FrameStdout or FrameStderr), three zero bytes and the payload's
+// length as a big-endian uint32, then the payload, at most
+// FramePayloadMaxBytes.
+const (
+	// FrameHeaderBytes is the size of a frame's header, 8 bytes.
+	FrameHeaderBytes = 8
+	// FrameStdout marks a frame of the command's standard output.
+	FrameStdout = 1
+	// FrameStderr marks a frame of the command's standard error.
+	FrameStderr = 2
+	// FramePayloadMaxBytes is the most bytes one frame carries, 1 MiB.
+	FramePayloadMaxBytes = 1 << 20
 )
 
 // Query parameters of bashtasks/log and bashtasks/stdin: the JSON names of

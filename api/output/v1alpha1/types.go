@@ -49,7 +49,8 @@ type BashTaskOutputStatus struct {
 // +kubebuilder:object:root=true
 type LogOptions struct {
 	metav1.TypeMeta `json:",inline"`
-	// stream is StreamStdout (the default) or StreamStderr.
+	// stream is StreamStdout (the default), StreamStderr or StreamAll (both
+	// in the order they were read, framed).
 	// +optional
 	Stream string `json:"stream,omitempty"`
 	// offset is the first byte wanted, in bytes (not characters) from the

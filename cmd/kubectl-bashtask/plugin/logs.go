@@ -10,12 +10,14 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	outputv1alpha1 "github.com/bashtask/bashtask-operator/api/output/v1alpha1"
 	bashtaskv1alpha1 "github.com/bashtask/bashtask-operator/api/v1alpha1"
 	btclient "github.com/bashtask/bashtask-operator/client"
 )
 
 type logsFlags struct {
 	stderr, full, follow, tailOK, tailOnly bool
+	stream                                 string
 }
 
 func (a *app) logsCommand() *cobra.Command {
@@ -32,6 +34,12 @@ group; no bucket credentials.
 
 -f follows a running task, printing each chunk as the node's agent captures
 it, until the task ends.
+
+--stream all prints both streams in the order the node's agent read them:
+stdout's bytes to your stdout, stderr's to your stderr, so an error shows up
+next to the output it belongs to (docs/output.md, "stdout and stderr in one
+stream"). Each stream is checked against its status sha256 once the task has
+ended; --tail-ok and --tail-only do not apply.
 
 --full insists on the whole stream: it refuses a task that has not ended
 (add -f to follow it until then). Without -f or --full the same stream is
@@ -50,6 +58,7 @@ in status instead: the tail follows a note and the exit status is 0.
 access to the output API, only get on bashtasks.`,
 		Example: `  kubectl bashtask logs run-x7k2p
   kubectl bashtask logs run-x7k2p --stderr -f
+  kubectl bashtask logs run-x7k2p --stream all -f
   kubectl bashtask logs big-report --full > report.txt
   kubectl bashtask logs run-x7k2p --tail-only`,
 		Args: cobra.ExactArgs(1),
@@ -58,7 +67,8 @@ access to the output API, only get on bashtasks.`,
 		},
 	}
 	fl := cmd.Flags()
-	fl.BoolVar(&f.stderr, "stderr", false, "print stderr instead of stdout")
+	fl.BoolVar(&f.stderr, "stderr", false, "print stderr instead of stdout (--stream stderr)")
+	fl.StringVar(&f.stream, "stream", "", "the stream to print: stdout (the default), stderr, or all (both, in the order they were read, each to its local stream)")
 	fl.BoolVar(&f.full, "full", false, "print the whole stream of a task that has ended; refuse one that has not (without -f)")
 	fl.BoolVarP(&f.follow, "follow", "f", false, "follow the stream until the task ends")
 	fl.BoolVar(&f.tailOK, "tail-ok", false, tailOKHelp)
@@ -70,11 +80,14 @@ func (a *app) logs(ctx context.Context, name string, f logsFlags) error {
 	if f.tailOnly && (f.full || f.follow || f.tailOK) {
 		return errors.New("--tail-only prints the tail kept in status; it cannot be combined with --full, -f or --tail-ok")
 	}
+	stream, err := logsStream(f)
+	if err != nil {
+		return err
+	}
 	ctx, stop := a.cancelOnInterrupt(ctx)
 	defer stop()
-	stream := "stdout"
-	if f.stderr {
-		stream = "stderr"
+	if stream == outputv1alpha1.StreamAll {
+		return a.logsAll(ctx, name, f)
 	}
 	target := streamTarget{name: stream, out: a.opts.IOStreams.Out}
 	if f.tailOnly {
@@ -96,12 +109,9 @@ func (a *app) logs(ctx context.Context, name string, f logsFlags) error {
 		}
 		return a.finishStream(target, &results[0], final, f.tailOK)
 	}
-	bt := &bashtaskv1alpha1.BashTask{}
-	if err := c.Get(ctx, key, bt); err != nil {
-		return fmt.Errorf("reading task %s: %w", key, err)
-	}
-	if f.full && !isFinished(bt) {
-		return fmt.Errorf("task %s is %s: --full prints the whole stream once the task has ended; add -f to follow it until then", key, phaseOrPending(bt))
+	bt, err := a.logsTask(ctx, c, key, f)
+	if err != nil {
+		return err
 	}
 	res := copyStream(ctx, oc, key, target, false)
 	var se *btclient.StreamError
@@ -116,6 +126,71 @@ func (a *app) logs(ctx context.Context, name string, f logsFlags) error {
 		return &incompleteError{stream: stream, offset: res.written, end: -1, total: -1, why: se.Message}
 	}
 	return nil
+}
+
+// logsStream is the stream the flags name: --stream, or --stderr's.
+func logsStream(f logsFlags) (string, error) {
+	switch f.stream {
+	case "":
+		if f.stderr {
+			return outputv1alpha1.StreamStderr, nil
+		}
+		return outputv1alpha1.StreamStdout, nil
+	case outputv1alpha1.StreamStdout, outputv1alpha1.StreamStderr, outputv1alpha1.StreamAll:
+	default:
+		return "", fmt.Errorf("--stream %q: must be stdout, stderr or all", f.stream)
+	}
+	if f.stderr && f.stream != outputv1alpha1.StreamStderr {
+		return "", fmt.Errorf("--stderr and --stream %s name different streams", f.stream)
+	}
+	if f.stream == outputv1alpha1.StreamAll && (f.tailOK || f.tailOnly) {
+		return "", errors.New("--stream all prints both streams through the output API; --tail-ok and --tail-only apply to one stream")
+	}
+	return f.stream, nil
+}
+
+// logsTask reads the task, refusing one that has not ended for --full
+// without -f.
+func (a *app) logsTask(ctx context.Context, c client.Client, key types.NamespacedName, f logsFlags) (*bashtaskv1alpha1.BashTask, error) {
+	bt := &bashtaskv1alpha1.BashTask{}
+	if err := c.Get(ctx, key, bt); err != nil {
+		return nil, fmt.Errorf("reading task %s: %w", key, err)
+	}
+	if f.full && !f.follow && !isFinished(bt) {
+		return nil, fmt.Errorf("task %s is %s: --full prints the whole stream once the task has ended; add -f to follow it until then", key, phaseOrPending(bt))
+	}
+	return bt, nil
+}
+
+// logsAll prints both streams in the order they were read (--stream all),
+// then, for a task that has ended, checks each against its status.
+func (a *app) logsAll(ctx context.Context, name string, f logsFlags) error {
+	c, oc, ns, err := a.clients()
+	if err != nil {
+		return err
+	}
+	key := types.NamespacedName{Namespace: ns, Name: name}
+	bt, err := a.logsTask(ctx, c, key, f)
+	if err != nil {
+		return err
+	}
+	res := copyCombined(ctx, oc, key, a.opts.IOStreams.Out, a.opts.IOStreams.ErrOut, f.follow)
+	var se *btclient.StreamError
+	if res.err != nil && !errors.As(res.err, &se) {
+		return outputError("stdout and stderr", key, res.err)
+	}
+	if se != nil {
+		return &incompleteError{stream: "stdout and stderr", offset: se.Offset, end: -1, total: -1, why: se.Message}
+	}
+	if f.follow {
+		if err := c.Get(ctx, key, bt); err != nil {
+			return fmt.Errorf("reading task %s: %w", key, err)
+		}
+	}
+	if !isFinished(bt) {
+		return nil
+	}
+	return errors.Join(verify("stdout", &res.streams[0], bt.Status.Stdout), verify("stderr", &res.streams[1], bt.Status.Stderr))
 }
 
 // printTail prints the tail of a stream kept in the task's status, for

@@ -19,6 +19,7 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	outputv1alpha1 "github.com/bashtask/bashtask-operator/api/output/v1alpha1"
 	bashtaskv1alpha1 "github.com/bashtask/bashtask-operator/api/v1alpha1"
 	btclient "github.com/bashtask/bashtask-operator/client"
 )
@@ -95,6 +96,49 @@ func copyStream(ctx context.Context, oc *btclient.Client, key types.NamespacedNa
 			return res
 		}
 	}
+}
+
+// combinedResult is how the reading of both streams in one ended: each
+// stream's bytes and hash as streamResult has them, and err as
+// streamResult's, for the framed stream.
+type combinedResult struct {
+	streams [2]streamResult
+	err     error
+}
+
+// hashingWriter counts and hashes what it passes to out.
+type hashingWriter struct {
+	name string
+	out  io.Writer
+	res  *streamResult
+}
+
+func (w hashingWriter) Write(p []byte) (int, error) {
+	n, err := w.out.Write(p)
+	w.res.hash.Write(p[:n])
+	w.res.written += int64(n)
+	if err != nil {
+		return n, &writeError{stream: w.name, err: err}
+	}
+	return n, nil
+}
+
+// copyCombined copies both streams of a task in the order they were read
+// (stream=all) to stdout and stderr, each frame's payload as it arrives;
+// follow as in copyStream.
+func copyCombined(ctx context.Context, oc *btclient.Client, key types.NamespacedName, stdout, stderr io.Writer, follow bool) combinedResult {
+	res := combinedResult{streams: [2]streamResult{{hash: sha256.New()}, {hash: sha256.New()}}}
+	r, err := oc.FollowLog(ctx, key.Namespace, key.Name, btclient.LogOptions{Stream: outputv1alpha1.StreamAll, Follow: follow})
+	if err != nil {
+		res.err = asStreamError(err, 0)
+		return res
+	}
+	defer func() { _ = r.Close() }()
+	_, err = btclient.Demux(r, hashingWriter{"stdout", stdout, &res.streams[0]}, hashingWriter{"stderr", stderr, &res.streams[1]})
+	if err != nil {
+		res.err = asStreamError(err, r.Offset())
+	}
+	return res
 }
 
 // asStreamError turns a 410 Gone, the output API's answer for bytes it
