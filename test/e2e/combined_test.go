@@ -1,0 +1,109 @@
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/bashtask/bashtask-operator/client"
+	"github.com/bashtask/bashtask-operator/internal/rig/testutil"
+)
+
+// lineWriter records each line written with its stream, in the order of
+// the writes, for both streams of a Demux.
+type lineWriter struct {
+	mu    *sync.Mutex
+	lines *[]string
+	tag   string
+}
+
+func (w lineWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for _, l := range strings.SplitAfter(string(p), "\n") {
+		if l != "" {
+			*w.lines = append(*w.lines, w.tag+strings.TrimSuffix(l, "\n"))
+		}
+	}
+	return len(p), nil
+}
+
+// demuxLines splits a framed stream=all body into "out:" and "err:" lines.
+func demuxLines(t *testing.T, framed []byte) string {
+	t.Helper()
+	var mu sync.Mutex
+	var lines []string
+	if _, err := client.Demux(bytes.NewReader(framed), lineWriter{&mu, &lines, "out:"}, lineWriter{&mu, &lines, "err:"}); err != nil {
+		t.Fatalf("demux: %v", err)
+	}
+	return strings.Join(lines, " ")
+}
+
+// TestOutputCombined reads stream=all through kube-apiserver: followed
+// while the task runs (from 0 and from an offset inside the first frame's
+// header), after it ended from its agent, and after the agent forgot it
+// from the order journal in the bucket and the status tails; every read
+// has the command's order and the same framed bytes from its offset.
+func TestOutputCombined(t *testing.T) {
+	ns := newNamespace(t)
+	c := outputClient(t, adminConfig(t))
+	bt := createTask(t, ns, "combined", `for i in 1 2 3 4 5; do echo out$i; sleep 0.2; echo err$i >&2; sleep 0.2; done`)
+	var want []string
+	for i := 1; i <= 5; i++ {
+		want = append(want, fmt.Sprintf("out:out%d", i), fmt.Sprintf("err:err%d", i))
+	}
+	wantLines := strings.Join(want, " ")
+
+	// Followed while it runs: the first frame comes before the task ends.
+	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
+	defer cancel()
+	r, err := c.FollowLog(ctx, ns, bt.Name, client.LogOptions{Stream: "all", Follow: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	first := make([]byte, 13) // the header and "out1\n"
+	if _, err := io.ReadFull(r, first); err != nil {
+		t.Fatal(err)
+	}
+	var live struct {
+		data []byte
+		err  error
+	}
+	var wg sync.WaitGroup
+	wg.Go(func() { live.data, live.err = readAll(t, c, ns, bt.Name, "all", 3, true) })
+	rest, err := io.ReadAll(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wg.Wait()
+	full := append(first, rest...)
+	if got := demuxLines(t, full); got != wantLines {
+		t.Fatalf("followed: %q, want %q", got, wantLines)
+	}
+	if live.err != nil || !bytes.Equal(live.data, full[3:]) {
+		t.Errorf("followed from 3 (inside a header): %q, %v; want %q", live.data, live.err, full[3:])
+	}
+
+	done := testutil.WaitTerminal(t, k8s, ns, []string{bt.Name}, time.Minute)[bt.Name]
+	for _, off := range []int64{0, 3, 10, int64(len(full))} {
+		b, err := readAll(t, c, ns, bt.Name, "all", off, false)
+		if err != nil || !bytes.Equal(b, full[off:]) {
+			t.Errorf("ended, from %d: %q, %v; want %q", off, b, err, full[off:])
+		}
+	}
+	// The agent forgets the task: the order journal comes from the
+	// bucket, the streams from their status tails.
+	waitForgotten(t, done)
+	for _, off := range []int64{0, 3, 10} {
+		b, err := readAll(t, c, ns, bt.Name, "all", off, true)
+		if err != nil || !bytes.Equal(b, full[off:]) {
+			t.Errorf("after the agent forgot it, from %d: %q, %v; want %q", off, b, err, full[off:])
+		}
+	}
+}
