@@ -5,11 +5,16 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"k8s.io/utils/ptr"
+	ctrlclient "sigs.k8s.io/controller-runtime/pkg/client"
+
+	v1 "github.com/bashtask/bashtask-operator/api/v1alpha1"
 	"github.com/bashtask/bashtask-operator/client"
 	"github.com/bashtask/bashtask-operator/internal/rig/testutil"
 )
@@ -106,4 +111,65 @@ func TestOutputCombined(t *testing.T) {
 			t.Errorf("after the agent forgot it, from %d: %q, %v; want %q", off, b, err, full[off:])
 		}
 	}
+}
+
+// bigCombined writes stderr, 300 kB of stdout (longer than the status
+// tail, so stdout is uploaded) and stderr again.
+const bigCombined = `echo err0 >&2; head -c 225000 /dev/urandom | base64 -w 0; echo; echo err1 >&2`
+
+// checkStoredCombined reads stream=all of bt, a bigCombined task its agent
+// forgot, from storage: the demultiplexed streams are the status's, in
+// the order written, and every offset (inside a header, inside the large
+// frames) resumes with the same bytes.
+func checkStoredCombined(t *testing.T, c *client.Client, ns string, bt *v1.BashTask) {
+	t.Helper()
+	full, err := readAll(t, c, ns, bt.Name, "all", 0, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out, errs bytes.Buffer
+	var order []string
+	if _, err := client.Demux(bytes.NewReader(full), io.MultiWriter(&out, orderTag{&order, "out"}), io.MultiWriter(&errs, orderTag{&order, "err"})); err != nil {
+		t.Fatal(err)
+	}
+	if sha(out.Bytes()) != ptr.Deref(bt.Status.Stdout.SHA256, "") || errs.String() != "err0\nerr1\n" {
+		t.Fatalf("stdout %d bytes (sha256 %s, status %s), stderr %q", out.Len(), sha(out.Bytes()), ptr.Deref(bt.Status.Stdout.SHA256, ""), errs.String())
+	}
+	if got := strings.Join(slices.Compact(order), " "); got != "err out err" {
+		t.Errorf("order of the frames %q, want err out err", got)
+	}
+	for _, off := range []int64{3, 17, 20, 1<<20 + 30, int64(len(full)) - 7} {
+		if off > int64(len(full)) {
+			continue
+		}
+		b, err := readAll(t, c, ns, bt.Name, "all", off, false)
+		if err != nil || !bytes.Equal(b, full[off:]) {
+			t.Errorf("from %d: %d bytes, %v; want %d", off, len(b), err, len(full)-int(off))
+		}
+	}
+}
+
+// orderTag notes the stream of every write.
+type orderTag struct {
+	order *[]string
+	tag   string
+}
+
+func (o orderTag) Write(p []byte) (int, error) {
+	*o.order = append(*o.order, o.tag)
+	return len(p), nil
+}
+
+// TestOutputCombinedUploaded: stream=all of a task whose stdout was
+// uploaded to the controller's bucket, after its agent forgot it.
+func TestOutputCombinedUploaded(t *testing.T) {
+	ns := newNamespace(t)
+	c := outputClient(t, adminConfig(t))
+	bt := createTask(t, ns, "combined-big", bigCombined)
+	done := testutil.WaitTerminal(t, k8s, ns, []string{bt.Name}, time.Minute)[bt.Name]
+	waitForgotten(t, done)
+	if err := k8s.Get(t.Context(), ctrlclient.ObjectKeyFromObject(done), done); err != nil {
+		t.Fatal(err)
+	}
+	checkStoredCombined(t, c, ns, done)
 }

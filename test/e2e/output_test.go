@@ -466,10 +466,11 @@ func TestOutputNodeLocalBucket(t *testing.T) {
 		return bt
 	}
 	whole := create("whole", `printf 'línea ✓\n'; head -c 300000 /dev/urandom | base64`, nil)
+	both := create("both", bigCombined, nil)
 	cut := create("cut", `head -c 200000 /dev/zero | tr '\0' x`, func(bt *v1.BashTask) {
 		bt.Spec.Output = &v1.OutputSpec{SpillLimitBytes: ptr.To(int64(150000))}
 	})
-	done := testutil.WaitTerminal(t, kc, ns, []string{whole.Name, cut.Name}, 2*time.Minute)
+	done := testutil.WaitTerminal(t, kc, ns, []string{whole.Name, cut.Name, both.Name}, 2*time.Minute)
 	for name, bt := range done {
 		waitForgottenIn(t, dir, bt)
 		// The terminal status may come before the upload's: read the
@@ -484,6 +485,10 @@ func TestOutputNodeLocalBucket(t *testing.T) {
 			}
 		}
 	}
+
+	// Both streams in their order: stdout's copy and the order journal
+	// through the agent, stderr from its status tail.
+	checkStoredCombined(t, c, ns, done[both.Name])
 
 	bt := done[whole.Name]
 	out := bt.Status.Stdout
