@@ -185,3 +185,58 @@ func TestOrderJournalUploaded(t *testing.T) {
 		t.Errorf("the order journal without a key: %v, want InvalidArgument", o.err)
 	}
 }
+
+// TestReadCombinedOutputAfterRestart: the next incarnation frames a task
+// an earlier one ran from its journal and spill files, with the same
+// bytes as before.
+func TestReadCombinedOutputAfterRestart(t *testing.T) {
+	stateDir := filepath.Join(t.TempDir(), "state")
+	first := newRig(t, func(c *Config) { c.StateDir = stateDir })
+	_, next := first.watch()
+	spec := taskSpec("uid-again", interleaved)
+	spec.Output = &agentv1.OutputSettings{Upload: agentv1.UploadPolicy_UPLOAD_POLICY_NEVER}
+	if _, err := first.client.Start(t.Context(), &agentv1.StartRequest{Spec: spec}); err != nil {
+		t.Fatal(err)
+	}
+	until(t, next, agentv1.EventType_EVENT_TYPE_FINISHED)
+	before := first.readCombined(t.Context(), &agentv1.ReadCombinedOutputRequest{Uid: "uid-again"})
+	if before.err != nil || strings.Join(demuxLines(t, before.data), " ") != interleavedLines() {
+		t.Fatalf("before the restart: %v, %q", before.err, demuxLines(t, before.data))
+	}
+	if err := first.shutdown(); err != nil {
+		t.Fatal(err)
+	}
+	r := newRig(t, func(c *Config) { c.StateDir = stateDir })
+	for _, off := range []int64{0, 5, 13} {
+		o := r.readCombined(t.Context(), &agentv1.ReadCombinedOutputRequest{Uid: "uid-again", Offset: off, Follow: true})
+		if o.err != nil || !bytes.Equal(o.data, before.data[off:]) || !o.end.GetComplete() {
+			t.Errorf("after the restart, from %d: %q, %v; want %q", off, o.data, o.err, before.data[off:])
+		}
+	}
+}
+
+// TestReadCombinedOutputPastSpillLimit: the framed stream stops at the
+// first byte a spill file does not hold, with DATA_LOSS naming that
+// framed offset, after every byte before it; an offset past it is
+// DATA_LOSS at once.
+func TestReadCombinedOutputPastSpillLimit(t *testing.T) {
+	r := newRig(t)
+	_, next := r.watch()
+	spec := taskSpec("uid-cut", `echo e >&2; sleep 0.05; printf 0123456789abcdef; sleep 0.05; echo f >&2`)
+	spec.Output = &agentv1.OutputSettings{SpillLimitBytes: 10}
+	if _, err := r.client.Start(t.Context(), &agentv1.StartRequest{Spec: spec}); err != nil {
+		t.Fatal(err)
+	}
+	until(t, next, agentv1.EventType_EVENT_TYPE_FINISHED)
+	o := r.readCombined(t.Context(), &agentv1.ReadCombinedOutputRequest{Uid: "uid-cut"})
+	want := append([]byte{2, 0, 0, 0, 0, 0, 0, 2}, "e\n"...)
+	want = append(want, 1, 0, 0, 0, 0, 0, 0, 16)
+	want = append(want, "0123456789"...)
+	if !bytes.Equal(o.data, want) || status.Code(o.err) != codes.DataLoss || !strings.Contains(o.err.Error(), "offset 28") {
+		t.Fatalf("got %q, %v; want %q and DATA_LOSS at offset 28", o.data, o.err, want)
+	}
+	o = r.readCombined(t.Context(), &agentv1.ReadCombinedOutputRequest{Uid: "uid-cut", Offset: 30})
+	if len(o.data) != 0 || status.Code(o.err) != codes.DataLoss || !strings.Contains(o.err.Error(), "offset 30") {
+		t.Fatalf("from 30: %q, %v; want DATA_LOSS at offset 30", o.data, o.err)
+	}
+}
