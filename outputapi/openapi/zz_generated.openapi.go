@@ -187,7 +187,7 @@ func schema_bashtask_operator_api_output_v1alpha1_LogOptions(ref common.Referenc
 					},
 					"stream": {
 						SchemaProps: spec.SchemaProps{
-							Description: "stream is StreamStdout (the default) or StreamStderr.",
+							Description: "stream is StreamStdout (the default), StreamStderr or StreamAll (both in the order they were read, framed).",
 							Type:        []string{"string"},
 							Format:      "",
 						},
