@@ -15,7 +15,6 @@ import (
 	"k8s.io/utils/ptr"
 
 	agentv1 "github.com/bashtask/bashtask-operator/api/agent/v1"
-	outputv1alpha1 "github.com/bashtask/bashtask-operator/api/output/v1alpha1"
 	bashtaskv1alpha1 "github.com/bashtask/bashtask-operator/api/v1alpha1"
 	"github.com/bashtask/bashtask-operator/internal/outputkey"
 	"github.com/bashtask/bashtask-operator/internal/outputorder"
@@ -28,7 +27,7 @@ import (
 // stream, else its uploaded copy, read as fromStorage reads it. Each
 // stream is read once, in order, from the first of its bytes the framed
 // offset needs. agentErr is why the agent could not serve it.
-func (s *Server) combinedFromStorage(ctx context.Context, lr *logResponse, task *bashtaskv1alpha1.BashTask, o outputv1alpha1.LogOptions, agentErr error) error {
+func (s *Server) combinedFromStorage(ctx context.Context, lr *logResponse, task *bashtaskv1alpha1.BashTask, agentErr error) error {
 	gone := func(why string) error {
 		msg := fmt.Sprintf("stdout and stderr of task %s/%s from offset %d cannot be served: %s", task.Namespace, task.Name, lr.offset, why)
 		if agentErr != nil {

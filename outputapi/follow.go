@@ -67,7 +67,7 @@ func (s *Server) streamLog(ctx context.Context, lr *logResponse, task *bashtaskv
 				// Never dispatched (refused, cancelled while pending):
 				// the streams are empty.
 				if o.Stream == outputv1alpha1.StreamAll {
-					return s.combinedFromStorage(ctx, lr, task, o, nil)
+					return s.combinedFromStorage(ctx, lr, task, nil)
 				}
 				return s.fromStatus(lr, task, stream, o)
 			}
@@ -110,7 +110,7 @@ func (s *Server) streamLog(ctx context.Context, lr *logResponse, task *bashtaskv
 		task = fresh
 		if finished(task) && !errors.Is(err, errAgentBroke) {
 			if o.Stream == outputv1alpha1.StreamAll {
-				return s.combinedFromStorage(ctx, lr, task, o, err)
+				return s.combinedFromStorage(ctx, lr, task, err)
 			}
 			return s.fromStorage(ctx, lr, task, stream, o, err)
 		}

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -106,7 +107,7 @@ func TestReadCombinedOutput(t *testing.T) {
 	if rest.err != nil || !rest.end.GetComplete() {
 		t.Fatalf("follow: %v, end %v", rest.err, rest.end)
 	}
-	followed := append(got, rest.data...)
+	followed := slices.Concat(got, rest.data)
 	if got := strings.Join(demuxLines(t, followed), " "); got != "out:first "+interleavedLines() {
 		t.Fatalf("followed %q, want the command's order", got)
 	}

@@ -87,7 +87,7 @@ func TestOutputCombined(t *testing.T) {
 		t.Fatal(err)
 	}
 	wg.Wait()
-	full := append(first, rest...)
+	full := slices.Concat(first, rest)
 	if got := demuxLines(t, full); got != wantLines {
 		t.Fatalf("followed: %q, want %q", got, wantLines)
 	}
