@@ -38,13 +38,18 @@ func (s *Server) combinedFromStorage(ctx context.Context, lr *logResponse, task 
 		}
 		return goneError(msg)
 	}
-	recs, err := s.combinedRecords(ctx, task, gone)
+	recs, lost, err := s.combinedRecords(ctx, task, gone)
 	if err != nil {
 		return err
 	}
 	known := int64(0)
 	for _, r := range recs {
 		known += outputorder.FramedLen(r)
+	}
+	lostMsg := fmt.Sprintf("the bytes from offset %d on are lost: the task ended %s and its order journal reached object storage only up to there, as parts uploaded while it ran",
+		known, ptr.Deref(task.Status.Reason, ""))
+	if lost && lr.offset >= known {
+		return gone(lostMsg)
 	}
 	if lr.offset > known {
 		msg := fmt.Sprintf("stdout and stderr: offset %d is past the framed stream's end at %d bytes", lr.offset, known)
@@ -73,32 +78,58 @@ func (s *Server) combinedFromStorage(ctx context.Context, lr *logResponse, task 
 	for _, r := range recs {
 		if err := c.Walk(r, from, w.emit); err != nil {
 			if errors.Is(err, errFramedLimit) {
-				break
+				return w.flush()
 			}
 			return errors.Join(w.flush(), err)
 		}
 	}
-	return w.flush()
+	if err := w.flush(); err != nil || !lost {
+		return err
+	}
+	return gone(lostMsg)
 }
 
 // combinedRecords returns the task's framed stream as records: its order
-// journal's, then the bytes no record holds (outputorder.Rest).
-func (s *Server) combinedRecords(ctx context.Context, task *bashtaskv1alpha1.BashTask, gone func(string) error) ([]outputorder.Record, error) {
+// journal's, then the bytes no record holds (outputorder.Rest). For a task
+// whose agent was lost (lost true) only the records of the journal's parts:
+// the order of the bytes after them is not known.
+func (s *Server) combinedRecords(ctx context.Context, task *bashtaskv1alpha1.BashTask, gone func(string) error) (recs []outputorder.Record, lost bool, err error) {
 	total := [3]int64{0, streamTotal(task.Status.Stdout), streamTotal(task.Status.Stderr)}
-	if total[outputorder.Stdout] == 0 || total[outputorder.Stderr] == 0 {
+	lost = agentLost(task)
+	if !lost && (total[outputorder.Stdout] == 0 || total[outputorder.Stderr] == 0) {
 		// One stream (or none): its bytes in order, no journal needed.
-		return outputorder.Rest([3]int64{}, total), nil
+		return outputorder.Rest([3]int64{}, total), false, nil
 	}
-	journal, err := s.orderJournal(ctx, task, gone)
+	var journal []byte
+	if lost {
+		journal, err = s.partsJournal(ctx, task, gone)
+	} else {
+		journal, err = s.orderJournal(ctx, task, gone)
+	}
 	if err != nil {
-		return nil, err
+		return nil, lost, err
 	}
 	var p outputorder.Parser
-	var recs []outputorder.Record
 	if err := p.Feed(journal, func(r outputorder.Record) error { recs = append(recs, r); return nil }); err != nil {
-		return nil, gone(fmt.Sprintf("its order journal cannot be read: %v", err))
+		return nil, lost, gone(fmt.Sprintf("its order journal cannot be read: %v", err))
 	}
-	return append(recs, outputorder.Rest(p.Sums, total)...), nil
+	if lost {
+		if len(recs) == 0 && (total[outputorder.Stdout] == 0 || total[outputorder.Stderr] == 0) {
+			// One stream: no journal was kept, nor needed, for its
+			// parts.
+			kept := [3]int64{0, partsKept(task.Status.Stdout), partsKept(task.Status.Stderr)}
+			recs = outputorder.Rest([3]int64{}, kept)
+		}
+		return recs, true, nil
+	}
+	return append(recs, outputorder.Rest(p.Sums, total)...), false, nil
+}
+
+func partsKept(ss *bashtaskv1alpha1.StreamStatus) int64 {
+	if ss == nil || ss.Parts == nil {
+		return 0
+	}
+	return ptr.Deref(ss.Parts.KeptBytes, 0)
 }
 
 func streamTotal(ss *bashtaskv1alpha1.StreamStatus) int64 {
@@ -192,7 +223,10 @@ func (s *Server) openStored(ctx context.Context, task *bashtaskv1alpha1.BashTask
 		return io.NopCloser(strings.NewReader((*ss.Tail)[off:])), nil
 	}
 	if ss == nil || ss.Spill == nil || ptr.Deref(ss.Spill.URL, "") == "" {
-		return nil, gone(fmt.Sprintf("%s from its offset %d has no uploaded copy (parts uploaded while the task ran are served only on their own)", name, off))
+		if ss != nil && ss.Parts != nil && ptr.Deref(ss.Parts.KeptBytes, 0) > off && s.bucket != nil {
+			return s.openParts(ctx, ss, outputkey.Object(task.Namespace, task.Name, string(task.UID), name), off)
+		}
+		return nil, gone(fmt.Sprintf("%s from its offset %d is not kept: it has no uploaded copy", name, off))
 	}
 	url := *ss.Spill.URL
 	objBytes := ptr.Deref(ss.Spill.Bytes, streamTotal(ss))
@@ -316,7 +350,7 @@ func (w *framedWriter) gather(n int64, r io.Reader, what string) error {
 		}
 		if err != nil {
 			if errors.Is(err, io.EOF) {
-				err = errors.New("its uploaded copy ends there (spillLimitBytes)")
+				err = errors.New("the copy kept ends there (spillLimitBytes, or the parts of a lost agent)")
 			}
 			return fmt.Errorf("stdout and stderr from offset %d: %s is not kept: %w", w.lr.offset+int64(w.buf.Len()), what, err)
 		}

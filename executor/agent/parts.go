@@ -123,7 +123,7 @@ func (s *Server) duePartsLocking() []partJob {
 		if e.task == nil || e.status.State != agentv1.TaskState_TASK_STATE_RUNNING || e.rec.Upload == agentv1.UploadPolicy_UPLOAD_POLICY_NEVER {
 			continue
 		}
-		for i := range 2 {
+		for i := range e.parts {
 			ps := &e.parts[i]
 			if ps.last.IsZero() {
 				ps.last = now
@@ -131,25 +131,44 @@ func (s *Server) duePartsLocking() []partJob {
 			if ps.inFlight || now.Before(ps.next) {
 				continue
 			}
-			st, _ := e.task.Output(i == 1)
-			if st.TotalBytes <= int64(e.rec.TailBytes) || st.SpillBytes <= ps.kept {
-				// The status tail holds the whole stream so far, or no
-				// new byte reached the spill file.
+			path, avail, ok := s.partSourceLocked(e, i, now)
+			if !ok || avail <= ps.kept {
 				continue
 			}
-			n := st.SpillBytes - ps.kept
+			n := avail - ps.kept
 			if n < s.cfg.PartBytes && now.Sub(ps.last) < s.cfg.PartInterval {
 				continue
 			}
 			n = min(n, s.cfg.PartBytes)
 			ps.inFlight = true
 			jobs = append(jobs, partJob{
-				e: e, stream: i, path: st.SpillPath, start: ps.kept, end: ps.kept + n,
-				key: outputkey.Part(PartsPrefix(e.status.GetRef(), streamNames[i]), ps.kept),
+				e: e, stream: i, path: path, start: ps.kept, end: ps.kept + n,
+				key: outputkey.Part(PartsPrefix(e.status.GetRef(), uploadNames[i]), ps.kept),
 			})
 		}
 	}
 	return jobs
+}
+
+// partSourceLocked returns the file behind upload i of a running task and
+// how many of its bytes are final, or false while it needs no parts: a
+// stream while the status tail holds it whole; the order journal while a
+// stream of the task is empty (the task then needs no journal) or the
+// tail holds both. The journal's run being read becomes a record once a
+// part interval has passed since its last part, so the journal's parts
+// keep the order up to that moment (docs/output.md).
+func (s *Server) partSourceLocked(e *entry, i int, now time.Time) (string, int64, bool) {
+	if i < 2 {
+		st, _ := e.task.Output(i == 1)
+		return st.SpillPath, st.SpillBytes, st.TotalBytes > int64(e.rec.TailBytes)
+	}
+	out, _ := e.task.Output(false)
+	errs, _ := e.task.Output(true)
+	if out.TotalBytes == 0 || errs.TotalBytes == 0 || max(out.TotalBytes, errs.TotalBytes) <= int64(e.rec.TailBytes) {
+		return "", 0, false
+	}
+	o := e.task.Order(now.Sub(e.parts[i].last) >= s.cfg.PartInterval)
+	return o.Path, o.Bytes, true
 }
 
 // uploadPart makes one attempt at a part and records its outcome.

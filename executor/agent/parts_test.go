@@ -14,6 +14,7 @@ import (
 
 	agentv1 "github.com/bashtask/bashtask-operator/api/agent/v1"
 	"github.com/bashtask/bashtask-operator/internal/outputkey"
+	"github.com/bashtask/bashtask-operator/internal/outputorder"
 )
 
 // storedPart is one part object as the bucket holds it.
@@ -299,5 +300,61 @@ func TestNoPartsWhereTheyBuyNothing(t *testing.T) {
 		if k := g.GetStatus().GetStdout().GetKeptBytes(); k != 0 {
 			t.Errorf("%s: kept %d, want 0", uid, k)
 		}
+	}
+}
+
+// TestOrderJournalParts: while a task writing to both streams runs, its
+// order journal goes to the bucket in parts beside the streams', the run
+// being read made a record once a part interval passed, so the parts keep
+// the order up to then; the final object replaces them.
+func TestOrderJournalParts(t *testing.T) {
+	bucketDir := filepath.Join(t.TempDir(), "bucket")
+	if err := os.MkdirAll(bucketDir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	r := newRig(t, func(c *Config) {
+		c.BucketURL = "file://" + bucketDir + "?no_tmp_dir=true"
+		c.PartBytes = 64 << 10
+		c.PartInterval = 200 * time.Millisecond
+	})
+	_, next := r.watch()
+	b := openBucket(t, bucketDir)
+	spec := taskSpec("uid-jp", `echo e1 >&2; sleep 0.05; head -c 100000 /dev/zero | tr '\0' x; sleep 0.05; echo e2 >&2; sleep 30`)
+	if _, err := r.client.Start(t.Context(), &agentv1.StartRequest{Spec: spec}); err != nil {
+		t.Fatal(err)
+	}
+	prefix := "ns/task-uid-jp/uid-jp/order.parts/"
+	var recs []outputorder.Record
+	for deadline := time.Now().Add(20 * time.Second); ; {
+		_, journal := listParts(t, b, prefix)
+		var err error
+		if recs, err = outputorder.Parse(journal); err != nil {
+			t.Fatal(err)
+		}
+		if len(recs) == 3 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("journal parts hold %v after 20 s, want three records", recs)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	want := []outputorder.Record{{Stream: outputorder.Stderr, Len: 3}, {Stream: outputorder.Stdout, Len: 100000}, {Stream: outputorder.Stderr, Len: 3}}
+	if diff := cmp.Diff(want, recs); diff != "" {
+		t.Fatalf("journal parts (-want +got):\n%s", diff)
+	}
+	if _, err := r.client.Cancel(t.Context(), &agentv1.CancelRequest{Uid: "uid-jp"}); err != nil {
+		t.Fatal(err)
+	}
+	until(t, next, agentv1.EventType_EVENT_TYPE_FINISHED)
+	if _, err := r.client.Forget(t.Context(), &agentv1.ForgetRequest{Uid: "uid-jp"}); err != nil {
+		t.Fatal(err)
+	}
+	until(t, next, agentv1.EventType_EVENT_TYPE_FORGOTTEN)
+	if parts, _ := listParts(t, b, prefix); len(parts) != 0 {
+		t.Errorf("journal parts left after the final object: %+v", parts)
+	}
+	if journal, err := b.ReadAll(t.Context(), "ns/task-uid-jp/uid-jp/order"); err != nil || len(journal) == 0 {
+		t.Errorf("final order object: %d bytes, %v", len(journal), err)
 	}
 }

@@ -170,8 +170,9 @@ type entry struct {
 	// uploads are the objects still to upload (stdout, stderr and the
 	// order journal, uploadNames).
 	uploads [3]*uploadJob
-	// parts are the part uploads of the running task's streams (parts.go).
-	parts [2]partState
+	// parts are the part uploads of the running task's streams and its
+	// order journal, as uploads (parts.go).
+	parts [3]partState
 	// sentKept are the kept byte counts of the last progress event.
 	sentKept [2]int64
 }

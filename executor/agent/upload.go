@@ -174,7 +174,7 @@ func (s *Server) uploadLoop(ctx context.Context) {
 		}
 		e, i, wait := s.nextUpload()
 		if e != nil {
-			if key, ok := s.uploadOne(ctx, e, i); ok && i < 2 {
+			if key, ok := s.uploadOne(ctx, e, i); ok && s.mayHaveParts(e, i) {
 				// The object holds every byte the parts did: they go, so
 				// a finished stream costs its object alone
 				// (docs/output.md). After the UPLOADED event, which
@@ -195,6 +195,19 @@ func (s *Server) uploadLoop(ctx context.Context) {
 		case <-timer.C:
 		}
 	}
+}
+
+// mayHaveParts says whether upload i of e may have parts to delete: a
+// stream always (an earlier incarnation may have uploaded them), the order
+// journal when a stream of the task had parts, so a task whose output fit
+// its tails costs no listing.
+func (s *Server) mayHaveParts(e *entry, i int) bool {
+	if i < 2 {
+		return true
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return e.parts[2].kept > 0 || e.status.GetStdout().GetKeptBytes() > 0 || e.status.GetStderr().GetKeptBytes() > 0
 }
 
 // nextUpload returns the due upload that has waited longest (marked in

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -129,6 +130,18 @@ func TestOutputSurvivesTheNode(t *testing.T) {
 	mid := kept / 3
 	if got, _ := readAll(t, c, ns, bt.Name, "stdout", mid, false); !bytes.Equal(got, want[mid:]) {
 		t.Errorf("from %d: %d bytes, not the command's", mid, len(got))
+	}
+	// Both streams in one (stderr is empty): the kept bytes in frames of
+	// at most 1 MiB, then the error that the rest is lost.
+	r, err := c.FollowLog(t.Context(), ns, bt.Name, btclient.LogOptions{Stream: "all"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var all bytes.Buffer
+	_, err = btclient.Demux(r, &all, io.Discard)
+	_ = r.Close()
+	if !errors.As(err, &se) || !strings.Contains(se.Message, "lost") || !bytes.Equal(all.Bytes(), want) {
+		t.Errorf("stream=all: %d bytes, %v; want the %d kept, then the error that the rest is lost", all.Len(), err, kept)
 	}
 	// At and past the last kept byte: nothing invented.
 	for _, off := range []int64{kept, kept + 1, total + 1<<20} {
