@@ -183,3 +183,32 @@ func TestPluginRunPrintsEachLineAsWritten(t *testing.T) {
 	}
 	t.Logf("write to local stdout: %s (worst %dms; target 500ms)", strings.Join(delays, ", "), worst.Milliseconds())
 }
+
+// TestPluginLogsStreamAll: logs --stream all writes stdout's bytes to
+// stdout and stderr's to stderr in the order the command wrote them: with
+// both on one pipe they interleave as the command's did; apart, each is
+// its stream.
+func TestPluginLogsStreamAll(t *testing.T) {
+	ns := newNamespace(t)
+	bt := createTask(t, ns, "all", `for i in 1 2 3; do echo out$i; sleep 0.1; echo err$i >&2; sleep 0.1; done`)
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	// Followed while it runs, and again once it has ended.
+	for i, args := range [][]string{{"-f"}, {"--full"}} {
+		if i == 1 {
+			testutil.WaitTerminal(t, k8s, ns, []string{bt.Name}, time.Minute)
+		}
+		var both bytes.Buffer
+		cmd := exec.CommandContext(ctx, filepath.Join(binDir, "kubectl-bashtask"), append([]string{"--kubeconfig", filepath.Join(clusterDir, "kubeconfig"),
+			"-n", ns, "logs", "--stream", "all", bt.Name}, args...)...)
+		cmd.Stdout, cmd.Stderr = &both, &both
+		err := cmd.Run()
+		if want := "out1\nerr1\nout2\nerr2\nout3\nerr3\n"; err != nil || both.String() != want {
+			t.Errorf("logs --stream all %v on one pipe: %q, %v; want %q", args, both.String(), err, want)
+		}
+	}
+	out, errOut, code := plugin(ctx, "", "-n", ns, "logs", "--stream", "all", bt.Name)
+	if code != 0 || out != "out1\nout2\nout3\n" || errOut != "err1\nerr2\nerr3\n" {
+		t.Errorf("logs --stream all apart: exit %d, stdout %q, stderr %q", code, out, errOut)
+	}
+}
