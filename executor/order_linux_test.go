@@ -59,7 +59,7 @@ func combined(t *testing.T, spillDir string, res Result) []string {
 // on its own; a command printing to one stream writes no journal.
 func TestOrderJournal(t *testing.T) {
 	forEachMechanism(t, func(t *testing.T, ex *Executor) {
-		spec := testSpec(t, `for i in 1 2 3 4 5; do echo out$i; sleep 0.02; echo err$i >&2; sleep 0.02; done`)
+		spec := testSpec(t, `for i in 1 2 3 4 5; do echo out$i; sleep 0.1; echo err$i >&2; sleep 0.1; done`)
 		res := run(t, ex, spec)
 		var want []string
 		for i := 1; i <= 5; i++ {

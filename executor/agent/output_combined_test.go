@@ -53,7 +53,7 @@ func (r *rig) readCombined(ctx context.Context, req *agentv1.ReadCombinedOutputR
 	return collect(r.t, stream, req.GetOffset(), nil)
 }
 
-const interleaved = `for i in 1 2 3 4 5; do echo out$i; sleep 0.02; echo err$i >&2; sleep 0.02; done`
+const interleaved = `for i in 1 2 3 4 5; do echo out$i; sleep 0.1; echo err$i >&2; sleep 0.1; done`
 
 func interleavedLines() string {
 	var want []string
@@ -223,7 +223,7 @@ func TestReadCombinedOutputAfterRestart(t *testing.T) {
 func TestReadCombinedOutputPastSpillLimit(t *testing.T) {
 	r := newRig(t)
 	_, next := r.watch()
-	spec := taskSpec("uid-cut", `echo e >&2; sleep 0.05; printf 0123456789abcdef; sleep 0.05; echo f >&2`)
+	spec := taskSpec("uid-cut", `echo e >&2; sleep 0.1; printf 0123456789abcdef; sleep 0.1; echo f >&2`)
 	spec.Output = &agentv1.OutputSettings{SpillLimitBytes: 10}
 	if _, err := r.client.Start(t.Context(), &agentv1.StartRequest{Spec: spec}); err != nil {
 		t.Fatal(err)

@@ -319,7 +319,7 @@ func TestOrderJournalParts(t *testing.T) {
 	})
 	_, next := r.watch()
 	b := openBucket(t, bucketDir)
-	spec := taskSpec("uid-jp", `echo e1 >&2; sleep 0.05; head -c 100000 /dev/zero | tr '\0' x; sleep 0.05; echo e2 >&2; sleep 30`)
+	spec := taskSpec("uid-jp", `echo e1 >&2; sleep 0.1; head -c 100000 /dev/zero | tr '\0' x; sleep 0.1; echo e2 >&2; sleep 30`)
 	if _, err := r.client.Start(t.Context(), &agentv1.StartRequest{Spec: spec}); err != nil {
 		t.Fatal(err)
 	}

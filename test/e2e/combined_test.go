@@ -114,8 +114,10 @@ func TestOutputCombined(t *testing.T) {
 }
 
 // bigCombined writes stderr, 300 kB of stdout (longer than the status
-// tail, so stdout is uploaded) and stderr again.
-const bigCombined = `echo err0 >&2; head -c 225000 /dev/urandom | base64 -w 0; echo; echo err1 >&2`
+// tail, so stdout is uploaded) and stderr again, with a pause at each
+// switch: writes to the two streams closer together than a read may be
+// read in either order (docs/output.md).
+const bigCombined = `echo err0 >&2; sleep 0.2; head -c 225000 /dev/urandom | base64 -w 0; echo; sleep 0.2; echo err1 >&2`
 
 // checkStoredCombined reads stream=all of bt, a bigCombined task its agent
 // forgot, from storage: the demultiplexed streams are the status's, in
