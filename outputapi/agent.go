@@ -66,6 +66,14 @@ func (s *Server) fromAgent(ctx context.Context, lr *logResponse, task *bashtaskv
 				return true, rangeNotSatisfiable(status.Convert(err).Message())
 			case codes.NotFound:
 				return false, err
+			case codes.Unimplemented:
+				// An agent of a version before ReadCombinedOutput.
+				msg := fmt.Sprintf("%s of task %s/%s: the agent of node %s does not serve it (%s); read stdout and stderr on their own",
+					o.Stream, task.Namespace, task.Name, node, status.Convert(err).Message())
+				if !lr.started {
+					return true, apierrors.NewServiceUnavailable(msg)
+				}
+				return true, errors.New(msg)
 			case codes.Canceled:
 				if ctx.Err() != nil {
 					return true, context.Cause(ctx)

@@ -103,8 +103,9 @@ type ExecutorClient interface {
 	// header (the stream, 1 or 2, three zero bytes, the payload's length as
 	// a big-endian uint32), then the bytes no record holds, stdout's first.
 	// Offsets, sizes and the messages are ReadOutput's, counted in bytes of
-	// the framed stream: header and end describe it (total_bytes the framed
-	// bytes known, spill_bytes those that can be served). With follow, a
+	// the framed stream: header and end describe it (total_bytes and
+	// spill_bytes the framed bytes known; bytes that cannot be served are
+	// found as they are reached). With follow, a
 	// run being read is framed as soon as the agent is asked for it. The
 	// same errors as ReadOutput, naming the framed offset; DATA_LOSS also
 	// for a journal that cannot be read. It takes no fence.
@@ -314,8 +315,9 @@ type ExecutorServer interface {
 	// header (the stream, 1 or 2, three zero bytes, the payload's length as
 	// a big-endian uint32), then the bytes no record holds, stdout's first.
 	// Offsets, sizes and the messages are ReadOutput's, counted in bytes of
-	// the framed stream: header and end describe it (total_bytes the framed
-	// bytes known, spill_bytes those that can be served). With follow, a
+	// the framed stream: header and end describe it (total_bytes and
+	// spill_bytes the framed bytes known; bytes that cannot be served are
+	// found as they are reached). With follow, a
 	// run being read is framed as soon as the agent is asked for it. The
 	// same errors as ReadOutput, naming the framed offset; DATA_LOSS also
 	// for a journal that cannot be read. It takes no fence.
