@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 	"slices"
 	"time"
+
+	"github.com/bashtask/bashtask-operator/executor/shim"
 )
 
 // CgroupMode says whether the executor uses cgroup v2.
@@ -78,6 +80,11 @@ type Config struct {
 	// an empty read-only directory over a directory, /dev/null over a file
 	// (the agent's state directory, TLS and credential files).
 	MaskPaths []string
+	// RunPaths are the node's paths under /run that tasks at
+	// IsolationTenant reach, bound read-only into their own /run (the
+	// sockets of node daemons tasks need; none by default): each clean,
+	// absolute and below /run (shim.CheckRunPath).
+	RunPaths []string
 	// NoLandlock skips Landlock at IsolationTenant.
 	NoLandlock bool
 	// NoSeccomp skips the seccomp filter at IsolationTenant.
@@ -151,6 +158,7 @@ type Executor struct {
 	isolation  Isolation
 	hostname   string
 	mask       []string
+	runPaths   []string // RunPaths
 	shimPath   string
 	shimWait   time.Duration // ShimReportTimeout
 	tmpSize    int64
@@ -300,6 +308,12 @@ func (e *Executor) configureIsolation(cfg Config) error {
 	for _, m := range e.mask {
 		if !filepath.IsAbs(m) {
 			return fmt.Errorf("%w: masked path %q is not absolute", ErrInvalidConfig, m)
+		}
+	}
+	e.runPaths = slices.Clone(cfg.RunPaths)
+	for _, p := range e.runPaths {
+		if err := shim.CheckRunPath(p); err != nil {
+			return fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 		}
 	}
 	if e.shimPath == "" {

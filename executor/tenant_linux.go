@@ -70,6 +70,7 @@ func (e *Executor) newShimLaunch(p *prepared, cgroupPids bool) *shimLaunch {
 			TmpSizeBytes: e.tmpSize,
 			Hostname:     e.hostname,
 			Mask:         e.mask,
+			RunPaths:     e.runPaths,
 			Landlock:     !e.noLandlock,
 			Seccomp:      !e.noSeccomp,
 		},

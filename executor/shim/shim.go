@@ -26,6 +26,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"path"
 	"strconv"
 	"strings"
 )
@@ -85,6 +86,13 @@ type Config struct {
 	// node's. It is bound before anything is mounted over its directory
 	// (a file under /tmp stays usable) and /etc/resolv.conf must exist.
 	ResolvConf string `json:"resolvConf,omitempty"`
+	// RunPaths are paths under /run (see [CheckRunPath]) of the node's
+	// /run bound back, read-only, into the task's own /run at the same
+	// path: the sockets of node daemons that tasks need. A path missing on
+	// the node is skipped; one whose symbolic links lead out of /run
+	// fails the mount step. The file /etc/resolv.conf leads to is bound
+	// back too when it lies under /run.
+	RunPaths []string `json:"runPaths,omitempty"`
 	// NProc is RLIMIT_NPROC (processes and threads of the task's UID); 0
 	// leaves the limit as inherited.
 	NProc uint64 `json:"nproc,omitempty"`
@@ -185,7 +193,7 @@ type StartDir struct {
 // does not understand; the ready report names the shim's Protocol and the
 // executor refuses a shim whose Protocol is not its own. Any change to
 // [Config] or to the reports bumps it.
-const Protocol = "4"
+const Protocol = "5"
 
 // ReadyLine is the shim's first report, written once it runs and before it
 // reads its Config: "ready" and the shim's [Protocol].
@@ -273,6 +281,15 @@ func (u UserEntry) Validate() error {
 		if !portable {
 			return fmt.Errorf("user name %q: %q is not a portable character", u.Name, c)
 		}
+	}
+	return nil
+}
+
+// CheckRunPath checks a path of [Config.RunPaths]: absolute, clean (no
+// "..", ".", repeated or trailing slashes) and below /run.
+func CheckRunPath(p string) error {
+	if !strings.HasPrefix(p, "/run/") || path.Clean(p) != p {
+		return fmt.Errorf("run path %q: want a clean absolute path below /run, without ..", p)
 	}
 	return nil
 }

@@ -159,11 +159,13 @@ func run() int {
 	return code
 }
 
-// mountStep makes every mount private, remounts the whole tree read-only
-// and nosuid, puts a fresh proc (hidepid=invisible) on /proc and
-// size-capped tmpfs on /tmp (a workspace task's /tmp is its workspace's,
-// see workspaceTmp) and /dev/shm, and puts back a writable bind of
-// the working directory at its path (inside the new /tmp if it lies there).
+// mountStep makes every mount private, remounts the whole tree read-only,
+// nosuid and nodev, puts a fresh proc (hidepid=invisible) on /proc, the
+// task's own /dev (the node's usual device files, the only mounts without
+// nodev) and /run (Config.RunPaths bound back) and size-capped tmpfs on
+// /tmp (a workspace task's /tmp is its workspace's, see workspaceTmp) and
+// /dev/shm, and puts back a writable bind of the working directory at its
+// path (inside the new /tmp if it lies there).
 func mountStep(st *state) error {
 	wd := st.cfg.WorkDir
 	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
@@ -194,15 +196,29 @@ func mountStep(st *state) error {
 			unix.Close(tree)
 		}
 	}()
-	ro := &unix.MountAttr{Attr_set: unix.MOUNT_ATTR_RDONLY | unix.MOUNT_ATTR_NOSUID}
+	var clones nodeClones
+	defer clones.close()
+	if err := cloneDevices(&clones); err != nil {
+		return err
+	}
+	ro := &unix.MountAttr{Attr_set: unix.MOUNT_ATTR_RDONLY | unix.MOUNT_ATTR_NOSUID | unix.MOUNT_ATTR_NODEV}
 	if err := unix.MountSetattr(unix.AT_FDCWD, "/", unix.AT_RECURSIVE, ro); err != nil {
-		return fmt.Errorf("making / read-only: %w", err)
+		return fmt.Errorf("making / read-only, nosuid and nodev: %w", err)
+	}
+	if err := cloneRunPaths(st, &clones); err != nil {
+		return err
 	}
 	if err := unix.Unmount("/proc", unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) {
 		return fmt.Errorf("unmounting the node's /proc: %w", err)
 	}
 	if err := unix.Mount("proc", "/proc", "proc", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "hidepid=invisible"); err != nil {
 		return fmt.Errorf("mounting /proc: %w", err)
+	}
+	if err := mountDev(&clones); err != nil {
+		return err
+	}
+	if err := mountRun(&clones); err != nil {
+		return err
 	}
 	opts := "mode=1777"
 	if st.cfg.TmpSizeBytes > 0 {
@@ -226,6 +242,9 @@ func mountStep(st *state) error {
 		if err := unix.Mount("mqueue", "/dev/mqueue", "mqueue", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
 			return fmt.Errorf("mounting mqueue on /dev/mqueue: %w", err)
 		}
+	}
+	if err := sealTaskTmpfs(); err != nil {
+		return err
 	}
 	for _, path := range append(kernelMasks, st.cfg.Mask...) {
 		if err := mask(path); err != nil {

@@ -43,13 +43,13 @@ func TestParseReport(t *testing.T) {
 // they read differently: a change to Config's fields fails this test until
 // Protocol is bumped and the list below updated with it.
 func TestProtocolCoversConfig(t *testing.T) {
-	const wantProtocol = "4"
+	const wantProtocol = "5"
 	want := strings.Join([]string{
 		"Shell string shell", "Command string command", "Env []string env",
 		"WorkDir string workDir", "WorkTree bool workTree,omitempty", "NullStdin bool nullStdin,omitempty",
 		"TmpSizeBytes int64 tmpSizeBytes,omitempty", "Mask []string mask,omitempty",
 		"Hostname string hostname,omitempty", "Loopback bool loopback,omitempty",
-		"ResolvConf string resolvConf,omitempty",
+		"ResolvConf string resolvConf,omitempty", "RunPaths []string runPaths,omitempty",
 		"NProc uint64 nproc,omitempty", "UID *uint32 uid,omitempty", "GID *uint32 gid,omitempty",
 		"User *shim.UserEntry user,omitempty",
 		"Landlock bool landlock,omitempty", "Seccomp bool seccomp,omitempty",
@@ -64,6 +64,19 @@ func TestProtocolCoversConfig(t *testing.T) {
 	}
 	if g := strings.Join(got, "\n"); g != want || Protocol != wantProtocol {
 		t.Errorf("Config's fields are now\n%s\nwith Protocol %q: a change to them bumps Protocol; then update this test's list and wantProtocol", g, Protocol)
+	}
+}
+
+func TestCheckRunPath(t *testing.T) {
+	for p, ok := range map[string]bool{
+		"/run/docker.sock": true, "/run/dbus/system_bus_socket": true,
+		"/run": false, "/run/": false, "run/x.sock": false, "/var/run/x.sock": false,
+		"/run/../etc/shadow": false, "/run/a/../b": false, "/run//x": false, "/run/x/": false,
+		"/runner/x": false, "": false,
+	} {
+		if err := CheckRunPath(p); (err == nil) != ok {
+			t.Errorf("CheckRunPath(%q) = %v, want ok %v", p, err, ok)
+		}
 	}
 }
 
