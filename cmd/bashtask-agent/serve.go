@@ -40,6 +40,7 @@ import (
 	agentv1 "github.com/bashtask/bashtask-operator/api/agent/v1"
 	"github.com/bashtask/bashtask-operator/executor"
 	"github.com/bashtask/bashtask-operator/executor/agent"
+	"github.com/bashtask/bashtask-operator/executor/shim"
 	"github.com/bashtask/bashtask-operator/internal/tlsutil"
 )
 
@@ -81,6 +82,7 @@ type serveOptions struct {
 	egressDeny         []string
 	egressResolvers    []string
 	taskTmpSize        int64
+	taskRunPaths       []string
 	taskDiskSize       string
 	taskDiskCap        string
 	taskDiskInodes     int64
@@ -165,6 +167,7 @@ func bindServeFlags(f *pflag.FlagSet, o *serveOptions) {
 	f.StringVar(&o.egressCIDR, "egress-cidr", executor.DefaultEgressCIDR, "IPv4 range task addresses of network egress come from, a /30 per task; must not overlap a network tasks or this pod must reach")
 	f.StringSliceVar(&o.egressDeny, "egress-deny-cidr", nil, "IPv4 CIDR tasks of network egress must not reach (repeatable): the cluster's pod and service ranges, the node network; loopback, link-local (169.254.0.0/16, the metadata address), multicast and this agent's own addresses are always denied")
 	f.StringSliceVar(&o.egressResolvers, "egress-resolver", nil, "IPv4 address of a DNS server tasks of network egress get in /etc/resolv.conf and may reach on port 53 even inside a denied range (repeatable); empty means the non-loopback nameservers of this pod's /etc/resolv.conf (else of /run/systemd/resolve/resolv.conf)")
+	f.StringSliceVar(&o.taskRunPaths, "task-run-paths", nil, "paths under /run of this pod's /run that tasks at --isolation=tenant reach (comma-separated or repeated), bound read-only into each task's own /run: the sockets of node daemons tasks need; empty means none")
 	f.Int64Var(&o.taskTmpSize, "task-tmp-size", executor.DefaultTmpSizeBytes, "size in bytes of each task's private /tmp and /dev/shm at --isolation=tenant")
 	f.StringVar(&o.taskDiskSize, "task-disk-size", "10Gi", "size of each fresh working directory at --isolation=tenant, a quantity (10Gi): a file system of its own on a loop device, so that a task that fills it fails alone (ENOSPC); 0 for no quota. Without loop devices tasks run without and their status says so")
 	f.StringVar(&o.taskDiskCap, "task-disk-cap", "100Gi", "largest spec.resources.ephemeralStorage a task may ask for, a quantity; at least --task-disk-size")
@@ -415,6 +418,7 @@ func (o *serveOptions) agentConfig(log *slog.Logger) (agent.Config, error) {
 			ShimPoolSize:      cmp.Or(o.shimPoolSize, -1),
 			ShimPath:          shimPath,
 			MaskPaths:         mask,
+			RunPaths:          o.taskRunPaths,
 		},
 		AllowedNetworks:      allowed,
 		RunAs:                user,
@@ -468,6 +472,11 @@ func (o *serveOptions) checkLimits() (partBytes int64, err error) {
 	}
 	if o.taskIdentity != "leased" && o.taskIdentity != "shared" {
 		return 0, fmt.Errorf("--task-identity %q: want leased or shared", o.taskIdentity)
+	}
+	for _, p := range o.taskRunPaths {
+		if err := shim.CheckRunPath(p); err != nil {
+			return 0, fmt.Errorf("--task-run-paths: %w", err)
+		}
 	}
 	return partBytes, nil
 }

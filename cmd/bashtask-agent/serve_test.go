@@ -1,6 +1,7 @@
 package main
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -84,5 +85,15 @@ func TestServeRejectsNegativeWorkspaceTimeout(t *testing.T) {
 	_, err := execute(t, "serve", "--state-dir", t.TempDir(), "--shutdown-workspace-timeout=-1s")
 	if err == nil || !strings.Contains(err.Error(), "--shutdown-workspace-timeout -1s: want 0 (move no workspace) or more") {
 		t.Errorf("serve --shutdown-workspace-timeout=-1s: %v, want the flag's range in the error", err)
+	}
+}
+
+func TestServeRejectsBadRunPaths(t *testing.T) {
+	for _, p := range []string{"run/x.sock", "/var/run/docker.sock", "/run/../etc/shadow", "/run"} {
+		_, err := execute(t, "serve", "--state-dir", t.TempDir(), "--task-run-paths="+p)
+		want := fmt.Sprintf("--task-run-paths: run path %q: want a clean absolute path below /run", p)
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("serve --task-run-paths=%s: %v, want %q in the error", p, err, want)
+		}
 	}
 }
