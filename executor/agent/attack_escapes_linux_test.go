@@ -515,6 +515,45 @@ echo "big: $(ipcmk -M %d >/dev/null 2>&1 && echo made || echo refused)"`, 2*atta
 		}
 	})
 
+	t.Run("E16 a node's 0666 Unix socket under /run and a world-readable device node outside /dev are out of reach", func(t *testing.T) {
+		sock := fmt.Sprintf("/run/bashtask-attack-%d.sock", os.Getpid())
+		for _, path := range []string{sock, a.listedSock} {
+			listenAll(t, path)
+		}
+		device := filepath.Join(a.base, "loop")
+		if err := unix.Mknod(device, unix.S_IFBLK|0o444, int(unix.Mkdev(7, 0))); err != nil {
+			t.Skipf("mknod of a block device: %v", err)
+		}
+		defer os.Remove(device)
+		if err := os.Chmod(device, 0o444); err != nil {
+			t.Fatal(err)
+		}
+		probe := fmt.Sprintf(`/usr/bin/python3 -c '
+import os, socket
+for label, path in (("node", %q), ("listed", %q)):
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        s.connect(path); print(label + ": connected")
+    except OSError as e:
+        print(label + ": " + os.strerror(e.errno))
+try:
+    os.close(os.open(%q, os.O_RDONLY)); print("device: opened")
+except OSError as e:
+    print("device: " + os.strerror(e.errno))
+'`, sock, a.listedSock, device)
+		host := labels(hostProbe(t, 65534, probe))
+		if host["node"] != "connected" || host["listed"] != "connected" || host["device"] != "opened" {
+			testutil.SkipUnlessStrictf(t, "control: a plain process of UID 65534 does not reach the node's socket and device here (%v)", host)
+			return
+		}
+		for _, network := range []string{"Node", "None"} {
+			task := labels(stdoutOf(attack(probe, network)))
+			if task["node"] != "No such file or directory" || task["listed"] != "connected" || task["device"] != "Permission denied" {
+				t.Errorf("network %s: %v, want the node's socket absent (a /run of its own), the listed one connected and the device refused (nodev)", network, task)
+			}
+		}
+	})
+
 	t.Run("E17 no groups, no capabilities in any set", func(t *testing.T) {
 		probe := `grep -E '^(Groups|CapInh|CapPrm|CapEff|CapBnd|CapAmb):' /proc/self/status | tr -s '\t ' ' '`
 		task := labels(stdoutOf(attack(probe, "")))
@@ -606,4 +645,28 @@ echo "proc: $(cat /proc/*/root%s/secret 2>&1 | head -1)"`, w1Root, envFile, w1Ro
 	if other["env"] != "unset" {
 		t.Errorf("W2's task has W1's carried variable: %q", other["env"])
 	}
+}
+
+// listenAll listens on the Unix socket path, mode 0666 like a node
+// daemon's open socket, accepting and closing every connection until the
+// test ends.
+func listenAll(t *testing.T, path string) {
+	t.Helper()
+	lis, err := net.Listen("unix", path)
+	if err != nil {
+		t.Skipf("a socket at %s: %v", path, err)
+	}
+	t.Cleanup(func() { lis.Close() })
+	if err := os.Chmod(path, 0o666); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		for {
+			c, err := lis.Accept()
+			if err != nil {
+				return
+			}
+			c.Close()
+		}
+	}()
 }

@@ -43,6 +43,9 @@ type attackRig struct {
 	tlsKey    string
 	awsCreds  string
 	setuidBin string
+	// listedSock is the path under /run the agent lets tasks reach
+	// (--task-run-paths); nothing is there until a row listens on it.
+	listedSock string
 }
 
 const (
@@ -61,8 +64,9 @@ func newAttackRig(t *testing.T, first, last uint32) *attackRig {
 		t.Fatal(err)
 	}
 	a := &attackRig{base: base,
-		tlsKey:   filepath.Join(base, "tls", "tls.key"),
-		awsCreds: filepath.Join(base, "aws", "credentials"),
+		tlsKey:     filepath.Join(base, "tls", "tls.key"),
+		awsCreds:   filepath.Join(base, "aws", "credentials"),
+		listedSock: fmt.Sprintf("/run/bashtask-attack-%d-listed.sock", os.Getpid()),
 	}
 	// World-readable on purpose, as a Secret volume's files are by
 	// default: what hides them is the mask, not the mode.
@@ -100,6 +104,7 @@ func newAttackRig(t *testing.T, first, last uint32) *attackRig {
 		c.Executor.TmpSizeBytes = attackTmpSize
 		c.Executor.TaskProcs = attackProcs
 		c.Executor.MaskPaths = []string{filepath.Dir(a.tlsKey)} // as serve.go does for --tls-key-file
+		c.Executor.RunPaths = []string{a.listedSock}
 		// Network Egress with an ID and a task range of this process's
 		// own (the executor package's tests take 100.64.0.0/11).
 		pid := os.Getpid()
