@@ -289,7 +289,7 @@ func (u UserEntry) Validate() error {
 // "..", ".", repeated or trailing slashes) and below /run.
 func CheckRunPath(p string) error {
 	if !strings.HasPrefix(p, "/run/") || path.Clean(p) != p {
-		return fmt.Errorf("run path %q: want a clean absolute path below /run, without ..", p)
+		return fmt.Errorf("run path %q: want a clean absolute path below /run, no .. in it", p)
 	}
 	return nil
 }
