@@ -511,10 +511,21 @@ func (e *Executor) closeWorkspaceDir() error {
 			return nil
 		}
 	}
-	if err := unix.Unmount(e.wsDir, unix.UMOUNT_NOFOLLOW); err != nil && !errors.Is(err, unix.EINVAL) {
-		return fmt.Errorf("unmounting the workspaces' directory %s: %w", e.wsDir, err)
+	// EBUSY while a process that had the directory open is still on its
+	// way out (a pooled shim or a task's process, killed just before, ends
+	// asynchronously): asked again for a while.
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		err := unix.Unmount(e.wsDir, unix.UMOUNT_NOFOLLOW)
+		switch {
+		case err == nil || errors.Is(err, unix.EINVAL):
+			return nil
+		case errors.Is(err, unix.EBUSY) && time.Now().Before(deadline):
+			time.Sleep(50 * time.Millisecond)
+		default:
+			return fmt.Errorf("unmounting the workspaces' directory %s: %w", e.wsDir, err)
+		}
 	}
-	return nil
 }
 
 // dupRoot duplicates the root's descriptor (close-on-exec).
