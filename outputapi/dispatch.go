@@ -37,10 +37,11 @@ func dispatched(t *bashtaskv1alpha1.BashTask) bool {
 	return finished(t) || (t.Status.NodeName != nil && *t.Status.NodeName != "")
 }
 
-// dispatchWaits wakes the requests waiting for their task's dispatch from
-// one event handler on the BashTask informer, registered on the first wait
-// and removed when the server stops: a dispatch reaches its waiters as
-// soon as the cache sees it, and an idle wait costs no read.
+// dispatchWaits wakes the requests waiting for their task's dispatch (and
+// those waiting to ask its agent again, waitRetry) from one event handler
+// on the BashTask informer, registered on the first wait and removed when
+// the server stops: a dispatch reaches its waiters as soon as the cache
+// sees it, and an idle wait costs no read.
 type dispatchWaits struct {
 	informers Informers
 
@@ -210,4 +211,27 @@ func (s *Server) pollDispatched(ctx context.Context, task *bashtaskv1alpha1.Bash
 			return t, nil
 		}
 	}
+}
+
+// waitRetry waits before a request asks the task's agent again: d, or
+// less when the informer shows a change of the task first (its end, its
+// Running status), which the caller then reads. Without an informer it
+// waits d. The context's cause when ctx ends first.
+func (s *Server) waitRetry(ctx context.Context, task *bashtaskv1alpha1.BashTask, d time.Duration) error {
+	timer := time.NewTimer(d)
+	defer timer.Stop()
+	var wake <-chan struct{}
+	if s.cfg.Informers != nil && s.dispatch.register(ctx) == nil {
+		key := types.NamespacedName{Namespace: task.Namespace, Name: task.Name}
+		w := s.dispatch.add(key)
+		defer s.dispatch.remove(key, w)
+		wake = w.wake
+	}
+	select {
+	case <-ctx.Done():
+		return context.Cause(ctx)
+	case <-timer.C:
+	case <-wake:
+	}
+	return nil
 }

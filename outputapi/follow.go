@@ -23,10 +23,18 @@ const (
 	// controller's cache (an in-memory read) to notice its deletion or its
 	// replacement by a task of the same name.
 	taskCheckInterval = time.Second
-	// agentRetryInterval is the wait before a follow asks an agent again
-	// after its stream broke (an agent restarting comes back within
-	// seconds; the task ends AgentLost if it does not).
+	// agentRetryInterval is the longest wait before a follow or a write of
+	// input asks an agent again after its stream broke (an agent
+	// restarting comes back within seconds; the task ends AgentLost if it
+	// does not).
 	agentRetryInterval = 500 * time.Millisecond
+	// agentFirstRetry is the first such wait, doubled at each retry up to
+	// agentRetryInterval. The usual cause is a request that reached the
+	// agent a moment before the controller's Start did (the node is
+	// written first, and the Running status only after the controller's
+	// RunningStatusDelay): the agent knows the task a few milliseconds
+	// later. The task's next change in the informer ends a wait at once.
+	agentFirstRetry = 10 * time.Millisecond
 )
 
 // errTaskGone is the cause of a follow ended because its task was deleted
@@ -61,6 +69,7 @@ func (s *Server) watchTask(ctx context.Context, cancel context.CancelCauseFunc, 
 // else from the status's tail when that is the whole stream. It returns an
 // API status error before the headers are written and a plain error after.
 func (s *Server) streamLog(ctx context.Context, lr *logResponse, task *bashtaskv1alpha1.BashTask, stream agentv1.OutputStream, o outputv1alpha1.LogOptions) error {
+	retry := agentFirstRetry
 	for {
 		if task.Status.NodeName == nil || *task.Status.NodeName == "" {
 			if finished(task) {
@@ -123,11 +132,10 @@ func (s *Server) streamLog(ctx context.Context, lr *logResponse, task *bashtaskv
 		if !o.Follow && !lr.started && !finished(task) {
 			return apierrors.NewServiceUnavailable(fmt.Sprintf("%s of task %s/%s: %v", o.Stream, task.Namespace, task.Name, err))
 		}
-		select {
-		case <-ctx.Done():
-			return context.Cause(ctx)
-		case <-time.After(agentRetryInterval):
+		if err := s.waitRetry(ctx, task, retry); err != nil {
+			return err
 		}
+		retry = min(2*retry, agentRetryInterval)
 		if fresh, gerr = s.refetch(ctx, task); gerr != nil {
 			return gerr
 		}

@@ -172,6 +172,7 @@ func (s *Server) serveStdin(w http.ResponseWriter, req *http.Request, r rest.Res
 // dispatch and start and across an agent restart until ctx ends. It
 // returns the input's state (also with a 409) and an API status error.
 func (s *Server) writeStdin(ctx context.Context, task *bashtaskv1alpha1.BashTask, offset int64, data []byte, closeAfter bool) (*agentv1.StdinState, error) {
+	retry := agentFirstRetry
 	for {
 		if finished(task) {
 			return nil, goneError(fmt.Sprintf("BashTask %s/%s has ended (%s): its standard input accepts no bytes", task.Namespace, task.Name, *task.Status.Reason))
@@ -209,11 +210,10 @@ func (s *Server) writeStdin(ctx context.Context, task *bashtaskv1alpha1.BashTask
 			// started yet, or forgotten after its end; UNAVAILABLE: the
 			// agent restarting. Both are looked at again below.
 		}
-		select {
-		case <-ctx.Done():
+		if werr := s.waitRetry(ctx, task, retry); werr != nil {
 			return nil, stdinWaitError(ctx, task, err)
-		case <-time.After(agentRetryInterval):
 		}
+		retry = min(2*retry, agentRetryInterval)
 		fresh, gerr := s.refetch(ctx, task)
 		if gerr != nil {
 			if errors.Is(gerr, errTaskGone) {
