@@ -1,10 +1,14 @@
-// Package client is a Go client of BashTasks for platforms: FollowLog
-// reads a task's stdout or stderr through the output.bashtask.dev
-// aggregated API (RBAC: get on bashtasks/log in that group), resuming at
-// its offset after a dropped connection; Run creates a task and waits for
-// its end; Cancel asks a task to stop; CopyTo and CopyFrom copy files
-// into and out of a workspace. docs/output.md is the contract of the
-// output, docs/workspaces.md (Copying files) of the copies.
+// Package client is a Go client of BashTasks for platforms: Run creates a
+// task, streams its stdout and stderr to writers while it runs and returns
+// its exit code; Start creates one detached, whose output FollowLog reads
+// later from any byte offset through the output.bashtask.dev aggregated
+// API (RBAC: get on bashtasks/log in that group), resuming at its offset
+// after a dropped connection; Cancel asks a task to stop; the workspace
+// helpers create, read, wait for, suspend, resume and delete
+// BashWorkspaces; CopyTo and CopyFrom copy files into and out of a
+// workspace. Every wait is a watch of the object, never a poll.
+// docs/output.md is the contract of the output, docs/workspaces.md
+// (Copying files) of the copies, docs/client.md of Run and its options.
 package client
 
 import (
@@ -13,26 +17,39 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
-	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/rest"
 	ctrlclient "sigs.k8s.io/controller-runtime/pkg/client"
 
 	bashtaskv1alpha1 "github.com/bashtask/bashtask-operator/api/v1alpha1"
 )
 
-// Client talks to one cluster's API server.
+// Client talks to one cluster's API server. It is safe for concurrent use;
+// a platform makes one and keeps it.
 type Client struct {
 	base *url.URL
 	http *http.Client
-	k8s  ctrlclient.Client
+	k8s  ctrlclient.WithWatch
 }
 
-// New returns a client for cfg (a kubeconfig's rest.Config).
+// RESTMapper maps the kinds of bashtask.dev/v1alpha1 (BashTask,
+// BashWorkspace) to their resources without asking the API server: a
+// client built on it makes no discovery request, which on a command's
+// path would cost round trips before its first real call. A cluster that
+// does not serve the kinds answers the first call 404 instead.
+func RESTMapper() *meta.DefaultRESTMapper {
+	m := meta.NewDefaultRESTMapper(nil)
+	m.Add(bashtaskv1alpha1.GroupVersion.WithKind("BashTask"), meta.RESTScopeNamespace)
+	m.Add(bashtaskv1alpha1.GroupVersion.WithKind("BashWorkspace"), meta.RESTScopeNamespace)
+	return m
+}
+
+// New returns a client for cfg (a kubeconfig's rest.Config). It makes no
+// request: the kinds are mapped by RESTMapper.
 func New(cfg *rest.Config) (*Client, error) {
 	hc, err := rest.HTTPClientFor(cfg)
 	if err != nil {
@@ -49,37 +66,11 @@ func New(cfg *rest.Config) (*Client, error) {
 	if err := bashtaskv1alpha1.AddToScheme(scheme); err != nil {
 		return nil, err
 	}
-	k, err := ctrlclient.New(cfg, ctrlclient.Options{Scheme: scheme, HTTPClient: hc})
+	k, err := ctrlclient.NewWithWatch(cfg, ctrlclient.Options{Scheme: scheme, HTTPClient: hc, Mapper: RESTMapper()})
 	if err != nil {
 		return nil, fmt.Errorf("bashtask client: %w", err)
 	}
 	return &Client{base: base, http: hc, k8s: k}, nil
-}
-
-// Run creates task and waits until it has its terminal reason, then
-// returns it as last read. ctx bounds the wait; the task keeps running
-// when ctx ends first. The wait reads the task every poll interval
-// (500 ms): Run is for scripts and tests, FollowLog for output.
-func (c *Client) Run(ctx context.Context, task *bashtaskv1alpha1.BashTask) (*bashtaskv1alpha1.BashTask, error) {
-	if err := c.k8s.Create(ctx, task); err != nil {
-		return nil, fmt.Errorf("creating BashTask %s/%s: %w", task.Namespace, task.Name, err)
-	}
-	key := ctrlclient.ObjectKeyFromObject(task)
-	uid := task.UID
-	var got bashtaskv1alpha1.BashTask
-	err := wait.PollUntilContextCancel(ctx, 500*time.Millisecond, true, func(ctx context.Context) (bool, error) {
-		if err := c.k8s.Get(ctx, key, &got); err != nil {
-			return false, err
-		}
-		if got.UID != uid {
-			return false, ErrTaskReplaced
-		}
-		return got.Status.Reason != nil, nil
-	})
-	if err != nil {
-		return nil, fmt.Errorf("waiting for BashTask %s: %w", key, err)
-	}
-	return &got, nil
 }
 
 // Cancel asks the task to stop (spec.cancelRequested: SIGTERM, grace,

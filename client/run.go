@@ -1,0 +1,344 @@
+package client
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"maps"
+	"slices"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+	ctrlclient "sigs.k8s.io/controller-runtime/pkg/client"
+
+	bashtaskv1alpha1 "github.com/bashtask/bashtask-operator/api/v1alpha1"
+)
+
+// DefaultTTL is how long a task made by Run or Start is kept after it
+// ended (spec.ttlSecondsAfterFinished) when RunOptions.TTL is zero: one
+// hour, long enough to read its output again, short enough that a busy
+// platform's tasks do not pile up (docs/client.md).
+const DefaultTTL = time.Hour
+
+// DefaultGenerateName is the prefix of a task's generated name when
+// RunOptions has neither Name nor GenerateName.
+const DefaultGenerateName = "run-"
+
+// RunOptions describe the task Run and Start create and how Run waits for
+// it. Every field is a plain value; the zero value of each is its
+// default. docs/client.md has the rules.
+type RunOptions struct {
+	// Namespace of the task; empty means "default".
+	Namespace string
+	// Name of the task; empty means a generated name (GenerateName).
+	Name string
+	// GenerateName is the prefix of a generated name; empty means
+	// DefaultGenerateName.
+	GenerateName string
+	// Command is spec.command, run with bash -c; required unless Task is
+	// set.
+	Command string
+	// Workspace is spec.workspace: the BashWorkspace the task runs in.
+	Workspace string
+	// Owner is spec.owner. Empty with a Workspace: the workspace's own
+	// spec.owner, read before the create (a workspace that does not
+	// exist yet leaves it empty: the task then waits for it, see Notes).
+	Owner string
+	// WorkingDir is spec.workingDir (relative to a workspace's root).
+	WorkingDir string
+	// NodeName is spec.nodeName (not with a Workspace).
+	NodeName string
+	// Env is spec.env, one entry per name, in the order of the names.
+	Env map[string]string
+	// Stdin, when set, is spec.stdin: at most 262144 bytes of UTF-8.
+	Stdin *string
+	// StdinStream, when set, gives the task a streamed standard input
+	// (spec.stdinStream, any bytes, no size limit): Run sends what it
+	// reads from it while the command runs, through bashtasks/stdin
+	// (RBAC: create on it in output.bashtask.dev), and closes the task's
+	// input at its EOF. Start ignores it.
+	StdinStream io.Reader
+	// Timeout is spec.timeoutSeconds, the command's own time limit once
+	// it runs, rounded up to whole seconds; zero means the API's default
+	// (120 s). The controller refuses one over its --max-timeout-seconds
+	// (600 s by default) with InvalidSpec.
+	Timeout time.Duration
+	// TTL is spec.ttlSecondsAfterFinished, rounded up to whole seconds:
+	// how long the task is kept after it ended. Zero means DefaultTTL; a
+	// negative TTL leaves the field unset, which keeps the task until it
+	// is deleted (unless the controller runs with a
+	// --default-ttl-seconds-after-finished).
+	TTL time.Duration
+	// WaitTimeout bounds Run's whole wait, from the create to the task's
+	// end, its time pending included (which Timeout does not count).
+	// When it passes, Run cancels the task (spec.cancelRequested) and
+	// returns a *WaitTimeoutError at once. Zero: no bound but ctx.
+	WaitTimeout time.Duration
+	// Stdout and Stderr receive the task's streams as the command writes
+	// them; nil discards a stream without reading it.
+	Stdout, Stderr io.Writer
+	// Notes, when set, receives one line for each thing worth telling
+	// the caller that is not the command's output: why the task is not
+	// running yet (each new reason once, the first within 2 s of the
+	// create), and processes the command left behind.
+	Notes io.Writer
+	// Task, when set, is created as it is, and the fields above that
+	// shape a task (Namespace to TTL) are ignored: for a spec they do not
+	// cover. Run sets its Name, UID and ResourceVersion from the create.
+	Task *bashtaskv1alpha1.BashTask
+}
+
+// Result is how a task of Run ended.
+type Result struct {
+	// Task is the task as last seen, with its terminal status.
+	Task *bashtaskv1alpha1.BashTask
+	// ExitCode is the command's exit code (128+n when signal n killed
+	// it), or -1 when it has none (it never ran, or its end was not
+	// observed).
+	ExitCode int
+	// Reason is status.reason, Message status.message.
+	Reason  bashtaskv1alpha1.Reason
+	Message string
+	// StdoutBytes and StderrBytes are the bytes written to Stdout and
+	// Stderr.
+	StdoutBytes, StderrBytes int64
+	// LeftoverProcesses is status.leftoverProcesses: processes of the
+	// command still alive when its shell exited, which were stopped.
+	LeftoverProcesses int
+}
+
+// ErrNoCommand is returned for RunOptions without a Command or a Task.
+var ErrNoCommand = errors.New("spec.command: a command is required (RunOptions.Command)")
+
+// Run creates a task from opts, writes its stdout and stderr to
+// opts.Stdout and opts.Stderr as the command writes them, waits until it
+// has ended, and returns how (RBAC: create, get and watch on bashtasks,
+// get on bashtasks/log in output.bashtask.dev when a writer is set). The
+// wait is one watch of the task from its create, never a poll: the
+// result comes as soon as the controller wrote the terminal status, and
+// a stream that the status tail holds whole is not read again.
+//
+// A task that ends is no error, whatever its exit code: see
+// Result.ExitCode and Result.Reason. The errors are the create's (an
+// *apierrors.StatusError), a *WaitTimeoutError when opts.WaitTimeout
+// passed (the task is cancelled), ErrTaskDeleted when the task was deleted
+// before it ended, an error naming a stream that could not be read or
+// written whole (with the Result, when the task ended), and ctx's error:
+// when ctx ends first the task keeps running.
+func (c *Client) Run(ctx context.Context, opts RunOptions) (*Result, error) {
+	start := time.Now()
+	task, err := c.Start(ctx, opts)
+	if err != nil {
+		return nil, err
+	}
+	w := &runWait{c: c, task: task, notes: opts.Notes, start: start, bound: opts.WaitTimeout}
+	if opts.StdinStream != nil && task.Spec.StdinStream != nil {
+		sctx, stop := context.WithCancel(ctx)
+		defer stop()
+		go c.pumpStdin(sctx, task, opts.StdinStream, opts.Notes)
+	}
+	return w.run(ctx, opts.Stdout, opts.Stderr)
+}
+
+// Start creates a task from opts and returns it at once, detached: it
+// runs on without a client (RBAC: create on bashtasks; get on
+// bashworkspaces to read a workspace's owner). Its output is read later
+// by offset with FollowLog, its end with Wait; Cancel stops it. A
+// long-lived service in a workspace is such a task, with a Timeout up to
+// the controller's cap (docs/client.md).
+func (c *Client) Start(ctx context.Context, opts RunOptions) (*bashtaskv1alpha1.BashTask, error) {
+	task := opts.Task
+	if task == nil {
+		var err error
+		if task, err = c.taskOf(ctx, opts); err != nil {
+			return nil, err
+		}
+	}
+	if err := c.k8s.Create(ctx, task); err != nil {
+		return nil, fmt.Errorf("creating BashTask %s/%s: %w", task.Namespace, nameOrPrefix(task), err)
+	}
+	return task, nil
+}
+
+// Wait waits until task has ended, as Run does without reading its
+// output, and returns how it ended. task needs its namespace, name and
+// UID, and a resourceVersion to watch from (the object Start returned,
+// or any read of it). opts.Notes and opts.WaitTimeout apply, the bound
+// counted from this call; the other fields are ignored.
+func (c *Client) Wait(ctx context.Context, task *bashtaskv1alpha1.BashTask, opts RunOptions) (*Result, error) {
+	w := &runWait{c: c, task: task, notes: opts.Notes, start: time.Now(), bound: opts.WaitTimeout}
+	return w.run(ctx, nil, nil)
+}
+
+// nameOrPrefix names a task in a message before the API server named it.
+func nameOrPrefix(t *bashtaskv1alpha1.BashTask) string {
+	if t.Name != "" {
+		return t.Name
+	}
+	return t.GenerateName + "*"
+}
+
+// taskOf builds the task of opts, checking what the API would refuse so
+// that the error names the option.
+func (c *Client) taskOf(ctx context.Context, opts RunOptions) (*bashtaskv1alpha1.BashTask, error) {
+	if opts.Command == "" {
+		return nil, ErrNoCommand
+	}
+	t := &bashtaskv1alpha1.BashTask{
+		ObjectMeta: metav1.ObjectMeta{Namespace: opts.Namespace, Name: opts.Name},
+		Spec: bashtaskv1alpha1.BashTaskSpec{
+			Command:    opts.Command,
+			Workspace:  optional(opts.Workspace),
+			Owner:      optional(opts.Owner),
+			WorkingDir: optional(opts.WorkingDir),
+			NodeName:   optional(opts.NodeName),
+			Stdin:      opts.Stdin,
+		},
+	}
+	if t.Namespace == "" {
+		t.Namespace = "default"
+	}
+	if t.Name == "" {
+		t.GenerateName = cmp.Or(opts.GenerateName, DefaultGenerateName)
+	}
+	for _, k := range slices.Sorted(maps.Keys(opts.Env)) {
+		t.Spec.Env = append(t.Spec.Env, bashtaskv1alpha1.EnvVar{Name: k, Value: ptr.To(opts.Env[k])})
+	}
+	if opts.StdinStream != nil {
+		t.Spec.StdinStream = &bashtaskv1alpha1.StdinStream{}
+	}
+	var err error
+	if t.Spec.TimeoutSeconds, err = seconds("Timeout", "spec.timeoutSeconds", opts.Timeout, 1, maxTimeoutSeconds); err != nil {
+		return nil, err
+	}
+	ttl := opts.TTL
+	if ttl == 0 {
+		ttl = DefaultTTL
+	}
+	if t.Spec.TTLSecondsAfterFinished, err = seconds("TTL", "spec.ttlSecondsAfterFinished", ttl, 0, maxTTLSeconds); err != nil {
+		return nil, err
+	}
+	if opts.Workspace != "" && opts.Owner == "" {
+		if t.Spec.Owner, err = c.workspaceOwner(ctx, t.Namespace, opts.Workspace); err != nil {
+			return nil, err
+		}
+	}
+	return t, nil
+}
+
+// Limits of spec fields Run sets from durations, as the schema has them.
+const (
+	maxTimeoutSeconds = 604800
+	maxTTLSeconds     = 1<<31 - 1
+)
+
+// seconds converts a duration option to its field's whole seconds,
+// rounding up: nil for zero or less where min is 1 (the API's default),
+// else an error naming the option when it is out of [min, max].
+func seconds(option, field string, d time.Duration, minimum, maximum int64) (*int32, error) {
+	if d < 0 && minimum > 0 {
+		return nil, fmt.Errorf("RunOptions.%s %s: %s must not be negative", option, d, field)
+	}
+	if d <= 0 {
+		return nil, nil
+	}
+	s := int64((d + time.Second - 1) / time.Second)
+	if s < minimum || s > maximum {
+		return nil, fmt.Errorf("RunOptions.%s %s: %s is %d to %d seconds", option, d, field, minimum, maximum)
+	}
+	return ptr.To(int32(s)), nil
+}
+
+// workspaceOwner reads the workspace's spec.owner; nil when it has none
+// or does not exist yet.
+func (c *Client) workspaceOwner(ctx context.Context, ns, name string) (*string, error) {
+	var ws bashtaskv1alpha1.BashWorkspace
+	err := c.k8s.Get(ctx, ctrlclient.ObjectKey{Namespace: ns, Name: name}, &ws)
+	if apierrors.IsNotFound(err) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("reading workspace %s/%s for its owner: %w", ns, name, err)
+	}
+	return ws.Spec.Owner, nil
+}
+
+func optional(s string) *string {
+	if s == "" {
+		return nil
+	}
+	return &s
+}
+
+// stdinReadBytes is the most one read of RunOptions.StdinStream takes;
+// each read is sent as it returns.
+const stdinReadBytes = 256 << 10
+
+// pumpStdin sends r to the task's streamed input until r's EOF, which
+// closes it, or until the task's input or the task ends. It pings at a
+// third of the idle timeout, so that a reader that stays silent does not
+// let the task's input close while Run waits. Problems are notes: the
+// task's own end is what Run reports.
+func (c *Client) pumpStdin(ctx context.Context, task *bashtaskv1alpha1.BashTask, r io.Reader, notes io.Writer) {
+	note := func(format string, args ...any) {
+		if notes != nil && ctx.Err() == nil {
+			fmt.Fprintf(notes, "task %s: "+format+"\n", append([]any{task.Name}, args...)...)
+		}
+	}
+	w, err := c.Stdin(ctx, task.Namespace, task.Name)
+	if err != nil {
+		if !apierrors.IsGone(err) {
+			note("its stdin: %v", err)
+		}
+		return
+	}
+	idle := time.Duration(bashtaskv1alpha1.DefaultStdinIdleTimeoutSeconds) * time.Second
+	if s := task.Spec.StdinStream; s != nil && s.IdleTimeoutSeconds != nil {
+		idle = time.Duration(*s.IdleTimeoutSeconds) * time.Second
+	}
+	pctx, stopPing := context.WithCancel(ctx)
+	defer stopPing()
+	go keepStdinOpen(pctx, w, max(idle/3, 300*time.Millisecond))
+	buf := make([]byte, stdinReadBytes)
+	for {
+		n, rerr := r.Read(buf)
+		if n > 0 {
+			if _, err := w.Write(buf[:n]); err != nil {
+				var ce *StdinClosedError
+				if !errors.As(err, &ce) && !apierrors.IsGone(err) {
+					note("sending stdin: %v", err)
+				}
+				return
+			}
+		}
+		if rerr != nil {
+			if !errors.Is(rerr, io.EOF) {
+				note("reading stdin: %v", rerr)
+			}
+			if err := w.Close(); err != nil {
+				note("closing its stdin: %v", err)
+			}
+			return
+		}
+	}
+}
+
+// keepStdinOpen pings w every interval until ctx ends or the input closes.
+func keepStdinOpen(ctx context.Context, w *StdinWriter, interval time.Duration) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			if _, closed, err := w.Ping(ctx); closed || apierrors.IsGone(err) {
+				return
+			}
+		}
+	}
+}
