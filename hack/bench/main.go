@@ -11,13 +11,14 @@
 //	apiserver  kube-apiserver CPU per task for CRD and status variants (phase/apiserver)
 //	resume     a Suspended workspace's resume, as root, on a cluster of its own (phase/resume)
 //	output     the output API on the shared cluster (phase/output)
+//	session    one command of a session through the plugin and the Go client, on the shared cluster (phase/session)
 //	system     the whole system on the shared cluster; its table takes in
 //	           the executor's, the output's and the resume's figures (phase/system)
 //
 // -phases picks them; the default is what `make bench` runs: executor,
-// output, snapshot, resume (as root only) and system.
+// output, snapshot, resume (as root only), session and system.
 //
-// The local cluster of the output and system phases is started once, when
+// The local cluster of the output, session and system phases is started once, when
 // the first of them needs it, through internal/rig/localcluster in this
 // process, and stopped after the last of them (and on error or Ctrl-C).
 // Its flags are this program's: -bin-dir, -assets-dir, -crd-dir,
@@ -58,6 +59,7 @@ import (
 	"github.com/bashtask/bashtask-operator/hack/bench/phase/executor"
 	"github.com/bashtask/bashtask-operator/hack/bench/phase/output"
 	"github.com/bashtask/bashtask-operator/hack/bench/phase/resume"
+	"github.com/bashtask/bashtask-operator/hack/bench/phase/session"
 	"github.com/bashtask/bashtask-operator/hack/bench/phase/snapshot"
 	"github.com/bashtask/bashtask-operator/hack/bench/phase/system"
 	"github.com/bashtask/bashtask-operator/hack/bench/phase/workspace"
@@ -67,15 +69,15 @@ import (
 // phases are every phase, in the order they run.
 func phases() []phase.Phase {
 	return []phase.Phase{&executor.Phase{}, &snapshot.Phase{}, &workspace.Phase{}, &apiserver.Phase{},
-		&resume.Phase{}, &output.Phase{}, &system.Phase{}}
+		&resume.Phase{}, &output.Phase{}, &session.Phase{}, &system.Phase{}}
 }
 
 // defaultPhases is what `make bench` runs; resume only as root.
 func defaultPhases() string {
 	if os.Geteuid() == 0 {
-		return "executor,output,snapshot,resume,system"
+		return "executor,output,snapshot,resume,session,system"
 	}
-	return "executor,output,snapshot,system"
+	return "executor,output,snapshot,session,system"
 }
 
 func main() {
