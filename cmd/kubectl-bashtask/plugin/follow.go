@@ -85,6 +85,15 @@ type interruptFunc func(ctx context.Context) error
 // was cancelled (kubectl wait --for=delete, by contrast, waits for the
 // object to go; docs/kubectl-plugin.md).
 func watchTask(ctx context.Context, c client.WithWatch, key types.NamespacedName, interrupts <-chan os.Signal, onInterrupt interruptFunc, observe observeFunc) error {
+	return watchTaskFrom(ctx, c, key, nil, interrupts, onInterrupt, observe)
+}
+
+// watchTaskFrom is watchTask that starts from created, the task as its
+// create returned it, when that is not nil: the first watch opens at its
+// resourceVersion without a read before, so that no change after the
+// create is missed and none costs a round trip.
+func watchTaskFrom(ctx context.Context, c client.WithWatch, key types.NamespacedName, created *bashtaskv1alpha1.BashTask,
+	interrupts <-chan os.Signal, onInterrupt interruptFunc, observe observeFunc) error {
 	backoff := 100 * time.Millisecond
 	var last *bashtaskv1alpha1.BashTask
 	inner := observe
@@ -102,12 +111,16 @@ func watchTask(ctx context.Context, c client.WithWatch, key types.NamespacedName
 		return false, nil
 	}
 	for {
-		bt := &bashtaskv1alpha1.BashTask{}
-		if err := c.Get(ctx, key, bt); err != nil {
-			if last != nil && apierrors.IsNotFound(err) {
-				return &deletedError{key: key, last: last}
+		bt := created
+		created = nil
+		if bt == nil {
+			bt = &bashtaskv1alpha1.BashTask{}
+			if err := c.Get(ctx, key, bt); err != nil {
+				if last != nil && apierrors.IsNotFound(err) {
+					return &deletedError{key: key, last: last}
+				}
+				return fmt.Errorf("reading task %s: %w", key, err)
 			}
-			return fmt.Errorf("reading task %s: %w", key, err)
 		}
 		if done, err := observe(bt); done || err != nil {
 			return err

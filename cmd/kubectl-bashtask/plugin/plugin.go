@@ -14,11 +14,11 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/cli-runtime/pkg/genericclioptions"
 	"k8s.io/cli-runtime/pkg/genericiooptions"
-	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -170,10 +170,13 @@ cluster, user and namespace.
 	return root
 }
 
-// scheme knows Secrets (for --env-from-secret) and BashTasks.
+// scheme knows Secrets (for --env-from-secret), BashTasks and
+// BashWorkspaces: the core group alone, not every built-in kind, whose
+// registration would cost each command milliseconds of start-up
+// (docs/performance.md).
 var scheme = func() *runtime.Scheme {
 	s := runtime.NewScheme()
-	if err := clientgoscheme.AddToScheme(s); err != nil {
+	if err := corev1.AddToScheme(s); err != nil {
 		panic(err)
 	}
 	if err := bashtaskv1alpha1.AddToScheme(s); err != nil {
@@ -181,6 +184,17 @@ var scheme = func() *runtime.Scheme {
 	}
 	return s
 }()
+
+// restMapper maps the kinds the plugin uses (BashTask, BashWorkspace and
+// Secret) without asking the API server: a discovery of the cluster's
+// resources would cost every command round trips before its first call
+// (docs/performance.md). A cluster without the CRD answers 404, which
+// notServed explains.
+func restMapper() meta.RESTMapper {
+	m := btclient.RESTMapper()
+	m.Add(corev1.SchemeGroupVersion.WithKind("Secret"), meta.RESTScopeNamespace)
+	return m
+}
 
 // restConfig returns the user's REST configuration and the namespace that
 // -n or the kubeconfig context selects.
@@ -208,7 +222,7 @@ func (a *app) client() (client.WithWatch, string, error) {
 	if err != nil {
 		return nil, "", err
 	}
-	c, err := client.NewWithWatch(cfg, client.Options{Scheme: scheme})
+	c, err := client.NewWithWatch(cfg, client.Options{Scheme: scheme, Mapper: restMapper()})
 	if err != nil {
 		return nil, "", fmt.Errorf("creating the API client: %w", err)
 	}
@@ -224,7 +238,7 @@ func (a *app) clients() (client.WithWatch, *btclient.Client, string, error) {
 	if err != nil {
 		return nil, nil, "", err
 	}
-	c, err := client.NewWithWatch(cfg, client.Options{Scheme: scheme})
+	c, err := client.NewWithWatch(cfg, client.Options{Scheme: scheme, Mapper: restMapper()})
 	if err != nil {
 		return nil, nil, "", fmt.Errorf("creating the API client: %w", err)
 	}

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strings"
+	"sync"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -16,6 +18,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	bashtaskv1alpha1 "github.com/bashtask/bashtask-operator/api/v1alpha1"
+	btclient "github.com/bashtask/bashtask-operator/client"
 )
 
 const tailOKHelp = "when bytes of a stream cannot be read (past spec.output.spillLimitBytes, or no copy kept), " +
@@ -53,6 +56,27 @@ stays in its normal (cooked) mode: the line is edited locally, the command
 has no terminal. An interactive interpreter needs its interactive flag,
 e.g. python3 -i -u.
 
+With --workspace W, run reads W first: a W that does not exist, or that
+spec.suspend holds, is an error at once; the task takes W's owner unless
+--owner is given. While the task is not running yet, run says why on stderr
+(each new reason once, the first within 2 s: the workspace is not Ready, no
+agent has room, the owner's limit, a missing Secret), and --wait-timeout
+bounds the whole wait, from the create to the end: when it passes the task
+is cancelled and run exits 124 saying how long it waited and in what state
+the task was. --timeout is the task's own time limit, counted from its
+start on the node: time spent pending is not in it.
+
+A background process ends with its command: whatever the command left
+running when its shell exited is stopped, and run says how many on stderr.
+Run a long-lived service (a server the next commands reach on 127.0.0.1 in
+the same workspace, say) as a task of its own with --detach: run prints the
+task's name on stdout, how to read its output and stop it on stderr, and
+exits 0 at once. Its output is read later, from any offset, with
+"kubectl bashtask logs NAME".
+
+Tasks that run makes are deleted --ttl (1h) after they end
+(spec.ttlSecondsAfterFinished); --ttl 0 keeps them.
+
 Ctrl-C requests cancellation of the task (spec.cancelRequested) and keeps
 waiting for it to end; a second Ctrl-C stops waiting.
 
@@ -73,11 +97,20 @@ waiting for it to end; a second Ctrl-C stops waiting.
   kubectl bashtask run --workspace s1 -- 'git clone https://example.com/repo.git && cd repo'
   kubectl bashtask run --workspace s1 -- make test
 
+  # A server as a task of its own, detached; the next commands reach it
+  kubectl bashtask run -w s1 --detach --timeout 10m -- python3 -m http.server 8000
+  kubectl bashtask run -w s1 -- curl -s localhost:8000
+
+  # Give up (and cancel) when the command has not ended within a minute,
+  # however long it waited for its workspace
+  kubectl bashtask run -w s1 --wait-timeout 1m -- make test
+
   # A named task, on one node, deleted when done
   kubectl bashtask run --name nightly --node worker-1 --timeout 10m --rm -- make -C /srv/app`,
 		// commandFromArgs explains a missing command better than cobra.
 		Args: cobra.ArbitraryArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
+			f.ownerSet = cmd.Flags().Changed("owner")
 			return a.run(cmd.Context(), f, cmd.Flags().Changed("timeout"), args, tailOK)
 		},
 	}
@@ -90,8 +123,14 @@ waiting for it to end; a second Ctrl-C stops waiting.
 	fl.StringArrayVar(&f.env, "env", nil, "environment variable NAME=VALUE for the command (repeatable)")
 	fl.StringArrayVar(&f.envFromSecrets, "env-from-secret", nil,
 		"add one variable per key of this Secret, as a reference the controller resolves (repeatable; --env wins, then later Secrets)")
-	fl.DurationVar(&f.timeout, "timeout", 0, "the task's time limit (spec.timeoutSeconds, rounded up to seconds; default the API's 120s)")
-	fl.StringVar(&f.owner, "owner", "", "spec.owner: an opaque token naming who the task belongs to")
+	fl.DurationVar(&f.timeout, "timeout", 0, "the task's time limit once it runs on its node (spec.timeoutSeconds, rounded up to seconds; default the API's 120s); "+
+		"over the controller's cap, --max-timeout-seconds (600s unless its administrator changed it), the task is refused with InvalidSpec. "+
+		"Time pending is not counted: see --wait-timeout")
+	fl.DurationVar(&f.waitTimeout, "wait-timeout", 0, "bound the whole wait, from the create to the task's end, pending time included: "+
+		"when it passes, cancel the task and exit 124 (default: no bound)")
+	fl.BoolVar(&f.detach, "detach", false, "create the task, print its name and exit 0 at once; it runs on (read it with logs, stop it with cancel)")
+	fl.DurationVar(&f.ttl, "ttl", time.Hour, "delete the task this long after it ended (spec.ttlSecondsAfterFinished, rounded up to seconds); 0 keeps it")
+	fl.StringVar(&f.owner, "owner", "", "spec.owner: an opaque token naming who the task belongs to (default with --workspace: the workspace's owner)")
 	fl.StringVar(&f.node, "node", "", "run on the agent of this node (spec.nodeName)")
 	fl.StringVarP(&f.workspace, "workspace", "w", "", "run in this BashWorkspace (spec.workspace): its files, UID and network, starting where its last task ended")
 	fl.StringVar(&f.workingDir, "workdir", "", "spec.workingDir: the directory to start in (with --workspace: inside it, relative to its root)")
@@ -107,32 +146,72 @@ func (a *app) run(ctx context.Context, f runFlags, timeoutSet bool, args []strin
 	if _, err := buildTask("", f, timeoutSet, args, nil, nil); err != nil {
 		return err
 	}
+	start := time.Now()
 	c, oc, ns, err := a.clients()
 	if err != nil {
 		return err
 	}
-	// Until the task exists, an interrupt simply stops.
+	bt, err := a.createTask(ctx, c, ns, f, timeoutSet, args)
+	if err != nil {
+		return err
+	}
+	if f.detach {
+		a.detached(bt)
+		return nil
+	}
+	if f.rm {
+		defer a.deleteTask(ctx, c, bt)
+	}
+	if f.stream {
+		pctx, stopPump := context.WithCancel(ctx)
+		defer stopPump()
+		go a.pumpStdin(pctx, oc, bt)
+	}
+	final, results, err := a.followRun(ctx, c, oc, bt, f.waitTimeout, start)
+	if err != nil {
+		return err
+	}
+	a.endNotes(final)
+	return a.runExit(final, results, tailOK)
+}
+
+// createTask reads what the task needs (the workspace, stdin, the
+// Secrets' keys), builds it and creates it. An interrupt until the task
+// exists simply stops.
+func (a *app) createTask(ctx context.Context, c client.Client, ns string, f runFlags, timeoutSet bool, args []string) (*bashtaskv1alpha1.BashTask, error) {
 	setupCtx, stopSetup := a.cancelOnInterrupt(ctx)
 	bt, err := a.prepareTask(setupCtx, c, ns, f, timeoutSet, args)
 	if err == nil {
-		err = c.Create(setupCtx, bt)
-		if err != nil {
-			err = fmt.Errorf("creating the task: %w", err)
+		if err = c.Create(setupCtx, bt); err != nil {
+			err = fmt.Errorf("creating the task: %w", notServed(err))
 		}
 	}
 	interrupted := ctx.Err() == nil && setupCtx.Err() != nil
 	stopSetup()
-	if err != nil {
-		if interrupted {
-			return &exitError{code: ExitInterrupted, err: errors.New("interrupted before the task was created")}
-		}
-		return err
+	if err != nil && interrupted {
+		return nil, &exitError{code: ExitInterrupted, err: errors.New("interrupted before the task was created")}
 	}
-	key := types.NamespacedName{Namespace: bt.Namespace, Name: bt.Name}
-	if f.rm {
-		defer a.deleteTask(ctx, c, bt)
-	}
+	return bt, err
+}
 
+// detached tells the user of --detach which task runs and how to read
+// its output and stop it: the name alone on stdout, for scripts.
+func (a *app) detached(bt *bashtaskv1alpha1.BashTask) {
+	fmt.Fprintln(a.opts.IOStreams.Out, bt.Name)
+	ns := ""
+	if bt.Namespace != "" {
+		ns = " -n " + bt.Namespace
+	}
+	a.note("task %s runs detached; its output: kubectl bashtask logs%s %s -f (--stderr for stderr); stop it: kubectl bashtask cancel%s %s",
+		bt.Name, ns, bt.Name, ns, bt.Name)
+}
+
+// followRun follows the task run created until it has ended: its output
+// to the local streams, why it waits while it waits, Ctrl-C, and the
+// bound of --wait-timeout from start.
+func (a *app) followRun(ctx context.Context, c client.WithWatch, oc *btclient.Client, bt *bashtaskv1alpha1.BashTask,
+	waitTimeout time.Duration, start time.Time) (*bashtaskv1alpha1.BashTask, []streamResult, error) {
+	key := types.NamespacedName{Namespace: bt.Namespace, Name: bt.Name}
 	interrupts := 0
 	onInterrupt := func(ctx context.Context) error {
 		interrupts++
@@ -142,16 +221,45 @@ func (a *app) run(ctx context.Context, f runFlags, timeoutSet bool, args []strin
 		a.note("cancelling task %s; following it until it ends (interrupt again to stop waiting)", key)
 		return cancelCreated(ctx, c, oc, bt)
 	}
-	if f.stream {
-		pctx, stopPump := context.WithCancel(ctx)
-		defer stopPump()
-		go a.pumpStdin(pctx, oc, bt)
+	wctx := ctx
+	if waitTimeout > 0 {
+		var cancel context.CancelFunc
+		wctx, cancel = context.WithDeadline(ctx, start.Add(waitTimeout))
+		defer cancel()
 	}
+	notes := &waitNotes{a: a, last: bt}
+	stopSilent := notes.silentAfter(start)
+	defer stopSilent()
 	targets := []streamTarget{{name: "stdout", out: a.opts.IOStreams.Out}, {name: "stderr", out: a.errOut}}
-	final, results, err := a.followOutput(ctx, c, oc, key, a.opts.Interrupts, onInterrupt, targets...)
-	if err != nil {
-		return err
+	final, results, err := a.followTask(wctx, c, oc, key, followHooks{created: bt, observe: notes.observe}, a.opts.Interrupts, onInterrupt, targets...)
+	if err != nil && wctx.Err() != nil && ctx.Err() == nil {
+		return nil, nil, a.waitTimedOut(ctx, c, oc, bt, notes.lastSeen(), waitTimeout, start)
 	}
+	return final, results, err
+}
+
+// waitTimedOut cancels the task once --wait-timeout passed and returns
+// the exit of run: 124, how long it waited and in what state the task was.
+func (a *app) waitTimedOut(ctx context.Context, c client.Client, oc *btclient.Client, created, last *bashtaskv1alpha1.BashTask,
+	waitTimeout time.Duration, start time.Time) error {
+	state := string(phaseOrPending(last))
+	if _, line, ok := btclient.PendingNote(last); ok {
+		state += " (" + strings.TrimPrefix(line, "task "+last.Name+" is not running yet: ") + ")"
+	}
+	msg := fmt.Sprintf("task %s/%s did not end within --wait-timeout %s: waited %s, and it is still %s", created.Namespace, created.Name,
+		waitTimeout, time.Since(start).Round(time.Millisecond), state)
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	defer cancel()
+	if err := cancelCreated(cctx, c, oc, created); err != nil {
+		return &exitError{code: ExitWaitTimeout, err: fmt.Errorf("%s; cancelling it failed: %w", msg, err)}
+	}
+	return &exitError{code: ExitWaitTimeout, err: errors.New(msg + "; it was asked to cancel (spec.cancelRequested)")}
+}
+
+// runExit checks the streams of the task that has ended and maps its end
+// to run's exit.
+func (a *app) runExit(final *bashtaskv1alpha1.BashTask, results []streamResult, tailOK bool) error {
+	targets := []streamTarget{{name: "stdout", out: a.opts.IOStreams.Out}, {name: "stderr", out: a.errOut}}
 	code, msg := taskExit(final)
 	var errs []error
 	for i, t := range targets {
@@ -162,7 +270,7 @@ func (a *app) run(ctx context.Context, f runFlags, timeoutSet bool, args []strin
 		// went well when it succeeded. How it ended is still worth saying.
 		ending := msg
 		if ending == "" {
-			ending = fmt.Sprintf("task %s ended %s", key, ptr.Deref(final.Status.Reason, ""))
+			ending = fmt.Sprintf("task %s/%s ended %s", final.Namespace, final.Name, ptr.Deref(final.Status.Reason, ""))
 			if final.Status.ExitCode != nil {
 				ending += fmt.Sprintf(" (exit code %d)", *final.Status.ExitCode)
 			}
@@ -178,8 +286,93 @@ func (a *app) run(ctx context.Context, f runFlags, timeoutSet bool, args []strin
 	return &exitError{code: code, err: errors.New(msg)}
 }
 
-// prepareTask reads stdin and the Secrets' keys and builds the task.
+// endNotes says, after the task's output, what else its end holds for
+// the user: processes the command left behind, which were stopped. The
+// notice of a workspace restored for this task belongs here too.
+func (a *app) endNotes(final *bashtaskv1alpha1.BashTask) {
+	if n := ptr.Deref(final.Status.LeftoverProcesses, 0); n > 0 {
+		a.note("task %s/%s: the command left %d %s running when its shell exited, and %s stopped: a background process ends with its command. "+
+			"Run a long-lived service as a task of its own with --detach (docs/workspaces.md)",
+			final.Namespace, final.Name, n, plural(int(n), "process", "processes"), plural(int(n), "it was", "they were"))
+	}
+}
+
+func plural(n int, one, many string) string {
+	if n == 1 {
+		return one
+	}
+	return many
+}
+
+// waitNotes tells the user why a task is not running yet, from the
+// Scheduled=False condition the controller writes while it waits: each
+// new reason once. When the controller says nothing for
+// btclient.SilentWaitNote, it says that.
+type waitNotes struct {
+	a     *app
+	mu    sync.Mutex
+	last  *bashtaskv1alpha1.BashTask
+	noted map[string]bool
+}
+
+func (n *waitNotes) observe(bt *bashtaskv1alpha1.BashTask) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.last = bt
+	reason, line, ok := btclient.PendingNote(bt)
+	if !ok || n.noted[reason] {
+		return
+	}
+	if n.noted == nil {
+		n.noted = map[string]bool{}
+	}
+	n.noted[reason] = true
+	n.a.note("%s", line)
+}
+
+func (n *waitNotes) lastSeen() *bashtaskv1alpha1.BashTask {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.last
+}
+
+// silentAfter notes, btclient.SilentWaitNote after start, a task that
+// the controller has neither dispatched nor said anything about; the
+// returned function stops it.
+func (n *waitNotes) silentAfter(start time.Time) func() {
+	t := time.AfterFunc(max(0, btclient.SilentWaitNote-time.Since(start)), func() {
+		n.mu.Lock()
+		defer n.mu.Unlock()
+		if len(n.noted) == 0 && n.last.Status.NodeName == nil && n.last.Status.Reason == nil {
+			n.a.note("%s", btclient.SilentNote(n.last, time.Since(start)))
+		}
+	})
+	return func() { t.Stop() }
+}
+
+// notServed adds to a 404 without a name, kube-apiserver's answer for a
+// resource it does not serve, that the CRD is missing: the plugin maps
+// the kinds itself (no discovery), so this is where that shows.
+func notServed(err error) error {
+	var se apierrors.APIStatus
+	if !apierrors.IsNotFound(err) || !errors.As(err, &se) || (se.Status().Details != nil && se.Status().Details.Name != "") {
+		return err
+	}
+	return fmt.Errorf("%w: the cluster does not serve bashtask.dev/v1alpha1; install the BashTask CRD (config/crd) first", err)
+}
+
+// prepareTask reads the workspace, stdin and the Secrets' keys and builds
+// the task.
 func (a *app) prepareTask(ctx context.Context, c client.Client, ns string, f runFlags, timeoutSet bool, args []string) (*bashtaskv1alpha1.BashTask, error) {
+	if f.workspace != "" {
+		ws, err := checkWorkspace(ctx, c, ns, f.workspace)
+		if err != nil {
+			return nil, err
+		}
+		if !f.ownerSet {
+			f.owner = ptr.Deref(ws.Spec.Owner, "")
+		}
+	}
 	var stdin *string
 	if f.stdin && !f.stream {
 		s, err := a.readStdinInterruptible(ctx)
@@ -199,6 +392,29 @@ func (a *app) prepareTask(ctx context.Context, c client.Client, ns string, f run
 		keys[name] = slices.Sorted(maps.Keys(s.Data))
 	}
 	return buildTask(ns, f, timeoutSet, args, stdin, keys)
+}
+
+// checkWorkspace reads the workspace of --workspace: one that does not
+// exist, or that spec.suspend holds, is an error at once, where the task
+// would only wait or be refused.
+func checkWorkspace(ctx context.Context, c client.Client, ns, name string) (*bashtaskv1alpha1.BashWorkspace, error) {
+	var ws bashtaskv1alpha1.BashWorkspace
+	err := c.Get(ctx, types.NamespacedName{Namespace: ns, Name: name}, &ws)
+	if apierrors.IsNotFound(err) {
+		var se apierrors.APIStatus
+		if errors.As(err, &se) && se.Status().Details != nil && se.Status().Details.Name != "" {
+			return nil, fmt.Errorf("--workspace %s: BashWorkspace %q not found in namespace %s; create it with: kubectl bashtask workspace create -n %s %s",
+				name, name, ns, ns, name)
+		}
+	}
+	if err != nil {
+		return nil, fmt.Errorf("--workspace %s: reading the workspace: %w", name, notServed(err))
+	}
+	if ptr.Deref(ws.Spec.Suspend, false) {
+		return nil, fmt.Errorf("--workspace %s: BashWorkspace %q is held (spec.suspend is true, phase %s): it takes no task until it is resumed: kubectl bashtask workspace resume -n %s %s",
+			name, name, orNone(string(ptr.Deref(ws.Status.Phase, ""))), ns, name)
+	}
+	return &ws, nil
 }
 
 // readStdinInterruptible reads stdin for -i; an interrupt ends the wait,

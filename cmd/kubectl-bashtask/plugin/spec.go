@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -43,6 +44,15 @@ type runFlags struct {
 	workingDir     string
 	name           string
 	rm             bool
+	// ownerSet is true when --owner was given (with --workspace, the
+	// workspace's owner is the default).
+	ownerSet bool
+	// waitTimeout bounds the whole wait (--wait-timeout); 0: none.
+	waitTimeout time.Duration
+	// detach creates the task and returns (--detach).
+	detach bool
+	// ttl is spec.ttlSecondsAfterFinished (--ttl); 0 keeps the task.
+	ttl time.Duration
 }
 
 // commandFromArgs joins the words after `--` with spaces into the string
@@ -175,6 +185,13 @@ func buildTask(ns string, f runFlags, timeoutSet bool, args []string, stdin *str
 	if f.workingDir != "" && f.workspace == "" && !strings.HasPrefix(f.workingDir, "/") {
 		return nil, fmt.Errorf("--workdir %q: spec.workingDir must be absolute, or relative to the root of a --workspace", f.workingDir)
 	}
+	if err := checkWaitFlags(f); err != nil {
+		return nil, err
+	}
+	ttl, err := ttlSeconds(f.ttl)
+	if err != nil {
+		return nil, err
+	}
 	bt := &bashtaskv1alpha1.BashTask{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: f.name},
 		Spec: bashtaskv1alpha1.BashTaskSpec{
@@ -185,6 +202,8 @@ func buildTask(ns string, f runFlags, timeoutSet bool, args []string, stdin *str
 			NodeName:   optional(f.node),
 			Workspace:  optional(f.workspace),
 			WorkingDir: optional(f.workingDir),
+
+			TTLSecondsAfterFinished: ttl,
 		},
 	}
 	if f.stream {
@@ -225,4 +244,41 @@ func optional(s string) *string {
 		return nil
 	}
 	return &s
+}
+
+// checkWaitFlags refuses the flags that contradict each other on how run
+// waits: --detach does not wait, so nothing that shapes the wait goes
+// with it.
+func checkWaitFlags(f runFlags) error {
+	if f.waitTimeout < 0 {
+		return fmt.Errorf("--wait-timeout %s: must not be negative", f.waitTimeout)
+	}
+	if !f.detach {
+		return nil
+	}
+	switch {
+	case f.stream:
+		return errors.New("--detach and --stream: --stream sends the local stdin while run waits, and --detach does not wait (-i without --stream sends it with the task)")
+	case f.rm:
+		return errors.New("--detach and --rm: --rm deletes the task when run has seen it end, and --detach does not wait (--ttl deletes it after its end)")
+	case f.waitTimeout != 0:
+		return errors.New("--detach and --wait-timeout: --detach does not wait (--timeout is the task's own limit)")
+	}
+	return nil
+}
+
+// ttlSeconds converts --ttl to spec.ttlSecondsAfterFinished, rounding up
+// to whole seconds; nil for 0, which keeps the task.
+func ttlSeconds(d time.Duration) (*int32, error) {
+	if d < 0 {
+		return nil, fmt.Errorf("--ttl %s: must not be negative (0 keeps the task)", d)
+	}
+	if d == 0 {
+		return nil, nil
+	}
+	s := (d + time.Second - 1) / time.Second
+	if s > math.MaxInt32 {
+		return nil, fmt.Errorf("--ttl %s: spec.ttlSecondsAfterFinished is at most %d seconds", d, math.MaxInt32)
+	}
+	return ptr.To(int32(s)), nil
 }

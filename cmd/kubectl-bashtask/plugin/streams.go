@@ -187,6 +187,24 @@ func outputError(stream string, key types.NamespacedName, err error) error {
 // unreachable API, a local write) ends it with that error.
 func (a *app) followOutput(ctx context.Context, c client.WithWatch, oc *btclient.Client, key types.NamespacedName,
 	interrupts <-chan os.Signal, onInterrupt interruptFunc, targets ...streamTarget) (*bashtaskv1alpha1.BashTask, []streamResult, error) {
+	return a.followTask(ctx, c, oc, key, followHooks{}, interrupts, onInterrupt, targets...)
+}
+
+// followHooks are what run adds to followOutput.
+type followHooks struct {
+	// created is the task as its create returned it: the watch starts at
+	// its resourceVersion, without a read first.
+	created *bashtaskv1alpha1.BashTask
+	// observe, when set, sees every state of the task the watch
+	// delivers (run's notes).
+	observe func(*bashtaskv1alpha1.BashTask)
+}
+
+// followTask is followOutput with hooks. Once the task has ended, a
+// stream whose status tail is the whole stream is not read further: its
+// copy is stopped and the tail gives what it had not written.
+func (a *app) followTask(ctx context.Context, c client.WithWatch, oc *btclient.Client, key types.NamespacedName, hooks followHooks,
+	interrupts <-chan os.Signal, onInterrupt interruptFunc, targets ...streamTarget) (*bashtaskv1alpha1.BashTask, []streamResult, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	// Every return waits for the goroutines: a copy must not write to its
@@ -196,8 +214,11 @@ func (a *app) followOutput(ctx context.Context, c client.WithWatch, oc *btclient
 	var last atomic.Pointer[bashtaskv1alpha1.BashTask]
 	watched := make(chan error, 1)
 	wg.Go(func() {
-		watched <- watchTask(ctx, c, key, nil, nil, func(bt *bashtaskv1alpha1.BashTask) (bool, error) {
+		watched <- watchTaskFrom(ctx, c, key, hooks.created, nil, nil, func(bt *bashtaskv1alpha1.BashTask) (bool, error) {
 			last.Store(bt)
+			if hooks.observe != nil {
+				hooks.observe(bt)
+			}
 			return isFinished(bt), nil
 		})
 	})
@@ -206,11 +227,19 @@ func (a *app) followOutput(ctx context.Context, c client.WithWatch, oc *btclient
 		res streamResult
 	}
 	copied := make(chan indexed, len(targets))
+	stops := make([]context.CancelFunc, len(targets))
 	for i, t := range targets {
-		wg.Go(func() { copied <- indexed{i, copyStream(ctx, oc, key, t, true)} })
+		cctx, stop := context.WithCancel(ctx)
+		stops[i] = stop
+		wg.Go(func() { copied <- indexed{i, copyStream(cctx, oc, key, t, true)} })
 	}
 
 	results := make([]streamResult, len(targets))
+	copying := make([]bool, len(targets))
+	for i := range copying {
+		copying[i] = true
+	}
+	cut := make([]bool, len(targets))
 	copies, watching := len(targets), true
 	var deleted error
 	var drain <-chan time.Time
@@ -222,6 +251,10 @@ func (a *app) followOutput(ctx context.Context, c client.WithWatch, oc *btclient
 			}
 		case r := <-copied:
 			copies--
+			copying[r.i] = false
+			if cut[r.i] {
+				r.res = fromWholeTail(targets[r.i], r.res, last.Load())
+			}
 			results[r.i] = r.res
 			if err := r.res.err; err != nil && !errors.As(err, new(*btclient.StreamError)) {
 				if deleted != nil {
@@ -237,6 +270,7 @@ func (a *app) followOutput(ctx context.Context, c client.WithWatch, oc *btclient
 			} else if err != nil {
 				return nil, nil, err
 			}
+			cutWholeTails(last.Load(), targets, copying, cut, stops)
 		case <-drain:
 			return nil, nil, deleted
 		}
@@ -245,6 +279,55 @@ func (a *app) followOutput(ctx context.Context, c client.WithWatch, oc *btclient
 		return nil, nil, deleted
 	}
 	return last.Load(), results, nil
+}
+
+// cutWholeTails stops the copies, still running when the task has ended
+// (final), of the streams its status tail holds whole: the tail has their
+// bytes, and reading them again through the output API would only add its
+// round trips to the command's end (docs/kubectl-plugin.md).
+func cutWholeTails(final *bashtaskv1alpha1.BashTask, targets []streamTarget, copying, cut []bool, stops []context.CancelFunc) {
+	if final == nil || !isFinished(final) {
+		return
+	}
+	for i, t := range targets {
+		if copying[i] && tailIsWhole(streamOf(final, t.name)) {
+			cut[i] = true
+			stops[i]()
+		}
+	}
+}
+
+// tailIsWhole reports whether a stream's status tail is the whole stream,
+// byte for byte: not shortened, no byte replaced. A stream without a
+// status is empty.
+func tailIsWhole(s *bashtaskv1alpha1.StreamStatus) bool {
+	if s == nil {
+		return true
+	}
+	return !ptr.Deref(s.Truncated, false) && !ptr.Deref(s.Sanitized, false) &&
+		int64(len(ptr.Deref(s.Tail, ""))) == ptr.Deref(s.TotalBytes, 0)
+}
+
+// fromWholeTail completes a copy stopped by cutWholeTails from the tail:
+// the bytes it had not written yet. A failure to write locally stays the
+// copy's result.
+func fromWholeTail(t streamTarget, res streamResult, final *bashtaskv1alpha1.BashTask) streamResult {
+	if errors.As(res.err, new(*writeError)) {
+		return res
+	}
+	tail := []byte(ptr.Deref(ptr.Deref(streamOf(final, t.name), bashtaskv1alpha1.StreamStatus{}).Tail, ""))
+	res.err = nil
+	if res.written > int64(len(tail)) {
+		return res // verify names the difference
+	}
+	rest := tail[res.written:]
+	if _, err := t.out.Write(rest); err != nil {
+		res.err = &writeError{stream: t.name, err: err}
+		return res
+	}
+	res.hash.Write(rest)
+	res.written += int64(len(rest))
+	return res
 }
 
 // finishStream completes and checks one stream of a task that has ended,
