@@ -14,8 +14,8 @@ import (
 	"strings"
 	"time"
 
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/utils/ptr"
 	ctrlclient "sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -37,8 +37,9 @@ const (
 	// copyTailBytes keeps a short tail in status, where the copy reads a
 	// failed tar's stderr from; the stdout tail is only the archive's end.
 	copyTailBytes = 4096
-	// copyPoll is how often a copy reads its task until it has ended.
-	copyPoll = 25 * time.Millisecond
+	// copyEndWait bounds the wait for the end of a copy's task whose input
+	// was refused, for the reason it gives (a missing directory).
+	copyEndWait = 30 * time.Second
 )
 
 // MaxInlineArchiveBytes is the largest archive InlineStdin takes: what
@@ -59,6 +60,11 @@ type CopyOptions struct {
 	Timeout time.Duration
 	// Stdin gives CopyTo's task its input. Nil: StreamedStdin.
 	Stdin StdinOpener
+	// TTL is spec.ttlSecondsAfterFinished of the copy's task (whole
+	// seconds, rounded up), which matters only when the client cannot
+	// delete it when the copy is done. Zero: a day; negative: unset (the
+	// controller's default, if any).
+	TTL time.Duration
 }
 
 // StdinOpener creates task, whose spec.command extracts a tar archive
@@ -223,17 +229,15 @@ func (c *Client) CopyTo(ctx context.Context, namespace, workspace, localPath, re
 	}
 	w, err := open(ctx, c, task)
 	if err != nil {
-		return err
+		return c.inputRefused(ctx, task, err)
 	}
 	if err := tarcopy.Write(w, localPath); err != nil {
 		// The task may exist and wait for the rest of its input.
 		_ = w.Close()
-		c.discardCopyTask(task, true)
-		return err
+		return c.inputRefused(ctx, task, err)
 	}
 	if err := w.Close(); err != nil {
-		c.discardCopyTask(task, true)
-		return err
+		return c.inputRefused(ctx, task, err)
 	}
 	defer c.discardCopyTask(task, false)
 	final, err := c.copyTaskEnd(ctx, task)
@@ -446,6 +450,13 @@ func copyTask(ws *bashtaskv1alpha1.BashWorkspace, command string, opts CopyOptio
 	if timeout%time.Second != 0 || timeout < time.Second || timeout > 604800*time.Second {
 		return nil, fmt.Errorf("copy timeout %s: whole seconds from 1s to 604800s (spec.timeoutSeconds)", timeout)
 	}
+	ttl := ptr.To[int32](copyTTLSeconds)
+	if opts.TTL != 0 {
+		var err error
+		if ttl, err = seconds("CopyOptions.TTL", "spec.ttlSecondsAfterFinished", opts.TTL, 0, maxTTLSeconds); err != nil {
+			return nil, err
+		}
+	}
 	return &bashtaskv1alpha1.BashTask{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ws.Namespace, GenerateName: ws.Name + "-cp-"},
 		Spec: bashtaskv1alpha1.BashTaskSpec{
@@ -453,7 +464,7 @@ func copyTask(ws *bashtaskv1alpha1.BashWorkspace, command string, opts CopyOptio
 			Workspace:               ptr.To(ws.Name),
 			Owner:                   ws.Spec.Owner,
 			TimeoutSeconds:          ptr.To(int32(timeout / time.Second)),
-			TTLSecondsAfterFinished: ptr.To[int32](copyTTLSeconds),
+			TTLSecondsAfterFinished: ttl,
 			Output: &bashtaskv1alpha1.OutputSpec{
 				TailBytes:       ptr.To[int32](copyTailBytes),
 				SpillLimitBytes: ptr.To[int64](bashtaskv1alpha1.MaxSpillLimitBytes),
@@ -463,22 +474,38 @@ func copyTask(ws *bashtaskv1alpha1.BashWorkspace, command string, opts CopyOptio
 	}, nil
 }
 
-// copyTaskEnd reads task until it has its terminal reason.
+// copyTaskEnd waits, on a watch of the task, until it has its terminal
+// reason.
 func (c *Client) copyTaskEnd(ctx context.Context, task *bashtaskv1alpha1.BashTask) (*bashtaskv1alpha1.BashTask, error) {
-	var got bashtaskv1alpha1.BashTask
-	err := wait.PollUntilContextCancel(ctx, copyPoll, true, func(ctx context.Context) (bool, error) {
-		if err := c.k8s.Get(ctx, ctrlclient.ObjectKeyFromObject(task), &got); err != nil {
-			return false, err
-		}
-		if got.UID != task.UID {
-			return false, ErrTaskReplaced
-		}
-		return got.Status.Reason != nil, nil
-	})
+	res, err := c.Wait(ctx, task, RunOptions{})
 	if err != nil {
 		return nil, fmt.Errorf("waiting for the copy's task %s: %w", task.Name, err)
 	}
-	return &got, nil
+	return res.Task, nil
+}
+
+// inputRefused handles an upload whose input failed: when the task
+// closed its input or ended first (it found no directory to extract to,
+// say), its end says why, in tar's or cp's words naming the path, and
+// that is the error rather than the input's. Otherwise the task is
+// cancelled and err returned. Either way the task is deleted.
+func (c *Client) inputRefused(ctx context.Context, task *bashtaskv1alpha1.BashTask, err error) error {
+	var ce *StdinClosedError
+	if task.UID == "" || (!errors.As(err, &ce) && !apierrors.IsGone(err)) {
+		c.discardCopyTask(task, true)
+		return err
+	}
+	wctx, cancel := context.WithTimeout(ctx, copyEndWait)
+	defer cancel()
+	final, werr := c.copyTaskEnd(wctx, task)
+	c.discardCopyTask(task, werr != nil)
+	if werr != nil {
+		return errors.Join(err, werr)
+	}
+	if rerr := copyResult(final); rerr != nil {
+		return rerr
+	}
+	return err
 }
 
 // copyResult is nil for a task that succeeded, else its *CopyError.

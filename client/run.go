@@ -212,14 +212,14 @@ func (c *Client) taskOf(ctx context.Context, opts RunOptions) (*bashtaskv1alpha1
 		t.Spec.StdinStream = &bashtaskv1alpha1.StdinStream{}
 	}
 	var err error
-	if t.Spec.TimeoutSeconds, err = seconds("Timeout", "spec.timeoutSeconds", opts.Timeout, 1, maxTimeoutSeconds); err != nil {
+	if t.Spec.TimeoutSeconds, err = seconds("RunOptions.Timeout", "spec.timeoutSeconds", opts.Timeout, 1, maxTimeoutSeconds); err != nil {
 		return nil, err
 	}
 	ttl := opts.TTL
 	if ttl == 0 {
 		ttl = DefaultTTL
 	}
-	if t.Spec.TTLSecondsAfterFinished, err = seconds("TTL", "spec.ttlSecondsAfterFinished", ttl, 0, maxTTLSeconds); err != nil {
+	if t.Spec.TTLSecondsAfterFinished, err = seconds("RunOptions.TTL", "spec.ttlSecondsAfterFinished", ttl, 0, maxTTLSeconds); err != nil {
 		return nil, err
 	}
 	if opts.Workspace != "" && opts.Owner == "" {
@@ -236,19 +236,20 @@ const (
 	maxTTLSeconds     = 1<<31 - 1
 )
 
-// seconds converts a duration option to its field's whole seconds,
-// rounding up: nil for zero or less where min is 1 (the API's default),
-// else an error naming the option when it is out of [min, max].
+// seconds converts a duration option (named as the caller writes it) to
+// its field's whole seconds, rounding up: nil for zero, and for less
+// where minimum is 0 (the field unset); else an error naming the option
+// when it is out of [minimum, maximum].
 func seconds(option, field string, d time.Duration, minimum, maximum int64) (*int32, error) {
 	if d < 0 && minimum > 0 {
-		return nil, fmt.Errorf("RunOptions.%s %s: %s must not be negative", option, d, field)
+		return nil, fmt.Errorf("%s %s: %s must not be negative", option, d, field)
 	}
 	if d <= 0 {
 		return nil, nil
 	}
 	s := int64((d + time.Second - 1) / time.Second)
 	if s < minimum || s > maximum {
-		return nil, fmt.Errorf("RunOptions.%s %s: %s is %d to %d seconds", option, d, field, minimum, maximum)
+		return nil, fmt.Errorf("%s %s: %s is %d to %d seconds", option, d, field, minimum, maximum)
 	}
 	return ptr.To(int32(s)), nil
 }

@@ -184,8 +184,9 @@ func (c *Client) DeleteWorkspace(ctx context.Context, namespace, name string) er
 
 // WaitWorkspace watches a workspace (a read, then one watch from its
 // resourceVersion, field selector on its name) until done says so, and
-// returns it then. A workspace that is Failed or NodeLost, or deleted,
-// ends the wait with a *WorkspaceFailedError; ctx bounds it.
+// returns it then. A workspace that is Failed or NodeLost (and not being
+// deleted), or that is deleted, ends the wait with a
+// *WorkspaceFailedError; ctx bounds it.
 func (c *Client) WaitWorkspace(ctx context.Context, namespace, name string, done func(*bashtaskv1alpha1.BashWorkspace) bool) (*bashtaskv1alpha1.BashWorkspace, error) {
 	for {
 		ws, err := c.GetWorkspace(ctx, namespace, name)
@@ -227,7 +228,9 @@ func drainWorkspace(ctx context.Context, wi watch.Interface, ws *bashtaskv1alpha
 		}
 		switch phase := ptr.Deref(ws.Status.Phase, ""); phase {
 		case bashtaskv1alpha1.WorkspaceFailed, bashtaskv1alpha1.WorkspaceNodeLost:
-			return nil, &WorkspaceFailedError{Namespace: ws.Namespace, Name: ws.Name, Phase: phase, Message: ptr.Deref(ws.Status.Message, "")}
+			if ws.DeletionTimestamp.IsZero() {
+				return nil, &WorkspaceFailedError{Namespace: ws.Namespace, Name: ws.Name, Phase: phase, Message: ptr.Deref(ws.Status.Message, "")}
+			}
 		}
 		select {
 		case <-ctx.Done():
