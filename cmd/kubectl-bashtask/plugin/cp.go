@@ -15,6 +15,7 @@ import (
 
 type cpFlags struct {
 	timeout time.Duration
+	ttl     time.Duration
 }
 
 func (a *app) cpCommand() *cobra.Command {
@@ -52,7 +53,10 @@ Downloads are at most 16 GiB of archive. See docs/workspaces.md.`,
 			return a.cp(cmd.Context(), args[0], args[1], f)
 		},
 	}
-	cmd.Flags().DurationVar(&f.timeout, "timeout", btclient.DefaultCopyTimeout, "spec.timeoutSeconds of the copy's task (whole seconds)")
+	cmd.Flags().DurationVar(&f.timeout, "timeout", btclient.DefaultCopyTimeout, "spec.timeoutSeconds of the copy's task (whole seconds; "+
+		"at most the controller's --max-timeout-seconds, 600s unless its administrator changed it)")
+	cmd.Flags().DurationVar(&f.ttl, "ttl", time.Hour, "spec.ttlSecondsAfterFinished of the copy's task, which cp deletes when done: "+
+		"how long it is kept should that fail; 0 keeps it")
 	return cmd
 }
 
@@ -116,7 +120,13 @@ func (a *app) cp(ctx context.Context, src, dest string, f cpFlags) error {
 	}
 	ctx, stop := a.cancelOnInterrupt(ctx)
 	defer stop()
-	opts := btclient.CopyOptions{Timeout: f.timeout}
+	if f.ttl < 0 {
+		return fmt.Errorf("--ttl %s: must not be negative (0 keeps the task)", f.ttl)
+	}
+	opts := btclient.CopyOptions{Timeout: f.timeout, TTL: f.ttl}
+	if f.ttl == 0 {
+		opts.TTL = -1 // unset: kept
+	}
 	if srcRemote {
 		if rs.namespace != "" {
 			ns = rs.namespace

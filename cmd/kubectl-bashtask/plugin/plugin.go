@@ -36,7 +36,8 @@ const (
 	// (StartFailed, AgentLost, ...), with a message on stderr; or get, logs
 	// or cancel failed.
 	ExitFailure = 1
-	// ExitWaitTimeout: wait --timeout passed before the task ended.
+	// ExitWaitTimeout: wait --timeout, or run --wait-timeout, passed
+	// before the task ended; run cancels the task then, wait leaves it.
 	ExitWaitTimeout = 124
 	// ExitPluginError: run or wait could not do their work: invalid
 	// arguments, an input over an API limit, an unreachable or refusing API
@@ -50,16 +51,18 @@ const (
 
 // exitStatusHelp documents the exit statuses in the root command's help.
 const exitStatusHelp = `Exit status of run and wait:
-  0        the task succeeded
+  0        the task succeeded (run --detach: the task was created)
   1-255    the task's exit code when it is non-zero, whatever the reason (128+n when
            signal n killed it: 143 for a task cancelled or timed out by SIGTERM);
            a message on stderr names any reason other than NonZeroExit
   1        the task ended without a non-zero exit code (StartFailed, AgentLost,
            InvalidSpec, ...); a message on stderr names the reason
-  124      wait --timeout passed before the task ended
+  124      wait --timeout, or run --wait-timeout, passed before the task ended
+           (run cancels the task; wait leaves it running)
   125      the plugin failed: invalid arguments, an input over an API limit,
-           an API error, the task was deleted while followed, or run could
-           not write a stream whole (without --tail-ok)
+           an API error, a --workspace that does not exist or is held, the
+           task was deleted while followed, or run could not write a stream
+           whole (without --tail-ok)
   130      run was interrupted twice and stopped waiting
 Exit status of get, logs and cancel: 0 on success, 1 on any error.`
 

@@ -27,6 +27,7 @@ const shellCarryWait = 5 * time.Second
 
 type shellFlags struct {
 	timeout time.Duration
+	ttl     time.Duration
 }
 
 func (a *app) shellCommand() *cobra.Command {
@@ -49,7 +50,9 @@ workspace's owner.`,
 			return a.shell(cmd.Context(), args[0], f)
 		},
 	}
-	cmd.Flags().DurationVar(&f.timeout, "timeout", 0, "spec.timeoutSeconds of each line (whole seconds; default the API's)")
+	cmd.Flags().DurationVar(&f.timeout, "timeout", 0, "spec.timeoutSeconds of each line (whole seconds; default the API's 120s; "+
+		"at most the controller's --max-timeout-seconds, 600s unless its administrator changed it)")
+	cmd.Flags().DurationVar(&f.ttl, "ttl", time.Hour, "delete each line's task this long after it ended (spec.ttlSecondsAfterFinished); 0 keeps them")
 	return cmd
 }
 
@@ -68,6 +71,9 @@ func (a *app) shell(ctx context.Context, name string, f shellFlags) error {
 	if f.timeout != 0 && (f.timeout%time.Second != 0 || f.timeout < time.Second || f.timeout > maxTimeoutSeconds*time.Second) {
 		return &exitError{code: ExitPluginError, err: fmt.Errorf("--timeout %s: whole seconds from 1s to %ds", f.timeout, maxTimeoutSeconds)}
 	}
+	if _, err := ttlSeconds(f.ttl); err != nil {
+		return &exitError{code: ExitPluginError, err: err}
+	}
 	c, ns, err := a.client()
 	if err != nil {
 		return err
@@ -85,7 +91,7 @@ func (a *app) shell(ctx context.Context, name string, f shellFlags) error {
 	if err := c.Get(ctx, client.ObjectKeyFromObject(ws), ws); err != nil {
 		return fmt.Errorf("reading workspace %s/%s: %w", ns, name, err)
 	}
-	if ws, err = waitWorkspace(ctx, c, ws, time.Minute); err != nil {
+	if ws, err = waitWorkspace(ctx, bc, ws, time.Minute); err != nil {
 		return err
 	}
 	s := &shellSession{a: a, c: c, bc: bc, ns: ns, ws: ws, f: f}
@@ -183,6 +189,7 @@ func (s *shellSession) runLine(ctx context.Context, cmd string) error {
 	if s.f.timeout > 0 {
 		bt.Spec.TimeoutSeconds = ptr.To(int32(s.f.timeout / time.Second))
 	}
+	bt.Spec.TTLSecondsAfterFinished, _ = ttlSeconds(s.f.ttl) // checked in shell
 	if err := s.c.Create(ctx, bt); err != nil {
 		s.a.note("creating the task: %v", err)
 		s.last = ExitPluginError
@@ -257,20 +264,17 @@ func (s *shellSession) follow(ctx context.Context, bt *bashtaskv1alpha1.BashTask
 	return nil
 }
 
-// ended reads bt until it has its terminal reason: a followed stream ends
-// with the task, the status write may come a moment later.
+// ended waits, on a watch of bt from its create, until it has its
+// terminal reason: a followed stream ends with the task, the status
+// write may come a moment later.
 func (s *shellSession) ended(ctx context.Context, bt *bashtaskv1alpha1.BashTask) (*bashtaskv1alpha1.BashTask, error) {
-	var got bashtaskv1alpha1.BashTask
-	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
-		if err := s.c.Get(ctx, client.ObjectKeyFromObject(bt), &got); err != nil {
-			return false, err
-		}
-		return got.Status.Reason != nil, nil
-	})
+	wctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	res, err := s.bc.Wait(wctx, bt, btclient.RunOptions{})
 	if err != nil {
 		return nil, fmt.Errorf("waiting for the end of %s: %w", bt.Name, err)
 	}
-	return &got, nil
+	return res.Task, nil
 }
 
 // shellStatus shows how a line ended, when it did not succeed, and

@@ -10,15 +10,14 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/duration"
-	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	bashtaskv1alpha1 "github.com/bashtask/bashtask-operator/api/v1alpha1"
+	btclient "github.com/bashtask/bashtask-operator/client"
 )
 
 // workspacePoll is how often workspace create and delete read the
@@ -79,7 +78,8 @@ func (a *app) workspaceCreateCommand() *cobra.Command {
 	fl.StringVar(&f.network, "network", "", "spec.network: Egress, None or Node (default: the agent's)")
 	fl.BoolVar(&f.carryEnv, "carry-env", false, "carry the variables each task exports to the next task")
 	fl.BoolVar(&f.noCarryDir, "no-carry-dir", false, "start every task at the workspace's root instead of where the last one ended")
-	fl.DurationVar(&f.idleTimeout, "idle-timeout", 0, "spec.idleTimeoutSeconds: delete the workspace after this long without a task (whole seconds)")
+	fl.DurationVar(&f.idleTimeout, "idle-timeout", 0, "spec.idleTimeoutSeconds: after this long without a task, suspend the workspace to a snapshot "+
+		"(its next task restores it), or delete it where the agents have no bucket to snapshot to (whole seconds)")
 	fl.DurationVar(&f.wait, "wait", time.Minute, "how long to wait for Ready; 0 returns at once")
 	fl.DurationVar(&f.snapshotEvery, "snapshot-interval", 0, "spec.snapshot.intervalSeconds: snapshot this often while a task runs, 1m to 24h (whole seconds)")
 	fl.DurationVar(&f.snapshotAfterTask, "snapshot-after-task", -1, "spec.snapshot.afterTaskSeconds: snapshot this long after the last task ended when a task changed the workspace, up to 24h (whole seconds); 0 turns it off (default: the controller's, 5m)")
@@ -175,7 +175,7 @@ func (a *app) workspaceCreate(ctx context.Context, name string, f workspaceCreat
 	}
 	ctx, stop := a.cancelOnInterrupt(ctx)
 	defer stop()
-	c, ns, err := a.client()
+	c, bc, ns, err := a.clients()
 	if err != nil {
 		return err
 	}
@@ -188,7 +188,7 @@ func (a *app) workspaceCreate(ctx context.Context, name string, f workspaceCreat
 		fmt.Fprintf(a.opts.IOStreams.Out, "bashworkspace/%s created\n", name)
 		return nil
 	}
-	got, err := waitWorkspace(ctx, c, ws, f.wait)
+	got, err := waitWorkspace(ctx, bc, ws, f.wait)
 	if err != nil {
 		return err
 	}
@@ -197,40 +197,29 @@ func (a *app) workspaceCreate(ctx context.Context, name string, f workspaceCreat
 	return nil
 }
 
-// waitWorkspace waits until ws is Ready, or fails naming its phase and
-// message when it is Failed or NodeLost, or when limit passes.
-func waitWorkspace(ctx context.Context, c client.Client, ws *bashtaskv1alpha1.BashWorkspace, limit time.Duration) (*bashtaskv1alpha1.BashWorkspace, error) {
-	var got bashtaskv1alpha1.BashWorkspace
+// waitWorkspace waits, on a watch, until ws is Ready, or fails naming its
+// phase and message when it is Failed or NodeLost, or when limit passes.
+func waitWorkspace(ctx context.Context, bc *btclient.Client, ws *bashtaskv1alpha1.BashWorkspace, limit time.Duration) (*bashtaskv1alpha1.BashWorkspace, error) {
 	wctx, cancel := context.WithTimeout(ctx, limit)
 	defer cancel()
-	var terminal error
-	err := wait.PollUntilContextCancel(wctx, workspacePoll, true, func(ctx context.Context) (bool, error) {
-		if err := c.Get(ctx, client.ObjectKeyFromObject(ws), &got); err != nil {
-			return false, err
-		}
-		if got.UID != ws.UID {
-			return false, fmt.Errorf("workspace %s/%s was re-created while waiting", ws.Namespace, ws.Name)
-		}
-		switch ptr.Deref(got.Status.Phase, "") {
-		case bashtaskv1alpha1.WorkspaceReady:
-			return true, nil
-		case bashtaskv1alpha1.WorkspaceFailed, bashtaskv1alpha1.WorkspaceNodeLost:
-			terminal = fmt.Errorf("workspace %s/%s is %s: %s", ws.Namespace, ws.Name, *got.Status.Phase, ptr.Deref(got.Status.Message, ""))
-			return true, nil
-		}
-		return false, nil
+	var last *bashtaskv1alpha1.BashWorkspace
+	got, err := bc.WaitWorkspace(wctx, ws.Namespace, ws.Name, func(w *bashtaskv1alpha1.BashWorkspace) bool {
+		last = w
+		return w.UID != ws.UID || ptr.Deref(w.Status.Phase, "") == bashtaskv1alpha1.WorkspaceReady
 	})
-	if terminal != nil {
-		return nil, terminal
-	}
-	if err != nil {
-		if wctx.Err() != nil && ctx.Err() == nil {
-			return nil, fmt.Errorf("workspace %s/%s is not Ready after %s (phase %s: %s)", ws.Namespace, ws.Name, limit,
-				orNone(string(ptr.Deref(got.Status.Phase, ""))), ptr.Deref(got.Status.Message, ""))
-		}
+	var fe *btclient.WorkspaceFailedError
+	switch {
+	case errors.As(err, &fe):
+		return nil, fe
+	case err != nil && wctx.Err() != nil && ctx.Err() == nil && last != nil:
+		return nil, fmt.Errorf("workspace %s/%s is not Ready after %s (phase %s: %s)", ws.Namespace, ws.Name, limit,
+			orNone(string(ptr.Deref(last.Status.Phase, ""))), ptr.Deref(last.Status.Message, ""))
+	case err != nil:
 		return nil, fmt.Errorf("waiting for workspace %s/%s: %w", ws.Namespace, ws.Name, err)
+	case ws.UID != "" && got.UID != ws.UID:
+		return nil, fmt.Errorf("workspace %s/%s was re-created while waiting", ws.Namespace, ws.Name)
 	}
-	return &got, nil
+	return got, nil
 }
 
 func (a *app) workspaceGetCommand() *cobra.Command {
@@ -334,7 +323,7 @@ func (a *app) workspaceDeleteCommand() *cobra.Command {
 func (a *app) workspaceDelete(ctx context.Context, names []string, waitFor time.Duration) error {
 	ctx, stop := a.cancelOnInterrupt(ctx)
 	defer stop()
-	c, ns, err := a.client()
+	c, bc, ns, err := a.clients()
 	if err != nil {
 		return err
 	}
@@ -348,15 +337,10 @@ func (a *app) workspaceDelete(ctx context.Context, names []string, waitFor time.
 		}
 		if waitFor > 0 {
 			wctx, cancel := context.WithTimeout(ctx, waitFor)
-			err := wait.PollUntilContextCancel(wctx, workspacePoll, true, func(ctx context.Context) (bool, error) {
-				err := c.Get(ctx, client.ObjectKeyFromObject(ws), ws)
-				if apierrors.IsNotFound(err) {
-					return true, nil
-				}
-				return false, err
-			})
+			_, err := bc.WaitWorkspace(wctx, ns, name, func(*bashtaskv1alpha1.BashWorkspace) bool { return false })
 			cancel()
-			if err != nil {
+			var fe *btclient.WorkspaceFailedError
+			if !errors.As(err, &fe) || fe.Phase != "" {
 				errs = append(errs, fmt.Errorf("workspace %s/%s is not gone after %s: %w", ns, name, waitFor, err))
 				continue
 			}
