@@ -6,6 +6,7 @@ package plugin_test
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"fmt"
 	"io"
@@ -80,8 +81,11 @@ type result struct {
 type invocation struct {
 	stdin      io.Reader
 	interrupts chan os.Signal
-	// stdout, when set, takes the plugin's stdout instead of the result.
-	stdout io.Writer
+	// stdout and stderr, when set, take the plugin's stdout and stderr
+	// instead of the result.
+	stdout, stderr io.Writer
+	// timeout bounds the invocation; 0 means 60 s.
+	timeout time.Duration
 }
 
 // kubectlBashtask runs the plugin with args in namespace ns.
@@ -100,11 +104,14 @@ func (inv invocation) run(t *testing.T, ns string, args ...string) result {
 	if inv.stdout != nil {
 		opts.IOStreams.Out = inv.stdout
 	}
+	if inv.stderr != nil {
+		opts.IOStreams.ErrOut = inv.stderr
+	}
 	if inv.interrupts != nil {
 		opts.Interrupts = inv.interrupts
 	}
 	full := append([]string{"--kubeconfig", kubeconfig, "-n", ns}, args...)
-	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
+	ctx, cancel := context.WithTimeout(t.Context(), cmp.Or(inv.timeout, 60*time.Second))
 	defer cancel()
 	code := plugin.Main(ctx, opts, full)
 	return result{code: code, stdout: out.String(), stderr: errOut.String()}
