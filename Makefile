@@ -274,10 +274,10 @@ test-packaging: envtest tools ## Render the chart and config/default, validate t
 ##@ Benchmarks
 
 # Every benchmark is a phase of one harness, hack/bench (docs/performance.md):
-# executor, snapshot, workspace, apiserver, resume, output and system, chosen
-# with -phases; `go run ./hack/bench -help` lists every flag. Each phase prints
-# its table, and the run writes one JSON file with a section per phase. The
-# output and system phases share one local cluster, started once.
+# executor, snapshot, workspace, apiserver, resume, output, session and system,
+# chosen with -phases; `go run ./hack/bench -help` lists every flag. Each phase
+# prints its table, and the run writes one JSON file with a section per phase.
+# The output, session and system phases share one local cluster, started once.
 BENCH := $(GO) run ./hack/bench
 
 .PHONY: bench-snapshot
@@ -296,6 +296,16 @@ bench-resume: build envtest setup-s3 ## Resume of a Suspended 100 MiB workspace 
 	mkdir -p _output
 	$(BENCH) -phases=resume -json _output/bench-resume.json -resume-args='$(BENCH_RESUME_ARGS)'
 
+# One command of a session (the session phase; docs/performance.md): the
+# plugin binary's `run -w W -- true` and the Go client's Run of `true` in a
+# workspace, one at a time, on a local cluster (at the tenant level as root,
+# as workspaces need). BENCH_SESSION_ARGS passes flags, e.g.
+# BENCH_SESSION_ARGS='-runs=100'.
+.PHONY: bench-session
+bench-session: build envtest ## Wall time of one command through kubectl-bashtask run and the Go client's Run, with create→terminal of the same runs (root).
+	mkdir -p _output
+	$(BENCH) -phases=session -json _output/bench-session.json -session-args='$(BENCH_SESSION_ARGS)'
+
 # BENCH_EXECUTOR_ARGS passes flags to the executor phase, e.g.
 # BENCH_EXECUTOR_ARGS='-n=50 -stream-rounds=2'; BENCH_SNAPSHOT_ARGS to the
 # snapshot phase, e.g. BENCH_SNAPSHOT_ARGS='-rounds=1 -copies=1'.
@@ -310,35 +320,41 @@ bench-executor: ## Executor overhead, output throughput and memory, printed as a
 # `make bench` runs the executor phase, the snapshot phase, the resume phase
 # (as root: a local cluster of its own at the tenant level), then the output
 # API phase (a follower's latency and throughput, the controller's and the
-# agent's RSS under 1000 followers) and the whole system, both on one local
-# cluster (docs/performance.md); the system's table takes in the executor's,
-# the output API's and the resume's figures. BENCH_SKIP_EXECUTOR=1,
-# BENCH_SKIP_OUTPUT=1, BENCH_SKIP_SNAPSHOT=1 and BENCH_SKIP_RESUME=1 skip
-# those phases for quick iterations (BENCH_PHASES=... names the phases
-# outright); BENCH_ARGS passes flags to hack/bench, e.g.
-# BENCH_ARGS='-controller-arg=--workers=16 -rss-tasks=0' (the system phase's
-# flags and the cluster's), and BENCH_OUTPUT_ARGS to the output phase, e.g.
-# BENCH_OUTPUT_ARGS='-bytes=0'.
+# agent's RSS under 1000 followers), the session phase (one command of a
+# session through the plugin binary and the Go client) and the whole system,
+# all three on one local cluster (docs/performance.md); the system's table
+# takes in the executor's, the output API's, the resume's and the session's
+# figures. BENCH_SKIP_EXECUTOR=1, BENCH_SKIP_OUTPUT=1, BENCH_SKIP_SNAPSHOT=1,
+# BENCH_SKIP_RESUME=1 and BENCH_SKIP_SESSION=1 skip those phases for quick
+# iterations (BENCH_PHASES=... names the phases outright); BENCH_ARGS passes
+# flags to hack/bench, e.g. BENCH_ARGS='-controller-arg=--workers=16
+# -rss-tasks=0' (the system phase's flags and the cluster's),
+# BENCH_OUTPUT_ARGS to the output phase, e.g. BENCH_OUTPUT_ARGS='-bytes=0',
+# and BENCH_SESSION_ARGS to the session phase, e.g. BENCH_SESSION_ARGS='-runs=100'.
 BENCH_SKIP_EXECUTOR ?=
 BENCH_SKIP_OUTPUT   ?=
+BENCH_SKIP_SESSION  ?=
 BENCH_ARGS          ?=
 BENCH_OUTPUT_ARGS   ?=
+BENCH_SESSION_ARGS  ?=
 BENCH_EXECUTOR      := $(if $(filter 1 true yes,$(BENCH_SKIP_EXECUTOR)),,1)
 BENCH_OUTPUT        := $(if $(filter 1 true yes,$(BENCH_SKIP_OUTPUT)),,1)
+BENCH_SESSION       := $(if $(filter 1 true yes,$(BENCH_SKIP_SESSION)),,1)
 BENCH_SNAPSHOT      := $(if $(filter 1 true yes,$(BENCH_SKIP_SNAPSHOT)),,1)
 # The resume bench needs root (workspaces need the tenant level).
 BENCH_RESUME        := $(if $(filter 1 true yes,$(BENCH_SKIP_RESUME)),,$(if $(filter 0,$(shell id -u)),1))
 bench_empty         :=
 bench_space         := $(bench_empty) $(bench_empty)
 BENCH_PHASES        ?= $(subst $(bench_space),$(comma),$(strip $(if $(BENCH_EXECUTOR),executor) $(if $(BENCH_OUTPUT),output) \
-                       $(if $(BENCH_SNAPSHOT),snapshot) $(if $(BENCH_RESUME),resume) system))
+                       $(if $(BENCH_SNAPSHOT),snapshot) $(if $(BENCH_RESUME),resume) $(if $(BENCH_SESSION),session) system))
 comma               := ,
 
 .PHONY: bench
-bench: build envtest $(if $(BENCH_RESUME),setup-s3) ## Latency, throughput, writes per task, raw API limit and controller RSS on the local cluster (+ the executor, output API, snapshot and resume phases); writes _output/bench.json.
+bench: build envtest $(if $(BENCH_RESUME),setup-s3) ## Latency, throughput, writes per task, raw API limit and controller RSS on the local cluster (+ the executor, output API, snapshot, resume and session phases); writes _output/bench.json.
 	mkdir -p _output
 	$(BENCH) -phases=$(BENCH_PHASES) -json _output/bench.json -executor-args='$(BENCH_EXECUTOR_ARGS)' \
-	  -snapshot-args='$(BENCH_SNAPSHOT_ARGS)' -output-args='$(BENCH_OUTPUT_ARGS)' -resume-args='$(BENCH_RESUME_ARGS)' $(BENCH_ARGS)
+	  -snapshot-args='$(BENCH_SNAPSHOT_ARGS)' -output-args='$(BENCH_OUTPUT_ARGS)' -resume-args='$(BENCH_RESUME_ARGS)' \
+	  -session-args='$(BENCH_SESSION_ARGS)' $(BENCH_ARGS)
 
 # kube-apiserver CPU per task for variants of the CRD's validation rules and
 # of the status writes (the apiserver phase; docs/performance.md), e.g.

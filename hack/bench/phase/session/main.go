@@ -11,8 +11,9 @@
 //     (-bin-dir), exec'd with KUBECONFIG set to the cluster's kubeconfig,
 //     as a user runs it; the figure is the whole process's wall time, from
 //     the exec to its exit;
-//   - the Go client: its Run of `true` in W, from the call to its return,
-//     on a client made once (as a platform keeps one);
+//   - the Go client: its Run of `true` in W with writers for both streams
+//     (as a platform streams them), from the call to its return, on a
+//     client made once (as a platform keeps one);
 //
 // after -warmup untimed runs of each. One watch of the phase's namespace,
 // opened before the first run, sees each task appear and end: the tables
@@ -31,6 +32,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"os/exec"
@@ -358,7 +360,7 @@ func (b *bench) clientRun(ctx context.Context, s *samples, timed bool) error {
 // runTrue is the Go client's run of `true` in the workspace, as a platform
 // calls it, and its exit code.
 func runTrue(ctx context.Context, oc *client.Client) (int, error) {
-	res, err := oc.Run(ctx, client.RunOptions{Namespace: namespace, Workspace: workspace, Command: "true"})
+	res, err := oc.Run(ctx, client.RunOptions{Namespace: namespace, Workspace: workspace, Command: "true", Stdout: io.Discard, Stderr: io.Discard})
 	if err != nil {
 		return 0, err
 	}

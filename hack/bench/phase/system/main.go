@@ -28,8 +28,9 @@
 // The table also takes in the figures of the phases that ran before it in
 // the same run: the executor's (its headline figures), the output API's
 // (latency and throughput of a follower, the controller's and the agent's
-// RSS under 1000 followers) and the resume's (a Suspended workspace's
-// resume until its first task starts); they are in the phase's JSON
+// RSS under 1000 followers), the resume's (a Suspended workspace's
+// resume until its first task starts) and the session's (one command
+// through the plugin and the Go client); they are in the phase's JSON
 // section too, under their own keys.
 //
 // The system runs on the shared local cluster of hack/bench
@@ -175,7 +176,9 @@ type figures struct {
 	// output holds the output phase's figures, by their keys.
 	output map[string]float64
 	// resume holds the resume phase's figures, by their keys.
-	resume           map[string]float64
+	resume map[string]float64
+	// session holds the session phase's figures, by their keys.
+	session          map[string]float64
 	loadStart, loadE string
 }
 
@@ -192,6 +195,7 @@ func run(ctx context.Context, o options, env *phase.Env) (phase.Figures, error) 
 		apiCPU: math.NaN(), rawAPICPU: math.NaN(), writesPerTask: math.NaN(), rssMB: math.NaN()}
 	f.loadStart = phase.LoadAvg()
 	f.executor, f.output, f.resume = env.Results["executor"], env.Results["output"], env.Results["resume"]
+	f.session = env.Results["session"]
 	fmt.Printf("machine: %d CPUs, load average %s\n", runtime.NumCPU(), f.loadStart)
 
 	// A failed phase ends the run, but the table still shows what was

@@ -117,6 +117,20 @@ func printTable(o options, f figures) bool {
 			num(res("resume.first_task_p90_ms"), "%.0f"), num(res("resume.first_task_max_ms"), "%.0f"), res("resume.rounds")), p50 <= 2000)
 	}
 
+	if f.session != nil {
+		ses := func(k string) float64 {
+			if v, ok := f.session[k]; ok {
+				return v
+			}
+			return math.NaN()
+		}
+		created := "create→terminal " + num(ses("session.create_terminal_p50_ms"), "%.1f")
+		add("session.plugin_run_p50_ms", ses("session.plugin_run_p50_ms"), "%.1f", "<= 60 (kubectl-bashtask run -w W -- true; "+created+")",
+			ses("session.plugin_run_p50_ms") <= 60)
+		add("session.client_run_p50_ms", ses("session.client_run_p50_ms"), "%.1f", "<= 30 (the Go client's Run of true in W; "+created+")",
+			ses("session.client_run_p50_ms") <= 30)
+	}
+
 	fmt.Printf("\n== bashtask benchmark: %d CPUs, load average %s at start, %s at end\n", runtime.NumCPU(), f.loadStart, f.loadE)
 	tw := report.NewTable(os.Stdout, false)
 	fmt.Fprintf(tw, "measure\tfigure\ttarget\t\n")
@@ -180,6 +194,9 @@ func figuresOf(f figures) phase.Figures {
 		if v, ok := f.resume[k]; ok {
 			put(k, v)
 		}
+	}
+	for k, v := range f.session {
+		put(k, v)
 	}
 	return m
 }
