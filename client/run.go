@@ -60,7 +60,8 @@ type RunOptions struct {
 	// (spec.stdinStream, any bytes, no size limit): Run sends what it
 	// reads from it while the command runs, through bashtasks/stdin
 	// (RBAC: create on it in output.bashtask.dev), and closes the task's
-	// input at its EOF. Start ignores it.
+	// input at its EOF. Start ignores it. Run does not wait for a read of
+	// it that blocks past the task's end.
 	StdinStream io.Reader
 	// Timeout is spec.timeoutSeconds, the command's own time limit once
 	// it runs, rounded up to whole seconds; zero means the API's default
