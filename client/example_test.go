@@ -53,7 +53,8 @@ func ExampleClient_Run() {
 	}
 	res, err := c.Run(context.Background(), client.RunOptions{
 		Namespace:   "agents",
-		Workspace:   "session-42", // its owner is the task's
+		Workspace:   "session-42",
+		Owner:       "agent-7", // the workspace's owner
 		Command:     "cd repo && make test",
 		Timeout:     5 * time.Minute, // the command's own limit, once it runs
 		WaitTimeout: 6 * time.Minute, // the whole wait, pending included
@@ -82,7 +83,7 @@ func ExampleClient_Start() {
 		return
 	}
 	ctx := context.Background()
-	srv, err := c.Start(ctx, client.RunOptions{Namespace: "agents", Workspace: "session-42",
+	srv, err := c.Start(ctx, client.RunOptions{Namespace: "agents", Workspace: "session-42", Owner: "agent-7",
 		Command: "python3 -m http.server 8000", Timeout: 10 * time.Minute})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)

@@ -13,7 +13,6 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
-	ctrlclient "sigs.k8s.io/controller-runtime/pkg/client"
 
 	bashtaskv1alpha1 "github.com/bashtask/bashtask-operator/api/v1alpha1"
 )
@@ -44,9 +43,11 @@ type RunOptions struct {
 	Command string
 	// Workspace is spec.workspace: the BashWorkspace the task runs in.
 	Workspace string
-	// Owner is spec.owner. Empty with a Workspace: the workspace's own
-	// spec.owner, read before the create (a workspace that does not
-	// exist yet leaves it empty: the task then waits for it, see Notes).
+	// Owner is spec.owner. With a Workspace it must be the workspace's
+	// spec.owner, if that is set: the controller refuses another owner,
+	// or none, with InvalidSpec naming both. Run does not read the
+	// workspace for it, which would cost each command a round trip and
+	// get on bashworkspaces.
 	Owner string
 	// WorkingDir is spec.workingDir (relative to a workspace's root).
 	WorkingDir string
@@ -146,8 +147,7 @@ func (c *Client) Run(ctx context.Context, opts RunOptions) (*Result, error) {
 }
 
 // Start creates a task from opts and returns it at once, detached: it
-// runs on without a client (RBAC: create on bashtasks; get on
-// bashworkspaces to read a workspace's owner). Its output is read later
+// runs on without a client (RBAC: create on bashtasks). Its output is read later
 // by offset with FollowLog, its end with Wait; Cancel stops it. A
 // long-lived service in a workspace is such a task, with a Timeout up to
 // the controller's cap (docs/client.md).
@@ -155,7 +155,7 @@ func (c *Client) Start(ctx context.Context, opts RunOptions) (*bashtaskv1alpha1.
 	task := opts.Task
 	if task == nil {
 		var err error
-		if task, err = c.taskOf(ctx, opts); err != nil {
+		if task, err = taskOf(opts); err != nil {
 			return nil, err
 		}
 	}
@@ -185,7 +185,7 @@ func nameOrPrefix(t *bashtaskv1alpha1.BashTask) string {
 
 // taskOf builds the task of opts, checking what the API would refuse so
 // that the error names the option.
-func (c *Client) taskOf(ctx context.Context, opts RunOptions) (*bashtaskv1alpha1.BashTask, error) {
+func taskOf(opts RunOptions) (*bashtaskv1alpha1.BashTask, error) {
 	if opts.Command == "" {
 		return nil, ErrNoCommand
 	}
@@ -223,11 +223,6 @@ func (c *Client) taskOf(ctx context.Context, opts RunOptions) (*bashtaskv1alpha1
 	if t.Spec.TTLSecondsAfterFinished, err = seconds("RunOptions.TTL", "spec.ttlSecondsAfterFinished", ttl, 0, maxTTLSeconds); err != nil {
 		return nil, err
 	}
-	if opts.Workspace != "" && opts.Owner == "" {
-		if t.Spec.Owner, err = c.workspaceOwner(ctx, t.Namespace, opts.Workspace); err != nil {
-			return nil, err
-		}
-	}
 	return t, nil
 }
 
@@ -253,20 +248,6 @@ func seconds(option, field string, d time.Duration, minimum, maximum int64) (*in
 		return nil, fmt.Errorf("%s %s: %s is %d to %d seconds", option, d, field, minimum, maximum)
 	}
 	return ptr.To(int32(s)), nil
-}
-
-// workspaceOwner reads the workspace's spec.owner; nil when it has none
-// or does not exist yet.
-func (c *Client) workspaceOwner(ctx context.Context, ns, name string) (*string, error) {
-	var ws bashtaskv1alpha1.BashWorkspace
-	err := c.k8s.Get(ctx, ctrlclient.ObjectKey{Namespace: ns, Name: name}, &ws)
-	if apierrors.IsNotFound(err) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, fmt.Errorf("reading workspace %s/%s for its owner: %w", ns, name, err)
-	}
-	return ws.Spec.Owner, nil
 }
 
 func optional(s string) *string {
