@@ -142,6 +142,7 @@ func (p *Phase) Run(ctx context.Context, env *phase.Env) (phase.Figures, error) 
 		return nil, err
 	}
 	defer stop()
+	defer b.cleanup()
 	var pl, cl samples
 	for i := range p.o.warmup + p.o.runs {
 		timed := i >= p.o.warmup
@@ -215,6 +216,16 @@ func (b *bench) setup(ctx context.Context) error {
 			return ctx.Err()
 		case <-time.After(50 * time.Millisecond):
 		}
+	}
+}
+
+// cleanup deletes the workspace, so that the phases after this one find
+// the agents as they were; the tasks go with their TTL.
+func (b *bench) cleanup() {
+	ctx, cancel := context.WithTimeout(context.Background(), b.o.timeout)
+	defer cancel()
+	if err := b.oc.DeleteWorkspace(ctx, namespace, workspace); err != nil {
+		fmt.Printf("deleting workspace %s: %v\n", workspace, err)
 	}
 }
 
