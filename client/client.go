@@ -48,9 +48,22 @@ func RESTMapper() *meta.DefaultRESTMapper {
 	return m
 }
 
+// Client-side limits of a client whose rest.Config leaves QPS and Burst
+// unset: client-go's own defaults (5 and 10) would hold a platform to
+// about 2.5 commands a second, a command costing a create and a watch.
+const (
+	DefaultQPS   = 100
+	DefaultBurst = 200
+)
+
 // New returns a client for cfg (a kubeconfig's rest.Config). It makes no
-// request: the kinds are mapped by RESTMapper.
+// request: the kinds are mapped by RESTMapper. cfg's QPS and Burst bound
+// its API calls; unset (0), they are DefaultQPS and DefaultBurst.
 func New(cfg *rest.Config) (*Client, error) {
+	if cfg.QPS == 0 && cfg.Burst == 0 && cfg.RateLimiter == nil {
+		cfg = rest.CopyConfig(cfg)
+		cfg.QPS, cfg.Burst = DefaultQPS, DefaultBurst
+	}
 	hc, err := rest.HTTPClientFor(cfg)
 	if err != nil {
 		return nil, fmt.Errorf("bashtask client: %w", err)
