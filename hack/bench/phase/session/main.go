@@ -73,6 +73,8 @@ const (
 type options struct {
 	runs, warmup int
 	timeout      time.Duration
+	// writers gives the client's Run writers for both streams.
+	writers bool
 }
 
 // Phase is the session phase.
@@ -86,6 +88,7 @@ func (p *Phase) Flags(fs *flag.FlagSet) {
 	fs.IntVar(&p.o.runs, "runs", 50, "timed runs of the plugin and of the Go client each, alternating")
 	fs.IntVar(&p.o.warmup, "warmup", 3, "untimed runs of each before the timed ones")
 	fs.DurationVar(&p.o.timeout, "timeout", time.Minute, "limit of one run, and of the workspace's wait for Ready")
+	fs.BoolVar(&p.o.writers, "client-writers", true, "give the Go client's Run writers for both streams, as a platform does (false: no writer, the output is not read)")
 }
 
 // Configure implements phase.ClusterUser: the phase runs on the shared
@@ -338,7 +341,7 @@ func (b *bench) clientRun(ctx context.Context, s *samples, timed bool) error {
 	rctx, cancel := context.WithTimeout(ctx, b.o.timeout)
 	defer cancel()
 	start := time.Now()
-	code, err := runTrue(rctx, b.oc)
+	code, err := runTrue(rctx, b.oc, b.o.writers)
 	end := time.Now()
 	if err != nil {
 		return err
@@ -370,8 +373,12 @@ func (b *bench) clientRun(ctx context.Context, s *samples, timed bool) error {
 
 // runTrue is the Go client's run of `true` in the workspace, as a platform
 // calls it, and its exit code.
-func runTrue(ctx context.Context, oc *client.Client) (int, error) {
-	res, err := oc.Run(ctx, client.RunOptions{Namespace: namespace, Workspace: workspace, Command: "true", Stdout: io.Discard, Stderr: io.Discard})
+func runTrue(ctx context.Context, oc *client.Client, writers bool) (int, error) {
+	opts := client.RunOptions{Namespace: namespace, Workspace: workspace, Command: "true"}
+	if writers {
+		opts.Stdout, opts.Stderr = io.Discard, io.Discard
+	}
+	res, err := oc.Run(ctx, opts)
 	if err != nil {
 		return 0, err
 	}
