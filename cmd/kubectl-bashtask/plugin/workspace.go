@@ -20,10 +20,6 @@ import (
 	btclient "github.com/bashtask/bashtask-operator/client"
 )
 
-// workspacePoll is how often workspace create and delete read the
-// workspace while they wait.
-const workspacePoll = 200 * time.Millisecond
-
 type workspaceCreateFlags struct {
 	owner       string
 	node        string

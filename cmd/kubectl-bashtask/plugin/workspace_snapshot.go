@@ -3,17 +3,18 @@ package plugin
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"time"
 
 	"github.com/spf13/cobra"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/duration"
-	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	bashtaskv1alpha1 "github.com/bashtask/bashtask-operator/api/v1alpha1"
+	btclient "github.com/bashtask/bashtask-operator/client"
 )
 
 // The snapshot commands of a workspace (docs/workspaces.md, "Snapshots"):
@@ -87,12 +88,13 @@ func (a *app) workspaceResumeCommand() *cobra.Command {
 
 // workspacePatch merges spec into workspace name's spec and, unless
 // waitFor is 0, waits until done says the controller answered, then
-// prints done's line. A Failed workspace ends the wait with its message.
+// prints done's line; the wait is a watch. A Failed or NodeLost workspace
+// ends it with its message.
 func (a *app) workspacePatch(ctx context.Context, name string, waitFor time.Duration, spec map[string]any,
 	done func(*bashtaskv1alpha1.BashWorkspace) (bool, string)) error {
 	ctx, stop := a.cancelOnInterrupt(ctx)
 	defer stop()
-	c, ns, err := a.client()
+	c, bc, ns, err := a.clients()
 	if err != nil {
 		return err
 	}
@@ -112,25 +114,20 @@ func (a *app) workspacePatch(ctx context.Context, name string, waitFor time.Dura
 	wctx, cancel := context.WithTimeout(ctx, waitFor)
 	defer cancel()
 	var line string
-	var failed error
-	err = wait.PollUntilContextCancel(wctx, workspacePoll, true, func(ctx context.Context) (bool, error) {
-		if err := c.Get(ctx, client.ObjectKeyFromObject(ws), ws); err != nil {
-			return false, err
-		}
-		if ptr.Deref(ws.Status.Phase, "") == bashtaskv1alpha1.WorkspaceFailed {
-			failed = fmt.Errorf("workspace %s/%s is Failed: %s", ns, name, ptr.Deref(ws.Status.Message, ""))
-			return true, nil
-		}
-		ok, l := done(ws)
+	last := ws
+	_, err = bc.WaitWorkspace(wctx, ns, name, func(got *bashtaskv1alpha1.BashWorkspace) bool {
+		last = got
+		ok, l := done(got)
 		line = l
-		return ok, nil
+		return ok
 	})
-	if failed != nil {
-		return failed
+	var fe *btclient.WorkspaceFailedError
+	if errors.As(err, &fe) {
+		return fe
 	}
 	if err != nil {
 		return fmt.Errorf("workspace %s/%s after %s: phase %s: %s", ns, name, waitFor,
-			orNone(string(ptr.Deref(ws.Status.Phase, ""))), ptr.Deref(ws.Status.Message, ""))
+			orNone(string(ptr.Deref(last.Status.Phase, ""))), ptr.Deref(last.Status.Message, ""))
 	}
 	fmt.Fprintln(a.opts.IOStreams.Out, line)
 	return nil
