@@ -86,7 +86,8 @@ type RunOptions struct {
 	// Notes, when set, receives one line for each thing worth telling
 	// the caller that is not the command's output: why the task is not
 	// running yet (each new reason once, the first within 2 s of the
-	// create), and processes the command left behind.
+	// create), that the workspace was restored from a snapshot for it
+	// (RestoreNote), and processes the command left behind.
 	Notes io.Writer
 	// Task, when set, is created as it is, and the fields above that
 	// shape a task (Namespace to TTL) are ignored: for a spec they do not

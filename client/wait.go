@@ -76,6 +76,18 @@ func PendingNote(task *bashtaskv1alpha1.BashTask) (reason, line string, ok bool)
 	return c.Reason, fmt.Sprintf("task %s is not running yet: %s: %s", task.Name, c.Reason, c.Message), true
 }
 
+// RestoreNote is the note of the first task on a workspace copy restored
+// from a snapshot (its WorkspaceRestored condition, docs/workspaces.md):
+// which node, how old the snapshot was and, after a node loss, that what
+// was written after it is gone. ok is false for any other task.
+func RestoreNote(task *bashtaskv1alpha1.BashTask) (line string, ok bool) {
+	c := meta.FindStatusCondition(task.Status.Conditions, bashtaskv1alpha1.ConditionWorkspaceRestored)
+	if c == nil || c.Status != metav1.ConditionTrue {
+		return "", false
+	}
+	return fmt.Sprintf("task %s: %s", task.Name, c.Message), true
+}
+
 // SilentNote is the note of a task the controller has neither dispatched
 // nor said anything about for after (SilentWaitNote, when Run notes it).
 func SilentNote(task *bashtaskv1alpha1.BashTask, after time.Duration) string {
@@ -95,6 +107,8 @@ type runWait struct {
 	noted map[string]bool
 	// why is the last wait's note, for a WaitTimeoutError.
 	why string
+	// restored is true once the restore notice was noted.
+	restored bool
 }
 
 func (w *runWait) note(line string) {
@@ -103,9 +117,14 @@ func (w *runWait) note(line string) {
 	}
 }
 
-// observe takes a new state of the task and notes a new reason to wait.
+// observe takes a new state of the task and notes a new reason to wait,
+// and the restore of the workspace copy it runs on.
 func (w *runWait) observe(t *bashtaskv1alpha1.BashTask) {
 	w.task = t
+	if line, ok := RestoreNote(t); ok && !w.restored {
+		w.restored = true
+		w.note(line)
+	}
 	reason, line, ok := PendingNote(t)
 	if !ok {
 		if t.Status.NodeName != nil {

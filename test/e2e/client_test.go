@@ -46,14 +46,14 @@ type roundTripper func(*http.Request) (*http.Response, error)
 
 func (f roundTripper) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
 
-// lineWriter keeps what is written and when.
-type lineWriter struct {
+// timedNotes keeps what is written and when.
+type timedNotes struct {
 	mu     sync.Mutex
 	buf    bytes.Buffer
 	firsts map[string]time.Time
 }
 
-func (w *lineWriter) Write(p []byte) (int, error) {
+func (w *timedNotes) Write(p []byte) (int, error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.firsts == nil {
@@ -64,7 +64,7 @@ func (w *lineWriter) Write(p []byte) (int, error) {
 }
 
 // when returns when the first write containing s came.
-func (w *lineWriter) when(s string) (time.Time, bool) {
+func (w *timedNotes) when(s string) (time.Time, bool) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	var first time.Time
@@ -76,7 +76,7 @@ func (w *lineWriter) when(s string) (time.Time, bool) {
 	return first, !first.IsZero()
 }
 
-func (w *lineWriter) String() string {
+func (w *timedNotes) String() string {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return w.buf.String()
@@ -154,7 +154,7 @@ func TestClientStartReadByOffset(t *testing.T) {
 func TestClientRunNotesWhyItWaitsAndBoundsTheWait(t *testing.T) {
 	ns := newNamespace(t)
 	c := outputClient(t, adminConfig(t))
-	notes := &lineWriter{}
+	notes := &timedNotes{}
 	start := time.Now()
 	res, err := c.Run(t.Context(), client.RunOptions{Namespace: ns, Name: "waits", Workspace: "nowhere", Command: "true",
 		Notes: notes, WaitTimeout: 4 * time.Second})
@@ -190,10 +190,12 @@ func TestClientWorkspaceHelpers(t *testing.T) {
 	if err != nil || ptr.Deref(ws.Status.Phase, "") != v1.WorkspaceReady {
 		t.Fatalf("WaitWorkspaceReady: %v, %v", ws, err)
 	}
+	var notes bytes.Buffer
 	run := func(command string) string {
 		t.Helper()
 		var out bytes.Buffer
-		res, err := c.Run(ctx, client.RunOptions{Namespace: ns, Workspace: "h1", Owner: "o1", Command: command, Stdout: &out, WaitTimeout: time.Minute})
+		notes.Reset()
+		res, err := c.Run(ctx, client.RunOptions{Namespace: ns, Workspace: "h1", Owner: "o1", Command: command, Stdout: &out, Notes: &notes, WaitTimeout: time.Minute})
 		if err != nil || res.ExitCode != 0 {
 			t.Fatalf("Run %q: %+v, %v", command, res, err)
 		}
@@ -208,6 +210,9 @@ func TestClientWorkspaceHelpers(t *testing.T) {
 	}
 	if got := run("cat f"); got != "kept\n" {
 		t.Errorf("after the resume: %q, want the file written before", got)
+	}
+	if !strings.Contains(notes.String(), "workspace h1 was restored on node") {
+		t.Errorf("the first task after the resume noted %q; want the restore", notes.String())
 	}
 	if err := c.DeleteWorkspace(ctx, ns, "h1"); err != nil {
 		t.Fatal(err)

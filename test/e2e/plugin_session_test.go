@@ -11,7 +11,8 @@ import (
 // server started with --detach is a task of its own that the next
 // commands reach on 127.0.0.1 while it runs (a background process of a
 // command would end with it, with a note); cp into a directory that does
-// not exist says so, naming the path.
+// not exist says so, naming the path; the first task after a resume
+// says the workspace was restored.
 func TestPluginRunSessionInWorkspace(t *testing.T) {
 	needWorkspaces(t)
 	ns := newNamespace(t)
@@ -40,6 +41,16 @@ func TestPluginRunSessionInWorkspace(t *testing.T) {
 	}
 	if out, errOut, code := plugin(t.Context(), "", "-n", ns, "cancel", name); code != 0 {
 		t.Errorf("cancel %s: exit %d, %q %q", name, code, out, errOut)
+	}
+
+	// The first task after a resume says the workspace was restored.
+	for _, verb := range []string{"suspend", "resume"} {
+		if out, errOut, code := plugin(t.Context(), "", "-n", ns, "workspace", verb, "s1"); code != 0 {
+			t.Fatalf("workspace %s: exit %d, %q %q", verb, code, out, errOut)
+		}
+	}
+	if _, errOut, code := run("--", "true"); code != 0 || !strings.Contains(errOut, "workspace s1 was restored on") {
+		t.Errorf("the first task after a resume: exit %d, stderr %q; want the restore notice", code, errOut)
 	}
 
 	local := filepath.Join(t.TempDir(), "f.txt")

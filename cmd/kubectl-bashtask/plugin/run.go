@@ -287,8 +287,7 @@ func (a *app) runExit(final *bashtaskv1alpha1.BashTask, results []streamResult, 
 }
 
 // endNotes says, after the task's output, what else its end holds for
-// the user: processes the command left behind, which were stopped. The
-// notice of a workspace restored for this task belongs here too.
+// the user: processes the command left behind, which were stopped.
 func (a *app) endNotes(final *bashtaskv1alpha1.BashTask) {
 	if n := ptr.Deref(final.Status.LeftoverProcesses, 0); n > 0 {
 		a.note("task %s/%s: the command left %d %s running when its shell exited, and %s stopped: a background process ends with its command. "+
@@ -307,18 +306,25 @@ func plural(n int, one, many string) string {
 // waitNotes tells the user why a task is not running yet, from the
 // Scheduled=False condition the controller writes while it waits: each
 // new reason once. When the controller says nothing for
-// btclient.SilentWaitNote, it says that.
+// btclient.SilentWaitNote, it says that. A task that is the first on a
+// workspace copy restored from a snapshot says so once, as soon as its
+// dispatch shows it (restoreNote).
 type waitNotes struct {
-	a     *app
-	mu    sync.Mutex
-	last  *bashtaskv1alpha1.BashTask
-	noted map[string]bool
+	a        *app
+	mu       sync.Mutex
+	last     *bashtaskv1alpha1.BashTask
+	noted    map[string]bool
+	restored bool
 }
 
 func (n *waitNotes) observe(bt *bashtaskv1alpha1.BashTask) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	n.last = bt
+	if line := restoreNote(bt); line != "" && !n.restored {
+		n.restored = true
+		n.a.note("%s", line)
+	}
 	reason, line, ok := btclient.PendingNote(bt)
 	if !ok || n.noted[reason] {
 		return
