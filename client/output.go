@@ -22,11 +22,21 @@ import (
 // latency.
 const copyBufferBytes = 32 << 10
 
-// outputFollow is Run's reading of a task's output: a copy per stream to
-// its writer while the task runs, completed from the status tail or
-// checked against it once the task has ended.
+// outputFollow is Run's reading of a task's output: with both writers
+// set, one follow of the combined stream (stream=all) split to the two
+// writers in the order the agent read the bytes; with one, a follow of
+// that stream. Once the task has ended, each stream is completed from
+// its status tail or checked against it.
 type outputFollow struct {
 	streams []*streamCopy
+	// combined: the streams are read together, from one stream=all
+	// follow that both streamCopies' done and err describe.
+	combined bool
+	// client reads the single streams when the combined one cannot be
+	// read whole.
+	client *Client
+	// cancel stops every copy; each streamCopy holds it too.
+	cancel context.CancelFunc
 }
 
 // streamCopy is one stream's copy. Its fields other than name, out and
@@ -44,14 +54,25 @@ type streamCopy struct {
 	err     error
 }
 
-// followOutput starts the copies of the task's streams whose writers are
-// set, each as the agent captures the command's bytes. It is the one
-// place Run reads output: today a bashtasks/log request (follow=true) per
-// stream; where the output API serves both streams in one ordered
-// response, this is the function that reads that one response and splits
-// it to the two writers, with the same streamCopy results.
+// Write writes p to the stream's writer, counting and hashing it; a
+// failure is a *WriteError naming the stream.
+func (s *streamCopy) Write(p []byte) (int, error) {
+	n, err := s.out.Write(p)
+	s.hash.Write(p[:n])
+	s.written += int64(n)
+	if err != nil {
+		return n, &WriteError{Stream: s.name, Err: err}
+	}
+	return n, nil
+}
+
+// followOutput starts reading the task's output to the writers that are
+// set, as the agent captures the command's bytes: one bashtasks/log
+// request (follow=true) of stream=all split to both, or one of the
+// stream for one. It is the one place Run reads output.
 func (c *Client) followOutput(ctx context.Context, task *bashtaskv1alpha1.BashTask, stdout, stderr io.Writer) *outputFollow {
-	o := &outputFollow{}
+	cctx, cancel := context.WithCancel(ctx)
+	o := &outputFollow{combined: stdout != nil && stderr != nil, client: c, cancel: cancel}
 	for _, t := range []struct {
 		name string
 		out  io.Writer
@@ -59,47 +80,61 @@ func (c *Client) followOutput(ctx context.Context, task *bashtaskv1alpha1.BashTa
 		if t.out == nil {
 			continue
 		}
-		cctx, cancel := context.WithCancel(ctx)
 		s := &streamCopy{name: t.name, out: t.out, cancel: cancel, done: make(chan struct{}), hash: sha256.New()}
 		o.streams = append(o.streams, s)
-		go c.copyStream(cctx, task, s)
+		if !o.combined {
+			go c.copyStream(cctx, task, s, 0)
+		}
+	}
+	if o.combined {
+		go c.copyCombined(cctx, task, o.streams[0], o.streams[1])
 	}
 	return o
 }
 
-// copyStream copies one stream from its first byte until its end, an
-// error, or the copy is stopped.
-func (c *Client) copyStream(ctx context.Context, task *bashtaskv1alpha1.BashTask, s *streamCopy) {
-	defer close(s.done)
-	r, err := c.FollowLog(ctx, task.Namespace, task.Name, LogOptions{Stream: s.name, Follow: true})
+// copyCombined follows stream=all and splits it to out and errOut, which
+// share its cancel function: both end together, with the follow's error.
+func (c *Client) copyCombined(ctx context.Context, task *bashtaskv1alpha1.BashTask, out, errOut *streamCopy) {
+	err := c.readCombined(ctx, task, out, errOut)
+	out.err, errOut.err = err, err
+	close(out.done)
+	close(errOut.done)
+}
+
+// readCombined writes stream=all from its start to out and errOut until
+// its end.
+func (c *Client) readCombined(ctx context.Context, task *bashtaskv1alpha1.BashTask, out, errOut *streamCopy) error {
+	r, err := c.FollowLog(ctx, task.Namespace, task.Name, LogOptions{Stream: outputv1alpha1.StreamAll, Follow: true})
 	if err != nil {
-		s.err = err
-		return
+		return err
 	}
 	defer r.Close()
 	if r.UID() != task.UID {
-		s.err = ErrTaskReplaced
-		return
+		return ErrTaskReplaced
 	}
-	buf := make([]byte, copyBufferBytes)
-	for {
-		n, err := r.Read(buf)
-		if n > 0 {
-			if _, werr := s.out.Write(buf[:n]); werr != nil {
-				s.err = &WriteError{Stream: s.name, Err: werr}
-				return
-			}
-			s.hash.Write(buf[:n])
-			s.written += int64(n)
-		}
-		if errors.Is(err, io.EOF) {
-			return
-		}
-		if err != nil {
-			s.err = err
-			return
-		}
+	_, err = Demux(r, out, errOut)
+	return err
+}
+
+// copyStream copies one stream from offset until its end, an error, or
+// the copy is stopped.
+func (c *Client) copyStream(ctx context.Context, task *bashtaskv1alpha1.BashTask, s *streamCopy, offset int64) {
+	defer close(s.done)
+	s.err = c.readStream(ctx, task, s, offset)
+}
+
+// readStream writes one stream from offset to s until its end.
+func (c *Client) readStream(ctx context.Context, task *bashtaskv1alpha1.BashTask, s *streamCopy, offset int64) error {
+	r, err := c.FollowLog(ctx, task.Namespace, task.Name, LogOptions{Stream: s.name, Offset: offset, Follow: true})
+	if err != nil {
+		return err
 	}
+	defer r.Close()
+	if r.UID() != task.UID {
+		return ErrTaskReplaced
+	}
+	_, err = io.CopyBuffer(s, r, make([]byte, copyBufferBytes))
+	return err
 }
 
 // stop ends the copy and waits until its goroutine returned.
@@ -110,6 +145,7 @@ func (s *streamCopy) stop() {
 
 // stop ends every copy.
 func (o *outputFollow) stop() {
+	o.cancel()
 	for _, s := range o.streams {
 		s.stop()
 	}
@@ -135,7 +171,13 @@ func (e *WriteError) Unwrap() error { return e.Err }
 // stream and an error naming each stream that is not whole.
 func (o *outputFollow) finish(ctx context.Context, final *bashtaskv1alpha1.BashTask) (stdout, stderr int64, err error) {
 	var errs []error
+	if o.combined {
+		errs = o.finishCombined(ctx, final)
+	}
 	for _, s := range o.streams {
+		if o.combined {
+			break
+		}
 		st := streamOf(final, s.name)
 		if tailIsWhole(st) {
 			s.stop()
@@ -158,6 +200,41 @@ func (o *outputFollow) finish(ctx context.Context, final *bashtaskv1alpha1.BashT
 		}
 	}
 	return stdout, stderr, errors.Join(errs...)
+}
+
+// finishCombined is finish for the combined follow. The order matters
+// only where both streams have bytes: when one is empty and the other's
+// tail holds it whole, the follow is stopped and the tail written;
+// otherwise the follow is read to its end, and a combined stream that
+// cannot be read whole is completed stream by stream from the offsets
+// reached (the single streams, then their tails, as finish does).
+func (o *outputFollow) finishCombined(ctx context.Context, final *bashtaskv1alpha1.BashTask) []error {
+	out, errOut := o.streams[0], o.streams[1]
+	so, se := streamOf(final, out.name), streamOf(final, errOut.name)
+	if tailIsWhole(so) && tailIsWhole(se) && (ptr.Deref(stOrEmpty(so).TotalBytes, 0) == 0 || ptr.Deref(stOrEmpty(se).TotalBytes, 0) == 0) {
+		out.stop()
+		return []error{out.completeFromTail(final, so), errOut.completeFromTail(final, se)}
+	}
+	select {
+	case <-out.done:
+	case <-ctx.Done():
+		out.stop()
+		return []error{fmt.Errorf("reading the output of task %s/%s (stdout to offset %d, stderr to %d): %w",
+			final.Namespace, final.Name, out.written, errOut.written, ctx.Err())}
+	}
+	var we *WriteError
+	switch {
+	case out.err == nil:
+		return []error{out.verify(final, so), errOut.verify(final, se)}
+	case errors.As(out.err, &we):
+		return []error{we}
+	}
+	var errs []error
+	for _, s := range o.streams {
+		s.err = o.client.readStream(ctx, final, s, s.written)
+		errs = append(errs, s.complete(final, streamOf(final, s.name)))
+	}
+	return errs
 }
 
 // streamOf is the status of a stream; nil when the task wrote none.

@@ -166,14 +166,17 @@ func (c *Client) Start(ctx context.Context, opts RunOptions) (*bashtaskv1alpha1.
 	return task, nil
 }
 
-// Wait waits until task has ended, as Run does without reading its
-// output, and returns how it ended. task needs its namespace, name and
-// UID, and a resourceVersion to watch from (the object Start returned,
-// or any read of it). opts.Notes and opts.WaitTimeout apply, the bound
-// counted from this call; the other fields are ignored.
+// Wait waits until task has ended, as Run does, and returns how it
+// ended. task needs its namespace, name and UID, and a resourceVersion to
+// watch from (the object Start returned, or any read of it).
+// opts.Stdout and opts.Stderr, when set, get the task's output from its
+// first byte as Run's do (both in the order the agent read them, also
+// for a task that ended before the call); opts.Notes and
+// opts.WaitTimeout apply, the bound counted from this call; the other
+// fields are ignored.
 func (c *Client) Wait(ctx context.Context, task *bashtaskv1alpha1.BashTask, opts RunOptions) (*Result, error) {
 	w := &runWait{c: c, task: task, notes: opts.Notes, start: time.Now(), bound: opts.WaitTimeout}
-	return w.run(ctx, nil, nil)
+	return w.run(ctx, opts.Stdout, opts.Stderr)
 }
 
 // nameOrPrefix names a task in a message before the API server named it.

@@ -70,10 +70,16 @@ func (e *writeError) Unwrap() error { return e.err }
 // *btclient.StreamError at the offset reached, as the same cause found in
 // the middle of a response is.
 func copyStream(ctx context.Context, oc *btclient.Client, key types.NamespacedName, t streamTarget, follow bool) streamResult {
-	res := streamResult{hash: sha256.New()}
-	r, err := oc.FollowLog(ctx, key.Namespace, key.Name, btclient.LogOptions{Stream: t.name, Follow: follow})
+	return copyStreamFrom(ctx, oc, key, t, follow, streamResult{hash: sha256.New()})
+}
+
+// copyStreamFrom is copyStream from res.written on, adding to res: the
+// rest of a stream that a combined copy could not read whole.
+func copyStreamFrom(ctx context.Context, oc *btclient.Client, key types.NamespacedName, t streamTarget, follow bool, res streamResult) streamResult {
+	res.err = nil
+	r, err := oc.FollowLog(ctx, key.Namespace, key.Name, btclient.LogOptions{Stream: t.name, Offset: res.written, Follow: follow})
 	if err != nil {
-		res.err = asStreamError(err, 0)
+		res.err = asStreamError(err, res.written)
 		return res
 	}
 	defer func() { _ = r.Close() }()
@@ -139,6 +145,29 @@ func copyCombined(ctx context.Context, oc *btclient.Client, key types.Namespaced
 		res.err = asStreamError(err, r.Offset())
 	}
 	return res
+}
+
+// copyBoth copies run's two targets, stdout and stderr, through one
+// combined follow, so that the local writes keep the order in which the
+// agent read the command's output; where the combined stream cannot be
+// served whole (bytes not kept), each stream goes on alone from the
+// offset it reached, as copyStream would.
+func copyBoth(ctx context.Context, oc *btclient.Client, key types.NamespacedName, targets []streamTarget) [2]streamResult {
+	res := copyCombined(ctx, oc, key, targets[0].out, targets[1].out, true)
+	if res.err == nil || !errors.As(res.err, new(*btclient.StreamError)) {
+		res.streams[0].err, res.streams[1].err = res.err, res.err
+		return res.streams
+	}
+	for i, t := range targets {
+		res.streams[i] = copyStreamFrom(ctx, oc, key, t, true, res.streams[i])
+	}
+	return res.streams
+}
+
+// combinedTargets reports whether targets are run's stdout and stderr,
+// which followTask reads through one combined follow.
+func combinedTargets(targets []streamTarget) bool {
+	return len(targets) == 2 && targets[0].name == outputv1alpha1.StreamStdout && targets[1].name == outputv1alpha1.StreamStderr
 }
 
 // asStreamError turns a 410 Gone, the output API's answer for bytes it
@@ -228,7 +257,20 @@ func (a *app) followTask(ctx context.Context, c client.WithWatch, oc *btclient.C
 	}
 	copied := make(chan indexed, len(targets))
 	stops := make([]context.CancelFunc, len(targets))
+	combined := combinedTargets(targets)
+	if combined {
+		cctx, stop := context.WithCancel(ctx)
+		stops[0], stops[1] = stop, stop
+		wg.Go(func() {
+			r := copyBoth(cctx, oc, key, targets)
+			copied <- indexed{0, r[0]}
+			copied <- indexed{1, r[1]}
+		})
+	}
 	for i, t := range targets {
+		if combined {
+			break
+		}
 		cctx, stop := context.WithCancel(ctx)
 		stops[i] = stop
 		wg.Go(func() { copied <- indexed{i, copyStream(cctx, oc, key, t, true)} })
@@ -270,7 +312,7 @@ func (a *app) followTask(ctx context.Context, c client.WithWatch, oc *btclient.C
 			} else if err != nil {
 				return nil, nil, err
 			}
-			cutWholeTails(last.Load(), targets, copying, cut, stops)
+			cutWholeTails(last.Load(), targets, combined, copying, cut, stops)
 		case <-drain:
 			return nil, nil, deleted
 		}
@@ -284,9 +326,20 @@ func (a *app) followTask(ctx context.Context, c client.WithWatch, oc *btclient.C
 // cutWholeTails stops the copies, still running when the task has ended
 // (final), of the streams its status tail holds whole: the tail has their
 // bytes, and reading them again through the output API would only add its
-// round trips to the command's end (docs/kubectl-plugin.md).
-func cutWholeTails(final *bashtaskv1alpha1.BashTask, targets []streamTarget, copying, cut []bool, stops []context.CancelFunc) {
+// round trips to the command's end (docs/kubectl-plugin.md). A combined
+// copy is stopped only when both tails are whole and one stream is
+// empty: where both have bytes, only the combined stream has their order.
+func cutWholeTails(final *bashtaskv1alpha1.BashTask, targets []streamTarget, combined bool, copying, cut []bool, stops []context.CancelFunc) {
 	if final == nil || !isFinished(final) {
+		return
+	}
+	if combined {
+		out, errOut := streamOf(final, targets[0].name), streamOf(final, targets[1].name)
+		empty := func(s *bashtaskv1alpha1.StreamStatus) bool { return s == nil || ptr.Deref(s.TotalBytes, 0) == 0 }
+		if copying[0] && copying[1] && tailIsWhole(out) && tailIsWhole(errOut) && (empty(out) || empty(errOut)) {
+			cut[0], cut[1] = true, true
+			stops[0]()
+		}
 		return
 	}
 	for i, t := range targets {
