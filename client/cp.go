@@ -65,6 +65,12 @@ type CopyOptions struct {
 	// delete it when the copy is done. Zero: a day; negative: unset (the
 	// controller's default, if any).
 	TTL time.Duration
+	// SameOwner, for CopyFrom only, gives the local files the archive's
+	// numeric owners and keeps their set-user-ID and set-group-ID bits,
+	// which are dropped otherwise (tarcopy.ExtractOptions.SameOwner, GNU
+	// tar's --same-owner). It needs root. The owners are the workspace's
+	// UID on its node, rarely meaningful here.
+	SameOwner bool
 }
 
 // StdinOpener creates task, whose spec.command extracts a tar archive
@@ -257,7 +263,9 @@ func (c *Client) CopyTo(ctx context.Context, namespace, workspace, localPath, re
 // (RBAC: get on bashworkspaces, create, get and delete on bashtasks, get
 // on bashtasks/log in output.bashtask.dev); it is at most 16 GiB
 // (spec.output.spillLimitBytes). It is extracted with tarcopy.Extract,
-// which never writes outside localPath whatever names the archive holds.
+// which never writes outside localPath whatever names the archive holds,
+// and gives every file to the caller without set-ID bits unless
+// opts.SameOwner asks for the archive's owners.
 // A missing remotePath is a *CopyError "W:PATH: No such file or
 // directory"; a refused member a *tarcopy.MemberError.
 func (c *Client) CopyFrom(ctx context.Context, namespace, workspace, remotePath, localPath string, opts CopyOptions) error {
@@ -268,6 +276,9 @@ func (c *Client) CopyFrom(ctx context.Context, namespace, workspace, remotePath,
 	remote, err := WorkspacePath(remotePath)
 	if err != nil {
 		return err
+	}
+	if opts.SameOwner && os.Geteuid() != 0 {
+		return errors.New("keeping the archive's owners (SameOwner) needs root: only root may give a file to another user")
 	}
 	task, err := copyTask(ws, archiveCommand(workspace+":"+remotePath, remote), opts)
 	if err != nil {
@@ -282,7 +293,7 @@ func (c *Client) CopyFrom(ctx context.Context, namespace, workspace, remotePath,
 		return fmt.Errorf("reading the archive from task %s: %w", task.Name, err)
 	}
 	defer r.Close()
-	xerr := tarcopy.Extract(r, path.Base(remote), localPath, tarcopy.ExtractOptions{})
+	xerr := tarcopy.Extract(r, path.Base(remote), localPath, tarcopy.ExtractOptions{SameOwner: opts.SameOwner})
 	var me *tarcopy.MemberError
 	if errors.As(xerr, &me) {
 		// A refused member: nothing after it is wanted.

@@ -14,8 +14,9 @@ import (
 )
 
 type cpFlags struct {
-	timeout time.Duration
-	ttl     time.Duration
+	timeout   time.Duration
+	ttl       time.Duration
+	sameOwner bool
 }
 
 func (a *app) cpCommand() *cobra.Command {
@@ -55,6 +56,8 @@ Downloads are at most 16 GiB of archive. See docs/workspaces.md.`,
 	}
 	cmd.Flags().DurationVar(&f.timeout, "timeout", btclient.DefaultCopyTimeout, "spec.timeoutSeconds of the copy's task (whole seconds; "+
 		"at most the controller's --max-timeout-seconds, 600s unless its administrator changed it)")
+	cmd.Flags().BoolVar(&f.sameOwner, "same-owner", false, "copying out: give the local files the archive's numeric owners and keep set-user-ID and set-group-ID bits, "+
+		"as tar --same-owner (root only); without it every file is yours and no set-ID bit is kept")
 	cmd.Flags().DurationVar(&f.ttl, "ttl", time.Hour, "spec.ttlSecondsAfterFinished of the copy's task, which cp deletes when done: "+
 		"how long it is kept should that fail; 0 keeps it")
 	return cmd
@@ -109,6 +112,8 @@ func (a *app) cp(ctx context.Context, src, dest string, f cpFlags) error {
 		return errors.New("cp: SRC and DEST are both in workspaces; copy through a local directory")
 	case !srcRemote && !destRemote:
 		return errors.New("cp: one of SRC and DEST must be WORKSPACE:PATH")
+	case f.sameOwner && !srcRemote:
+		return errors.New("cp: --same-owner is for a copy out of a workspace; a copy into one always gives the files to the workspace's UID")
 	}
 	cfg, ns, err := a.restConfig()
 	if err != nil {
@@ -123,7 +128,7 @@ func (a *app) cp(ctx context.Context, src, dest string, f cpFlags) error {
 	if f.ttl < 0 {
 		return fmt.Errorf("--ttl %s: must not be negative (0 keeps the task)", f.ttl)
 	}
-	opts := btclient.CopyOptions{Timeout: f.timeout, TTL: f.ttl}
+	opts := btclient.CopyOptions{Timeout: f.timeout, TTL: f.ttl, SameOwner: f.sameOwner}
 	if f.ttl == 0 {
 		opts.TTL = -1 // unset: kept
 	}
