@@ -89,6 +89,10 @@ func (s *Server) combinedFromStorage(ctx context.Context, lr *logResponse, task 
 	return gone(lostMsg)
 }
 
+// errNoJournal is a one-stream task's missing order journal: its bytes
+// are then one run.
+var errNoJournal = errors.New("no order journal")
+
 // combinedRecords returns the task's framed stream as records: its order
 // journal's, then the bytes no record holds (outputorder.Rest). For a task
 // whose agent was lost (lost true) only the records of the journal's parts:
@@ -96,14 +100,21 @@ func (s *Server) combinedFromStorage(ctx context.Context, lr *logResponse, task 
 func (s *Server) combinedRecords(ctx context.Context, task *bashtaskv1alpha1.BashTask, gone func(string) error) (recs []outputorder.Record, lost bool, err error) {
 	total := [3]int64{0, streamTotal(task.Status.Stdout), streamTotal(task.Status.Stderr)}
 	lost = agentLost(task)
-	if !lost && (total[outputorder.Stdout] == 0 || total[outputorder.Stderr] == 0) {
-		// One stream (or none): its bytes in order, no journal needed.
-		return outputorder.Rest([3]int64{}, total), false, nil
-	}
 	var journal []byte
-	if lost {
+	switch {
+	case lost:
 		journal, err = s.partsJournal(ctx, task, gone)
-	} else {
+	case total[outputorder.Stdout] == 0 || total[outputorder.Stderr] == 0:
+		// One stream (or none). Its journal, when the agent wrote one,
+		// has the records a follower was served frames of while the task
+		// ran (a follower seals the run being read): framed again without
+		// them, a resumed read's offset would land elsewhere. Without a
+		// journal the bytes are one run.
+		journal, err = s.orderJournal(ctx, task, func(string) error { return errNoJournal })
+		if errors.Is(err, errNoJournal) {
+			journal, err = nil, nil
+		}
+	default:
 		journal, err = s.orderJournal(ctx, task, gone)
 	}
 	if err != nil {

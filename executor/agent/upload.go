@@ -110,20 +110,24 @@ func (s *Server) planUploadsLocked(e *entry, recovered bool) {
 }
 
 // planOrderUploadLocked uploads the order journal of a finished task whose
-// streams both have bytes, unless the policy is NEVER: the object "order"
+// streams both have bytes, or that has one, unless the policy is NEVER:
+// the object "order"
 // beside the streams' lets the output API serve both streams in one after
 // the agent forgot the task, also when the status tails hold the streams
 // (docs/output.md). A task that printed to one stream needs none. A
 // journal never written (it writes nothing before its first switch, and
 // stops at a write error) uploads as an empty object.
 func (s *Server) planOrderUploadLocked(e *entry) {
-	if e.rec.Upload == agentv1.UploadPolicy_UPLOAD_POLICY_NEVER ||
-		e.status.GetStdout().GetTotalBytes() == 0 || e.status.GetStderr().GetTotalBytes() == 0 {
-		return
-	}
 	size := int64(0)
 	if fi, err := os.Lstat(filepath.Join(s.store.outputDir(e.status.GetRef().GetUid()), outputorder.Name)); err == nil && fi.Mode().IsRegular() {
 		size = fi.Size()
+	}
+	// A one-stream task has a journal only when a follower sealed the run
+	// it read: its records frame the stream as that follower was served
+	// it, and a read resumed from storage must frame it the same way.
+	oneStream := e.status.GetStdout().GetTotalBytes() == 0 || e.status.GetStderr().GetTotalBytes() == 0
+	if e.rec.Upload == agentv1.UploadPolicy_UPLOAD_POLICY_NEVER || (oneStream && size == 0) {
+		return
 	}
 	e.status.Order = &agentv1.StreamStatus{TotalBytes: size, Spill: &agentv1.Spill{
 		Bytes: size, Complete: true, UploadState: agentv1.UploadState_UPLOAD_STATE_PENDING,
