@@ -6,7 +6,6 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -14,7 +13,7 @@ import (
 	"syscall"
 	"testing"
 
-	"golang.org/x/sys/unix"
+	"github.com/bashtask/bashtask-operator/internal/rig/testutil"
 )
 
 // nodeExposure is a node's own socket and device as a task could find
@@ -34,23 +33,7 @@ func exposeNode(t *testing.T) nodeExposure {
 		listed: fmt.Sprintf("/run/bashtask-test-%d-%s-listed.sock", os.Getpid(), strings.ReplaceAll(t.Name(), "/", "-")),
 	}
 	for _, path := range []string{n.socket, n.listed} {
-		lis, err := net.Listen("unix", path)
-		if err != nil {
-			t.Skipf("a socket under /run: %v", err)
-		}
-		t.Cleanup(func() { lis.Close() })
-		if err := os.Chmod(path, 0o666); err != nil {
-			t.Fatal(err)
-		}
-		go func() {
-			for {
-				c, err := lis.Accept()
-				if err != nil {
-					return
-				}
-				c.Close()
-			}
-		}()
+		testutil.ListenNodeSocket(t, path)
 	}
 	// Outside /tmp, which the task sees a private one of.
 	dir, err := os.MkdirTemp("/var/tmp", "bashtask-dev-")
@@ -62,12 +45,7 @@ func exposeNode(t *testing.T) nodeExposure {
 		t.Fatal(err)
 	}
 	n.device = filepath.Join(dir, "loop")
-	if err := unix.Mknod(n.device, unix.S_IFBLK|0o444, int(unix.Mkdev(7, 0))); err != nil {
-		t.Skipf("mknod of a block device: %v", err)
-	}
-	if err := os.Chmod(n.device, 0o444); err != nil {
-		t.Fatal(err)
-	}
+	testutil.MknodWorldReadableBlock(t, n.device)
 	return n
 }
 

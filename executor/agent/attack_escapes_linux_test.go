@@ -518,16 +518,10 @@ echo "big: $(ipcmk -M %d >/dev/null 2>&1 && echo made || echo refused)"`, 2*atta
 	t.Run("E16 a node's 0666 Unix socket under /run and a world-readable device node outside /dev are out of reach", func(t *testing.T) {
 		sock := fmt.Sprintf("/run/bashtask-attack-%d.sock", os.Getpid())
 		for _, path := range []string{sock, a.listedSock} {
-			listenAll(t, path)
+			testutil.ListenNodeSocket(t, path)
 		}
 		device := filepath.Join(a.base, "loop")
-		if err := unix.Mknod(device, unix.S_IFBLK|0o444, int(unix.Mkdev(7, 0))); err != nil {
-			t.Skipf("mknod of a block device: %v", err)
-		}
-		defer os.Remove(device)
-		if err := os.Chmod(device, 0o444); err != nil {
-			t.Fatal(err)
-		}
+		testutil.MknodWorldReadableBlock(t, device)
 		probe := fmt.Sprintf(`/usr/bin/python3 -c '
 import os, socket
 for label, path in (("node", %q), ("listed", %q)):
@@ -645,28 +639,4 @@ echo "proc: $(cat /proc/*/root%s/secret 2>&1 | head -1)"`, w1Root, envFile, w1Ro
 	if other["env"] != "unset" {
 		t.Errorf("W2's task has W1's carried variable: %q", other["env"])
 	}
-}
-
-// listenAll listens on the Unix socket path, mode 0666 like a node
-// daemon's open socket, accepting and closing every connection until the
-// test ends.
-func listenAll(t *testing.T, path string) {
-	t.Helper()
-	lis, err := net.Listen("unix", path)
-	if err != nil {
-		t.Skipf("a socket at %s: %v", path, err)
-	}
-	t.Cleanup(func() { lis.Close() })
-	if err := os.Chmod(path, 0o666); err != nil {
-		t.Fatal(err)
-	}
-	go func() {
-		for {
-			c, err := lis.Accept()
-			if err != nil {
-				return
-			}
-			c.Close()
-		}
-	}()
 }

@@ -48,19 +48,29 @@ func (o *outputSource) state() (executor.OutputState, <-chan struct{}) {
 	return o.fixed, nil
 }
 
-// ReadOutput implements the ReadOutput RPC (docs/agent.md, docs/output.md).
-func (s *Server) ReadOutput(req *agentv1.ReadOutputRequest, srv agentv1.Executor_ReadOutputServer) error {
-	ctx := srv.Context()
-	uid := req.GetUid()
+// checkReadRequest checks what ReadOutput and ReadCombinedOutput are
+// asked for: a task UID of the journal's form, and a byte offset and
+// limit that are not negative. It returns an INVALID_ARGUMENT status
+// naming the field.
+func checkReadRequest(uid string, offset, limit int64) error {
 	if !validUID.MatchString(uid) {
 		return status.Errorf(codes.InvalidArgument, "uid %q: letters, digits, '-', '_' and '.', 1 to 128 bytes", uid)
 	}
-	offset, limit := req.GetOffset(), req.GetLimitBytes()
 	if offset < 0 {
 		return status.Errorf(codes.InvalidArgument, "offset %d: must not be negative", offset)
 	}
 	if limit < 0 {
 		return status.Errorf(codes.InvalidArgument, "limit_bytes %d: must not be negative", limit)
+	}
+	return nil
+}
+
+// ReadOutput implements the ReadOutput RPC (docs/agent.md, docs/output.md).
+func (s *Server) ReadOutput(req *agentv1.ReadOutputRequest, srv agentv1.Executor_ReadOutputServer) error {
+	ctx := srv.Context()
+	uid, offset, limit := req.GetUid(), req.GetOffset(), req.GetLimitBytes()
+	if err := checkReadRequest(uid, offset, limit); err != nil {
+		return err
 	}
 	name := streamNames[0]
 	stderr := req.GetStream() == agentv1.OutputStream_OUTPUT_STREAM_STDERR

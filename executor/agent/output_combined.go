@@ -85,16 +85,9 @@ func (s *Server) combinedSource(ctx context.Context, uid string) (*combinedSourc
 // docs/output.md).
 func (s *Server) ReadCombinedOutput(req *agentv1.ReadCombinedOutputRequest, srv agentv1.Executor_ReadCombinedOutputServer) error {
 	ctx := srv.Context()
-	uid := req.GetUid()
-	if !validUID.MatchString(uid) {
-		return status.Errorf(codes.InvalidArgument, "uid %q: letters, digits, '-', '_' and '.', 1 to 128 bytes", uid)
-	}
-	offset, limit := req.GetOffset(), req.GetLimitBytes()
-	if offset < 0 {
-		return status.Errorf(codes.InvalidArgument, "offset %d: must not be negative", offset)
-	}
-	if limit < 0 {
-		return status.Errorf(codes.InvalidArgument, "limit_bytes %d: must not be negative", limit)
+	uid, offset, limit := req.GetUid(), req.GetOffset(), req.GetLimitBytes()
+	if err := checkReadRequest(uid, offset, limit); err != nil {
+		return err
 	}
 	src, err := s.combinedSource(ctx, uid)
 	if err != nil {

@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/bashtask/bashtask-operator/internal/rig/testutil"
+
 	agentv1 "github.com/bashtask/bashtask-operator/api/agent/v1"
 	"github.com/bashtask/bashtask-operator/executor/shim"
 )
@@ -49,7 +51,7 @@ func TestWorkspaceTmp(t *testing.T) {
 	}
 	t.Run("quota", func(t *testing.T) {
 		if !w1.GetStorageEnforced() {
-			t.Skip("no loop devices or mkfs.ext4: the workspace has no file system of its own")
+			testutil.SkipUnlessStrict(t, "no loop devices or mkfs.ext4: the workspace has no file system of its own")
 		}
 		res := a.runTask(wsTask("q1", "tmp1", `head -c 40M /dev/zero > /tmp/a && head -c 40M /dev/zero > ~/b`))
 		if res.GetReason() == "Succeeded" || !strings.Contains(res.GetStderr().GetTail(), "No space left on device") {
