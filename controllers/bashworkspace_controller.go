@@ -8,6 +8,9 @@ import (
 	"sync"
 	"time"
 
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	corev1 "k8s.io/api/core/v1"
@@ -414,11 +417,11 @@ func (r *BashWorkspaceReconciler) setNodeLost(ws *bashtaskv1alpha1.BashWorkspace
 	p.event(corev1.EventTypeWarning, bashtaskv1alpha1.WorkspaceReasonNodeLost, "Follow", "%s", msg)
 }
 
-// idle schedules the next look at a Ready workspace and marks it for
-// deletion when spec.idleTimeoutSeconds passed with no running task since
-// status.lastTaskTime, or since its creation before any task ended. A
-// task of the workspace that has not finished (also one waiting to be
-// dispatched) keeps it. A workspace a GitOps tool manages is never deleted
+// idle schedules the next look at a Ready workspace and suspends it or
+// marks it for deletion when spec.idleTimeoutSeconds passed with no running
+// task since status.lastTaskTime, or since it last became Ready (made or
+// restored on its node) when that is later. A task of the workspace that
+// has not finished (also one waiting to be dispatched) keeps it. A workspace a GitOps tool manages is never deleted
 // for idleness: the tool's next sync would create it again, empty.
 func (r *BashWorkspaceReconciler) idle(ctx context.Context, ws *bashtaskv1alpha1.BashWorkspace, p *workspacePass) (reconcile.Result, error) {
 	refresh := reconcile.Result{RequeueAfter: r.opts.WorkspaceRefreshInterval}
@@ -432,6 +435,12 @@ func (r *BashWorkspaceReconciler) idle(ctx context.Context, ws *bashtaskv1alpha1
 	}
 	if rf := ws.Status.RestoredFrom; rf != nil && rf.RestoreTime != nil && rf.RestoreTime.After(since) {
 		since = rf.RestoreTime.Time // a restore is the start of a new stay on a node
+	}
+	// A workspace that took a while to be made on its node (a busy
+	// agent, a node that came late) gets its whole idle timeout once it
+	// is Ready, not what is left of it since creation.
+	if c := meta.FindStatusCondition(ws.Status.Conditions, bashtaskv1alpha1.ConditionReady); c != nil && c.Status == metav1.ConditionTrue && c.LastTransitionTime.After(since) {
+		since = c.LastTransitionTime.Time
 	}
 	if wait := since.Add(time.Duration(*timeout) * time.Second).Sub(r.clock.Now()); wait > 0 {
 		return reconcile.Result{RequeueAfter: min(wait, r.opts.WorkspaceRefreshInterval)}, nil
