@@ -365,7 +365,13 @@ func TestEvictionLRU(t *testing.T) {
 	if _, err := os.Stat(b.Layers[1]); err != nil {
 		t.Fatalf("the shared base went with b: %v", err)
 	}
-	// c is held: d evicts a, not c.
+	// c is held and, once a is used again, the least recently used: d
+	// evicts a, not c.
+	a3, err := s.Acquire(a.ManifestDigest)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a3.Release()
 	d := pull("d")
 	defer d.Release()
 	if _, err := s.Acquire(a.ManifestDigest); !errors.Is(err, ErrNotFound) {
