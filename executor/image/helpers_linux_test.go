@@ -38,7 +38,7 @@ type testRegistry struct {
 	blobDelay time.Duration
 }
 
-func newTestRegistry(t *testing.T, wrap func(http.Handler) http.Handler) *testRegistry {
+func newTestRegistry(t testing.TB, wrap func(http.Handler) http.Handler) *testRegistry {
 	t.Helper()
 	r := &testRegistry{gets: map[string]int{}}
 	var h http.Handler = registry.New(registry.Logger(log.New(io.Discard, "", 0)))
