@@ -41,7 +41,7 @@ type testRegistry struct {
 func newTestRegistry(t testing.TB, wrap func(http.Handler) http.Handler) *testRegistry {
 	t.Helper()
 	r := &testRegistry{gets: map[string]int{}}
-	var h http.Handler = registry.New(registry.Logger(log.New(io.Discard, "", 0)))
+	h := registry.New(registry.Logger(log.New(io.Discard, "", 0)))
 	if wrap != nil {
 		h = wrap(h)
 	}

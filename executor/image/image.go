@@ -36,6 +36,9 @@ type Image struct {
 	Size int64
 	// Hit is true when every layer was in the store before this pull.
 	Hit bool
+	// Unpacked counts what the layers this pull unpacked held that the
+	// store did not make (zero for layers already present).
+	Unpacked UnpackCounts
 
 	release   func()
 	releaseMu sync.Once
@@ -54,4 +57,26 @@ func (im *Image) Release() {
 	if im.release != nil {
 		im.releaseMu.Do(im.release)
 	}
+}
+
+// UnpackCounts count members and attributes of layers as they were
+// unpacked.
+type UnpackCounts struct {
+	// Devices are character and block device members, skipped (a task
+	// gets its own /dev).
+	Devices int
+	// Xattrs are extended attributes dropped: not user.* or
+	// security.capability, or not supported by the store's file system.
+	Xattrs int
+	// Whiteouts are the .wh.NAME members made into overlayfs whiteouts.
+	Whiteouts int
+	// OpaqueDirs are the directories marked opaque (.wh..wh..opq).
+	OpaqueDirs int
+}
+
+func (c *UnpackCounts) add(o UnpackCounts) {
+	c.Devices += o.Devices
+	c.Xattrs += o.Xattrs
+	c.Whiteouts += o.Whiteouts
+	c.OpaqueDirs += o.OpaqueDirs
 }

@@ -22,28 +22,28 @@ import (
 // fetchLayer downloads a layer the store lacks, unpacks it into a
 // directory of tmp/, checks its diffID, syncs the file system, renames
 // it into layers/ and makes its short link, pinned for the caller. It
-// returns the layer's size in bytes, or -1 (not pinned) when the layer
-// is present already. Nothing of a failed fetch stays (tmp/ goes on the
+// returns what it unpacked, or nil (not pinned) when the layer is
+// present already. Nothing of a failed fetch stays (tmp/ goes on the
 // next Open at the latest).
-func (s *Store) fetchLayer(ctx context.Context, l layerInfo, prog *progress) (int64, error) {
+func (s *Store) fetchLayer(ctx context.Context, l layerInfo, prog *progress) (*unpackStats, error) {
 	if s.has(l.diffID) {
 		// Fetched by a flight that ended just before this one began.
-		return -1, nil
+		return nil, nil
 	}
 	tmp, err := os.MkdirTemp(filepath.Join(s.root, dirTmp), "layer-")
 	if err != nil {
-		return 0, fmt.Errorf("image store: %w", err)
+		return nil, fmt.Errorf("image store: %w", err)
 	}
 	defer os.RemoveAll(tmp)
 	dir := filepath.Join(tmp, "l")
 	if err := os.Mkdir(dir, 0o755); err != nil {
-		return 0, fmt.Errorf("image store: %w", err)
+		return nil, fmt.Errorf("image store: %w", err)
 	}
 	st, err := s.download(ctx, l, dir, prog)
 	if err != nil {
-		return 0, err
+		return nil, err
 	}
-	return st.bytes, s.install(l.diffID, dir, st.bytes)
+	return st, s.install(l.diffID, dir, st.bytes)
 }
 
 // download streams the layer's blob through decompression and the

@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"slices"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/google/go-containerregistry/pkg/authn"
@@ -221,7 +220,7 @@ func (s *Store) pullImage(ctx context.Context, src *source, o PullOptions) (*Ima
 	var pinsMu sync.Mutex
 	defer func() { s.unpin(pins) }()
 	prog := newProgress(layers, o.Progress)
-	fetched, err := s.fetchLayers(ctx, src.ref, layers, prog, func(id string) {
+	res, err := s.fetchLayers(ctx, src.ref, layers, prog, func(id string) {
 		pinsMu.Lock()
 		pins = append(pins, id)
 		pinsMu.Unlock()
@@ -240,8 +239,8 @@ func (s *Store) pullImage(ctx context.Context, src *source, o PullOptions) (*Ima
 	if err != nil {
 		return nil, err
 	}
-	im.Ref, im.Digest, im.Hit = src.ref, src.digest, !fetched
-	if fetched {
+	im.Ref, im.Digest, im.Hit, im.Unpacked = src.ref, src.digest, !res.fetched, res.counts
+	if res.fetched {
 		s.m.misses.Inc()
 	} else {
 		s.m.hits.Inc()
@@ -249,26 +248,35 @@ func (s *Store) pullImage(ctx context.Context, src *source, o PullOptions) (*Ima
 	return im, nil
 }
 
+// layersResult is what fetchLayers did.
+type layersResult struct {
+	// fetched: some layer was missing.
+	fetched bool
+	// counts of the layers this pull unpacked.
+	counts UnpackCounts
+}
+
 // fetchLayers pins every layer of the image, fetching those missing, up
-// to ParallelLayers at once; fetched is true when any was missing.
-func (s *Store) fetchLayers(ctx context.Context, ref string, layers []layerInfo, prog *progress, pinned func(string)) (bool, error) {
+// to ParallelLayers at once.
+func (s *Store) fetchLayers(ctx context.Context, ref string, layers []layerInfo, prog *progress, pinned func(string)) (layersResult, error) {
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(cmpOr(s.opts.ParallelLayers, DefaultParallelLayers))
-	var fetched atomic.Bool
+	var res layersResult
 	var unpacked int64
-	var umu sync.Mutex
+	var mu sync.Mutex
 	for _, l := range layers {
 		g.Go(func() error {
-			got, size, err := s.ensureLayer(gctx, l, prog)
+			got, size, st, err := s.ensureLayer(gctx, l, prog)
 			if err != nil {
 				return err
 			}
 			pinned(l.diffID)
-			if got {
-				fetched.Store(true)
+			mu.Lock()
+			defer mu.Unlock()
+			res.fetched = res.fetched || got
+			if st != nil {
+				res.counts.add(st.UnpackCounts)
 			}
-			umu.Lock()
-			defer umu.Unlock()
 			unpacked += size
 			if b := s.opts.BudgetBytes; b > 0 && unpacked > b {
 				return &BudgetError{Ref: ref, Size: unpacked, Budget: b}
@@ -277,7 +285,7 @@ func (s *Store) fetchLayers(ctx context.Context, ref string, layers []layerInfo,
 		})
 	}
 	err := g.Wait()
-	return fetched.Load(), err
+	return res, err
 }
 
 func cmpOr(v, d int) int {
@@ -290,15 +298,16 @@ func cmpOr(v, d int) int {
 // ensureLayer pins a layer, fetching it first when the store lacks it
 // (one fetch per diffID at a time, shared by every pull that wants it;
 // the fetching pull's pin comes with the layer). It returns whether this
-// call waited for a fetch, and the layer's size in bytes.
-func (s *Store) ensureLayer(ctx context.Context, l layerInfo, prog *progress) (bool, int64, error) {
+// call waited for a fetch, the layer's size in bytes, and what this call
+// unpacked (nil when another did).
+func (s *Store) ensureLayer(ctx context.Context, l layerInfo, prog *progress) (bool, int64, *unpackStats, error) {
 	fetched := false
 	for {
 		if size, ok := s.pin(l.diffID); ok {
 			if !fetched {
 				prog.add(l.compressed)
 			}
-			return fetched, size, nil
+			return fetched, size, nil, nil
 		}
 		fetched = true
 		ran := false
@@ -308,8 +317,8 @@ func (s *Store) ensureLayer(ctx context.Context, l layerInfo, prog *progress) (b
 		})
 		switch {
 		case err == nil && ran:
-			if size := v.(int64); size >= 0 {
-				return true, size, nil
+			if st := v.(*unpackStats); st != nil {
+				return true, st.bytes, st, nil
 			}
 			// Present already: pinned by the loop.
 		case err == nil:
@@ -318,7 +327,7 @@ func (s *Store) ensureLayer(ctx context.Context, l layerInfo, prog *progress) (b
 		case errors.Is(err, context.Canceled) && ctx.Err() == nil:
 			// Another pull's fetch was cancelled, not this one: try again.
 		default:
-			return fetched, 0, err
+			return fetched, 0, nil, err
 		}
 	}
 }

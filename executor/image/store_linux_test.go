@@ -160,6 +160,9 @@ func TestUnpackFileKinds(t *testing.T) {
 	if _, err := os.Lstat(filepath.Join(root, "dev/null")); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("a device node was made: %v", err)
 	}
+	if want := (UnpackCounts{Devices: 2, Xattrs: 2}); im.Unpacked != want {
+		t.Errorf("counts %+v, want %+v", im.Unpacked, want)
+	}
 	// The sparse file's first block holds data: 4096 bytes are written.
 	if im.Size != int64(len("hello")+len("#!/bin/sh")+len("x")+4096+len("p")) {
 		t.Errorf("size %d", im.Size)
@@ -210,6 +213,9 @@ func TestWhiteouts(t *testing.T) {
 	if n, err := unix.Getxattr(filepath.Join(top, "o"), opaqueXattr, buf); err != nil || string(buf[:n]) != "y" {
 		t.Fatalf("o: %s = %q, %v", opaqueXattr, buf[:n], err)
 	}
+	if want := (UnpackCounts{Whiteouts: 1, OpaqueDirs: 1}); im.Unpacked != want {
+		t.Errorf("counts %+v, want %+v", im.Unpacked, want)
+	}
 	mountOverlay(t, im)
 }
 
@@ -221,7 +227,7 @@ func mountOverlay(t *testing.T, im *Image) {
 	if err := unix.Mount("overlay", mnt, "overlay", unix.MS_RDONLY, opts); err != nil {
 		t.Skipf("the overlay end check is skipped: mounting overlayfs here failed: %v", err)
 	}
-	defer unix.Unmount(mnt, unix.MNT_DETACH)
+	defer func() { _ = unix.Unmount(mnt, unix.MNT_DETACH) }()
 	for rel, want := range map[string]bool{"a/keep": true, "a/gone": false, "o/old": false, "o/new": true} {
 		_, err := os.Lstat(filepath.Join(mnt, rel))
 		if got := err == nil; got != want {

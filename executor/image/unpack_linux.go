@@ -47,12 +47,7 @@ type unpackOptions struct {
 type unpackStats struct {
 	// bytes of file data written (holes not counted).
 	bytes int64
-	// devices: character and block device members, skipped.
-	devices int
-	// whiteouts and opaque directories made.
-	whiteouts, opaques int
-	// skippedXattrs: extended attributes not kept.
-	skippedXattrs int
+	UnpackCounts
 }
 
 // unpacker is one layer being unpacked.
@@ -140,7 +135,7 @@ func (u *unpacker) member(h *tar.Header, tr *tar.Reader) error {
 	switch h.Typeflag {
 	case tar.TypeChar, tar.TypeBlock:
 		// The task gets its own /dev; an image's device nodes are not made.
-		u.st.devices++
+		u.st.Devices++
 		return nil
 	case tar.TypeXGlobalHeader:
 		return nil
@@ -173,7 +168,7 @@ func (u *unpacker) member(h *tar.Header, tr *tar.Reader) error {
 func (u *unpacker) entry(h *tar.Header, tr *tar.Reader, dirFD int, leaf string) error {
 	mode := uint32(h.Mode) & 0o7777
 	switch h.Typeflag {
-	case tar.TypeReg, tar.TypeRegA, tar.TypeGNUSparse:
+	case tar.TypeReg, tar.TypeGNUSparse: // the reader reports old tars' TypeRegA as TypeReg
 		return u.file(h, tr, dirFD, leaf, mode)
 	case tar.TypeSymlink:
 		if h.Linkname == "" || strings.ContainsRune(h.Linkname, 0) {
@@ -276,7 +271,7 @@ func (u *unpacker) whiteout(h *tar.Header, dirFD int, rel, leaf string) error {
 		if err := unix.Fsetxattr(dirFD, opaqueXattr, []byte("y"), 0); err != nil {
 			return fmt.Errorf("marking the directory opaque (%s needs a file system with trusted extended attributes and CAP_SYS_ADMIN): %w", opaqueXattr, err)
 		}
-		u.st.opaques++
+		u.st.OpaqueDirs++
 		return nil
 	}
 	if strings.HasPrefix(leaf, whiteoutMeta) {
@@ -292,7 +287,7 @@ func (u *unpacker) whiteout(h *tar.Header, dirFD int, rel, leaf string) error {
 	if err := unix.Mknodat(dirFD, target, unix.S_IFCHR, 0); err != nil {
 		return fmt.Errorf("making the whiteout %s: %w", target, err)
 	}
-	u.st.whiteouts++
+	u.st.Whiteouts++
 	return unix.Fchownat(dirFD, target, h.Uid, h.Gid, unix.AT_SYMLINK_NOFOLLOW)
 }
 
@@ -432,12 +427,12 @@ func (u *unpacker) xattrs(h *tar.Header, fd int) error {
 			continue
 		}
 		if !keptXattr(name) {
-			u.st.skippedXattrs++
+			u.st.Xattrs++
 			continue
 		}
 		err := unix.Fsetxattr(fd, name, []byte(v), 0)
 		if errors.Is(err, unix.EOPNOTSUPP) {
-			u.st.skippedXattrs++
+			u.st.Xattrs++
 			continue
 		}
 		if err != nil {
