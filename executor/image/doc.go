@@ -72,7 +72,8 @@
 // `.wh..wh..opq` sets trusted.overlay.opaque=y on its directory (both
 // need root); other `.wh..wh.` names (aufs metadata) are skipped.
 //
-// The uncompressed stream's SHA-256 must equal the layer's diffID, and
-// the compressed blob's its digest (checked by go-containerregistry),
-// or the pull fails with [ErrInvalid].
+// The uncompressed stream's SHA-256 must equal the layer's diffID, or
+// the pull fails with [ErrInvalid]; a blob whose download does not match
+// its digest (checked by go-containerregistry) fails it with a retryable
+// error.
 package image

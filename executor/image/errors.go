@@ -31,8 +31,8 @@ var (
 	ErrOverBudget = errors.New("image larger than the image store's budget")
 	// ErrInvalid: a layer holds a member the store refuses (a path out of
 	// the layer, through a symbolic link, a hard link to a file that is
-	// not in the layer; [MemberError]), or its content does not match its
-	// digest.
+	// not in the layer; [MemberError]), is not a tar, or unpacks to
+	// another digest than its diffID.
 	ErrInvalid = errors.New("image content refused")
 )
 

@@ -4,10 +4,12 @@ package image
 
 import (
 	"archive/tar"
+	"bytes"
 	"context"
 	"encoding/base64"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -18,12 +20,16 @@ import (
 	"time"
 
 	"github.com/google/go-containerregistry/pkg/authn"
+	"github.com/google/go-containerregistry/pkg/compression"
 	"github.com/google/go-containerregistry/pkg/name"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/empty"
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/random"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
+	"github.com/google/go-containerregistry/pkg/v1/static"
+	"github.com/google/go-containerregistry/pkg/v1/tarball"
+	"github.com/google/go-containerregistry/pkg/v1/types"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"golang.org/x/sys/unix"
@@ -614,5 +620,37 @@ func TestMirrorsAndPlainHTTP(t *testing.T) {
 	defer im.Release()
 	if b, _ := os.ReadFile(filepath.Join(im.Layers[0], "f")); string(b) != "mirrored" {
 		t.Fatalf("f = %q", b)
+	}
+}
+
+func TestLayerCompressionsAndLayerLimit(t *testing.T) {
+	reg := newTestRegistry(t, nil)
+	s := openStore(t, StoreOptions{})
+	b := tarBytes(t, []member{{name: "z", data: "zstd"}})
+	zl, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(b)), nil },
+		tarball.WithCompression(compression.ZStd), tarball.WithMediaType(types.OCILayerZStd))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ul := static.NewLayer(tarBytes(t, []member{{name: "u", data: "plain"}}), types.OCIUncompressedLayer)
+	push(t, reg.host, "comp:1", makeImage(t, arch, zl, ul))
+	im, err := s.Pull(context.Background(), reg.host+"/comp:1", PullOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer im.Release()
+	for i, f := range map[int]string{1: "z", 0: "u"} {
+		if _, err := os.Stat(filepath.Join(im.Layers[i], f)); err != nil {
+			t.Errorf("layer %d: %v", i, err)
+		}
+	}
+
+	many, err := random.Image(16, MaxLayers+1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	push(t, reg.host, "many:1", many)
+	if _, err := s.Pull(context.Background(), reg.host+"/many:1", PullOptions{}); !errors.Is(err, ErrUnsupported) || !strings.Contains(err.Error(), "129 layers") {
+		t.Fatalf("%d layers: %v", MaxLayers+1, err)
 	}
 }
