@@ -59,6 +59,12 @@ type Options struct {
 	// MaxRunningPerOwner caps the running tasks of one spec.owner; 0 means
 	// no cap.
 	MaxRunningPerOwner int
+	// FairShare hands an agent's free task slots to the tasks waiting for
+	// them in fair turns: the task whose owner runs the fewest tasks
+	// first, then the one that waited longest (docs/controller.md, "Fair
+	// turns"). Off, a freed slot goes to whichever waiting task retries
+	// first.
+	FairShare bool
 	// ProgressInterval is the shortest time between two tail refreshes of a
 	// running task's status.
 	ProgressInterval time.Duration
@@ -122,6 +128,7 @@ func DefaultOptions() Options {
 		StatusBudgetBytes:   DefaultStatusBudgetBytes,
 		MaxTimeoutSeconds:   600,
 		RetryInterval:       2 * time.Second,
+		FairShare:           true,
 		RunningStatusDelay:  500 * time.Millisecond,
 		OrphanCheckInterval: time.Minute,
 
@@ -146,6 +153,10 @@ type BashTaskReconciler struct {
 	ownerMu  sync.Mutex
 	reserved map[string]map[types.UID]bool // owner -> tasks admitted, not yet dispatched in the cache
 
+	// fair holds the task slots of placed tasks and the turns of the
+	// tasks waiting for one.
+	fair *fairShare
+
 	progressMu sync.Mutex
 	progress   map[types.UID]time.Time // last progress write per running task
 	started    map[types.UID]time.Time // when this process dispatched the task
@@ -165,6 +176,7 @@ func NewBashTaskReconciler(c client.Client, apiReader client.Reader, agents Agen
 	return &BashTaskReconciler{
 		client: c, apiReader: apiReader, agents: agents, recorder: recorder, clock: clk, opts: opts, metrics: m,
 		reserved: map[string]map[types.UID]bool{},
+		fair:     newFairShare(opts.FairShare),
 		progress: map[types.UID]time.Time{},
 		started:  map[types.UID]time.Time{},
 		kept:     map[types.NamespacedName]types.UID{},
@@ -172,10 +184,11 @@ func NewBashTaskReconciler(c client.Client, apiReader client.Reader, agents Agen
 	}
 }
 
-// SetupWithManager registers the reconciler, its cache index and its event
-// sources: BashTask changes, agent task events (agentEvents), the
-// release of an owner slot and the changes of BashWorkspaces that tasks
-// wait for.
+// SetupWithManager registers the reconciler, its cache indexes and its
+// event sources: BashTask changes, agent task events (agentEvents), the
+// release of an owner slot, the changes of BashWorkspaces and Nodes that
+// tasks wait for, a slot freed on an agent and the turns of waiting tasks
+// (see fairShare).
 func (r *BashTaskReconciler) SetupWithManager(mgr ctrl.Manager, agentEvents <-chan event.TypedGenericEvent[*bashtaskv1alpha1.BashTask], workers int) error {
 	if err := mgr.GetFieldIndexer().IndexField(context.Background(), &bashtaskv1alpha1.BashTask{}, IndexOwner,
 		func(o client.Object) []string {
@@ -195,13 +208,18 @@ func (r *BashTaskReconciler) SetupWithManager(mgr ctrl.Manager, agentEvents <-ch
 		}); err != nil {
 		return fmt.Errorf("indexing BashTasks by %s: %w", IndexWorkspace, err)
 	}
+	if err := indexRunningOwner(mgr); err != nil {
+		return err
+	}
 	b := ctrl.NewControllerManagedBy(mgr).
 		For(&bashtaskv1alpha1.BashTask{}).
 		Named("bashtask").
 		WithOptions(controller.Options{MaxConcurrentReconciles: workers}).
 		Watches(&bashtaskv1alpha1.BashTask{}, handler.EnqueueRequestsFromMapFunc(r.waitingForOwnerSlot)).
 		Watches(&bashtaskv1alpha1.BashWorkspace{}, handler.EnqueueRequestsFromMapFunc(r.tasksWaitingForWorkspace)).
-		Watches(&corev1.Node{}, handler.EnqueueRequestsFromMapFunc(r.tasksWaitingForNode), builder.WithPredicates(nodeSchedulingChanged()))
+		Watches(&corev1.Node{}, handler.EnqueueRequestsFromMapFunc(r.tasksWaitingForNode), builder.WithPredicates(nodeSchedulingChanged())).
+		Watches(&bashtaskv1alpha1.BashTask{}, handler.EnqueueRequestsFromMapFunc(r.nextInTurn), builder.WithPredicates(slotFreed())).
+		WatchesRawSource(source.Channel(r.fair.wake, &handler.TypedEnqueueRequestForObject[*bashtaskv1alpha1.BashTask]{}))
 	if agentEvents != nil {
 		b = b.WatchesRawSource(source.Channel(agentEvents, &handler.TypedEnqueueRequestForObject[*bashtaskv1alpha1.BashTask]{}))
 	}
@@ -260,6 +278,7 @@ func (r *BashTaskReconciler) Reconcile(ctx context.Context, req reconcile.Reques
 		if apierrors.IsNotFound(err) {
 			r.written.forget(req.NamespacedName)
 			r.forgetKept(req.NamespacedName)
+			r.fair.forget(req.NamespacedName)
 		}
 		return reconcile.Result{}, client.IgnoreNotFound(err)
 	}
@@ -296,6 +315,9 @@ func (r *BashTaskReconciler) reconcile(ctx context.Context, bt *bashtaskv1alpha1
 		// is only added just before the write-ahead (a task that never
 		// dispatches costs no write for it), and removed here.
 		return reconcile.Result{}, r.removeFinalizer(ctx, bt)
+	}
+	if isDispatched(bt) || isTerminal(bt) {
+		r.fair.seen(client.ObjectKeyFromObject(bt))
 	}
 	old := bt.Status.DeepCopy()
 	var d taskDecision
@@ -357,6 +379,14 @@ func isDispatched(bt *bashtaskv1alpha1.BashTask) bool {
 // write-ahead.
 func (r *BashTaskReconciler) reconcilePending(ctx context.Context, bt *bashtaskv1alpha1.BashTask, old *bashtaskv1alpha1.BashTaskStatus) (taskDecision, error) {
 	now := r.clock.Now()
+	// A pass that ends before the placement waits for something else than
+	// a slot: the task leaves the turns until it waits for one again.
+	placing := false
+	defer func() {
+		if !placing {
+			r.fair.leave(client.ObjectKeyFromObject(bt))
+		}
+	}()
 	if d := specGate(bt, now); d != nil {
 		return *d, nil
 	}
@@ -389,10 +419,16 @@ func (r *BashTaskReconciler) reconcilePending(ctx context.Context, bt *bashtaskv
 		setPending(bt, ReasonOwnerLimit, fmt.Sprintf("owner %q already runs %d tasks, the --max-running-per-owner limit", ptr.Deref(bt.Spec.Owner, ""), r.opts.MaxRunningPerOwner))
 		return taskDecision{write: "pending", result: reconcile.Result{RequeueAfter: r.opts.RetryInterval}}, nil
 	}
-	agent, d := r.choose(ctx, bt, target, resolved, now)
+	placing = true
+	agent, d, err := r.choose(ctx, bt, target, resolved, now)
 	if agent == nil {
 		release()
-		return d, nil
+		return d, err
+	}
+	releaseOwner := release
+	release = func() {
+		releaseOwner()
+		r.fair.drop(client.ObjectKeyFromObject(bt))
 	}
 	if err := r.restoreNotice(ctx, bt, target); err != nil {
 		release()
@@ -414,29 +450,30 @@ func (r *BashTaskReconciler) reconcilePending(ctx context.Context, bt *bashtaskv
 	return r.start(ctx, bt, resolved, old)
 }
 
-// choose places the task, on its workspace's node (whatever that node's
-// scheduling state: the task goes where the files are, see
-// docs/workspaces.md) or by place, and checks that the agent would accept
+// choose places the task in its turn (takeTurn), on its workspace's node
+// (whatever that node's scheduling state: the task goes where the files
+// are, see docs/workspaces.md) or by placementRequest, and checks that the agent would accept
 // its Start. It returns the agent, or nil and the decision of a task that
 // waits or ends. The size check comes before the write-ahead: a task the
 // agent would refuse is never dispatched, and the message says by how
 // much it is over.
-func (r *BashTaskReconciler) choose(ctx context.Context, bt *bashtaskv1alpha1.BashTask, target *workspaceTarget, resolved *resolvedInput, now time.Time) (*agentpool.AgentState, taskDecision) {
-	var pl placement
+func (r *BashTaskReconciler) choose(ctx context.Context, bt *bashtaskv1alpha1.BashTask, target *workspaceTarget, resolved *resolvedInput, now time.Time) (*agentpool.AgentState, taskDecision, error) {
 	if target != nil {
 		resolved.workspace = target.ref
-		pl = r.workspaceAgent(target)
-	} else {
-		pl = r.place(ctx, bt)
+	}
+	pl, err := r.takeTurn(ctx, bt, target, now)
+	if err != nil {
+		return nil, taskDecision{}, err
 	}
 	if d := placementGate(bt, pl, now, r.opts.RetryInterval); d != nil {
-		return nil, *d
+		return nil, *d, nil
 	}
 	if msg := startSizeError(r.taskSpecOn(bt, resolved, pl.agent.Node), pl.agent); msg != "" {
+		r.fair.drop(client.ObjectKeyFromObject(bt))
 		setTerminal(bt, bashtaskv1alpha1.ReasonInvalidSpec, msg, now)
-		return nil, taskDecision{write: "terminal"}
+		return nil, taskDecision{write: "terminal"}, nil
 	}
-	return pl.agent, taskDecision{}
+	return pl.agent, taskDecision{}, nil
 }
 
 // writeAhead adds the finalizer and records the placement on agent before
@@ -491,6 +528,7 @@ func (r *BashTaskReconciler) start(ctx context.Context, bt *bashtaskv1alpha1.Bas
 		}
 	}
 	ts, err := r.agents.StartTask(ctx, node, spec)
+	r.fair.started(client.ObjectKeyFromObject(bt))
 	if status.Code(err) == codes.ResourceExhausted {
 		// The agent runs its maximum and started nothing; the task waits
 		// for a slot on the node it is recorded on.

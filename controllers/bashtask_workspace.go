@@ -144,10 +144,10 @@ func ownerMismatch(bt *bashtaskv1alpha1.BashTask, ws *bashtaskv1alpha1.BashWorks
 }
 
 // workspaceAgent places a task of a workspace: on the agent of the
-// workspace's node when it can take the task now, else nowhere, with
-// ReasonNoAgent and why the task waits.
-func (r *BashTaskReconciler) workspaceAgent(target *workspaceTarget) placement {
-	a := r.agents.Agent(target.node)
+// workspace's node, as agents shows it, when it can take the task now,
+// else nowhere, with ReasonNoAgent and why the task waits.
+func workspaceAgent(agents agentLister, target *workspaceTarget) placement {
+	a := agents.Agent(target.node)
 	switch {
 	case !a.Ready:
 		return placement{reason: ReasonNoAgent, why: fmt.Sprintf("the agent on node %s, which holds BashWorkspace %q, is not ready; retrying", target.node, target.ref.GetName())}

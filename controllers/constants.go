@@ -38,9 +38,11 @@ const (
 	// that a Node's deletion reaches the workspaces it held.
 	IndexWorkspaceNode = "status.nodeName"
 
-	// IndexActive indexes BashTasks by whether they occupy an owner slot:
-	// "true" from write-ahead (dispatch) until terminal.
-	IndexActive = "bashtask.dev/active"
+	// IndexRunningOwner indexes the BashTasks that occupy an agent's task
+	// slot, from the write-ahead (dispatch) until terminal, by spec.owner
+	// ("" for tasks without one), so that the fair turns count an
+	// owner's running tasks without listing every task (see fairShare).
+	IndexRunningOwner = "bashtask.dev/running-owner"
 
 	// ManagedEnvName and the others below are the managed facts given to
 	// every command, last in its environment so nothing displaces them
@@ -69,6 +71,11 @@ const (
 	ReasonOwnerLimit = "OwnerLimit"
 	// ReasonNoAgent: no ready agent matches the placement or has capacity.
 	ReasonNoAgent = "NoAgent"
+	// ReasonFairShare: an agent the task fits has a free slot, but tasks
+	// waiting for it come first in the fair turns (their owners run fewer
+	// tasks, or they waited longer; --fair-share); the task is woken when
+	// its turn comes.
+	ReasonFairShare = "FairShare"
 	// ReasonNodeUnschedulable: every node the task may go to is cordoned,
 	// not Ready, or has a NoSchedule or NoExecute taint the agent's
 	// tolerations do not tolerate; the message names each node and why.

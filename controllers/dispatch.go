@@ -188,19 +188,18 @@ func (r *BashTaskReconciler) admitOwner(ctx context.Context, bt *bashtaskv1alpha
 	}, true, nil
 }
 
-// place chooses the agent for a task: spec.nodeName, else the agents whose
-// Node matches spec.nodeSelector, else every agent; among those, on a node
-// that takes new work (see nodeUnschedulable), a ready one with free
-// capacity and the fewest running tasks. See placement for what it
-// returns when none fits.
-func (r *BashTaskReconciler) place(ctx context.Context, bt *bashtaskv1alpha1.BashTask) placement {
-	return placeAgent(ctx, r.client, r.agents, placementRequest{
+// placementRequest is what a task asks of its agent: spec.nodeName, else
+// the agents whose Node matches spec.nodeSelector, else every agent; among
+// those, on a node that takes new work (see nodeUnschedulable), a ready one
+// with free capacity and the fewest running tasks (see placeAgent).
+func (r *BashTaskReconciler) placementRequest(bt *bashtaskv1alpha1.BashTask) placementRequest {
+	return placementRequest{
 		what:         "the task",
 		nodeName:     ptr.Deref(bt.Spec.NodeName, ""),
 		nodeSelector: bt.Spec.NodeSelector,
 		network:      ptr.Deref(bt.Spec.Network, ""),
 		tolerations:  r.opts.AgentTolerations,
-	})
+	}
 }
 
 // agentLister is the part of the agent registry placement reads.

@@ -23,6 +23,9 @@ const (
 	// toleratedTaint is the key of a NoSchedule taint the agents'
 	// configured tolerations tolerate.
 	toleratedTaint = "bashtask.dev/test-tolerated"
+	// turnsNode runs at most turnsCapacity tasks, for the fair turns.
+	turnsNode     = "node-e"
+	turnsCapacity = 2
 )
 
 var (
@@ -40,14 +43,17 @@ func TestMain(m *testing.M) {
 	var err error
 	rig, err = testrig.Start(testrig.Options{
 		// node-c is reserved for the agent-loss test, node-d for the
-		// tests of the node's scheduling state (cordon, taints, Ready).
+		// tests of the node's scheduling state (cordon, taints, Ready),
+		// node-e (two task slots) for the test of the fair turns.
 		Agents: []localcluster.Agent{
 			{Node: "node-a", IP: "127.0.0.2", Labels: map[string]string{"zone": "a"}},
 			{Node: "node-b", IP: "127.0.0.3", Labels: map[string]string{"zone": "b"}},
 			{Node: "node-c", IP: "127.0.0.4", Labels: map[string]string{"zone": "c"}},
 			{Node: "node-d", IP: "127.0.0.5", Labels: map[string]string{"zone": "d"}},
+			{Node: turnsNode, IP: "127.0.0.6", Labels: map[string]string{"zone": "e"}},
 		},
-		Controller: &opts,
+		AgentCapacities: map[string]int{turnsNode: turnsCapacity},
+		Controller:      &opts,
 	})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "starting the test rig:", err)

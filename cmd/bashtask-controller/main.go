@@ -45,6 +45,7 @@ type options struct {
 	qps                            float32
 	burst                          int
 	maxRunningPerOwner             int
+	fairShare                      bool
 	progressInterval, agentLost    time.Duration
 	runningDelay                   time.Duration
 	workspaceRefresh               time.Duration
@@ -105,6 +106,7 @@ func newCommand() *cobra.Command {
 	f.Float32Var(&o.qps, "kube-api-qps", 500, "sustained requests per second to the API server")
 	f.IntVar(&o.burst, "kube-api-burst", 1000, "burst of requests to the API server")
 	f.IntVar(&o.maxRunningPerOwner, "max-running-per-owner", 0, "running tasks allowed per spec.owner; 0 means no limit")
+	f.BoolVar(&o.fairShare, "fair-share", d.FairShare, "hand an agent's free task slots to the waiting tasks in fair turns: the task whose spec.owner runs the fewest tasks first (tasks without an owner count as one owner), then the one that waited longest; false gives a freed slot to whichever waiting task retries first")
 	f.DurationVar(&o.progressInterval, "progress-interval", d.ProgressInterval, "shortest time between two output-tail refreshes of a running task's status")
 	f.DurationVar(&o.runningDelay, "running-status-delay", d.RunningStatusDelay, "how long after dispatch the first Running status is held back; a task that ends sooner is written once, terminal")
 	f.DurationVar(&o.workspaceRefresh, "workspace-refresh-interval", d.WorkspaceRefreshInterval, "time between two reads of a Ready BashWorkspace's state on its agent (bytes used, running tasks) when none of its tasks changed")
@@ -219,7 +221,7 @@ func run(cmd *cobra.Command, o *options) error {
 	defer op.Close()
 
 	log.Info("Starting", "agentService", o.agentNamespace+"/"+o.agentService, "agentServerName", serverName,
-		"maxRunningPerOwner", o.maxRunningPerOwner, "agentLostAfter", o.agentLost)
+		"maxRunningPerOwner", o.maxRunningPerOwner, "fairShare", o.fairShare, "agentLostAfter", o.agentLost)
 	if err := mgr.Start(cmd.Context()); err != nil && !errors.Is(err, cmd.Context().Err()) {
 		return fmt.Errorf("running the manager: %w", err)
 	}
@@ -247,6 +249,7 @@ func agentTLS(o *options, serverName string) (*tls.Config, error) {
 func (o *options) reconcilerOptions(tolerations []corev1.Toleration) controllers.Options {
 	ropts := controllers.DefaultOptions()
 	ropts.MaxRunningPerOwner = o.maxRunningPerOwner
+	ropts.FairShare = o.fairShare
 	ropts.ProgressInterval = o.progressInterval
 	ropts.AgentLostAfter = o.agentLost
 	ropts.WorkspaceRefreshInterval = o.workspaceRefresh

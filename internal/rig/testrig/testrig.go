@@ -59,6 +59,9 @@ type Options struct {
 	// AgentCapacity is each agent's maximum of running tasks; zero means
 	// 16.
 	AgentCapacity int
+	// AgentCapacities overrides AgentCapacity for the agents of the nodes
+	// it names.
+	AgentCapacities map[string]int
 	// NoController starts no controller: a test runs its own (as
 	// processes, with leader election) against the agents.
 	NoController bool
@@ -304,7 +307,7 @@ func Start(opts Options) (rig *Rig, err error) {
 			PodName:          "bashtask-agent-" + a.Node,
 			StateDir:         r.Dir + "/" + a.Node,
 			BucketURL:        bucketURL,
-			MaxConcurrent:    cmp.Or(opts.AgentCapacity, 16),
+			MaxConcurrent:    cmp.Or(opts.AgentCapacities[a.Node], opts.AgentCapacity, 16),
 			ProgressInterval: 200 * time.Millisecond,
 			// A parent cgroup per process and node: test packages run
 			// side by side, and an executor removes the parent it made
