@@ -69,7 +69,7 @@ func TestClaimSlots(t *testing.T) {
 		"the agent with the most slots left first, ties by name": {
 			free:        map[string]int{"a": 1, "b": 2, "c": 2},
 			ahead:       []claimant{{key("x"), on("a", "b", "c")}, {key("y"), on("a", "b", "c")}, {key("z"), on("a", "b", "c")}},
-			wantClaimed: map[string]int{"b": 2, "c": 1}, wantWinners: []string{"x", "y", "z"},
+			wantClaimed: map[string]int{"a": 1, "b": 1, "c": 1}, wantWinners: []string{"x", "y", "z"},
 		},
 		"more tasks ahead than slots": {
 			free:        map[string]int{"a": 2},
