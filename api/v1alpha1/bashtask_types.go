@@ -167,7 +167,7 @@ type BashTaskSpec struct {
 
 	// owner is an opaque token naming who the task belongs to, such as an
 	// agent session or a pipeline run. The operator only interprets it for the
-	// per-owner concurrency limit. Selectable:
+	// per-owner concurrency limit and the fair turns of task slots. Selectable:
 	// `kubectl get bt --field-selector spec.owner=X`. 1 to 253 characters.
 	// Immutable.
 	// +optional
