@@ -511,6 +511,9 @@ func (r *BashTaskReconciler) writeAhead(ctx context.Context, bt *bashtaskv1alpha
 // (a controller restarted in between, a Start whose reply was lost): the
 // references are read again then. old is the status as last written.
 func (r *BashTaskReconciler) start(ctx context.Context, bt *bashtaskv1alpha1.BashTask, resolved *resolvedInput, old *bashtaskv1alpha1.BashTaskStatus) (taskDecision, error) {
+	// Whatever the outcome, the slot held since the placement is now the
+	// registry's to count (a task started) or free (one that was not).
+	defer r.fair.started(client.ObjectKeyFromObject(bt))
 	if resolved == nil {
 		var d *taskDecision
 		var err error
@@ -528,7 +531,6 @@ func (r *BashTaskReconciler) start(ctx context.Context, bt *bashtaskv1alpha1.Bas
 		}
 	}
 	ts, err := r.agents.StartTask(ctx, node, spec)
-	r.fair.started(client.ObjectKeyFromObject(bt))
 	if status.Code(err) == codes.ResourceExhausted {
 		// The agent runs its maximum and started nothing; the task waits
 		// for a slot on the node it is recorded on.
