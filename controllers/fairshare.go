@@ -303,13 +303,23 @@ func (o *ownerCounts) of(ctx context.Context, owner string) (int, error) {
 		return 0, fmt.Errorf("counting the running tasks of owner %q: %w", owner, err)
 	}
 	n := len(list.Items)
-	for _, p := range o.placed {
-		if p.owner == owner {
-			n++
+	for key, p := range o.placed {
+		if p.owner == owner && !listed(&list, key) {
+			n++ // placed, and not in the cache's count yet
 		}
 	}
 	o.n[owner] = n
 	return n, nil
+}
+
+// listed reports whether list holds the task key.
+func listed(list *bashtaskv1alpha1.BashTaskList, key types.NamespacedName) bool {
+	for i := range list.Items {
+		if list.Items[i].Name == key.Name && list.Items[i].Namespace == key.Namespace {
+			return true
+		}
+	}
+	return false
 }
 
 // enter records bt as waiting for a slot on one of nodes (measured by fits
