@@ -180,3 +180,36 @@ func cancelOneRunning(t *testing.T, ns string, running []string) string {
 	t.Fatalf("none of %v is running", running)
 	return ""
 }
+
+// TestSlotsHeldUntilStart: eight tasks created at once for node-e's two
+// slots, placed by four workers side by side. Each placement holds its
+// slot until the agent's Start returns, so exactly two are dispatched and
+// the other six wait undispatched; without the held slots, workers that
+// place before the agent counts the first Start dispatch more than two,
+// and the extra ones sit on the node retrying a Start the agent refuses.
+func TestSlotsHeldUntilStart(t *testing.T) {
+	ns := newNamespace(t)
+	order := watchDispatches(t, ns)
+	var names []string
+	var wg sync.WaitGroup
+	for i := range 8 {
+		bt := newTask(ns, fmt.Sprintf("at-once-%d", i), "sleep 300", func(bt *v1.BashTask) {
+			bt.Spec.NodeName = ptr.To(turnsNode)
+			bt.Spec.TimeoutSeconds = ptr.To[int32](300)
+		})
+		names = append(names, bt.Name)
+		wg.Go(func() { create(t, bt) })
+	}
+	wg.Wait()
+	t.Cleanup(func() {
+		_ = k8s.DeleteAllOf(ctxBackground(), &v1.BashTask{}, client.InNamespace(ns))
+	})
+	waitQueued(t, ns, names, turnsCapacity)
+	time.Sleep(time.Second) // a second chance for an extra dispatch to show
+	waitQueued(t, ns, names, turnsCapacity)
+	order.mu.Lock()
+	defer order.mu.Unlock()
+	if len(order.names) != turnsCapacity {
+		t.Errorf("dispatched %v, want exactly %d on an agent of %d slots", order.names, turnsCapacity, turnsCapacity)
+	}
+}
