@@ -8,6 +8,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/bashtask/bashtask-operator/agentpool"
+	agentv1 "github.com/bashtask/bashtask-operator/api/agent/v1"
 )
 
 // TestTurnOrder checks the rule of the fair turns: the owner that runs the
@@ -132,4 +133,19 @@ func (f fixedAgents) Agent(node string) agentpool.AgentState {
 		}
 	}
 	return agentpool.AgentState{Node: node}
+}
+
+// TestWorkspaceAgentSeesTheTurns checks that a task of a workspace, which
+// can only go to its workspace's node, takes its turn there too: a slot
+// that a waiting task ahead claims is not free for it.
+func TestWorkspaceAgentSeesTheTurns(t *testing.T) {
+	agents := fixedAgents{{Node: "w", Ready: true, Capacity: 2, Running: 1}}
+	target := &workspaceTarget{ref: &agentv1.WorkspaceRef{Name: "s1"}, node: "w"}
+	if pl := workspaceAgent(slotView{agents: agents}, target); pl.agent == nil {
+		t.Fatalf("with one slot free and no turn claimed: %s, want the agent", pl.why)
+	}
+	pl := workspaceAgent(slotView{agents: agents, extra: map[string]int{"w": 1}}, target)
+	if pl.agent != nil || pl.reason != ReasonNoAgent {
+		t.Errorf("with the free slot claimed: agent %v, reason %q, want none and %s", pl.agent, pl.reason, ReasonNoAgent)
+	}
 }
