@@ -221,4 +221,5 @@ func (p *prepared) cleanupDirs() {
 	if p.ownSpill {
 		os.RemoveAll(p.SpillDir)
 	}
+	_ = p.removeRoot()
 }

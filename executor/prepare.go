@@ -16,8 +16,9 @@ var validName = regexp.MustCompile(`^[A-Za-z0-9_][A-Za-z0-9_.-]{0,199}$`)
 type prepared struct {
 	Spec
 	env             []string
-	ownWorkDir      bool // WorkingDir was created for the task
-	ownSpill        bool // SpillDir was created for the task
+	ownWorkDir      bool   // WorkingDir was created for the task
+	ownSpill        bool   // SpillDir was created for the task
+	ownRoot         string // the task's private upper and work directories' parent (prepareRoot), "" for none
 	spill           *spillDir
 	quotaFS         *quotaFS // the working directory's own file system, nil without
 	diskNotEnforced bool     // the executor wants a disk quota the node cannot give
@@ -133,6 +134,10 @@ func (e *Executor) prepare(spec Spec) (*prepared, error) {
 			p.cleanupDirs()
 			return nil, err
 		}
+	}
+	if err := e.prepareRoot(p); err != nil {
+		p.cleanupDirs()
+		return nil, err
 	}
 	return p, nil
 }

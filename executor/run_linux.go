@@ -389,6 +389,10 @@ func (t *Task) supervise() {
 			cleanupFailed = true
 		}
 	}
+	if err := t.spec.removeRoot(); err != nil {
+		problems = append(problems, err.Error())
+		cleanupFailed = true
+	}
 
 	res := Result{
 		PID:               s.pid,

@@ -222,6 +222,31 @@ type Spec struct {
 	// Limits.DiskBytes are then ignored; the task's /tmp, /dev/shm, IPC,
 	// PID and UTS namespaces and cgroup are its own as for any task.
 	Workspace *WorkspaceTask
+	// Root runs the task in an OCI image's root file system instead of
+	// the node's read-only root (IsolationTenant only; docs/images.md,
+	// "The task's root file system"); nil keeps the node's.
+	Root *Root
+}
+
+// Root is the root file system of a task in an image: an overlay of the
+// image's layer directories (the image store's, unpacked in overlayfs's
+// on-disk format) with a writable upper directory, which the task's shim
+// moves into.
+type Root struct {
+	// Image is the image's reference, named in messages (a missing
+	// shell's, say).
+	Image string
+	// LowerDirs are the absolute node paths of the image's layer
+	// directories, the topmost first; 1 to shim.MaxLowerDirs.
+	LowerDirs []string
+	// UpperDir and WorkDir are overlayfs's upper and work directories,
+	// on one file system. A task without a workspace leaves both empty:
+	// the executor makes a private pair under [Config.WorkDirRoot] and
+	// removes it when the task ends, so the task's changes go with it. A
+	// workspace task names both: paths relative to the workspace's root,
+	// resolved there without following symbolic links (see
+	// [Workspace.RootDirs]), or absolute node paths.
+	UpperDir, WorkDir string
 }
 
 // Result is everything known about a finished task.

@@ -104,6 +104,9 @@ func (e *Executor) newShimLaunch(p *prepared, cgroupPids bool) *shimLaunch {
 		l.cfg.User = &shim.UserEntry{Name: TaskUserName, Gecos: TaskUserGecos, Home: TaskHome, PrivateHome: true}
 		l.iso.UID = &uid
 	}
+	if r := p.Root; r != nil {
+		l.cfg.Root = &shim.RootConfig{Image: r.Image, LowerDirs: r.LowerDirs, UpperDir: r.UpperDir, WorkDir: r.WorkDir}
+	}
 	if p.Workspace != nil {
 		l.workspace(p)
 		if w := e.lease.Window(); w > 0 {
@@ -342,8 +345,11 @@ func (l *shimLaunch) awaitStart(sp *shimProc) (*shim.StartDir, error) {
 		err = errors.New("the shim reported an exit before the shell's start")
 	}
 	if err != nil {
-		if rep.Step == "workdir" {
+		switch rep.Step {
+		case "workdir":
 			return nil, startErr(ErrWorkingDirMissing, rep.Err, nil)
+		case shim.StepShell:
+			return nil, startErr(ErrImageShellMissing, rep.Err, nil)
 		}
 		return nil, startErr(ErrIsolation, "", err)
 	}

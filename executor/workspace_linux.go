@@ -541,3 +541,70 @@ func (w *Workspace) dupRoot() (int, error) {
 	}
 	return fd, nil
 }
+
+// WorkspaceRootDir is the directory below a workspace's root holding the
+// upper and work directories of its tasks' image root (Spec.Root): on
+// the workspace's file system, so that what its tasks change in the
+// image lasts as long as the workspace, counts against its size and is
+// in its snapshots. Root's, mode 0700: the task sees it in its HOME and
+// cannot enter it.
+const WorkspaceRootDir = ".bashtask-root"
+
+// RootDirs makes, when missing, the workspace's WorkspaceRootDir with
+// "upper" (0755, the mode of the task's /) and "work" (0700) in it, all
+// root's, and returns the upper and work directories relative to the
+// workspace's root, for [Root.UpperDir] and [Root.WorkDir]. Nothing is
+// followed: each level is opened beneath the workspace's root without
+// symbolic links, and an existing level not owned by root (made by a
+// task, which owns the workspace's root) is an error, never used.
+func (w *Workspace) RootDirs() (upper, work string, err error) {
+	root, err := w.dupRoot()
+	if err != nil {
+		return "", "", err
+	}
+	defer unix.Close(root)
+	dir, err := rootOwnedDir(root, WorkspaceRootDir, 0o700)
+	if err != nil {
+		return "", "", fmt.Errorf("workspace %s: %w", w.id, err)
+	}
+	defer unix.Close(dir)
+	// Below a directory of root's, 0700, held open: the task reaches
+	// nothing there.
+	for _, d := range []struct {
+		name string
+		mode uint32
+	}{{"upper", 0o755}, {"work", 0o700}} {
+		fd, err := rootOwnedDir(dir, d.name, d.mode)
+		if err != nil {
+			return "", "", fmt.Errorf("workspace %s: %s/%w", w.id, WorkspaceRootDir, err)
+		}
+		unix.Close(fd)
+	}
+	return WorkspaceRootDir + "/upper", WorkspaceRootDir + "/work", nil
+}
+
+// rootOwnedDir makes name, one path element, in the directory parent
+// (mode, root's) when missing, checks that it is a directory of root's
+// and returns an O_PATH descriptor of it.
+func rootOwnedDir(parent int, name string, mode uint32) (int, error) {
+	if err := unix.Mkdirat(parent, name, mode); err != nil && !errors.Is(err, unix.EEXIST) {
+		return -1, fmt.Errorf("making %s: %w", name, err)
+	}
+	fd, err := unix.Openat2(parent, name, &unix.OpenHow{
+		Flags:   unix.O_PATH | unix.O_DIRECTORY | unix.O_NOFOLLOW | unix.O_CLOEXEC,
+		Resolve: unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS | unix.RESOLVE_NO_XDEV,
+	})
+	if err != nil {
+		return -1, fmt.Errorf("opening %s: %w", name, err)
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		unix.Close(fd)
+		return -1, fmt.Errorf("stat of %s: %w", name, err)
+	}
+	if st.Uid != 0 || st.Gid != 0 {
+		unix.Close(fd)
+		return -1, fmt.Errorf("%s is not root's (uid %d): not made for the workspace's image root", name, st.Uid)
+	}
+	return fd, nil
+}

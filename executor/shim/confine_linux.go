@@ -52,6 +52,9 @@ func landlockStep(st *state) error {
 	if u := st.cfg.User; u != nil {
 		rw = append(rw, u.Home)
 	}
+	if st.cfg.Root != nil {
+		rw = append(rw, rootWritable()...)
+	}
 	files := devFiles
 	if ws := st.cfg.Workspace; ws != nil && ws.Carry {
 		// The shell's traps write the carry record.

@@ -98,7 +98,8 @@ func cloneDevices(c *nodeClones) error {
 // cloneRunPaths clones the node's paths of Config.RunPaths, and the file
 // /etc/resolv.conf leads to when that lies under /run (systemd-resolved's
 // stub-resolv.conf, or the Egress resolvers bound over it), after the
-// tree turned read-only, nosuid and nodev: the clones are too. A path
+// tree turned read-only, nosuid and nodev (or, for a task in an image,
+// made so one by one): the clones are too. A path
 // missing on the node is skipped; one whose symbolic links lead out of
 // /run fails the step.
 func cloneRunPaths(st *state, c *nodeClones) error {
@@ -129,6 +130,12 @@ func cloneRunPaths(st *state, c *nodeClones) error {
 			return fmt.Errorf("cloning run path %s: %w", p, err)
 		}
 		c.run = append(c.run, clone{path: p, fd: fd, dir: fi.IsDir()})
+		if st.cfg.Root != nil {
+			// Cloned from a root left writable (enterRoot).
+			if err := unix.MountSetattr(fd, "", unix.AT_EMPTY_PATH|unix.AT_RECURSIVE, roAttr); err != nil {
+				return fmt.Errorf("making run path %s read-only: %w", p, err)
+			}
+		}
 	}
 	return nil
 }

@@ -128,6 +128,70 @@ type Config struct {
 	// closed (the parent died), the shim kills every process of its PID
 	// namespace with SIGKILL and starts no shell. 0 fences nothing.
 	LeaseMillis int64 `json:"leaseMillis,omitempty"`
+	// Root gives the task a root file system of its own, an OCI image's
+	// layers under an overlay, instead of the node's read-only root (see
+	// [RootConfig]); nil keeps the node's. Shell is then ignored: the
+	// shell is the image's bash.
+	Root *RootConfig `json:"root,omitempty"`
+}
+
+// RootConfig is the task's root file system (docs/images.md, "The
+// task's root file system"): an overlay of an image's layer directories
+// with a writable upper directory, mounted nosuid and nodev, into which
+// the shim moves (pivot_root(2)) before the rest of the mount step, so
+// that nothing of the node's root stays reachable.
+type RootConfig struct {
+	// Image is the image's reference, for messages only.
+	Image string `json:"image"`
+	// LowerDirs are the absolute node paths of the image's layer
+	// directories in overlayfs's on-disk format (whiteouts as 0/0
+	// character devices, opaque directories marked with the
+	// trusted.overlay.opaque xattr), the topmost layer first; 1 to
+	// [MaxLowerDirs].
+	LowerDirs []string `json:"lowerDirs"`
+	// UpperDir and WorkDir are overlayfs's upper and work directories,
+	// on one file system: absolute node paths, or for a workspace task
+	// paths relative to the workspace's root (clean, no ".."), resolved
+	// beneath the workspace's tree without following symbolic links, so
+	// that the image's changes live on the workspace's file system.
+	UpperDir string `json:"upperDir"`
+	WorkDir  string `json:"workDir"`
+}
+
+// MaxLowerDirs is the most layer directories a [RootConfig] may name:
+// overlayfs's own limit on lower layers (OVL_MAX_STACK).
+const MaxLowerDirs = 500
+
+// RootShells are the paths, in the image, where the shim looks for bash,
+// in this order; an image with neither fails the "shell" step
+// ([StepShell]).
+var RootShells = []string{"/bin/bash", "/usr/bin/bash"}
+
+// StepShell is the step that fails, before anything of the task runs,
+// when a task's image ([Config.Root]) has no bash at any of [RootShells].
+const StepShell = "shell"
+
+// Validate checks r's form: an image reference without a newline, 1 to
+// MaxLowerDirs clean absolute lower directories, and clean upper and
+// work directories that are absolute, or relative without "..".
+func (r RootConfig) Validate() error {
+	if strings.ContainsAny(r.Image, "\n\x00") {
+		return fmt.Errorf("root image %q contains a newline or NUL", r.Image)
+	}
+	if n := len(r.LowerDirs); n == 0 || n > MaxLowerDirs {
+		return fmt.Errorf("root of image %s: %d lower directories, want 1 to %d", r.Image, n, MaxLowerDirs)
+	}
+	for _, d := range r.LowerDirs {
+		if !path.IsAbs(d) || path.Clean(d) != d {
+			return fmt.Errorf("root of image %s: lower directory %q is not a clean absolute path", r.Image, d)
+		}
+	}
+	for name, d := range map[string]string{"upper": r.UpperDir, "work": r.WorkDir} {
+		if d == "" || path.Clean(d) != d || d == ".." || strings.HasPrefix(d, "../") {
+			return fmt.Errorf("root of image %s: %s directory %q is not a clean path without ..", r.Image, name, d)
+		}
+	}
+	return nil
 }
 
 // UserEntry is the task's user in the passwd and group files of its
@@ -193,7 +257,7 @@ type StartDir struct {
 // does not understand; the ready report names the shim's Protocol and the
 // executor refuses a shim whose Protocol is not its own. Any change to
 // [Config] or to the reports bumps it.
-const Protocol = "5"
+const Protocol = "6"
 
 // ReadyLine is the shim's first report, written once it runs and before it
 // reads its Config: "ready" and the shim's [Protocol].

@@ -37,6 +37,8 @@ type state struct {
 	seccomp   []unix.SockFilter // the filter, assembled before the Config arrives
 	nodeUsers nodeUserFiles     // the node's passwd and group, read before the Config arrives
 	fence     fence             // a fenced task's (Config.LeaseMillis)
+	shell     string            // the shell's path, set by the shell step
+	files     int               // the task's files tmpfs (taskFiles), -1 until made
 	// closeAfterStart are descriptors closed once the shell started:
 	// closing a detached mount (the user step's tmpfs) unmounts it and
 	// waits for an RCU grace period, a fifth of a millisecond that need
@@ -50,6 +52,7 @@ type state struct {
 var steps = []step{
 	{"netns", netnsStep},
 	{"mounts", mountStep},
+	{StepShell, shellStep},
 	{"user", userStep},
 	{"hostname", hostnameStep},
 	{"loopback", loopbackStep},
@@ -80,7 +83,7 @@ func run() int {
 		fmt.Fprintf(report, "error %s: %v\n", name, err)
 		return 127
 	}
-	st := &state{report: report, wdTree: -1, netns: -1, ws: wsState{tree: -1, root: -1, carry: -1}}
+	st := &state{report: report, wdTree: -1, netns: -1, files: -1, ws: wsState{tree: -1, root: -1, carry: -1}}
 	// Before the Config arrives, what costs time and does not depend on
 	// the task, so that it is done while the shim waits started ahead of
 	// its task. Signals first: PID 1 of a namespace drops a signal it has
@@ -159,6 +162,9 @@ func run() int {
 	return code
 }
 
+// roAttr makes a mount read-only, nosuid and nodev.
+var roAttr = &unix.MountAttr{Attr_set: unix.MOUNT_ATTR_RDONLY | unix.MOUNT_ATTR_NOSUID | unix.MOUNT_ATTR_NODEV}
+
 // mountStep makes every mount private, remounts the whole tree read-only,
 // nosuid and nodev, puts a fresh proc (hidepid=invisible) on /proc, the
 // task's own /dev (the node's usual device files, the only mounts without
@@ -201,12 +207,22 @@ func mountStep(st *state) error {
 	if err := cloneDevices(&clones); err != nil {
 		return err
 	}
-	ro := &unix.MountAttr{Attr_set: unix.MOUNT_ATTR_RDONLY | unix.MOUNT_ATTR_NOSUID | unix.MOUNT_ATTR_NODEV}
-	if err := unix.MountSetattr(unix.AT_FDCWD, "/", unix.AT_RECURSIVE, ro); err != nil {
-		return fmt.Errorf("making / read-only, nosuid and nodev: %w", err)
+	// The node's root turns read-only; a task in an image leaves it
+	// (its upper directory may lie on it) and its clones turn so instead.
+	if st.cfg.Root == nil {
+		if err := unix.MountSetattr(unix.AT_FDCWD, "/", unix.AT_RECURSIVE, roAttr); err != nil {
+			return fmt.Errorf("making / read-only, nosuid and nodev: %w", err)
+		}
 	}
 	if err := cloneRunPaths(st, &clones); err != nil {
 		return err
+	}
+	if st.cfg.Root != nil {
+		// Everything the task keeps of the node is cloned: into the
+		// image's root, where the rest of the step happens.
+		if err := enterRoot(st, tree); err != nil {
+			return err
+		}
 	}
 	if err := unix.Unmount("/proc", unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) {
 		return fmt.Errorf("unmounting the node's /proc: %w", err)
@@ -501,7 +517,7 @@ func superviseShell(st *state, sigs <-chan os.Signal) (int, error) {
 			env = withEnv(env, "BASH_ENV", RCPath)
 		}
 	}
-	proc, err := os.StartProcess(st.cfg.Shell, []string{st.cfg.Shell, "-c", st.cfg.Command}, &os.ProcAttr{
+	proc, err := os.StartProcess(st.shell, []string{st.shell, "-c", st.cfg.Command}, &os.ProcAttr{
 		Dir:   dir,
 		Env:   env,
 		Files: []*os.File{stdin, os.Stdout, os.Stderr},

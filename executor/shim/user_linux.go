@@ -49,34 +49,23 @@ func userStep(st *state) error {
 		return err
 	}
 	uid, gid := *st.cfg.UID, *st.cfg.GID
-	fsfd, err := unix.Fsopen("tmpfs", unix.FSOPEN_CLOEXEC)
+	mnt, err := st.taskFiles()
 	if err != nil {
-		return fmt.Errorf("fsopen tmpfs: %w", err)
+		return err
 	}
-	defer unix.Close(fsfd)
-	sizeBytes := int64(64 << 20)
-	if st.cfg.TmpSizeBytes > 0 {
-		sizeBytes = st.cfg.TmpSizeBytes
-	}
-	size, inodes := strconv.FormatInt(sizeBytes, 10), strconv.FormatInt(tmpInodes(sizeBytes), 10)
-	for _, kv := range [][2]string{{"mode", "0755"}, {"size", size}, {"nr_inodes", inodes}} {
-		if err := unix.FsconfigSetString(fsfd, kv[0], kv[1]); err != nil {
-			return fmt.Errorf("tmpfs option %s=%s: %w", kv[0], kv[1], err)
+	nf := st.nodeUsers
+	if st.cfg.Root != nil {
+		// The image's files, never the node's; and the mount point of
+		// the home, which an image may lack.
+		if nf, err = imageUserFiles(st.shell); err != nil {
+			return err
+		}
+		if err := ensureDir(filepath.Dir(u.Home)); err != nil {
+			return err
 		}
 	}
-	if err := unix.FsconfigCreate(fsfd); err != nil {
-		return fmt.Errorf("creating tmpfs: %w", err)
-	}
-	mnt, err := unix.Fsmount(fsfd, unix.FSMOUNT_CLOEXEC, unix.MOUNT_ATTR_NOSUID|unix.MOUNT_ATTR_NODEV)
-	if err != nil {
-		return fmt.Errorf("fsmount tmpfs: %w", err)
-	}
-	// Kept until the shell started (state.closeAfterStart); close-on-exec,
-	// and every descriptor but the streams is marked so before the fork.
-	st.closeAfterStart = append(st.closeAfterStart, mnt)
-	nf := st.nodeUsers
 	if nf.passwdOK {
-		data := PasswdWithUser(nf.passwd, *u, uid, gid, st.cfg.Shell)
+		data := PasswdWithUser(nf.passwd, *u, uid, gid, st.shell)
 		if err := writeAt(mnt, "passwd", data); err != nil {
 			return err
 		}
@@ -109,6 +98,43 @@ func userStep(st *state) error {
 		return fmt.Errorf("chown of the home directory: %w", err)
 	}
 	return bindFrom(mnt, "home", filepath.Dir(u.Home), false)
+}
+
+// taskFiles is the shim's private tmpfs for the task's files (passwd,
+// group, hosts, a private home), made on first use: detached (fsopen and
+// fsmount), so no path of the node reaches it, nosuid and nodev, 0755,
+// capped at TmpSizeBytes (64 MiB without). It is closed once the shell
+// started (state.closeAfterStart); close-on-exec, and every descriptor
+// but the streams is marked so before the fork.
+func (st *state) taskFiles() (int, error) {
+	if st.files >= 0 {
+		return st.files, nil
+	}
+	fsfd, err := unix.Fsopen("tmpfs", unix.FSOPEN_CLOEXEC)
+	if err != nil {
+		return -1, fmt.Errorf("fsopen tmpfs: %w", err)
+	}
+	defer unix.Close(fsfd)
+	sizeBytes := int64(64 << 20)
+	if st.cfg.TmpSizeBytes > 0 {
+		sizeBytes = st.cfg.TmpSizeBytes
+	}
+	size, inodes := strconv.FormatInt(sizeBytes, 10), strconv.FormatInt(tmpInodes(sizeBytes), 10)
+	for _, kv := range [][2]string{{"mode", "0755"}, {"size", size}, {"nr_inodes", inodes}} {
+		if err := unix.FsconfigSetString(fsfd, kv[0], kv[1]); err != nil {
+			return -1, fmt.Errorf("tmpfs option %s=%s: %w", kv[0], kv[1], err)
+		}
+	}
+	if err := unix.FsconfigCreate(fsfd); err != nil {
+		return -1, fmt.Errorf("creating tmpfs: %w", err)
+	}
+	mnt, err := unix.Fsmount(fsfd, unix.FSMOUNT_CLOEXEC, unix.MOUNT_ATTR_NOSUID|unix.MOUNT_ATTR_NODEV)
+	if err != nil {
+		return -1, fmt.Errorf("fsmount tmpfs: %w", err)
+	}
+	st.files = mnt
+	st.closeAfterStart = append(st.closeAfterStart, mnt)
+	return mnt, nil
 }
 
 // writeAt creates name under the directory dirfd with data, mode 0644,

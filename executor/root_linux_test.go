@@ -1,0 +1,282 @@
+//go:build linux
+
+package executor
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/bashtask/bashtask-operator/executor/shim"
+	"github.com/bashtask/bashtask-operator/internal/rig/testutil"
+)
+
+// Test images, built from Debian's bash-static and busybox-static
+// (hack/test-packages.sh installs them; make test-unit runs it).
+const (
+	staticBash    = "/bin/bash-static"
+	staticBusybox = "/bin/busybox"
+)
+
+// testImage is an image of two layers in overlayfs's on-disk format, the
+// topmost first: the base layer with bash, busybox and its applets,
+// /etc/passwd of its own, /etc/os-release, /etc/gone, a set-user-ID root
+// copy of bash and a directory /srv/shared anyone may write; the top
+// layer with a whiteout over /etc/gone and /etc/top-marker.
+type testImage struct {
+	ref    string
+	layers []string
+}
+
+// testApplets are the busybox applets of a testImage.
+var testApplets = []string{"sh", "cat", "ls", "tr", "grep", "awk", "id", "whoami", "touch", "readlink", "test",
+	"echo", "sort", "true", "env", "mkdir", "rm", "stat", "sleep"}
+
+func (i testImage) root() *Root {
+	return &Root{Image: i.ref, LowerDirs: i.layers}
+}
+
+// buildTestImage builds a testImage under a fresh directory others may
+// traverse (the shim reaches the layers by their node paths); without
+// bash, the base layer has busybox alone.
+func buildTestImage(t *testing.T, withBash bool) testImage {
+	t.Helper()
+	for _, p := range []string{staticBash, staticBusybox} {
+		if _, err := os.Stat(p); err != nil {
+			testutil.SkipUnlessStrictf(t, "%s missing (hack/test-packages.sh installs it): %v", p, err)
+		}
+	}
+	dir := traversableTempDir(t)
+	base, top := filepath.Join(dir, "base"), filepath.Join(dir, "top")
+	for _, d := range []string{"bin", "etc", "usr/local/bin", "srv/shared", "tmp"} {
+		mkdirAll(t, filepath.Join(base, d), 0o755)
+	}
+	mustChmod(t, filepath.Join(base, "srv/shared"), 0o1777)
+	mustChmod(t, filepath.Join(base, "tmp"), 0o1777)
+	copyFile(t, staticBusybox, filepath.Join(base, "bin/busybox"), 0o755)
+	// The applets the tests run (busybox --list would be a child of this
+	// process, whose reaper may take its status first).
+	for _, applet := range testApplets {
+		if err := os.Symlink("busybox", filepath.Join(base, "bin", applet)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if withBash {
+		copyFile(t, staticBash, filepath.Join(base, "bin/bash"), 0o755)
+		copyFile(t, staticBash, filepath.Join(base, "bin/suid-bash"), 0o755)
+		mustChmod(t, filepath.Join(base, "bin/suid-bash"), 0o4755)
+	}
+	for name, content := range map[string]string{
+		"etc/passwd":     "root:x:0:0:root:/root:/bin/sh\nimageuser:x:1000:1000::/home/imageuser:/bin/sh\n",
+		"etc/group":      "root:x:0:\nimageuser:x:1000:\n",
+		"etc/os-release": "ID=bashtask-test-image\n",
+		"etc/gone":       "deleted by the top layer\n",
+		"etc/base-only":  "base\n",
+	} {
+		writeFile(t, filepath.Join(base, name), content)
+	}
+	mkdirAll(t, filepath.Join(top, "etc"), 0o755)
+	writeFile(t, filepath.Join(top, "etc/top-marker"), "top\n")
+	// A whiteout: a character device 0/0 hides the lower file.
+	if err := unix.Mknod(filepath.Join(top, "etc/gone"), unix.S_IFCHR|0o000, 0); err != nil {
+		t.Fatalf("making a whiteout: %v", err)
+	}
+	return testImage{ref: "test.local/busybox-bash:1", layers: []string{top, base}}
+}
+
+func mkdirAll(t *testing.T, p string, mode os.FileMode) {
+	t.Helper()
+	if err := os.MkdirAll(p, mode); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func mustChmod(t *testing.T, p string, mode os.FileMode) {
+	t.Helper()
+	if err := os.Chmod(p, mode); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func writeFile(t *testing.T, p, content string) {
+	t.Helper()
+	if err := os.WriteFile(p, []byte(content), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func copyFile(t *testing.T, from, to string, mode os.FileMode) {
+	t.Helper()
+	b, err := os.ReadFile(from)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(to, b, mode); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// imageView is a command printing what a task sees of its root, one
+// name=value a line.
+var imageView = strings.Join([]string{
+	`echo exe=$(readlink /proc/$$/exe)`,
+	`echo os=$(cat /etc/os-release)`,
+	`echo base=$(cat /etc/base-only) top=$(cat /etc/top-marker)`,
+	`test -e /etc/gone && echo gone=present || echo gone=absent`,
+	`test -e /etc/debian_version && echo node=visible || echo node=hidden`,
+	`echo top-level=$(ls / | tr '\n' ' ')`,
+	`echo whoami=$(whoami) passwd=$(grep -c imageuser /etc/passwd)`,
+	`touch "$HOME/f" && echo homewrite=ok`,
+	`echo euid=$(/bin/suid-bash -p -c 'echo $EUID') uid=$(id -u)`,
+	`echo rootmount=$(awk '$5 == "/" {print $6}' /proc/self/mountinfo)`,
+	`test -e /proc/1 && echo pid1=visible || echo pid1=hidden`,
+	`echo mounts=$(awk '{print $5}' /proc/self/mountinfo | sort | tr '\n' ' ')`,
+	`echo nnp=$(awk '/^NoNewPrivs/{print $2}' /proc/self/status) seccomp=$(awk '/^Seccomp:/{print $2}' /proc/self/status)`,
+	`(echo x > /proc/self/comm) 2>/dev/null && echo procwrite=allowed || echo procwrite=denied`,
+	`echo hosts=$(grep -c localhost /etc/hosts)`,
+}, "; ")
+
+// A task in an image runs the image's bash with the image's files, the
+// top layer's whiteout hiding a file of the base layer, as a named user
+// with a writable HOME, nosuid (a set-user-ID root file of the image
+// raises nothing), with nothing of the node's root left to reach, and
+// under Landlock and seccomp as on the node's root; its private upper
+// directory goes with it.
+func TestImageRoot(t *testing.T) {
+	t.Parallel()
+	img := buildTestImage(t, true)
+	ex := tenantExecutor(t)
+	spec := testSpec(t, imageView)
+	spec.User = &User{UID: 2000141, GID: 2000141}
+	spec.Root = img.root()
+	res := run(t, ex, spec)
+	if res.Reason != ReasonSucceeded {
+		t.Fatalf("%s: %s\n%s\n%s", res.Reason, res.Message, res.Stdout.Tail, res.Stderr.Tail)
+	}
+	wants := []string{
+		"exe=/bin/bash\n",
+		"os=ID=bashtask-test-image\n",
+		"base=base top=top\n",
+		"gone=absent\n",
+		"node=hidden\n",
+		"top-level=bin dev etc home proc run srv tmp usr\n",
+		"whoami=task passwd=1\n",
+		"homewrite=ok\n",
+		"euid=2000141 uid=2000141\n",
+		"pid1=hidden\n",
+		"nnp=1 seccomp=2\n",
+		"hosts=2\n",
+	}
+	if shim.LandlockABI() > 0 {
+		wants = append(wants, "procwrite=denied\n")
+	} else {
+		t.Log("no Landlock in this kernel: its probe is not checked")
+	}
+	for _, want := range wants {
+		if !strings.Contains(res.Stdout.Tail, want) {
+			t.Errorf("stdout lacks %q:\n%s\nstderr:\n%s", want, res.Stdout.Tail, res.Stderr.Tail)
+		}
+	}
+	checkRootMount(t, res.Stdout.Tail)
+	if left, _ := filepath.Glob(filepath.Join(ex.workRoot, privateRootPrefix+"*")); len(left) > 0 {
+		t.Errorf("the task's private root directories are left: %v", left)
+	}
+}
+
+// checkRootMount checks the rootmount= and mounts= lines of imageView:
+// the root is nosuid and nodev, and every mount is the task's.
+func checkRootMount(t *testing.T, out string) {
+	t.Helper()
+	for line := range strings.Lines(out) {
+		switch {
+		case strings.HasPrefix(line, "rootmount="):
+			opts := strings.Split(strings.TrimSpace(strings.TrimPrefix(line, "rootmount=")), ",")
+			if !slices.Contains(opts, "nosuid") || !slices.Contains(opts, "nodev") || !slices.Contains(opts, "rw") {
+				t.Errorf("the task's root is mounted %v, want rw, nosuid and nodev", opts)
+			}
+		case strings.HasPrefix(line, "mounts="):
+			for _, m := range strings.Fields(strings.TrimPrefix(line, "mounts=")) {
+				ok := m == "/" || m == "/tmp" || m == "/home" || strings.HasPrefix(m, "/proc") ||
+					strings.HasPrefix(m, "/dev") || strings.HasPrefix(m, "/run") || strings.HasPrefix(m, "/etc/") ||
+					strings.HasPrefix(m, "/tmp/")
+				if !ok {
+					t.Errorf("mount point %s in the task's root: not one of the task's", m)
+				}
+			}
+		}
+	}
+}
+
+// A workspace task's changes to its image (a file in /srv/shared, which
+// the image lets anyone write, and one in /usr/local/bin) are on the
+// workspace's file system and seen by its next task; a write the image's
+// permissions refuse stays refused.
+func TestImageRootWorkspacePersists(t *testing.T) {
+	t.Parallel()
+	img := buildTestImage(t, true)
+	ex := tenantExecutor(t)
+	w := testWorkspace(t, ex, NetworkNode, false)
+	upper, work, err := w.RootDirs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	root := img.root()
+	root.UpperDir, root.WorkDir = upper, work
+	spec := wsSpec(t, w, `echo kept > /srv/shared/x && (echo y > /usr/local/bin/y) 2>/dev/null; echo usrlocal=$?; whoami`, "", false)
+	spec.Root = root
+	res := run(t, ex, spec)
+	if res.Reason != ReasonSucceeded || !strings.Contains(res.Stdout.Tail, "usrlocal=1\n") {
+		t.Fatalf("first task: %s: %s\n%s\n%s", res.Reason, res.Message, res.Stdout.Tail, res.Stderr.Tail)
+	}
+	spec = wsSpec(t, w, `cat /srv/shared/x; ls ~/`+WorkspaceRootDir+` 2>&1 >/dev/null | grep -c denied`, "", false)
+	spec.Root = root
+	res = run(t, ex, spec)
+	if res.Reason != ReasonSucceeded || res.Stdout.Tail != "kept\n1\n" {
+		t.Errorf("second task: %s: %s: stdout %q, want %q\n%s", res.Reason, res.Message, res.Stdout.Tail, "kept\n1\n", res.Stderr.Tail)
+	}
+	if b, err := os.ReadFile(filepath.Join(w.Dir(), upper, "srv/shared/x")); err != nil || string(b) != "kept\n" {
+		t.Errorf("the change is not in the workspace's upper directory: %q, %v", b, err)
+	}
+}
+
+// An image without bash fails the task before anything ran, with an
+// error of its own naming the image and the shells looked for.
+func TestImageRootWithoutBash(t *testing.T) {
+	t.Parallel()
+	img := buildTestImage(t, false)
+	ex := tenantExecutor(t)
+	spec := testSpec(t, "true")
+	spec.User = &User{UID: 2000142, GID: 2000142}
+	spec.Root = img.root()
+	_, err := ex.Start(spec)
+	if !errors.Is(err, ErrImageShellMissing) || !strings.Contains(err.Error(), img.ref) || !strings.Contains(err.Error(), "/usr/bin/bash") {
+		t.Fatalf("Start: %v, want ErrImageShellMissing naming %s and the shells", err, img.ref)
+	}
+	if left, _ := filepath.Glob(filepath.Join(ex.workRoot, privateRootPrefix+"*")); len(left) > 0 {
+		t.Errorf("the task's private root directories are left: %v", left)
+	}
+}
+
+// Bad roots are refused before anything starts, naming the field.
+func TestImageRootSpecChecks(t *testing.T) {
+	t.Parallel()
+	img := buildTestImage(t, true)
+	ex := tenantExecutor(t)
+	for name, r := range map[string]*Root{
+		"no layers":      {Image: img.ref},
+		"relative layer": {Image: img.ref, LowerDirs: []string{"layer"}},
+		"missing layer":  {Image: img.ref, LowerDirs: []string{"/nonexistent-layer"}},
+		"upper given":    {Image: img.ref, LowerDirs: img.layers, UpperDir: "/tmp/u", WorkDir: "/tmp/w"},
+	} {
+		spec := testSpec(t, "true")
+		spec.Root = r
+		if _, err := ex.Start(spec); !errors.Is(err, ErrInvalidSpec) || !strings.Contains(err.Error(), "spec.root") {
+			t.Errorf("%s: Start: %v, want ErrInvalidSpec naming spec.root", name, err)
+		}
+	}
+}
