@@ -167,8 +167,14 @@ envtest: ## Build kube-apiserver, etcd and kubectl from the Go module proxy into
 test: test-unit test-integration test-e2e test-chaos test-cluster ## Run unit, integration (real API server), e2e, the short fault run, then the one-node cluster tests.
 
 .PHONY: test-unit
-test-unit: ## Unit tests (no control plane), with the race detector.
+test-unit: test-packages ## Unit tests (no control plane), with the race detector.
 	$(GO) test $(TEST_FLAGS) -timeout $(UNIT_TIMEOUT) $(UNIT_PKGS)
+
+# bash-static and busybox-static (Debian), the test images' files
+# (docs/images.md); installed when missing.
+.PHONY: test-packages
+test-packages: ## Install bash-static and busybox-static (Debian) for the image root tests, when missing.
+	hack/test-packages.sh
 
 .PHONY: test-integration
 test-integration: envtest setup-s3 ## Integration tests against a real kube-apiserver and etcd (envtest), and the agent against versitygw.

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# test-packages.sh installs from Debian what the unit tests build their
+# test images from, when it is missing: bash-static (/bin/bash-static) and
+# busybox-static (/bin/busybox), statically linked, so that a layer holding
+# them runs without the node's libraries (executor/root_linux_test.go).
+# Without root or apt-get it says what is missing and leaves the tests to
+# skip (or fail under BASHTASK_STRICT=1).
+set -euo pipefail
+
+need=()
+[[ -x /bin/bash-static ]] || need+=(bash-static)
+[[ -x /bin/busybox ]] || need+=(busybox-static)
+((${#need[@]})) || exit 0
+if [[ $(id -u) != 0 ]] || ! command -v apt-get >/dev/null; then
+  echo "test-packages: ${need[*]} missing; install them (Debian) for the image root tests" >&2
+  exit 0
+fi
+echo "test-packages: installing ${need[*]} from Debian" >&2
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq
+apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
