@@ -51,7 +51,7 @@ var executorSeq atomic.Int64
 // working directory by its node path, and a temporary directory under a
 // TMPDIR outside /tmp is not hidden by the task's private /tmp, so its
 // mode 0700 would refuse the task's UID.
-func traversableTempDir(t *testing.T) string {
+func traversableTempDir(t testing.TB) string {
 	t.Helper()
 	dir := t.TempDir()
 	for _, d := range []string{filepath.Dir(dir), dir} {
