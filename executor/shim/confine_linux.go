@@ -35,7 +35,9 @@ var devFiles = []string{"/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/
 
 // landlockStep restricts the file system to what the mounts already allow
 // (read and execute everywhere, write in the working directory, the home
-// directory, /tmp, /dev/shm and the usual device files) and, from ABI 6 on, scopes signals
+// directory, /tmp, /dev/shm and the usual device files; in a task's root
+// also the image's top-level directories, rootWritable: the rules are
+// made after the move into it and name its paths) and, from ABI 6 on, scopes signals
 // and abstract Unix sockets to the task's own domain, for this thread (see
 // run; landlock_restrict_self(2) without thread synchronization applies to
 // the caller). Best effort: a kernel without Landlock gets the mounts

@@ -2,7 +2,8 @@
 // own binary re-executed in a shim mode, as PID 1 of a task's new mount,
 // PID, IPC and UTS namespaces (and network namespace when asked). It
 // applies the task's isolation in a fixed order of named steps (mounts,
-// user names and home, host name, loopback, limits, identity, session
+// with [Config.Root] inside an image's root, the shell, user names and
+// home, host name, loopback, limits, identity, session
 // keyring, no_new_privs, Landlock, seccomp),
 // then forks the shell, forwards SIGTERM, SIGINT and SIGHUP to every process
 // of its PID namespace, reaps every orphan and exits with the shell's status
@@ -101,7 +102,8 @@ type Config struct {
 	UID *uint32 `json:"uid,omitempty"`
 	GID *uint32 `json:"gid,omitempty"`
 	// User names UID and GID in the task's view: with UID and GID set,
-	// the shim puts a copy of the node's /etc/passwd and /etc/group with
+	// the shim puts a copy of the node's (with Root, the image's)
+	// /etc/passwd and /etc/group with
 	// one more entry each (and none other for that name or id) read-only
 	// over the node's, so that whoami, getpwuid(3) and ls -l find a name;
 	// nil leaves the node's files.

@@ -171,7 +171,9 @@ var roAttr = &unix.MountAttr{Attr_set: unix.MOUNT_ATTR_RDONLY | unix.MOUNT_ATTR_
 // nodev) and /run (Config.RunPaths bound back) and size-capped tmpfs on
 // /tmp (a workspace task's /tmp is its workspace's, see workspaceTmp) and
 // /dev/shm, and puts back a writable bind of the working directory at its
-// path (inside the new /tmp if it lies there).
+// path (inside the new /tmp if it lies there). With Config.Root it moves
+// into the image's root once the node's paths it keeps are cloned
+// (enterRoot), and does the rest there.
 func mountStep(st *state) error {
 	wd := st.cfg.WorkDir
 	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {

@@ -32,7 +32,8 @@ func readNodeUserFiles() nodeUserFiles {
 }
 
 // userStep gives the task's UID and GID a name (Config.User): the node's
-// passwd and group files with the task's entries, written on a private
+// passwd and group files (the image's in a task's root, Config.Root;
+// imageUserFiles) with the task's entries, written on a private
 // tmpfs of the shim's own that no path of the node reaches (fsopen and
 // fsmount make it detached), bound read-only over /etc/passwd and
 // /etc/group; with PrivateHome the same tmpfs holds the task's home,
