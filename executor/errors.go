@@ -45,6 +45,10 @@ var (
 	// controller watched the agent lately); its workspace may be restored
 	// on another node already.
 	ErrLeaseExpired = errors.New("the node's lease on its workspaces has expired")
+	// ErrImageShellMissing: the task's image ([Spec.Root]) has bash at
+	// none of shim.RootShells; the message names the image. Nothing of
+	// the command ran: no other shell stands in for bash.
+	ErrImageShellMissing = errors.New("the task's image has no bash")
 )
 
 // Configuration and environment errors returned by [New] and
@@ -102,8 +106,3 @@ func startErr(kind error, subject string, cause error) *StartError {
 func StartFailedResult(err error) Result {
 	return Result{Reason: ReasonStartFailed, Message: err.Error(), ExitCode: -1}
 }
-
-// ErrImageShellMissing: the task's image ([Spec.Root]) has bash at none
-// of shim.RootShells; the message names the image. Nothing of the
-// command ran: no other shell stands in for bash.
-var ErrImageShellMissing = errors.New("the task's image has no bash")

@@ -86,7 +86,7 @@ func buildTestImage(t testing.TB, withBash bool) testImage {
 	mkdirAll(t, filepath.Join(top, "etc"), 0o755)
 	writeFile(t, filepath.Join(top, "etc/top-marker"), "top\n")
 	// A whiteout: a character device 0/0 hides the lower file.
-	if err := unix.Mknod(filepath.Join(top, "etc/gone"), unix.S_IFCHR|0o000, 0); err != nil {
+	if err := unix.Mknod(filepath.Join(top, "etc/gone"), unix.S_IFCHR, 0); err != nil {
 		t.Fatalf("making a whiteout: %v", err)
 	}
 	return testImage{ref: "test.local/busybox-bash:1", layers: []string{top, base}}

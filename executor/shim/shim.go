@@ -190,7 +190,7 @@ func (r RootConfig) Validate() error {
 	}
 	for name, d := range map[string]string{"upper": r.UpperDir, "work": r.WorkDir} {
 		if d == "" || path.Clean(d) != d || d == ".." || strings.HasPrefix(d, "../") {
-			return fmt.Errorf("root of image %s: %s directory %q is not a clean path without ..", r.Image, name, d)
+			return fmt.Errorf("root of image %s: %s directory %q is not a clean path free of \"..\"", r.Image, name, d)
 		}
 	}
 	return nil
