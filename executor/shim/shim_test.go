@@ -3,6 +3,7 @@ package shim
 import (
 	"fmt"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 
@@ -114,6 +115,32 @@ func TestUserEntryValidate(t *testing.T) {
 	} {
 		if err := u.Validate(); err == nil {
 			t.Errorf("%s: %+v accepted", name, u)
+		}
+	}
+}
+
+// A RootConfig's paths are checked before anything is mounted: clean,
+// lower directories absolute, upper and work directories free of "..".
+func TestRootConfigValidate(t *testing.T) {
+	good := RootConfig{Image: "img", LowerDirs: []string{"/l/2", "/l/1"}, UpperDir: ".bashtask-root/upper", WorkDir: "/w"}
+	if err := good.Validate(); err != nil {
+		t.Fatalf("%+v: %v", good, err)
+	}
+	for name, mutate := range map[string]func(*RootConfig){
+		"no layer":          func(r *RootConfig) { r.LowerDirs = nil },
+		"too many layers":   func(r *RootConfig) { r.LowerDirs = make([]string, MaxLowerDirs+1) },
+		"relative layer":    func(r *RootConfig) { r.LowerDirs = []string{"l"} },
+		"unclean layer":     func(r *RootConfig) { r.LowerDirs = []string{"/l/../x"} },
+		"upper escapes":     func(r *RootConfig) { r.UpperDir = "../x" },
+		"upper unclean":     func(r *RootConfig) { r.UpperDir = "a/../../x" },
+		"work missing":      func(r *RootConfig) { r.WorkDir = "" },
+		"image with a line": func(r *RootConfig) { r.Image = "a\nb" },
+	} {
+		r := good
+		r.LowerDirs = slices.Clone(good.LowerDirs)
+		mutate(&r)
+		if err := r.Validate(); err == nil {
+			t.Errorf("%s: %+v passed", name, r)
 		}
 	}
 }
