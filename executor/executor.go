@@ -167,6 +167,7 @@ type Executor struct {
 	noSeccomp  bool
 	caps       Capabilities
 	pool       *shimPool // nil: every tenant task starts its own shim
+	idmaps     idmaps    // the user namespaces of image roots' idmapped layers
 
 	quota       *diskQuota // nil: no disk quota
 	quotaWanted bool       // Config.DiskQuotaBytes set; with quota nil the node cannot
@@ -426,5 +427,6 @@ func (e *Executor) Close() error {
 		errs = append(errs, removeCgroup(e.cg.path))
 	}
 	errs = append(errs, e.closeWorkspaceDir())
+	e.idmaps.close()
 	return errors.Join(errs...)
 }

@@ -38,7 +38,7 @@ type testImage struct {
 
 // testApplets are the busybox applets of a testImage.
 var testApplets = []string{"sh", "cat", "ls", "tr", "grep", "awk", "id", "whoami", "touch", "readlink", "test",
-	"echo", "sort", "true", "env", "mkdir", "rm", "stat", "sleep"}
+	"echo", "sort", "true", "env", "mkdir", "rm", "stat", "sleep", "chmod"}
 
 func (i testImage) root() *Root {
 	return &Root{Image: i.ref, LowerDirs: i.layers}
@@ -215,10 +215,9 @@ func checkRootMount(t *testing.T, out string) {
 	}
 }
 
-// A workspace task's changes to its image (a file in /srv/shared, which
-// the image lets anyone write, and one in /usr/local/bin) are on the
-// workspace's file system and seen by its next task; a write the image's
-// permissions refuse stays refused.
+// A workspace task's changes to its image (a file in /etc and one in
+// /usr/local/bin, the image root's, which the idmapped layers make the
+// task's) are on the workspace's file system and seen by its next task.
 func TestImageRootWorkspacePersists(t *testing.T) {
 	t.Parallel()
 	img := buildTestImage(t, true)
@@ -230,20 +229,23 @@ func TestImageRootWorkspacePersists(t *testing.T) {
 	}
 	root := img.root()
 	root.UpperDir, root.WorkDir = upper, work
-	spec := wsSpec(t, w, `echo kept > /srv/shared/x && (echo y > /usr/local/bin/y) 2>/dev/null; echo usrlocal=$?; whoami`, "", false)
+	spec := wsSpec(t, w, `echo kept > /etc/x && printf '#!/bin/sh\necho y\n' > /usr/local/bin/y && chmod +x /usr/local/bin/y && echo owner=$(stat -c %U /etc)`, "", false)
 	spec.Root = root
 	res := run(t, ex, spec)
-	if res.Reason != ReasonSucceeded || !strings.Contains(res.Stdout.Tail, "usrlocal=1\n") {
-		t.Fatalf("first task: %s: %s\n%s\n%s", res.Reason, res.Message, res.Stdout.Tail, res.Stderr.Tail)
+	if res.Reason != ReasonSucceeded || res.Stdout.Tail != "owner=task\n" {
+		t.Fatalf("first task: %s: %s: stdout %q, want owner=task\n%s", res.Reason, res.Message, res.Stdout.Tail, res.Stderr.Tail)
 	}
-	spec = wsSpec(t, w, `cat /srv/shared/x; ls ~/`+WorkspaceRootDir+` 2>&1 >/dev/null | grep -c denied`, "", false)
+	spec = wsSpec(t, w, `cat /etc/x; y; ls ~/`+WorkspaceRootDir+` 2>&1 >/dev/null | grep -c denied`, "", false)
 	spec.Root = root
 	res = run(t, ex, spec)
-	if res.Reason != ReasonSucceeded || res.Stdout.Tail != "kept\n1\n" {
-		t.Errorf("second task: %s: %s: stdout %q, want %q\n%s", res.Reason, res.Message, res.Stdout.Tail, "kept\n1\n", res.Stderr.Tail)
+	if want := "kept\ny\n1\n"; res.Reason != ReasonSucceeded || res.Stdout.Tail != want {
+		t.Errorf("second task: %s: %s: stdout %q, want %q\n%s", res.Reason, res.Message, res.Stdout.Tail, want, res.Stderr.Tail)
 	}
-	if b, err := os.ReadFile(filepath.Join(w.Dir(), upper, "srv/shared/x")); err != nil || string(b) != "kept\n" {
+	if b, err := os.ReadFile(filepath.Join(w.Dir(), upper, "etc/x")); err != nil || string(b) != "kept\n" {
 		t.Errorf("the change is not in the workspace's upper directory: %q, %v", b, err)
+	}
+	if _, err := os.Stat(filepath.Join(img.layers[1], "etc/x")); err == nil {
+		t.Errorf("the task wrote into the image's layer")
 	}
 }
 

@@ -48,6 +48,7 @@ type shimLaunch struct {
 	iso    IsolationResult
 	tree   string // the node path the work tree is cloned from (cfg.WorkDir but for a workspace)
 	netns  int    // a workspace's network namespace to pass, -1 for none
+	userns int    // the image layers' idmap (shim.RootConfig.IDMapped) to pass, -1 for none
 	shimNS Network
 	// lease fences a workspace task (window > 0): the shim stops the task
 	// when it had no renewal for window (see [Lease]).
@@ -82,6 +83,7 @@ func (e *Executor) newShimLaunch(p *prepared, cgroupPids bool) *shimLaunch {
 		},
 		tree:   p.WorkingDir,
 		netns:  -1,
+		userns: -1,
 		shimNS: p.Network,
 	}
 	if !e.noLandlock {
@@ -166,6 +168,14 @@ func (e *Executor) startTenant(t *Task) error {
 		if l.window > 0 && !l.lease.Held(l.window) {
 			return startErr(ErrLeaseExpired, fmt.Sprintf("no controller watched this agent within the last %v; the workspace may run on another node now", l.window), nil)
 		}
+	}
+	if l.cfg.Root != nil && l.cfg.UID != nil {
+		// The image's root-owned files become the task's (docs/images.md).
+		fd, err := e.idmaps.get(e.shimPath, *l.cfg.UID, *l.cfg.GID)
+		if err != nil {
+			return startErr(ErrIsolation, "", err)
+		}
+		l.userns, l.cfg.Root.IDMapped = fd, true
 	}
 	if e.pool != nil {
 		sp = e.pool.take(l.shimNS)
@@ -292,6 +302,9 @@ func (l *shimLaunch) sendConfig(sp *shimProc, data []byte, tree int, leaseR *os.
 		// SCM_RIGHTS gives the shim a descriptor of its own: the
 		// workspace keeps its own.
 		fds = append(fds, l.netns)
+	}
+	if l.userns >= 0 {
+		fds = append(fds, l.userns) // the executor keeps its own, as the netns
 	}
 	if leaseR != nil {
 		fds = append(fds, int(leaseR.Fd()))

@@ -563,7 +563,7 @@ func (w *Workspace) RootDirs() (upper, work string, err error) {
 		return "", "", err
 	}
 	defer unix.Close(root)
-	dir, err := rootOwnedDir(root, WorkspaceRootDir, 0o700)
+	dir, err := rootOwnedDir(root, WorkspaceRootDir, 0o700, true)
 	if err != nil {
 		return "", "", fmt.Errorf("workspace %s: %w", w.id, err)
 	}
@@ -574,7 +574,9 @@ func (w *Workspace) RootDirs() (upper, work string, err error) {
 		name string
 		mode uint32
 	}{{"upper", 0o755}, {"work", 0o700}} {
-		fd, err := rootOwnedDir(dir, d.name, d.mode)
+		// The upper directory's root is the task's once a shim idmapped
+		// the layers (docs/images.md): only its parent is checked.
+		fd, err := rootOwnedDir(dir, d.name, d.mode, false)
 		if err != nil {
 			return "", "", fmt.Errorf("workspace %s: %s/%w", w.id, WorkspaceRootDir, err)
 		}
@@ -584,9 +586,9 @@ func (w *Workspace) RootDirs() (upper, work string, err error) {
 }
 
 // rootOwnedDir makes name, one path element, in the directory parent
-// (mode, root's) when missing, checks that it is a directory of root's
-// and returns an O_PATH descriptor of it.
-func rootOwnedDir(parent int, name string, mode uint32) (int, error) {
+// (mode, root's) when missing, checks that it is a directory (of root's
+// when owned) and returns an O_PATH descriptor of it.
+func rootOwnedDir(parent int, name string, mode uint32, owned bool) (int, error) {
 	if err := unix.Mkdirat(parent, name, mode); err != nil && !errors.Is(err, unix.EEXIST) {
 		return -1, fmt.Errorf("making %s: %w", name, err)
 	}
@@ -602,7 +604,7 @@ func rootOwnedDir(parent int, name string, mode uint32) (int, error) {
 		unix.Close(fd)
 		return -1, fmt.Errorf("stat of %s: %w", name, err)
 	}
-	if st.Uid != 0 || st.Gid != 0 {
+	if owned && (st.Uid != 0 || st.Gid != 0) {
 		unix.Close(fd)
 		return -1, fmt.Errorf("%s is not root's (uid %d): not made for the workspace's image root", name, st.Uid)
 	}

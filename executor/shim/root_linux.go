@@ -47,7 +47,7 @@ func enterRoot(st *state, tree int) error {
 			return fmt.Errorf("making the task's /etc/resolv.conf read-only: %w", err)
 		}
 	}
-	mnt, err := mountOverlay(r, tree)
+	mnt, err := mountOverlay(st, tree)
 	if err != nil {
 		return err
 	}
@@ -75,12 +75,19 @@ func enterRoot(st *state, tree int) error {
 // nodev: a set-ID file of an image never raises privileges. The upper and
 // work directories are given to overlayfs as /proc/self/fd links of
 // descriptors opened here, so that relative ones are taken beneath tree.
-func mountOverlay(r *RootConfig, tree int) (int, error) {
+func mountOverlay(st *state, tree int) (int, error) {
+	r := st.cfg.Root
 	upper, err := openRootDir(r.UpperDir, tree, r.Image, "upper")
 	if err != nil {
 		return -1, err
 	}
 	defer unix.Close(upper)
+	lowers := r.LowerDirs
+	if st.userns >= 0 {
+		if lowers, err = idmapLayers(st, upper); err != nil {
+			return -1, fmt.Errorf("root of image %s: %w", r.Image, err)
+		}
+	}
 	work, err := openRootDir(r.WorkDir, tree, r.Image, "work")
 	if err != nil {
 		return -1, err
@@ -91,7 +98,7 @@ func mountOverlay(r *RootConfig, tree int) (int, error) {
 		return -1, fmt.Errorf("fsopen overlay: %w", err)
 	}
 	defer unix.Close(fsfd)
-	if err := overlayLowers(fsfd, r.LowerDirs); err != nil {
+	if err := overlayLowers(fsfd, lowers); err != nil {
 		return -1, fmt.Errorf("root of image %s: %w%s", r.Image, err, fsLog(fsfd))
 	}
 	for _, kv := range [][2]string{{"upperdir", fdPath(upper)}, {"workdir", fdPath(work)}} {
@@ -107,6 +114,59 @@ func mountOverlay(r *RootConfig, tree int) (int, error) {
 		return -1, fmt.Errorf("root of image %s: fsmount overlay: %w%s", r.Image, err, fsLog(fsfd))
 	}
 	return mnt, nil
+}
+
+// idmapLayers gives the task the image's root-owned files
+// (RootConfig.IDMapped): a clone of each layer directory idmapped with
+// the user namespace st.userns (0 is the task's UID and GID), attached
+// at /dev/<n> on a tmpfs over the node's /dev of the shim's namespace
+// (its device files are cloned already, and the node's root is detached
+// with it after the move: overlayfs takes attached layers only), and the
+// upper directory's root, the task's / in its root, chowned to the task.
+// It returns the layers' new paths, in the order of LowerDirs.
+func idmapLayers(st *state, upper int) ([]string, error) {
+	r := st.cfg.Root
+	if st.cfg.UID == nil || st.cfg.GID == nil {
+		return nil, errors.New("idmapped layers without the task's UID and GID")
+	}
+	defer func() {
+		unix.Close(st.userns)
+		st.userns = -1
+	}()
+	attr := &unix.MountAttr{Attr_set: unix.MOUNT_ATTR_IDMAP | unix.MOUNT_ATTR_RDONLY, Userns_fd: uint64(st.userns)}
+	clones := make([]int, 0, len(r.LowerDirs))
+	defer func() {
+		for _, fd := range clones {
+			unix.Close(fd)
+		}
+	}()
+	for _, d := range r.LowerDirs {
+		fd, err := unix.OpenTree(unix.AT_FDCWD, d, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC)
+		if err != nil {
+			return nil, fmt.Errorf("cloning layer %s: %w", d, err)
+		}
+		clones = append(clones, fd)
+		if err := unix.MountSetattr(fd, "", unix.AT_EMPTY_PATH, attr); err != nil {
+			return nil, fmt.Errorf("idmapping layer %s: %w", d, err)
+		}
+	}
+	if err := unix.Mount("tmpfs", "/dev", "tmpfs", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "mode=0700,size=64k"); err != nil {
+		return nil, fmt.Errorf("mounting the layers' tmpfs: %w", err)
+	}
+	paths := make([]string, len(clones))
+	for i, fd := range clones {
+		paths[i] = "/dev/" + strconv.Itoa(i)
+		if err := os.Mkdir(paths[i], 0o700); err != nil {
+			return nil, fmt.Errorf("making the mount point of layer %s: %w", r.LowerDirs[i], err)
+		}
+		if err := unix.MoveMount(fd, "", unix.AT_FDCWD, paths[i], unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
+			return nil, fmt.Errorf("attaching layer %s: %w", r.LowerDirs[i], err)
+		}
+	}
+	if err := unix.Fchownat(upper, "", int(*st.cfg.UID), int(*st.cfg.GID), unix.AT_EMPTY_PATH); err != nil {
+		return nil, fmt.Errorf("chown of the upper directory: %w", err)
+	}
+	return paths, nil
 }
 
 // overlayLowers sets the lower directories, topmost first: one

@@ -114,7 +114,7 @@ type Config struct {
 	// Seccomp installs the seccomp filter (see [AllowedSyscalls]).
 	Seccomp bool `json:"seccomp,omitempty"`
 	// NetNS says that the Config's descriptors carry, after the work
-	// tree, a network namespace (a workspace's) that the shim joins
+	// tree (and before RootConfig.IDMapped's and the lease's), a network namespace (a workspace's) that the shim joins
 	// with setns(2) before its first other step; the shim is then started
 	// without a network namespace of its own and Loopback is false (the
 	// namespace's owner brought lo up).
@@ -158,6 +158,13 @@ type RootConfig struct {
 	// that the image's changes live on the workspace's file system.
 	UpperDir string `json:"upperDir"`
 	WorkDir  string `json:"workDir"`
+	// IDMapped says that the Config's descriptors carry, after the
+	// network namespace, a user namespace whose maps the shim gives the
+	// layers (idmapped mounts, MOUNT_ATTR_IDMAP): with 0 mapped to the
+	// task's UID and GID the image's root-owned files are the task's, so
+	// that it may change them (in the upper directory); the upper
+	// directory's root becomes the task's too. Requires UID and GID.
+	IDMapped bool `json:"idMapped,omitempty"`
 }
 
 // MaxLowerDirs is the most layer directories a [RootConfig] may name:

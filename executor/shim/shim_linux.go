@@ -33,6 +33,7 @@ type state struct {
 	report    *os.File
 	wdTree    int               // detached clone of the working directory (open_tree), -1 once attached
 	netns     int               // the workspace's network namespace (Config.NetNS), -1 once joined
+	userns    int               // the layers' idmap (RootConfig.IDMapped), -1 for none
 	ws        wsState           // a workspace task's (Config.Workspace)
 	seccomp   []unix.SockFilter // the filter, assembled before the Config arrives
 	nodeUsers nodeUserFiles     // the node's passwd and group, read before the Config arrives
@@ -83,7 +84,7 @@ func run() int {
 		fmt.Fprintf(report, "error %s: %v\n", name, err)
 		return 127
 	}
-	st := &state{report: report, wdTree: -1, netns: -1, files: -1, ws: wsState{tree: -1, root: -1, carry: -1}}
+	st := &state{report: report, wdTree: -1, netns: -1, userns: -1, files: -1, ws: wsState{tree: -1, root: -1, carry: -1}}
 	// Before the Config arrives, what costs time and does not depend on
 	// the task, so that it is done while the shim waits started ahead of
 	// its task. Signals first: PID 1 of a namespace drops a signal it has
@@ -122,15 +123,25 @@ func run() int {
 		if st.cfg.NetNS {
 			want++
 		}
+		idmapped := st.cfg.Root != nil && st.cfg.Root.IDMapped
+		if idmapped {
+			want++
+		}
 		if st.cfg.LeaseMillis > 0 {
 			want++
 		}
 		if len(fds) != want {
-			err = fmt.Errorf("the Config came with %d descriptors, want %d (the working directory's tree, then a network namespace, then the lease pipe)", len(fds), want)
+			err = fmt.Errorf("the Config came with %d descriptors, want %d (the working directory's tree, then a network namespace, then the layers' user namespace, then the lease pipe)", len(fds), want)
 		} else {
 			st.wdTree = fds[0]
 			if st.cfg.NetNS {
 				st.netns = fds[1]
+			}
+			if idmapped {
+				st.userns = fds[len(fds)-1]
+				if st.cfg.LeaseMillis > 0 {
+					st.userns = fds[len(fds)-2]
+				}
 			}
 			if st.cfg.LeaseMillis > 0 {
 				err = st.fence.watch(fds[len(fds)-1], time.Duration(st.cfg.LeaseMillis)*time.Millisecond)
