@@ -119,35 +119,8 @@ func run() int {
 		err = json.Unmarshal(data, &st.cfg)
 	}
 	if err == nil && st.cfg.WorkTree {
-		want := 1
-		if st.cfg.NetNS {
-			want++
-		}
-		idmapped := st.cfg.Root != nil && st.cfg.Root.IDMapped
-		if idmapped {
-			want++
-		}
-		if st.cfg.LeaseMillis > 0 {
-			want++
-		}
-		if len(fds) != want {
-			err = fmt.Errorf("the Config came with %d descriptors, want %d (the working directory's tree, then a network namespace, then the layers' user namespace, then the lease pipe)", len(fds), want)
-		} else {
-			st.wdTree = fds[0]
-			if st.cfg.NetNS {
-				st.netns = fds[1]
-			}
-			if idmapped {
-				st.userns = fds[len(fds)-1]
-				if st.cfg.LeaseMillis > 0 {
-					st.userns = fds[len(fds)-2]
-				}
-			}
-			if st.cfg.LeaseMillis > 0 {
-				err = st.fence.watch(fds[len(fds)-1], time.Duration(st.cfg.LeaseMillis)*time.Millisecond)
-			}
-			fds = nil
-		}
+		err = st.takeDescriptors(fds)
+		fds = nil
 	}
 	if err == nil && st.cfg.NetNS && !st.cfg.WorkTree {
 		err = errors.New("a network namespace without a work tree")
@@ -175,6 +148,41 @@ func run() int {
 
 // roAttr makes a mount read-only, nosuid and nodev.
 var roAttr = &unix.MountAttr{Attr_set: unix.MOUNT_ATTR_RDONLY | unix.MOUNT_ATTR_NOSUID | unix.MOUNT_ATTR_NODEV}
+
+// takeDescriptors takes the descriptors that came with the Config, in
+// their order: the working directory's tree, the network namespace
+// (Config.NetNS), the layers' user namespace (RootConfig.IDMapped), the
+// lease pipe (Config.LeaseMillis). It closes them all on an error.
+func (st *state) takeDescriptors(fds []int) error {
+	want := 1
+	if st.cfg.NetNS {
+		want++
+	}
+	idmapped := st.cfg.Root != nil && st.cfg.Root.IDMapped
+	if idmapped {
+		want++
+	}
+	if st.cfg.LeaseMillis > 0 {
+		want++
+	}
+	if len(fds) != want {
+		for _, fd := range fds {
+			unix.Close(fd)
+		}
+		return fmt.Errorf("the Config came with %d descriptors, want %d (the working directory's tree, then a network namespace, then the layers' user namespace, then the lease pipe)", len(fds), want)
+	}
+	st.wdTree, fds = fds[0], fds[1:]
+	if st.cfg.NetNS {
+		st.netns, fds = fds[0], fds[1:]
+	}
+	if idmapped {
+		st.userns, fds = fds[0], fds[1:]
+	}
+	if st.cfg.LeaseMillis > 0 {
+		return st.fence.watch(fds[0], time.Duration(st.cfg.LeaseMillis)*time.Millisecond)
+	}
+	return nil
+}
 
 // mountStep makes every mount private, remounts the whole tree read-only,
 // nosuid and nodev, puts a fresh proc (hidepid=invisible) on /proc, the
@@ -249,28 +257,8 @@ func mountStep(st *state) error {
 	if err := mountRun(&clones); err != nil {
 		return err
 	}
-	opts := "mode=1777"
-	if st.cfg.TmpSizeBytes > 0 {
-		opts += ",size=" + strconv.FormatInt(st.cfg.TmpSizeBytes, 10) +
-			",nr_inodes=" + strconv.FormatInt(tmpInodes(st.cfg.TmpSizeBytes), 10)
-	}
-	for _, dir := range []string{"/tmp", "/dev/shm"} {
-		if dir == "/tmp" && st.cfg.Workspace != nil {
-			continue // the workspace's own, bound by the user step (workspaceTmp)
-		}
-		if fi, err := os.Stat(dir); err != nil || !fi.IsDir() {
-			continue // nothing to hide where there is no such directory
-		}
-		if err := unix.Mount("tmpfs", dir, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, opts); err != nil {
-			return fmt.Errorf("mounting tmpfs on %s: %w", dir, err)
-		}
-	}
-	// The task's IPC namespace is new, the node's /dev/mqueue shows the
-	// node's queues: a mqueue mounted from here shows the task's own.
-	if fi, err := os.Stat("/dev/mqueue"); err == nil && fi.IsDir() {
-		if err := unix.Mount("mqueue", "/dev/mqueue", "mqueue", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
-			return fmt.Errorf("mounting mqueue on /dev/mqueue: %w", err)
-		}
+	if err := mountTaskTmp(st); err != nil {
+		return err
 	}
 	if err := sealTaskTmpfs(); err != nil {
 		return err
@@ -302,6 +290,36 @@ func mountStep(st *state) error {
 	}
 	if err := unix.MoveMount(tree, "", unix.AT_FDCWD, wd, unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
 		return fmt.Errorf("mounting working directory %s: %w", wd, err)
+	}
+	return nil
+}
+
+// mountTaskTmp mounts the task's size-capped tmpfs on /tmp (but for a
+// workspace task, whose /tmp is its workspace's, see workspaceTmp) and
+// /dev/shm, and its own mqueue on /dev/mqueue.
+func mountTaskTmp(st *state) error {
+	opts := "mode=1777"
+	if st.cfg.TmpSizeBytes > 0 {
+		opts += ",size=" + strconv.FormatInt(st.cfg.TmpSizeBytes, 10) +
+			",nr_inodes=" + strconv.FormatInt(tmpInodes(st.cfg.TmpSizeBytes), 10)
+	}
+	for _, dir := range []string{"/tmp", "/dev/shm"} {
+		if dir == "/tmp" && st.cfg.Workspace != nil {
+			continue // the workspace's own, bound by the user step (workspaceTmp)
+		}
+		if fi, err := os.Stat(dir); err != nil || !fi.IsDir() {
+			continue // nothing to hide where there is no such directory
+		}
+		if err := unix.Mount("tmpfs", dir, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, opts); err != nil {
+			return fmt.Errorf("mounting tmpfs on %s: %w", dir, err)
+		}
+	}
+	// The task's IPC namespace is new, the node's /dev/mqueue shows the
+	// node's queues: a mqueue mounted from here shows the task's own.
+	if fi, err := os.Stat("/dev/mqueue"); err == nil && fi.IsDir() {
+		if err := unix.Mount("mqueue", "/dev/mqueue", "mqueue", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
+			return fmt.Errorf("mounting mqueue on /dev/mqueue: %w", err)
+		}
 	}
 	return nil
 }
