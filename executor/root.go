@@ -8,6 +8,16 @@ import (
 	"github.com/bashtask/bashtask-operator/executor/shim"
 )
 
+// WorkspaceRootDir is the directory below a workspace's root holding the
+// upper and work directories of its tasks' image root (Spec.Root): on
+// the workspace's file system, so that what its tasks change in the
+// image lasts as long as the workspace, counts against its size and is
+// in its snapshots. Root's, mode 0700: the task sees it in its HOME and
+// cannot enter it. A task without a workspace whose working directory is
+// a file system of its own (a disk quota) has its private pair there,
+// under the same name.
+const WorkspaceRootDir = ".bashtask-root"
+
 // privateRootPrefix starts the name of the directory, under
 // [Config.WorkDirRoot], holding a task's private upper and work
 // directories (a task in an image without a workspace).
@@ -15,9 +25,11 @@ const privateRootPrefix = "bashtask-root-"
 
 // prepareRoot checks p.Root (docs/images.md, "The task's root file
 // system") and, for a task without a workspace, makes its private upper
-// and work directories: <work root>/bashtask-root-*/{upper,work}, root's,
-// 0700 (the upper 0755: it is the mode of the task's /), removed when the
-// task ends. Its errors are [*StartError]s with ErrInvalidSpec naming the
+// and work directories, removed when the task ends: upper (0755, the
+// mode of the task's /) and work (0700) in a directory of root's, 0700,
+// which is WorkspaceRootDir in the working directory when that is a file
+// system of its own (a disk quota), so that the task's changes to its
+// image count against it, else <work root>/bashtask-root-*. Its errors are [*StartError]s with ErrInvalidSpec naming the
 // field.
 func (e *Executor) prepareRoot(p *prepared) error {
 	r := p.Root
@@ -43,23 +55,48 @@ func (e *Executor) prepareRoot(p *prepared) error {
 	if !own {
 		return nil
 	}
-	dir, err := os.MkdirTemp(e.workRoot, privateRootPrefix)
+	dir, err := e.privateRootDir(p)
 	if err != nil {
-		return startErr(ErrProcessStart, "making the task's root directories under "+e.workRoot, err)
+		return err
 	}
-	p.ownRoot = dir
 	root := *r
-	root.UpperDir, root.WorkDir = filepath.Join(dir, "upper"), filepath.Join(dir, "work")
 	for _, d := range []struct {
-		path string
+		path *string
+		name string
 		mode os.FileMode
-	}{{root.UpperDir, 0o755}, {root.WorkDir, 0o700}} {
-		if err := os.Mkdir(d.path, d.mode); err != nil {
-			return startErr(ErrProcessStart, "making the task's root directory "+d.path, err)
+	}{{&root.UpperDir, "upper", 0o755}, {&root.WorkDir, "work", 0o700}} {
+		if err := os.Mkdir(filepath.Join(dir, d.name), d.mode); err != nil {
+			return startErr(ErrProcessStart, "making the task's root directory "+filepath.Join(dir, d.name), err)
+		}
+		*d.path = filepath.Join(dir, d.name)
+		if p.quotaFS != nil {
+			// The shim finds the working directory's file system by
+			// the tree it is given, not by a path (mounted after a
+			// pooled shim started, it is not in the shim's mounts).
+			*d.path = WorkspaceRootDir + "/" + d.name
 		}
 	}
 	p.Root = &root
 	return nil
+}
+
+// privateRootDir makes the directory of a task's private upper and work
+// directories (see prepareRoot); one in the working directory's own file
+// system goes with it, one under the work root is p.ownRoot.
+func (e *Executor) privateRootDir(p *prepared) (string, error) {
+	if p.quotaFS != nil {
+		dir := filepath.Join(p.WorkingDir, WorkspaceRootDir)
+		if err := os.Mkdir(dir, 0o700); err != nil {
+			return "", startErr(ErrProcessStart, "making the task's root directories in "+p.WorkingDir, err)
+		}
+		return dir, nil
+	}
+	dir, err := os.MkdirTemp(e.workRoot, privateRootPrefix)
+	if err != nil {
+		return "", startErr(ErrProcessStart, "making the task's root directories under "+e.workRoot, err)
+	}
+	p.ownRoot = dir
+	return dir, nil
 }
 
 // cmpOr is s, or def when s is empty.

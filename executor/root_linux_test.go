@@ -38,7 +38,7 @@ type testImage struct {
 
 // testApplets are the busybox applets of a testImage.
 var testApplets = []string{"sh", "cat", "ls", "tr", "grep", "awk", "id", "whoami", "touch", "readlink", "test",
-	"echo", "sort", "true", "env", "mkdir", "rm", "stat", "sleep", "chmod"}
+	"echo", "sort", "true", "env", "mkdir", "rm", "stat", "sleep", "chmod", "dd"}
 
 func (i testImage) root() *Root {
 	return &Root{Image: i.ref, LowerDirs: i.layers}
@@ -155,7 +155,7 @@ func TestImageRoot(t *testing.T) {
 	img := buildTestImage(t, true)
 	ex := tenantExecutor(t)
 	spec := testSpec(t, imageView)
-	spec.User = &User{UID: 2000141, GID: 2000141}
+	spec.User = &User{UID: 2000441, GID: 2000441}
 	spec.Root = img.root()
 	res := run(t, ex, spec)
 	if res.Reason != ReasonSucceeded {
@@ -170,7 +170,7 @@ func TestImageRoot(t *testing.T) {
 		"top-level=bin dev etc home proc run srv tmp usr\n",
 		"whoami=task passwd=1\n",
 		"homewrite=ok\n",
-		"euid=2000141 uid=2000141\n",
+		"euid=2000441 uid=2000441\n",
 		"pid1=hidden\n",
 		"nnp=1 seccomp=2\n",
 		"hosts=2\n",
@@ -249,6 +249,25 @@ func TestImageRootWorkspacePersists(t *testing.T) {
 	}
 }
 
+// With a disk quota, a task's changes to its image count against its
+// working directory's size: its private upper directory lies on that
+// file system.
+func TestImageRootQuota(t *testing.T) {
+	t.Parallel()
+	img := buildTestImage(t, true)
+	ex, _ := quotaExecutor(t, 64<<20, 128<<20, 2000)
+	spec := testSpec(t, `dd if=/dev/zero of=/etc/big bs=1M count=100 2>&1; echo rc=$?; ls -a | grep -c `+WorkspaceRootDir)
+	spec.User = &User{UID: 2000443, GID: 2000443}
+	spec.Root = img.root()
+	res := run(t, ex, spec)
+	if !strings.Contains(res.Stdout.Tail, "No space left on device") || strings.Contains(res.Stdout.Tail, "rc=0") {
+		t.Errorf("100 MiB into /etc of a task with 64 MiB: %q, want dd failing with ENOSPC", res.Stdout.Tail)
+	}
+	if left, _ := filepath.Glob(filepath.Join(ex.workRoot, privateRootPrefix+"*")); len(left) > 0 {
+		t.Errorf("the task's root directories are under the work root: %v", left)
+	}
+}
+
 // An image without bash fails the task before anything ran, with an
 // error of its own naming the image and the shells looked for.
 func TestImageRootWithoutBash(t *testing.T) {
@@ -256,7 +275,7 @@ func TestImageRootWithoutBash(t *testing.T) {
 	img := buildTestImage(t, false)
 	ex := tenantExecutor(t)
 	spec := testSpec(t, "true")
-	spec.User = &User{UID: 2000142, GID: 2000142}
+	spec.User = &User{UID: 2000442, GID: 2000442}
 	spec.Root = img.root()
 	_, err := ex.Start(spec)
 	if !errors.Is(err, ErrImageShellMissing) || !strings.Contains(err.Error(), img.ref) || !strings.Contains(err.Error(), "/usr/bin/bash") {
@@ -307,7 +326,7 @@ func BenchmarkImageRootStart(b *testing.B) {
 	// layers' idmap) and keeps it: made here for the UIDs below, not
 	// measured.
 	for i := range benchUIDs {
-		if _, err := ex.idmaps.get(ex.shimPath, uint32(2000200+i), uint32(2000200+i)); err != nil {
+		if _, err := ex.idmaps.get(ex.shimPath, uint32(2000460+i), uint32(2000460+i)); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -316,7 +335,7 @@ func BenchmarkImageRootStart(b *testing.B) {
 		b.Run(kind, func(b *testing.B) {
 			var starts []time.Duration
 			for i := range b.N {
-				spec := Spec{Command: "true", SpillDir: filepath.Join(b.TempDir(), "spill"), User: &User{UID: uint32(2000200 + i%benchUIDs), GID: uint32(2000200 + i%benchUIDs)}}
+				spec := Spec{Command: "true", SpillDir: filepath.Join(b.TempDir(), "spill"), User: &User{UID: uint32(2000460 + i%benchUIDs), GID: uint32(2000460 + i%benchUIDs)}}
 				if kind == "image" {
 					spec.Root = img.root()
 				}

@@ -241,8 +241,10 @@ type Root struct {
 	LowerDirs []string
 	// UpperDir and WorkDir are overlayfs's upper and work directories,
 	// on one file system. A task without a workspace leaves both empty:
-	// the executor makes a private pair under [Config.WorkDirRoot] and
-	// removes it when the task ends, so the task's changes go with it. A
+	// the executor makes a private pair, in the working directory's file
+	// system when it has one of its own (a disk quota, which then counts
+	// the task's changes), else under [Config.WorkDirRoot], and removes
+	// it when the task ends, so the task's changes go with it. A
 	// workspace task names both: paths relative to the workspace's root,
 	// resolved there without following symbolic links (see
 	// [Workspace.RootDirs]), or absolute node paths.

@@ -542,14 +542,6 @@ func (w *Workspace) dupRoot() (int, error) {
 	return fd, nil
 }
 
-// WorkspaceRootDir is the directory below a workspace's root holding the
-// upper and work directories of its tasks' image root (Spec.Root): on
-// the workspace's file system, so that what its tasks change in the
-// image lasts as long as the workspace, counts against its size and is
-// in its snapshots. Root's, mode 0700: the task sees it in its HOME and
-// cannot enter it.
-const WorkspaceRootDir = ".bashtask-root"
-
 // RootDirs makes, when missing, the workspace's WorkspaceRootDir with
 // "upper" (0755, the mode of the task's /) and "work" (0700) in it, all
 // root's, and returns the upper and work directories relative to the

@@ -152,10 +152,11 @@ type RootConfig struct {
 	// [MaxLowerDirs].
 	LowerDirs []string `json:"lowerDirs"`
 	// UpperDir and WorkDir are overlayfs's upper and work directories,
-	// on one file system: absolute node paths, or for a workspace task
-	// paths relative to the workspace's root (clean, no ".."), resolved
-	// beneath the workspace's tree without following symbolic links, so
-	// that the image's changes live on the workspace's file system.
+	// on one file system: absolute node paths, or paths relative to the
+	// working directory's tree (a workspace task's: the workspace's
+	// root; clean, no ".."), resolved beneath that tree without
+	// following symbolic links, so that the image's changes live on the
+	// workspace's, or the task's disk quota's, file system.
 	UpperDir string `json:"upperDir"`
 	WorkDir  string `json:"workDir"`
 	// IDMapped says that the Config's descriptors carry, after the
