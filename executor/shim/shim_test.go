@@ -44,7 +44,7 @@ func TestParseReport(t *testing.T) {
 // they read differently: a change to Config's fields fails this test until
 // Protocol is bumped and the list below updated with it.
 func TestProtocolCoversConfig(t *testing.T) {
-	const wantProtocol = "5"
+	const wantProtocol = "6"
 	want := strings.Join([]string{
 		"Shell string shell", "Command string command", "Env []string env",
 		"WorkDir string workDir", "WorkTree bool workTree,omitempty", "NullStdin bool nullStdin,omitempty",
@@ -55,7 +55,7 @@ func TestProtocolCoversConfig(t *testing.T) {
 		"User *shim.UserEntry user,omitempty",
 		"Landlock bool landlock,omitempty", "Seccomp bool seccomp,omitempty",
 		"NetNS bool netns,omitempty", "Workspace *shim.WorkspaceConfig workspace,omitempty",
-		"LeaseMillis int64 leaseMillis,omitempty",
+		"LeaseMillis int64 leaseMillis,omitempty", "Root *shim.RootConfig root,omitempty",
 	}, "\n")
 	var got []string
 	ct := reflect.TypeFor[Config]()
