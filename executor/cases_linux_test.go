@@ -286,12 +286,27 @@ func TestC09_MemoryLimitOOM(t *testing.T) {
 	}
 }
 
+// Without cgroups or a disk quota no limit is enforced (but pids at the
+// tenant level, through RLIMIT_NPROC), and the running task says so from
+// its start, as its result does at its end.
 func TestLimitsWithoutCgroupAreNotEnforced(t *testing.T) {
 	t.Parallel()
-	spec := testSpec(t, "true")
-	spec.Limits = Limits{MemoryBytes: 1 << 30, CPUMillis: 500, Pids: 100}
-	res := run(t, newTestExecutor(t, CgroupOff), spec)
-	if diff := cmp.Diff([]string{"cpu", "memory", "pids"}, res.LimitsNotEnforced); diff != "" {
+	spec := testSpec(t, "sleep 0.2")
+	spec.Limits = Limits{MemoryBytes: 1 << 30, CPUMillis: 500, Pids: 100, DiskBytes: 1 << 30}
+	ex := newTestExecutor(t, CgroupOff)
+	want := []string{"cpu", "memory", "pids", LimitEphemeralStorage}
+	if ex.Isolation() == IsolationTenant {
+		want = []string{"cpu", "memory", LimitEphemeralStorage}
+	}
+	task, err := ex.Start(spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(want, task.LimitsNotEnforced()); diff != "" {
+		t.Errorf("limits not enforced while running (-want +got):\n%s", diff)
+	}
+	res := wait(t, task)
+	if diff := cmp.Diff(want, res.LimitsNotEnforced); diff != "" {
 		t.Errorf("limits not enforced (-want +got):\n%s", diff)
 	}
 	if res.Mechanism != MechanismProcessGroup {

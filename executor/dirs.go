@@ -184,6 +184,9 @@ func (e *Executor) makeWorkDir(p *prepared) error {
 // node cannot give.
 func (e *Executor) checkDiskLimit(p *prepared) error {
 	if e.isolation != IsolationTenant || !e.quotaWanted {
+		// No working directory gets a quota here: a size the task asked
+		// for is not enforced.
+		p.diskNotEnforced = p.Limits.DiskBytes > 0
 		return nil
 	}
 	if p.Workspace != nil {
@@ -197,8 +200,19 @@ func (e *Executor) checkDiskLimit(p *prepared) error {
 	if d := p.Limits.DiskBytes; d != 0 && d < MinDiskQuotaBytes {
 		return startErr(ErrInvalidSpec, fmt.Sprintf("spec.resources.ephemeralStorage of %d bytes is below the smallest working directory file system, %d bytes", d, MinDiskQuotaBytes), nil)
 	}
-	p.diskNotEnforced = e.quota == nil && p.WorkingDir == ""
+	// A directory the spec names is not fresh and gets no quota.
+	p.diskNotEnforced = (e.quota == nil && p.WorkingDir == "") || (p.WorkingDir != "" && p.Limits.DiskBytes > 0)
 	return nil
+}
+
+// withDiskNotEnforced is notEnforced with LimitEphemeralStorage added when
+// the task's working directory gets no quota that it, or the executor,
+// asked for.
+func (p *prepared) withDiskNotEnforced(notEnforced []string) []string {
+	if !p.diskNotEnforced {
+		return notEnforced
+	}
+	return append(notEnforced, LimitEphemeralStorage)
 }
 
 // removeWorkDir removes the task's fresh working directory: a file system

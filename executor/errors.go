@@ -49,6 +49,10 @@ var (
 	// none of shim.RootShells; the message names the image. Nothing of
 	// the command ran: no other shell stands in for bash.
 	ErrImageShellMissing = errors.New("the task's image has no bash")
+	// ErrLimitsNotEnforced: the task asks for a resource limit its node
+	// does not enforce, and the agent refuses such tasks rather than run
+	// them without it (the message names the limits).
+	ErrLimitsNotEnforced = errors.New("resource limits not enforced on this node")
 )
 
 // Configuration and environment errors returned by [New] and

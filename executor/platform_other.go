@@ -29,6 +29,10 @@ func (t *Task) Isolation() IsolationResult { return IsolationResult{} }
 // always false outside Linux.
 func (t *Task) PooledShim() bool { return false }
 
+// LimitsNotEnforced names the limits the task asked for that its node
+// does not enforce; always nil outside Linux.
+func (t *Task) LimitsNotEnforced() []string { return nil }
+
 // CgroupPath is the task's own cgroup directory; always empty outside
 // Linux.
 func (t *Task) CgroupPath() string { return "" }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -100,6 +101,7 @@ func (e *Executor) start(p *prepared) (_ *Task, err error) {
 	if tenant {
 		err = e.startTenant(t)
 	} else if err = e.createTaskCgroup(t); err == nil {
+		s.notEnforced = p.withDiskNotEnforced(s.notEnforced)
 		err = e.startShell(t)
 	}
 	if s.cg != nil {
@@ -260,6 +262,11 @@ func (t *Task) PooledShim() bool { return t.sys.pooledShim }
 // Isolation is the isolation the task got, as [Result.Isolation] will
 // report it; known once Start returned, so a running task can show it.
 func (t *Task) Isolation() IsolationResult { return t.sys.iso }
+
+// LimitsNotEnforced names each limit the task asked for that its node
+// does not enforce, as [Result.LimitsNotEnforced] will report it; known
+// once Start returned, so a running task can show it.
+func (t *Task) LimitsNotEnforced() []string { return slices.Clone(t.sys.notEnforced) }
 
 // CgroupPath is the absolute path of the task's own cgroup directory, empty
 // when the task has none (MechanismProcessGroup). The executor removes the
@@ -471,7 +478,7 @@ func message(r Result, p *prepared, st exitStatus, problems []string) string {
 		parts = append(parts, fmt.Sprintf("stopped %d leftover processes", r.LeftoverProcesses))
 	}
 	if len(r.LimitsNotEnforced) > 0 {
-		parts = append(parts, fmt.Sprintf("resource limits not enforced (%s): controller not available on this node", strings.Join(r.LimitsNotEnforced, ", ")))
+		parts = append(parts, fmt.Sprintf("resource limits not enforced (%s): not available on this node", strings.Join(r.LimitsNotEnforced, ", ")))
 	}
 	parts = append(parts, problems...)
 	return strings.Join(parts, "; ")

@@ -207,9 +207,7 @@ func (e *Executor) startTenant(t *Task) error {
 			return startErr(ErrIsolation, "", err)
 		}
 	}
-	if p.diskNotEnforced {
-		s.notEnforced = append(s.notEnforced, LimitEphemeralStorage)
-	}
+	s.notEnforced = p.withDiskNotEnforced(s.notEnforced)
 	if l.iso.PidsLimit == PidsLimitRlimit {
 		// The spec's pids limit holds, through RLIMIT_NPROC.
 		s.notEnforced = slices.DeleteFunc(s.notEnforced, func(c string) bool { return c == "pids" })

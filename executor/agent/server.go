@@ -83,6 +83,11 @@ type Config struct {
 	// every network of the isolation level (TaskNetwork's rule aside).
 	// The readiness info lists them for the controller.
 	AllowedNetworks []executor.Network
+	// UnenforcedLimits says what becomes of a task that asks for a limit
+	// this node does not enforce (--unenforced-limits): UnenforcedWarn
+	// (the zero value) runs it, its status naming the limit from its
+	// start; UnenforcedRefuse ends it StartFailed naming the limit.
+	UnenforcedLimits UnenforcedPolicy
 	// UploadBackoffInitial and UploadBackoffMax shape the capped
 	// exponential backoff between upload attempts; zero means the
 	// defaults.

@@ -34,6 +34,9 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 		// tenant.
 		return nil, errors.New("agent: a shared task identity at the tenant isolation level needs a user to run tasks as (--run-as-user)")
 	}
+	if _, err := ParseUnenforcedPolicy(string(cfg.UnenforcedLimits)); err != nil {
+		return nil, fmt.Errorf("agent: %w", err)
+	}
 	if err := prepareStateDir(cfg.StateDir); err != nil {
 		return nil, err
 	}

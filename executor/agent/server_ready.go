@@ -32,6 +32,7 @@ func (s *Server) agentInfoLocked() *agentv1.AgentInfo {
 		r.Capabilities = append(r.Capabilities, s.ws.capabilitiesLocked()...)
 		r.LandlockAbi = int32(caps.LandlockABI)
 		r.DiskCapBytes = s.ex.DiskCap()
+		r.EnforcedLimits = enforcedLimits(s.ex)
 	}
 	return &agentv1.AgentInfo{
 		NodeName:         s.cfg.NodeName,

@@ -184,7 +184,7 @@ func (op *startOp) record() error {
 }
 
 // launch is Start's third step: the workspace binding or network check,
-// then the process, and what the task got noted in rec and st. Its error
+// the refusal of limits the node does not enforce, then the process, and what the task got noted in rec and st. Its error
 // is the task's StartFailed: nothing of the command ran.
 func (op *startOp) launch() error {
 	s, spec := op.s, op.spec
@@ -194,6 +194,9 @@ func (op *startOp) launch() error {
 		err = s.ws.bindTask(op.uid, spec, &op.es)
 	} else {
 		err = s.networkError(spec)
+	}
+	if err == nil {
+		err = s.limitsRefusal(op.ex, &op.es)
 	}
 	if err == nil {
 		op.task, err = op.ex.Start(op.es)
@@ -215,6 +218,7 @@ func (op *startOp) launch() error {
 	// What the task got is known now: a running task shows it, not only
 	// a finished one.
 	st.Isolation = taskIsolation(task.Isolation())
+	st.LimitsNotEnforced = task.LimitsNotEnforced()
 	if op.es.WorkingDir == "" && op.es.Workspace == nil {
 		rec.Process.WorkDir = task.WorkingDir()
 	}

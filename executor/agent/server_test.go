@@ -261,7 +261,7 @@ func TestRoundTrip(t *testing.T) {
 		ArgEnvLimitBytes: executor.CurrentArgEnvLimit(), MaxRequestBytes: agentv1.MaxRequestBytes,
 	}
 	if diff := cmp.Diff(wantInfo, info, protocmp.Transform(),
-		protocmp.IgnoreFields(&agentv1.Readiness{}, "mechanism", "cgroup_controllers", "capabilities", "landlock_abi")); diff != "" {
+		protocmp.IgnoreFields(&agentv1.Readiness{}, "mechanism", "cgroup_controllers", "capabilities", "landlock_abi", "enforced_limits")); diff != "" {
 		t.Errorf("agent info (-want +got):\n%s", diff)
 	}
 
@@ -503,7 +503,7 @@ func TestReadiness(t *testing.T) {
 			r := newRig(t, tc.opt)
 			info, _ := r.watch()
 			if diff := cmp.Diff(tc.want, info.GetReadiness(), protocmp.Transform(),
-				protocmp.IgnoreFields(&agentv1.Readiness{}, "mechanism", "cgroup_controllers", "capabilities", "landlock_abi")); diff != "" {
+				protocmp.IgnoreFields(&agentv1.Readiness{}, "mechanism", "cgroup_controllers", "capabilities", "landlock_abi", "enforced_limits")); diff != "" {
 				t.Errorf("readiness (-want +got):\n%s", diff)
 			}
 			h, err := r.health.Check(t.Context(), &healthpb.HealthCheckRequest{Service: ServiceName})

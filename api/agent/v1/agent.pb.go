@@ -1044,7 +1044,9 @@ type TaskStatus struct {
 	LeftoverProcesses int32 `protobuf:"varint,9,opt,name=leftover_processes,json=leftoverProcesses,proto3" json:"leftover_processes,omitempty"`
 	// mechanism is "cgroup" or "processGroup".
 	Mechanism string `protobuf:"bytes,10,opt,name=mechanism,proto3" json:"mechanism,omitempty"`
-	// limits_not_enforced names requested limits the node could not apply.
+	// limits_not_enforced names requested limits the node could not apply
+	// ("memory", "cpu", "pids", "ephemeral-storage"); set from the STARTED
+	// event on, not only once the task finished.
 	LimitsNotEnforced []string `protobuf:"bytes,11,rep,name=limits_not_enforced,json=limitsNotEnforced,proto3" json:"limits_not_enforced,omitempty"`
 	// stdout of the task.
 	Stdout *StreamStatus `protobuf:"bytes,12,opt,name=stdout,proto3" json:"stdout,omitempty"`
@@ -1971,9 +1973,18 @@ type Readiness struct {
 	// --shutdown-workspace-timeout, for the controller to snapshot and
 	// release each of those workspaces (docs/workspaces.md, "Agent
 	// shutdown").
-	Draining      bool `protobuf:"varint,13,opt,name=draining,proto3" json:"draining,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Draining bool `protobuf:"varint,13,opt,name=draining,proto3" json:"draining,omitempty"`
+	// enforced_limits names the limits of Resources this agent's tasks get
+	// enforced: "memory", "cpu" and "pids" where task cgroups have the
+	// controller ("pids" also at the tenant level through RLIMIT_NPROC on
+	// the task's own UID), "ephemeral-storage" where fresh working
+	// directories get a disk quota. A limit a task asks for that is not
+	// listed runs without it (its TaskStatus.limits_not_enforced names it
+	// from the STARTED event on), or ends StartFailed naming it on an agent
+	// run with --unenforced-limits=refuse.
+	EnforcedLimits []string `protobuf:"bytes,14,rep,name=enforced_limits,json=enforcedLimits,proto3" json:"enforced_limits,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *Readiness) Reset() {
@@ -2095,6 +2106,13 @@ func (x *Readiness) GetDraining() bool {
 		return x.Draining
 	}
 	return false
+}
+
+func (x *Readiness) GetEnforcedLimits() []string {
+	if x != nil {
+		return x.EnforcedLimits
+	}
+	return nil
 }
 
 // AgentInfo is the first message of every Watch stream.
@@ -2820,7 +2838,7 @@ const file_agent_proto_rawDesc = "" +
 	"\tforgotten\x18\x01 \x01(\bR\tforgotten\"l\n" +
 	"\fWatchRequest\x12.\n" +
 	"\x05fence\x18\x01 \x01(\v2\x18.bashtask.agent.v1.FenceR\x05fence\x12,\n" +
-	"\x12workspace_lease_ms\x18\x02 \x01(\x03R\x10workspaceLeaseMs\"\xb6\x03\n" +
+	"\x12workspace_lease_ms\x18\x02 \x01(\x03R\x10workspaceLeaseMs\"\xdf\x03\n" +
 	"\tReadiness\x12\x14\n" +
 	"\x05ready\x18\x01 \x01(\bR\x05ready\x12\x1a\n" +
 	"\bproblems\x18\x02 \x03(\tR\bproblems\x12\x1f\n" +
@@ -2836,7 +2854,8 @@ const file_agent_proto_rawDesc = "" +
 	" \x01(\x05R\vlandlockAbi\x12$\n" +
 	"\x0edisk_cap_bytes\x18\v \x01(\x03R\fdiskCapBytes\x12)\n" +
 	"\x10allowed_networks\x18\f \x03(\tR\x0fallowedNetworks\x12\x1a\n" +
-	"\bdraining\x18\r \x01(\bR\bdraining\"\xe7\x02\n" +
+	"\bdraining\x18\r \x01(\bR\bdraining\x12'\n" +
+	"\x0fenforced_limits\x18\x0e \x03(\tR\x0eenforcedLimits\"\xe7\x02\n" +
 	"\tAgentInfo\x12\x1b\n" +
 	"\tnode_name\x18\x01 \x01(\tR\bnodeName\x12\x19\n" +
 	"\bpod_name\x18\x02 \x01(\tR\apodName\x12%\n" +
