@@ -91,6 +91,11 @@ type AgentState struct {
 	// accepts, in bytes (its --task-disk-cap); 0 when it has no disk quota
 	// or does not report it.
 	DiskCap int64
+	// EnforcedLimits names the limits the agent's node enforces for its
+	// tasks ("memory", "cpu", "pids", "ephemeral-storage";
+	// Readiness.enforced_limits); empty from an agent that enforces none
+	// or does not report them.
+	EnforcedLimits []string
 }
 
 // HeldTask names a task an agent holds (running, or finished and not yet
@@ -607,6 +612,7 @@ func (a *agentConn) state(now time.Time) AgentState {
 		s.ArgEnvLimit = a.info.GetArgEnvLimitBytes()
 		s.MaxRequestBytes = a.info.GetMaxRequestBytes()
 		s.DiskCap = a.info.GetReadiness().GetDiskCapBytes()
+		s.EnforcedLimits = slices.Clone(a.info.GetReadiness().GetEnforcedLimits())
 	}
 	if !s.Connected && !a.unreachableSince.IsZero() {
 		s.UnreachableFor = now.Sub(a.unreachableSince)

@@ -437,7 +437,9 @@ func (r *BashTaskReconciler) reconcilePending(ctx context.Context, bt *bashtaskv
 	// The documented exception to one status write per pass, at its end
 	// (see Reconcile): the placement is written here, before Start, so
 	// that a crash between the two leaves the node recorded and the task
-	// can never be started twice, or elsewhere, unrecorded.
+	// can never be started twice, or elsewhere, unrecorded. It says
+	// already which limits the node does not enforce.
+	unenforced := limitsEvents(old, dispatchLimits(bt, agent), "Dispatch")
 	if err := r.writeAhead(ctx, bt, old, agent); err != nil {
 		release()
 		return taskDecision{}, err
@@ -445,9 +447,21 @@ func (r *BashTaskReconciler) reconcilePending(ctx context.Context, bt *bashtaskv
 	// No event here: the Scheduled condition records the dispatch, and a
 	// short task would pay one more API write for it. A task's events are
 	// Started (only for one still running after --running-status-delay),
-	// its outcome (every failure; a success after a Started), and
-	// anomalies.
-	return r.start(ctx, bt, resolved, old)
+	// its outcome (every failure; a success after a Started), limits its
+	// node does not enforce, and anomalies. The write-ahead is recorded,
+	// so the last may go with the pass's own.
+	d, err = r.start(ctx, bt, resolved, old)
+	d.events = append(unenforced, d.events...)
+	return d, err
+}
+
+// dispatchLimits records on bt, about to be dispatched to agent, the
+// limits it asks for that agent's node does not enforce (setLimitsStatus),
+// as the agent's readiness reports them. It returns bt.
+func dispatchLimits(bt *bashtaskv1alpha1.BashTask, agent *agentpool.AgentState) *bashtaskv1alpha1.BashTask {
+	bt.Status.NodeName = ptr.To(agent.Node)
+	setLimitsStatus(bt, notEnforcedOn(bt, agent))
+	return bt
 }
 
 // choose places the task in its turn (takeTurn), on its workspace's node
@@ -645,9 +659,15 @@ func (r *BashTaskReconciler) reported(bt *bashtaskv1alpha1.BashTask, old *bashta
 	started, dispatched := r.started[bt.UID]
 	last, written := r.progress[bt.UID]
 	r.progressMu.Unlock()
-	return reportDecision(bt, old, reportTimes{
+	d := reportDecision(bt, old, reportTimes{
 		now: r.clock.Now(), started: started, dispatched: dispatched, lastProgress: last, progressWritten: written,
 	}, r.opts.RunningStatusDelay, r.opts.ProgressInterval)
+	if d.write != "" {
+		// The agent's report of the task may name other limits than its
+		// readiness did at dispatch.
+		d.events = append(limitsEvents(old, bt, "Start"), d.events...)
+	}
+	return d
 }
 
 // runningResync is how often a running task is looked at without an agent

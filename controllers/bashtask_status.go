@@ -249,14 +249,13 @@ func (r *BashTaskReconciler) applyTaskStatus(bt *bashtaskv1alpha1.BashTask, ts *
 	}
 	if m := ts.GetMechanism(); m != "" {
 		iso := &bashtaskv1alpha1.IsolationStatus{Mechanism: ptr.To(bashtaskv1alpha1.IsolationMechanism(m))}
-		if bt.Spec.Resources != nil {
-			enforced := len(ts.GetLimitsNotEnforced()) == 0
-			iso.LimitsEnforced = &enforced
-		}
 		if ti := ts.GetIsolation(); ti != nil {
 			applyTaskIsolation(iso, ti)
 		}
 		st.Isolation = iso
+		// The agent reports them from the task's start on: its word
+		// replaces what its readiness said at dispatch.
+		setLimitsStatus(bt, fromAgentLimits(ts.GetLimitsNotEnforced()))
 	}
 
 	if ts.GetState() != agentv1.TaskState_TASK_STATE_FINISHED {

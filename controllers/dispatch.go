@@ -199,6 +199,7 @@ func (r *BashTaskReconciler) placementRequest(bt *bashtaskv1alpha1.BashTask) pla
 		nodeSelector: bt.Spec.NodeSelector,
 		network:      ptr.Deref(bt.Spec.Network, ""),
 		tolerations:  r.opts.AgentTolerations,
+		notEnforced:  func(a *agentpool.AgentState) []bashtaskv1alpha1.ResourceLimitName { return notEnforcedOn(bt, a) },
 	}
 }
 
@@ -252,6 +253,10 @@ type placementRequest struct {
 	// load ranks the candidates, lowest first, before the running tasks
 	// and the node name; nil ranks by those alone.
 	load func(a *agentpool.AgentState) int
+	// notEnforced names the limits the object asks for that an agent's
+	// node does not enforce: agents without any are preferred (see
+	// chooseEnforcing); nil prefers none.
+	notEnforced func(a *agentpool.AgentState) []bashtaskv1alpha1.ResourceLimitName
 }
 
 // placeAgent chooses the agent for p: p.nodeName, else the agents whose
@@ -259,7 +264,7 @@ type placementRequest struct {
 // candidate's Node once, for the selector and for its scheduling state
 // (nodeUnschedulable; a missing Node takes nothing either, as the
 // scheduler places nothing on a node it does not know), then leaves the
-// choice to chooseAgent.
+// choice to chooseEnforcing.
 func placeAgent(ctx context.Context, reader client.Reader, agents agentLister, p placementRequest) placement {
 	var candidates []agentpool.AgentState
 	if p.nodeName != "" {
@@ -293,7 +298,7 @@ func placeAgent(ctx context.Context, reader client.Reader, agents agentLister, p
 		}
 		kept = append(kept, a)
 	}
-	return chooseAgent(p, kept, refused)
+	return chooseEnforcing(p, kept, refused)
 }
 
 // chooseAgent chooses among candidates, the agents that match p's

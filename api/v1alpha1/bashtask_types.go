@@ -527,6 +527,11 @@ const (
 	// ConditionOutputUploaded is True when every stream due for upload is in
 	// object storage, False while an upload is pending or retrying.
 	ConditionOutputUploaded = "OutputUploaded"
+	// ConditionLimitsEnforced, set on a task with spec.resources from its
+	// dispatch on, is True when its node enforces every limit it asks
+	// for and False, with the reason NotEnforced and a message naming
+	// the limits, when the node enforces some not (isolation.limitsNotEnforced).
+	ConditionLimitsEnforced = "LimitsEnforced"
 )
 
 // Condition types of a BashTask in the kstatus vocabulary
@@ -559,6 +564,23 @@ const (
 	// task was signalled through its process group only and resource limits
 	// were not enforced.
 	IsolationProcessGroup IsolationMechanism = "processGroup"
+)
+
+// ResourceLimitName names one limit of spec.resources.
+//
+// +kubebuilder:validation:Enum=memory;cpu;pids;ephemeralStorage
+type ResourceLimitName string
+
+// The limits of spec.resources, by field name.
+const (
+	// LimitMemory is spec.resources.memory.
+	LimitMemory ResourceLimitName = "memory"
+	// LimitCPU is spec.resources.cpu.
+	LimitCPU ResourceLimitName = "cpu"
+	// LimitPIDs is spec.resources.pids.
+	LimitPIDs ResourceLimitName = "pids"
+	// LimitEphemeralStorage is spec.resources.ephemeralStorage.
+	LimitEphemeralStorage ResourceLimitName = "ephemeralStorage"
 )
 
 // TaskNetwork is the network a task reaches.
@@ -714,10 +736,22 @@ type IsolationStatus struct {
 	// +optional
 	Mechanism *IsolationMechanism `json:"mechanism,omitempty"`
 
-	// limitsEnforced is false when spec.resources were requested but the
-	// node's cgroup does not delegate the needed controllers.
+	// limitsEnforced, set for a task with spec.resources, is true when its
+	// node enforces every limit the task asks for and false while any is
+	// not (limitsNotEnforced names them): from the dispatch on, never
+	// true before the agent has said so.
 	// +optional
 	LimitsEnforced *bool `json:"limitsEnforced,omitempty"`
+
+	// limitsNotEnforced names each limit of the task that its node does
+	// not enforce: memory, cpu or pids where the node's task cgroups lack
+	// the controller, ephemeralStorage where working directories get no
+	// disk quota. Written at dispatch from what the agent's readiness
+	// reports, then as the agent reports the task from its start.
+	// +optional
+	// +listType=set
+	// +kubebuilder:validation:MaxItems=4
+	LimitsNotEnforced []ResourceLimitName `json:"limitsNotEnforced,omitempty"`
 
 	// level is the isolation level the task ran at: process or tenant.
 	// +optional

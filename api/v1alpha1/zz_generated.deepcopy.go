@@ -612,6 +612,11 @@ func (in *IsolationStatus) DeepCopyInto(out *IsolationStatus) {
 		*out = new(bool)
 		**out = **in
 	}
+	if in.LimitsNotEnforced != nil {
+		in, out := &in.LimitsNotEnforced, &out.LimitsNotEnforced
+		*out = make([]ResourceLimitName, len(*in))
+		copy(*out, *in)
+	}
 	if in.Level != nil {
 		in, out := &in.Level, &out.Level
 		*out = new(IsolationLevel)
