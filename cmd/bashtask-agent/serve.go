@@ -87,6 +87,7 @@ type serveOptions struct {
 	taskDiskCap        string
 	taskDiskInodes     int64
 	taskProcs          int64
+	unenforcedLimits   string
 	shimPoolSize       int
 	shimPath           string
 	backoffInitial     time.Duration
@@ -175,6 +176,7 @@ func bindServeFlags(f *pflag.FlagSet, o *serveOptions) {
 	f.StringVar(&o.shimPath, "shim-path", "", "absolute path of the binary started as each task's shim at --isolation=tenant; empty: "+shimBinary+" beside this binary when it is there, else this binary itself")
 	f.IntVar(&o.shimPoolSize, "shim-pool-size", executor.DefaultShimPoolSize, "task shims kept started ahead of tasks at --isolation=tenant, per network tasks ask for (each a blocked process of a few MiB, in a cgroup of its own); 0 for none")
 	f.Int64Var(&o.taskProcs, "task-procs", executor.DefaultTaskProcs, "processes and threads of one task at --isolation=tenant when its spec sets no pids limit (pids.max, else RLIMIT_NPROC on its UID); -1 for no limit")
+	f.StringVar(&o.unenforcedLimits, "unenforced-limits", string(agent.UnenforcedWarn), "what becomes of a task whose spec.resources asks for a limit this node does not enforce (a cgroup controller not delegated, no disk quota): warn (it runs, its status and a Warning event name the limit) or refuse (it ends StartFailed naming the limit)")
 	f.DurationVar(&o.backoffInitial, "upload-backoff-initial", agent.DefaultUploadBackoffInitial, "wait after the first failed upload; doubled after each further failure")
 	f.DurationVar(&o.backoffMax, "upload-backoff-max", agent.DefaultUploadBackoffMax, "maximum wait between upload attempts")
 	f.DurationVar(&o.uploadTimeout, "upload-timeout", agent.DefaultUploadTimeout, "time limit of one upload attempt")
@@ -377,6 +379,10 @@ func (o *serveOptions) agentConfig(log *slog.Logger) (agent.Config, error) {
 	if err != nil {
 		return agent.Config{}, fmt.Errorf("--task-uid-range: %w", err)
 	}
+	unenforced, err := agent.ParseUnenforcedPolicy(o.unenforcedLimits)
+	if err != nil {
+		return agent.Config{}, err
+	}
 	partBytes, err := o.checkLimits()
 	if err != nil {
 		return agent.Config{}, err
@@ -425,6 +431,7 @@ func (o *serveOptions) agentConfig(log *slog.Logger) (agent.Config, error) {
 		TaskUIDs:             uids,
 		SharedIdentity:       o.taskIdentity == "shared",
 		TaskNetwork:          network,
+		UnenforcedLimits:     unenforced,
 		UploadBackoffInitial: o.backoffInitial,
 		UploadBackoffMax:     o.backoffMax,
 		UploadTimeout:        o.uploadTimeout,

@@ -97,3 +97,10 @@ func TestServeRejectsBadRunPaths(t *testing.T) {
 		}
 	}
 }
+
+func TestServeRejectsUnknownUnenforcedLimits(t *testing.T) {
+	_, err := execute(t, "serve", "--state-dir", t.TempDir(), "--unenforced-limits=ignore")
+	if err == nil || !strings.Contains(err.Error(), `--unenforced-limits "ignore": want warn or refuse`) {
+		t.Errorf("serve --unenforced-limits=ignore: %v, want the flag, the value and the choices in the error", err)
+	}
+}
