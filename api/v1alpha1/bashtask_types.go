@@ -736,10 +736,10 @@ type IsolationStatus struct {
 	// +optional
 	Mechanism *IsolationMechanism `json:"mechanism,omitempty"`
 
-	// limitsEnforced, set for a task with spec.resources, is true when its
-	// node enforces every limit the task asks for and false while any is
-	// not (limitsNotEnforced names them): from the dispatch on, never
-	// true before the agent has said so.
+	// limitsEnforced is set for a task with spec.resources: true when its
+	// node enforces every limit the task asks for, false while any is not
+	// (limitsNotEnforced names them), from the dispatch on; never true
+	// before the agent has said so.
 	// +optional
 	LimitsEnforced *bool `json:"limitsEnforced,omitempty"`
 
