@@ -80,7 +80,7 @@ func (s *Server) updateReadinessLocked() {
 			s.log.Info("executor ready", "shell", s.cfg.Executor.Shell, "mechanism", string(ex.Mechanism()),
 				"cgroup", ex.CgroupPath(), "controllers", ex.Controllers(), "ambientEnv", string(ex.AmbientMode()),
 				"isolation", string(ex.Isolation()), "shim", ex.ShimPath(), "capabilities", ex.Capabilities().Names(),
-				"landlockABI", ex.Capabilities().LandlockABI)
+				"landlockABI", ex.Capabilities().LandlockABI, "enforcedLimits", enforcedLimits(ex))
 			if why := ex.DiskQuotaProblem(); why != "" {
 				s.log.Warn("tasks' working directories get no disk quota: a task can fill the node's disk", "reason", why)
 			}
