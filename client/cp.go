@@ -280,7 +280,7 @@ func (c *Client) CopyFrom(ctx context.Context, namespace, workspace, remotePath,
 	if opts.SameOwner && os.Geteuid() != 0 {
 		return errors.New("keeping the archive's owners (SameOwner) needs root: only root may give a file to another user")
 	}
-	task, err := copyTask(ws, archiveCommand(workspace+":"+remotePath, remote), opts)
+	task, err := copyTask(ws, archiveCommand(workspace+":"+remotePath, remote, workspaceInternalDirs), opts)
 	if err != nil {
 		return err
 	}
@@ -406,12 +406,36 @@ func missing(spec string) string {
 // attached yet or one that reconnects. CopyFrom cancels it once it has
 // read the status; a client gone, the task's timeout ends it. The
 // command does not cd, so the workspace's carried directory stays.
-func archiveCommand(spec, remote string) string {
+//
+// The workspace's own directories below its root (internal, absolute
+// paths as tasks see them) that lie inside remote are left out: the
+// tasks' /tmp, and the image root's upper and work directories, which
+// are root's and which tar could not read.
+func archiveCommand(spec, remote string, internal []string) string {
+	var exclude strings.Builder
+	for _, dir := range internal {
+		rel, ok := strings.CutPrefix(dir, strings.TrimSuffix(remote, "/")+"/")
+		if !ok {
+			continue
+		}
+		// remote is never / (WorkspacePath): its members are named from
+		// its base down.
+		exclude.WriteString(" --exclude=" + shellQuote(path.Join(path.Base(remote), rel)))
+	}
 	return fmt.Sprintf(`p=%s
 if [ ! -e "$p" ] && [ ! -L "$p" ]; then printf '%%s\n' %s >&2; exit 2; fi
-tar -c -f - -C %s -- %s
+tar -c -f - --anchored --no-wildcards%s -C %s -- %s
 printf '%s%%d\n' "$?"
-while :; do sleep 3600; done`, shellQuote(remote), missing(spec), shellQuote(path.Dir(remote)), shellQuote(path.Base(remote)), tarStatusPrefix)
+while :; do sleep 3600; done`, shellQuote(remote), missing(spec), exclude.String(), shellQuote(path.Dir(remote)), shellQuote(path.Base(remote)), tarStatusPrefix)
+}
+
+// workspaceInternalDirs are the directories below a workspace's root that
+// belong to the node, not to the tasks' files (the names of
+// shim.WorkspaceTmpDir and executor.WorkspaceRootDir, which this package
+// does not import): a copy out of the workspace leaves them out.
+var workspaceInternalDirs = []string{
+	bashtaskv1alpha1.WorkspacePath + "/.bashtask-tmp",
+	bashtaskv1alpha1.WorkspacePath + "/.bashtask-root",
 }
 
 // extractCommand extracts an archive of tarcopy.Write from stdin as

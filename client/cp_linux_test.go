@@ -5,10 +5,14 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
 
+	bashtaskv1alpha1 "github.com/bashtask/bashtask-operator/api/v1alpha1"
+	"github.com/bashtask/bashtask-operator/executor"
+	"github.com/bashtask/bashtask-operator/executor/shim"
 	"github.com/bashtask/bashtask-operator/internal/tarcopy"
 )
 
@@ -46,7 +50,17 @@ func TestCopyCommandsWithGNUTar(t *testing.T) {
 
 	// Download: the archive, tar's status, then the command waits to be
 	// cancelled, as CopyFrom reads it.
-	download := exec.Command("bash", "-c", archiveCommand("w:x", src))
+	// The workspace's own directories inside the copied tree stay out.
+	for _, dir := range []string{".bashtask-tmp", ".bashtask-root"} {
+		if err := os.MkdirAll(filepath.Join(src, dir, "upper"), 0o700); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.Mkdir(filepath.Join(src, "empty", ".bashtask-tmp"), 0o755); err != nil {
+		t.Fatal(err) // the same name deeper is a task's own file
+	}
+	internal := []string{filepath.Join(src, ".bashtask-tmp"), filepath.Join(src, ".bashtask-root"), "/elsewhere/.bashtask-tmp"}
+	download := exec.Command("bash", "-c", archiveCommand("w:x", src, internal))
 	stdout, err := download.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -75,8 +89,16 @@ func TestCopyCommandsWithGNUTar(t *testing.T) {
 	if fi, err := os.Stat(filepath.Join(local, "empty")); err != nil || fi.Mode().Perm() != 0o750 {
 		t.Errorf("downloaded empty: %v, %v", fi, err)
 	}
+	for _, dir := range []string{".bashtask-tmp", ".bashtask-root"} {
+		if _, err := os.Lstat(filepath.Join(local, dir)); !os.IsNotExist(err) {
+			t.Errorf("the workspace's own %s was copied out: %v", dir, err)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(local, "empty", ".bashtask-tmp")); err != nil {
+		t.Errorf("a task's own directory named .bashtask-tmp deeper in the tree was left out: %v", err)
+	}
 
-	_, errOut, err := bash(archiveCommand("w:gone", filepath.Join(ws, "gone")), nil)
+	_, errOut, err := bash(archiveCommand("w:gone", filepath.Join(ws, "gone"), nil), nil)
 	if err == nil || strings.TrimSpace(errOut) != "w:gone: No such file or directory" {
 		t.Errorf("a missing path: %v, stderr %q; want cp's message", err, errOut)
 	}
@@ -109,5 +131,17 @@ func TestCopyCommandsWithGNUTar(t *testing.T) {
 	command, _ := extractCommand("w:no/such", filepath.Join(ws, "no", "such"), "copy")
 	if _, errOut, err := bash(command, up.Bytes()); err == nil || !strings.Contains(errOut, "w:no/such: No such file or directory") {
 		t.Errorf("an upload under a missing directory: %v, stderr %q", err, errOut)
+	}
+}
+
+// The directories a copy out leaves out are the node's own names for
+// them.
+func TestWorkspaceInternalDirs(t *testing.T) {
+	want := []string{
+		bashtaskv1alpha1.WorkspacePath + "/" + shim.WorkspaceTmpDir,
+		bashtaskv1alpha1.WorkspacePath + "/" + executor.WorkspaceRootDir,
+	}
+	if !slices.Equal(workspaceInternalDirs, want) {
+		t.Errorf("workspaceInternalDirs = %q, want %q", workspaceInternalDirs, want)
 	}
 }
