@@ -1,5 +1,6 @@
-// Command images builds the controller, agent and pause images without a
-// container engine (internal/rig/nodeimages) and prints one line per image:
+// Command images builds the controller, agent and pause images, and with
+// -only the task images (task-small, task), without a container engine
+// (internal/rig/nodeimages) and prints one line per image:
 //
 //	REF ARCHIVE
 //
@@ -34,7 +35,7 @@ func main() {
 	flag.StringVar(&created, "created", "", "org.opencontainers.image.created label and creation time, RFC 3339; empty means now")
 	flag.StringVar(&o.Repository, "repository", nodeimages.DefaultRepository, "prefix of the images' names")
 	flag.StringVar(&o.DebianMirror, "debian-mirror", nodeimages.DefaultDebianMirror, "Debian archive of the agent's root file system")
-	flag.StringVar(&only, "only", "", "comma-separated images to build (controller, agent, pause); empty builds all")
+	flag.StringVar(&only, "only", "", "comma-separated images to build (controller, agent, pause, task-small, task); empty builds the controller, agent and pause images")
 	flag.Parse()
 	if flag.NArg() > 0 {
 		fatalf("unexpected arguments %q", flag.Args())

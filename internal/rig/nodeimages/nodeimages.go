@@ -34,8 +34,13 @@ const (
 	Pause Kind = "pause"
 )
 
-// Kinds returns every kind, in the order Build makes them.
+// Kinds returns the node's images, in the order Build makes them: what
+// Build makes when Options.Only is empty. The task images (TaskKinds) are
+// made only when Options.Only names them.
 func Kinds() []Kind { return []Kind{Pause, Controller, Agent} }
+
+// allKinds are the node's images, then the task images.
+func allKinds() []Kind { return append(Kinds(), TaskKinds()...) }
 
 // Defaults of Options.
 const (
@@ -72,7 +77,8 @@ type Options struct {
 	// label (RFC 3339, UTC) and the images' creation time. Zero means the
 	// label "unknown" and no creation time, as in the Dockerfile.
 	Created time.Time
-	// Only lists the images to build; empty means every kind.
+	// Only lists the images to build; empty means every kind of Kinds
+	// (the task images are built only when listed).
 	Only []Kind
 	// DebianMirror is the Debian archive debootstrap uses for the agent's
 	// root file system; empty means DefaultDebianMirror. It is part of the
@@ -199,6 +205,16 @@ func Build(ctx context.Context, o Options) ([]Image, error) {
 	}
 	defer os.RemoveAll(work)
 
+	// The task images first: they need no binary, and the Debian one is
+	// the step that needs root and the network.
+	out, err := buildTaskImages(ctx, o, kinds, work)
+	if err != nil {
+		return nil, err
+	}
+	kinds = slices.DeleteFunc(kinds, func(k Kind) bool { return slices.Contains(TaskKinds(), k) })
+	if len(kinds) == 0 {
+		return out, nil
+	}
 	// The root file system first: it is the step that needs root and the
 	// network, so it fails before the binaries are built.
 	var rootFS string
@@ -223,7 +239,11 @@ func Build(ctx context.Context, o Options) ([]Image, error) {
 	if rootFS != "" {
 		base = map[Kind]string{Agent: rootFS}
 	}
-	return writeImages(o, kinds, binDir, base, work)
+	node, err := writeImages(o, kinds, binDir, base, work)
+	if err != nil {
+		return nil, err
+	}
+	return append(node, out...), nil
 }
 
 // complete checks o and fills in its defaults; it returns the kinds to
@@ -254,18 +274,18 @@ func (o Options) complete() (Options, []Kind, error) {
 		o.Log = io.Discard
 	}
 	for _, k := range o.Only {
-		if !slices.Contains(Kinds(), k) {
-			return o, nil, fmt.Errorf("unknown image %q: want one of %v", k, Kinds())
+		if !slices.Contains(allKinds(), k) {
+			return o, nil, fmt.Errorf("unknown image %q: want one of %v", k, allKinds())
 		}
 	}
 	var kinds []Kind
-	for _, k := range Kinds() {
-		if len(o.Only) == 0 || slices.Contains(o.Only, k) {
+	for _, k := range allKinds() {
+		if (len(o.Only) == 0 && slices.Contains(Kinds(), k)) || slices.Contains(o.Only, k) {
 			kinds = append(kinds, k)
 		}
 	}
 	for _, k := range kinds {
-		if _, err := o.tag(images()[k]); err != nil {
+		if _, err := o.tag(spec(k)); err != nil {
 			return o, nil, err
 		}
 	}
@@ -378,6 +398,12 @@ func writeImage(o Options, spec image, binary, baseLayer, work string) (Image, e
 		return Image{}, fmt.Errorf("setting the image configuration: %w", err)
 	}
 
+	return writeArchive(o, spec, tag, img, work)
+}
+
+// writeArchive writes img as spec's docker-archive tar file in o.OutDir,
+// tagged tag, through a file in the scratch directory work.
+func writeArchive(o Options, spec image, tag name.Tag, img v1.Image, work string) (Image, error) {
 	archive := filepath.Join(o.OutDir, spec.name+".tar")
 	tmp := filepath.Join(work, spec.name+".tar")
 	if err := tarball.WriteToFile(tmp, tag, img); err != nil {

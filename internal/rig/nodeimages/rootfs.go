@@ -109,22 +109,33 @@ func (r rootFSRecipe) key() string {
 	return hex.EncodeToString(sum[:8])
 }
 
-// rootFSCachePrefix starts the name of every cached root file system.
-const rootFSCachePrefix = "agent-rootfs-"
+// rootFSCachePrefix starts the name of every cached root file system of
+// the agent; taskRootFSCachePrefix those of the task image.
+const (
+	rootFSCachePrefix     = "agent-rootfs-"
+	taskRootFSCachePrefix = "task-rootfs-"
+)
 
 // agentRootFS returns the path of the agent's root file system as a
-// gzip-compressed layer tar in o's cache, making it first when the cache
-// has none for the current recipe: debootstrap with the packages, the
-// user, the apt caches removed, packed with GNU tar. It then removes the
-// cached layers of other recipes.
-func agentRootFS(ctx context.Context, o Options) (path string, err error) {
+// gzip-compressed layer tar in o's cache (see cachedRootFS).
+func agentRootFS(ctx context.Context, o Options) (string, error) {
 	r, err := agentRecipe(o.DebianMirror, runtime.GOARCH)
 	if err != nil {
 		return "", err
 	}
-	path = filepath.Join(o.cacheDir(), rootFSCachePrefix+r.key()+".tar.gz")
+	return cachedRootFS(ctx, o, r, rootFSCachePrefix, "agent")
+}
+
+// cachedRootFS returns the path of r's root file system as a
+// gzip-compressed layer tar in o's cache, named prefix and r's key, making
+// it first when the cache has none for r: debootstrap with the packages,
+// the user (when r has one), the apt caches removed, packed with GNU tar.
+// It then removes the cached layers of prefix's other recipes. what names
+// the tree in log lines and errors.
+func cachedRootFS(ctx context.Context, o Options, r rootFSRecipe, prefix, what string) (path string, err error) {
+	path = filepath.Join(o.cacheDir(), prefix+r.key()+".tar.gz")
 	if _, err := os.Stat(path); err == nil {
-		fmt.Fprintf(o.Log, "agent root file system: cached in %s\n", path)
+		fmt.Fprintf(o.Log, "%s root file system: cached in %s\n", what, path)
 		return path, nil
 	} else if !errors.Is(err, fs.ErrNotExist) {
 		return "", err
@@ -144,32 +155,42 @@ func agentRootFS(ctx context.Context, o Options) (path string, err error) {
 		// A killed debootstrap leaves /proc and /sys mounted in the tree.
 		err = errors.Join(err, unmountUnder(work), os.RemoveAll(work))
 	}()
-	root := filepath.Join(work, "root")
-	fmt.Fprintf(o.Log, "agent root file system: debootstrap %s from %s (not cached: %s)\n", r.Suite, r.Mirror, path)
-	if err := debootstrap(ctx, r, root); err != nil {
-		return "", fmt.Errorf("debootstrap: %w", err)
+	fmt.Fprintf(o.Log, "%s root file system: debootstrap %s from %s (not cached: %s)\n", what, r.Suite, r.Mirror, path)
+	if err := makeRootFS(ctx, r, filepath.Join(work, "root")); err != nil {
+		return "", err
 	}
-	if err := addUser(ctx, r, root); err != nil {
-		return "", fmt.Errorf("adding the user %s: %w", r.User, err)
-	}
-	if err := trimRootFS(ctx, root); err != nil {
-		return "", fmt.Errorf("removing the apt caches: %w", err)
-	}
-	if err := slimRootFS(root); err != nil {
-		return "", fmt.Errorf("removing documentation and translations: %w", err)
-	}
-	fmt.Fprintf(o.Log, "agent root file system: packing %s\n", path)
+	fmt.Fprintf(o.Log, "%s root file system: packing %s\n", what, path)
 	tmp := filepath.Join(work, "layer.tar.gz")
-	if err := packRootFS(ctx, root, tmp); err != nil {
+	if err := packRootFS(ctx, filepath.Join(work, "root"), tmp); err != nil {
 		return "", fmt.Errorf("packing the tree: %w", err)
 	}
 	if err := os.Rename(tmp, path); err != nil {
 		return "", err
 	}
-	if err := pruneRootFSCache(o.cacheDir(), filepath.Base(path)); err != nil {
+	if err := pruneRootFSCache(o.cacheDir(), prefix, filepath.Base(path)); err != nil {
 		return "", err
 	}
 	return path, nil
+}
+
+// makeRootFS makes r's tree at root: debootstrap, r's user when it has
+// one, then the apt caches, documentation and translations removed.
+func makeRootFS(ctx context.Context, r rootFSRecipe, root string) error {
+	if err := debootstrap(ctx, r, root); err != nil {
+		return fmt.Errorf("debootstrap: %w", err)
+	}
+	if r.User != "" {
+		if err := addUser(ctx, r, root); err != nil {
+			return fmt.Errorf("adding the user %s: %w", r.User, err)
+		}
+	}
+	if err := trimRootFS(ctx, root); err != nil {
+		return fmt.Errorf("removing the apt caches: %w", err)
+	}
+	if err := slimRootFS(root); err != nil {
+		return fmt.Errorf("removing documentation and translations: %w", err)
+	}
+	return nil
 }
 
 // debootstrap makes a minimal Debian tree at root with r's packages.
@@ -365,10 +386,10 @@ func packRootFS(ctx context.Context, root, dst string) (err error) {
 	return out.Sync()
 }
 
-// pruneRootFSCache removes the cached root file systems in dir other than
-// keep: they belong to recipes that changed since.
-func pruneRootFSCache(dir, keep string) error {
-	matches, err := filepath.Glob(filepath.Join(dir, rootFSCachePrefix+"*.tar.gz"))
+// pruneRootFSCache removes the cached root file systems in dir named
+// prefix other than keep: they belong to recipes that changed since.
+func pruneRootFSCache(dir, prefix, keep string) error {
+	matches, err := filepath.Glob(filepath.Join(dir, prefix+"*.tar.gz"))
 	if err != nil {
 		return err
 	}
