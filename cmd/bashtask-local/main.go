@@ -18,6 +18,8 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/bashtask/bashtask-operator/internal/rig/localcluster"
+	"github.com/bashtask/bashtask-operator/internal/rig/nodeimages"
+	"github.com/bashtask/bashtask-operator/internal/rig/registry"
 )
 
 func main() {
@@ -40,6 +42,7 @@ func newRootCommand() *cobra.Command {
 
 func newUpCommand() *cobra.Command {
 	o := localcluster.LauncherOptions{}
+	var ro registryOptions
 	cmd := &cobra.Command{
 		Use:   "up",
 		Short: "Start a local cluster and run it until interrupted",
@@ -50,9 +53,14 @@ certificates generated for this run, and write an administrator's kubeconfig
 to <dir>/kubeconfig. Logs of every component go to <dir>/logs/.
 
 Runs until SIGINT or SIGTERM (Ctrl-C, or 'bashtask-local down'), then stops
-everything it started. Only one cluster runs per directory.`,
+everything it started. Only one cluster runs per directory.
+
+With --registry it first builds the task images (--registry-image), starts
+an image registry on the loopback (--registry-addr) with its blobs in
+<dir>/registry, pushes the images there as HOST:PORT/bashtask/NAME:local and
+prints their references, for a task's or a workspace's spec.image.`,
 		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error { return up(cmd, o) },
+		RunE: func(cmd *cobra.Command, _ []string) error { return up(cmd, o, ro) },
 	}
 	f := cmd.Flags()
 	f.StringVar(&o.Dir, "dir", ".bashtask", "directory of the kubeconfig, certificates, logs and agent state")
@@ -66,14 +74,27 @@ everything it started. Only one cluster runs per directory.`,
 	f.StringVar(&o.Isolation, "isolation", "", "the agents' isolation level: tenant (a UID, namespaces, Landlock and seccomp per task; needs root) or process; empty means tenant when run as root, else process")
 	f.StringArrayVar(&o.AgentArgs, "agent-arg", nil, "extra flag for every bashtask-agent (repeatable), such as --agent-arg=--task-network=none")
 	f.StringArrayVar(&o.ControllerArgs, "controller-arg", nil, "extra flag for bashtask-controller (repeatable), such as --controller-arg=--max-running-per-owner=2")
+	f.BoolVar(&ro.on, "registry", false, "start an image registry on the loopback and push the task images to it (docs/images.md)")
+	f.StringVar(&ro.addr, "registry-addr", registry.DefaultAddr, "loopback address of the registry; port 0 picks a free one")
+	f.StringSliceVar(&ro.images, "registry-image", []string{string(nodeimages.TaskSmall)}, "task images to build and push: task-small (seconds), task (Debian; minutes and root the first time, then cached in <bin-dir>/images/cache)")
 	return cmd
 }
 
-func up(cmd *cobra.Command, o localcluster.LauncherOptions) error {
+func up(cmd *cobra.Command, o localcluster.LauncherOptions, ro registryOptions) error {
 	o.Log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	start := time.Now()
+	var pushed []pushedImage
+	if ro.on {
+		reg, images, err := startRegistry(ctx, ro, o.Dir, o.BinDir, cmd.ErrOrStderr())
+		if err != nil {
+			return err
+		}
+		defer reg.Close()
+		pushed = images
+		o.AgentArgs = append(registryAgentArgs(ctx, o.BinDir, reg.Host()), o.AgentArgs...)
+	}
 	c, err := localcluster.Up(ctx, o)
 	if err != nil {
 		return err
@@ -91,6 +112,9 @@ func up(cmd *cobra.Command, o localcluster.LauncherOptions) error {
 	fmt.Fprintf(out, "  export PATH=%s:%s:$PATH   # kubectl and kubectl-bashtask\n", abs(o.BinDir), abs(o.AssetsDir))
 	for _, e := range c.S3Env {
 		fmt.Fprintf(out, "  export %s\n", e)
+	}
+	for _, p := range pushed {
+		fmt.Fprintf(out, "  # image %s (%s)\n", p.ref, p.digest)
 	}
 	fmt.Fprintf(out, "  kubectl apply -f examples/hello.yaml\n")
 	fmt.Fprintf(out, "  kubectl get bt\n")
