@@ -280,7 +280,7 @@ test-packaging: envtest tools ## Render the chart and config/default, validate t
 ##@ Benchmarks
 
 # Every benchmark is a phase of one harness, hack/bench (docs/performance.md):
-# executor, snapshot, workspace, apiserver, resume, output, session and system,
+# executor, snapshot, images, workspace, apiserver, resume, output, session and system,
 # chosen with -phases; `go run ./hack/bench -help` lists every flag. Each phase
 # prints its table, and the run writes one JSON file with a section per phase.
 # The output, session and system phases share one local cluster, started once.
@@ -311,6 +311,18 @@ bench-resume: build envtest setup-s3 ## Resume of a Suspended 100 MiB workspace 
 bench-session: build envtest ## Wall time of one command through kubectl-bashtask run and the Go client's Run, with create→terminal of the same runs (root).
 	mkdir -p _output
 	$(BENCH) -phases=session -json _output/bench-session.json -session-args='$(BENCH_SESSION_ARGS)'
+
+# The node's image store against `crane export | tar -x` (the images phase;
+# docs/performance.md): first use, a second pull and the disk, on the task
+# image of bin/images/task.tar (`go run ./hack/images -only task`) or a
+# generated one of 300 MiB; root only. BENCH_IMAGES_ARGS passes flags, e.g.
+# BENCH_IMAGES_ARGS='-rounds=5 -mib=500'.
+BENCH_IMAGES_ARGS ?=
+
+.PHONY: bench-images
+bench-images: ## First use, second pull and disk of an image in the node's image store against crane export | tar -x (root).
+	mkdir -p _output
+	$(BENCH) -phases=images -json _output/bench-images.json -images-args='$(BENCH_IMAGES_ARGS)'
 
 # BENCH_EXECUTOR_ARGS passes flags to the executor phase, e.g.
 # BENCH_EXECUTOR_ARGS='-n=50 -stream-rounds=2'; BENCH_SNAPSHOT_ARGS to the

@@ -7,6 +7,7 @@
 //
 //	executor   the executor against plain process creation and a plain write (phase/executor)
 //	snapshot   a workspace snapshot and restore against tar | zstd (phase/snapshot)
+//	images     the node's image store against crane export | tar -x, as root (phase/images)
 //	workspace  what 1000 idle workspaces cost one agent, as root (phase/workspace)
 //	apiserver  kube-apiserver CPU per task for CRD and status variants (phase/apiserver)
 //	resume     a Suspended workspace's resume, as root, on a cluster of its own (phase/resume)
@@ -57,6 +58,7 @@ import (
 	"github.com/bashtask/bashtask-operator/hack/bench/phase"
 	"github.com/bashtask/bashtask-operator/hack/bench/phase/apiserver"
 	"github.com/bashtask/bashtask-operator/hack/bench/phase/executor"
+	"github.com/bashtask/bashtask-operator/hack/bench/phase/images"
 	"github.com/bashtask/bashtask-operator/hack/bench/phase/output"
 	"github.com/bashtask/bashtask-operator/hack/bench/phase/resume"
 	"github.com/bashtask/bashtask-operator/hack/bench/phase/session"
@@ -68,7 +70,7 @@ import (
 
 // phases are every phase, in the order they run.
 func phases() []phase.Phase {
-	return []phase.Phase{&executor.Phase{}, &snapshot.Phase{}, &workspace.Phase{}, &apiserver.Phase{},
+	return []phase.Phase{&executor.Phase{}, &snapshot.Phase{}, &images.Phase{}, &workspace.Phase{}, &apiserver.Phase{},
 		&resume.Phase{}, &output.Phase{}, &session.Phase{}, &system.Phase{}}
 }
 

@@ -17,6 +17,7 @@ func TestPick(t *testing.T) {
 		{list: "output, system,", want: []string{"output", "system"}},
 		{list: "executor,output,snapshot,resume,system", want: []string{"executor", "snapshot", "resume", "output", "system"}},
 		{list: "workspace", want: []string{"workspace"}},
+		{list: "system,images,snapshot", want: []string{"snapshot", "images", "system"}},
 		{list: "bogus", wantErr: true},
 		{list: "", wantErr: true},
 	} {
