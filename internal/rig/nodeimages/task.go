@@ -231,8 +231,13 @@ func writeTaskSmallLayer(dst string) (err error) {
 	return errors.Join(tw.err, tw.tw.Close(), zw.Close())
 }
 
+// appletDirs are the directories of the applets' links, the image's PATH
+// less /usr/local; busybox also lists /linuxrc, which is left out.
+func appletDirs() []string { return []string{"bin", "sbin", "usr/bin", "usr/sbin"} }
+
 // busyboxApplets lists the applets' paths of the busybox at bin, relative
-// to /, sorted, without bash (the image's bash is bash) and busybox.
+// to /, sorted, without bash (the image's bash is bash), busybox and
+// applets outside appletDirs.
 func busyboxApplets(bin string) ([]string, error) {
 	out, err := exec.Command(bin, "--list-full").Output()
 	if err != nil {
@@ -241,7 +246,7 @@ func busyboxApplets(bin string) ([]string, error) {
 	var applets []string
 	for _, line := range strings.Fields(string(out)) {
 		p := path.Clean(strings.TrimPrefix(line, "/"))
-		if path.Base(p) == "bash" || path.Base(p) == "busybox" || strings.HasPrefix(p, "..") {
+		if path.Base(p) == "bash" || path.Base(p) == "busybox" || !slices.Contains(appletDirs(), path.Dir(p)) {
 			continue
 		}
 		applets = append(applets, p)
