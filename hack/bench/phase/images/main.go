@@ -5,7 +5,7 @@
 //   - first use: Store.Pull of the image into an empty store against
 //     `crane export REF - | tar -x` into an empty directory
 //     (go-containerregistry's cmd/crane at the version of go.mod), each
-//     timed, in an order that alternates over -rounds rounds; the medians
+//     timed after a sync, in an order that alternates over -rounds rounds; the medians
 //     in seconds and the ratio crane/ours (the target: at least 1.0,
 //     docs/performance.md). Ours includes the store's syncfs and record
 //     writes; the reference syncs nothing, so a second line adds
@@ -169,7 +169,8 @@ func (p *Phase) measure(ctx context.Context, ref, crane, regDir, work string) (p
 
 // firstUse times -rounds pulls into an empty store and as many crane
 // exports into an empty directory, alternating which goes first, with the
-// registry's blobs read into the page cache before each.
+// file systems synced and the registry's blobs read into the page cache
+// before each.
 func (p *Phase) firstUse(ctx context.Context, ref, crane, regDir, work string) (firstUse, error) {
 	var fu firstUse
 	for r := range p.rounds {
@@ -197,7 +198,9 @@ func (p *Phase) firstUse(ctx context.Context, ref, crane, regDir, work string) (
 			slices.Reverse(ops)
 		}
 		for _, op := range ops {
-			if err := sh(ctx, fmt.Sprintf("cat %q/blobs/sha256/* > /dev/null", regDir)); err != nil {
+			// Each starts with nothing dirty: the previous one's writes and
+			// removals otherwise slow whichever runs next (by up to 3x here).
+			if err := sh(ctx, fmt.Sprintf("sync && cat %q/blobs/sha256/* > /dev/null", regDir)); err != nil {
 				return fu, err
 			}
 			if err := op(); err != nil {
