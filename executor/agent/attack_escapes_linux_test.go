@@ -471,6 +471,19 @@ echo "mnt-namespaces: $(readlink /proc/[0-9]*/ns/mnt 2>/dev/null | sort -u | wc 
 		}
 	})
 
+	t.Run("E14 the node's network interfaces, other tasks' veths among them, are not listed in /sys", func(t *testing.T) {
+		probe := `echo "class: $(ls /sys/class/net 2>/dev/null | wc -l)"; echo "virtual: $(ls /sys/devices/virtual/net 2>/dev/null | wc -l)"`
+		host := labels(hostProbe(t, 0, probe))
+		if host["class"] == "0" || host["virtual"] == "0" {
+			t.Fatalf("control: the node lists no interface in /sys: %v", host)
+		}
+		for _, network := range []string{"None"} {
+			if task := labels(stdoutOf(attack(probe, network))); task["class"] != "0" || task["virtual"] != "0" {
+				t.Errorf("network %s: the task lists %s interfaces in /sys/class/net and %s in /sys/devices/virtual/net, want none", network, task["class"], task["virtual"])
+			}
+		}
+	})
+
 	t.Run("E14 other tasks' cgroups", func(t *testing.T) {
 		t.Skip("no cgroup namespace: a task lists other tasks' cgroups under /sys/fs/cgroup and reads their counters (docs/security.md, does not defend)")
 	})

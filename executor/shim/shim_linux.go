@@ -263,7 +263,11 @@ func mountStep(st *state) error {
 	if err := sealTaskTmpfs(); err != nil {
 		return err
 	}
-	for _, path := range append(kernelMasks, st.cfg.Mask...) {
+	masks := append(kernelMasks, st.cfg.Mask...)
+	if st.cfg.Loopback || st.cfg.NetNS {
+		masks = append(masks, netMasks...)
+	}
+	for _, path := range masks {
 		if err := mask(path); err != nil {
 			return err
 		}
@@ -369,6 +373,14 @@ var kernelMasks = []string{
 	"/proc/latency_stats", "/proc/acpi", "/proc/scsi", "/proc/asound",
 	"/sys/firmware", "/sys/devices/virtual/powercap",
 }
+
+// netMasks hide the node's network interfaces from a task with a network
+// namespace of its own (None, Egress, a workspace's): the node's sysfs
+// lists every interface of the node's namespace under /sys/class/net,
+// other tasks' veth ends among them (/sys/devices/virtual/net), whatever
+// the task's namespace holds. The task's own interfaces it sees through
+// netlink (ip link), which answers for its namespace.
+var netMasks = []string{"/sys/class/net", "/sys/devices/virtual/net"}
 
 // BytesPerTmpInode sizes the inode limit of the task's tmpfs mounts (/tmp,
 // /dev/shm and the one holding HOME): one inode per 2 KiB of the size
