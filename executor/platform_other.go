@@ -61,3 +61,9 @@ func CgroupProcs(string) ([]int, error) { return nil, ErrNoCgroupV2 }
 
 // KillCgroup needs Linux.
 func KillCgroup(string) ([]int, error) { return nil, ErrNoCgroupV2 }
+
+// idmaps holds nothing where no image root is made.
+type idmaps struct{}
+
+// close does nothing outside Linux.
+func (*idmaps) close() {}
