@@ -112,6 +112,8 @@ type StdinStream struct {
 // +kubebuilder:validation:XValidation:rule="has(self.network) == has(oldSelf.network)",message="spec.network is immutable (it cannot be added or removed): a task runs its command once. To run a new command, create a task with a new name; Argo CD does that with the sync options Force=true,Replace=true or a hook with hook-delete-policy BeforeHookCreation, Flux with the annotation kustomize.toolkit.fluxcd.io/force: enabled"
 // +kubebuilder:validation:XValidation:rule="has(self.workspace) == has(oldSelf.workspace)",message="spec.workspace is immutable (it cannot be added or removed): a task runs its command once. To run a new command, create a task with a new name; Argo CD does that with the sync options Force=true,Replace=true or a hook with hook-delete-policy BeforeHookCreation, Flux with the annotation kustomize.toolkit.fluxcd.io/force: enabled"
 // +kubebuilder:validation:XValidation:rule="!has(self.workspace) || (!has(self.nodeName) && !has(self.nodeSelector))",message="spec.nodeName and spec.nodeSelector must be unset with spec.workspace: the task runs on the workspace's node"
+// +kubebuilder:validation:XValidation:rule="!has(self.workspace) || (!has(self.image) && !has(self.imagePullSecrets))",message="spec.image and spec.imagePullSecrets must be unset with spec.workspace: the task runs in the workspace's image (its spec.image)"
+// +kubebuilder:validation:XValidation:rule="has(self.image) == has(oldSelf.image)",message="spec.image is immutable (it cannot be added or removed): a task runs its command once. To run a new command, create a task with a new name; Argo CD does that with the sync options Force=true,Replace=true or a hook with hook-delete-policy BeforeHookCreation, Flux with the annotation kustomize.toolkit.fluxcd.io/force: enabled"
 // +kubebuilder:validation:XValidation:rule="!has(self.workspace) || !has(self.network)",message="spec.network must be unset with spec.workspace: the task gets the workspace's network (its spec.network)"
 // +kubebuilder:validation:XValidation:rule="!has(self.workspace) || !has(self.resources) || !has(self.resources.ephemeralStorage)",message="spec.resources.ephemeralStorage must be unset with spec.workspace: the task writes to the workspace, whose size is its spec.storage"
 // +kubebuilder:validation:XValidation:rule="!has(self.workingDir) || has(self.workspace) || self.workingDir.startsWith('/')",message="workingDir must be an absolute path (start with /); with spec.workspace it may also be relative to the workspace's root"
@@ -296,6 +298,28 @@ type BashTaskSpec struct {
 	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="spec.workspace is immutable: a task runs its command once. To run a new command, create a task with a new name; Argo CD does that with the sync options Force=true,Replace=true or a hook with hook-delete-policy BeforeHookCreation, Flux with the annotation kustomize.toolkit.fluxcd.io/force: enabled"
 	Workspace *string `json:"workspace,omitempty"`
 
+	// image is the OCI image whose file system the task runs in, for a
+	// task without a workspace: its layers are the read-only lower layers
+	// of the task's root, and what it writes outside its working
+	// directory goes away with it (docs/images.md). A workspace task runs
+	// in its workspace's image: this must be unset with spec.workspace.
+	// Unset: the agent's default image (--default-image), or the node's
+	// root file system when the agent has none. Immutable.
+	// +optional
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="spec.image is immutable: a task runs its command once. To run a new command, create a task with a new name; Argo CD does that with the sync options Force=true,Replace=true or a hook with hook-delete-policy BeforeHookCreation, Flux with the annotation kustomize.toolkit.fluxcd.io/force: enabled"
+	Image *ImageReference `json:"image,omitempty"`
+
+	// imagePullSecrets names Secrets of type
+	// kubernetes.io/dockerconfigjson in the task's namespace whose
+	// credentials pull spec.image, as a pod's spec.imagePullSecrets. At
+	// most 16; unset with spec.workspace (the workspace's own apply).
+	// Immutable.
+	// +optional
+	// +listType=atomic
+	// +kubebuilder:validation:MaxItems=16
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="spec.imagePullSecrets is immutable: a task runs its command once. To run a new command, create a task with a new name; Argo CD does that with the sync options Force=true,Replace=true or a hook with hook-delete-policy BeforeHookCreation, Flux with the annotation kustomize.toolkit.fluxcd.io/force: enabled"
+	ImagePullSecrets []ImagePullSecret `json:"imagePullSecrets,omitempty"`
+
 	// cancelRequested stops the task when set to true: SIGTERM, the grace
 	// period, then SIGKILL, and the reason Cancelled. It can only go from
 	// unset or false to true. Setting it on a finished task changes nothing.
@@ -472,7 +496,7 @@ const (
 // Reason is the terminal reason of a task, from a closed set. Exactly one is
 // ever written; the first cause wins.
 //
-// +kubebuilder:validation:Enum=Succeeded;NonZeroExit;Signaled;TimedOut;Cancelled;OOMKilled;StartFailed;AgentRestarted;AgentLost;InvalidSpec;WorkspaceUnavailable
+// +kubebuilder:validation:Enum=Succeeded;NonZeroExit;Signaled;TimedOut;Cancelled;OOMKilled;StartFailed;AgentRestarted;AgentLost;InvalidSpec;WorkspaceUnavailable;ImageNotFound;ImageUnauthorized;ImageUnsupported;ImageTooLarge;ImageShellMissing
 type Reason string
 
 const (
@@ -714,6 +738,12 @@ type BashTaskStatus struct {
 	// snapshot, how old, and which node was lost, if one was.
 	// +optional
 	WorkspaceRestore *WorkspaceRestoreNotice `json:"workspaceRestore,omitempty"`
+
+	// image is the image the task ran in and the digest it resolved to
+	// (its workspace's for a workspace task); absent on the node's root
+	// file system.
+	// +optional
+	Image *ImageStatus `json:"image,omitempty"`
 }
 
 // AgentRef identifies one incarnation of a node's agent.

@@ -32,6 +32,7 @@ const (
 // +kubebuilder:validation:XValidation:rule="has(self.nodeSelector) == has(oldSelf.nodeSelector)",message="spec.nodeSelector of a BashWorkspace is immutable (it cannot be added or removed): the workspace's files live on its node"
 // +kubebuilder:validation:XValidation:rule="has(self.storage) == has(oldSelf.storage)",message="spec.storage of a BashWorkspace is immutable (it cannot be added or removed): its file system is made once"
 // +kubebuilder:validation:XValidation:rule="has(self.network) == has(oldSelf.network)",message="spec.network of a BashWorkspace is immutable (it cannot be added or removed): its tasks share one network namespace"
+// +kubebuilder:validation:XValidation:rule="has(self.image) == has(oldSelf.image)",message="spec.image of a BashWorkspace is immutable (it cannot be added or removed): its files are changes on top of that image; create a new workspace for another image"
 type BashWorkspaceSpec struct {
 	// owner is the opaque token of the one owner whose tasks may run here:
 	// a task naming this workspace with another spec.owner (or none, when
@@ -81,6 +82,27 @@ type BashWorkspaceSpec struct {
 	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="spec.network of a BashWorkspace is immutable: its tasks share one network namespace"
 	Network *TaskNetwork `json:"network,omitempty"`
 
+	// image is the OCI image whose file system the workspace's tasks run
+	// in: its layers are the read-only lower layers of the tasks' root,
+	// and what tasks write outside HOME (apt-get install, edits under
+	// /etc) stays in the workspace, counts against its storage and goes
+	// into its snapshots (docs/images.md). Resolved to a digest once,
+	// when the workspace is first made (status.image.digest). Unset: the
+	// agent's default image (--default-image), or the node's root file
+	// system when the agent has none. Immutable.
+	// +optional
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="spec.image of a BashWorkspace is immutable: its files are changes on top of that image; create a new workspace for another image"
+	Image *ImageReference `json:"image,omitempty"`
+
+	// imagePullSecrets names Secrets of type
+	// kubernetes.io/dockerconfigjson in the workspace's namespace whose
+	// credentials pull spec.image, as a pod's spec.imagePullSecrets. At
+	// most 16.
+	// +optional
+	// +listType=atomic
+	// +kubebuilder:validation:MaxItems=16
+	ImagePullSecrets []ImagePullSecret `json:"imagePullSecrets,omitempty"`
+
 	// carryOver says what the workspace keeps from one task to the next.
 	// Unset: the working directory carries over, the environment does not.
 	// +optional
@@ -88,7 +110,8 @@ type BashWorkspaceSpec struct {
 
 	// idleTimeoutSeconds acts on the workspace (idleAction) after it has
 	// had no running task for this many seconds (counted from its last
-	// task's end, or from its creation before any ran), 1 to 2592000 (30
+	// task's end, or from when it became Ready on its node when that is
+	// later), 1 to 2592000 (30
 	// days). Unset: kept on its node until deleted.
 	// +optional
 	// +kubebuilder:validation:Minimum=1
@@ -278,6 +301,12 @@ type BashWorkspaceStatus struct {
 	// +optional
 	// +kubebuilder:validation:MaxLength=253
 	NodeName *string `json:"nodeName,omitempty"`
+
+	// image is the image the workspace's tasks run in, the digest it
+	// resolved to, and the pull's progress while its node pulls it;
+	// absent for a workspace on the node's root file system.
+	// +optional
+	Image *ImageStatus `json:"image,omitempty"`
 
 	// runAsUser is the UID (and GID) the workspace's tasks run as, leased
 	// for the workspace's life.

@@ -41,7 +41,17 @@ func TestWorkspaceCreateValidation(t *testing.T) {
 			ws.Spec.Network = ptr.To(v1.NetworkNone)
 			ws.Spec.CarryOver = &v1.CarryOver{WorkingDir: ptr.To(false), Environment: ptr.To(true)}
 			ws.Spec.IdleTimeoutSeconds = ptr.To[int32](v1.MaxIdleTimeoutSeconds)
+			ws.Spec.Image = ptr.To(v1.ImageReference("registry.example:5000/tools/python:3.12@sha256:" + strings.Repeat("a", 64)))
+			ws.Spec.ImagePullSecrets = []v1.ImagePullSecret{{Name: "registry-creds"}}
 		}},
+		"image with white space": {mutate: func(ws *v1.BashWorkspace) { ws.Spec.Image = ptr.To[v1.ImageReference]("debian bookworm") }, wantErr: "spec.image"},
+		"image empty":            {mutate: func(ws *v1.BashWorkspace) { ws.Spec.Image = ptr.To[v1.ImageReference]("") }, wantErr: "spec.image"},
+		"image too long":         {mutate: func(ws *v1.BashWorkspace) { ws.Spec.Image = ptr.To(v1.ImageReference(strings.Repeat("a", 513))) }, wantErr: "spec.image"},
+		"too many pull secrets": {mutate: func(ws *v1.BashWorkspace) {
+			for i := range 17 {
+				ws.Spec.ImagePullSecrets = append(ws.Spec.ImagePullSecrets, v1.ImagePullSecret{Name: fmt.Sprintf("s%d", i)})
+			}
+		}, wantErr: "spec.imagePullSecrets"},
 		"storage at the minimum": {mutate: func(ws *v1.BashWorkspace) { ws.Spec.Storage = quantity("32Mi") }},
 		"storage at the maximum": {mutate: func(ws *v1.BashWorkspace) { ws.Spec.Storage = quantity("16Ti") }},
 		"storage too small":      {mutate: func(ws *v1.BashWorkspace) { ws.Spec.Storage = quantity("31Mi") }, wantErr: "spec.storage must be at least 32Mi"},
@@ -117,6 +127,9 @@ func TestWorkspaceUpdateValidation(t *testing.T) {
 		"storage removed":      {update: func(ws *v1.BashWorkspace) { ws.Spec.Storage = nil }, wantErr: "spec.storage of a BashWorkspace is immutable (it cannot be added or removed)"},
 		"network changed":      {update: func(ws *v1.BashWorkspace) { ws.Spec.Network = ptr.To(v1.NetworkEgress) }, wantErr: "spec.network of a BashWorkspace is immutable"},
 		"network removed":      {update: func(ws *v1.BashWorkspace) { ws.Spec.Network = nil }, wantErr: "spec.network of a BashWorkspace is immutable (it cannot be added or removed)"},
+		"image added":          {update: func(ws *v1.BashWorkspace) { ws.Spec.Image = ptr.To[v1.ImageReference]("debian:bookworm") }, wantErr: "spec.image of a BashWorkspace is immutable (it cannot be added or removed)"},
+		"image changed":        {initial: func(ws *v1.BashWorkspace) { ws.Spec.Image = ptr.To[v1.ImageReference]("debian:bookworm") }, update: func(ws *v1.BashWorkspace) { ws.Spec.Image = ptr.To[v1.ImageReference]("debian:trixie") }, wantErr: "spec.image of a BashWorkspace is immutable"},
+		"pull secrets changed": {update: func(ws *v1.BashWorkspace) { ws.Spec.ImagePullSecrets = []v1.ImagePullSecret{{Name: "rotated"}} }},
 		"carryOver changed":    {update: func(ws *v1.BashWorkspace) { ws.Spec.CarryOver = &v1.CarryOver{Environment: ptr.To(true)} }},
 		"idle timeout added":   {update: func(ws *v1.BashWorkspace) { ws.Spec.IdleTimeoutSeconds = ptr.To[int32](60) }},
 		"idle timeout removed": {initial: func(ws *v1.BashWorkspace) { ws.Spec.IdleTimeoutSeconds = ptr.To[int32](60) }, update: func(ws *v1.BashWorkspace) { ws.Spec.IdleTimeoutSeconds = nil }},
@@ -170,6 +183,15 @@ func TestTaskWorkspaceValidation(t *testing.T) {
 			inWorkspace(bt)
 			bt.Spec.Resources = &v1.ResourceLimits{EphemeralStorage: quantity("1Gi")}
 		}, wantErr: "spec.resources.ephemeralStorage must be unset with spec.workspace"},
+		"workspace and image": {mutate: func(bt *v1.BashTask) { inWorkspace(bt); bt.Spec.Image = ptr.To[v1.ImageReference]("debian:bookworm") }, wantErr: "spec.image and spec.imagePullSecrets must be unset with spec.workspace: the task runs in the workspace's image"},
+		"workspace and pull secrets": {mutate: func(bt *v1.BashTask) {
+			inWorkspace(bt)
+			bt.Spec.ImagePullSecrets = []v1.ImagePullSecret{{Name: "creds"}}
+		}, wantErr: "spec.image and spec.imagePullSecrets must be unset with spec.workspace"},
+		"image without workspace": {mutate: func(bt *v1.BashTask) {
+			bt.Spec.Image = ptr.To[v1.ImageReference]("debian:bookworm")
+			bt.Spec.ImagePullSecrets = []v1.ImagePullSecret{{Name: "creds"}}
+		}},
 		"workspace name not a DNS name": {mutate: func(bt *v1.BashTask) { bt.Spec.Workspace = ptr.To("Not_A_Name") }, wantErr: "spec.workspace"},
 		"workspace name empty":          {mutate: func(bt *v1.BashTask) { bt.Spec.Workspace = ptr.To("") }, wantErr: "spec.workspace"},
 	}
@@ -195,6 +217,10 @@ func TestTaskWorkspaceValidation(t *testing.T) {
 	}{
 		"workspace added":   {update: inWorkspace, wantErr: "spec.workspace is immutable (it cannot be added or removed)"},
 		"workspace removed": {initial: inWorkspace, update: func(bt *v1.BashTask) { bt.Spec.Workspace = nil }, wantErr: "spec.workspace is immutable (it cannot be added or removed)"},
+		"image added":       {update: func(bt *v1.BashTask) { bt.Spec.Image = ptr.To[v1.ImageReference]("debian:bookworm") }, wantErr: "spec.image is immutable (it cannot be added or removed)"},
+		"image changed": {initial: func(bt *v1.BashTask) { bt.Spec.Image = ptr.To[v1.ImageReference]("debian:bookworm") }, update: func(bt *v1.BashTask) {
+			bt.Spec.Image = ptr.To[v1.ImageReference]("debian:trixie")
+		}, wantErr: "spec.image is immutable"},
 		"workspace changed": {initial: inWorkspace, update: func(bt *v1.BashTask) { bt.Spec.Workspace = ptr.To("w2") }, wantErr: "spec.workspace is immutable"},
 	}
 	for name, tc := range updates {
