@@ -692,7 +692,11 @@ type TaskSpec struct {
 	Workspace *WorkspaceRef `protobuf:"bytes,12,opt,name=workspace,proto3" json:"workspace,omitempty"`
 	// stdin_stream, when set, makes standard input a pipe fed by WriteStdin;
 	// exclusive with stdin.
-	StdinStream   *StdinStream `protobuf:"bytes,13,opt,name=stdin_stream,json=stdinStream,proto3" json:"stdin_stream,omitempty"`
+	StdinStream *StdinStream `protobuf:"bytes,13,opt,name=stdin_stream,json=stdinStream,proto3" json:"stdin_stream,omitempty"`
+	// image is the image the task runs in; unset with workspace (the
+	// workspace's image applies). Absent: the agent's --default-image, or
+	// the node's root file system.
+	Image         *ImageSpec `protobuf:"bytes,14,opt,name=image,proto3" json:"image,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -814,6 +818,13 @@ func (x *TaskSpec) GetWorkspace() *WorkspaceRef {
 func (x *TaskSpec) GetStdinStream() *StdinStream {
 	if x != nil {
 		return x.StdinStream
+	}
+	return nil
+}
+
+func (x *TaskSpec) GetImage() *ImageSpec {
+	if x != nil {
+		return x.Image
 	}
 	return nil
 }
@@ -1412,7 +1423,16 @@ type StartResponse struct {
 	// was known and already done).
 	Status *TaskStatus `protobuf:"bytes,1,opt,name=status,proto3" json:"status,omitempty"`
 	// already_known is true when the UID was known and nothing was started.
-	AlreadyKnown  bool `protobuf:"varint,2,opt,name=already_known,json=alreadyKnown,proto3" json:"already_known,omitempty"`
+	AlreadyKnown bool `protobuf:"varint,2,opt,name=already_known,json=alreadyKnown,proto3" json:"already_known,omitempty"`
+	// image_pull, when set, says that nothing was started because the
+	// task's image is not on the node yet: the agent pulls it in the
+	// background, and a later Start with the same request starts the task
+	// once it is (status is then absent).
+	ImagePull *ImageStatus `protobuf:"bytes,3,opt,name=image_pull,json=imagePull,proto3" json:"image_pull,omitempty"`
+	// image_failure, when set, says that the task's image cannot be pulled
+	// (status is absent and nothing was started): the task ends with
+	// image_failure.reason.
+	ImageFailure  *ImageFailure `protobuf:"bytes,4,opt,name=image_failure,json=imageFailure,proto3" json:"image_failure,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1459,6 +1479,20 @@ func (x *StartResponse) GetAlreadyKnown() bool {
 		return x.AlreadyKnown
 	}
 	return false
+}
+
+func (x *StartResponse) GetImagePull() *ImageStatus {
+	if x != nil {
+		return x.ImagePull
+	}
+	return nil
+}
+
+func (x *StartResponse) GetImageFailure() *ImageFailure {
+	if x != nil {
+		return x.ImageFailure
+	}
+	return nil
 }
 
 // CancelRequest names the task to stop.
@@ -2715,7 +2749,7 @@ var File_agent_proto protoreflect.FileDescriptor
 
 const file_agent_proto_rawDesc = "" +
 	"\n" +
-	"\vagent.proto\x12\x11bashtask.agent.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\vfence.proto\x1a\vstdin.proto\x1a\x0fworkspace.proto\"M\n" +
+	"\vagent.proto\x12\x11bashtask.agent.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\vfence.proto\x1a\vimage.proto\x1a\vstdin.proto\x1a\x0fworkspace.proto\"M\n" +
 	"\aTaskRef\x12\x1c\n" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x10\n" +
@@ -2735,7 +2769,7 @@ const file_agent_proto_rawDesc = "" +
 	"\n" +
 	"cpu_millis\x18\x02 \x01(\x03R\tcpuMillis\x12\x12\n" +
 	"\x04pids\x18\x03 \x01(\x03R\x04pids\x126\n" +
-	"\x17ephemeral_storage_bytes\x18\x04 \x01(\x03R\x15ephemeralStorageBytes\"\x8e\x05\n" +
+	"\x17ephemeral_storage_bytes\x18\x04 \x01(\x03R\x15ephemeralStorageBytes\"\xc2\x05\n" +
 	"\bTaskSpec\x12,\n" +
 	"\x03ref\x18\x01 \x01(\v2\x1a.bashtask.agent.v1.TaskRefR\x03ref\x12\x18\n" +
 	"\acommand\x18\x02 \x01(\tR\acommand\x12.\n" +
@@ -2753,7 +2787,8 @@ const file_agent_proto_rawDesc = "" +
 	" \x01(\v2\x1c.bashtask.agent.v1.ResourcesR\tresources\x12\x18\n" +
 	"\anetwork\x18\v \x01(\tR\anetwork\x12=\n" +
 	"\tworkspace\x18\f \x01(\v2\x1f.bashtask.agent.v1.WorkspaceRefR\tworkspace\x12A\n" +
-	"\fstdin_stream\x18\r \x01(\v2\x1e.bashtask.agent.v1.StdinStreamR\vstdinStream\"\xda\x01\n" +
+	"\fstdin_stream\x18\r \x01(\v2\x1e.bashtask.agent.v1.StdinStreamR\vstdinStream\x122\n" +
+	"\x05image\x18\x0e \x01(\v2\x1c.bashtask.agent.v1.ImageSpecR\x05image\"\xda\x01\n" +
 	"\x05Spill\x12\x10\n" +
 	"\x03url\x18\x01 \x01(\tR\x03url\x12\x14\n" +
 	"\x05bytes\x18\x02 \x01(\x03R\x05bytes\x12\x1a\n" +
@@ -2811,10 +2846,13 @@ const file_agent_proto_rawDesc = "" +
 	"\x05_user\"o\n" +
 	"\fStartRequest\x12/\n" +
 	"\x04spec\x18\x01 \x01(\v2\x1b.bashtask.agent.v1.TaskSpecR\x04spec\x12.\n" +
-	"\x05fence\x18\x02 \x01(\v2\x18.bashtask.agent.v1.FenceR\x05fence\"k\n" +
+	"\x05fence\x18\x02 \x01(\v2\x18.bashtask.agent.v1.FenceR\x05fence\"\xf0\x01\n" +
 	"\rStartResponse\x125\n" +
 	"\x06status\x18\x01 \x01(\v2\x1d.bashtask.agent.v1.TaskStatusR\x06status\x12#\n" +
-	"\ralready_known\x18\x02 \x01(\bR\falreadyKnown\"Q\n" +
+	"\ralready_known\x18\x02 \x01(\bR\falreadyKnown\x12=\n" +
+	"\n" +
+	"image_pull\x18\x03 \x01(\v2\x1e.bashtask.agent.v1.ImageStatusR\timagePull\x12D\n" +
+	"\rimage_failure\x18\x04 \x01(\v2\x1f.bashtask.agent.v1.ImageFailureR\fimageFailure\"Q\n" +
 	"\rCancelRequest\x12\x10\n" +
 	"\x03uid\x18\x01 \x01(\tR\x03uid\x12.\n" +
 	"\x05fence\x18\x02 \x01(\v2\x18.bashtask.agent.v1.FenceR\x05fence\"G\n" +
@@ -2994,11 +3032,14 @@ var file_agent_proto_goTypes = []any{
 	(*durationpb.Duration)(nil),       // 34: google.protobuf.Duration
 	(*WorkspaceRef)(nil),              // 35: bashtask.agent.v1.WorkspaceRef
 	(*StdinStream)(nil),               // 36: bashtask.agent.v1.StdinStream
-	(*timestamppb.Timestamp)(nil),     // 37: google.protobuf.Timestamp
-	(*StdinState)(nil),                // 38: bashtask.agent.v1.StdinState
-	(*Fence)(nil),                     // 39: bashtask.agent.v1.Fence
-	(*WriteStdinRequest)(nil),         // 40: bashtask.agent.v1.WriteStdinRequest
-	(*WriteStdinResponse)(nil),        // 41: bashtask.agent.v1.WriteStdinResponse
+	(*ImageSpec)(nil),                 // 37: bashtask.agent.v1.ImageSpec
+	(*timestamppb.Timestamp)(nil),     // 38: google.protobuf.Timestamp
+	(*StdinState)(nil),                // 39: bashtask.agent.v1.StdinState
+	(*Fence)(nil),                     // 40: bashtask.agent.v1.Fence
+	(*ImageStatus)(nil),               // 41: bashtask.agent.v1.ImageStatus
+	(*ImageFailure)(nil),              // 42: bashtask.agent.v1.ImageFailure
+	(*WriteStdinRequest)(nil),         // 43: bashtask.agent.v1.WriteStdinRequest
+	(*WriteStdinResponse)(nil),        // 44: bashtask.agent.v1.WriteStdinResponse
 }
 var file_agent_proto_depIdxs = []int32{
 	0,  // 0: bashtask.agent.v1.OutputSettings.upload:type_name -> bashtask.agent.v1.UploadPolicy
@@ -3012,57 +3053,60 @@ var file_agent_proto_depIdxs = []int32{
 	9,  // 8: bashtask.agent.v1.TaskSpec.resources:type_name -> bashtask.agent.v1.Resources
 	35, // 9: bashtask.agent.v1.TaskSpec.workspace:type_name -> bashtask.agent.v1.WorkspaceRef
 	36, // 10: bashtask.agent.v1.TaskSpec.stdin_stream:type_name -> bashtask.agent.v1.StdinStream
-	2,  // 11: bashtask.agent.v1.Spill.upload_state:type_name -> bashtask.agent.v1.UploadState
-	11, // 12: bashtask.agent.v1.StreamStatus.spill:type_name -> bashtask.agent.v1.Spill
-	5,  // 13: bashtask.agent.v1.TaskStatus.ref:type_name -> bashtask.agent.v1.TaskRef
-	1,  // 14: bashtask.agent.v1.TaskStatus.state:type_name -> bashtask.agent.v1.TaskState
-	37, // 15: bashtask.agent.v1.TaskStatus.start_time:type_name -> google.protobuf.Timestamp
-	37, // 16: bashtask.agent.v1.TaskStatus.completion_time:type_name -> google.protobuf.Timestamp
-	12, // 17: bashtask.agent.v1.TaskStatus.stdout:type_name -> bashtask.agent.v1.StreamStatus
-	12, // 18: bashtask.agent.v1.TaskStatus.stderr:type_name -> bashtask.agent.v1.StreamStatus
-	14, // 19: bashtask.agent.v1.TaskStatus.isolation:type_name -> bashtask.agent.v1.TaskIsolation
-	38, // 20: bashtask.agent.v1.TaskStatus.stdin:type_name -> bashtask.agent.v1.StdinState
-	12, // 21: bashtask.agent.v1.TaskStatus.order:type_name -> bashtask.agent.v1.StreamStatus
-	10, // 22: bashtask.agent.v1.StartRequest.spec:type_name -> bashtask.agent.v1.TaskSpec
-	39, // 23: bashtask.agent.v1.StartRequest.fence:type_name -> bashtask.agent.v1.Fence
-	13, // 24: bashtask.agent.v1.StartResponse.status:type_name -> bashtask.agent.v1.TaskStatus
-	39, // 25: bashtask.agent.v1.CancelRequest.fence:type_name -> bashtask.agent.v1.Fence
-	13, // 26: bashtask.agent.v1.CancelResponse.status:type_name -> bashtask.agent.v1.TaskStatus
-	13, // 27: bashtask.agent.v1.GetResponse.status:type_name -> bashtask.agent.v1.TaskStatus
-	13, // 28: bashtask.agent.v1.ListResponse.tasks:type_name -> bashtask.agent.v1.TaskStatus
-	39, // 29: bashtask.agent.v1.WatchRequest.fence:type_name -> bashtask.agent.v1.Fence
-	26, // 30: bashtask.agent.v1.AgentInfo.readiness:type_name -> bashtask.agent.v1.Readiness
-	39, // 31: bashtask.agent.v1.AgentInfo.fence:type_name -> bashtask.agent.v1.Fence
-	3,  // 32: bashtask.agent.v1.TaskEvent.type:type_name -> bashtask.agent.v1.EventType
-	13, // 33: bashtask.agent.v1.TaskEvent.status:type_name -> bashtask.agent.v1.TaskStatus
-	27, // 34: bashtask.agent.v1.WatchResponse.agent:type_name -> bashtask.agent.v1.AgentInfo
-	28, // 35: bashtask.agent.v1.WatchResponse.task:type_name -> bashtask.agent.v1.TaskEvent
-	4,  // 36: bashtask.agent.v1.ReadOutputRequest.stream:type_name -> bashtask.agent.v1.OutputStream
-	32, // 37: bashtask.agent.v1.OutputChunk.header:type_name -> bashtask.agent.v1.OutputState
-	32, // 38: bashtask.agent.v1.OutputChunk.end:type_name -> bashtask.agent.v1.OutputState
-	15, // 39: bashtask.agent.v1.Executor.Start:input_type -> bashtask.agent.v1.StartRequest
-	17, // 40: bashtask.agent.v1.Executor.Cancel:input_type -> bashtask.agent.v1.CancelRequest
-	19, // 41: bashtask.agent.v1.Executor.Get:input_type -> bashtask.agent.v1.GetRequest
-	21, // 42: bashtask.agent.v1.Executor.List:input_type -> bashtask.agent.v1.ListRequest
-	23, // 43: bashtask.agent.v1.Executor.Forget:input_type -> bashtask.agent.v1.ForgetRequest
-	25, // 44: bashtask.agent.v1.Executor.Watch:input_type -> bashtask.agent.v1.WatchRequest
-	30, // 45: bashtask.agent.v1.Executor.ReadOutput:input_type -> bashtask.agent.v1.ReadOutputRequest
-	31, // 46: bashtask.agent.v1.Executor.ReadCombinedOutput:input_type -> bashtask.agent.v1.ReadCombinedOutputRequest
-	40, // 47: bashtask.agent.v1.Executor.WriteStdin:input_type -> bashtask.agent.v1.WriteStdinRequest
-	16, // 48: bashtask.agent.v1.Executor.Start:output_type -> bashtask.agent.v1.StartResponse
-	18, // 49: bashtask.agent.v1.Executor.Cancel:output_type -> bashtask.agent.v1.CancelResponse
-	20, // 50: bashtask.agent.v1.Executor.Get:output_type -> bashtask.agent.v1.GetResponse
-	22, // 51: bashtask.agent.v1.Executor.List:output_type -> bashtask.agent.v1.ListResponse
-	24, // 52: bashtask.agent.v1.Executor.Forget:output_type -> bashtask.agent.v1.ForgetResponse
-	29, // 53: bashtask.agent.v1.Executor.Watch:output_type -> bashtask.agent.v1.WatchResponse
-	33, // 54: bashtask.agent.v1.Executor.ReadOutput:output_type -> bashtask.agent.v1.OutputChunk
-	33, // 55: bashtask.agent.v1.Executor.ReadCombinedOutput:output_type -> bashtask.agent.v1.OutputChunk
-	41, // 56: bashtask.agent.v1.Executor.WriteStdin:output_type -> bashtask.agent.v1.WriteStdinResponse
-	48, // [48:57] is the sub-list for method output_type
-	39, // [39:48] is the sub-list for method input_type
-	39, // [39:39] is the sub-list for extension type_name
-	39, // [39:39] is the sub-list for extension extendee
-	0,  // [0:39] is the sub-list for field type_name
+	37, // 11: bashtask.agent.v1.TaskSpec.image:type_name -> bashtask.agent.v1.ImageSpec
+	2,  // 12: bashtask.agent.v1.Spill.upload_state:type_name -> bashtask.agent.v1.UploadState
+	11, // 13: bashtask.agent.v1.StreamStatus.spill:type_name -> bashtask.agent.v1.Spill
+	5,  // 14: bashtask.agent.v1.TaskStatus.ref:type_name -> bashtask.agent.v1.TaskRef
+	1,  // 15: bashtask.agent.v1.TaskStatus.state:type_name -> bashtask.agent.v1.TaskState
+	38, // 16: bashtask.agent.v1.TaskStatus.start_time:type_name -> google.protobuf.Timestamp
+	38, // 17: bashtask.agent.v1.TaskStatus.completion_time:type_name -> google.protobuf.Timestamp
+	12, // 18: bashtask.agent.v1.TaskStatus.stdout:type_name -> bashtask.agent.v1.StreamStatus
+	12, // 19: bashtask.agent.v1.TaskStatus.stderr:type_name -> bashtask.agent.v1.StreamStatus
+	14, // 20: bashtask.agent.v1.TaskStatus.isolation:type_name -> bashtask.agent.v1.TaskIsolation
+	39, // 21: bashtask.agent.v1.TaskStatus.stdin:type_name -> bashtask.agent.v1.StdinState
+	12, // 22: bashtask.agent.v1.TaskStatus.order:type_name -> bashtask.agent.v1.StreamStatus
+	10, // 23: bashtask.agent.v1.StartRequest.spec:type_name -> bashtask.agent.v1.TaskSpec
+	40, // 24: bashtask.agent.v1.StartRequest.fence:type_name -> bashtask.agent.v1.Fence
+	13, // 25: bashtask.agent.v1.StartResponse.status:type_name -> bashtask.agent.v1.TaskStatus
+	41, // 26: bashtask.agent.v1.StartResponse.image_pull:type_name -> bashtask.agent.v1.ImageStatus
+	42, // 27: bashtask.agent.v1.StartResponse.image_failure:type_name -> bashtask.agent.v1.ImageFailure
+	40, // 28: bashtask.agent.v1.CancelRequest.fence:type_name -> bashtask.agent.v1.Fence
+	13, // 29: bashtask.agent.v1.CancelResponse.status:type_name -> bashtask.agent.v1.TaskStatus
+	13, // 30: bashtask.agent.v1.GetResponse.status:type_name -> bashtask.agent.v1.TaskStatus
+	13, // 31: bashtask.agent.v1.ListResponse.tasks:type_name -> bashtask.agent.v1.TaskStatus
+	40, // 32: bashtask.agent.v1.WatchRequest.fence:type_name -> bashtask.agent.v1.Fence
+	26, // 33: bashtask.agent.v1.AgentInfo.readiness:type_name -> bashtask.agent.v1.Readiness
+	40, // 34: bashtask.agent.v1.AgentInfo.fence:type_name -> bashtask.agent.v1.Fence
+	3,  // 35: bashtask.agent.v1.TaskEvent.type:type_name -> bashtask.agent.v1.EventType
+	13, // 36: bashtask.agent.v1.TaskEvent.status:type_name -> bashtask.agent.v1.TaskStatus
+	27, // 37: bashtask.agent.v1.WatchResponse.agent:type_name -> bashtask.agent.v1.AgentInfo
+	28, // 38: bashtask.agent.v1.WatchResponse.task:type_name -> bashtask.agent.v1.TaskEvent
+	4,  // 39: bashtask.agent.v1.ReadOutputRequest.stream:type_name -> bashtask.agent.v1.OutputStream
+	32, // 40: bashtask.agent.v1.OutputChunk.header:type_name -> bashtask.agent.v1.OutputState
+	32, // 41: bashtask.agent.v1.OutputChunk.end:type_name -> bashtask.agent.v1.OutputState
+	15, // 42: bashtask.agent.v1.Executor.Start:input_type -> bashtask.agent.v1.StartRequest
+	17, // 43: bashtask.agent.v1.Executor.Cancel:input_type -> bashtask.agent.v1.CancelRequest
+	19, // 44: bashtask.agent.v1.Executor.Get:input_type -> bashtask.agent.v1.GetRequest
+	21, // 45: bashtask.agent.v1.Executor.List:input_type -> bashtask.agent.v1.ListRequest
+	23, // 46: bashtask.agent.v1.Executor.Forget:input_type -> bashtask.agent.v1.ForgetRequest
+	25, // 47: bashtask.agent.v1.Executor.Watch:input_type -> bashtask.agent.v1.WatchRequest
+	30, // 48: bashtask.agent.v1.Executor.ReadOutput:input_type -> bashtask.agent.v1.ReadOutputRequest
+	31, // 49: bashtask.agent.v1.Executor.ReadCombinedOutput:input_type -> bashtask.agent.v1.ReadCombinedOutputRequest
+	43, // 50: bashtask.agent.v1.Executor.WriteStdin:input_type -> bashtask.agent.v1.WriteStdinRequest
+	16, // 51: bashtask.agent.v1.Executor.Start:output_type -> bashtask.agent.v1.StartResponse
+	18, // 52: bashtask.agent.v1.Executor.Cancel:output_type -> bashtask.agent.v1.CancelResponse
+	20, // 53: bashtask.agent.v1.Executor.Get:output_type -> bashtask.agent.v1.GetResponse
+	22, // 54: bashtask.agent.v1.Executor.List:output_type -> bashtask.agent.v1.ListResponse
+	24, // 55: bashtask.agent.v1.Executor.Forget:output_type -> bashtask.agent.v1.ForgetResponse
+	29, // 56: bashtask.agent.v1.Executor.Watch:output_type -> bashtask.agent.v1.WatchResponse
+	33, // 57: bashtask.agent.v1.Executor.ReadOutput:output_type -> bashtask.agent.v1.OutputChunk
+	33, // 58: bashtask.agent.v1.Executor.ReadCombinedOutput:output_type -> bashtask.agent.v1.OutputChunk
+	44, // 59: bashtask.agent.v1.Executor.WriteStdin:output_type -> bashtask.agent.v1.WriteStdinResponse
+	51, // [51:60] is the sub-list for method output_type
+	42, // [42:51] is the sub-list for method input_type
+	42, // [42:42] is the sub-list for extension type_name
+	42, // [42:42] is the sub-list for extension extendee
+	0,  // [0:42] is the sub-list for field type_name
 }
 
 func init() { file_agent_proto_init() }
@@ -3071,6 +3115,7 @@ func file_agent_proto_init() {
 		return
 	}
 	file_fence_proto_init()
+	file_image_proto_init()
 	file_stdin_proto_init()
 	file_workspace_proto_init()
 	file_agent_proto_msgTypes[9].OneofWrappers = []any{}

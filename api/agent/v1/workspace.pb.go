@@ -141,7 +141,11 @@ type WorkspaceSpec struct {
 	// pinned is true when the workspace's placement names its node
 	// (spec.nodeName): the controller never moves it, so a draining agent
 	// does not wait for it to be released. Immutable, as spec.nodeName.
-	Pinned        bool `protobuf:"varint,8,opt,name=pinned,proto3" json:"pinned,omitempty"`
+	Pinned bool `protobuf:"varint,8,opt,name=pinned,proto3" json:"pinned,omitempty"`
+	// image is the image the workspace's tasks run in; its changes live in
+	// the workspace (an upper directory on its file system) and go into its
+	// snapshots. Immutable.
+	Image         *ImageSpec `protobuf:"bytes,9,opt,name=image,proto3" json:"image,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -232,6 +236,13 @@ func (x *WorkspaceSpec) GetPinned() bool {
 	return false
 }
 
+func (x *WorkspaceSpec) GetImage() *ImageSpec {
+	if x != nil {
+		return x.Image
+	}
+	return nil
+}
+
 // WorkspaceStatus is a workspace's state on its agent.
 type WorkspaceStatus struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -279,7 +290,10 @@ type WorkspaceStatus struct {
 	Epoch int64 `protobuf:"varint,16,opt,name=epoch,proto3" json:"epoch,omitempty"`
 	// restored_from is the snapshot the copy was made from; absent for a
 	// workspace made empty.
-	RestoredFrom  *WorkspaceSnapshot `protobuf:"bytes,17,opt,name=restored_from,json=restoredFrom,proto3" json:"restored_from,omitempty"`
+	RestoredFrom *WorkspaceSnapshot `protobuf:"bytes,17,opt,name=restored_from,json=restoredFrom,proto3" json:"restored_from,omitempty"`
+	// image is the image the workspace's tasks run in, with the digest it
+	// resolved to; absent on the node's root file system.
+	Image         *ImageStatus `protobuf:"bytes,18,opt,name=image,proto3" json:"image,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -433,6 +447,13 @@ func (x *WorkspaceStatus) GetRestoredFrom() *WorkspaceSnapshot {
 	return nil
 }
 
+func (x *WorkspaceStatus) GetImage() *ImageStatus {
+	if x != nil {
+		return x.Image
+	}
+	return nil
+}
+
 // EnsureWorkspaceRequest asks for a workspace.
 type EnsureWorkspaceRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -494,7 +515,16 @@ type EnsureWorkspaceResponse struct {
 	// status of the workspace.
 	Status *WorkspaceStatus `protobuf:"bytes,1,opt,name=status,proto3" json:"status,omitempty"`
 	// created is true when this call made the workspace.
-	Created       bool `protobuf:"varint,2,opt,name=created,proto3" json:"created,omitempty"`
+	Created bool `protobuf:"varint,2,opt,name=created,proto3" json:"created,omitempty"`
+	// image_pull, when set, says that the workspace is not made yet because
+	// its image is not on the node: the agent pulls it in the background,
+	// and a later EnsureWorkspace makes the workspace once it is (status is
+	// then absent).
+	ImagePull *ImageStatus `protobuf:"bytes,3,opt,name=image_pull,json=imagePull,proto3" json:"image_pull,omitempty"`
+	// image_failure, when set, says that the workspace's image cannot be
+	// pulled on this node (status is absent): the workspace fails with
+	// image_failure.reason.
+	ImageFailure  *ImageFailure `protobuf:"bytes,4,opt,name=image_failure,json=imageFailure,proto3" json:"image_failure,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -541,6 +571,20 @@ func (x *EnsureWorkspaceResponse) GetCreated() bool {
 		return x.Created
 	}
 	return false
+}
+
+func (x *EnsureWorkspaceResponse) GetImagePull() *ImageStatus {
+	if x != nil {
+		return x.ImagePull
+	}
+	return nil
+}
+
+func (x *EnsureWorkspaceResponse) GetImageFailure() *ImageFailure {
+	if x != nil {
+		return x.ImageFailure
+	}
+	return nil
 }
 
 // GetWorkspaceRequest names a workspace.
@@ -823,12 +867,12 @@ var File_workspace_proto protoreflect.FileDescriptor
 
 const file_workspace_proto_rawDesc = "" +
 	"\n" +
-	"\x0fworkspace.proto\x12\x11bashtask.agent.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\vfence.proto\x1a\x0esnapshot.proto\"h\n" +
+	"\x0fworkspace.proto\x12\x11bashtask.agent.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\vfence.proto\x1a\vimage.proto\x1a\x0esnapshot.proto\"h\n" +
 	"\fWorkspaceRef\x12\x1c\n" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x10\n" +
 	"\x03uid\x18\x03 \x01(\tR\x03uid\x12\x14\n" +
-	"\x05epoch\x18\x04 \x01(\x03R\x05epoch\"\xc1\x02\n" +
+	"\x05epoch\x18\x04 \x01(\x03R\x05epoch\"\xf5\x02\n" +
 	"\rWorkspaceSpec\x121\n" +
 	"\x03ref\x18\x01 \x01(\v2\x1f.bashtask.agent.v1.WorkspaceRefR\x03ref\x12#\n" +
 	"\rstorage_bytes\x18\x02 \x01(\x03R\fstorageBytes\x12\x18\n" +
@@ -837,7 +881,8 @@ const file_workspace_proto_rawDesc = "" +
 	"\tcarry_env\x18\x05 \x01(\bR\bcarryEnv\x12\x14\n" +
 	"\x05owner\x18\x06 \x01(\tR\x05owner\x12G\n" +
 	"\frestore_from\x18\a \x01(\v2$.bashtask.agent.v1.WorkspaceSnapshotR\vrestoreFrom\x12\x16\n" +
-	"\x06pinned\x18\b \x01(\bR\x06pinned\"\xbe\x05\n" +
+	"\x06pinned\x18\b \x01(\bR\x06pinned\x122\n" +
+	"\x05image\x18\t \x01(\v2\x1c.bashtask.agent.v1.ImageSpecR\x05image\"\xf4\x05\n" +
 	"\x0fWorkspaceStatus\x121\n" +
 	"\x03ref\x18\x01 \x01(\v2\x1f.bashtask.agent.v1.WorkspaceRefR\x03ref\x12\x1e\n" +
 	"\vrun_as_user\x18\x02 \x01(\rR\trunAsUser\x12\x12\n" +
@@ -859,13 +904,17 @@ const file_workspace_proto_rawDesc = "" +
 	"\x0elast_task_name\x18\x0e \x01(\tR\flastTaskName\x12\"\n" +
 	"\rlast_task_uid\x18\x0f \x01(\tR\vlastTaskUid\x12\x14\n" +
 	"\x05epoch\x18\x10 \x01(\x03R\x05epoch\x12I\n" +
-	"\rrestored_from\x18\x11 \x01(\v2$.bashtask.agent.v1.WorkspaceSnapshotR\frestoredFrom\"~\n" +
+	"\rrestored_from\x18\x11 \x01(\v2$.bashtask.agent.v1.WorkspaceSnapshotR\frestoredFrom\x124\n" +
+	"\x05image\x18\x12 \x01(\v2\x1e.bashtask.agent.v1.ImageStatusR\x05image\"~\n" +
 	"\x16EnsureWorkspaceRequest\x124\n" +
 	"\x04spec\x18\x01 \x01(\v2 .bashtask.agent.v1.WorkspaceSpecR\x04spec\x12.\n" +
-	"\x05fence\x18\x02 \x01(\v2\x18.bashtask.agent.v1.FenceR\x05fence\"o\n" +
+	"\x05fence\x18\x02 \x01(\v2\x18.bashtask.agent.v1.FenceR\x05fence\"\xf4\x01\n" +
 	"\x17EnsureWorkspaceResponse\x12:\n" +
 	"\x06status\x18\x01 \x01(\v2\".bashtask.agent.v1.WorkspaceStatusR\x06status\x12\x18\n" +
-	"\acreated\x18\x02 \x01(\bR\acreated\"'\n" +
+	"\acreated\x18\x02 \x01(\bR\acreated\x12=\n" +
+	"\n" +
+	"image_pull\x18\x03 \x01(\v2\x1e.bashtask.agent.v1.ImageStatusR\timagePull\x12D\n" +
+	"\rimage_failure\x18\x04 \x01(\v2\x1f.bashtask.agent.v1.ImageFailureR\fimageFailure\"'\n" +
 	"\x13GetWorkspaceRequest\x12\x10\n" +
 	"\x03uid\x18\x01 \x01(\tR\x03uid\"R\n" +
 	"\x14GetWorkspaceResponse\x12:\n" +
@@ -914,39 +963,46 @@ var file_workspace_proto_goTypes = []any{
 	(*DeleteWorkspaceRequest)(nil),    // 9: bashtask.agent.v1.DeleteWorkspaceRequest
 	(*DeleteWorkspaceResponse)(nil),   // 10: bashtask.agent.v1.DeleteWorkspaceResponse
 	(*WorkspaceSnapshot)(nil),         // 11: bashtask.agent.v1.WorkspaceSnapshot
-	(*timestamppb.Timestamp)(nil),     // 12: google.protobuf.Timestamp
-	(*Fence)(nil),                     // 13: bashtask.agent.v1.Fence
-	(*SnapshotWorkspaceRequest)(nil),  // 14: bashtask.agent.v1.SnapshotWorkspaceRequest
-	(*SnapshotWorkspaceResponse)(nil), // 15: bashtask.agent.v1.SnapshotWorkspaceResponse
+	(*ImageSpec)(nil),                 // 12: bashtask.agent.v1.ImageSpec
+	(*timestamppb.Timestamp)(nil),     // 13: google.protobuf.Timestamp
+	(*ImageStatus)(nil),               // 14: bashtask.agent.v1.ImageStatus
+	(*Fence)(nil),                     // 15: bashtask.agent.v1.Fence
+	(*ImageFailure)(nil),              // 16: bashtask.agent.v1.ImageFailure
+	(*SnapshotWorkspaceRequest)(nil),  // 17: bashtask.agent.v1.SnapshotWorkspaceRequest
+	(*SnapshotWorkspaceResponse)(nil), // 18: bashtask.agent.v1.SnapshotWorkspaceResponse
 }
 var file_workspace_proto_depIdxs = []int32{
 	0,  // 0: bashtask.agent.v1.WorkspaceSpec.ref:type_name -> bashtask.agent.v1.WorkspaceRef
 	11, // 1: bashtask.agent.v1.WorkspaceSpec.restore_from:type_name -> bashtask.agent.v1.WorkspaceSnapshot
-	0,  // 2: bashtask.agent.v1.WorkspaceStatus.ref:type_name -> bashtask.agent.v1.WorkspaceRef
-	12, // 3: bashtask.agent.v1.WorkspaceStatus.last_task_end:type_name -> google.protobuf.Timestamp
-	12, // 4: bashtask.agent.v1.WorkspaceStatus.create_time:type_name -> google.protobuf.Timestamp
-	11, // 5: bashtask.agent.v1.WorkspaceStatus.restored_from:type_name -> bashtask.agent.v1.WorkspaceSnapshot
-	1,  // 6: bashtask.agent.v1.EnsureWorkspaceRequest.spec:type_name -> bashtask.agent.v1.WorkspaceSpec
-	13, // 7: bashtask.agent.v1.EnsureWorkspaceRequest.fence:type_name -> bashtask.agent.v1.Fence
-	2,  // 8: bashtask.agent.v1.EnsureWorkspaceResponse.status:type_name -> bashtask.agent.v1.WorkspaceStatus
-	2,  // 9: bashtask.agent.v1.GetWorkspaceResponse.status:type_name -> bashtask.agent.v1.WorkspaceStatus
-	2,  // 10: bashtask.agent.v1.ListWorkspacesResponse.workspaces:type_name -> bashtask.agent.v1.WorkspaceStatus
-	13, // 11: bashtask.agent.v1.DeleteWorkspaceRequest.fence:type_name -> bashtask.agent.v1.Fence
-	3,  // 12: bashtask.agent.v1.Workspaces.EnsureWorkspace:input_type -> bashtask.agent.v1.EnsureWorkspaceRequest
-	5,  // 13: bashtask.agent.v1.Workspaces.GetWorkspace:input_type -> bashtask.agent.v1.GetWorkspaceRequest
-	7,  // 14: bashtask.agent.v1.Workspaces.ListWorkspaces:input_type -> bashtask.agent.v1.ListWorkspacesRequest
-	9,  // 15: bashtask.agent.v1.Workspaces.DeleteWorkspace:input_type -> bashtask.agent.v1.DeleteWorkspaceRequest
-	14, // 16: bashtask.agent.v1.Workspaces.SnapshotWorkspace:input_type -> bashtask.agent.v1.SnapshotWorkspaceRequest
-	4,  // 17: bashtask.agent.v1.Workspaces.EnsureWorkspace:output_type -> bashtask.agent.v1.EnsureWorkspaceResponse
-	6,  // 18: bashtask.agent.v1.Workspaces.GetWorkspace:output_type -> bashtask.agent.v1.GetWorkspaceResponse
-	8,  // 19: bashtask.agent.v1.Workspaces.ListWorkspaces:output_type -> bashtask.agent.v1.ListWorkspacesResponse
-	10, // 20: bashtask.agent.v1.Workspaces.DeleteWorkspace:output_type -> bashtask.agent.v1.DeleteWorkspaceResponse
-	15, // 21: bashtask.agent.v1.Workspaces.SnapshotWorkspace:output_type -> bashtask.agent.v1.SnapshotWorkspaceResponse
-	17, // [17:22] is the sub-list for method output_type
-	12, // [12:17] is the sub-list for method input_type
-	12, // [12:12] is the sub-list for extension type_name
-	12, // [12:12] is the sub-list for extension extendee
-	0,  // [0:12] is the sub-list for field type_name
+	12, // 2: bashtask.agent.v1.WorkspaceSpec.image:type_name -> bashtask.agent.v1.ImageSpec
+	0,  // 3: bashtask.agent.v1.WorkspaceStatus.ref:type_name -> bashtask.agent.v1.WorkspaceRef
+	13, // 4: bashtask.agent.v1.WorkspaceStatus.last_task_end:type_name -> google.protobuf.Timestamp
+	13, // 5: bashtask.agent.v1.WorkspaceStatus.create_time:type_name -> google.protobuf.Timestamp
+	11, // 6: bashtask.agent.v1.WorkspaceStatus.restored_from:type_name -> bashtask.agent.v1.WorkspaceSnapshot
+	14, // 7: bashtask.agent.v1.WorkspaceStatus.image:type_name -> bashtask.agent.v1.ImageStatus
+	1,  // 8: bashtask.agent.v1.EnsureWorkspaceRequest.spec:type_name -> bashtask.agent.v1.WorkspaceSpec
+	15, // 9: bashtask.agent.v1.EnsureWorkspaceRequest.fence:type_name -> bashtask.agent.v1.Fence
+	2,  // 10: bashtask.agent.v1.EnsureWorkspaceResponse.status:type_name -> bashtask.agent.v1.WorkspaceStatus
+	14, // 11: bashtask.agent.v1.EnsureWorkspaceResponse.image_pull:type_name -> bashtask.agent.v1.ImageStatus
+	16, // 12: bashtask.agent.v1.EnsureWorkspaceResponse.image_failure:type_name -> bashtask.agent.v1.ImageFailure
+	2,  // 13: bashtask.agent.v1.GetWorkspaceResponse.status:type_name -> bashtask.agent.v1.WorkspaceStatus
+	2,  // 14: bashtask.agent.v1.ListWorkspacesResponse.workspaces:type_name -> bashtask.agent.v1.WorkspaceStatus
+	15, // 15: bashtask.agent.v1.DeleteWorkspaceRequest.fence:type_name -> bashtask.agent.v1.Fence
+	3,  // 16: bashtask.agent.v1.Workspaces.EnsureWorkspace:input_type -> bashtask.agent.v1.EnsureWorkspaceRequest
+	5,  // 17: bashtask.agent.v1.Workspaces.GetWorkspace:input_type -> bashtask.agent.v1.GetWorkspaceRequest
+	7,  // 18: bashtask.agent.v1.Workspaces.ListWorkspaces:input_type -> bashtask.agent.v1.ListWorkspacesRequest
+	9,  // 19: bashtask.agent.v1.Workspaces.DeleteWorkspace:input_type -> bashtask.agent.v1.DeleteWorkspaceRequest
+	17, // 20: bashtask.agent.v1.Workspaces.SnapshotWorkspace:input_type -> bashtask.agent.v1.SnapshotWorkspaceRequest
+	4,  // 21: bashtask.agent.v1.Workspaces.EnsureWorkspace:output_type -> bashtask.agent.v1.EnsureWorkspaceResponse
+	6,  // 22: bashtask.agent.v1.Workspaces.GetWorkspace:output_type -> bashtask.agent.v1.GetWorkspaceResponse
+	8,  // 23: bashtask.agent.v1.Workspaces.ListWorkspaces:output_type -> bashtask.agent.v1.ListWorkspacesResponse
+	10, // 24: bashtask.agent.v1.Workspaces.DeleteWorkspace:output_type -> bashtask.agent.v1.DeleteWorkspaceResponse
+	18, // 25: bashtask.agent.v1.Workspaces.SnapshotWorkspace:output_type -> bashtask.agent.v1.SnapshotWorkspaceResponse
+	21, // [21:26] is the sub-list for method output_type
+	16, // [16:21] is the sub-list for method input_type
+	16, // [16:16] is the sub-list for extension type_name
+	16, // [16:16] is the sub-list for extension extendee
+	0,  // [0:16] is the sub-list for field type_name
 }
 
 func init() { file_workspace_proto_init() }
@@ -955,6 +1011,7 @@ func file_workspace_proto_init() {
 		return
 	}
 	file_fence_proto_init()
+	file_image_proto_init()
 	file_snapshot_proto_init()
 	type x struct{}
 	out := protoimpl.TypeBuilder{
