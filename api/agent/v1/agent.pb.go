@@ -1071,6 +1071,10 @@ type TaskStatus struct {
 	// forget_requested is true once Forget was called; the task disappears
 	// when its uploads are done.
 	ForgetRequested bool `protobuf:"varint,16,opt,name=forget_requested,json=forgetRequested,proto3" json:"forget_requested,omitempty"`
+	// image is the image the task runs in and the digest it resolved to
+	// (its workspace's for a workspace task); absent on the node's root
+	// file system.
+	Image *ImageStatus `protobuf:"bytes,26,opt,name=image,proto3" json:"image,omitempty"`
 	// isolation says what isolation the task got.
 	Isolation *TaskIsolation `protobuf:"bytes,17,opt,name=isolation,proto3" json:"isolation,omitempty"`
 	// working_dir is the directory the shell started in, as the task saw
@@ -1230,6 +1234,13 @@ func (x *TaskStatus) GetForgetRequested() bool {
 		return x.ForgetRequested
 	}
 	return false
+}
+
+func (x *TaskStatus) GetImage() *ImageStatus {
+	if x != nil {
+		return x.Image
+	}
+	return nil
 }
 
 func (x *TaskStatus) GetIsolation() *TaskIsolation {
@@ -2805,7 +2816,7 @@ const file_agent_proto_rawDesc = "" +
 	"\x06sha256\x18\x05 \x01(\tR\x06sha256\x12.\n" +
 	"\x05spill\x18\x06 \x01(\v2\x18.bashtask.agent.v1.SpillR\x05spill\x12\x1d\n" +
 	"\n" +
-	"kept_bytes\x18\a \x01(\x03R\tkeptBytes\"\x84\a\n" +
+	"kept_bytes\x18\a \x01(\x03R\tkeptBytes\"\xba\a\n" +
 	"\n" +
 	"TaskStatus\x12,\n" +
 	"\x03ref\x18\x01 \x01(\v2\x1a.bashtask.agent.v1.TaskRefR\x03ref\x122\n" +
@@ -2826,7 +2837,8 @@ const file_agent_proto_rawDesc = "" +
 	"\x0eincarnation_id\x18\x0e \x01(\tR\rincarnationId\x12\x1f\n" +
 	"\vspec_digest\x18\x0f \x01(\tR\n" +
 	"specDigest\x12)\n" +
-	"\x10forget_requested\x18\x10 \x01(\bR\x0fforgetRequested\x12>\n" +
+	"\x10forget_requested\x18\x10 \x01(\bR\x0fforgetRequested\x124\n" +
+	"\x05image\x18\x1a \x01(\v2\x1e.bashtask.agent.v1.ImageStatusR\x05image\x12>\n" +
 	"\tisolation\x18\x11 \x01(\v2 .bashtask.agent.v1.TaskIsolationR\tisolation\x12\x1f\n" +
 	"\vworking_dir\x18\x12 \x01(\tR\n" +
 	"workingDir\x123\n" +
@@ -3034,9 +3046,9 @@ var file_agent_proto_goTypes = []any{
 	(*StdinStream)(nil),               // 36: bashtask.agent.v1.StdinStream
 	(*ImageSpec)(nil),                 // 37: bashtask.agent.v1.ImageSpec
 	(*timestamppb.Timestamp)(nil),     // 38: google.protobuf.Timestamp
-	(*StdinState)(nil),                // 39: bashtask.agent.v1.StdinState
-	(*Fence)(nil),                     // 40: bashtask.agent.v1.Fence
-	(*ImageStatus)(nil),               // 41: bashtask.agent.v1.ImageStatus
+	(*ImageStatus)(nil),               // 39: bashtask.agent.v1.ImageStatus
+	(*StdinState)(nil),                // 40: bashtask.agent.v1.StdinState
+	(*Fence)(nil),                     // 41: bashtask.agent.v1.Fence
 	(*ImageFailure)(nil),              // 42: bashtask.agent.v1.ImageFailure
 	(*WriteStdinRequest)(nil),         // 43: bashtask.agent.v1.WriteStdinRequest
 	(*WriteStdinResponse)(nil),        // 44: bashtask.agent.v1.WriteStdinResponse
@@ -3062,51 +3074,52 @@ var file_agent_proto_depIdxs = []int32{
 	38, // 17: bashtask.agent.v1.TaskStatus.completion_time:type_name -> google.protobuf.Timestamp
 	12, // 18: bashtask.agent.v1.TaskStatus.stdout:type_name -> bashtask.agent.v1.StreamStatus
 	12, // 19: bashtask.agent.v1.TaskStatus.stderr:type_name -> bashtask.agent.v1.StreamStatus
-	14, // 20: bashtask.agent.v1.TaskStatus.isolation:type_name -> bashtask.agent.v1.TaskIsolation
-	39, // 21: bashtask.agent.v1.TaskStatus.stdin:type_name -> bashtask.agent.v1.StdinState
-	12, // 22: bashtask.agent.v1.TaskStatus.order:type_name -> bashtask.agent.v1.StreamStatus
-	10, // 23: bashtask.agent.v1.StartRequest.spec:type_name -> bashtask.agent.v1.TaskSpec
-	40, // 24: bashtask.agent.v1.StartRequest.fence:type_name -> bashtask.agent.v1.Fence
-	13, // 25: bashtask.agent.v1.StartResponse.status:type_name -> bashtask.agent.v1.TaskStatus
-	41, // 26: bashtask.agent.v1.StartResponse.image_pull:type_name -> bashtask.agent.v1.ImageStatus
-	42, // 27: bashtask.agent.v1.StartResponse.image_failure:type_name -> bashtask.agent.v1.ImageFailure
-	40, // 28: bashtask.agent.v1.CancelRequest.fence:type_name -> bashtask.agent.v1.Fence
-	13, // 29: bashtask.agent.v1.CancelResponse.status:type_name -> bashtask.agent.v1.TaskStatus
-	13, // 30: bashtask.agent.v1.GetResponse.status:type_name -> bashtask.agent.v1.TaskStatus
-	13, // 31: bashtask.agent.v1.ListResponse.tasks:type_name -> bashtask.agent.v1.TaskStatus
-	40, // 32: bashtask.agent.v1.WatchRequest.fence:type_name -> bashtask.agent.v1.Fence
-	26, // 33: bashtask.agent.v1.AgentInfo.readiness:type_name -> bashtask.agent.v1.Readiness
-	40, // 34: bashtask.agent.v1.AgentInfo.fence:type_name -> bashtask.agent.v1.Fence
-	3,  // 35: bashtask.agent.v1.TaskEvent.type:type_name -> bashtask.agent.v1.EventType
-	13, // 36: bashtask.agent.v1.TaskEvent.status:type_name -> bashtask.agent.v1.TaskStatus
-	27, // 37: bashtask.agent.v1.WatchResponse.agent:type_name -> bashtask.agent.v1.AgentInfo
-	28, // 38: bashtask.agent.v1.WatchResponse.task:type_name -> bashtask.agent.v1.TaskEvent
-	4,  // 39: bashtask.agent.v1.ReadOutputRequest.stream:type_name -> bashtask.agent.v1.OutputStream
-	32, // 40: bashtask.agent.v1.OutputChunk.header:type_name -> bashtask.agent.v1.OutputState
-	32, // 41: bashtask.agent.v1.OutputChunk.end:type_name -> bashtask.agent.v1.OutputState
-	15, // 42: bashtask.agent.v1.Executor.Start:input_type -> bashtask.agent.v1.StartRequest
-	17, // 43: bashtask.agent.v1.Executor.Cancel:input_type -> bashtask.agent.v1.CancelRequest
-	19, // 44: bashtask.agent.v1.Executor.Get:input_type -> bashtask.agent.v1.GetRequest
-	21, // 45: bashtask.agent.v1.Executor.List:input_type -> bashtask.agent.v1.ListRequest
-	23, // 46: bashtask.agent.v1.Executor.Forget:input_type -> bashtask.agent.v1.ForgetRequest
-	25, // 47: bashtask.agent.v1.Executor.Watch:input_type -> bashtask.agent.v1.WatchRequest
-	30, // 48: bashtask.agent.v1.Executor.ReadOutput:input_type -> bashtask.agent.v1.ReadOutputRequest
-	31, // 49: bashtask.agent.v1.Executor.ReadCombinedOutput:input_type -> bashtask.agent.v1.ReadCombinedOutputRequest
-	43, // 50: bashtask.agent.v1.Executor.WriteStdin:input_type -> bashtask.agent.v1.WriteStdinRequest
-	16, // 51: bashtask.agent.v1.Executor.Start:output_type -> bashtask.agent.v1.StartResponse
-	18, // 52: bashtask.agent.v1.Executor.Cancel:output_type -> bashtask.agent.v1.CancelResponse
-	20, // 53: bashtask.agent.v1.Executor.Get:output_type -> bashtask.agent.v1.GetResponse
-	22, // 54: bashtask.agent.v1.Executor.List:output_type -> bashtask.agent.v1.ListResponse
-	24, // 55: bashtask.agent.v1.Executor.Forget:output_type -> bashtask.agent.v1.ForgetResponse
-	29, // 56: bashtask.agent.v1.Executor.Watch:output_type -> bashtask.agent.v1.WatchResponse
-	33, // 57: bashtask.agent.v1.Executor.ReadOutput:output_type -> bashtask.agent.v1.OutputChunk
-	33, // 58: bashtask.agent.v1.Executor.ReadCombinedOutput:output_type -> bashtask.agent.v1.OutputChunk
-	44, // 59: bashtask.agent.v1.Executor.WriteStdin:output_type -> bashtask.agent.v1.WriteStdinResponse
-	51, // [51:60] is the sub-list for method output_type
-	42, // [42:51] is the sub-list for method input_type
-	42, // [42:42] is the sub-list for extension type_name
-	42, // [42:42] is the sub-list for extension extendee
-	0,  // [0:42] is the sub-list for field type_name
+	39, // 20: bashtask.agent.v1.TaskStatus.image:type_name -> bashtask.agent.v1.ImageStatus
+	14, // 21: bashtask.agent.v1.TaskStatus.isolation:type_name -> bashtask.agent.v1.TaskIsolation
+	40, // 22: bashtask.agent.v1.TaskStatus.stdin:type_name -> bashtask.agent.v1.StdinState
+	12, // 23: bashtask.agent.v1.TaskStatus.order:type_name -> bashtask.agent.v1.StreamStatus
+	10, // 24: bashtask.agent.v1.StartRequest.spec:type_name -> bashtask.agent.v1.TaskSpec
+	41, // 25: bashtask.agent.v1.StartRequest.fence:type_name -> bashtask.agent.v1.Fence
+	13, // 26: bashtask.agent.v1.StartResponse.status:type_name -> bashtask.agent.v1.TaskStatus
+	39, // 27: bashtask.agent.v1.StartResponse.image_pull:type_name -> bashtask.agent.v1.ImageStatus
+	42, // 28: bashtask.agent.v1.StartResponse.image_failure:type_name -> bashtask.agent.v1.ImageFailure
+	41, // 29: bashtask.agent.v1.CancelRequest.fence:type_name -> bashtask.agent.v1.Fence
+	13, // 30: bashtask.agent.v1.CancelResponse.status:type_name -> bashtask.agent.v1.TaskStatus
+	13, // 31: bashtask.agent.v1.GetResponse.status:type_name -> bashtask.agent.v1.TaskStatus
+	13, // 32: bashtask.agent.v1.ListResponse.tasks:type_name -> bashtask.agent.v1.TaskStatus
+	41, // 33: bashtask.agent.v1.WatchRequest.fence:type_name -> bashtask.agent.v1.Fence
+	26, // 34: bashtask.agent.v1.AgentInfo.readiness:type_name -> bashtask.agent.v1.Readiness
+	41, // 35: bashtask.agent.v1.AgentInfo.fence:type_name -> bashtask.agent.v1.Fence
+	3,  // 36: bashtask.agent.v1.TaskEvent.type:type_name -> bashtask.agent.v1.EventType
+	13, // 37: bashtask.agent.v1.TaskEvent.status:type_name -> bashtask.agent.v1.TaskStatus
+	27, // 38: bashtask.agent.v1.WatchResponse.agent:type_name -> bashtask.agent.v1.AgentInfo
+	28, // 39: bashtask.agent.v1.WatchResponse.task:type_name -> bashtask.agent.v1.TaskEvent
+	4,  // 40: bashtask.agent.v1.ReadOutputRequest.stream:type_name -> bashtask.agent.v1.OutputStream
+	32, // 41: bashtask.agent.v1.OutputChunk.header:type_name -> bashtask.agent.v1.OutputState
+	32, // 42: bashtask.agent.v1.OutputChunk.end:type_name -> bashtask.agent.v1.OutputState
+	15, // 43: bashtask.agent.v1.Executor.Start:input_type -> bashtask.agent.v1.StartRequest
+	17, // 44: bashtask.agent.v1.Executor.Cancel:input_type -> bashtask.agent.v1.CancelRequest
+	19, // 45: bashtask.agent.v1.Executor.Get:input_type -> bashtask.agent.v1.GetRequest
+	21, // 46: bashtask.agent.v1.Executor.List:input_type -> bashtask.agent.v1.ListRequest
+	23, // 47: bashtask.agent.v1.Executor.Forget:input_type -> bashtask.agent.v1.ForgetRequest
+	25, // 48: bashtask.agent.v1.Executor.Watch:input_type -> bashtask.agent.v1.WatchRequest
+	30, // 49: bashtask.agent.v1.Executor.ReadOutput:input_type -> bashtask.agent.v1.ReadOutputRequest
+	31, // 50: bashtask.agent.v1.Executor.ReadCombinedOutput:input_type -> bashtask.agent.v1.ReadCombinedOutputRequest
+	43, // 51: bashtask.agent.v1.Executor.WriteStdin:input_type -> bashtask.agent.v1.WriteStdinRequest
+	16, // 52: bashtask.agent.v1.Executor.Start:output_type -> bashtask.agent.v1.StartResponse
+	18, // 53: bashtask.agent.v1.Executor.Cancel:output_type -> bashtask.agent.v1.CancelResponse
+	20, // 54: bashtask.agent.v1.Executor.Get:output_type -> bashtask.agent.v1.GetResponse
+	22, // 55: bashtask.agent.v1.Executor.List:output_type -> bashtask.agent.v1.ListResponse
+	24, // 56: bashtask.agent.v1.Executor.Forget:output_type -> bashtask.agent.v1.ForgetResponse
+	29, // 57: bashtask.agent.v1.Executor.Watch:output_type -> bashtask.agent.v1.WatchResponse
+	33, // 58: bashtask.agent.v1.Executor.ReadOutput:output_type -> bashtask.agent.v1.OutputChunk
+	33, // 59: bashtask.agent.v1.Executor.ReadCombinedOutput:output_type -> bashtask.agent.v1.OutputChunk
+	44, // 60: bashtask.agent.v1.Executor.WriteStdin:output_type -> bashtask.agent.v1.WriteStdinResponse
+	52, // [52:61] is the sub-list for method output_type
+	43, // [43:52] is the sub-list for method input_type
+	43, // [43:43] is the sub-list for extension type_name
+	43, // [43:43] is the sub-list for extension extendee
+	0,  // [0:43] is the sub-list for field type_name
 }
 
 func init() { file_agent_proto_init() }
