@@ -67,6 +67,12 @@ type StoreOptions struct {
 	// Registerer receives the store's metrics (names under
 	// bashtask_agent_image_); nil: not registered.
 	Registerer prometheus.Registerer
+	// Hold lists digests (manifest digests, or digests a reference
+	// resolved to) of images that [Open] holds before it evicts anything:
+	// the images of the agent's workspaces, which the agent then acquires
+	// ([Store.Acquire]) and lets go of these holds ([Store.ReleaseOpenHolds]).
+	// A digest the store lacks is ignored.
+	Hold []string
 	// Platform overrides the platform looked for in an index; nil is
 	// linux and the node's runtime.GOARCH (and GOARM's variant on arm).
 	Platform *v1.Platform

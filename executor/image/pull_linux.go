@@ -71,6 +71,23 @@ func (s *Store) Pull(ctx context.Context, ref string, o PullOptions) (*Image, er
 	return s.pullImage(ctx, src, o)
 }
 
+// Authorize asks the registry of ref (never a mirror) whether o's
+// credentials may read it: a HEAD of its manifest. It is how a caller
+// checks a request's credentials before handing out an image the store
+// serves without a registry (a pull by digest of an image it has, which
+// other credentials pulled). Errors are those of [Store.Pull]:
+// [ErrNotFound], [ErrUnauthorized], or a retryable one.
+func (s *Store) Authorize(ctx context.Context, ref string, o PullOptions) error {
+	r, err := parseRef(ref, s.opts.PlainHTTP)
+	if err != nil {
+		return err
+	}
+	if _, err := remote.Head(r, s.remoteOptions(ctx, o)...); err != nil {
+		return registryError("checking the manifest of "+r.String(), err)
+	}
+	return nil
+}
+
 // noteDigest records the digest a reference resolved to (an index's) as
 // the image's too.
 func (s *Store) noteDigest(im *Image, digest string) {

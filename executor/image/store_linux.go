@@ -35,6 +35,8 @@ type Store struct {
 	images map[string]*imageEntry // by manifest digest
 	layers map[string]*layerEntry // by diffID
 	bytes  int64                  // unpacked bytes of every layer
+	// openHolds are the entries Open held for StoreOptions.Hold.
+	openHolds []*imageEntry
 }
 
 // imageEntry is one recorded image.
@@ -178,6 +180,12 @@ func (s *Store) load() error {
 		return err
 	}
 	s.mu.Lock()
+	for _, d := range s.opts.Hold {
+		if e := s.entryLocked(d); e != nil {
+			e.holds++
+			s.openHolds = append(s.openHolds, e)
+		}
+	}
 	gone := s.evictLocked()
 	s.updateGaugesLocked()
 	s.mu.Unlock()
@@ -260,6 +268,32 @@ func (s *Store) Bytes() int64 {
 	return s.bytes
 }
 
+// ReleaseOpenHolds drops the holds [Open] took for [StoreOptions.Hold],
+// once the caller acquired what it keeps; calling it again does nothing.
+func (s *Store) ReleaseOpenHolds() {
+	s.mu.Lock()
+	held := s.openHolds
+	s.openHolds = nil
+	s.mu.Unlock()
+	for _, e := range held {
+		s.release(e)
+	}
+}
+
+// entryLocked is the recorded image of either of its digests; nil when
+// there is none.
+func (s *Store) entryLocked(digest string) *imageEntry {
+	if e := s.images[digest]; e != nil {
+		return e
+	}
+	for _, c := range s.images {
+		if slices.Contains(c.rec.Digests, digest) {
+			return c
+		}
+	}
+	return nil
+}
+
 // Acquire holds the stored image whose manifest digest, or a digest a
 // reference resolved to, is digest ("sha256:..."), without any registry:
 // it is not evicted until the returned image's Release. It fails with
@@ -276,15 +310,7 @@ func (s *Store) Acquire(digest string) (*Image, error) {
 func (s *Store) holdByDigest(digest, ref string) *Image {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	e := s.images[digest]
-	if e == nil {
-		for _, c := range s.images {
-			if slices.Contains(c.rec.Digests, digest) {
-				e = c
-				break
-			}
-		}
-	}
+	e := s.entryLocked(digest)
 	if e == nil {
 		return nil
 	}

@@ -29,3 +29,9 @@ func (*Store) Root() string { return "" }
 
 // Bytes is 0.
 func (*Store) Bytes() int64 { return 0 }
+
+// Authorize is Linux only: it returns errors.ErrUnsupported.
+func (*Store) Authorize(context.Context, string, PullOptions) error { return errors.ErrUnsupported }
+
+// ReleaseOpenHolds does nothing.
+func (*Store) ReleaseOpenHolds() {}
