@@ -16,7 +16,49 @@ const (
 	// StatePrefix starts the name of every member of the workspace's
 	// carried state ([StateFile]).
 	StatePrefix = "state/"
+	// UpperPrefix starts the name of every member of the workspace's
+	// overlay upper directory (its tasks' changes to their image, docs/
+	// images.md): overlayfs's on-disk format, whiteouts and opaque
+	// directories included; "upper/" alone is the upper directory.
+	UpperPrefix = "upper/"
 )
+
+// Pax records of an overlay upper directory's member.
+const (
+	// paxOpaque marks an opaque directory of the upper directory, the
+	// extended attribute trusted.overlay.opaque=y, in the pax form GNU
+	// tar and bsdtar use for extended attributes.
+	paxOpaque   = "SCHILY.xattr." + xattrOpaque
+	xattrOpaque = "trusted.overlay.opaque"
+)
+
+// The trees of an archive: the workspace's, and its overlay upper
+// directory.
+const (
+	treeMain  = 0
+	treeUpper = 1
+)
+
+// memberName is the archive name of path rel ("" for the root) of tree t.
+func memberName(t int, rel string, dir bool) string {
+	if t == treeUpper {
+		return UpperPrefix + strings.TrimPrefix(treeName(rel, dir), TreePrefix)
+	}
+	return treeName(rel, dir)
+}
+
+// memberPath is treePath for a member of either tree: its tree and path.
+func memberPath(name string) (int, string, error) {
+	if rest, ok := strings.CutPrefix(name, UpperPrefix); ok {
+		rel, err := treePath(TreePrefix + rest)
+		if err != nil {
+			return 0, "", fmt.Errorf("%w: member %q: the path must be relative and clean, without \".\" or \"..\" elements", ErrFormat, name)
+		}
+		return treeUpper, rel, nil
+	}
+	rel, err := treePath(name)
+	return treeMain, rel, err
+}
 
 // Pax records of the format (vendor keywords, POSIX pax "keyword=value").
 const (
@@ -30,8 +72,14 @@ const (
 	paxSparseSize = "BASHTASK.sparse.size"
 )
 
-// formatVersion is the version this package writes and reads.
-const formatVersion = "1"
+// formatVersion is the version this package writes for an archive
+// without an overlay upper directory; formatVersionUpper with one (an
+// agent that reads only version 1 refuses it rather than restoring the
+// workspace without its image's changes). Both are read.
+const (
+	formatVersion      = "1"
+	formatVersionUpper = "2"
+)
 
 // Limits of what a restore takes.
 const (
@@ -83,6 +131,10 @@ type Stats struct {
 	ForeignOwner int
 	// State lists the state files' names.
 	State []string
+	// Whiteouts and OpaqueDirs count the overlay upper directory's
+	// whiteouts (character devices 0/0: a file of the image deleted) and
+	// opaque directories (trusted.overlay.opaque=y).
+	Whiteouts, OpaqueDirs int
 }
 
 // treeName returns the archive name of the tree path rel ("" for the root).

@@ -29,6 +29,11 @@ type ReadOptions struct {
 	UID, GID uint32
 	// State receives each state file of the archive; nil drops them.
 	State func(StateFile) error
+	// Upper opens the workspace's overlay upper directory (empty), into
+	// which the members under UpperPrefix are restored, when the first
+	// of them is read; nil refuses an archive with such members. The
+	// reader closes it.
+	Upper func() (*os.File, error)
 }
 
 // countingReader is the compressed stream's byte count and SHA-256.
@@ -48,10 +53,12 @@ func (c *countingReader) Read(p []byte) (int, error) {
 // reader is one archive being restored.
 type reader struct {
 	ctx     context.Context
-	root    int
+	roots   [2]int   // the tree's root, and the upper directory's (-1 until opened)
+	upper   *os.File // the upper directory, once opened
 	o       ReadOptions
 	buf     []byte
-	parent  string // tree path of the cached parent directory descriptor
+	parentT int    // tree of the cached parent directory descriptor
+	parent  string // its path
 	parentD int    // -1 when none
 	dirs    []restoredDir
 	pool    *filePool // completes small files (filepool_linux.go)
@@ -62,6 +69,7 @@ type reader struct {
 // entries are made: a directory of mode 0500 takes no new entry, and
 // every entry made in it changes its modification time.
 type restoredDir struct {
+	tree  int
 	rel   string
 	mode  uint32
 	mtime time.Time
@@ -81,8 +89,13 @@ func Read(ctx context.Context, r io.Reader, root *os.File, o ReadOptions) (*Stat
 	if err != nil {
 		return nil, fmt.Errorf("snapshot: the zstd decoder: %w", err)
 	}
-	rd := &reader{ctx: ctx, root: int(root.Fd()), o: o, buf: make([]byte, readBufBytes), parentD: -1, pool: newFilePool(o.UID, o.GID)}
+	rd := &reader{ctx: ctx, roots: [2]int{int(root.Fd()), -1}, o: o, buf: make([]byte, readBufBytes), parentD: -1, pool: newFilePool(o.UID, o.GID)}
 	defer rd.dropParent()
+	defer func() {
+		if rd.upper != nil {
+			rd.upper.Close()
+		}
+	}()
 	err = rd.restore(tar.NewReader(zr))
 	// restore waits for the pool before the directories; after an error
 	// it has not, and the pool's goroutines and open files end here.
@@ -121,8 +134,8 @@ func (rd *reader) restore(tr *tar.Reader) error {
 			return fmt.Errorf("%w: %w", ErrFormat, err)
 		}
 		if h.Typeflag == tar.TypeXGlobalHeader {
-			if v := h.PAXRecords[paxVersion]; v != formatVersion {
-				return fmt.Errorf("%w: version %q, this agent reads version %s", ErrFormat, v, formatVersion)
+			if v := h.PAXRecords[paxVersion]; v != formatVersion && v != formatVersionUpper {
+				return fmt.Errorf("%w: version %q, this agent reads versions %s and %s", ErrFormat, v, formatVersion, formatVersionUpper)
 			}
 			versioned = true
 			continue
@@ -153,34 +166,33 @@ func (rd *reader) restore(tr *tar.Reader) error {
 
 // member restores one tree member.
 func (rd *reader) member(h *tar.Header, tr *tar.Reader) error {
-	rel, err := treePath(h.Name)
+	t, rel, err := memberPath(h.Name)
 	if err != nil {
 		return err
+	}
+	if t == treeUpper {
+		if err := rd.openUpper(h.Name); err != nil {
+			return err
+		}
 	}
 	mode := uint32(h.Mode) & 0o7777
 	if rel == "" {
 		if h.Typeflag != tar.TypeDir {
 			return fmt.Errorf("%w: member %q: the tree's root must be a directory", ErrFormat, h.Name)
 		}
-		rd.dirs = append(rd.dirs, restoredDir{rel: "", mode: mode, mtime: h.ModTime})
-		return nil
+		rd.dirs = append(rd.dirs, restoredDir{tree: t, rel: "", mode: mode, mtime: h.ModTime})
+		return rd.opaque(t, rd.roots[t], h)
 	}
-	dirFD, err := rd.parentOf(rel, h.Name)
+	dirFD, err := rd.parentOf(t, rel, h.Name)
 	if err != nil {
 		return err
 	}
 	leaf := path.Base(rel)
 	switch h.Typeflag {
 	case tar.TypeDir:
-		if err := unix.Mkdirat(dirFD, leaf, 0o700); err != nil {
-			return fmt.Errorf("snapshot: member %q: %w", h.Name, err)
-		}
-		if err := unix.Fchownat(dirFD, leaf, int(rd.o.UID), int(rd.o.GID), unix.AT_SYMLINK_NOFOLLOW); err != nil {
-			return fmt.Errorf("snapshot: member %q: %w", h.Name, err)
-		}
-		rd.stats.Dirs++
-		rd.dirs = append(rd.dirs, restoredDir{rel: rel, mode: mode, mtime: h.ModTime})
-		return nil
+		return rd.dir(t, dirFD, leaf, rel, h, mode)
+	case tar.TypeChar:
+		return rd.whiteout(t, dirFD, leaf, h)
 	case tar.TypeReg:
 		return rd.file(dirFD, leaf, h, tr, mode)
 	case tar.TypeSymlink:
@@ -193,7 +205,7 @@ func (rd *reader) member(h *tar.Header, tr *tar.Reader) error {
 		rd.stats.Symlinks++
 		return rd.attrs(dirFD, leaf, h, 0, false)
 	case tar.TypeLink:
-		return rd.link(dirFD, leaf, h)
+		return rd.link(t, dirFD, leaf, h)
 	case tar.TypeFifo:
 		if err := unix.Mkfifoat(dirFD, leaf, 0o600); err != nil {
 			return fmt.Errorf("snapshot: member %q: %w", h.Name, err)
@@ -203,6 +215,77 @@ func (rd *reader) member(h *tar.Header, tr *tar.Reader) error {
 	default:
 		return fmt.Errorf("%w: member %q: type %q is not restored (only directories, regular files, symbolic and hard links and FIFOs)", ErrFormat, h.Name, h.Typeflag)
 	}
+}
+
+// dir restores a directory, opaque when it is one of the upper
+// directory's so marked.
+func (rd *reader) dir(t, dirFD int, leaf, rel string, h *tar.Header, mode uint32) error {
+	if err := unix.Mkdirat(dirFD, leaf, 0o700); err != nil {
+		return fmt.Errorf("snapshot: member %q: %w", h.Name, err)
+	}
+	if err := unix.Fchownat(dirFD, leaf, int(rd.o.UID), int(rd.o.GID), unix.AT_SYMLINK_NOFOLLOW); err != nil {
+		return fmt.Errorf("snapshot: member %q: %w", h.Name, err)
+	}
+	rd.stats.Dirs++
+	rd.dirs = append(rd.dirs, restoredDir{tree: t, rel: rel, mode: mode, mtime: h.ModTime})
+	if h.PAXRecords[paxOpaque] == "" {
+		return nil
+	}
+	fd, err := unix.Openat(dirFD, leaf, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("snapshot: member %q: %w", h.Name, err)
+	}
+	defer unix.Close(fd)
+	return rd.opaque(t, fd, h)
+}
+
+// opaque sets trusted.overlay.opaque=y on the directory fd of the upper
+// directory when its member says so; the attribute is refused on a
+// member of the workspace's tree, where it would mean nothing.
+func (rd *reader) opaque(t, fd int, h *tar.Header) error {
+	v, ok := h.PAXRecords[paxOpaque]
+	switch {
+	case !ok:
+		return nil
+	case t != treeUpper || v != "y":
+		return fmt.Errorf("%w: member %q: %s=%q only marks a directory of %q opaque (\"y\")", ErrFormat, h.Name, xattrOpaque, v, UpperPrefix)
+	}
+	if err := unix.Fsetxattr(fd, xattrOpaque, []byte("y"), 0); err != nil {
+		return fmt.Errorf("snapshot: member %q: setting %s: %w", h.Name, xattrOpaque, err)
+	}
+	rd.stats.OpaqueDirs++
+	return nil
+}
+
+// whiteout restores an overlayfs whiteout of the upper directory: a
+// character device 0/0. Any other device, or one in the workspace's
+// tree, is refused.
+func (rd *reader) whiteout(t, dirFD int, leaf string, h *tar.Header) error {
+	if t != treeUpper || h.Devmajor != 0 || h.Devminor != 0 {
+		return fmt.Errorf("%w: member %q: a character device is restored only as a whiteout (0/0) of %q", ErrFormat, h.Name, UpperPrefix)
+	}
+	if err := unix.Mknodat(dirFD, leaf, unix.S_IFCHR|0o600, 0); err != nil {
+		return fmt.Errorf("snapshot: member %q: %w", h.Name, err)
+	}
+	rd.stats.Whiteouts++
+	return rd.attrs(dirFD, leaf, h, uint32(h.Mode)&0o777, true)
+}
+
+// openUpper opens the upper directory when the first of its members
+// comes.
+func (rd *reader) openUpper(member string) error {
+	if rd.upper != nil {
+		return nil
+	}
+	if rd.o.Upper == nil {
+		return fmt.Errorf("%w: member %q: this workspace has no overlay upper directory to restore into (a workspace without an image)", ErrFormat, member)
+	}
+	f, err := rd.o.Upper()
+	if err != nil {
+		return fmt.Errorf("snapshot: member %q: opening the upper directory: %w", member, err)
+	}
+	rd.upper, rd.roots[treeUpper] = f, int(f.Fd())
+	return nil
 }
 
 // attrs gives the entry leaf of dirFD its owner, then its mode (a chown
@@ -284,12 +367,12 @@ func (rd *reader) streamFile(fd int, h *tar.Header, tr *tar.Reader, ranges []dat
 }
 
 // link restores a hard link to a regular file restored before it.
-func (rd *reader) link(dirFD int, leaf string, h *tar.Header) error {
-	target, err := treePath(h.Linkname)
-	if err != nil || target == "" {
+func (rd *reader) link(t, dirFD int, leaf string, h *tar.Header) error {
+	lt, target, err := memberPath(h.Linkname)
+	if err != nil || target == "" || lt != t {
 		return fmt.Errorf("%w: member %q: hard link target %q is not a file of the tree", ErrFormat, h.Name, h.Linkname)
 	}
-	oldDir, err := rd.openDir(path.Dir(target), h.Name)
+	oldDir, err := rd.openDir(t, path.Dir(target), h.Name)
 	if err != nil {
 		return err
 	}
@@ -329,20 +412,20 @@ func (rd *reader) state(h *tar.Header, tr *tar.Reader) error {
 // parentOf returns a descriptor of rel's parent directory, resolved below
 // the root without following any symbolic link; it stays cached for the
 // next member (an archive lists a directory's entries together).
-func (rd *reader) parentOf(rel, member string) (int, error) {
+func (rd *reader) parentOf(t int, rel, member string) (int, error) {
 	dir := path.Dir(rel)
 	if dir == "." {
 		dir = ""
 	}
-	if rd.parentD >= 0 && rd.parent == dir {
+	if rd.parentD >= 0 && rd.parent == dir && rd.parentT == t {
 		return rd.parentD, nil
 	}
 	rd.dropParent()
-	fd, err := rd.openDir(dir, member)
+	fd, err := rd.openDir(t, dir, member)
 	if err != nil {
 		return -1, err
 	}
-	rd.parent, rd.parentD = dir, fd
+	rd.parentT, rd.parent, rd.parentD = t, dir, fd
 	return fd, nil
 }
 
@@ -355,16 +438,16 @@ func (rd *reader) dropParent() {
 
 // openDir opens the tree directory rel ("" is the root) with openat2:
 // beneath the root, through no symbolic link, on the root's file system.
-func (rd *reader) openDir(rel, member string) (int, error) {
+func (rd *reader) openDir(t int, rel, member string) (int, error) {
 	if rel == "" {
 		rel = "."
 	}
-	fd, err := unix.Openat2(rd.root, rel, &unix.OpenHow{
+	fd, err := unix.Openat2(rd.roots[t], rel, &unix.OpenHow{
 		Flags:   unix.O_RDONLY | unix.O_DIRECTORY | unix.O_CLOEXEC,
 		Resolve: unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS | unix.RESOLVE_NO_XDEV,
 	})
 	if errors.Is(err, unix.ENOSYS) {
-		return rd.walkDir(rel, member)
+		return rd.walkDir(t, rel, member)
 	}
 	if err != nil {
 		if errors.Is(err, unix.ELOOP) || errors.Is(err, unix.EXDEV) || errors.Is(err, unix.ENOTDIR) {
@@ -377,8 +460,8 @@ func (rd *reader) openDir(rel, member string) (int, error) {
 
 // walkDir is openDir for kernels without openat2 (before 5.6): one
 // element at a time with O_NOFOLLOW.
-func (rd *reader) walkDir(rel, member string) (int, error) {
-	fd, err := unix.Openat(rd.root, ".", unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+func (rd *reader) walkDir(t int, rel, member string) (int, error) {
+	fd, err := unix.Openat(rd.roots[t], ".", unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return -1, err
 	}
@@ -401,7 +484,7 @@ func (rd *reader) finishDirs() error {
 	rd.dropParent()
 	for i := len(rd.dirs) - 1; i >= 0; i-- {
 		d := rd.dirs[i]
-		fd, err := rd.openDir(d.rel, treeName(d.rel, true))
+		fd, err := rd.openDir(d.tree, d.rel, memberName(d.tree, d.rel, true))
 		if err != nil {
 			return err
 		}
@@ -416,7 +499,7 @@ func (rd *reader) finishDirs() error {
 		}
 		unix.Close(fd)
 		if err != nil {
-			return fmt.Errorf("snapshot: directory %q: %w", treeName(d.rel, true), err)
+			return fmt.Errorf("snapshot: directory %q: %w", memberName(d.tree, d.rel, true), err)
 		}
 	}
 	return nil

@@ -615,3 +615,99 @@ func TestReadChownFailsNoSetID(t *testing.T) {
 		}
 	}
 }
+
+// TestRoundTripOverlayUpper snapshots the upper directory of a real
+// overlay mount in which a file of the lower layer was deleted (a
+// whiteout), a directory of it replaced (opaque), a set-user-ID file
+// and a file in a new directory were written, restores it into a new
+// upper directory, and mounts that over the same lower layer: the
+// merged view is the same, and the work directory was never archived.
+func TestRoundTripOverlayUpper(t *testing.T) {
+	requireRoot(t)
+	base := t.TempDir()
+	lower, upper, work, merged := filepath.Join(base, "lower"), filepath.Join(base, "upper"), filepath.Join(base, "work"), filepath.Join(base, "merged")
+	for _, d := range []string{lower + "/usr/bin", lower + "/opt/old", upper, work, merged} {
+		mustRun(t, func() error { return os.MkdirAll(d, 0o755) })
+	}
+	mustRun(t, func() error { return os.WriteFile(lower+"/usr/bin/gone", []byte("image file"), 0o755) })
+	mustRun(t, func() error { return os.WriteFile(lower+"/opt/old/file", []byte("old"), 0o644) })
+	mount := func(up, wk string) {
+		t.Helper()
+		opts := "lowerdir=" + lower + ",upperdir=" + up + ",workdir=" + wk
+		if err := unix.Mount("overlay", merged, "overlay", 0, opts); err != nil {
+			t.Skipf("no overlay mount here: %v", err)
+		}
+	}
+	mount(upper, work)
+	mustRun(t, func() error { return os.Remove(merged + "/usr/bin/gone") })
+	mustRun(t, func() error { return os.RemoveAll(merged + "/opt") })
+	mustRun(t, func() error { return os.MkdirAll(merged+"/opt/new", 0o755) })
+	mustRun(t, func() error { return os.MkdirAll(merged+"/etc", 0o755) })
+	mustRun(t, func() error { return os.WriteFile(merged+"/etc/motd", []byte("persisted"), 0o644) })
+	mustRun(t, func() error { return os.WriteFile(merged+"/usr/bin/suid", []byte("#!/bin/sh\n"), 0o755) })
+	mustRun(t, func() error { return unix.Chmod(merged+"/usr/bin/suid", 0o4755) })
+	mustRun(t, func() error { return unix.Unmount(merged, 0) })
+
+	want := manifest(t, upper)
+	if want["usr/bin/gone"].Kind != "other" {
+		t.Fatalf("the kernel left no whiteout for the deleted file: %+v", want["usr/bin/gone"])
+	}
+	var archive bytes.Buffer
+	ws, err := Write(t.Context(), &archive, openDir(t, t.TempDir()), WriteOptions{UID: 0, Upper: openDir(t, upper)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ws.Whiteouts != 1 || ws.OpaqueDirs != 1 || len(ws.Skipped) != 0 {
+		t.Errorf("Write: %d whiteouts, %d opaque directories, skipped %v; want 1, 1, none", ws.Whiteouts, ws.OpaqueDirs, ws.Skipped)
+	}
+	upper2, work2 := filepath.Join(base, "upper2"), filepath.Join(base, "work2")
+	mustRun(t, func() error { return os.Mkdir(upper2, 0o755) })
+	mustRun(t, func() error { return os.Mkdir(work2, 0o755) })
+	rs, err := Read(t.Context(), bytes.NewReader(archive.Bytes()), openDir(t, t.TempDir()), ReadOptions{
+		Upper: func() (*os.File, error) { return os.Open(upper2) },
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rs.Whiteouts != 1 || rs.OpaqueDirs != 1 {
+		t.Errorf("Read: %d whiteouts, %d opaque directories; want 1 and 1", rs.Whiteouts, rs.OpaqueDirs)
+	}
+	if diff := cmp.Diff(mapOwner(want, 0, 0), manifest(t, upper2)); diff != "" {
+		t.Errorf("restored upper directory (-want +got):\n%s", diff)
+	}
+	mount(upper2, work2)
+	t.Cleanup(func() { _ = unix.Unmount(merged, unix.MNT_DETACH) })
+	if _, err := os.Lstat(merged + "/usr/bin/gone"); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the deleted image file is back after the restore: %v", err)
+	}
+	if ents, err := os.ReadDir(merged + "/opt"); err != nil || len(ents) != 1 || ents[0].Name() != "new" {
+		t.Errorf("the replaced directory shows %v (%v), want only new: it is not opaque", ents, err)
+	}
+	if b, err := os.ReadFile(merged + "/etc/motd"); err != nil || string(b) != "persisted" {
+		t.Errorf("etc/motd: %q, %v", b, err)
+	}
+	if fi, err := os.Stat(merged + "/usr/bin/suid"); err != nil || fi.Mode()&os.ModeSetuid == 0 {
+		t.Errorf("the set-user-ID file lost its bit: %v, %v", fi, err)
+	}
+}
+
+// TestReadRefusesDevicesOutsideUpper: a character device is a whiteout
+// of the upper directory only; in the workspace's tree, or other than
+// 0/0, it is refused, as is the opaque attribute on a tree directory.
+func TestReadRefusesDevicesOutsideUpper(t *testing.T) {
+	requireRoot(t)
+	for name, h := range map[string]*tar.Header{
+		"tree device":   {Typeflag: tar.TypeChar, Name: "tree/null", Mode: 0o666},
+		"upper device":  {Typeflag: tar.TypeChar, Name: "upper/mem", Devmajor: 1, Devminor: 1, Mode: 0o666},
+		"tree opaque":   {Typeflag: tar.TypeDir, Name: "tree/d/", Mode: 0o755, PAXRecords: map[string]string{paxOpaque: "y"}},
+		"upper escapes": {Typeflag: tar.TypeReg, Name: "upper/../x", Mode: 0o644},
+	} {
+		upper := t.TempDir()
+		_, err := Read(t.Context(), bytes.NewReader(hostile(t, h)), openDir(t, t.TempDir()), ReadOptions{
+			Upper: func() (*os.File, error) { return os.Open(upper) },
+		})
+		if !errors.Is(err, ErrFormat) {
+			t.Errorf("%s: %v, want ErrFormat", name, err)
+		}
+	}
+}

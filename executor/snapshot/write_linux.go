@@ -34,6 +34,14 @@ type WriteOptions struct {
 	// Exclude are names of entries at the top of the tree that are left
 	// out, whatever they are (a workspace's temporary directory).
 	Exclude []string
+	// Upper, when set, is the workspace's overlay upper directory (an
+	// open directory, which stays open), archived after the tree as the
+	// members UpperPrefix+path: its whiteouts (character devices 0/0) as
+	// character devices 0/0, its opaque directories with their
+	// trusted.overlay.opaque attribute, set-ID bits as for any file.
+	// Other device nodes and other attributes are left out. The overlay's
+	// work directory is never archived.
+	Upper *os.File
 	// Concurrency is how many goroutines compress; 0 means
 	// min(GOMAXPROCS, maxParallelJobs). Above 1, the archive is
 	// compressed in parallel jobs when no other Write of the process is
@@ -104,7 +112,11 @@ type writer struct {
 	links map[[2]uint64]string // (dev, inode) of a multiply linked file -> its first member name
 	buf   []byte
 	stats Stats
+	tree  int // the tree being walked: treeMain, then treeUpper
 }
+
+// name is the member name of path rel of the tree being walked.
+func (wr *writer) name(rel string, dir bool) string { return memberName(wr.tree, rel, dir) }
 
 // Write archives the tree below root (an open directory, which stays
 // open) and then o.State to w, and returns what it wrote. It reads root
@@ -126,8 +138,9 @@ func Write(ctx context.Context, w io.Writer, root *os.File, o WriteOptions) (*St
 		return nil, fmt.Errorf("snapshot: the zstd encoder: %w", err)
 	}
 	wr := &writer{ctx: ctx, tw: tar.NewWriter(zw), uid: o.UID, skip: o.Exclude, links: map[[2]uint64]string{}, buf: make([]byte, readBufBytes)}
-	err = wr.archive(int(root.Fd()), o.State)
+	err = wr.archive(int(root.Fd()), o)
 	runtime.KeepAlive(root)
+	runtime.KeepAlive(o.Upper)
 	if cerr := wr.tw.Close(); err == nil {
 		err = cerr
 	}
@@ -141,34 +154,67 @@ func Write(ctx context.Context, w io.Writer, root *os.File, o WriteOptions) (*St
 	return &wr.stats, nil
 }
 
-func (wr *writer) archive(rootFD int, state []StateFile) error {
+func (wr *writer) archive(rootFD int, o WriteOptions) error {
+	version := formatVersion
+	if o.Upper != nil {
+		version = formatVersionUpper
+	}
 	if err := wr.tw.WriteHeader(&tar.Header{
 		Typeflag: tar.TypeXGlobalHeader, Name: "pax_global_header",
-		PAXRecords: map[string]string{paxVersion: formatVersion}, Format: tar.FormatPAX,
+		PAXRecords: map[string]string{paxVersion: version}, Format: tar.FormatPAX,
 	}); err != nil {
 		return err
 	}
+	if err := wr.walk(rootFD); err != nil {
+		return err
+	}
+	if o.Upper != nil {
+		// A hard link never crosses the two trees.
+		wr.tree, wr.skip, wr.links = treeUpper, nil, map[[2]uint64]string{}
+		if err := wr.walk(int(o.Upper.Fd())); err != nil {
+			return err
+		}
+	}
+	for _, s := range o.State {
+		if err := wr.state(s); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// walk archives the tree of the directory rootFD (the caller's, which
+// stays open) as the tree wr.tree.
+func (wr *writer) walk(rootFD int) error {
 	var st unix.Stat_t
 	if err := unix.Fstat(rootFD, &st); err != nil {
 		return fmt.Errorf("snapshot: the tree's root: %w", err)
-	}
-	if err := wr.header(&st, TreePrefix, tar.TypeDir, ""); err != nil {
-		return err
 	}
 	// The root's descriptor belongs to the caller: walk a duplicate.
 	fd, err := unix.Openat(rootFD, ".", unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return fmt.Errorf("snapshot: the tree's root: %w", err)
 	}
-	if err := wr.dir(fd, ""); err != nil {
+	if err := wr.headerX(&st, wr.name("", true), tar.TypeDir, "", wr.opaque(fd)); err != nil {
+		unix.Close(fd)
 		return err
 	}
-	for _, s := range state {
-		if err := wr.state(s); err != nil {
-			return err
-		}
+	return wr.dir(fd, "")
+}
+
+// opaque is the pax record of an opaque directory fd of the upper
+// directory; nil for any other.
+func (wr *writer) opaque(fd int) map[string]string {
+	if wr.tree != treeUpper {
+		return nil
 	}
-	return nil
+	var b [8]byte
+	n, err := unix.Fgetxattr(fd, xattrOpaque, b[:])
+	if err != nil || string(b[:n]) != "y" {
+		return nil
+	}
+	wr.stats.OpaqueDirs++
+	return map[string]string{paxOpaque: "y"}
 }
 
 // dir archives the entries of the directory fd (tree path rel) and
@@ -178,7 +224,7 @@ func (wr *writer) dir(fd int, rel string) error {
 	names, err := d.Readdirnames(-1)
 	if err != nil {
 		d.Close()
-		return fmt.Errorf("snapshot: reading directory %q: %w", treeName(rel, true), err)
+		return fmt.Errorf("snapshot: reading directory %q: %w", wr.name(rel, true), err)
 	}
 	slices.Sort(names) // deterministic archives, and links after their first name in a stable order
 	defer d.Close()
@@ -205,7 +251,7 @@ func (wr *writer) entry(dirFD int, name, p string) error {
 			wr.stats.Changed = append(wr.stats.Changed, p)
 			return nil
 		}
-		return fmt.Errorf("snapshot: %q: %w", treeName(p, false), err)
+		return fmt.Errorf("snapshot: %q: %w", wr.name(p, false), err)
 	}
 	switch st.Mode & unix.S_IFMT {
 	case unix.S_IFDIR:
@@ -218,9 +264,9 @@ func (wr *writer) entry(dirFD int, name, p string) error {
 		}
 		if err := unix.Fstat(fd, &st); err != nil {
 			unix.Close(fd)
-			return fmt.Errorf("snapshot: %q: %w", treeName(p, true), err)
+			return fmt.Errorf("snapshot: %q: %w", wr.name(p, true), err)
 		}
-		if err := wr.header(&st, treeName(p, true), tar.TypeDir, ""); err != nil {
+		if err := wr.headerX(&st, wr.name(p, true), tar.TypeDir, "", wr.opaque(fd)); err != nil {
 			unix.Close(fd)
 			return err
 		}
@@ -230,16 +276,25 @@ func (wr *writer) entry(dirFD int, name, p string) error {
 		if err != nil {
 			return wr.vanished(p, err)
 		}
-		return wr.header(&st, treeName(p, false), tar.TypeSymlink, target)
+		return wr.header(&st, wr.name(p, false), tar.TypeSymlink, target)
 	case unix.S_IFREG:
 		return wr.file(dirFD, name, p)
 	case unix.S_IFIFO:
 		wr.stats.FIFOs++
-		return wr.header(&st, treeName(p, false), tar.TypeFifo, "")
-	default:
-		wr.stats.Skipped = append(wr.stats.Skipped, p)
-		return nil
+		return wr.header(&st, wr.name(p, false), tar.TypeFifo, "")
+	case unix.S_IFCHR:
+		if wr.tree != treeUpper || st.Rdev != 0 {
+			break
+		}
+		// An overlayfs whiteout: a file of the image deleted.
+		wr.stats.Whiteouts++
+		return wr.header(&st, wr.name(p, false), tar.TypeChar, "")
 	}
+	if wr.tree == treeUpper {
+		p = UpperPrefix + p
+	}
+	wr.stats.Skipped = append(wr.stats.Skipped, p)
+	return nil
 }
 
 // vanished takes an entry that could not be opened as it was seen: gone
@@ -251,7 +306,7 @@ func (wr *writer) vanished(p string, err error) error {
 		wr.stats.Changed = append(wr.stats.Changed, p)
 		return nil
 	}
-	return fmt.Errorf("snapshot: %q: %w", treeName(p, false), err)
+	return fmt.Errorf("snapshot: %q: %w", wr.name(p, false), err)
 }
 
 // readlinkat reads a symbolic link's target, growing the buffer past the
@@ -274,16 +329,22 @@ func readlinkat(dirFD int, name string, size int64) (string, error) {
 	}
 }
 
-// header writes the member of st (a directory, symbolic link or FIFO, or
-// a regular file's header before its data).
+// header writes the member of st (a directory, symbolic link, FIFO or
+// whiteout, or a regular file's header before its data).
 func (wr *writer) header(st *unix.Stat_t, name string, typ byte, link string) error {
+	return wr.headerX(st, name, typ, link, nil)
+}
+
+// headerX is header with the member's pax records.
+func (wr *writer) headerX(st *unix.Stat_t, name string, typ byte, link string, pax map[string]string) error {
 	h := &tar.Header{
-		Typeflag: typ,
-		Name:     name,
-		Linkname: link,
-		Mode:     int64(st.Mode & 0o7777),
-		ModTime:  time.Unix(st.Mtim.Sec, st.Mtim.Nsec),
-		Format:   tar.FormatPAX,
+		Typeflag:   typ,
+		Name:       name,
+		Linkname:   link,
+		Mode:       int64(st.Mode & 0o7777),
+		ModTime:    time.Unix(st.Mtim.Sec, st.Mtim.Nsec),
+		Format:     tar.FormatPAX,
+		PAXRecords: pax,
 	}
 	wr.owner(st, h)
 	switch typ {
@@ -318,14 +379,14 @@ func (wr *writer) file(dirFD int, name, p string) error {
 	defer f.Close()
 	var st unix.Stat_t
 	if err := unix.Fstat(fd, &st); err != nil {
-		return fmt.Errorf("snapshot: %q: %w", treeName(p, false), err)
+		return fmt.Errorf("snapshot: %q: %w", wr.name(p, false), err)
 	}
 	if st.Mode&unix.S_IFMT != unix.S_IFREG {
 		// Replaced by another kind between the lstat and the open.
 		wr.stats.Changed = append(wr.stats.Changed, p)
 		return nil
 	}
-	member := treeName(p, false)
+	member := wr.name(p, false)
 	if st.Nlink > 1 {
 		key := [2]uint64{st.Dev, st.Ino}
 		if first, ok := wr.links[key]; ok {
