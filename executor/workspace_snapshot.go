@@ -2,9 +2,12 @@ package executor
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"os"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/bashtask/bashtask-operator/executor/shim"
 	"github.com/bashtask/bashtask-operator/executor/snapshot"
@@ -13,7 +16,10 @@ import (
 // Snapshot archives the workspace's tree to wr in the format of package
 // snapshot, with state after it and without its temporary directory
 // (shim.WorkspaceTmpDir, the tasks' /tmp), while its tasks may go on running (the
-// package's doc says what that captures). The tree is read through the
+// package's doc says what that captures). A workspace whose tasks ran in
+// an image has its image root's upper directory (WorkspaceRootDir/upper,
+// see [Workspace.RootDirs]) archived as the archive's upper directory,
+// and never its work directory. The tree is read through the
 // root's descriptor the executor opened, never through a path a task
 // controls. Errors are those of snapshot.Write, or that the workspace is
 // closed.
@@ -23,7 +29,17 @@ func (w *Workspace) Snapshot(ctx context.Context, wr io.Writer, state []snapshot
 		return nil, err
 	}
 	defer root.Close()
-	st, err := snapshot.Write(ctx, wr, root, snapshot.WriteOptions{UID: w.uid, State: state, Exclude: []string{shim.WorkspaceTmpDir}})
+	o := snapshot.WriteOptions{UID: w.uid, State: state, Exclude: []string{shim.WorkspaceTmpDir}}
+	upper, err := openUpper(root)
+	if err != nil {
+		return nil, fmt.Errorf("snapshot of workspace %s: %w", w.id, err)
+	}
+	if upper != nil {
+		defer upper.Close()
+		o.Upper = upper
+		o.Exclude = append(o.Exclude, WorkspaceRootDir)
+	}
+	st, err := snapshot.Write(ctx, wr, root, o)
 	if err != nil {
 		return nil, fmt.Errorf("snapshot of workspace %s: %w", w.id, err)
 	}
@@ -51,11 +67,54 @@ func (w *Workspace) Restore(ctx context.Context, r io.Reader, state func(snapsho
 			return nil, fmt.Errorf("restore of workspace %s: its root is not empty (%q)", w.id, n)
 		}
 	}
-	st, err := snapshot.Read(ctx, r, root, snapshot.ReadOptions{UID: w.uid, GID: w.gid, State: state})
+	st, err := snapshot.Read(ctx, r, root, snapshot.ReadOptions{UID: w.uid, GID: w.gid, State: state, Upper: func() (*os.File, error) {
+		if _, _, err := w.RootDirs(); err != nil {
+			return nil, err
+		}
+		f, err := openUpper(root)
+		if err == nil && f == nil {
+			err = errors.New("the upper directory was not made")
+		}
+		return f, err
+	}})
 	if err != nil {
 		return nil, fmt.Errorf("restore of workspace %s: %w", w.id, err)
 	}
 	return st, nil
+}
+
+// openUpper opens the workspace's image root's upper directory below
+// root, without following symbolic links or crossing mounts; nil when
+// there is none, or when WorkspaceRootDir is not root's (a task's own
+// directory of that name, archived as part of the tree).
+func openUpper(root *os.File) (*os.File, error) {
+	how := &unix.OpenHow{
+		Flags:   unix.O_RDONLY | unix.O_DIRECTORY | unix.O_NOFOLLOW | unix.O_CLOEXEC,
+		Resolve: unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS | unix.RESOLVE_NO_XDEV,
+	}
+	dir, err := unix.Openat2(int(root.Fd()), WorkspaceRootDir, how)
+	if errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ENOTDIR) || errors.Is(err, unix.ELOOP) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("opening %s: %w", WorkspaceRootDir, err)
+	}
+	defer unix.Close(dir)
+	var st unix.Stat_t
+	if err := unix.Fstat(dir, &st); err != nil {
+		return nil, fmt.Errorf("stat of %s: %w", WorkspaceRootDir, err)
+	}
+	if st.Uid != 0 {
+		return nil, nil
+	}
+	fd, err := unix.Openat2(dir, "upper", how)
+	if errors.Is(err, unix.ENOENT) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("opening %s/upper: %w", WorkspaceRootDir, err)
+	}
+	return os.NewFile(uintptr(fd), WorkspaceRootDir+"/upper"), nil
 }
 
 // rootDup returns a descriptor of its own on the workspace's root, for a

@@ -99,6 +99,12 @@ type serveOptions struct {
 	workspaceTimeout   time.Duration
 	logFormat          string
 	logLevel           string
+	imageCacheDir      string
+	imageCacheSize     string
+	defaultImage       string
+	registryMirrors    []string
+	registryCAFile     string
+	insecureRegistries []string
 }
 
 // addServe makes root run the agent server (docs/agent.md)
@@ -184,6 +190,12 @@ func bindServeFlags(f *pflag.FlagSet, o *serveOptions) {
 	f.DurationVar(&o.partInterval, "output-part-interval", agent.DefaultPartInterval, fmt.Sprintf("longest a running stream's new bytes wait for a part, the most output time lost with the node; at least %s", agent.MinPartInterval))
 	f.DurationVar(&o.shutdownTimeout, "shutdown-timeout", 30*time.Second, "time given to open RPCs after the running tasks were stopped on SIGTERM")
 	f.DurationVar(&o.workspaceTimeout, "shutdown-workspace-timeout", 30*time.Second, "on SIGTERM, longest wait for the controller to move this agent's workspaces to other nodes (snapshot, release) before the agent stops; 0 moves none. The pod's terminationGracePeriodSeconds must cover it plus --shutdown-timeout")
+	f.StringVar(&o.imageCacheDir, "image-cache-dir", "", "directory of the node's image store at --isolation=tenant (unpacked layers, made 0700 and hidden from tasks); empty means <state-dir>/images")
+	f.StringVar(&o.imageCacheSize, "image-cache-size", "20Gi", "disk budget of the image store, a quantity (20Gi) of unpacked layers: the least recently used images no task or workspace holds are evicted past it, and an image larger than it alone fails with ImageTooLarge; 0 for no limit")
+	f.StringVar(&o.defaultImage, "default-image", "", "image of tasks and workspaces whose spec names none, at --isolation=tenant; empty means the node's root file system")
+	f.StringArrayVar(&o.registryMirrors, "registry-mirror", nil, "HOST=MIRROR: pull images of registry HOST (docker.io, ghcr.io, registry:5000) from MIRROR first, then from HOST (repeatable; several mirrors of one host are tried in order)")
+	f.StringVar(&o.registryCAFile, "registry-ca-file", "", "PEM bundle of certificate authorities trusted for registries and mirrors, beside the system's")
+	f.StringArrayVar(&o.insecureRegistries, "insecure-registry", nil, "registry HOST[:PORT] spoken to over plain HTTP, for a local registry (repeatable); loopback and private addresses are plain HTTP without it")
 	f.StringVar(&o.logFormat, "log-format", "json", "log format: json or text")
 	f.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn or error")
 }
@@ -218,6 +230,7 @@ func runServe(ctx context.Context, o *serveOptions) error {
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	cfg.Images.Registerer = reg
 	if cfg.Metrics, err = agent.NewMetrics(reg); err != nil {
 		return fmt.Errorf("registering metrics: %w", err)
 	}
@@ -444,7 +457,40 @@ func (o *serveOptions) agentConfig(log *slog.Logger) (agent.Config, error) {
 			return agent.Config{}, err
 		}
 	}
+	if cfg.Images, err = o.imageConfig(isolation); err != nil {
+		return agent.Config{}, err
+	}
 	return cfg, nil
+}
+
+// imageConfig reads the --image-*, --default-image and --registry-*
+// flags; images need the tenant isolation level.
+func (o *serveOptions) imageConfig(isolation executor.Isolation) (agent.ImageConfig, error) {
+	size, err := parseBytes("--image-cache-size", o.imageCacheSize)
+	if err != nil {
+		return agent.ImageConfig{}, err
+	}
+	if size == 0 {
+		size = -1 // no limit
+	}
+	if o.defaultImage != "" && isolation != executor.IsolationTenant {
+		return agent.ImageConfig{}, fmt.Errorf("--default-image %s: images need --isolation=tenant", o.defaultImage)
+	}
+	if o.imageCacheDir != "" && !filepath.IsAbs(o.imageCacheDir) {
+		return agent.ImageConfig{}, fmt.Errorf("--image-cache-dir %q: want an absolute path", o.imageCacheDir)
+	}
+	mirrors := map[string][]string{}
+	for _, m := range o.registryMirrors {
+		host, mirror, ok := strings.Cut(m, "=")
+		if !ok || host == "" || mirror == "" || strings.ContainsAny(host+mirror, "/ ") {
+			return agent.ImageConfig{}, fmt.Errorf("--registry-mirror %q: want HOST=MIRROR, each a host[:port] without a scheme or path", m)
+		}
+		mirrors[host] = append(mirrors[host], mirror)
+	}
+	return agent.ImageConfig{
+		CacheDir: o.imageCacheDir, CacheBytes: size, DefaultImage: o.defaultImage,
+		Mirrors: mirrors, CAFile: o.registryCAFile, PlainHTTP: o.insecureRegistries,
+	}, nil
 }
 
 // shimBinary is the file name of the shim binary (cmd/bashtask-shim) that

@@ -16,6 +16,7 @@ import (
 
 	agentv1 "github.com/bashtask/bashtask-operator/api/agent/v1"
 	"github.com/bashtask/bashtask-operator/executor"
+	"github.com/bashtask/bashtask-operator/executor/image"
 )
 
 // Defaults of Config fields left zero.
@@ -118,6 +119,9 @@ type Config struct {
 	// MaxWorkspaces is how many workspaces the agent holds at most
 	// (--max-workspaces); zero means DefaultMaxWorkspaces.
 	MaxWorkspaces int
+	// Images configures the image store and the pulls (docs/images.md,
+	// "On the agent"); the store is opened at the tenant level only.
+	Images ImageConfig
 	// DrainUnwatchedLimit is how long Drain goes on while no Watch stream
 	// is open: the controller moves workspaces only while it watches, so
 	// with none for this long nothing will move. Zero means
@@ -152,6 +156,7 @@ type Server struct {
 	ex       *executor.Executor // nil while executor.New fails (missing shell)
 	leases   *uidLeases         // nil unless tasks get a leased UID
 	ws       *workspaces        // the Workspaces service and its table
+	images   *images            // the image store and its pulls (images.go)
 	tasks    map[string]*entry
 	running  int
 	watchers map[*watcher]struct{}
@@ -180,6 +185,17 @@ type entry struct {
 	parts [3]partState
 	// sentKept are the kept byte counts of the last progress event.
 	sentKept [2]int64
+	// img holds the image of a task without a workspace while it runs
+	// (released when it finishes); nil on the node's root.
+	img *image.Image
+}
+
+// releaseImage lets go of the task's image, if it holds one.
+func (e *entry) releaseImage() {
+	if e.img != nil {
+		e.img.Release()
+		e.img = nil
+	}
 }
 
 // starting reports whether Start is still creating the task outside the
@@ -254,6 +270,9 @@ func (s *Server) Close() error {
 		errs = append(errs, fmt.Errorf("closing the record journal: %w", err))
 	}
 	s.ws.closeAll()
+	if err := s.images.close(); err != nil {
+		errs = append(errs, fmt.Errorf("closing the image store: %w", err))
+	}
 	s.lease.Close()
 	s.mu.Lock()
 	ex := s.ex

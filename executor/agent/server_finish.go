@@ -34,6 +34,7 @@ func (s *Server) finishLocked(e *entry, res executor.Result) {
 	e.setKeptLocked()
 	applyStdin(e.status, e.task)
 	s.ws.taskEndedLocked(uid, e.status.GetRef().GetName(), res)
+	e.releaseImage() // the task's root is unmounted: the image may go
 	s.planUploadsLocked(e, false)
 	e.rec.State = stateFinished
 	if !res.CleanupFailed {

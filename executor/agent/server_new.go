@@ -90,6 +90,17 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 	if s.ws, err = newWorkspaces(s); err != nil {
 		return nil, err
 	}
+	// After the workspaces are read: their images are held from the
+	// store's opening on, before anything could evict them.
+	tenant := cfg.Executor.Isolation == executor.IsolationTenant
+	if s.images, err = newImages(cfg.Images, cfg.StateDir, tenant, s.ws.imageDigests(), s.log); err != nil {
+		return nil, err
+	}
+	defer func() {
+		if err != nil {
+			_ = s.images.close()
+		}
+	}()
 	// Recovery runs before the executor exists, so the earlier
 	// incarnation's cgroups are gone before the new one sets up its parent.
 	s.recoverTasks()
@@ -97,6 +108,9 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 	s.updateReadinessLocked()
 	s.mu.Unlock()
 	s.ws.takeUp(ctx)
+	if s.images.store != nil {
+		s.images.store.ReleaseOpenHolds()
+	}
 	return s, nil
 }
 
@@ -211,6 +225,10 @@ func (s *Server) configureTenant() error {
 			return fmt.Errorf("the state directory %s: %w", s.cfg.StateDir, err)
 		}
 		s.cfg.Executor.MaskPaths = append(s.cfg.Executor.MaskPaths, stateDir)
+		if d := s.cfg.Images.CacheDir; d != "" {
+			// Layers hold set-ID files and other tenants' images.
+			s.cfg.Executor.MaskPaths = append(s.cfg.Executor.MaskPaths, d)
+		}
 		if s.cfg.Executor.DiskQuotaBytes > 0 && s.cfg.Executor.DiskImageDir == "" {
 			// The working directories' images: the agent's own, hidden
 			// from tasks with the rest of the state directory.

@@ -14,6 +14,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	agentv1 "github.com/bashtask/bashtask-operator/api/agent/v1"
+	"github.com/bashtask/bashtask-operator/api/v1alpha1"
 	"github.com/bashtask/bashtask-operator/executor"
 )
 
@@ -63,6 +64,9 @@ type startOp struct {
 	e        *entry
 	recorded bool
 	task     *executor.Task
+	// img is the task's image, held from admit on (a task without a
+	// workspace); the entry holds it from admit's table entry on.
+	img *imageAnswer
 }
 
 // admit is Start's first step: the fence, the spec's validity, then under
@@ -92,10 +96,14 @@ func (op *startOp) admit(ctx context.Context, req *agentv1.StartRequest) (*agent
 	}
 	op.spec, op.uid = spec, spec.GetRef().GetUid()
 	op.log = s.log.With("uid", op.uid, "namespace", spec.GetRef().GetNamespace(), "name", spec.GetRef().GetName())
+	if resp, err := op.image(); resp != nil || err != nil {
+		return resp, err
+	}
 
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if e, ok := s.tasks[op.uid]; ok {
+		op.releaseImage() // the known task's own answers
 		if e.status.GetSpecDigest() != digest {
 			return nil, status.Errorf(codes.FailedPrecondition, "task %s is known with a different spec", op.uid)
 		}
@@ -113,12 +121,53 @@ func (op *startOp) admit(ctx context.Context, req *agentv1.StartRequest) (*agent
 	op.newRecordLocked(digest)
 	// The table holds copies until the start is done.
 	recCopy := *op.rec
-	op.e = &entry{rec: &recCopy, status: clone(op.st)}
+	op.e = &entry{rec: &recCopy, status: clone(op.st), img: op.img.im}
 	s.tasks[op.uid] = op.e
 	s.running++
 	s.metrics.Running.Set(float64(s.running))
 	s.tasksWG.Add(1) // a shutdown waits for this start, then for the task
 	return nil, nil
+}
+
+// image is admit's image step for a task without a workspace, before
+// the task is in the table: the image held, or Start's answer while it
+// is pulled (image_pull) or when its pull failed (image_failure), with
+// nothing recorded, so that the same request starts the task later. A
+// task of a workspace runs in the workspace's image and names none.
+func (op *startOp) image() (*agentv1.StartResponse, error) {
+	s, spec := op.s, op.spec
+	op.img = &imageAnswer{}
+	if spec.GetWorkspace() != nil {
+		if spec.GetImage() != nil {
+			return nil, status.Error(codes.InvalidArgument, "spec.image must be unset for a task of a workspace: it runs in the workspace's image")
+		}
+		return nil, nil
+	}
+	s.mu.Lock()
+	_, known := s.tasks[op.uid]
+	s.mu.Unlock()
+	if known {
+		return nil, nil // admit answers
+	}
+	a, err := s.images.request(spec.GetImage())
+	switch {
+	case err != nil:
+		return nil, err
+	case a.failure != nil:
+		return &agentv1.StartResponse{ImageFailure: a.failure}, nil
+	case a.pull != nil:
+		return &agentv1.StartResponse{ImagePull: a.pull}, nil
+	}
+	op.img = a
+	return nil, nil
+}
+
+// releaseImage lets go of the task's image while no entry holds it.
+func (op *startOp) releaseImage() {
+	if op.img != nil && op.img.im != nil {
+		op.img.im.Release()
+		op.img.im = nil
+	}
 }
 
 // refuseStartLocked is admit's refusal of a new task, if any, in the order
@@ -152,6 +201,11 @@ func (op *startOp) newRecordLocked(digest string) {
 	if op.leased != nil {
 		op.es.User = &executor.User{UID: *op.leased, GID: *op.leased}
 	}
+	if im := op.img.im; im != nil {
+		// A private upper directory, the executor's, made and removed
+		// with the task.
+		op.es.Root = &executor.Root{Image: op.img.target.reference, LowerDirs: im.Layers}
+	}
 	op.st = &agentv1.TaskStatus{
 		Ref:           proto.CloneOf(spec.GetRef()),
 		State:         agentv1.TaskState_TASK_STATE_RUNNING,
@@ -159,6 +213,7 @@ func (op *startOp) newRecordLocked(digest string) {
 		Mechanism:     string(op.ex.Mechanism()),
 		IncarnationId: s.incarnation,
 		SpecDigest:    digest,
+		Image:         op.img.status(),
 	}
 	op.rec = &record{
 		State:           stateStarting,
@@ -190,8 +245,8 @@ func (op *startOp) launch() error {
 	s, spec := op.s, op.spec
 	var err error
 	if spec.GetWorkspace() != nil {
-		// Its UID, network and directory are the workspace's.
-		err = s.ws.bindTask(op.uid, spec, &op.es)
+		// Its UID, network, directory and image are the workspace's.
+		op.st.Image, err = s.ws.bindTask(op.uid, spec, &op.es)
 	} else {
 		err = s.networkError(spec)
 	}
@@ -268,6 +323,7 @@ func (op *startOp) commit() *agentv1.StartResponse {
 func (op *startOp) rollback(cause error) (*agentv1.StartResponse, error) {
 	s := op.s
 	if op.e == nil {
+		op.releaseImage()
 		return nil, cause
 	}
 	if !op.recorded {
@@ -286,15 +342,24 @@ func (op *startOp) rollback(cause error) (*agentv1.StartResponse, error) {
 	s.metrics.Running.Set(float64(s.running))
 	if !op.recorded {
 		delete(s.tasks, op.uid)
+		op.e.releaseImage()
 		if op.leased != nil {
 			s.leases.release(*op.leased) // nothing was started
 		}
 		return nil, status.Error(codes.Internal, cause.Error())
 	}
 	op.e.rec, op.e.status = op.rec, op.st
-	s.finishLocked(op.e, executor.StartFailedResult(cause))
+	res := executor.StartFailedResult(cause)
+	if errors.Is(cause, executor.ErrImageShellMissing) {
+		res.Reason = reasonImageShellMissing
+	}
+	s.finishLocked(op.e, res)
 	return &agentv1.StartResponse{Status: clone(op.e.status)}, nil
 }
+
+// reasonImageShellMissing ends a task whose image has no bash (the
+// executor's ErrImageShellMissing): the API's reason, not StartFailed.
+const reasonImageShellMissing = executor.Reason(v1alpha1.ReasonImageShellMissing)
 
 // validateSpec checks what the agent itself relies on: the reference, which
 // becomes a directory name, a cgroup name and an object key. Everything

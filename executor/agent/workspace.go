@@ -17,6 +17,7 @@ import (
 
 	agentv1 "github.com/bashtask/bashtask-operator/api/agent/v1"
 	"github.com/bashtask/bashtask-operator/executor"
+	"github.com/bashtask/bashtask-operator/executor/image"
 )
 
 // DefaultMaxWorkspaces is the default of --max-workspaces: how many
@@ -73,6 +74,10 @@ type workspace struct {
 	snapshotting chan struct{}
 	// restoreFrom is the snapshot a workspace being made is filled from.
 	restoreFrom *agentv1.WorkspaceSnapshot
+	// img holds the workspace's image (rec.Image) in the store while the
+	// workspace is on the node; nil on the node's root, or when it could
+	// not be acquired after a restart (its tasks then fail to start).
+	img *image.Image
 }
 
 // newWorkspace returns a table entry for rec.
@@ -148,6 +153,7 @@ func (ws *workspaces) takeUp(ctx context.Context) {
 		}
 	}
 	s.mu.Unlock()
+	ws.acquireImages(todo)
 	if ex == nil {
 		return
 	}
@@ -230,8 +236,103 @@ func (ws *workspaces) EnsureWorkspace(ctx context.Context, req *agentv1.EnsureWo
 			s.mu.Unlock()
 			return nil, status.Error(codes.Unavailable, "agent is shutting down: it makes no new workspace")
 		}
-		return ws.createLocked(ctx, spec) // unlocks
+		s.mu.Unlock()
+		img, resp, err := ws.image(spec)
+		if resp != nil || err != nil {
+			return resp, err
+		}
+		s.mu.Lock()
+		if w := ws.byUID[uid]; w != nil || ws.readyLocked() != nil || s.draining {
+			s.mu.Unlock() // made meanwhile, or the agent changed: look again
+			if img.im != nil {
+				img.im.Release()
+			}
+			continue
+		}
+		return ws.createLocked(ctx, spec, img) // unlocks
 	}
+}
+
+// image answers for the image of a workspace to make: held (or the
+// node's root), or the EnsureWorkspace answer of its pull under way or
+// failed.
+func (ws *workspaces) image(spec *agentv1.WorkspaceSpec) (*imageAnswer, *agentv1.EnsureWorkspaceResponse, error) {
+	a, err := ws.s.images.request(spec.GetImage())
+	switch {
+	case err != nil:
+		return nil, nil, err
+	case a.failure != nil:
+		return nil, &agentv1.EnsureWorkspaceResponse{ImageFailure: a.failure}, nil
+	case a.pull != nil:
+		return nil, &agentv1.EnsureWorkspaceResponse{ImagePull: a.pull}, nil
+	}
+	return a, nil, nil
+}
+
+// imageDigests are the manifest digests of the recorded workspaces'
+// images, which the image store holds from its opening on.
+func (ws *workspaces) imageDigests() []string {
+	var out []string
+	for _, w := range ws.byUID {
+		if im := w.rec.Image; im != nil && !w.rec.Deleting {
+			out = append(out, im.ManifestDigest)
+		}
+	}
+	return out
+}
+
+// acquireImages holds the images of workspaces taken up after a
+// restart. One the store no longer has is logged: the workspace's tasks
+// then fail to start, naming it, until the workspace is made again.
+func (ws *workspaces) acquireImages(todo []*workspace) {
+	s := ws.s
+	for _, w := range todo {
+		r := w.rec.Image
+		if r == nil || w.rec.Deleting || s.images.store == nil {
+			continue
+		}
+		im, err := s.images.store.Acquire(r.ManifestDigest)
+		if err != nil {
+			s.log.Error("holding a workspace's image after a restart", "workspace", w.rec.UID, "image", r.Reference, "digest", r.Digest, "err", err)
+			continue
+		}
+		im.Digest = r.Digest
+		s.mu.Lock()
+		w.img = im
+		s.mu.Unlock()
+	}
+}
+
+// imageMismatch is the FAILED_PRECONDITION of an EnsureWorkspace whose
+// image differs from the workspace's, naming both; nil when they match.
+// A request naming no image matches a workspace made without a name.
+func imageMismatch(r *workspaceRecord, spec *agentv1.ImageSpec) error {
+	have := "the node's root file system"
+	if r.Image != nil {
+		have = fmt.Sprintf("image %s (digest %s)", r.Image.Reference, r.Image.Digest)
+	}
+	var want string
+	switch {
+	case spec.GetNodeRoot():
+		if r.Image == nil {
+			return nil
+		}
+		want = "the node's root file system"
+	case spec.GetReference() == "":
+		if !r.ImageNamed {
+			return nil
+		}
+		want = "no image (the agent's default)"
+	default:
+		if r.Image != nil && r.ImageNamed && r.Image.Reference == spec.GetReference() && (spec.GetDigest() == "" || spec.GetDigest() == r.Image.Digest) {
+			return nil
+		}
+		want = "image " + spec.GetReference()
+		if spec.GetDigest() != "" {
+			want += " (digest " + spec.GetDigest() + ")"
+		}
+	}
+	return status.Errorf(codes.FailedPrecondition, "workspace %s runs in %s, the request asks for %s: the image is immutable", r.UID, have, want)
 }
 
 // updateLocked answers an EnsureWorkspace of a known workspace: the same
@@ -243,6 +344,9 @@ func (ws *workspaces) updateLocked(w *workspace, spec *agentv1.WorkspaceSpec) (*
 	if e := spec.GetRef().GetEpoch(); e != 0 && w.rec.Epoch != 0 && e != w.rec.Epoch {
 		return nil, status.Errorf(codes.FailedPrecondition, "workspace %s: this agent holds its copy of epoch %d, the request is for epoch %d: delete the stale copy first",
 			w.rec.UID, w.rec.Epoch, e)
+	}
+	if err := imageMismatch(w.rec, spec.GetImage()); err != nil {
+		return nil, err
 	}
 	network, err := ws.network(spec.GetNetwork())
 	if err != nil {
@@ -315,12 +419,15 @@ func (ws *workspaces) storage(requested int64) int64 {
 // limit, the network, the size, the UID lease, the table's entry marked
 // busy), then, unlocked, its state directory and record, the executor's
 // file system and network. It returns with Server.mu unlocked.
-func (ws *workspaces) createLocked(ctx context.Context, spec *agentv1.WorkspaceSpec) (*agentv1.EnsureWorkspaceResponse, error) {
+func (ws *workspaces) createLocked(ctx context.Context, spec *agentv1.WorkspaceSpec, img *imageAnswer) (*agentv1.EnsureWorkspaceResponse, error) {
 	s := ws.s
 	ref := spec.GetRef()
 	uid := ref.GetUid()
 	fail := func(err error) (*agentv1.EnsureWorkspaceResponse, error) {
 		s.mu.Unlock()
+		if img.im != nil {
+			img.im.Release()
+		}
 		return nil, err
 	}
 	if len(ws.byUID) >= ws.max {
@@ -347,8 +454,12 @@ func (ws *workspaces) createLocked(ctx context.Context, spec *agentv1.WorkspaceS
 		CarryWorkingDir: spec.GetCarryWorkingDir(), CarryEnv: spec.GetCarryEnv(),
 		TaskUID: taskUID, CreateTime: time.Now().UTC(), Epoch: ref.GetEpoch(), Pinned: spec.GetPinned(),
 	}
+	rec.ImageNamed = spec.GetImage().GetNodeRoot() || spec.GetImage().GetReference() != ""
+	if im := img.im; im != nil {
+		rec.Image = &workspaceImage{Reference: img.target.reference, Digest: im.Digest, ManifestDigest: im.ManifestDigest}
+	}
 	w := newWorkspace(rec)
-	w.busy, w.restoreFrom = make(chan struct{}), spec.GetRestoreFrom()
+	w.busy, w.restoreFrom, w.img = make(chan struct{}), spec.GetRestoreFrom(), img.im
 	ws.byUID[uid] = w
 	ex := s.ex
 	s.mu.Unlock()
@@ -362,6 +473,10 @@ func (ws *workspaces) createLocked(ctx context.Context, spec *agentv1.WorkspaceS
 		w.gone = true
 		delete(ws.byUID, uid)
 		ws.changedLocked()
+		if w.img != nil {
+			w.img.Release()
+			w.img = nil
+		}
 		s.leases.release(taskUID) // nothing of the UID ever ran
 		if _, ok := status.FromError(err); ok {
 			return nil, err // a restore's, with its code
@@ -466,6 +581,7 @@ func (ws *workspaces) statusLocked(w *workspace) *agentv1.WorkspaceStatus {
 		CarryEnvNames:   slices.Clone(r.CarryEnvNames),
 		Epoch:           r.Epoch,
 		RestoredFrom:    r.RestoredFrom,
+		Image:           workspaceImageStatus(w),
 	}
 	if r.CarryWorkingDir {
 		st.WorkingDir = executor.WorkspaceView(r.CarriedDir)
@@ -480,6 +596,16 @@ func (ws *workspaces) statusLocked(w *workspace) *agentv1.WorkspaceStatus {
 		}
 	}
 	return st
+}
+
+// workspaceImageStatus is w's image as its status reports it; nil on the
+// node's root.
+func workspaceImageStatus(w *workspace) *agentv1.ImageStatus {
+	r := w.rec.Image
+	if r == nil {
+		return nil
+	}
+	return &agentv1.ImageStatus{Reference: r.Reference, Digest: r.Digest, Pulled: w.img != nil}
 }
 
 // DeleteWorkspace implements the DeleteWorkspace RPC.
@@ -575,6 +701,10 @@ func (ws *workspaces) delete(ctx context.Context, uid string) (int, error) {
 	w.gone = true
 	delete(ws.byUID, uid)
 	ws.changedLocked()
+	if w.img != nil {
+		w.img.Release() // the image may be evicted now
+		w.img = nil
+	}
 	if s.leases != nil && s.leases.held[w.rec.TaskUID] == workspaceLeaseKey(uid) {
 		s.leases.release(w.rec.TaskUID)
 	}
@@ -617,16 +747,18 @@ func (ws *workspaces) remove(w *workspace) error {
 // TaskSpec names: its executor workspace, start directory and carried
 // state, and enters the task in the workspace's running tasks. The error
 // is the task's StartFailed: a workspace the agent does not hold (or one
-// being deleted), or a spec with a field a workspace task must not set.
-func (ws *workspaces) bindTask(uid string, spec *agentv1.TaskSpec, es *executor.Spec) error {
+// being deleted, or whose image it no longer has), or a spec with a field
+// a workspace task must not set. It returns the workspace's image as the
+// task's status reports it.
+func (ws *workspaces) bindTask(uid string, spec *agentv1.TaskSpec, es *executor.Spec) (*agentv1.ImageStatus, error) {
 	s := ws.s
 	ref := spec.GetWorkspace()
 	invalid := func(msg string) error { return &executor.StartError{Kind: executor.ErrInvalidSpec, Subject: msg} }
 	switch {
 	case spec.GetNetwork() != "":
-		return invalid("spec.network must be unset for a task of a workspace: it runs in the workspace's network")
+		return nil, invalid("spec.network must be unset for a task of a workspace: it runs in the workspace's network")
 	case spec.GetResources().GetEphemeralStorageBytes() != 0:
-		return invalid("spec.resources.ephemeralStorage must be unset for a task of a workspace: it uses the workspace's storage")
+		return nil, invalid("spec.resources.ephemeralStorage must be unset for a task of a workspace: it uses the workspace's storage")
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -634,16 +766,19 @@ func (ws *workspaces) bindTask(uid string, spec *agentv1.TaskSpec, es *executor.
 	name := fmt.Sprintf("workspace %s/%s (uid %s)", ref.GetNamespace(), ref.GetName(), ref.GetUid())
 	switch {
 	case s.cfg.Executor.Isolation != executor.IsolationTenant:
-		return invalid("workspaces need the tenant isolation level (--isolation=tenant)")
+		return nil, invalid("workspaces need the tenant isolation level (--isolation=tenant)")
 	case w == nil || w.gone:
-		return invalid(name + " is not held by this agent")
+		return nil, invalid(name + " is not held by this agent")
 	case w.rec.Deleting:
-		return invalid(name + " is being deleted")
+		return nil, invalid(name + " is being deleted")
 	case w.ex == nil:
-		return invalid(name + " could not be taken up by this agent (see its log)")
+		return nil, invalid(name + " could not be taken up by this agent (see its log)")
 	case ref.GetEpoch() != 0 && w.rec.Epoch != 0 && ref.GetEpoch() != w.rec.Epoch:
-		return invalid(fmt.Sprintf("%s: this agent's copy is of epoch %d, the task is for epoch %d: the workspace moved, and a stale copy runs no task",
+		return nil, invalid(fmt.Sprintf("%s: this agent's copy is of epoch %d, the task is for epoch %d: the workspace moved, and a stale copy runs no task",
 			name, w.rec.Epoch, ref.GetEpoch()))
+	}
+	if err := ws.rootLocked(w, name, es); err != nil {
+		return nil, err
 	}
 	wt := &executor.WorkspaceTask{Workspace: w.ex, Carry: w.rec.CarryWorkingDir, CarryEnv: w.rec.CarryEnv}
 	switch {
@@ -663,6 +798,26 @@ func (ws *workspaces) bindTask(uid string, spec *agentv1.TaskSpec, es *executor.
 		fresh = append(fresh, v.Name)
 	}
 	ws.taskFresh[uid] = fresh
+	return workspaceImageStatus(w), nil
+}
+
+// rootLocked gives es the workspace's image root: its image's layers and
+// the upper and work directories on its file system, which last as long
+// as it does (docs/images.md, "On the agent"). A workspace on the node's
+// root has none.
+func (ws *workspaces) rootLocked(w *workspace, name string, es *executor.Spec) error {
+	r := w.rec.Image
+	if r == nil {
+		return nil
+	}
+	if w.img == nil {
+		return &executor.StartError{Kind: executor.ErrInvalidSpec, Subject: fmt.Sprintf("%s: its image %s (digest %s) is no longer on this node", name, r.Reference, r.Digest)}
+	}
+	upper, work, err := w.ex.RootDirs()
+	if err != nil {
+		return &executor.StartError{Kind: executor.ErrProcessStart, Subject: "the workspace's image root", Cause: err}
+	}
+	es.Root = &executor.Root{Image: r.Reference, LowerDirs: w.img.Layers, UpperDir: upper, WorkDir: work}
 	return nil
 }
 

@@ -87,6 +87,26 @@ type workspaceRecord struct {
 	// move. Absent from a record of an earlier agent: the drain waits
 	// for such a workspace as for any that may move.
 	Pinned bool `json:"pinned,omitempty"`
+	// Image is the image the workspace's tasks run in, as its pull
+	// resolved it; nil on the node's root file system.
+	Image *workspaceImage `json:"image,omitempty"`
+	// ImageNamed is set when the request that made the workspace named
+	// its image (a reference, or the node's root): a later request that
+	// names none matches only a workspace made without a name, whatever
+	// the agent's --default-image is now.
+	ImageNamed bool `json:"imageNamed,omitempty"`
+}
+
+// workspaceImage is a workspace's image in its record.
+type workspaceImage struct {
+	// Reference is the reference asked for (the request's, or the
+	// agent's --default-image).
+	Reference string `json:"reference"`
+	// Digest is what it resolved to (an index's digest, or the
+	// manifest's), ManifestDigest the store's key of the image for this
+	// node's platform.
+	Digest         string `json:"digest"`
+	ManifestDigest string `json:"manifestDigest"`
 }
 
 // workspaceFiles is the state directory of the workspaces:

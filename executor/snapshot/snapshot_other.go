@@ -13,6 +13,8 @@ import (
 type WriteOptions struct {
 	UID         uint32
 	State       []StateFile
+	Exclude     []string
+	Upper       *os.File
 	Concurrency int
 }
 
@@ -20,6 +22,7 @@ type WriteOptions struct {
 type ReadOptions struct {
 	UID, GID uint32
 	State    func(StateFile) error
+	Upper    func() (*os.File, error)
 }
 
 // Write is Linux only: it returns errors.ErrUnsupported.
