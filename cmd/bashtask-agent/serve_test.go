@@ -104,3 +104,21 @@ func TestServeRejectsUnknownUnenforcedLimits(t *testing.T) {
 		t.Errorf("serve --unenforced-limits=ignore: %v, want the flag, the value and the choices in the error", err)
 	}
 }
+
+func TestServeRejectsBadImageFlags(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--image-cache-size=lots"}, `--image-cache-size "lots": want a quantity such as 10Gi`},
+		{[]string{"--registry-mirror=docker.io"}, `--registry-mirror "docker.io": want HOST=MIRROR`},
+		{[]string{"--registry-mirror=docker.io=https://mirror.example/v2"}, `--registry-mirror "docker.io=https://mirror.example/v2": want HOST=MIRROR`},
+		{[]string{"--image-cache-dir=images"}, `--image-cache-dir "images": want an absolute path`},
+		{[]string{"--default-image=debian:12"}, "--default-image debian:12: images need --isolation=tenant"},
+	} {
+		_, err := execute(t, append([]string{"serve", "--state-dir", t.TempDir()}, tc.args...)...)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("serve %v: %v, want %q in the error", tc.args, err, tc.want)
+		}
+	}
+}

@@ -101,7 +101,11 @@ func mountOverlay(st *state, tree int) (int, error) {
 	if err := overlayLowers(fsfd, lowers); err != nil {
 		return -1, fmt.Errorf("root of image %s: %w%s", r.Image, err, fsLog(fsfd))
 	}
-	for _, kv := range [][2]string{{"upperdir", fdPath(upper)}, {"workdir", fdPath(work)}} {
+	// redirect_dir and metacopy off whatever the kernel's defaults: an
+	// upper directory then holds whole files and plain directories, which
+	// a workspace's snapshot archives as they are (docs/images.md, "What
+	// a snapshot holds").
+	for _, kv := range [][2]string{{"upperdir", fdPath(upper)}, {"workdir", fdPath(work)}, {"redirect_dir", "off"}, {"metacopy", "off"}} {
 		if err := unix.FsconfigSetString(fsfd, kv[0], kv[1]); err != nil {
 			return -1, fmt.Errorf("root of image %s: overlay %s: %w%s", r.Image, kv[0], err, fsLog(fsfd))
 		}
