@@ -155,7 +155,8 @@ func newImages(cfg ImageConfig, stateDir string, tenant bool, hold []string, log
 	return m, nil
 }
 
-// close ends the background pulls and releases the store.
+// close ends the background pulls and releases the store; calling it
+// again does nothing.
 func (m *images) close() error {
 	m.stop()
 	m.mu.Lock()

@@ -231,8 +231,8 @@ func (s *Server) Readiness() (bool, []string) {
 // Run does the server's background work until ctx ends: progress events,
 // uploads and readiness checks. When ctx ends it stops accepting tasks,
 // cancels the running tasks (TERM, grace, KILL; they finish with reason
-// AgentRestarted), and once they are recorded and their terminal events
-// sent, ends every Watch stream and returns. Uploads still pending are
+// AgentRestarted), closes the image store, and once they are recorded and
+// their terminal events sent, ends every Watch stream and returns. Uploads still pending are
 // retried by the next incarnation.
 func (s *Server) Run(ctx context.Context) error {
 	var wg sync.WaitGroup
@@ -252,6 +252,12 @@ func (s *Server) Run(ctx context.Context) error {
 		s.log.Info("stopping running tasks for shutdown", "tasks", n)
 	}
 	s.tasksWG.Wait()
+	// No task runs and none starts: the image store's lock goes with Run,
+	// as with the process, so that a new agent on the same state
+	// directory opens it.
+	if err := s.images.close(); err != nil {
+		s.log.Error("closing the image store", "err", err)
+	}
 	// Only now: watchers have received the terminal events.
 	close(s.stopCh)
 	cancel()
