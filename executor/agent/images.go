@@ -327,12 +327,14 @@ func (m *images) run(key string, j *pullJob) {
 		m.mu.Lock()
 		if err == nil {
 			m.doneLocked(j, im)
+			m.expireLocked(key, j)
 			m.mu.Unlock()
 			return
 		}
 		if reason, permanent := apiImageReason(err); permanent {
 			j.failure = &agentv1.ImageFailure{Reason: reason, Message: failureMessage(j.ref, err)}
-			j.finished, j.expires = true, time.Now().Add(m.cfg.FailureTTL)
+			j.finished = true
+			m.expireLocked(key, j)
 			m.mu.Unlock()
 			m.log.Info("image pull failed", "image", j.ref, "reason", reason, "err", err)
 			return
@@ -382,7 +384,6 @@ func (m *images) fetch(j *pullJob) (*image.Image, error) {
 // as readers of it.
 func (m *images) doneLocked(j *pullJob, im *image.Image) {
 	j.im, j.finished = im, true
-	j.expires = time.Now().Add(m.cfg.FailureTTL)
 	j.status.Digest, j.status.Pulled, j.status.Message = im.Digest, true, ""
 	for _, d := range []string{im.Digest, im.ManifestDigest} {
 		if m.readers[d] == nil {
@@ -390,6 +391,20 @@ func (m *images) doneLocked(j *pullJob, im *image.Image) {
 		}
 		m.readers[d][j.creds] = true
 	}
+}
+
+// expireLocked makes a finished job expire after the failure TTL: its
+// failure is forgotten, or its hold on the image it pulled let go, even
+// when nobody asks for it again.
+func (m *images) expireLocked(key string, j *pullJob) {
+	j.expires = time.Now().Add(m.cfg.FailureTTL)
+	time.AfterFunc(m.cfg.FailureTTL, func() {
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		if m.pulls[key] == j {
+			m.dropLocked(key, j)
+		}
+	})
 }
 
 // dropLocked forgets a job and lets go of its hold.

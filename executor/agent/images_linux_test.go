@@ -15,6 +15,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -49,12 +50,19 @@ var imageApplets = []string{"sh", "cat", "ls", "id", "echo", "rm", "cp", "test",
 // loopback; repositories under private/ want basic authentication.
 type testRegistry struct {
 	host string
+	// down makes the repositories under flaky/ answer 503.
+	down atomic.Bool
 }
 
 func newImageRegistry(t *testing.T) *testRegistry {
 	t.Helper()
 	reg := registry.New(registry.Logger(log.New(io.Discard, "", 0)))
+	tr := &testRegistry{}
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if strings.Contains(r.URL.Path, "/flaky/") && tr.down.Load() {
+			http.Error(w, "registry down for maintenance", http.StatusServiceUnavailable)
+			return
+		}
 		if strings.Contains(r.URL.Path, "/private/") {
 			if u, p, ok := r.BasicAuth(); !ok || u != registryUser || p != registryPassword {
 				w.Header().Set("WWW-Authenticate", `Basic realm="test"`)
@@ -66,7 +74,8 @@ func newImageRegistry(t *testing.T) *testRegistry {
 		reg.ServeHTTP(w, r)
 	}))
 	t.Cleanup(srv.Close)
-	return &testRegistry{host: strings.TrimPrefix(srv.URL, "http://")}
+	tr.host = strings.TrimPrefix(srv.URL, "http://")
+	return tr
 }
 
 // pullSecret is the .dockerconfigjson of the registry's credentials.
@@ -164,7 +173,7 @@ func (k staticKeychain) Resolve(authn.Resource) (authn.Authenticator, error) { r
 func withImages(reg *testRegistry, f func(*ImageConfig)) rigOption {
 	return func(c *Config) {
 		c.Images.PlainHTTP = []string{reg.host}
-		c.Images.RetryInitial = 50 * time.Millisecond
+		c.Images.RetryInitial, c.Images.RetryMax = 50*time.Millisecond, 500*time.Millisecond
 		if f != nil {
 			f(&c.Images)
 		}
@@ -433,6 +442,48 @@ func TestImageWorkspaceKeptOverRestart(t *testing.T) {
 	// Released on delete: over the budget, it goes.
 	if _, err := r2.srv.images.store.Acquire(digest); err == nil {
 		t.Errorf("the deleted workspace's image is still in the store, over its budget")
+	}
+}
+
+// A pull that fails for a retryable cause (the registry's 503) is
+// retried in the background, its error in image_pull's message, and
+// proceeds once the registry is back; the finished pull is forgotten
+// after the failure TTL, and with it its hold on the image.
+func TestImagePullRetried(t *testing.T) {
+	reg := newImageRegistry(t)
+	ref, digest := reg.push(t, "flaky/bash:1", runtime.GOARCH, true)
+	reg.down.Store(true)
+	r := newRig(t, tenantLevel(2101570, 2101579), withImages(reg, func(c *ImageConfig) { c.FailureTTL = 500 * time.Millisecond }))
+	spec := imageTask("r1", "true", &agentv1.ImageSpec{Reference: ref})
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		resp, err := r.client.Start(t.Context(), &agentv1.StartRequest{Spec: spec})
+		if err != nil || resp.GetImagePull() == nil {
+			t.Fatalf("Start while the registry is down: %v %v, want image_pull", resp, err)
+		}
+		if m := resp.GetImagePull().GetMessage(); strings.Contains(m, "503") || strings.Contains(m, "maintenance") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no retried error in image_pull: %v", resp)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	reg.down.Store(false)
+	if resp := r.startImage(spec, false); resp.GetStatus().GetImage().GetDigest() != digest {
+		t.Fatalf("after the registry came back: %v", resp)
+	}
+	r.finished("r1")
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		r.srv.images.mu.Lock()
+		n := len(r.srv.images.pulls)
+		r.srv.images.mu.Unlock()
+		if n == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d pulls still remembered after the failure TTL", n)
+		}
 	}
 }
 
