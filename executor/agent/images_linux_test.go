@@ -164,6 +164,19 @@ func (r *testRegistry) push(t *testing.T, repoTag, arch string, withBash bool) (
 	return ref, d.String()
 }
 
+// imageBytes is the size of the test image's two big files.
+func imageBytes(t *testing.T) int64 {
+	var n int64
+	for _, p := range []string{staticBash, staticBusybox} {
+		fi, err := os.Stat(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		n += fi.Size()
+	}
+	return n
+}
+
 // staticKeychain answers every registry with one authenticator.
 type staticKeychain struct{ a authn.Authenticator }
 
@@ -300,7 +313,9 @@ func TestImageTaskWithoutWorkspace(t *testing.T) {
 	ref, digest := reg.push(t, "tools/bash:1", runtime.GOARCH, true)
 	noBash, _ := reg.push(t, "tools/busybox:1", runtime.GOARCH, false)
 	r := newRig(t, tenantLevel(2101520, 2101529), withImages(reg, nil))
+	began := time.Now()
 	resp := r.startImage(imageTask("t1", `echo changed > /etc/os-release; cat /etc/os-release`, &agentv1.ImageSpec{Reference: ref}), true)
+	t.Logf("the first Start of an image of %d bytes (bash-static and busybox) to its task's start: %v", imageBytes(t), time.Since(began).Round(time.Millisecond))
 	if resp.GetStatus().GetImage().GetDigest() != digest {
 		t.Errorf("the running task's image %v, want digest %s", resp.GetStatus().GetImage(), digest)
 	}
