@@ -502,6 +502,38 @@ func TestImagePullRetried(t *testing.T) {
 	}
 }
 
+// With a digest, the digest is pulled, never what the tag names now.
+func TestImageDigestNotTag(t *testing.T) {
+	reg := newImageRegistry(t)
+	refA, digestA := reg.push(t, "tools/moving:1", runtime.GOARCH, true)
+	refB, _ := reg.push(t, "tools/moving:2", runtime.GOARCH, true)
+	// Tag 1 names image B from now on.
+	rb, err := name.ParseReference(refB)
+	if err != nil {
+		t.Fatal(err)
+	}
+	desc, err := remote.Get(rb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tag, err := name.NewTag(refA)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := remote.Tag(tag, desc); err != nil {
+		t.Fatal(err)
+	}
+	r := newRig(t, tenantLevel(2101580, 2101589), withImages(reg, nil))
+	r.startImage(imageTask("g1", `cat /etc/os-release`, &agentv1.ImageSpec{Reference: refA, Digest: digestA}), true)
+	if res := r.finished("g1"); res.GetStdout().GetTail() != "ID=tools/moving:1\n" || res.GetImage().GetDigest() != digestA {
+		t.Errorf("by digest: %q image %v (%s %s), want image A", res.GetStdout().GetTail(), res.GetImage(), res.GetReason(), res.GetMessage())
+	}
+	r.startImage(imageTask("g2", `cat /etc/os-release`, &agentv1.ImageSpec{Reference: refA}), true)
+	if res := r.finished("g2"); res.GetStdout().GetTail() != "ID=tools/moving:2\n" {
+		t.Errorf("by tag: %q, want image B, which the tag names now", res.GetStdout().GetTail())
+	}
+}
+
 // At the process level an image is refused, naming the isolation level.
 func TestImageNeedsTenantLevel(t *testing.T) {
 	r := newRig(t)
