@@ -2,6 +2,8 @@
 
 package executor
 
+import "os"
+
 // workspaceSys exists only on Linux.
 type workspaceSys struct{}
 
@@ -25,3 +27,9 @@ func (w *Workspace) Close() error { return nil }
 func (w *Workspace) Remove() error { return ErrUnsupported }
 
 func (w *Workspace) dupRoot() (int, error) { return -1, ErrUnsupported }
+
+// RootDirs is Linux only: it returns ErrUnsupported.
+func (w *Workspace) RootDirs() (upper, work string, err error) { return "", "", ErrUnsupported }
+
+// openUpper finds no upper directory off Linux.
+func openUpper(*os.File) (*os.File, error) { return nil, nil }
