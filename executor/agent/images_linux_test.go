@@ -14,6 +14,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -406,11 +407,15 @@ func TestImageCredentialsNotShared(t *testing.T) {
 }
 
 // The agent's --default-image applies to a request naming none; node_root
-// keeps the node's root file system.
+// keeps the node's root file system. The readiness names the "images"
+// capability.
 func TestImageDefault(t *testing.T) {
 	reg := newImageRegistry(t)
 	ref, digest := reg.push(t, "tools/default:1", runtime.GOARCH, true)
 	r := newRig(t, tenantLevel(2101550, 2101559), withImages(reg, func(c *ImageConfig) { c.DefaultImage = ref }))
+	if info, _ := r.watch(); !slices.Contains(info.GetReadiness().GetCapabilities(), "images") {
+		t.Errorf("capabilities %v lack images at the tenant level", info.GetReadiness().GetCapabilities())
+	}
 	r.startImage(imageTask("d1", `cat /etc/os-release`, nil), true)
 	if res := r.finished("d1"); res.GetStdout().GetTail() != "ID=tools/default:1\n" || res.GetImage().GetDigest() != digest || res.GetImage().GetReference() != ref {
 		t.Errorf("without an image: %q image %v (%s %s), want the default", res.GetStdout().GetTail(), res.GetImage(), res.GetReason(), res.GetMessage())
@@ -534,9 +539,13 @@ func TestImageDigestNotTag(t *testing.T) {
 	}
 }
 
-// At the process level an image is refused, naming the isolation level.
+// At the process level an image is refused, naming the isolation level,
+// and the readiness names no "images" capability.
 func TestImageNeedsTenantLevel(t *testing.T) {
 	r := newRig(t)
+	if info, _ := r.watch(); slices.Contains(info.GetReadiness().GetCapabilities(), "images") {
+		t.Errorf("capabilities %v name images at the process level", info.GetReadiness().GetCapabilities())
+	}
 	_, err := r.client.Start(t.Context(), &agentv1.StartRequest{Spec: imageTask("p1", "true", &agentv1.ImageSpec{Reference: "example.com/tools/bash:1"})})
 	if status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "--isolation=tenant") {
 		t.Errorf("an image at the process level: %v, want FAILED_PRECONDITION naming the isolation level", err)

@@ -30,6 +30,9 @@ func (s *Server) agentInfoLocked() *agentv1.AgentInfo {
 		caps := s.ex.Capabilities()
 		r.Capabilities = caps.Names()
 		r.Capabilities = append(r.Capabilities, s.ws.capabilitiesLocked()...)
+		if s.images.store != nil {
+			r.Capabilities = append(r.Capabilities, "images")
+		}
 		r.LandlockAbi = int32(caps.LandlockABI)
 		r.DiskCapBytes = s.ex.DiskCap()
 		r.EnforcedLimits = enforcedLimits(s.ex)
