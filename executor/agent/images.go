@@ -111,10 +111,10 @@ type imageTarget struct {
 	// ref is what to pull ("" for the node's root), reference the
 	// request's (or the default) as the status reports it.
 	ref, reference string
-	// isDefault is set when the request named no image.
-	isDefault bool
-	creds     string
-	keychain  authn.Keychain
+	// creds is the hash of the request's pull secrets ("" for none),
+	// keychain their credentials.
+	creds    string
+	keychain authn.Keychain
 }
 
 // newImages opens the store at the tenant level, holding the digests of
@@ -189,7 +189,7 @@ func (m *images) target(spec *agentv1.ImageSpec) (imageTarget, error) {
 		if m.cfg.DefaultImage == "" {
 			return imageTarget{}, nil
 		}
-		t.reference, t.isDefault = m.cfg.DefaultImage, true
+		t.reference = m.cfg.DefaultImage
 	}
 	if m.store == nil {
 		return imageTarget{}, errImagesNeedTenant
