@@ -411,7 +411,9 @@ func (r *AgentRegistry) conn(node string) (*agentConn, error) {
 
 // StartTask sends the task to the node's agent. The agent makes Start
 // idempotent on the task UID, so a repeat after a lost reply starts
-// nothing twice.
+// nothing twice. A task whose image is not on the node yet returns an
+// *ImagePullingError, one whose image cannot be pulled an
+// *ImageFailedError; both started nothing.
 func (r *AgentRegistry) StartTask(ctx context.Context, node string, spec *agentv1.TaskSpec) (*agentv1.TaskStatus, error) {
 	a, err := r.conn(node)
 	if err != nil {
@@ -427,8 +429,43 @@ func (r *AgentRegistry) StartTask(ctx context.Context, node string, spec *agentv
 	if err != nil {
 		return nil, fmt.Errorf("starting task on node %q: %w", node, err)
 	}
+	if ip := resp.GetImagePull(); ip != nil {
+		return nil, &ImagePullingError{Node: node, Status: ip}
+	}
+	if f := resp.GetImageFailure(); f != nil {
+		return nil, &ImageFailedError{Node: node, Failure: f}
+	}
 	a.observe(resp.GetStatus(), false, true)
 	return resp.GetStatus(), nil
+}
+
+// ImagePullingError is StartTask's answer when the agent started nothing
+// because the task's image is not on the node yet (StartResponse.image_pull):
+// the agent pulls it, and a later StartTask with the same spec starts the
+// task once it is there.
+type ImagePullingError struct {
+	// Node is the node whose agent pulls.
+	Node string
+	// Status is the pull's progress.
+	Status *agentv1.ImageStatus
+}
+
+func (e *ImagePullingError) Error() string {
+	return fmt.Sprintf("node %q is pulling image %s (%d of %d bytes)", e.Node, e.Status.GetReference(), e.Status.GetDownloadedBytes(), e.Status.GetTotalBytes())
+}
+
+// ImageFailedError is StartTask's answer when the task's image cannot be
+// pulled on the node (StartResponse.image_failure): nothing was started,
+// and the task ends with Failure.reason.
+type ImageFailedError struct {
+	// Node is the node whose agent failed to pull.
+	Node string
+	// Failure is the agent's reason and message.
+	Failure *agentv1.ImageFailure
+}
+
+func (e *ImageFailedError) Error() string {
+	return fmt.Sprintf("node %q cannot pull the task's image: %s: %s", e.Node, e.Failure.GetReason(), e.Failure.GetMessage())
 }
 
 // GetTask returns the task's current status from the node's agent, or an error

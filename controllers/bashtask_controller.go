@@ -390,6 +390,9 @@ func (r *BashTaskReconciler) reconcilePending(ctx context.Context, bt *bashtaskv
 	if d := specGate(bt, now); d != nil {
 		return *d, nil
 	}
+	if msg := imageReferenceError(bt.Spec.Image); msg != "" {
+		return *endDecision(bt, bashtaskv1alpha1.ReasonInvalidSpec, msg, now), nil
+	}
 	if d := timeoutGate(bt, r.opts.MaxTimeoutSeconds, now); d != nil {
 		return *d, nil
 	}
@@ -433,6 +436,9 @@ func (r *BashTaskReconciler) reconcilePending(ctx context.Context, bt *bashtaskv
 	if err := r.restoreNotice(ctx, bt, target); err != nil {
 		release()
 		return taskDecision{}, err
+	}
+	if target != nil {
+		bt.Status.Image = target.image // the workspace's image, recorded with the dispatch
 	}
 	// The documented exception to one status write per pass, at its end
 	// (see Reconcile): the placement is written here, before Start, so
@@ -545,6 +551,9 @@ func (r *BashTaskReconciler) start(ctx context.Context, bt *bashtaskv1alpha1.Bas
 		}
 	}
 	ts, err := r.agents.StartTask(ctx, node, spec)
+	if d, ok := imageStartDecision(bt, err, r.clock.Now()); ok {
+		return d, nil
+	}
 	if status.Code(err) == codes.ResourceExhausted {
 		// The agent runs its maximum and started nothing; the task waits
 		// for a slot on the node it is recorded on.

@@ -143,6 +143,8 @@ func progressOf(bt *bashtaskv1alpha1.BashTask) (reason, message string) {
 		return ReasonRunning, "the command is running on node " + nodeOf(st)
 	case nodeOf(st) == "" && ptr.Deref(bt.Spec.Suspend, false):
 		return ReasonSuspended, "spec.suspend is true; the task is not dispatched"
+	case scheduled != nil && scheduled.Status == metav1.ConditionTrue && pullingMessage(st) != "":
+		return ReasonPending, "node " + nodeOf(st) + " is pulling the task's image: " + pullingMessage(st)
 	case scheduled != nil && scheduled.Status == metav1.ConditionTrue:
 		return ReasonPending, "waiting for the agent on node " + nodeOf(st) + " to start the command"
 	case scheduled != nil:
@@ -235,6 +237,7 @@ func (r *BashTaskReconciler) applyTaskStatus(bt *bashtaskv1alpha1.BashTask, ts *
 		return
 	}
 	st := &bt.Status
+	applyTaskImage(bt, ts)
 	if t := ts.GetStartTime(); t != nil && st.StartTime == nil {
 		mt := metav1.NewTime(t.AsTime())
 		st.StartTime = &mt
@@ -265,6 +268,11 @@ func (r *BashTaskReconciler) applyTaskStatus(bt *bashtaskv1alpha1.BashTask, ts *
 	}
 
 	reason, known := terminalReasons[ts.GetReason()]
+	if !known {
+		// ImageShellMissing: an image without bash is only found once
+		// the task's root is assembled.
+		reason, known = imageFailureReasons[ts.GetReason()]
+	}
 	message := ts.GetMessage()
 	if !known {
 		reason = bashtaskv1alpha1.ReasonSignaled

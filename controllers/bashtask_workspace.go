@@ -34,6 +34,8 @@ type workspaceCheck struct {
 type workspaceTarget struct {
 	ref  *agentv1.WorkspaceRef
 	node string
+	// image is the workspace's status.image, which the task's copies.
+	image *bashtaskv1alpha1.ImageStatus
 }
 
 // checkWorkspace reads the task's workspace from the cache and decides
@@ -95,7 +97,7 @@ func workspaceVerdict(bt *bashtaskv1alpha1.BashTask, ws *bashtaskv1alpha1.BashWo
 			message: fmt.Sprintf("spec.workspace: BashWorkspace %q is %s (%s); it takes no more tasks, and the task was not started. Create a new workspace for new tasks",
 				name, phase, ptr.Deref(ws.Status.Message, string(phase)))}
 	case phase == bashtaskv1alpha1.WorkspaceReady && ptr.Deref(ws.Status.NodeName, "") != "":
-		return workspaceCheck{target: &workspaceTarget{ref: workspaceRefOf(ws), node: *ws.Status.NodeName}}
+		return workspaceCheck{target: &workspaceTarget{ref: workspaceRefOf(ws), node: *ws.Status.NodeName, image: ws.Status.Image.DeepCopy()}}
 	}
 	return workspaceCheck{wait: ReasonWorkspaceNotReady, message: workspaceWait(ws)}
 }

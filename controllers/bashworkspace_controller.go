@@ -234,6 +234,10 @@ func (r *BashWorkspaceReconciler) reconcile(ctx context.Context, ws *bashtaskv1a
 // and has the agent make it. old is updated when the write-ahead is
 // written.
 func (r *BashWorkspaceReconciler) reconcilePending(ctx context.Context, ws *bashtaskv1alpha1.BashWorkspace, old *bashtaskv1alpha1.BashWorkspaceStatus, p *workspacePass) (reconcile.Result, error) {
+	secrets, res, done, err := r.imageGate(ctx, ws, p)
+	if done {
+		return res, err
+	}
 	node := ptr.Deref(ws.Status.NodeName, "")
 	if node == "" {
 		if err := r.addFinalizer(ctx, ws); err != nil {
@@ -295,9 +299,14 @@ func (r *BashWorkspaceReconciler) reconcilePending(ctx context.Context, ws *bash
 		return reconcile.Result{}, reconcile.TerminalError(err)
 	}
 	spec.RestoreFrom = from
+	// A workspace restored from its snapshot was made before.
+	spec.Image = workspaceImageSpec(ws, ws.Status.Snapshot != nil, secrets)
 	resp, err := r.agents.EnsureWorkspace(ctx, node, spec)
 	if err != nil {
 		return r.ensureFailed(ws, node, err, p)
+	}
+	if res, done, err := r.imageAnswer(ws, node, resp, p); done {
+		return res, err
 	}
 	applyWorkspaceStatus(ws, resp.GetStatus(), node)
 	r.noteNoSnapshots(ws)
@@ -349,7 +358,9 @@ func (r *BashWorkspaceReconciler) reconcileReady(ctx context.Context, ws *bashta
 	if ptr.Deref(ws.Status.ObservedGeneration, 0) != ws.Generation {
 		// spec.carryOver changed: the agent applies it from the next task.
 		var resp *agentv1.EnsureWorkspaceResponse
-		if resp, err = r.agents.EnsureWorkspace(ctx, node, workspaceSpec(ws)); err == nil {
+		spec := workspaceSpec(ws)
+		spec.Image = workspaceImageSpec(ws, true, nil)
+		if resp, err = r.agents.EnsureWorkspace(ctx, node, spec); err == nil {
 			st = resp.GetStatus()
 		}
 	} else {

@@ -82,6 +82,7 @@ func applyWorkspaceStatus(ws *bashtaskv1alpha1.BashWorkspace, st *agentv1.Worksp
 		msg += noStorageCap
 	}
 	setWorkspacePhase(ws, bashtaskv1alpha1.WorkspaceReady, msg)
+	applyWorkspaceImage(ws, st)
 }
 
 // setWorkspacePhase records the workspace's phase and its message.
@@ -117,8 +118,8 @@ func setWorkspaceConditions(ws *bashtaskv1alpha1.BashWorkspace) {
 		set(bashtaskv1alpha1.ConditionReady, false, bashtaskv1alpha1.WorkspaceReasonNodeLost)
 	case bashtaskv1alpha1.WorkspaceFailed:
 		meta.RemoveStatusCondition(&st.Conditions, bashtaskv1alpha1.ConditionReconciling)
-		set(bashtaskv1alpha1.ConditionStalled, true, bashtaskv1alpha1.WorkspaceReasonInvalidSpec)
-		set(bashtaskv1alpha1.ConditionReady, false, bashtaskv1alpha1.WorkspaceReasonInvalidSpec)
+		set(bashtaskv1alpha1.ConditionStalled, true, failedReason(st))
+		set(bashtaskv1alpha1.ConditionReady, false, failedReason(st))
 	case bashtaskv1alpha1.WorkspaceSuspended:
 		meta.RemoveStatusCondition(&st.Conditions, bashtaskv1alpha1.ConditionReconciling)
 		meta.RemoveStatusCondition(&st.Conditions, bashtaskv1alpha1.ConditionStalled)

@@ -34,6 +34,8 @@ type resolvedInput struct {
 	stdin *agentv1.Stdin
 	// workspace is the task's workspace (spec.workspace), nil without one.
 	workspace *agentv1.WorkspaceRef
+	// image is spec.image with its pull secrets, nil without spec.image.
+	image *agentv1.ImageSpec
 }
 
 // missingReferenceError names a Secret, ConfigMap or key that does not
@@ -56,10 +58,15 @@ type invalidValueError struct{ msg string }
 
 func (e *invalidValueError) Error() string { return e.msg }
 
-// resolve reads every valueFrom and stdinFrom reference. Nothing is
-// dispatched before every value exists.
+// resolve reads every valueFrom and stdinFrom reference and the image pull
+// secrets. Nothing is dispatched before every value exists.
 func (r *BashTaskReconciler) resolve(ctx context.Context, bt *bashtaskv1alpha1.BashTask) (*resolvedInput, error) {
 	out := &resolvedInput{}
+	secrets, err := pullSecrets(ctx, r.apiReader, bt.Namespace, bt.Spec.ImagePullSecrets)
+	if err != nil {
+		return nil, err
+	}
+	out.image = taskImageSpec(bt, secrets)
 	for i, e := range bt.Spec.Env {
 		field := fmt.Sprintf("spec.env[%d] (%s)", i, e.Name)
 		var value string
@@ -479,6 +486,7 @@ func (r *BashTaskReconciler) taskSpec(bt *bashtaskv1alpha1.BashTask, in *resolve
 		Output:    out,
 		Network:   string(ptr.Deref(bt.Spec.Network, "")),
 		Workspace: in.workspace,
+		Image:     in.image,
 		ManagedEnv: []*agentv1.EnvVar{
 			{Name: ManagedEnvName, Value: bt.Name},
 			{Name: ManagedEnvNamespace, Value: bt.Namespace},
