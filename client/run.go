@@ -53,6 +53,16 @@ type RunOptions struct {
 	WorkingDir string
 	// NodeName is spec.nodeName (not with a Workspace).
 	NodeName string
+	// Image is spec.image, the OCI image the task runs in
+	// ([registry/]repository[:tag][@digest], docs/images.md); empty runs
+	// it in the agent's default image, or on the node's root. Not with a
+	// Workspace: its tasks run in the workspace's image
+	// (WorkspaceOptions.Image).
+	Image string
+	// ImagePullSecrets are spec.imagePullSecrets, the names of Secrets of
+	// type kubernetes.io/dockerconfigjson in Namespace (at most 16); only
+	// with Image.
+	ImagePullSecrets []string
 	// Env is spec.env, one entry per name, in the order of the names.
 	Env map[string]string
 	// Stdin, when set, is spec.stdin: at most 262144 bytes of UTF-8.
@@ -217,6 +227,12 @@ func taskOf(opts RunOptions) (*bashtaskv1alpha1.BashTask, error) {
 		t.Spec.StdinStream = &bashtaskv1alpha1.StdinStream{}
 	}
 	var err error
+	if t.Spec.Image, t.Spec.ImagePullSecrets, err = imageOf("RunOptions", opts.Image, opts.ImagePullSecrets); err != nil {
+		return nil, err
+	}
+	if opts.Workspace != "" && t.Spec.Image != nil {
+		return nil, fmt.Errorf("RunOptions.Image %q: spec.image must be unset with spec.workspace (RunOptions.Workspace %q): the task runs in the workspace's image", opts.Image, opts.Workspace)
+	}
 	if t.Spec.TimeoutSeconds, err = seconds("RunOptions.Timeout", "spec.timeoutSeconds", opts.Timeout, 1, maxTimeoutSeconds); err != nil {
 		return nil, err
 	}
@@ -228,6 +244,33 @@ func taskOf(opts RunOptions) (*bashtaskv1alpha1.BashTask, error) {
 		return nil, err
 	}
 	return t, nil
+}
+
+// maxImagePullSecrets is spec.imagePullSecrets' schema limit.
+const maxImagePullSecrets = 16
+
+// imageOf is spec.image and spec.imagePullSecrets of an Image and its
+// ImagePullSecrets option (of the options type typ): nil for none, and an
+// error naming the option for pull secrets without an image or over the
+// schema's 16.
+func imageOf(typ, image string, secrets []string) (*bashtaskv1alpha1.ImageReference, []bashtaskv1alpha1.ImagePullSecret, error) {
+	if len(secrets) > 0 && image == "" {
+		return nil, nil, fmt.Errorf("%s.ImagePullSecrets: spec.imagePullSecrets needs spec.image (%s.Image)", typ, typ)
+	}
+	if len(secrets) > maxImagePullSecrets {
+		return nil, nil, fmt.Errorf("%s.ImagePullSecrets: %d Secrets, over the limit of %d of spec.imagePullSecrets", typ, len(secrets), maxImagePullSecrets)
+	}
+	if image == "" {
+		return nil, nil, nil
+	}
+	out := make([]bashtaskv1alpha1.ImagePullSecret, 0, len(secrets))
+	for _, s := range secrets {
+		out = append(out, bashtaskv1alpha1.ImagePullSecret{Name: s})
+	}
+	if len(out) == 0 {
+		out = nil
+	}
+	return ptr.To(bashtaskv1alpha1.ImageReference(image)), out, nil
 }
 
 // Limits of spec fields Run sets from durations, as the schema has them.

@@ -43,6 +43,12 @@ type WorkspaceOptions struct {
 	// Suspend where the agents can snapshot, else Delete).
 	IdleTimeout time.Duration
 	IdleAction  string
+	// Image is spec.image, the OCI image the workspace's tasks run in
+	// (docs/images.md); empty: the agent's default image, or the node's
+	// root. ImagePullSecrets are spec.imagePullSecrets, names of Secrets
+	// of type kubernetes.io/dockerconfigjson in Namespace (at most 16).
+	Image            string
+	ImagePullSecrets []string
 }
 
 // WorkspaceFailedError is a wait for a workspace that ended in a final
@@ -105,6 +111,10 @@ func workspaceOf(opts WorkspaceOptions) (*bashtaskv1alpha1.BashWorkspace, error)
 	}
 	if opts.IdleAction != "" {
 		s.IdleAction = ptr.To(bashtaskv1alpha1.WorkspaceIdleAction(opts.IdleAction))
+	}
+	var err error
+	if s.Image, s.ImagePullSecrets, err = imageOf("WorkspaceOptions", opts.Image, opts.ImagePullSecrets); err != nil {
+		return nil, err
 	}
 	return ws, nil
 }
