@@ -13,6 +13,8 @@ import (
 	"github.com/spf13/cobra"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -133,6 +135,9 @@ waiting for it to end; a second Ctrl-C stops waiting.
 	fl.StringVar(&f.owner, "owner", "", "spec.owner: an opaque token naming who the task belongs to (default with --workspace: the workspace's owner)")
 	fl.StringVar(&f.node, "node", "", "run on the agent of this node (spec.nodeName)")
 	fl.StringVarP(&f.workspace, "workspace", "w", "", "run in this BashWorkspace (spec.workspace): its files, UID and network, starting where its last task ended")
+	fl.StringVar(&f.image, "image", "", "spec.image: run in this OCI image's file system, e.g. docker.io/library/bash:5 (not with --workspace: its tasks run in the workspace's image; "+
+		"default: the agent's default image, or the node's root)")
+	fl.StringArrayVar(&f.imagePullSecrets, "image-pull-secret", nil, "spec.imagePullSecrets: a Secret of type kubernetes.io/dockerconfigjson whose credentials pull --image (repeatable)")
 	fl.StringVar(&f.workingDir, "workdir", "", "spec.workingDir: the directory to start in (with --workspace: inside it, relative to its root)")
 	fl.StringVar(&f.name, "name", "", "the task's name (default: generated, "+generateNamePrefix+"xxxxx)")
 	fl.BoolVar(&f.rm, "rm", false, "delete the task when it ended")
@@ -315,12 +320,22 @@ type waitNotes struct {
 	last     *bashtaskv1alpha1.BashTask
 	noted    map[string]bool
 	restored bool
+	// pullNoted is when the image pull's progress was last noted.
+	pullNoted time.Time
 }
+
+// pullNoteEvery is the shortest time between two notes of an image
+// pull's progress.
+const pullNoteEvery = 3 * time.Second
 
 func (n *waitNotes) observe(bt *bashtaskv1alpha1.BashTask) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	n.last = bt
+	if line := pullNote(bt); line != "" && n.a.opts.Now().Sub(n.pullNoted) >= pullNoteEvery {
+		n.pullNoted = n.a.opts.Now()
+		n.a.note("%s", line)
+	}
 	if line := restoreNote(bt); line != "" && !n.restored {
 		n.restored = true
 		n.a.note("%s", line)
@@ -334,6 +349,17 @@ func (n *waitNotes) observe(bt *bashtaskv1alpha1.BashTask) {
 	}
 	n.noted[reason] = true
 	n.a.note("%s", line)
+}
+
+// pullNote is the line that tells of the pull of a task's image while
+// its node pulls it (the ImagePulled condition False with the reason
+// Pulling), "" otherwise.
+func pullNote(bt *bashtaskv1alpha1.BashTask) string {
+	c := meta.FindStatusCondition(bt.Status.Conditions, bashtaskv1alpha1.ConditionImagePulled)
+	if c == nil || c.Status != metav1.ConditionFalse || c.Reason != bashtaskv1alpha1.ReasonImagePulling || bt.Status.Reason != nil {
+		return ""
+	}
+	return fmt.Sprintf("task %s: node %s is %s", bt.Name, ptr.Deref(bt.Status.NodeName, "?"), c.Message)
 }
 
 func (n *waitNotes) lastSeen() *bashtaskv1alpha1.BashTask {

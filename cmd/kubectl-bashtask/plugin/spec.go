@@ -9,6 +9,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/google/go-containerregistry/pkg/name"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 
@@ -53,6 +54,10 @@ type runFlags struct {
 	detach bool
 	// ttl is spec.ttlSecondsAfterFinished (--ttl); 0 keeps the task.
 	ttl time.Duration
+	// image is spec.image (--image), imagePullSecrets
+	// spec.imagePullSecrets (--image-pull-secret, repeatable).
+	image            string
+	imagePullSecrets []string
 }
 
 // commandFromArgs joins the words after `--` with spaces into the string
@@ -182,6 +187,13 @@ func buildTask(ns string, f runFlags, timeoutSet bool, args []string, stdin *str
 	if f.workspace != "" && f.node != "" {
 		return nil, errors.New("--node and --workspace: a task of a workspace runs on the workspace's node; give one of them")
 	}
+	if f.workspace != "" && (f.image != "" || len(f.imagePullSecrets) > 0) {
+		return nil, errors.New("--image and --workspace: a task of a workspace runs in the workspace's image (kubectl bashtask workspace create --image); give one of them")
+	}
+	image, pullSecrets, err := imageFlags(f.image, f.imagePullSecrets)
+	if err != nil {
+		return nil, err
+	}
 	if f.workingDir != "" && f.workspace == "" && !strings.HasPrefix(f.workingDir, "/") {
 		return nil, fmt.Errorf("--workdir %q: spec.workingDir must be absolute, or relative to the root of a --workspace", f.workingDir)
 	}
@@ -202,6 +214,9 @@ func buildTask(ns string, f runFlags, timeoutSet bool, args []string, stdin *str
 			NodeName:   optional(f.node),
 			Workspace:  optional(f.workspace),
 			WorkingDir: optional(f.workingDir),
+
+			Image:            image,
+			ImagePullSecrets: pullSecrets,
 
 			TTLSecondsAfterFinished: ttl,
 		},
@@ -226,6 +241,39 @@ func buildTask(ns string, f runFlags, timeoutSet bool, args []string, stdin *str
 		}
 	}
 	return bt, nil
+}
+
+// maxImagePullSecrets is spec.imagePullSecrets' schema limit.
+const maxImagePullSecrets = 16
+
+// imageFlags checks --image with the reference grammar the controller
+// applies (go-containerregistry's name.ParseReference) and turns it and
+// --image-pull-secret into spec.image and spec.imagePullSecrets; nil for
+// none. Pull secrets without an image, or more than 16, are refused.
+func imageFlags(image string, secrets []string) (*bashtaskv1alpha1.ImageReference, []bashtaskv1alpha1.ImagePullSecret, error) {
+	if image == "" {
+		if len(secrets) > 0 {
+			return nil, nil, errors.New("--image-pull-secret needs --image: the Secrets hold the credentials that pull it")
+		}
+		return nil, nil, nil
+	}
+	if _, err := name.ParseReference(image); err != nil {
+		return nil, nil, fmt.Errorf("--image %q: spec.image is not an image reference ([registry/]repository[:tag][@sha256:digest]): %w", image, err)
+	}
+	if len(secrets) > maxImagePullSecrets {
+		return nil, nil, fmt.Errorf("--image-pull-secret: %d Secrets, over the limit of %d of spec.imagePullSecrets", len(secrets), maxImagePullSecrets)
+	}
+	var out []bashtaskv1alpha1.ImagePullSecret
+	for _, s := range secrets {
+		if s == "" {
+			return nil, nil, errors.New("--image-pull-secret: a Secret's name must not be empty")
+		}
+		if err := charLimit("--image-pull-secret", "spec.imagePullSecrets[].name", s); err != nil {
+			return nil, nil, err
+		}
+		out = append(out, bashtaskv1alpha1.ImagePullSecret{Name: s})
+	}
+	return ptr.To(bashtaskv1alpha1.ImageReference(image)), out, nil
 }
 
 // charLimit checks that the value of flag, the API field field, has at

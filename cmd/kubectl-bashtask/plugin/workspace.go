@@ -35,6 +35,10 @@ type workspaceCreateFlags struct {
 	// when the flag is not given (the controller's default).
 	snapshotEvery     time.Duration
 	snapshotAfterTask time.Duration
+	// image and imagePullSecrets are spec.image and
+	// spec.imagePullSecrets.
+	image            string
+	imagePullSecrets []string
 }
 
 func (a *app) workspaceCommand() *cobra.Command {
@@ -76,7 +80,9 @@ func (a *app) workspaceCreateCommand() *cobra.Command {
 	fl.BoolVar(&f.noCarryDir, "no-carry-dir", false, "start every task at the workspace's root instead of where the last one ended")
 	fl.DurationVar(&f.idleTimeout, "idle-timeout", 0, "spec.idleTimeoutSeconds: after this long without a task, suspend the workspace to a snapshot "+
 		"(its next task restores it), or delete it where the agents have no bucket to snapshot to (whole seconds)")
-	fl.DurationVar(&f.wait, "wait", time.Minute, "how long to wait for Ready; 0 returns at once")
+	fl.DurationVar(&f.wait, "wait", time.Minute, "how long to wait for Ready (an image's pull included); 0 returns at once")
+	fl.StringVar(&f.image, "image", "", "spec.image: the OCI image the workspace's tasks run in, resolved to a digest once (default: the agent's default image, or the node's root)")
+	fl.StringArrayVar(&f.imagePullSecrets, "image-pull-secret", nil, "spec.imagePullSecrets: a Secret of type kubernetes.io/dockerconfigjson whose credentials pull --image (repeatable)")
 	fl.DurationVar(&f.snapshotEvery, "snapshot-interval", 0, "spec.snapshot.intervalSeconds: snapshot this often while a task runs, 1m to 24h (whole seconds)")
 	fl.DurationVar(&f.snapshotAfterTask, "snapshot-after-task", -1, "spec.snapshot.afterTaskSeconds: snapshot this long after the last task ended when a task changed the workspace, up to 24h (whole seconds); 0 turns it off (default: the controller's, 5m)")
 	return cmd
@@ -126,6 +132,11 @@ func workspaceSpec(f workspaceCreateFlags) (bashtaskv1alpha1.BashWorkspaceSpec, 
 		}
 		spec.IdleTimeoutSeconds = ptr.To(int32(s))
 	}
+	image, secrets, err := imageFlags(f.image, f.imagePullSecrets)
+	if err != nil {
+		return spec, err
+	}
+	spec.Image, spec.ImagePullSecrets = image, secrets
 	snap, err := snapshotPolicy(f)
 	spec.Snapshot = snap
 	return spec, err
@@ -274,7 +285,7 @@ func printWorkspaces(out io.Writer, items []bashtaskv1alpha1.BashWorkspace, now 
 	if withNamespace {
 		fmt.Fprint(tw, "NAMESPACE\t")
 	}
-	fmt.Fprintln(tw, "NAME\tPHASE\tNODE\tOWNER\tRUNNING\tUSED\tDIR\tSNAPSHOT\tAGE")
+	fmt.Fprintln(tw, "NAME\tPHASE\tNODE\tOWNER\tRUNNING\tUSED\tDIR\tIMAGE\tDIGEST\tSNAPSHOT\tAGE")
 	for i := range items {
 		ws := &items[i]
 		if withNamespace {
@@ -291,15 +302,35 @@ func printWorkspaces(out io.Writer, items []bashtaskv1alpha1.BashWorkspace, now 
 		if ws.Status.RunningTasks != nil {
 			running = fmt.Sprint(*ws.Status.RunningTasks)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", ws.Name,
+		image, digest := workspaceImage(ws)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", ws.Name,
 			orNone(string(ptr.Deref(ws.Status.Phase, ""))), orNone(ptr.Deref(ws.Status.NodeName, "")),
 			orNone(ptr.Deref(ws.Spec.Owner, "")), running, used, orNone(ptr.Deref(ws.Status.WorkingDir, "")),
-			snapshotAge(ws, now), duration.HumanDuration(now.Sub(ws.CreationTimestamp.Time)))
+			image, digest, snapshotAge(ws, now), duration.HumanDuration(now.Sub(ws.CreationTimestamp.Time)))
 	}
 	if err := tw.Flush(); err != nil {
 		return fmt.Errorf("writing the table: %w", err)
 	}
 	return nil
+}
+
+// workspaceImage is a workspace's IMAGE and DIGEST columns: the image
+// its tasks run in as recorded (status.image.requested, else spec.image)
+// and the digest it resolved to, shortened to 12 hex digits as docker
+// prints an image ID, or "pulling:N%" while its node pulls it; <none>
+// for each that is not known. No value has a space, so that the columns
+// split on white space.
+func workspaceImage(ws *bashtaskv1alpha1.BashWorkspace) (image, digest string) {
+	im := ptr.Deref(ws.Status.Image, bashtaskv1alpha1.ImageStatus{})
+	image = ptr.Deref(im.Requested, string(ptr.Deref(ws.Spec.Image, "")))
+	digest = ptr.Deref(im.Digest, "")
+	if algo, hex, ok := strings.Cut(digest, ":"); ok && len(hex) > 12 {
+		digest = algo + ":" + hex[:12]
+	}
+	if total := ptr.Deref(im.TotalBytes, 0); total > 0 && digest == "" {
+		digest = fmt.Sprintf("pulling:%d%%", ptr.Deref(im.DownloadedBytes, 0)*100/total)
+	}
+	return orNone(image), orNone(digest)
 }
 
 func (a *app) workspaceDeleteCommand() *cobra.Command {
