@@ -21,7 +21,7 @@ import (
 // steps that must follow a recorded status.
 type taskDecision struct {
 	// write labels the pass's status write in metrics ("pending",
-	// "terminal", "running", "progress", "observed", "upload"); "" leaves
+	// "terminal", "pull", "running", "progress", "observed", "upload"); "" leaves
 	// the stored status as it is and drops the phase's in-memory changes:
 	// a Running status held back by --running-status-delay, progress
 	// within --progress-interval, a pass that only waits.

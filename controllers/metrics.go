@@ -24,7 +24,8 @@ type Metrics struct {
 	// Finished counts terminal tasks by reason.
 	Finished *prometheus.CounterVec
 	// StatusWrites counts status writes by kind: pending, dispatch,
-	// running, progress, terminal, upload.
+	// pull (an image's pull progress), running, progress, terminal,
+	// upload.
 	StatusWrites *prometheus.CounterVec
 	// StatusRegressions counts status writes that would have moved a task
 	// backwards, by field: a terminal field (reason, message, exitCode,
