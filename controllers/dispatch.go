@@ -207,6 +207,7 @@ func (r *BashTaskReconciler) placementRequest(bt *bashtaskv1alpha1.BashTask) pla
 		network:      ptr.Deref(bt.Spec.Network, ""),
 		tolerations:  r.opts.AgentTolerations,
 		notEnforced:  func(a *agentpool.AgentState) []bashtaskv1alpha1.ResourceLimitName { return notEnforcedOn(bt, a) },
+		image:        bt.Spec.Image != nil,
 	}
 }
 
@@ -254,6 +255,9 @@ type placementRequest struct {
 	// restore asks for an agent that restores snapshots (the "snapshots"
 	// capability: a bucket the nodes share).
 	restore bool
+	// image asks for an agent that runs tasks in images: at the tenant
+	// isolation level, where its image store is (docs/images.md).
+	image bool
 	// anyCapacity places on an agent that runs its maximum of tasks:
 	// a workspace runs nothing by itself.
 	anyCapacity bool
@@ -344,6 +348,9 @@ func chooseAgent(p placementRequest, candidates []agentpool.AgentState, unschedu
 		m := missingCapability(p.network, a)
 		if m == "" && p.workspace && (a.Isolation != string(bashtaskv1alpha1.IsolationLevelTenant) || !slices.Contains(a.Capabilities, "workspaces")) {
 			m = "a workspace needs an agent at the tenant isolation level (--isolation=tenant) that serves workspaces (the workspaces capability)"
+		}
+		if m == "" && p.image && a.Isolation != string(bashtaskv1alpha1.IsolationLevelTenant) {
+			m = "spec.image needs an agent at the tenant isolation level (--isolation=tenant), where tasks run in images"
 		}
 		if m == "" && p.restore && !slices.Contains(a.Capabilities, "snapshots") {
 			m = "restoring a workspace needs an agent with a bucket the nodes share (--output-bucket-url; the snapshots capability)"

@@ -83,9 +83,10 @@ func TestImagePullSecretOfWrongType(t *testing.T) {
 	}).WithTimeout(waitLong).Should(Succeed())
 }
 
-// A missing pull secret is waited for as a missing env reference is; the
-// task is dispatched once it exists. The agent of this rig runs every
-// task on the node's root whatever its image, so the task then succeeds.
+// A missing pull secret is waited for as a missing env reference is;
+// once it exists the wait moves on to the placement: the agents of this
+// rig run at the process level, where no task runs in an image, so the
+// task then waits for an agent at the tenant level (NoAgent, naming it).
 func TestImagePullSecretMissingWaitsThenDispatches(t *testing.T) {
 	ns := newNamespace(t)
 	g := NewWithT(t)
@@ -117,8 +118,12 @@ func TestImagePullSecretMissingWaitsThenDispatches(t *testing.T) {
 	}).WithTimeout(time.Second).Should(Succeed())
 
 	g.Expect(k8s.Create(t.Context(), dockerConfigSecret(ns, "regcred"))).To(Succeed())
-	got := waitTerminal(t, bt)
-	g.Expect(got.Status.Reason).To(HaveValue(Equal(v1.ReasonSucceeded)), "message: %s", ptr.Deref(got.Status.Message, ""))
+	g.Eventually(func(g Gomega) {
+		c := meta.FindStatusCondition(get(g, bt).Status.Conditions, v1.ConditionScheduled)
+		g.Expect(c).NotTo(BeNil())
+		g.Expect(c.Reason).To(Equal(controllers.ReasonNoAgent))
+		g.Expect(c.Message).To(ContainSubstring("spec.image needs an agent at the tenant isolation level"))
+	}).WithTimeout(waitLong).Should(Succeed())
 	g.Eventually(func(g Gomega) {
 		wc := meta.FindStatusCondition(getWorkspace(g, ws).Status.Conditions, v1.ConditionImagePulled)
 		g.Expect(wc).To(BeNil(), "the wait for the pull secret is over")
