@@ -363,6 +363,11 @@ func (r *BashWorkspaceReconciler) reconcileReady(ctx context.Context, ws *bashta
 		if resp, err = r.agents.EnsureWorkspace(ctx, node, spec); err == nil {
 			st = resp.GetStatus()
 		}
+		if err == nil && st == nil {
+			// An answer without the workspace's state (a pull, which a
+			// made workspace never needs): read it instead.
+			st, err = r.agents.GetWorkspace(ctx, node, uid)
+		}
 	} else {
 		st, err = r.agents.GetWorkspace(ctx, node, uid)
 	}
