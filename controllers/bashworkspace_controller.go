@@ -251,6 +251,7 @@ func (r *BashWorkspaceReconciler) reconcilePending(ctx context.Context, ws *bash
 			tolerations:  r.opts.AgentTolerations,
 			workspace:    true,
 			restore:      ws.Status.Snapshot != nil,
+			image:        ws.Spec.Image != nil || ws.Status.Image != nil,
 			anyCapacity:  true,
 			load:         r.workspaceLoad(ctx),
 		})

@@ -255,8 +255,10 @@ type placementRequest struct {
 	// restore asks for an agent that restores snapshots (the "snapshots"
 	// capability: a bucket the nodes share).
 	restore bool
-	// image asks for an agent that runs tasks in images: at the tenant
-	// isolation level, where its image store is (docs/images.md).
+	// image asks for an agent that runs tasks in images: one with an
+	// image store, which its readiness names with the "images"
+	// capability (the tenant isolation level, docs/images.md). An agent
+	// without one would run the object on the node's root.
 	image bool
 	// anyCapacity places on an agent that runs its maximum of tasks:
 	// a workspace runs nothing by itself.
@@ -349,8 +351,8 @@ func chooseAgent(p placementRequest, candidates []agentpool.AgentState, unschedu
 		if m == "" && p.workspace && (a.Isolation != string(bashtaskv1alpha1.IsolationLevelTenant) || !slices.Contains(a.Capabilities, "workspaces")) {
 			m = "a workspace needs an agent at the tenant isolation level (--isolation=tenant) that serves workspaces (the workspaces capability)"
 		}
-		if m == "" && p.image && a.Isolation != string(bashtaskv1alpha1.IsolationLevelTenant) {
-			m = "spec.image needs an agent at the tenant isolation level (--isolation=tenant), where tasks run in images"
+		if m == "" && p.image && !slices.Contains(a.Capabilities, "images") {
+			m = "spec.image needs an agent with an image store (the images capability: the tenant isolation level, docs/images.md)"
 		}
 		if m == "" && p.restore && !slices.Contains(a.Capabilities, "snapshots") {
 			m = "restoring a workspace needs an agent with a bucket the nodes share (--output-bucket-url; the snapshots capability)"

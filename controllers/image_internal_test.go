@@ -246,3 +246,20 @@ func TestWorkspaceImageAnswer(t *testing.T) {
 		}
 	})
 }
+
+// An object with an image goes only to an agent with an image store.
+func TestChooseAgentForImage(t *testing.T) {
+	plain := agentpool.AgentState{Node: "a", Ready: true, Isolation: "tenant", Capabilities: []string{"workspaces"}}
+	store := agentpool.AgentState{Node: "b", Ready: true, Isolation: "tenant", Capabilities: []string{"workspaces", "images"}, Running: 5}
+	pl := chooseAgent(placementRequest{what: "the task", image: true}, []agentpool.AgentState{plain, store}, nil)
+	if pl.agent == nil || pl.agent.Node != "b" {
+		t.Errorf("placed on %+v, want node b, the one with an image store", pl.agent)
+	}
+	pl = chooseAgent(placementRequest{what: "the task", image: true}, []agentpool.AgentState{plain}, nil)
+	if pl.agent != nil || pl.reason != ReasonNoAgent || !strings.Contains(pl.why, "the images capability") {
+		t.Errorf("without an image store: %+v", pl)
+	}
+	if pl := chooseAgent(placementRequest{what: "the task"}, []agentpool.AgentState{plain}, nil); pl.agent == nil {
+		t.Errorf("without an image: %+v", pl)
+	}
+}

@@ -85,8 +85,8 @@ func TestImagePullSecretOfWrongType(t *testing.T) {
 
 // A missing pull secret is waited for as a missing env reference is;
 // once it exists the wait moves on to the placement: the agents of this
-// rig run at the process level, where no task runs in an image, so the
-// task then waits for an agent at the tenant level (NoAgent, naming it).
+// rig run at the process level, without an image store, so the task then
+// waits for an agent with the images capability (NoAgent, naming it).
 func TestImagePullSecretMissingWaitsThenDispatches(t *testing.T) {
 	ns := newNamespace(t)
 	g := NewWithT(t)
@@ -122,7 +122,7 @@ func TestImagePullSecretMissingWaitsThenDispatches(t *testing.T) {
 		c := meta.FindStatusCondition(get(g, bt).Status.Conditions, v1.ConditionScheduled)
 		g.Expect(c).NotTo(BeNil())
 		g.Expect(c.Reason).To(Equal(controllers.ReasonNoAgent))
-		g.Expect(c.Message).To(ContainSubstring("spec.image needs an agent at the tenant isolation level"))
+		g.Expect(c.Message).To(ContainSubstring("spec.image needs an agent with an image store (the images capability"))
 	}).WithTimeout(waitLong).Should(Succeed())
 	g.Eventually(func(g Gomega) {
 		wc := meta.FindStatusCondition(getWorkspace(g, ws).Status.Conditions, v1.ConditionImagePulled)
