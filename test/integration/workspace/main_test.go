@@ -2,8 +2,9 @@
 // (internal/rig/testrig: a real kube-apiserver and etcd, the controller, and
 // real agents at the tenant isolation level, which workspaces need): a
 // workspace made on its node, tasks that run in it, the GitOps order, the
-// owner rule, deletion while a task runs, the idle timeout and a lost
-// node.
+// owner rule, deletion while a task runs, the idle timeout, a lost node,
+// and images (a pull's progress, its failures, the digest a workspace
+// keeps).
 package workspace_test
 
 import (
@@ -54,6 +55,7 @@ func run(m *testing.M) int {
 			{Node: "node-d", IP: "127.0.0.5", Labels: map[string]string{"zone": "d"}},
 		},
 		Controller:   &opts,
+		Unary:        imageRequests.unary,
 		Tenant:       true,
 		SharedBucket: true,
 		// Where the host allows it, every workspace is a file system of
