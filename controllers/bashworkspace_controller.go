@@ -295,7 +295,7 @@ func (r *BashWorkspaceReconciler) reconcilePending(ctx context.Context, ws *bash
 	spec := workspaceSpec(ws)
 	from, err := restoreSource(ws)
 	if err != nil {
-		setWorkspacePhase(ws, bashtaskv1alpha1.WorkspaceFailed, err.Error())
+		setWorkspaceFailed(ws, bashtaskv1alpha1.WorkspaceReasonSnapshotRefused, err.Error())
 		p.event(corev1.EventTypeWarning, bashtaskv1alpha1.WorkspaceReasonSnapshotRefused, "Restore", "%v", err)
 		return reconcile.Result{}, reconcile.TerminalError(err)
 	}

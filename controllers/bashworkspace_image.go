@@ -109,12 +109,28 @@ func setWorkspaceImageCondition(ws *bashtaskv1alpha1.BashWorkspace, status bool,
 
 // failedReason is the Ready and Stalled reason of a Failed workspace: the
 // image failure reason of its ImagePulled condition when a pull failed,
-// else InvalidSpec.
+// else the reason setWorkspaceFailed gave its Ready condition
+// (SnapshotRefused), else InvalidSpec.
 func failedReason(st *bashtaskv1alpha1.BashWorkspaceStatus) string {
 	if c := meta.FindStatusCondition(st.Conditions, bashtaskv1alpha1.ConditionImagePulled); c != nil && c.Status == metav1.ConditionFalse {
 		if _, ok := imageFailureReasons[c.Reason]; ok {
 			return c.Reason
 		}
 	}
+	if c := meta.FindStatusCondition(st.Conditions, bashtaskv1alpha1.ConditionReady); c != nil && c.Status == metav1.ConditionFalse &&
+		c.Reason == bashtaskv1alpha1.WorkspaceReasonSnapshotRefused {
+		return c.Reason
+	}
 	return bashtaskv1alpha1.WorkspaceReasonInvalidSpec
+}
+
+// setWorkspaceFailed makes the workspace Failed with reason on its Ready
+// and Stalled conditions (failedReason keeps it when the conditions are
+// derived again).
+func setWorkspaceFailed(ws *bashtaskv1alpha1.BashWorkspace, reason, message string) {
+	setWorkspacePhase(ws, bashtaskv1alpha1.WorkspaceFailed, message)
+	meta.SetStatusCondition(&ws.Status.Conditions, metav1.Condition{
+		Type: bashtaskv1alpha1.ConditionReady, Status: metav1.ConditionFalse, Reason: reason,
+		Message: ptr.Deref(ws.Status.Message, ""), ObservedGeneration: ws.Generation,
+	})
 }

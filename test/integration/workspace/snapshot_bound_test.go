@@ -3,6 +3,8 @@ package workspace_test
 import (
 	"testing"
 
+	"k8s.io/apimachinery/pkg/api/meta"
+
 	. "github.com/onsi/gomega"
 	"k8s.io/utils/ptr"
 
@@ -43,5 +45,10 @@ func TestRestoreRefusesAnotherWorkspacesSnapshot(t *testing.T) {
 	failed := waitPhase(t, b, v1.WorkspaceFailed)
 	g.Expect(ptr.Deref(failed.Status.Message, "")).To(And(ContainSubstring(*snapA.URL), ContainSubstring("is not one of workspace "+ns+"/b")))
 	g.Expect(eventReasons(g, ns, "b")).To(ContainElement(v1.WorkspaceReasonSnapshotRefused))
+	for _, typ := range []string{v1.ConditionReady, v1.ConditionStalled} {
+		c := meta.FindStatusCondition(failed.Status.Conditions, typ)
+		g.Expect(c).NotTo(BeNil(), typ)
+		g.Expect(c.Reason).To(Equal(v1.WorkspaceReasonSnapshotRefused), "the %s condition names why", typ)
+	}
 	g.Expect(failed.Status.RestoredFrom).To(BeNil(), "nothing was restored")
 }
