@@ -13,6 +13,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"syscall"
 	"time"
@@ -263,7 +264,7 @@ func mountStep(st *state) error {
 	if err := sealTaskTmpfs(); err != nil {
 		return err
 	}
-	masks := append(kernelMasks, st.cfg.Mask...)
+	masks := slices.Concat(kernelMasks, st.cfg.Mask)
 	if st.cfg.Loopback || st.cfg.NetNS {
 		masks = append(masks, netMasks...)
 	}
