@@ -57,20 +57,33 @@ func TestProbesAndMetrics(t *testing.T) {
 	}
 	healthz, _ := get("http://" + health + "/healthz")
 	readyz, _ := get("http://" + health + "/readyz")
-	_, body := get("http://" + metrics + "/metrics")
+	// The uploads of the finished task may still be under way (the
+	// backlog counts them until they end): read until every line is
+	// there, or the poll's time is up.
 	var found []string
-	for _, want := range []string{
-		`bashtask_agent_tasks_finished_total{reason="Succeeded"} 1`,
-		`bashtask_agent_output_bytes_total{stream="stdout"} 4`,
-		`bashtask_agent_output_bytes_total{stream="stderr"} 4`,
-		`bashtask_agent_running_tasks 0`,
-		`bashtask_agent_upload_backlog 0`,
-	} {
-		if strings.Contains(body, want+"\n") {
-			found = append(found, want)
-		} else {
-			found = append(found, "missing: "+want)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		_, body := get("http://" + metrics + "/metrics")
+		found = found[:0]
+		complete := true
+		for _, want := range []string{
+			`bashtask_agent_tasks_finished_total{reason="Succeeded"} 1`,
+			`bashtask_agent_output_bytes_total{stream="stdout"} 4`,
+			`bashtask_agent_output_bytes_total{stream="stderr"} 4`,
+			`bashtask_agent_running_tasks 0`,
+			`bashtask_agent_upload_backlog 0`,
+		} {
+			if strings.Contains(body, want+"\n") {
+				found = append(found, want)
+			} else {
+				found = append(found, "missing: "+want)
+				complete = false
+			}
 		}
+		if complete || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 	got := map[string]any{"healthz": healthz, "readyz": readyz, "metrics": found}
 	want := map[string]any{"healthz": 200, "readyz": 200, "metrics": []string{
