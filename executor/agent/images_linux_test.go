@@ -3,8 +3,6 @@
 package agent
 
 import (
-	"archive/tar"
-	"bytes"
 	"encoding/base64"
 	"fmt"
 	"io"
@@ -20,18 +18,16 @@ import (
 	"testing"
 	"time"
 
+	rigregistry "github.com/bashtask/bashtask-operator/internal/rig/registry"
+
 	"github.com/google/go-containerregistry/pkg/authn"
 	"github.com/google/go-containerregistry/pkg/name"
 	"github.com/google/go-containerregistry/pkg/registry"
-	"github.com/google/go-containerregistry/pkg/v1/empty"
-	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
-	"github.com/google/go-containerregistry/pkg/v1/tarball"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
 	agentv1 "github.com/bashtask/bashtask-operator/api/agent/v1"
-	"github.com/bashtask/bashtask-operator/internal/rig/testutil"
 )
 
 // Test images, from Debian's bash-static and busybox-static (make
@@ -90,65 +86,11 @@ func (r *testRegistry) pullSecret() []byte {
 // pushes it as repoTag; it returns the reference and its digest.
 func (r *testRegistry) push(t *testing.T, repoTag, arch string, withBash bool) (string, string) {
 	t.Helper()
-	for _, p := range []string{staticBash, staticBusybox} {
-		if _, err := os.Stat(p); err != nil {
-			testutil.SkipUnlessStrictf(t, "%s missing (make test-packages installs it): %v", p, err)
-		}
-	}
-	var b bytes.Buffer
-	tw := tar.NewWriter(&b)
-	add := func(h *tar.Header, data []byte) {
-		h.Size = int64(len(data))
-		if err := tw.WriteHeader(h); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := tw.Write(data); err != nil {
-			t.Fatal(err)
-		}
-	}
-	for _, d := range []string{"bin/", "etc/", "usr/", "usr/local/", "usr/local/bin/", "tmp/"} {
-		add(&tar.Header{Typeflag: tar.TypeDir, Name: d, Mode: 0o755}, nil)
-	}
-	file := func(name, from string) {
-		data, err := os.ReadFile(from)
-		if err != nil {
-			t.Fatal(err)
-		}
-		add(&tar.Header{Typeflag: tar.TypeReg, Name: name, Mode: 0o755}, data)
-	}
-	file("bin/busybox", staticBusybox)
-	if withBash {
-		file("bin/bash", staticBash)
-	}
-	for _, a := range imageApplets {
-		add(&tar.Header{Typeflag: tar.TypeSymlink, Name: "bin/" + a, Linkname: "busybox", Mode: 0o777}, nil)
-	}
-	for n, c := range map[string]string{
-		"etc/passwd": "root:x:0:0:root:/root:/bin/sh\n", "etc/group": "root:x:0:\n",
-		"etc/os-release": "ID=" + repoTag + "\n", "etc/gone": "an image file a task deletes\n",
-	} {
-		add(&tar.Header{Typeflag: tar.TypeReg, Name: n, Mode: 0o644}, []byte(c))
-	}
-	if err := tw.Close(); err != nil {
-		t.Fatal(err)
-	}
-	layer, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(b.Bytes())), nil })
-	if err != nil {
-		t.Fatal(err)
-	}
-	img, err := mutate.AppendLayers(empty.Image, layer)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cf, err := img.ConfigFile()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cf = cf.DeepCopy()
-	cf.OS, cf.Architecture = "linux", arch
-	if img, err = mutate.ConfigFile(img, cf); err != nil {
-		t.Fatal(err)
-	}
+	img := rigregistry.BusyboxImage{
+		Arch: arch, NoBash: !withBash, Applets: imageApplets,
+		Dirs:  []string{"usr/", "usr/local/", "usr/local/bin/"},
+		Files: map[string]string{"etc/os-release": "ID=" + repoTag + "\n", "etc/gone": "an image file a task deletes\n"},
+	}.BuildForTest(t)
 	ref := r.host + "/" + repoTag
 	nr, err := name.ParseReference(ref)
 	if err != nil {

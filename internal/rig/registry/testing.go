@@ -1,10 +1,24 @@
 package registry
 
 import (
+	"archive/tar"
+	"bytes"
+	"cmp"
 	"context"
+	"io"
+	"maps"
+	"os"
+	"runtime"
+	"slices"
 	"testing"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/empty"
+	"github.com/google/go-containerregistry/pkg/v1/mutate"
+	"github.com/google/go-containerregistry/pkg/v1/tarball"
+
+	"github.com/bashtask/bashtask-operator/internal/rig/nodeimages"
+	"github.com/bashtask/bashtask-operator/internal/rig/testutil"
 )
 
 // StartForTest starts a registry on a temporary directory of t and stops
@@ -32,4 +46,89 @@ func PushForTest(t testing.TB, r *Registry, img v1.Image, repo, tag string) stri
 		t.Fatal(err)
 	}
 	return d.String()
+}
+
+// BusyboxImage describes a test image of one layer made of the machine's
+// static bash and BusyBox (Debian's bash-static and busybox-static,
+// nodeimages.HostBashStatic and HostBusybox; make test-packages installs
+// them): /bin/busybox, /bin/bash unless NoBash, an applet link in /bin
+// for each of Applets, /bin /etc /tmp and Dirs, an /etc/passwd and
+// /etc/group naming root, and Files.
+type BusyboxImage struct {
+	// Arch is the config's architecture; empty means runtime.GOARCH.
+	Arch string
+	// NoBash leaves /bin/bash out (an image a task cannot run in).
+	NoBash bool
+	// Applets are BusyBox applets linked in /bin.
+	Applets []string
+	// Dirs are more directories, "usr/local/bin/" style, mode 0755.
+	Dirs []string
+	// Files are more regular files (mode 0644) by path and content.
+	Files map[string]string
+}
+
+// BuildForTest builds the image; a static binary missing from the
+// machine skips t (fails it under BASHTASK_STRICT), any other failure
+// fails it.
+func (b BusyboxImage) BuildForTest(t testing.TB) v1.Image {
+	t.Helper()
+	for _, p := range []string{nodeimages.HostBashStatic, nodeimages.HostBusybox} {
+		if _, err := os.Stat(p); err != nil {
+			testutil.SkipUnlessStrictf(t, "%s missing (make test-packages installs it): %v", p, err)
+		}
+	}
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	add := func(h *tar.Header, data []byte) {
+		h.Size = int64(len(data))
+		if err := tw.WriteHeader(h); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := tw.Write(data); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, d := range append([]string{"bin/", "etc/", "tmp/"}, b.Dirs...) {
+		add(&tar.Header{Typeflag: tar.TypeDir, Name: d, Mode: 0o755}, nil)
+	}
+	file := func(name, from string) {
+		data, err := os.ReadFile(from)
+		if err != nil {
+			t.Fatal(err)
+		}
+		add(&tar.Header{Typeflag: tar.TypeReg, Name: name, Mode: 0o755}, data)
+	}
+	file("bin/busybox", nodeimages.HostBusybox)
+	if !b.NoBash {
+		file("bin/bash", nodeimages.HostBashStatic)
+	}
+	for _, a := range b.Applets {
+		add(&tar.Header{Typeflag: tar.TypeSymlink, Name: "bin/" + a, Linkname: "busybox", Mode: 0o777}, nil)
+	}
+	files := map[string]string{"etc/passwd": "root:x:0:0:root:/root:/bin/sh\n", "etc/group": "root:x:0:\n"}
+	maps.Copy(files, b.Files)
+	for _, n := range slices.Sorted(maps.Keys(files)) {
+		add(&tar.Header{Typeflag: tar.TypeReg, Name: n, Mode: 0o644}, []byte(files[n]))
+	}
+	if err := tw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	layer, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(buf.Bytes())), nil })
+	if err != nil {
+		t.Fatal(err)
+	}
+	img, err := mutate.AppendLayers(empty.Image, layer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cf, err := img.ConfigFile()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cf = cf.DeepCopy()
+	cf.OS, cf.Architecture = "linux", cmp.Or(b.Arch, runtime.GOARCH)
+	if img, err = mutate.ConfigFile(img, cf); err != nil {
+		t.Fatal(err)
+	}
+	return img
 }

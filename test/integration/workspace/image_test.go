@@ -1,8 +1,6 @@
 package workspace_test
 
 import (
-	"archive/tar"
-	"bytes"
 	"context"
 	"encoding/base64"
 	"fmt"
@@ -11,7 +9,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
-	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -19,13 +16,12 @@ import (
 	"testing"
 	"time"
 
+	rigregistry "github.com/bashtask/bashtask-operator/internal/rig/registry"
+
 	"github.com/google/go-containerregistry/pkg/authn"
 	"github.com/google/go-containerregistry/pkg/name"
 	"github.com/google/go-containerregistry/pkg/registry"
-	"github.com/google/go-containerregistry/pkg/v1/empty"
-	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
-	"github.com/google/go-containerregistry/pkg/v1/tarball"
 	. "github.com/onsi/gomega"
 	"google.golang.org/grpc"
 	"google.golang.org/protobuf/proto"
@@ -107,57 +103,10 @@ func (r *testRegistry) pullSecret(ns, name string) *corev1.Secret {
 // repoTag; it returns the reference and its digest.
 func (r *testRegistry) push(t *testing.T, repoTag, marker string, withBash bool) (string, string) {
 	t.Helper()
-	var b bytes.Buffer
-	tw := tar.NewWriter(&b)
-	add := func(h *tar.Header, data []byte) {
-		h.Size = int64(len(data))
-		if err := tw.WriteHeader(h); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := tw.Write(data); err != nil {
-			t.Fatal(err)
-		}
-	}
-	for _, d := range []string{"bin/", "etc/", "tmp/"} {
-		add(&tar.Header{Typeflag: tar.TypeDir, Name: d, Mode: 0o755}, nil)
-	}
-	file := func(name, from string) {
-		data, err := os.ReadFile(from)
-		if err != nil {
-			t.Fatal(err)
-		}
-		add(&tar.Header{Typeflag: tar.TypeReg, Name: name, Mode: 0o755}, data)
-	}
-	file("bin/busybox", staticBusybox)
-	if withBash {
-		file("bin/bash", staticBash)
-	}
-	for _, a := range []string{"sh", "cat", "echo", "id", "true"} {
-		add(&tar.Header{Typeflag: tar.TypeSymlink, Name: "bin/" + a, Linkname: "busybox", Mode: 0o777}, nil)
-	}
-	for n, c := range map[string]string{"etc/passwd": "root:x:0:0:root:/root:/bin/sh\n", "etc/group": "root:x:0:\n", "etc/marker": marker + "\n"} {
-		add(&tar.Header{Typeflag: tar.TypeReg, Name: n, Mode: 0o644}, []byte(c))
-	}
-	if err := tw.Close(); err != nil {
-		t.Fatal(err)
-	}
-	layer, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(b.Bytes())), nil })
-	if err != nil {
-		t.Fatal(err)
-	}
-	img, err := mutate.AppendLayers(empty.Image, layer)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cf, err := img.ConfigFile()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cf = cf.DeepCopy()
-	cf.OS, cf.Architecture = "linux", runtime.GOARCH
-	if img, err = mutate.ConfigFile(img, cf); err != nil {
-		t.Fatal(err)
-	}
+	img := rigregistry.BusyboxImage{
+		NoBash: !withBash, Applets: []string{"sh", "cat", "echo", "id", "true"},
+		Files: map[string]string{"etc/marker": marker + "\n"},
+	}.BuildForTest(t)
 	ref := r.host + "/" + repoTag
 	nr, err := name.ParseReference(ref)
 	if err != nil {
