@@ -3,7 +3,6 @@
 package agent
 
 import (
-	"encoding/base64"
 	"fmt"
 	"io"
 	"log"
@@ -18,6 +17,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/bashtask/bashtask-operator/internal/rig/nodeimages"
+
 	rigregistry "github.com/bashtask/bashtask-operator/internal/rig/registry"
 
 	"github.com/google/go-containerregistry/pkg/authn"
@@ -28,16 +29,6 @@ import (
 	"google.golang.org/grpc/status"
 
 	agentv1 "github.com/bashtask/bashtask-operator/api/agent/v1"
-)
-
-// Test images, from Debian's bash-static and busybox-static (make
-// test-packages installs them).
-const (
-	staticBash    = "/bin/bash-static"
-	staticBusybox = "/bin/busybox"
-	// registryUser and registryPassword guard the registry's private/
-	// repositories.
-	registryUser, registryPassword = "tenant-a", "s3cret"
 )
 
 // imageApplets are the busybox applets of a test image.
@@ -53,20 +44,12 @@ type testRegistry struct {
 
 func newImageRegistry(t *testing.T) *testRegistry {
 	t.Helper()
-	reg := registry.New(registry.Logger(log.New(io.Discard, "", 0)))
+	reg := rigregistry.GuardPrivateForTest(registry.New(registry.Logger(log.New(io.Discard, "", 0))))
 	tr := &testRegistry{}
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if strings.Contains(r.URL.Path, "/flaky/") && tr.down.Load() {
 			http.Error(w, "registry down for maintenance", http.StatusServiceUnavailable)
 			return
-		}
-		if strings.Contains(r.URL.Path, "/private/") {
-			if u, p, ok := r.BasicAuth(); !ok || u != registryUser || p != registryPassword {
-				w.Header().Set("WWW-Authenticate", `Basic realm="test"`)
-				w.WriteHeader(http.StatusUnauthorized)
-				fmt.Fprint(w, `{"errors":[{"code":"UNAUTHORIZED","message":"authentication required"}]}`)
-				return
-			}
 		}
 		reg.ServeHTTP(w, r)
 	}))
@@ -77,8 +60,7 @@ func newImageRegistry(t *testing.T) *testRegistry {
 
 // pullSecret is the .dockerconfigjson of the registry's credentials.
 func (r *testRegistry) pullSecret() []byte {
-	auth := base64.StdEncoding.EncodeToString([]byte(registryUser + ":" + registryPassword))
-	return fmt.Appendf(nil, `{"auths":{%q:{"auth":%q}}}`, r.host, auth)
+	return rigregistry.TestDockerConfigJSON(r.host)
 }
 
 // push builds an image of one layer for linux and arch (bash unless
@@ -96,7 +78,7 @@ func (r *testRegistry) push(t *testing.T, repoTag, arch string, withBash bool) (
 	if err != nil {
 		t.Fatal(err)
 	}
-	kc := authn.NewMultiKeychain(staticKeychain{authn.FromConfig(authn.AuthConfig{Username: registryUser, Password: registryPassword})})
+	kc := authn.NewMultiKeychain(staticKeychain{authn.FromConfig(authn.AuthConfig{Username: rigregistry.TestUser, Password: rigregistry.TestPassword})})
 	if err := remote.Write(nr, img, remote.WithAuthFromKeychain(kc)); err != nil {
 		t.Fatal(err)
 	}
@@ -110,7 +92,7 @@ func (r *testRegistry) push(t *testing.T, repoTag, arch string, withBash bool) (
 // imageBytes is the size of the test image's two big files.
 func imageBytes(t *testing.T) int64 {
 	var n int64
-	for _, p := range []string{staticBash, staticBusybox} {
+	for _, p := range []string{nodeimages.HostBashStatic, nodeimages.HostBusybox} {
 		fi, err := os.Stat(p)
 		if err != nil {
 			t.Fatal(err)

@@ -5,11 +5,15 @@ import (
 	"bytes"
 	"cmp"
 	"context"
+	"encoding/base64"
+	"fmt"
 	"io"
 	"maps"
+	"net/http"
 	"os"
 	"runtime"
 	"slices"
+	"strings"
 	"testing"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
@@ -131,4 +135,36 @@ func (b BusyboxImage) BuildForTest(t testing.TB) v1.Image {
 		t.Fatal(err)
 	}
 	return img
+}
+
+// Test credentials of the repositories GuardPrivateForTest guards.
+const (
+	TestUser     = "tenant-a"
+	TestPassword = "s3cret"
+)
+
+// GuardPrivateForTest wraps a registry's handler so that a repository
+// whose path holds "/private/" wants basic authentication as TestUser and
+// TestPassword, refused the way a registry refuses it (401 with a
+// WWW-Authenticate challenge and an UNAUTHORIZED error).
+func GuardPrivateForTest(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if strings.Contains(r.URL.Path, "/private/") {
+			if u, p, ok := r.BasicAuth(); !ok || u != TestUser || p != TestPassword {
+				w.Header().Set("WWW-Authenticate", `Basic realm="test"`)
+				w.WriteHeader(http.StatusUnauthorized)
+				fmt.Fprint(w, `{"errors":[{"code":"UNAUTHORIZED","message":"authentication required"}]}`)
+				return
+			}
+		}
+		h.ServeHTTP(w, r)
+	})
+}
+
+// TestDockerConfigJSON is the .dockerconfigjson (the value of a
+// kubernetes.io/dockerconfigjson Secret) of TestUser and TestPassword for
+// host.
+func TestDockerConfigJSON(host string) []byte {
+	auth := base64.StdEncoding.EncodeToString([]byte(TestUser + ":" + TestPassword))
+	return fmt.Appendf(nil, `{"auths":{%q:{"auth":%q}}}`, host, auth)
 }

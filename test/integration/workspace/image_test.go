@@ -2,13 +2,10 @@ package workspace_test
 
 import (
 	"context"
-	"encoding/base64"
-	"fmt"
 	"io"
 	"log"
 	"net/http"
 	"net/http/httptest"
-	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -37,16 +34,6 @@ import (
 	"github.com/bashtask/bashtask-operator/internal/rig/testutil"
 )
 
-// Test images are made of Debian's bash-static and busybox-static (make
-// test-packages installs them).
-const (
-	staticBash    = "/bin/bash-static"
-	staticBusybox = "/bin/busybox"
-	// registryUser and registryPassword guard the registry's private/
-	// repositories.
-	registryUser, registryPassword = "tenant-a", "s3cret"
-)
-
 // testRegistry is go-containerregistry's in-process registry on
 // loopback (plain HTTP, as the agents speak to loopback): repositories
 // under private/ want basic authentication, and while slowBlobs is set
@@ -61,22 +48,9 @@ func newImageRegistry(t *testing.T) *testRegistry {
 	if caps := rig.Registry.Agent("node-a").Capabilities; !slices.Contains(caps, "images") {
 		testutil.SkipUnlessStrictf(t, "the agents have no image store (capabilities %v, without images)", caps)
 	}
-	for _, p := range []string{staticBash, staticBusybox} {
-		if _, err := os.Stat(p); err != nil {
-			testutil.SkipUnlessStrictf(t, "%s missing (make test-packages installs it): %v", p, err)
-		}
-	}
-	reg := registry.New(registry.Logger(log.New(io.Discard, "", 0)))
+	reg := rigregistry.GuardPrivateForTest(registry.New(registry.Logger(log.New(io.Discard, "", 0))))
 	r := &testRegistry{}
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
-		if strings.Contains(req.URL.Path, "/private/") {
-			if u, p, ok := req.BasicAuth(); !ok || u != registryUser || p != registryPassword {
-				w.Header().Set("WWW-Authenticate", `Basic realm="test"`)
-				w.WriteHeader(http.StatusUnauthorized)
-				fmt.Fprint(w, `{"errors":[{"code":"UNAUTHORIZED","message":"authentication required"}]}`)
-				return
-			}
-		}
 		if d := time.Duration(r.slowBlobs.Load()); d > 0 && req.Method == http.MethodGet && strings.Contains(req.URL.Path, "/blobs/") {
 			time.Sleep(d)
 		}
@@ -90,11 +64,10 @@ func newImageRegistry(t *testing.T) *testRegistry {
 // pullSecret is a kubernetes.io/dockerconfigjson Secret of the registry's
 // credentials.
 func (r *testRegistry) pullSecret(ns, name string) *corev1.Secret {
-	auth := base64.StdEncoding.EncodeToString([]byte(registryUser + ":" + registryPassword))
 	return &corev1.Secret{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
 		Type:       corev1.SecretTypeDockerConfigJson,
-		Data:       map[string][]byte{corev1.DockerConfigJsonKey: fmt.Appendf(nil, `{"auths":{%q:{"auth":%q}}}`, r.host, auth)},
+		Data:       map[string][]byte{corev1.DockerConfigJsonKey: rigregistry.TestDockerConfigJSON(r.host)},
 	}
 }
 
@@ -112,7 +85,7 @@ func (r *testRegistry) push(t *testing.T, repoTag, marker string, withBash bool)
 	if err != nil {
 		t.Fatal(err)
 	}
-	auth := authn.FromConfig(authn.AuthConfig{Username: registryUser, Password: registryPassword})
+	auth := authn.FromConfig(authn.AuthConfig{Username: rigregistry.TestUser, Password: rigregistry.TestPassword})
 	if err := remote.Write(nr, img, remote.WithAuth(auth)); err != nil {
 		t.Fatal(err)
 	}
