@@ -69,7 +69,7 @@ func (r *BashWorkspaceReconciler) imageAnswer(ws *bashtaskv1alpha1.BashWorkspace
 	}
 	if f := resp.GetImageFailure(); f != nil {
 		reason, msg := imageFailure(f, node)
-		setWorkspacePhase(ws, bashtaskv1alpha1.WorkspaceFailed, msg)
+		setWorkspaceFailed(ws, string(reason), msg)
 		setWorkspaceImageCondition(ws, false, string(reason), msg)
 		p.event(corev1.EventTypeWarning, string(reason), "Pull", "%s", msg)
 		return reconcile.Result{}, true, reconcile.TerminalError(errors.New(msg))
@@ -108,18 +108,13 @@ func setWorkspaceImageCondition(ws *bashtaskv1alpha1.BashWorkspace, status bool,
 }
 
 // failedReason is the Ready and Stalled reason of a Failed workspace: the
-// image failure reason of its ImagePulled condition when a pull failed,
-// else the reason setWorkspaceFailed gave its Ready condition
-// (SnapshotRefused), else InvalidSpec.
+// reason setWorkspaceFailed gave its Ready condition (an image failure,
+// SnapshotRefused), else InvalidSpec.
 func failedReason(st *bashtaskv1alpha1.BashWorkspaceStatus) string {
-	if c := meta.FindStatusCondition(st.Conditions, bashtaskv1alpha1.ConditionImagePulled); c != nil && c.Status == metav1.ConditionFalse {
-		if _, ok := imageFailureReasons[c.Reason]; ok {
+	if c := meta.FindStatusCondition(st.Conditions, bashtaskv1alpha1.ConditionReady); c != nil && c.Status == metav1.ConditionFalse {
+		if _, image := imageFailureReasons[c.Reason]; image || c.Reason == bashtaskv1alpha1.WorkspaceReasonSnapshotRefused {
 			return c.Reason
 		}
-	}
-	if c := meta.FindStatusCondition(st.Conditions, bashtaskv1alpha1.ConditionReady); c != nil && c.Status == metav1.ConditionFalse &&
-		c.Reason == bashtaskv1alpha1.WorkspaceReasonSnapshotRefused {
-		return c.Reason
 	}
 	return bashtaskv1alpha1.WorkspaceReasonInvalidSpec
 }
