@@ -21,7 +21,6 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 
-	"github.com/bashtask/bashtask-operator/internal/rig/nodeimages"
 	"github.com/bashtask/bashtask-operator/internal/rig/testutil"
 )
 
@@ -52,9 +51,16 @@ func PushForTest(t testing.TB, r *Registry, img v1.Image, repo, tag string) stri
 	return d.String()
 }
 
+// The machine's static bash and BusyBox (nodeimages.HostBashStatic and
+// HostBusybox; that package's tests use this one, so it is not imported).
+const (
+	hostBashStatic = "/bin/bash-static"
+	hostBusybox    = "/bin/busybox"
+)
+
 // BusyboxImage describes a test image of one layer made of the machine's
-// static bash and BusyBox (Debian's bash-static and busybox-static,
-// nodeimages.HostBashStatic and HostBusybox; make test-packages installs
+// static bash and BusyBox (Debian's bash-static and busybox-static;
+// make test-packages installs
 // them): /bin/busybox, /bin/bash unless NoBash, an applet link in /bin
 // for each of Applets, /bin /etc /tmp and Dirs, an /etc/passwd and
 // /etc/group naming root, and Files.
@@ -76,7 +82,7 @@ type BusyboxImage struct {
 // fails it.
 func (b BusyboxImage) BuildForTest(t testing.TB) v1.Image {
 	t.Helper()
-	for _, p := range []string{nodeimages.HostBashStatic, nodeimages.HostBusybox} {
+	for _, p := range []string{hostBashStatic, hostBusybox} {
 		if _, err := os.Stat(p); err != nil {
 			testutil.SkipUnlessStrictf(t, "%s missing (make test-packages installs it): %v", p, err)
 		}
@@ -102,9 +108,9 @@ func (b BusyboxImage) BuildForTest(t testing.TB) v1.Image {
 		}
 		add(&tar.Header{Typeflag: tar.TypeReg, Name: name, Mode: 0o755}, data)
 	}
-	file("bin/busybox", nodeimages.HostBusybox)
+	file("bin/busybox", hostBusybox)
 	if !b.NoBash {
-		file("bin/bash", nodeimages.HostBashStatic)
+		file("bin/bash", hostBashStatic)
 	}
 	for _, a := range b.Applets {
 		add(&tar.Header{Typeflag: tar.TypeSymlink, Name: "bin/" + a, Linkname: "busybox", Mode: 0o777}, nil)
