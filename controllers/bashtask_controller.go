@@ -317,7 +317,7 @@ func (r *BashTaskReconciler) reconcile(ctx context.Context, bt *bashtaskv1alpha1
 		return reconcile.Result{}, r.removeFinalizer(ctx, bt)
 	}
 	if isDispatched(bt) || isTerminal(bt) {
-		r.fair.seen(client.ObjectKeyFromObject(bt))
+		r.fair.seen(client.ObjectKeyFromObject(bt), isTerminal(bt))
 	}
 	old := bt.Status.DeepCopy()
 	var d taskDecision
@@ -555,10 +555,18 @@ func (r *BashTaskReconciler) start(ctx context.Context, bt *bashtaskv1alpha1.Bas
 		return d, nil
 	}
 	if status.Code(err) == codes.ResourceExhausted {
-		// The agent runs its maximum and started nothing; the task waits
-		// for a slot on the node it is recorded on.
-		ctrl.LoggerFrom(ctx).V(1).Info("Agent at capacity; retrying", "node", node)
-		return taskDecision{result: reconcile.Result{RequeueAfter: r.opts.RetryInterval / 4}}, nil
+		// The agent runs its maximum (or has no task UID left) and
+		// started nothing: this controller's count was behind the
+		// agent's. The task waits for a slot on the node it is recorded
+		// on, in turn with the tasks not yet placed (startTurn), woken
+		// when a slot there frees; the retry is the safety net.
+		ctrl.LoggerFrom(ctx).V(1).Info("Agent at capacity; waiting for a slot in turn", "node", node, "err", err)
+		r.fair.refused(bt, node, r.clock.Now())
+		retry := r.opts.RetryInterval
+		if !r.fair.enabled {
+			retry /= 4
+		}
+		return taskDecision{result: reconcile.Result{RequeueAfter: retry}}, nil
 	}
 	if err != nil {
 		// The task stays assigned to this agent: Start is idempotent on the
@@ -656,6 +664,13 @@ func (r *BashTaskReconciler) notStarted(ctx context.Context, bt *bashtaskv1alpha
 	if !bt.DeletionTimestamp.IsZero() || ptr.Deref(bt.Spec.CancelRequested, false) {
 		setTerminal(bt, bashtaskv1alpha1.ReasonCancelled, "cancelled before the agent started it", r.clock.Now())
 		return taskDecision{write: "terminal"}, nil
+	}
+	turn, err := r.startTurn(ctx, bt, nodeOf(&bt.Status), r.clock.Now())
+	if err != nil {
+		return taskDecision{}, err
+	}
+	if !turn {
+		return taskDecision{result: reconcile.Result{RequeueAfter: r.opts.RetryInterval}}, nil
 	}
 	return r.start(ctx, bt, nil, old)
 }

@@ -36,7 +36,7 @@ func (r *BashTaskReconciler) takeTurn(ctx context.Context, bt *bashtaskv1alpha1.
 	key := client.ObjectKeyFromObject(bt)
 	pl := r.placeIn(ctx, bt, target, v.claimed)
 	if pl.agent != nil {
-		f.hold(key, pl.agent.Node, ptr.Deref(bt.Spec.Owner, ""))
+		f.hold(key, pl.agent.Node, ptr.Deref(bt.Spec.Owner, ""), now)
 		return pl, nil
 	}
 	fits := func() map[string]bool { return r.fits(ctx, bt, target) }
@@ -54,6 +54,34 @@ func (r *BashTaskReconciler) takeTurn(ctx context.Context, bt *bashtaskv1alpha1.
 	}
 	delete(f.waiting, key)
 	return pl, nil
+}
+
+// startTurn decides whether bt, dispatched to node but not started, may
+// ask its agent to Start now. A task whose Start the agent refused as full
+// (an assigned waiter, see fairShare.refused) waits until its node has a
+// slot that no task ahead of it claims, so that a refused task never
+// retries its way past the turns; it then holds that slot until Start
+// returns. Any other such task (the controller stopped between the
+// write-ahead and Start, or Start's reply was lost) starts at once: its
+// slot was granted when it was placed.
+func (r *BashTaskReconciler) startTurn(ctx context.Context, bt *bashtaskv1alpha1.BashTask, node string, now time.Time) (bool, error) {
+	f := r.fair
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	key := client.ObjectKeyFromObject(bt)
+	if !f.assignedWaiting(key) {
+		return true, nil
+	}
+	v, err := f.views(ctx, r.client, r.agents, bt, now)
+	if err != nil {
+		return false, err
+	}
+	if a := v.claimed.Agent(node); a.Capacity > 0 && a.Running >= a.Capacity {
+		f.notify(v.ahead)
+		return false, nil
+	}
+	f.hold(key, node, ptr.Deref(bt.Spec.Owner, ""), now)
+	return true, nil
 }
 
 // turnMessage is the Scheduled message of a task that lost its turn.

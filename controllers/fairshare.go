@@ -62,6 +62,11 @@ type waiter struct {
 	nodes map[string]bool
 	// measured is when nodes were computed.
 	measured time.Time
+	// assigned marks a task already dispatched to the one node in nodes
+	// whose Start that node's agent refused as full (ResourceExhausted):
+	// it waits there in turn like any other, and the owner's running
+	// count, which the cache's dispatch includes, leaves it out.
+	assigned bool
 }
 
 // placedTask is a task placed by this process: it holds a slot on node
@@ -72,6 +77,9 @@ type placedTask struct {
 	// started is set once the agent's Start returned: the registry's
 	// running count has the task from then on (or it ended).
 	started bool
+	// since is when the task was first seen waiting, kept for the turn
+	// order should the agent refuse its Start.
+	since time.Time
 }
 
 // contender is a task competing for a slot, as the turn order sees it.
@@ -238,7 +246,7 @@ func (f *fairShare) contenderOf(ctx context.Context, counts *ownerCounts, bt *ba
 	}
 	since := now
 	if w := f.waiting[key]; w != nil {
-		since = w.since
+		since, n = w.since, w.ownRunning(n)
 	}
 	return contender{key: key, running: n, created: bt.CreationTimestamp.Time, since: since}, nil
 }
@@ -260,7 +268,7 @@ func (f *fairShare) ahead(ctx context.Context, counts *ownerCounts, me contender
 			return nil, err
 		}
 		c := w.contender
-		c.running = n
+		c.running = w.ownRunning(n)
 		if turnOrder(c, me) < 0 {
 			before = append(before, ranked{c, w.nodes})
 		}
@@ -343,12 +351,57 @@ func (f *fairShare) enter(bt *bashtaskv1alpha1.BashTask, now time.Time, fits fun
 	}
 }
 
+// ownRunning returns the running count n of the waiter's owner as the turn
+// order takes it: without the waiter itself when it is assigned (its
+// dispatch is in the cache's count, though it runs nothing).
+func (w *waiter) ownRunning(n int) int {
+	if w.assigned && n > 0 {
+		return n - 1
+	}
+	return n
+}
+
 // hold records that this process placed the task key on node: the slot is
 // held until started and the owner's count raised until the cache shows
 // the dispatch. The task no longer waits. The caller holds f.mu.
-func (f *fairShare) hold(key types.NamespacedName, node, owner string) {
+func (f *fairShare) hold(key types.NamespacedName, node, owner string, now time.Time) {
+	p := &placedTask{node: node, owner: owner, since: now}
+	if w := f.waiting[key]; w != nil {
+		p.since = w.since
+	}
 	delete(f.waiting, key)
-	f.placed[key] = &placedTask{node: node, owner: owner}
+	f.placed[key] = p
+}
+
+// refused records that node's agent refused bt's Start as full: bt, whose
+// dispatch to node is written, gives up its held slot and waits in turn
+// for one on node (an assigned waiter), keeping its place in the order.
+// Without the turns it only gives up the slot, and retries on its own.
+func (f *fairShare) refused(bt *bashtaskv1alpha1.BashTask, node string, now time.Time) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	key := client.ObjectKeyFromObject(bt)
+	since := now
+	if p := f.placed[key]; p != nil && !p.since.IsZero() {
+		since = p.since
+	}
+	delete(f.placed, key)
+	if !f.enabled {
+		return
+	}
+	w := f.waiting[key]
+	if w == nil {
+		w = &waiter{contender: contender{key: key, created: bt.CreationTimestamp.Time, since: since}, owner: ptr.Deref(bt.Spec.Owner, "")}
+		f.waiting[key] = w
+	}
+	w.nodes, w.measured, w.assigned = map[string]bool{node: true}, now, true
+}
+
+// assignedWaiting reports whether key is an assigned waiter (see refused).
+// The caller holds f.mu.
+func (f *fairShare) assignedWaiting(key types.NamespacedName) bool {
+	w := f.waiting[key]
+	return w != nil && w.assigned
 }
 
 // started notes that the agent's Start for key returned: the registry
@@ -377,11 +430,14 @@ func (f *fairShare) leave(key types.NamespacedName) {
 }
 
 // seen notes that the cache shows key dispatched or terminal: it no
-// longer waits, and its owner's count comes from the cache.
-func (f *fairShare) seen(key types.NamespacedName) {
+// longer waits (unless it is an assigned waiter not yet terminal, see
+// refused), and its owner's count comes from the cache.
+func (f *fairShare) seen(key types.NamespacedName, terminal bool) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	delete(f.waiting, key)
+	if w := f.waiting[key]; w != nil && (!w.assigned || terminal) {
+		delete(f.waiting, key)
+	}
 	if p := f.placed[key]; p != nil && p.started {
 		delete(f.placed, key)
 	}
@@ -434,7 +490,7 @@ func (f *fairShare) next(ctx context.Context, c client.Reader, a agentpool.Agent
 			return nil, err
 		}
 		cw := w.contender
-		cw.running = n
+		cw.running = w.ownRunning(n)
 		cands = append(cands, cw)
 	}
 	slices.SortFunc(cands, turnOrder)

@@ -9,6 +9,7 @@ import (
 
 	"github.com/bashtask/bashtask-operator/agentpool"
 	agentv1 "github.com/bashtask/bashtask-operator/api/agent/v1"
+	bashtaskv1alpha1 "github.com/bashtask/bashtask-operator/api/v1alpha1"
 )
 
 // TestTurnOrder checks the rule of the fair turns: the owner that runs the
@@ -147,5 +148,54 @@ func TestWorkspaceAgentSeesTheTurns(t *testing.T) {
 	pl := workspaceAgent(slotView{agents: agents, extra: map[string]int{"w": 1}}, target)
 	if pl.agent != nil || pl.reason != ReasonNoAgent {
 		t.Errorf("with the free slot claimed: agent %v, reason %q, want none and %s", pl.agent, pl.reason, ReasonNoAgent)
+	}
+}
+
+// TestRefusedStartWaitsInTurn checks the record of a task whose Start its
+// agent refused as full: it gives up its held slot, waits for a slot on
+// its own node only, keeps the place in the turn order it had when it was
+// first seen waiting, stays waiting while the cache shows it dispatched
+// and leaves when it ends; its owner's count leaves it out.
+func TestRefusedStartWaitsInTurn(t *testing.T) {
+	t0 := time.Date(2026, 12, 3, 12, 0, 0, 0, time.UTC)
+	f := newFairShare(true)
+	bt := &bashtaskv1alpha1.BashTask{}
+	bt.Namespace, bt.Name = "ns", "refused"
+	bt.CreationTimestamp.Time = t0
+	key := types.NamespacedName{Namespace: "ns", Name: "refused"}
+	f.enter(bt, t0.Add(time.Second), func() map[string]bool { return map[string]bool{"a": true, "b": true} })
+	f.hold(key, "a", "", t0.Add(2*time.Second))
+	if f.waiting[key] != nil || f.placed[key] == nil {
+		t.Fatalf("after hold: waiting %v, placed %v; want placed only", f.waiting[key], f.placed[key])
+	}
+	f.refused(bt, "a", t0.Add(3*time.Second))
+	w := f.waiting[key]
+	switch {
+	case f.placed[key] != nil:
+		t.Errorf("the refused task still holds a slot: %+v", f.placed[key])
+	case w == nil || !w.assigned:
+		t.Fatalf("the refused task is not an assigned waiter: %+v", w)
+	case len(w.nodes) != 1 || !w.nodes["a"]:
+		t.Errorf("the refused task waits for %v, want its node a only", w.nodes)
+	case !w.since.Equal(t0.Add(time.Second)):
+		t.Errorf("the refused task's place is from %v, want %v (when first seen waiting)", w.since, t0.Add(time.Second))
+	}
+	if got := w.ownRunning(3); got != 2 {
+		t.Errorf("owner count of an assigned waiter from 3: %d, want 2", got)
+	}
+	f.seen(key, false)
+	if !f.assignedWaiting(key) {
+		t.Error("seen dispatched, the refused task no longer waits")
+	}
+	f.seen(key, true)
+	if f.waiting[key] != nil {
+		t.Error("seen terminal, the refused task still waits")
+	}
+
+	off := newFairShare(false)
+	off.hold(key, "a", "", t0)
+	off.refused(bt, "a", t0)
+	if off.placed[key] != nil || off.waiting[key] != nil {
+		t.Errorf("without the turns: placed %v, waiting %v; want neither", off.placed[key], off.waiting[key])
 	}
 }

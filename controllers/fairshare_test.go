@@ -17,17 +17,24 @@ import (
 )
 
 // dispatchOrder records, from a watch, the order in which the tasks of a
-// namespace were dispatched (status.nodeName written) and when.
+// namespace were dispatched (status.nodeName written) or started
+// (status.startTime written), and when.
 type dispatchOrder struct {
 	mu    sync.Mutex
 	names []string
 	at    map[string]time.Time
+	// starts records starts rather than dispatches.
+	starts bool
 }
 
 func (d *dispatchOrder) record(bt *v1.BashTask) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if ptr.Deref(bt.Status.NodeName, "") == "" || !d.at[bt.Name].IsZero() {
+	happened := ptr.Deref(bt.Status.NodeName, "") != ""
+	if d.starts {
+		happened = bt.Status.StartTime != nil
+	}
+	if !happened || !d.at[bt.Name].IsZero() {
 		return
 	}
 	d.names = append(d.names, bt.Name)
@@ -56,6 +63,19 @@ func (d *dispatchOrder) dispatched(name string) (time.Time, bool) {
 // watchDispatches starts recording the dispatches of ns's tasks.
 func watchDispatches(t *testing.T, ns string) *dispatchOrder {
 	t.Helper()
+	return watchOrder(t, ns, false)
+}
+
+// watchStarts starts recording the starts of ns's tasks.
+func watchStarts(t *testing.T, ns string) *dispatchOrder {
+	t.Helper()
+	return watchOrder(t, ns, true)
+}
+
+// watchOrder starts recording the dispatches, or the starts, of ns's
+// tasks.
+func watchOrder(t *testing.T, ns string, starts bool) *dispatchOrder {
+	t.Helper()
 	wc, err := client.NewWithWatch(rig.Env.Config, client.Options{Scheme: rig.Env.Scheme})
 	if err != nil {
 		t.Fatal(err)
@@ -64,7 +84,7 @@ func watchDispatches(t *testing.T, ns string) *dispatchOrder {
 	if err != nil {
 		t.Fatal(err)
 	}
-	d := &dispatchOrder{at: map[string]time.Time{}}
+	d := &dispatchOrder{at: map[string]time.Time{}, starts: starts}
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
@@ -81,16 +101,19 @@ func watchDispatches(t *testing.T, ns string) *dispatchOrder {
 // TestFairTurns: a burst of tasks without an owner fills the two slots of
 // node-e's agent and queues eight more; then a task of another owner
 // arrives and waits. When one slot frees (a running task of the burst is
-// cancelled), the newcomer is dispatched next, before every task of the
-// burst that was waiting when it arrived: its owner runs no task, the
-// burst's runs two. Two rounds with two newcomers. The burst is created
-// 60 ms apart, so that the waiting tasks' retries are spread over the
-// 500 ms retry interval: without the turns, a freed slot goes to
-// whichever waiting task retries first, the newcomer about once in nine,
-// and both rounds pass by chance about once in seventy runs.
+// cancelled), the newcomer starts next, before every task of the burst
+// that was waiting when it arrived: its owner runs no task, the burst's
+// runs two. Two rounds with two newcomers. The burst is created 60 ms
+// apart, so that the waiting tasks' retries are spread over the 500 ms
+// retry interval: without the turns, a freed slot goes to whichever
+// waiting task retries first, the newcomer about once in nine, and both
+// rounds pass by chance about once in seventy runs. Starts are what is
+// compared, not dispatches: a task the controller dispatched while its
+// count of the agent's tasks was behind (the agent refused its Start as
+// full) is dispatched early, and must still wait its turn to start.
 func TestFairTurns(t *testing.T) {
 	ns := newNamespace(t)
-	order := watchDispatches(t, ns)
+	order := watchStarts(t, ns)
 	g := NewWithT(t)
 	onTurnsNode := func(bt *v1.BashTask) {
 		bt.Spec.NodeName = ptr.To(turnsNode)
@@ -106,7 +129,7 @@ func TestFairTurns(t *testing.T) {
 	t.Cleanup(func() {
 		_ = k8s.DeleteAllOf(ctxBackground(), &v1.BashTask{}, client.InNamespace(ns))
 	})
-	waitQueued(t, ns, burst, turnsCapacity)
+	waitStartedQueued(t, ns, burst, turnsCapacity)
 
 	for _, owner := range []string{"fair-b", "fair-c"} {
 		newcomer := newTask(ns, "newcomer-"+owner, "echo hi", onTurnsNode, func(bt *v1.BashTask) { bt.Spec.Owner = ptr.To(owner) })
@@ -129,9 +152,9 @@ func TestFairTurns(t *testing.T) {
 		contenders := append([]string{newcomer.Name}, waiting...)
 		g.Eventually(func() string { return order.first(contenders) }).WithTimeout(waitLong).WithPolling(20 * time.Millisecond).ShouldNot(BeEmpty())
 		g.Expect(order.first(contenders)).To(Equal(newcomer.Name),
-			"after %s ended, a task of the burst that was waiting when %s arrived was dispatched first; dispatch order %v", freed, newcomer.Name, order.names)
+			"after %s ended, a task of the burst that was waiting when %s arrived started first; start order %v", freed, newcomer.Name, order.names)
 		at, _ := order.dispatched(newcomer.Name)
-		t.Logf("%s dispatched %s after %s was cancelled", newcomer.Name, at.Sub(cancelled).Round(time.Millisecond), freed)
+		t.Logf("%s started %s after %s was cancelled", newcomer.Name, at.Sub(cancelled).Round(time.Millisecond), freed)
 		g.Expect(waitTerminal(t, newcomer).Status.Reason).To(HaveValue(Equal(v1.ReasonSucceeded)))
 	}
 }
@@ -154,6 +177,29 @@ func waitQueued(t *testing.T, ns string, names []string, slots int) {
 			}
 		}
 		g.Expect(dispatched).To(Equal(slots))
+		g.Expect(waiting).To(Equal(len(names) - slots))
+	}).WithTimeout(waitLong).WithPolling(50 * time.Millisecond).Should(Succeed())
+}
+
+// waitStartedQueued waits until slots tasks of names are started and
+// every other one waits: not started, with its Scheduled condition set
+// (False while it waits to be placed, True for one dispatched whose Start
+// its agent refused as full).
+func waitStartedQueued(t *testing.T, ns string, names []string, slots int) {
+	t.Helper()
+	NewWithT(t).Eventually(func(g Gomega) {
+		var list v1.BashTaskList
+		g.Expect(k8s.List(ctxBackground(), &list, client.InNamespace(ns))).To(Succeed())
+		started, waiting := 0, 0
+		for _, bt := range list.Items {
+			switch {
+			case bt.Status.StartTime != nil:
+				started++
+			case meta.FindStatusCondition(bt.Status.Conditions, v1.ConditionScheduled) != nil:
+				waiting++
+			}
+		}
+		g.Expect(started).To(Equal(slots))
 		g.Expect(waiting).To(Equal(len(names) - slots))
 	}).WithTimeout(waitLong).WithPolling(50 * time.Millisecond).Should(Succeed())
 }
