@@ -392,7 +392,7 @@ bench-apiserver: envtest ## kube-apiserver CPU per task for variants of the CRD'
 BENCH_WORKSPACE_ARGS ?=
 
 .PHONY: bench-workspaces
-bench-workspaces: ## Memory, kernel memory, disk, loop devices and create/delete latency of 1000 idle workspaces on one agent (root).
+bench-workspaces: ## Memory, kernel memory, disk, loop devices and create/delete latency of 1000 idle workspaces on one agent, then 200 in one image (root).
 	mkdir -p _output
 	$(BENCH) -phases=workspace -json _output/bench-workspace.json -workspace-args='$(BENCH_WORKSPACE_ARGS)'
 

@@ -70,6 +70,7 @@ import (
 	"github.com/bashtask/bashtask-operator/hack/bench/report"
 	"github.com/bashtask/bashtask-operator/hack/bench/stats"
 	"github.com/bashtask/bashtask-operator/internal/procfs"
+	"github.com/bashtask/bashtask-operator/internal/rig/nodeimages"
 	"github.com/bashtask/bashtask-operator/internal/rig/testshim"
 	"github.com/bashtask/bashtask-operator/internal/tlsutil"
 )
@@ -80,6 +81,8 @@ type Phase struct {
 	networks string
 	sizeGiB  int64
 	dir      string
+	image    string
+	imageN   int
 }
 
 // Name is "workspace".
@@ -91,6 +94,8 @@ func (p *Phase) Flags(fs *flag.FlagSet) {
 	fs.StringVar(&p.networks, "networks", "None", "comma-separated networks to run with, one run each: None, Egress")
 	fs.Int64Var(&p.sizeGiB, "size-gib", 10, "each workspace's file system in GiB (the agent's --task-disk-size)")
 	fs.StringVar(&p.dir, "dir", "", "parent of the temporary state directory; its file system holds the images (default: $TMPDIR)")
+	fs.StringVar(&p.image, "image", string(nodeimages.TaskSmall), "task image of the image run (task-small, or task: Debian, cached in bin/images after its first build)")
+	fs.IntVar(&p.imageN, "image-n", 200, "workspaces of the image run, after each network's run: as many without an image, then in one image; 0 skips it")
 }
 
 // Run runs the phase in a child of this binary in a mount namespace of
@@ -108,7 +113,7 @@ func (p *Phase) Run(ctx context.Context, _ *phase.Env) (phase.Figures, error) {
 	_ = out.Close()
 	defer os.Remove(out.Name())
 	cmd := exec.CommandContext(ctx, "/proc/self/exe", ChildFlag, "-n", strconv.Itoa(p.n), "-networks", p.networks,
-		"-size-gib", strconv.FormatInt(p.sizeGiB, 10), "-dir", p.dir, "-figures", out.Name())
+		"-size-gib", strconv.FormatInt(p.sizeGiB, 10), "-dir", p.dir, "-image", p.image, "-image-n", strconv.Itoa(p.imageN), "-figures", out.Name())
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
 	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWNS, Pdeathsig: syscall.SIGTERM}
 	if err := cmd.Run(); err != nil {
@@ -145,14 +150,15 @@ func ChildMain() {
 		fmt.Fprintln(os.Stderr, "bench workspace: making the mounts private:", err)
 		os.Exit(1)
 	}
-	if err := run(p.n, strings.Split(p.networks, ","), p.sizeGiB<<30, p.dir, *figuresOut); err != nil {
+	if err := run(&p, strings.Split(p.networks, ","), *figuresOut); err != nil {
 		fmt.Fprintln(os.Stderr, "bench workspace:", err)
 		os.Exit(1)
 	}
 	os.Exit(0)
 }
 
-func run(n int, networks []string, size int64, parent, jsonOut string) error {
+func run(p *Phase, networks []string, jsonOut string) error {
+	n, size, parent := p.n, p.sizeGiB<<30, p.dir
 	if os.Geteuid() != 0 {
 		return errors.New("needs root: loop devices, mounts, network namespaces and task UIDs")
 	}
@@ -177,6 +183,11 @@ func run(n int, networks []string, size int64, parent, jsonOut string) error {
 		}
 		r.print(os.Stdout)
 		r.addFigures(figures)
+	}
+	if p.imageN > 0 {
+		if err := runImages(p, networks, size, top, shimPath, figures); err != nil {
+			return err
+		}
 	}
 	if jsonOut != "" {
 		b, err := json.MarshalIndent(figures, "", "  ")
@@ -217,10 +228,27 @@ func runNetwork(n int, network string, size int64, top, shimPath string) (_ *res
 	if err != nil {
 		return nil, err
 	}
-	state, work := filepath.Join(dir, "state"), filepath.Join(dir, "work")
+	cfg := agentConfig(n, network, size, dir, shimPath)
+	state, work := cfg.StateDir, cfg.Executor.WorkDirRoot
 	if err := os.Mkdir(work, 0o755); err != nil {
 		return nil, err
 	}
+	a, err := startAgent(cfg, dir)
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		if cerr := a.stop(); err == nil {
+			err = cerr
+		}
+	}()
+	return createDelete(a, n, network, size, state, work)
+}
+
+// agentConfig is the agent of a run: the tenant level, room for n
+// workspaces, state and work directories under dir.
+func agentConfig(n int, network string, size int64, dir, shimPath string) agent.Config {
+	state, work := filepath.Join(dir, "state"), filepath.Join(dir, "work")
 	pid := os.Getpid()
 	cfg := agent.Config{
 		NodeName:        "bench",
@@ -247,15 +275,12 @@ func runNetwork(n int, network string, size int64, top, shimPath string) (_ *res
 		cfg.Executor.Egress = &executor.EgressConfig{ID: fmt.Sprintf("w%x", pid%(1<<24)),
 			CIDR: fmt.Sprintf("100.%d.%d.0/19", 64+(pid>>3)%64, (pid%8)*32)}
 	}
-	a, err := startAgent(cfg, dir)
-	if err != nil {
-		return nil, err
-	}
-	defer func() {
-		if cerr := a.stop(); err == nil {
-			err = cerr
-		}
-	}()
+	return cfg
+}
+
+// createDelete creates n workspaces of network on a, measures, and
+// deletes them, which must leave nothing behind.
+func createDelete(a *runningAgent, n int, network string, size int64, state, work string) (*result, error) {
 	r := &result{network: network, n: n, size: size}
 	ctx := context.Background()
 	// The connection is made with the first call: before the first
@@ -274,7 +299,7 @@ func runNetwork(n int, network string, size int64, top, shimPath string) (_ *res
 		}
 	}()
 	for i := range n {
-		uid := fmt.Sprintf("bench-%d-%04d", pid, i)
+		uid := fmt.Sprintf("bench-%d-%04d", os.Getpid(), i)
 		begin := time.Now()
 		resp, err := a.ws.EnsureWorkspace(ctx, &agentv1.EnsureWorkspaceRequest{Spec: &agentv1.WorkspaceSpec{
 			Ref:     &agentv1.WorkspaceRef{Namespace: "bench", Name: fmt.Sprintf("ws-%04d", i), Uid: uid},
