@@ -27,6 +27,10 @@
 // node with cgroup v2, loop devices and mkfs.ext4; -networks None,Egress
 // adds a run with a veth pair per workspace.
 //
+// After each network's run comes an image run (-image, -image-n; see
+// image.go): workspaces without an image and in one image, made in turn,
+// and what those in the image cost beyond the image's one copy.
+//
 // The tenant level starts the shim the agent ships: bashtask-shim, built
 // from this tree into the temporary directory.
 //
