@@ -59,11 +59,10 @@ const (
 )
 
 // BusyboxImage describes a test image of one layer made of the machine's
-// static bash and BusyBox (Debian's bash-static and busybox-static;
-// make test-packages installs
-// them): /bin/busybox, /bin/bash unless NoBash, an applet link in /bin
-// for each of Applets, /bin /etc /tmp and Dirs, an /etc/passwd and
-// /etc/group naming root, and Files.
+// static bash and BusyBox (Debian's bash-static and busybox-static; make
+// test-packages installs them): /bin/busybox, /bin/bash unless NoBash, an
+// applet link in /bin for each of Applets, /bin /etc /tmp and Dirs, an
+// /etc/passwd and /etc/group naming root, and Files.
 type BusyboxImage struct {
 	// Arch is the config's architecture; empty means runtime.GOARCH.
 	Arch string
