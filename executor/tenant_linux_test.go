@@ -369,6 +369,36 @@ C
 	}
 }
 
+// At the tenant level a task renames and links files from one directory
+// to another in its working directory, /tmp and /dev/shm, as pip, setuptools
+// and editors do (a temporary file moved into place): Landlock grants the
+// "refer" right in the writable hierarchies from ABI 2 on. rename(2) is
+// used directly: mv falls back to a copy on EXDEV and would hide a refusal.
+func TestTenantRenameAcrossDirectories(t *testing.T) {
+	t.Parallel()
+	if abi := shim.LandlockABI(); abi < 2 {
+		t.Skipf("Landlock ABI %d: before ABI 2 the kernel refuses every rename across directories under Landlock", abi)
+	}
+	if _, err := os.Stat("/usr/bin/python3"); err != nil {
+		t.Skipf("/usr/bin/python3 is not installed: %v", err)
+	}
+	ex := newTestExecutor(t, CgroupAuto, func(c *Config) { c.Isolation = IsolationTenant; c.TmpSizeBytes = 64 << 20 })
+	spec := testSpec(t, `for d in "$PWD" /tmp /dev/shm; do /usr/bin/python3 -c '
+import os, sys
+d = os.path.join(sys.argv[1], "rename-test")
+os.makedirs(d + "/tmp/sub")
+open(d + "/tmp/sub/f", "w").close()
+os.rename(d + "/tmp/sub/f", d + "/f")
+os.link(d + "/f", d + "/tmp/g")
+os.rename(d + "/tmp/sub", d + "/sub")
+print("renamed")
+' "$d" || echo "failed in $d"; done`)
+	res := run(t, ex, spec)
+	if res.Reason != ReasonSucceeded || res.Stdout.Tail != "renamed\nrenamed\nrenamed\n" {
+		t.Errorf("%s (%s): stdout %q, stderr %q; want three renamed", res.Reason, res.Message, res.Stdout.Tail, res.Stderr.Tail)
+	}
+}
+
 // At the tenant level the task's leased UID has a name (TaskUserName), a
 // group, a gecos and a HOME the task owns, in passwd and group files the
 // task cannot write: whoami, id, Python's getpass (through the passwd

@@ -62,9 +62,19 @@ func landlockStep(st *state) error {
 		// The shell's traps write the carry record.
 		files = append(files[:len(files):len(files)], CarryPath)
 	}
+	rwDirs := landlock.RWDirs(rw...)
+	if LandlockABI() >= 2 {
+		// A rename or a link from one directory to another within the
+		// writable hierarchies (a file made in a temporary directory, then
+		// moved into place, as pip and setuptools do); without it Landlock
+		// refuses each with EXDEV. Not below ABI 2, which has no such
+		// right: asking for it there would turn Landlock off altogether
+		// (go-landlock's best effort).
+		rwDirs = rwDirs.WithRefer()
+	}
 	fd, flags, err := cfg.BestEffort().NewRulesetFD(
 		landlock.RODirs("/"),
-		landlock.RWDirs(rw...).IgnoreIfMissing(),
+		rwDirs.IgnoreIfMissing(),
 		landlock.RWFiles(files...).IgnoreIfMissing(),
 	)
 	if err != nil {
