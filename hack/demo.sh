@@ -4,9 +4,13 @@
 # applies every manifest in examples/, cancels the long-running one, waits
 # for all to finish, prints what happened, reads the 2 MB output through
 # the output API and checks its SHA-256 against the status, runs a command
-# that prints a line a second and shows when each line arrives, and shuts
-# the cluster down. It fails when a task ends differently from its
-# bashtask.dev/expect-reason annotation.
+# that prints a line a second and shows when each line arrives, runs a
+# session in a workspace, and, as root (images need the tenant level),
+# runs one command in workspaces of two images from a local registry and
+# keeps a pip-installed package across a suspend and a resume
+# (examples/images), then shuts the cluster down. It fails when a task
+# ends differently from its bashtask.dev/expect-reason annotation, or an
+# outcome differs from the one it checks.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -27,7 +31,16 @@ hack/setup-envtest.sh >/dev/null || { wait "${build}" || true; die "building the
 wait "${build}" || die "building the binaries failed"
 
 mkdir -p "${DIR}"
-bin/bashtask-local up --dir "${DIR}" --agents 2 --agent-env DEMO_API_KEY=agent-only-secret >"${DIR}/launcher.log" 2>&1 &
+# Images need the tenant level, which needs root: the task images (and the
+# registry that serves them) only then. The Debian one is built by
+# debootstrap the first time (minutes), then taken from bin/images/cache.
+images=()
+wait_up=1200
+if [[ "$(id -u)" == 0 ]]; then
+  images=(--registry --registry-image task-small,task)
+  [[ -n "$(compgen -G 'bin/images/cache/task-rootfs-*.tar.gz')" ]] || wait_up=9000
+fi
+bin/bashtask-local up --dir "${DIR}" --agents 2 --agent-env DEMO_API_KEY=agent-only-secret "${images[@]}" >"${DIR}/launcher.log" 2>&1 &
 launcher=$!
 cleanup() {
   say "Stopping the local cluster"
@@ -36,13 +49,18 @@ cleanup() {
 }
 trap cleanup EXIT
 
-say "Starting the local cluster"
-for _ in $(seq 1200); do
+if ((${#images[@]})); then
+  say "Starting the local cluster with a registry of the task images task-small and task"
+  ((wait_up == 1200)) || echo "(the task image is not cached: debootstrap builds it first, which takes minutes)"
+else
+  say "Starting the local cluster"
+fi
+for _ in $(seq "${wait_up}"); do
   grep -q "is up" "${DIR}/launcher.log" && break
   kill -0 "${launcher}" 2>/dev/null || { cat "${DIR}/launcher.log" >&2; die "bashtask-local exited"; }
   sleep 0.1
 done
-grep -q "is up" "${DIR}/launcher.log" || { cat "${DIR}/launcher.log" >&2; die "bashtask-local did not come up in 120 s"; }
+grep -q "is up" "${DIR}/launcher.log" || { cat "${DIR}/launcher.log" >&2; die "bashtask-local did not come up in $((wait_up / 10)) s"; }
 sed -n '/is up/,$p' "${DIR}/launcher.log"
 export KUBECONFIG="${ROOT}/${DIR}/kubeconfig"
 
@@ -131,3 +149,28 @@ echo "intruder: ${reason}: $("${KUBECTL}" get bt intruder -o jsonpath='{.status.
 
 say "kubectl bashtask workspace delete demo-session"
 "${PLUGIN}" workspace delete demo-session
+
+if ((${#images[@]})); then
+  say "Two workspaces of two images (examples/images), the same command in each"
+  # The manifests name the registry at 127.0.0.1:5000; this one listens on
+  # a free port.
+  registry=$(sed -n 's|^  # image \([^/ ]*\)/bashtask/task-small:local .*|\1|p' "${DIR}/launcher.log")
+  [[ -n "${registry}" ]] || die "bashtask-local printed no task-small image"
+  sed "s|127.0.0.1:5000/|${registry}/|" examples/images/workspaces.yaml | "${KUBECTL}" apply -f -
+  "${KUBECTL}" wait --for=jsonpath='{.status.phase}'=Ready bashworkspace/demo-small bashworkspace/demo-debian --timeout=300s
+  "${KUBECTL}" get bashworkspace demo-small demo-debian -o custom-columns='NAME:.metadata.name,IMAGE:.status.image.requested,DIGEST:.status.image.digest' | cut -c1-110
+  "${KUBECTL}" apply -f examples/images/which-system.yaml
+  "${KUBECTL}" wait --for=jsonpath='{.status.phase}'=Succeeded bt/which-system-small bt/which-system-debian --timeout=120s >/dev/null ||
+    { "${PLUGIN}" get >&2; die "the tasks of examples/images/which-system.yaml did not succeed"; }
+  small=$("${KUBECTL}" get bt which-system-small -o jsonpath='{.status.stdout.tail}')
+  debian=$("${KUBECTL}" get bt which-system-debian -o jsonpath='{.status.stdout.tail}')
+  printf -- '--- which-system-small (task-small)\n%s\n--- which-system-debian (task)\n%s\n' "${small}" "${debian}"
+  [[ "${small}" == *"no /etc/os-release"* && "${small}" == *"no python3"* ]] || die "task-small has an os-release or a python3"
+  [[ "${debian}" == *'PRETTY_NAME="Debian GNU/Linux 12 (bookworm)"'* && "${debian}" == *"Python 3."* ]] || die "task is not Debian bookworm with python3"
+
+  say "A package pip installs into the task image survives suspend and resume (examples/images/pip-install.sh)"
+  KUBECTL="${KUBECTL}" PLUGIN="${PLUGIN}" examples/images/pip-install.sh || die "the package did not survive the suspend"
+  "${PLUGIN}" workspace delete demo-small demo-debian
+else
+  say "Not root: the agents run at the process level, without images; skipping examples/images"
+fi

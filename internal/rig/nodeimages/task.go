@@ -50,11 +50,14 @@ const (
 // minbase. No C compiler: gcc and libc6-dev add about 200 MB to the tree
 // and a minute or two to a cold build, on every machine that builds it; a
 // task that compiles names an image that has one (docs/images.md).
+// python3-pip (it brings setuptools and wheel) installs pure-Python
+// packages into the image's system paths, which a workspace keeps;
+// apt-get cannot (it wants uid 0, which no task has).
 func taskPackages() []string {
 	return []string{
 		"bash", "coreutils", "findutils", "grep", "sed", "gawk", "diffutils", "procps", "less", "file",
 		"tar", "gzip", "xz-utils", "bzip2", "unzip", "zip", "ca-certificates", "curl", "jq", "git", "openssh-client",
-		"python3", "python3-venv",
+		"python3", "python3-venv", "python3-pip",
 	}
 }
 
