@@ -198,7 +198,7 @@ test-e2e-private-parent: envtest setup-s3 build
 	mkdir -m 0700 "$$dir/home"; mkdir -p "$$dir/home/src/tmp"; \
 	echo "test-e2e-private-parent: TMPDIR=$$dir/home/src/tmp, $$dir/home is 0700"; \
 	TMPDIR="$$dir/home/src/tmp" E2E_ISOLATION=tenant $(GO) test $(TEST_FLAGS) -timeout $(E2E_TIMEOUT) \
-		-run '^(TestExamples|TestWorkspaceSession|TestCopyRoundTrip)$$' ./test/e2e/
+		-run '^(TestExamples|TestWorkspaceSession|TestCopyRoundTrip|TestImageWorkspaceTenantRules)$$' ./test/e2e/
 
 # tmux is the real terminal of the interactive tests (`kubectl bashtask
 # shell`); it comes from Debian when missing.

@@ -62,7 +62,8 @@ const (
 // static bash and BusyBox (Debian's bash-static and busybox-static; make
 // test-packages installs them): /bin/busybox, /bin/bash unless NoBash, an
 // applet link in /bin for each of Applets, /bin /etc /tmp and Dirs, an
-// /etc/passwd and /etc/group naming root, and Files.
+// /etc/passwd and /etc/group naming root, Files, and set-user-ID copies
+// of bash (SetUIDBash).
 type BusyboxImage struct {
 	// Arch is the config's architecture; empty means runtime.GOARCH.
 	Arch string
@@ -74,6 +75,10 @@ type BusyboxImage struct {
 	Dirs []string
 	// Files are more regular files (mode 0644) by path and content.
 	Files map[string]string
+	// SetUIDBash are paths, "bin/suid-bash" style, of copies of the
+	// static bash, owned by root and set-user-ID (mode 04755): a task
+	// that runs one must not become root.
+	SetUIDBash []string
 }
 
 // BuildForTest builds the image; a static binary missing from the
@@ -105,11 +110,18 @@ func (b BusyboxImage) BuildForTest(t testing.TB) v1.Image {
 		if err != nil {
 			t.Fatal(err)
 		}
-		add(&tar.Header{Typeflag: tar.TypeReg, Name: name, Mode: 0o755}, data)
+		mode := int64(0o755)
+		if slices.Contains(b.SetUIDBash, name) {
+			mode |= 0o4000
+		}
+		add(&tar.Header{Typeflag: tar.TypeReg, Name: name, Mode: mode}, data)
 	}
 	file("bin/busybox", hostBusybox)
 	if !b.NoBash {
 		file("bin/bash", hostBashStatic)
+	}
+	for _, p := range b.SetUIDBash {
+		file(p, hostBashStatic)
 	}
 	for _, a := range b.Applets {
 		add(&tar.Header{Typeflag: tar.TypeSymlink, Name: "bin/" + a, Linkname: "busybox", Mode: 0o777}, nil)
