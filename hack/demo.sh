@@ -34,11 +34,28 @@ mkdir -p "${DIR}"
 # Images need the tenant level, which needs root: the task images (and the
 # registry that serves them) only then. The Debian one is built by
 # debootstrap the first time (minutes), then taken from bin/images/cache.
+# What they are made of comes from Debian when missing: bash-static and
+# busybox-static (task-small), debootstrap (task, when not cached).
 images=()
 wait_up=1200
+no_images=""
 if [[ "$(id -u)" == 0 ]]; then
-  images=(--registry --registry-image task-small,task)
-  [[ -n "$(compgen -G 'bin/images/cache/task-rootfs-*.tar.gz')" ]] || wait_up=9000
+  hack/test-packages.sh
+  if [[ -z "$(compgen -G 'bin/images/cache/task-rootfs-*.tar.gz')" ]]; then
+    if ! command -v debootstrap >/dev/null && command -v apt-get >/dev/null; then
+      echo "demo: installing debootstrap from Debian" >&2
+      DEBIAN_FRONTEND=noninteractive apt-get update -qq
+      DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends debootstrap >/dev/null
+    fi
+    command -v debootstrap >/dev/null || no_images="debootstrap is missing (apt-get install debootstrap)"
+  fi
+  [[ -x /bin/bash-static && -x /bin/busybox ]] || no_images="bash-static or busybox-static is missing"
+  if [[ -z "${no_images}" ]]; then
+    images=(--registry --registry-image task-small,task)
+    wait_up=9000 # a cold build of task (or of a changed package list) takes minutes
+  fi
+else
+  no_images="not root: the agents run at the process level, which has no images"
 fi
 bin/bashtask-local up --dir "${DIR}" --agents 2 --agent-env DEMO_API_KEY=agent-only-secret "${images[@]}" >"${DIR}/launcher.log" 2>&1 &
 launcher=$!
@@ -51,7 +68,7 @@ trap cleanup EXIT
 
 if ((${#images[@]})); then
   say "Starting the local cluster with a registry of the task images task-small and task"
-  ((wait_up == 1200)) || echo "(the task image is not cached: debootstrap builds it first, which takes minutes)"
+  echo "(the first time, debootstrap builds the task image: a minute or more)"
 else
   say "Starting the local cluster"
 fi
@@ -172,5 +189,5 @@ if ((${#images[@]})); then
   KUBECTL="${KUBECTL}" PLUGIN="${PLUGIN}" examples/images/pip-install.sh || die "the package did not survive the suspend"
   "${PLUGIN}" workspace delete demo-small demo-debian
 else
-  say "Not root: the agents run at the process level, without images; skipping examples/images"
+  say "Skipping examples/images: ${no_images}"
 fi
