@@ -106,7 +106,12 @@ func runImage(n int, network string, size int64, top, shimPath, host, ref string
 	}()
 	ctx := context.Background()
 	made := &madeWorkspaces{a: a}
-	defer made.deleteAll(ctx)
+	defer func() {
+		// Whatever fails half-way, what was made is deleted.
+		if derr := made.deleteAll(ctx); err == nil {
+			err = derr
+		}
+	}()
 	r := &imageRun{network: network, image: ref, n: n}
 	img := &agentv1.ImageSpec{Reference: ref}
 	first, err := made.create(ctx, 1, network, img)
