@@ -118,14 +118,18 @@ func portForwardNode(w *bashtaskv1alpha1.BashWorkspace) (string, error) {
 
 // portForwardHandler serves the connection: SPDY, or its WebSocket
 // tunneling translated to SPDY by apiserver's tunneling handler, as
-// kube-apiserver and the kubelet do.
+// kube-apiserver and the kubelet do (the kubelet's proxies to its
+// streaming server; here upgradeAfterHijack stands in for that proxy).
 func (s *Server) portForwardHandler(w *bashtaskv1alpha1.BashWorkspace, node string, v4 *portforward.V4Options) http.Handler {
 	protocols := []string{portforwardconsts.PortForwardV1Name}
 	spdy := http.HandlerFunc(func(rw http.ResponseWriter, req *http.Request) {
 		f := &workspaceForwarder{s: s, ctx: req.Context(), node: node, uid: string(w.UID)}
 		portforward.ServePortForward(rw, req, f, w.Namespace+"/"+w.Name, string(w.UID), v4, portForwardIdleTimeout, portForwardStreamCreationTimeout, protocols)
 	})
-	return proxy.NewTranslatingHandler(spdy, proxy.NewTunnelingHandler(spdy), wsstream.IsWebSocketRequestWithTunnelingProtocol)
+	tunneled := http.HandlerFunc(func(rw http.ResponseWriter, req *http.Request) {
+		spdy.ServeHTTP(newUpgradeAfterHijack(rw), req)
+	})
+	return proxy.NewTranslatingHandler(spdy, proxy.NewTunnelingHandler(tunneled), wsstream.IsWebSocketRequestWithTunnelingProtocol)
 }
 
 // authorizeCreate checks that the request's user may also create the

@@ -48,8 +48,8 @@ func httpServerTask(t *testing.T, ns, ws, body string) {
 
 // pluginForward runs `kubectl bashtask port-forward ws :remote` (as user,
 // when set) and returns the local port once it listens, or "" with the
-// plugin's stderr when it ended first.
-func pluginForward(t *testing.T, ns, ws, user string, remote int) (local string, stderr *syncbuf.Buffer, done <-chan error) {
+// plugin's stderr when it ended first; done is closed when it exited.
+func pluginForward(t *testing.T, ns, ws, user string, remote int) (local string, stderr *syncbuf.Buffer, done <-chan struct{}) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(t.Context())
 	args := []string{"--kubeconfig", filepath.Join(clusterDir, "kubeconfig"), "-n", ns}
@@ -66,8 +66,8 @@ func pluginForward(t *testing.T, ns, ws, user string, remote int) (local string,
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
+	exited := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(exited) }()
 	t.Cleanup(func() { cancel(); <-exited })
 	re := regexp.MustCompile(`Forwarding from 127\.0\.0\.1:(\d+) ->`)
 	sc := bufio.NewScanner(out)
@@ -181,7 +181,7 @@ func TestPortForward(t *testing.T) {
 // TestPortForwardAuthorization: port-forward takes create (and get, for
 // the WebSocket) on bashworkspaces/portforward of output.bashtask.dev; a
 // user who may read the workspace and the task output but not that
-// subresource is refused.
+// subresource is refused, and so is one with get alone.
 func TestPortForwardAuthorization(t *testing.T) {
 	needWorkspaces(t)
 	ns := newNamespace(t)
@@ -201,8 +201,10 @@ func TestPortForwardAuthorization(t *testing.T) {
 	read := rbacv1.PolicyRule{APIGroups: []string{"bashtask.dev"}, Resources: []string{"bashworkspaces", "bashtasks"}, Verbs: []string{"get", "list", "watch"}}
 	logs := rbacv1.PolicyRule{APIGroups: []string{"output.bashtask.dev"}, Resources: []string{"bashtasks/log"}, Verbs: []string{"get"}}
 	pf := rbacv1.PolicyRule{APIGroups: []string{"output.bashtask.dev"}, Resources: []string{"bashworkspaces/portforward"}, Verbs: []string{"get", "create"}}
+	getOnly := rbacv1.PolicyRule{APIGroups: []string{"output.bashtask.dev"}, Resources: []string{"bashworkspaces/portforward"}, Verbs: []string{"get"}}
 	grant("e2e-pf-allowed", read, pf)
 	grant("e2e-pf-reader", read, logs)
+	grant("e2e-pf-get-only", read, getOnly)
 	// RBAC reaches the authorizers' caches within a moment.
 	for deadline := time.Now().Add(30 * time.Second); ; {
 		local, stderr, _ := pluginForward(t, ns, "pfa", "e2e-pf-allowed", 8000)
@@ -220,5 +222,11 @@ func TestPortForwardAuthorization(t *testing.T) {
 	_, errOut, code := plugin(t.Context(), "", "-n", ns, "--as", "e2e-pf-reader", "port-forward", "pfa", ":8000")
 	if code == 0 || !strings.Contains(errOut, "bashworkspaces/portforward") || !strings.Contains(strings.ToLower(errOut), "forbidden") {
 		t.Errorf("port-forward as a user without bashworkspaces/portforward: exit %d, stderr %q; want forbidden naming the subresource", code, errOut)
+	}
+	// The WebSocket is a GET, authorized as get first; create is checked
+	// on top, as kube-apiserver does for pods/portforward.
+	_, errOut, code = plugin(t.Context(), "", "-n", ns, "--as", "e2e-pf-get-only", "port-forward", "pfa", ":8000")
+	if code == 0 || !strings.Contains(errOut, "create") || !strings.Contains(strings.ToLower(errOut), "forbidden") {
+		t.Errorf("port-forward as a user with get but not create on bashworkspaces/portforward: exit %d, stderr %q; want forbidden naming create", code, errOut)
 	}
 }
