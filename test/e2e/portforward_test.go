@@ -80,6 +80,17 @@ func pluginForward(t *testing.T, ns, ws, user string, remote int) (local string,
 	return "", stderr, exited
 }
 
+// refusedForward runs `kubectl bashtask port-forward` with args, which
+// should end at once with a refusal; a forward that starts instead is cut
+// after 30 s (exit -1).
+func refusedForward(t *testing.T, args ...string) (stderr string, code int) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	_, errOut, code := plugin(ctx, "", args...)
+	return errOut, code
+}
+
 // fetch GETs url on a connection of its own.
 func fetch(url string) (string, error) {
 	c := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
@@ -163,14 +174,14 @@ func TestPortForward(t *testing.T) {
 	})
 	t.Run("a workspace of network Node", func(t *testing.T) {
 		createWorkspace(t, ns, "pfnode", "--network", "Node")
-		_, errOut, code := plugin(t.Context(), "", "-n", ns, "port-forward", "pfnode", ":8000")
+		errOut, code := refusedForward(t, "-n", ns, "port-forward", "pfnode", ":8000")
 		if code == 0 || !strings.Contains(errOut, "network Node") {
 			t.Errorf("port-forward to a Node workspace: exit %d, stderr %q; want a refusal naming network Node", code, errOut)
 		}
 	})
 	t.Run("bad ports", func(t *testing.T) {
 		for _, p := range []string{"8080:0", "8080:65536", "70000:80"} {
-			_, errOut, code := plugin(t.Context(), "", "-n", ns, "port-forward", "pf1", p)
+			errOut, code := refusedForward(t, "-n", ns, "port-forward", "pf1", p)
 			if code == 0 || !strings.Contains(errOut, "must be") {
 				t.Errorf("port %s: exit %d, stderr %q; want a refusal naming the bound", p, code, errOut)
 			}
@@ -219,13 +230,13 @@ func TestPortForwardAuthorization(t *testing.T) {
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
-	_, errOut, code := plugin(t.Context(), "", "-n", ns, "--as", "e2e-pf-reader", "port-forward", "pfa", ":8000")
+	errOut, code := refusedForward(t, "-n", ns, "--as", "e2e-pf-reader", "port-forward", "pfa", ":8000")
 	if code == 0 || !strings.Contains(errOut, "bashworkspaces/portforward") || !strings.Contains(strings.ToLower(errOut), "forbidden") {
 		t.Errorf("port-forward as a user without bashworkspaces/portforward: exit %d, stderr %q; want forbidden naming the subresource", code, errOut)
 	}
 	// The WebSocket is a GET, authorized as get first; create is checked
 	// on top, as kube-apiserver does for pods/portforward.
-	_, errOut, code = plugin(t.Context(), "", "-n", ns, "--as", "e2e-pf-get-only", "port-forward", "pfa", ":8000")
+	errOut, code = refusedForward(t, "-n", ns, "--as", "e2e-pf-get-only", "port-forward", "pfa", ":8000")
 	if code == 0 || !strings.Contains(errOut, "create") || !strings.Contains(strings.ToLower(errOut), "forbidden") {
 		t.Errorf("port-forward as a user with get but not create on bashworkspaces/portforward: exit %d, stderr %q; want forbidden naming create", code, errOut)
 	}
