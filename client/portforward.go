@@ -11,9 +11,9 @@ import (
 	"strconv"
 	"strings"
 
-	"k8s.io/apimachinery/pkg/util/httpstream"
 	"k8s.io/client-go/tools/portforward"
 	"k8s.io/client-go/transport/spdy"
+	"k8s.io/streaming/pkg/httpstream"
 
 	outputv1alpha1 "github.com/bashtask/bashtask-operator/api/output/v1alpha1"
 )
@@ -89,7 +89,7 @@ func (c *Client) PortForward(ctx context.Context, namespace, workspace string, p
 		addrs = []string{"localhost"}
 	}
 	ready := make(chan struct{})
-	fw, err := portforward.NewOnAddressesWithContext(ctx, dialer, addrs, ports, ready, opts.Out, opts.ErrOut)
+	fw, err := portforward.NewOnAddressesForStreamingWithContext(ctx, dialer, addrs, ports, ready, opts.Out, opts.ErrOut)
 	if err != nil {
 		return fmt.Errorf("port-forward to BashWorkspace %s/%s: %w", namespace, workspace, err)
 	}
@@ -132,12 +132,12 @@ func (c *Client) portForwardDialer(namespace, workspace string) (httpstream.Dial
 	if err != nil {
 		return nil, fmt.Errorf("port-forward: %w", err)
 	}
-	spdyDialer := spdy.NewDialer(upgrader, &http.Client{Transport: rt}, http.MethodPost, &u)
-	tunnel, err := portforward.NewSPDYOverWebsocketDialer(cloneURL(&u), c.cfg)
+	spdyDialer := spdy.NewDialerForStreaming(upgrader, &http.Client{Transport: rt}, http.MethodPost, &u)
+	tunnel, err := portforward.NewSPDYOverWebsocketDialerForStreaming(cloneURL(&u), c.cfg)
 	if err != nil {
 		return nil, fmt.Errorf("port-forward: %w", err)
 	}
-	return portforward.NewFallbackDialer(tunnel, spdyDialer, func(err error) bool {
+	return portforward.NewFallbackDialerForStreaming(tunnel, spdyDialer, func(err error) bool {
 		return httpstream.IsUpgradeFailure(err) || httpstream.IsHTTPSProxyError(err)
 	}), nil
 }
