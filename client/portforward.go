@@ -44,7 +44,7 @@ type ForwardedPort struct {
 func ParsePortForward(spec string) (ForwardedPort, error) {
 	local, remote, found := strings.Cut(spec, ":")
 	if !found {
-		remote = local
+		local, remote = "", local
 	}
 	var fp ForwardedPort
 	if local != "" {
@@ -59,6 +59,9 @@ func ParsePortForward(spec string) (ForwardedPort, error) {
 		return fp, fmt.Errorf("port %q: remote port %q must be 1-65535", spec, remote)
 	}
 	fp.Remote = uint16(r)
+	if !found {
+		fp.Local = fp.Remote
+	}
 	return fp, nil
 }
 
