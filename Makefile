@@ -312,6 +312,14 @@ bench-session: build envtest ## Wall time of one command through kubectl-bashtas
 	mkdir -p _output
 	$(BENCH) -phases=session -json _output/bench-session.json -session-args='$(BENCH_SESSION_ARGS)'
 
+# Port-forward into a workspace (the portforward phase; docs/portforward.md):
+# 1 GiB through one forwarded connection and small HTTP requests, through
+# the Go client's PortForward on a local cluster (tenant level, root).
+.PHONY: bench-portforward
+bench-portforward: build envtest ## Throughput of 1 GiB and small-HTTP-request rate through a port-forward into a workspace (root).
+	mkdir -p _output
+	$(BENCH) -phases=portforward -json _output/bench-portforward.json -portforward-args='$(BENCH_PORTFORWARD_ARGS)'
+
 # The node's image store against `crane export | tar -x` (the images phase;
 # docs/performance.md): first use, a second pull and the disk, on the task
 # image of bin/images/task.tar (`go run ./hack/images -only task`) or a
