@@ -111,7 +111,9 @@ func (p *Phase) Run(ctx context.Context, env *phase.Env) (phase.Figures, error) 
 	}
 	figs, err := p.measure(ctx, ports)
 	stop()
-	<-done
+	if ferr := <-done; ferr != nil && err == nil {
+		err = fmt.Errorf("port-forward: %w", ferr)
+	}
 	return figs, err
 }
 
