@@ -93,7 +93,7 @@ generate-proto: ## Generate the agent protocol's Go code (protoc + go tool proto
 	$(GO) build -o $(LOCALBIN)/protoc-gen-go-grpc google.golang.org/grpc/cmd/protoc-gen-go-grpc
 	protoc --plugin=protoc-gen-go=$(LOCALBIN)/protoc-gen-go --plugin=protoc-gen-go-grpc=$(LOCALBIN)/protoc-gen-go-grpc \
 	  -I $(PROTO_DIR) --go_out=$(PROTO_DIR) --go_opt=paths=source_relative \
-	  --go-grpc_out=$(PROTO_DIR) --go-grpc_opt=paths=source_relative $(PROTO_DIR)/agent.proto $(PROTO_DIR)/fence.proto $(PROTO_DIR)/workspace.proto $(PROTO_DIR)/snapshot.proto $(PROTO_DIR)/stdin.proto $(PROTO_DIR)/image.proto
+	  --go-grpc_out=$(PROTO_DIR) --go-grpc_opt=paths=source_relative $(PROTO_DIR)/agent.proto $(PROTO_DIR)/fence.proto $(PROTO_DIR)/workspace.proto $(PROTO_DIR)/snapshot.proto $(PROTO_DIR)/stdin.proto $(PROTO_DIR)/image.proto $(PROTO_DIR)/portforward.proto
 	sed -i -e 's|^// \tprotoc  *v.*$$|// \tprotoc        v$(PROTOC_VERSION)|' \
 	  -e 's|^// - protoc  *v.*$$|// - protoc             v$(PROTOC_VERSION)|' $(PROTO_DIR)/*.pb.go
 
@@ -311,6 +311,14 @@ bench-resume: build envtest setup-s3 ## Resume of a Suspended 100 MiB workspace 
 bench-session: build envtest ## Wall time of one command through kubectl-bashtask run and the Go client's Run, with create→terminal of the same runs (root).
 	mkdir -p _output
 	$(BENCH) -phases=session -json _output/bench-session.json -session-args='$(BENCH_SESSION_ARGS)'
+
+# Port-forward into a workspace (the portforward phase; docs/portforward.md):
+# 1 GiB through one forwarded connection and small HTTP requests, through
+# the Go client's PortForward on a local cluster (tenant level, root).
+.PHONY: bench-portforward
+bench-portforward: build envtest ## Throughput of 1 GiB and small-HTTP-request rate through a port-forward into a workspace (root).
+	mkdir -p _output
+	$(BENCH) -phases=portforward -json _output/bench-portforward.json -portforward-args='$(BENCH_PORTFORWARD_ARGS)'
 
 # The node's image store against `crane export | tar -x` (the images phase;
 # docs/performance.md): first use, a second pull and the disk, on the task

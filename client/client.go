@@ -6,7 +6,9 @@
 // after a dropped connection; Cancel asks a task to stop; the workspace
 // helpers create, read, wait for, suspend, resume and delete
 // BashWorkspaces; CopyTo and CopyFrom copy files into and out of a
-// workspace. Every wait is a watch of the object, never a poll.
+// workspace; PortForward forwards local TCP ports to ports on a
+// workspace's loopback (docs/portforward.md). Every wait is a watch of the
+// object, never a poll.
 // docs/output.md is the contract of the output, docs/workspaces.md
 // (Copying files) of the copies, docs/client.md of Run and its options.
 package client
@@ -34,6 +36,7 @@ type Client struct {
 	base *url.URL
 	http *http.Client
 	k8s  ctrlclient.WithWatch
+	cfg  *rest.Config // for the streaming upgrades of PortForward
 }
 
 // RESTMapper maps the kinds of bashtask.dev/v1alpha1 (BashTask,
@@ -83,7 +86,7 @@ func New(cfg *rest.Config) (*Client, error) {
 	if err != nil {
 		return nil, fmt.Errorf("bashtask client: %w", err)
 	}
-	return &Client{base: base, http: hc, k8s: k}, nil
+	return &Client{base: base, http: hc, k8s: k, cfg: rest.CopyConfig(cfg)}, nil
 }
 
 // Cancel asks the task to stop (spec.cancelRequested: SIGTERM, grace,

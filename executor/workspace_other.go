@@ -2,7 +2,11 @@
 
 package executor
 
-import "os"
+import (
+	"context"
+	"net"
+	"os"
+)
 
 // workspaceSys exists only on Linux.
 type workspaceSys struct{}
@@ -33,3 +37,6 @@ func (w *Workspace) RootDirs() (upper, work string, err error) { return "", "", 
 
 // openUpper finds no upper directory off Linux.
 func openUpper(*os.File) (*os.File, error) { return nil, nil }
+
+// DialLoopback is unsupported outside Linux.
+func (w *Workspace) DialLoopback(context.Context, int) (net.Conn, error) { return nil, ErrUnsupported }

@@ -164,6 +164,19 @@ reason=$("${KUBECTL}" get bt intruder -o jsonpath='{.status.reason}')
 echo "intruder: ${reason}: $("${KUBECTL}" get bt intruder -o jsonpath='{.status.message}')"
 [[ "${reason}" == InvalidSpec ]] || die "the intruder ended ${reason:-<none>}, expected InvalidSpec"
 
+say "A server in demo-session, fetched through kubectl bashtask port-forward (docs/portforward.md)"
+srv=$("${PLUGIN}" run -w demo-session --owner agent-7 --detach --timeout 5m -- \
+  'echo "hello from demo-session" > index.html && exec python3 -u -m http.server 8000 --bind 127.0.0.1' 2>/dev/null)
+for _ in $(seq 300); do
+  "${PLUGIN}" logs "${srv}" 2>/dev/null | grep -q 'Serving HTTP' && break
+  sleep 0.1
+done
+"${PLUGIN}" port-forward demo-session 18080:8000 & pf=$!
+for _ in $(seq 100); do curl -s -o /dev/null http://127.0.0.1:18080/ && break; sleep 0.1; done
+echo "curl http://127.0.0.1:18080/index.html: $(curl -s http://127.0.0.1:18080/index.html)"
+kill "${pf}"; wait "${pf}" 2>/dev/null || true
+"${PLUGIN}" cancel "${srv}" >/dev/null
+
 say "kubectl bashtask workspace delete demo-session"
 "${PLUGIN}" workspace delete demo-session
 

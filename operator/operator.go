@@ -290,7 +290,7 @@ func (op *Operator) addOutputAPI(ctx context.Context, mgr ctrl.Manager, o Option
 		// The cache's BashTask informer wakes the requests that wait
 		// for a task's dispatch (outputapi.Config.Informers).
 		Tasks: mgr.GetClient(), LiveTasks: mgr.GetAPIReader(), Informers: mgr.GetCache(),
-		Agents: readers, BucketURL: o.OutputAPI.BucketURL,
+		Agents: readers, PortForwards: readers, BucketURL: o.OutputAPI.BucketURL,
 	})
 	if err != nil {
 		return err

@@ -14,15 +14,16 @@ import (
 	outputv1alpha1 "github.com/bashtask/bashtask-operator/api/output/v1alpha1"
 )
 
-// NewScheme returns the scheme of the aggregated API: BashTask, LogOptions
-// and StdinOptions in output.bashtask.dev/v1alpha1 (also as the internal
+// NewScheme returns the scheme of the aggregated API: BashTask, LogOptions,
+// StdinOptions, BashWorkspace and PortForwardOptions in output.bashtask.dev/v1alpha1 (also as the internal
 // version, since this API has one version and no conversions), the meta
 // types, and the decoding of the options from query parameters.
 func NewScheme() (*runtime.Scheme, serializer.CodecFactory, error) {
 	s := runtime.NewScheme()
 	gv := outputv1alpha1.SchemeGroupVersion
 	for _, gv := range []schema.GroupVersion{gv, {Group: outputv1alpha1.Group, Version: runtime.APIVersionInternal}} {
-		s.AddKnownTypes(gv, &outputv1alpha1.BashTask{}, &outputv1alpha1.LogOptions{}, &outputv1alpha1.StdinOptions{})
+		s.AddKnownTypes(gv, &outputv1alpha1.BashTask{}, &outputv1alpha1.LogOptions{}, &outputv1alpha1.StdinOptions{},
+			&outputv1alpha1.BashWorkspace{}, &outputv1alpha1.PortForwardOptions{})
 	}
 	metav1.AddToGroupVersion(s, gv)
 	metav1.AddToGroupVersion(s, schema.GroupVersion{Version: "v1"})
@@ -35,6 +36,11 @@ func NewScheme() (*runtime.Scheme, serializer.CodecFactory, error) {
 	}
 	if err := s.AddConversionFunc((*url.Values)(nil), (*outputv1alpha1.StdinOptions)(nil), func(a, b any, _ conversion.Scope) error {
 		return decodeStdinOptions(*(a.(*url.Values)), b.(*outputv1alpha1.StdinOptions))
+	}); err != nil {
+		return nil, serializer.CodecFactory{}, err
+	}
+	if err := s.AddConversionFunc((*url.Values)(nil), (*outputv1alpha1.PortForwardOptions)(nil), func(a, b any, _ conversion.Scope) error {
+		return decodePortForwardOptions(*(a.(*url.Values)), b.(*outputv1alpha1.PortForwardOptions))
 	}); err != nil {
 		return nil, serializer.CodecFactory{}, err
 	}

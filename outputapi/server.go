@@ -12,6 +12,7 @@ import (
 	"gocloud.dev/blob"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/sets"
+	"k8s.io/apiserver/pkg/authorization/authorizer"
 	openapinamer "k8s.io/apiserver/pkg/endpoints/openapi"
 	apirequest "k8s.io/apiserver/pkg/endpoints/request"
 	"k8s.io/apiserver/pkg/registry/rest"
@@ -65,6 +66,10 @@ type Config struct {
 	Informers Informers
 	// Agents reaches the node agents.
 	Agents Agents
+	// PortForwards reaches the agents' PortForward service for
+	// bashworkspaces/portforward (docs/portforward.md); nil refuses
+	// every forwarded connection.
+	PortForwards PortForwardAgents
 	// BucketURL is the gocloud.dev blob URL of the bucket the agents
 	// upload to, opened with the controller's own credentials, for the
 	// output of tasks whose agent no longer holds it. Empty, or for a
@@ -81,6 +86,9 @@ type Server struct {
 	bucketBase string
 	// dispatch wakes the requests waiting for their task's dispatch.
 	dispatch dispatchWaits
+	// authz is the delegated authorizer, for the second check of a
+	// port-forward GET (authorizeCreate).
+	authz authorizer.Authorizer
 }
 
 // LongRunning reports whether a request is exempt from the request
@@ -88,9 +96,13 @@ type Server struct {
 // kube-apiserver treats pods/log (a read of a large finished stream takes
 // longer than 60 s too), every bashtasks/stdin POST, which bounds its own
 // wait (stdinRequestWait) and must not hold a slot of the max-in-flight
-// limit while a command does not read, and watches.
+// limit while a command does not read, every bashworkspaces/portforward
+// (a connection that lives as long as its client), and watches.
 func LongRunning(r *http.Request, ri *apirequest.RequestInfo) bool {
 	if ri != nil && ri.IsResourceRequest && ri.Resource == "bashtasks" && (ri.Subresource == "log" || ri.Subresource == "stdin") {
+		return true
+	}
+	if ri != nil && ri.IsResourceRequest && ri.Resource == outputv1alpha1.ResourceWorkspaces && ri.Subresource == outputv1alpha1.SubresourcePortForward {
 		return true
 	}
 	return genericfilters.BasicLongRunningRequestCheck(sets.NewString("watch"), sets.NewString())(r, ri)
@@ -144,7 +156,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("output API: %w", err)
 	}
-	s := &Server{cfg: cfg, generic: g, dispatch: dispatchWaits{informers: cfg.Informers}}
+	s := &Server{cfg: cfg, generic: g, dispatch: dispatchWaits{informers: cfg.Informers}, authz: rc.Authorization.Authorizer}
 	if cfg.BucketURL != "" {
 		if s.bucket, s.bucketBase, err = openBucket(ctx, cfg.BucketURL); err != nil {
 			return nil, err
@@ -152,9 +164,11 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	}
 	info := genericapiserver.NewDefaultAPIGroupInfo(outputv1alpha1.Group, scheme, runtime.NewParameterCodec(scheme), codecs)
 	info.VersionedResourcesStorageMap[outputv1alpha1.Version] = map[string]rest.Storage{
-		"bashtasks":       &bashTaskREST{s: s},
-		"bashtasks/log":   &logREST{s: s},
-		"bashtasks/stdin": &stdinREST{s: s},
+		"bashtasks":                  &bashTaskREST{s: s},
+		"bashtasks/log":              &logREST{s: s},
+		"bashtasks/stdin":            &stdinREST{s: s},
+		"bashworkspaces":             &bashWorkspaceREST{s: s},
+		"bashworkspaces/portforward": &portForwardREST{s: s},
 	}
 	if err := g.InstallAPIGroup(&info); err != nil {
 		return nil, fmt.Errorf("output API: installing %s: %w", outputv1alpha1.SchemeGroupVersion, err)

@@ -156,6 +156,7 @@ type Server struct {
 	ex       *executor.Executor // nil while executor.New fails (missing shell)
 	leases   *uidLeases         // nil unless tasks get a leased UID
 	ws       *workspaces        // the Workspaces service and its table
+	pf       *portForwards      // the PortForward service (portforward.go)
 	images   *images            // the image store and its pulls (images.go)
 	tasks    map[string]*entry
 	running  int
@@ -291,10 +292,12 @@ func (s *Server) Close() error {
 	return errors.Join(errs...)
 }
 
-// Register adds the Executor service and the health service to g.
+// Register adds the Executor, Workspaces and PortForward services and the
+// health service to g.
 func (s *Server) Register(g grpc.ServiceRegistrar) {
 	agentv1.RegisterExecutorServer(g, s)
 	agentv1.RegisterWorkspacesServer(g, s.ws)
+	agentv1.RegisterPortForwardServer(g, s.pf)
 	healthpb.RegisterHealthServer(g, s.health)
 }
 

@@ -90,6 +90,7 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 	if s.ws, err = newWorkspaces(s); err != nil {
 		return nil, err
 	}
+	s.pf = newPortForwards(s)
 	// After the workspaces are read: their images are held from the
 	// store's opening on, before anything could evict them.
 	tenant := cfg.Executor.Isolation == executor.IsolationTenant

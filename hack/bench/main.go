@@ -13,6 +13,7 @@
 //	resume     a Suspended workspace's resume, as root, on a cluster of its own (phase/resume)
 //	output     the output API on the shared cluster (phase/output)
 //	session    one command of a session through the plugin and the Go client, on the shared cluster (phase/session)
+//	portforward  1 GiB and small HTTP requests through the client's PortForward into a workspace, on the shared cluster (phase/portforward)
 //	system     the whole system on the shared cluster; its table takes in
 //	           the executor's, the output's and the resume's figures (phase/system)
 //
@@ -60,6 +61,7 @@ import (
 	"github.com/bashtask/bashtask-operator/hack/bench/phase/executor"
 	"github.com/bashtask/bashtask-operator/hack/bench/phase/images"
 	"github.com/bashtask/bashtask-operator/hack/bench/phase/output"
+	"github.com/bashtask/bashtask-operator/hack/bench/phase/portforward"
 	"github.com/bashtask/bashtask-operator/hack/bench/phase/resume"
 	"github.com/bashtask/bashtask-operator/hack/bench/phase/session"
 	"github.com/bashtask/bashtask-operator/hack/bench/phase/snapshot"
@@ -71,7 +73,7 @@ import (
 // phases are every phase, in the order they run.
 func phases() []phase.Phase {
 	return []phase.Phase{&executor.Phase{}, &snapshot.Phase{}, &images.Phase{}, &workspace.Phase{}, &apiserver.Phase{},
-		&resume.Phase{}, &output.Phase{}, &session.Phase{}, &system.Phase{}}
+		&resume.Phase{}, &output.Phase{}, &session.Phase{}, &portforward.Phase{}, &system.Phase{}}
 }
 
 // defaultPhases is what `make bench` runs; resume only as root.

@@ -16,8 +16,23 @@ func (in BashTaskOutputStatus) OpenAPIModelName() string {
 }
 
 // OpenAPIModelName returns the OpenAPI model name for this type.
+func (in BashWorkspace) OpenAPIModelName() string {
+	return "dev.bashtask.output.v1alpha1.BashWorkspace"
+}
+
+// OpenAPIModelName returns the OpenAPI model name for this type.
+func (in BashWorkspaceOutputStatus) OpenAPIModelName() string {
+	return "dev.bashtask.output.v1alpha1.BashWorkspaceOutputStatus"
+}
+
+// OpenAPIModelName returns the OpenAPI model name for this type.
 func (in LogOptions) OpenAPIModelName() string {
 	return "dev.bashtask.output.v1alpha1.LogOptions"
+}
+
+// OpenAPIModelName returns the OpenAPI model name for this type.
+func (in PortForwardOptions) OpenAPIModelName() string {
+	return "dev.bashtask.output.v1alpha1.PortForwardOptions"
 }
 
 // OpenAPIModelName returns the OpenAPI model name for this type.
