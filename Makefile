@@ -93,7 +93,7 @@ generate-proto: ## Generate the agent protocol's Go code (protoc + go tool proto
 	$(GO) build -o $(LOCALBIN)/protoc-gen-go-grpc google.golang.org/grpc/cmd/protoc-gen-go-grpc
 	protoc --plugin=protoc-gen-go=$(LOCALBIN)/protoc-gen-go --plugin=protoc-gen-go-grpc=$(LOCALBIN)/protoc-gen-go-grpc \
 	  -I $(PROTO_DIR) --go_out=$(PROTO_DIR) --go_opt=paths=source_relative \
-	  --go-grpc_out=$(PROTO_DIR) --go-grpc_opt=paths=source_relative $(PROTO_DIR)/agent.proto $(PROTO_DIR)/fence.proto $(PROTO_DIR)/workspace.proto $(PROTO_DIR)/snapshot.proto $(PROTO_DIR)/stdin.proto $(PROTO_DIR)/image.proto
+	  --go-grpc_out=$(PROTO_DIR) --go-grpc_opt=paths=source_relative $(PROTO_DIR)/agent.proto $(PROTO_DIR)/fence.proto $(PROTO_DIR)/workspace.proto $(PROTO_DIR)/snapshot.proto $(PROTO_DIR)/stdin.proto $(PROTO_DIR)/image.proto $(PROTO_DIR)/terminal.proto
 	sed -i -e 's|^// \tprotoc  *v.*$$|// \tprotoc        v$(PROTOC_VERSION)|' \
 	  -e 's|^// - protoc  *v.*$$|// - protoc             v$(PROTOC_VERSION)|' $(PROTO_DIR)/*.pb.go
 

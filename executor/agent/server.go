@@ -291,10 +291,12 @@ func (s *Server) Close() error {
 	return errors.Join(errs...)
 }
 
-// Register adds the Executor service and the health service to g.
+// Register adds the Executor, Workspaces and Terminal services and the
+// health service to g.
 func (s *Server) Register(g grpc.ServiceRegistrar) {
 	agentv1.RegisterExecutorServer(g, s)
 	agentv1.RegisterWorkspacesServer(g, s.ws)
+	agentv1.RegisterTerminalServer(g, &terminalServer{s: s})
 	healthpb.RegisterHealthServer(g, s.health)
 }
 
