@@ -43,6 +43,17 @@ func NewAgentReaders(reader client.Reader, namespace, service, portName string, 
 // Client returns a client for node's agent, or an error wrapping
 // ErrAgentUnavailable when no ready endpoint names the node.
 func (a *AgentReaders) Client(ctx context.Context, node string) (agentv1.ExecutorClient, error) {
+	cc, err := a.conn(ctx, node)
+	if err != nil {
+		return nil, err
+	}
+	return agentv1.NewExecutorClient(cc), nil
+}
+
+// conn returns the connection to node's agent, dialing it the first
+// time, or an error wrapping ErrAgentUnavailable when no ready endpoint
+// names the node.
+func (a *AgentReaders) conn(ctx context.Context, node string) (*grpc.ClientConn, error) {
 	addrs, err := agentAddresses(ctx, a.reader, a.namespace, a.service, a.pname)
 	if err != nil {
 		return nil, err
@@ -54,14 +65,14 @@ func (a *AgentReaders) Client(ctx context.Context, node string) (agentv1.Executo
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if cc := a.conns[addr]; cc != nil {
-		return agentv1.NewExecutorClient(cc), nil
+		return cc, nil
 	}
 	cc, err := dial(addr, a.tls)
 	if err != nil {
 		return nil, fmt.Errorf("creating a gRPC client for %s: %w", addr, err)
 	}
 	a.conns[addr] = cc
-	return agentv1.NewExecutorClient(cc), nil
+	return cc, nil
 }
 
 // Close closes every connection.

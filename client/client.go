@@ -31,6 +31,7 @@ import (
 // Client talks to one cluster's API server. It is safe for concurrent use;
 // a platform makes one and keeps it.
 type Client struct {
+	cfg  *rest.Config // for the WebSocket of Attach
 	base *url.URL
 	http *http.Client
 	k8s  ctrlclient.WithWatch
@@ -83,7 +84,7 @@ func New(cfg *rest.Config) (*Client, error) {
 	if err != nil {
 		return nil, fmt.Errorf("bashtask client: %w", err)
 	}
-	return &Client{base: base, http: hc, k8s: k}, nil
+	return &Client{cfg: cfg, base: base, http: hc, k8s: k}, nil
 }
 
 // Cancel asks the task to stop (spec.cancelRequested: SIGTERM, grace,

@@ -12,6 +12,7 @@ import (
 	"gocloud.dev/blob"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/sets"
+	"k8s.io/apiserver/pkg/authorization/authorizer"
 	openapinamer "k8s.io/apiserver/pkg/endpoints/openapi"
 	apirequest "k8s.io/apiserver/pkg/endpoints/request"
 	"k8s.io/apiserver/pkg/registry/rest"
@@ -81,6 +82,9 @@ type Server struct {
 	bucketBase string
 	// dispatch wakes the requests waiting for their task's dispatch.
 	dispatch dispatchWaits
+	// authz authorizes what the REST machinery does not: create on
+	// bashtasks/attach (attach.go).
+	authz authorizer.Authorizer
 }
 
 // LongRunning reports whether a request is exempt from the request
@@ -90,7 +94,7 @@ type Server struct {
 // wait (stdinRequestWait) and must not hold a slot of the max-in-flight
 // limit while a command does not read, and watches.
 func LongRunning(r *http.Request, ri *apirequest.RequestInfo) bool {
-	if ri != nil && ri.IsResourceRequest && ri.Resource == "bashtasks" && (ri.Subresource == "log" || ri.Subresource == "stdin") {
+	if ri != nil && ri.IsResourceRequest && ri.Resource == "bashtasks" && (ri.Subresource == "log" || ri.Subresource == "stdin" || ri.Subresource == outputv1alpha1.SubresourceAttach) {
 		return true
 	}
 	return genericfilters.BasicLongRunningRequestCheck(sets.NewString("watch"), sets.NewString())(r, ri)
@@ -144,7 +148,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("output API: %w", err)
 	}
-	s := &Server{cfg: cfg, generic: g, dispatch: dispatchWaits{informers: cfg.Informers}}
+	s := &Server{cfg: cfg, generic: g, dispatch: dispatchWaits{informers: cfg.Informers}, authz: rc.Authorization.Authorizer}
 	if cfg.BucketURL != "" {
 		if s.bucket, s.bucketBase, err = openBucket(ctx, cfg.BucketURL); err != nil {
 			return nil, err
@@ -152,9 +156,10 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	}
 	info := genericapiserver.NewDefaultAPIGroupInfo(outputv1alpha1.Group, scheme, runtime.NewParameterCodec(scheme), codecs)
 	info.VersionedResourcesStorageMap[outputv1alpha1.Version] = map[string]rest.Storage{
-		"bashtasks":       &bashTaskREST{s: s},
-		"bashtasks/log":   &logREST{s: s},
-		"bashtasks/stdin": &stdinREST{s: s},
+		"bashtasks":        &bashTaskREST{s: s},
+		"bashtasks/log":    &logREST{s: s},
+		"bashtasks/stdin":  &stdinREST{s: s},
+		"bashtasks/attach": &attachREST{s: s},
 	}
 	if err := g.InstallAPIGroup(&info); err != nil {
 		return nil, fmt.Errorf("output API: installing %s: %w", outputv1alpha1.SchemeGroupVersion, err)

@@ -22,13 +22,13 @@ var (
 	// types.
 	SchemeBuilder = runtime.NewSchemeBuilder(addKnownTypes)
 
-	// AddToScheme adds BashTask, LogOptions and StdinOptions in
+	// AddToScheme adds BashTask, LogOptions, StdinOptions and AttachOptions in
 	// output.bashtask.dev/v1alpha1 to a runtime.Scheme.
 	AddToScheme = SchemeBuilder.AddToScheme
 )
 
 func addKnownTypes(s *runtime.Scheme) error {
-	s.AddKnownTypes(SchemeGroupVersion, &BashTask{}, &LogOptions{}, &StdinOptions{})
+	s.AddKnownTypes(SchemeGroupVersion, &BashTask{}, &LogOptions{}, &StdinOptions{}, &AttachOptions{})
 	metav1.AddToGroupVersion(s, SchemeGroupVersion)
 	return nil
 }
