@@ -56,7 +56,9 @@ func attachTo(t *testing.T, c *client.Client, ns, name string) *attached {
 	ctx, cancel := context.WithCancel(t.Context())
 	pr, pw := io.Pipe()
 	a := &attached{in: pw, out: &syncbuf.Buffer{}, sizes: make(sizes, 4), cancel: cancel, done: make(chan error, 1)}
-	go func() { a.done <- c.Attach(ctx, ns, name, client.AttachOptions{Stdin: pr, Stdout: a.out, Sizes: a.sizes}) }()
+	go func() {
+		a.done <- c.Attach(ctx, ns, name, client.AttachOptions{Stdin: pr, Stdout: a.out, Sizes: a.sizes})
+	}()
 	t.Cleanup(func() { cancel(); _ = pw.Close() })
 	return a
 }

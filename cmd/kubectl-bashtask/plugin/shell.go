@@ -60,7 +60,7 @@ workspace's owner.`,
 
   # A prompt whose lines run as tasks, with no terminal
   kubectl bashtask shell --line-mode s1`,
-		Args:    cobra.ExactArgs(1),
+		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if !f.lineMode {
 				return a.terminalShell(cmd.Context(), args[0], f, cmd.Flags().Changed("timeout"))

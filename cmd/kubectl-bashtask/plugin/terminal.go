@@ -110,7 +110,6 @@ func localSize(fd int) (remotecommand.TerminalSize, bool) {
 	return remotecommand.TerminalSize{Width: uint16(w), Height: uint16(h)}, true
 }
 
-
 // terminalShellTimeout is the time limit of shell's terminal task unless
 // --timeout sets one: the controller's default --max-timeout-seconds.
 const terminalShellTimeout = 600 * time.Second
