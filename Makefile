@@ -312,6 +312,17 @@ bench-session: build envtest ## Wall time of one command through kubectl-bashtas
 	mkdir -p _output
 	$(BENCH) -phases=session -json _output/bench-session.json -session-args='$(BENCH_SESSION_ARGS)'
 
+# Keystroke echo through the API (the terminal phase; docs/terminal.md):
+# a byte written to a task's terminal through bashtasks/attach and its
+# echo read back, one at a time, on a local cluster.
+# BENCH_TERMINAL_ARGS passes flags, e.g. BENCH_TERMINAL_ARGS='-keys=2000'.
+BENCH_TERMINAL_ARGS ?=
+
+.PHONY: bench-terminal
+bench-terminal: build envtest ## Keystroke echo through bashtasks/attach on the local cluster: p50 and p99 (targets 10 ms, 50 ms).
+	mkdir -p _output
+	$(BENCH) -phases=terminal -json _output/bench-terminal.json -terminal-args='$(BENCH_TERMINAL_ARGS)'
+
 # The node's image store against `crane export | tar -x` (the images phase;
 # docs/performance.md): first use, a second pull and the disk, on the task
 # image of bin/images/task.tar (`go run ./hack/images -only task`) or a

@@ -10,7 +10,7 @@ import (
 	"strconv"
 
 	"k8s.io/client-go/tools/remotecommand"
-	"k8s.io/utils/exec"
+	"k8s.io/streaming/pkg/httpstream"
 
 	outputv1alpha1 "github.com/bashtask/bashtask-operator/api/output/v1alpha1"
 )
@@ -72,16 +72,28 @@ func (c *Client) Attach(ctx context.Context, ns, name string, o AttachOptions) e
 		return fmt.Errorf("attach to BashTask %s/%s: %w", ns, name, err)
 	}
 	err = ex.StreamWithContext(ctx, remotecommand.StreamOptions{Stdin: o.Stdin, Stdout: o.Stdout, Tty: true, TerminalSizeQueue: o.Sizes})
-	var ce exec.CodeExitError
+	var exit exitStatuser
+	var refused *httpstream.UpgradeFailureError
 	switch {
 	case err == nil:
 		return nil
 	case ctx.Err() != nil:
 		return ctx.Err()
-	case errors.As(err, &ce):
-		return &AttachExitError{Code: ce.Code, Message: ce.Err.Error()}
+	case errors.As(err, &exit):
+		return &AttachExitError{Code: exit.ExitStatus(), Message: err.Error()}
+	case errors.As(err, &refused):
+		// The server's refusal, a Status (*apierrors.StatusError) the
+		// upgrade error does not unwrap to.
+		err = refused.Cause
 	}
 	return fmt.Errorf("attach to BashTask %s/%s: %w", ns, name, err)
+}
+
+// exitStatuser is the exit error of client-go's remotecommand executor
+// (k8s.io/client-go/util/exec.CodeExitError).
+type exitStatuser interface {
+	error
+	ExitStatus() int
 }
 
 func (c *Client) attachURL(ns, name string, stdin bool) string {

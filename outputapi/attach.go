@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc/status"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apiserver/pkg/authorization/authorizer"
 	genericapirequest "k8s.io/apiserver/pkg/endpoints/request"
 	"k8s.io/apiserver/pkg/registry/rest"
@@ -158,7 +159,7 @@ func (s *Server) authorizeAttach(ctx context.Context, ns, name string) error {
 	if err != nil {
 		why = err.Error()
 	}
-	gr := bashtaskv1alpha1.GroupVersion.WithResource(outputv1alpha1.Resource).GroupResource()
+	gr := schema.GroupResource{Group: outputv1alpha1.Group, Resource: outputv1alpha1.Resource + "/" + outputv1alpha1.SubresourceAttach}
 	return apierrors.NewForbidden(gr, name, fmt.Errorf("attaching to a terminal needs create on %s/%s in %s besides get: %s", outputv1alpha1.Resource, outputv1alpha1.SubresourceAttach, outputv1alpha1.Group, cmpOrString(why, "no rule allows it")))
 }
 

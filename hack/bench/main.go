@@ -13,13 +13,14 @@
 //	resume     a Suspended workspace's resume, as root, on a cluster of its own (phase/resume)
 //	output     the output API on the shared cluster (phase/output)
 //	session    one command of a session through the plugin and the Go client, on the shared cluster (phase/session)
+//	terminal   keystroke echo through bashtasks/attach, on the shared cluster (phase/terminal)
 //	system     the whole system on the shared cluster; its table takes in
 //	           the executor's, the output's and the resume's figures (phase/system)
 //
 // -phases picks them; the default is what `make bench` runs: executor,
 // output, snapshot, resume (as root only), session and system.
 //
-// The local cluster of the output, session and system phases is started once, when
+// The local cluster of the output, session, terminal and system phases is started once, when
 // the first of them needs it, through internal/rig/localcluster in this
 // process, and stopped after the last of them (and on error or Ctrl-C).
 // Its flags are this program's: -bin-dir, -assets-dir, -crd-dir,
@@ -64,6 +65,7 @@ import (
 	"github.com/bashtask/bashtask-operator/hack/bench/phase/session"
 	"github.com/bashtask/bashtask-operator/hack/bench/phase/snapshot"
 	"github.com/bashtask/bashtask-operator/hack/bench/phase/system"
+	"github.com/bashtask/bashtask-operator/hack/bench/phase/terminal"
 	"github.com/bashtask/bashtask-operator/hack/bench/phase/workspace"
 	"github.com/bashtask/bashtask-operator/hack/bench/report"
 )
@@ -71,7 +73,7 @@ import (
 // phases are every phase, in the order they run.
 func phases() []phase.Phase {
 	return []phase.Phase{&executor.Phase{}, &snapshot.Phase{}, &images.Phase{}, &workspace.Phase{}, &apiserver.Phase{},
-		&resume.Phase{}, &output.Phase{}, &session.Phase{}, &system.Phase{}}
+		&resume.Phase{}, &output.Phase{}, &session.Phase{}, &terminal.Phase{}, &system.Phase{}}
 }
 
 // defaultPhases is what `make bench` runs; resume only as root.

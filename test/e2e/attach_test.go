@@ -27,7 +27,11 @@ import (
 // interactiveBash is the command of the terminal tests: an interactive
 // bash without start-up files, its prompt "$ " (a non-interactive bash
 // does not pass PS1 on: env does).
-const interactiveBash = "exec env PS1='$ ' bash --norc --noprofile -i"
+const interactiveBash = "exec env PS1='" + prompt + " ' bash --norc --noprofile -i"
+
+// prompt is interactiveBash's prompt, without the space that follows
+// (tmux's capture drops a line's trailing blanks).
+const prompt = "tty$"
 
 func withTTY(bt *v1.BashTask) { bt.Spec.TTY = ptr.To(true) }
 
@@ -107,7 +111,7 @@ func TestAttachThroughTheOutputAPI(t *testing.T) {
 	c := outputClient(t, adminConfig(t))
 	a := attachTo(t, c, ns, bt.Name)
 	a.sizes <- client.WindowSize{Width: 100, Height: 30}
-	a.waitFor(t, "$ ")
+	a.waitFor(t, prompt)
 	a.typeIn(t, "echo size=$(tput cols)x$(tput lines)\r")
 	a.waitFor(t, "size=100x30")
 	a.typeIn(t, "sleep 300\r")
@@ -186,7 +190,7 @@ func TestAttachRefusals(t *testing.T) {
 		}
 	}
 	a := attachTo(t, attacher, ns, term.Name)
-	a.waitFor(t, "$ ")
+	a.waitFor(t, prompt)
 	a.typeIn(t, "exit\r")
 	if err := a.end(t); err != nil {
 		t.Fatalf("get and create on bashtasks/attach: %v", err)
@@ -207,7 +211,7 @@ func TestPluginTerminalInTmux(t *testing.T) {
 	bin := filepath.Join(binDir, "kubectl-bashtask")
 	cmd := fmt.Sprintf("env KUBECONFIG=%s %s -n %s run -t --name tt -- %q; echo plugin-exit=$? > %s; sleep 60", kubeconfig, bin, ns, interactiveBash, status)
 	tm := startTmux(t, cmd)
-	tm.waitFor("$ ")
+	tm.waitFor(prompt)
 	tm.send("echo size=$(tput cols)x$(tput lines)", "Enter")
 	tm.waitFor("size=160x50")
 	tm.run("resize-window", "-t", "t", "-x", "120", "-y", "40")
@@ -272,11 +276,11 @@ func TestPluginShellTerminalInTmux(t *testing.T) {
 	cmd := fmt.Sprintf("env KUBECONFIG=%s %s -n %s shell tw; echo plugin-exit=$? > %s; sleep 60",
 		filepath.Join(clusterDir, "kubeconfig"), filepath.Join(binDir, "kubectl-bashtask"), ns, status)
 	tm := startTmux(t, cmd)
-	tm.send("PS1='ws$ '", "Enter")
-	tm.waitFor("ws$ ")
+	tm.waitFor(":~$") // bash -il's prompt, in the workspace's root
 	tm.send("vim -u NONE -N notes.txt", "Enter")
-	tm.waitFor("notes.txt")
-	tm.send("i", "hello from vim", "Escape", ":wq", "Enter")
+	tm.waitFor("[New")
+	tm.send("i", "hello from vim", "Escape")
+	tm.send(":wq", "Enter")
 	tm.send("clear; echo file=$(cat ~/notes.txt)", "Enter")
 	tm.waitFor("file=hello from vim")
 	if s := tm.screen(); strings.Contains(s, "~\n~\n") {
