@@ -120,7 +120,8 @@ func TestTerminalIsTheTasksStreams(t *testing.T) {
 			t.Errorf("want ctty=1 and term=%s in %q", TerminalTERM, out)
 		}
 		var owner, uid string
-		if _, err := fmt.Sscanf(out[strings.Index(out, "owner="):], "owner=%s uid=%s", &owner, &uid); err != nil || owner != uid {
+		_, fields, _ := strings.Cut(out, " owner=")
+		if _, err := fmt.Sscanf(fields, "%s uid=%s", &owner, &uid); err != nil || owner != uid {
 			t.Errorf("the terminal's owner is %q, the task's UID %q (%v) in %q", owner, uid, err, out)
 		}
 		s.typeIn("exit 3\r")

@@ -198,11 +198,11 @@ func TestAttachRefusals(t *testing.T) {
 }
 
 // TestPluginTerminalInTmux uses the plugin's terminal from a real
-// terminal: `run -t` draws a full-screen program and leaves it cleanly,
-// the program sees the window's size and its change, ^C interrupts sleep
-// in a shell that survives, `git add -p` takes an answer, killing the
-// plugin detaches, `attach` carries on, and the shell's exit code is the
-// plugin's.
+// terminal: with `run -t` the program sees the window's size and its
+// change, ^C interrupts sleep in a shell that survives, a full-screen
+// program (top) draws and leaves cleanly, `git add -p` takes an answer,
+// killing the plugin detaches, `attach` carries on, and the shell's exit
+// code is the plugin's.
 func TestPluginTerminalInTmux(t *testing.T) {
 	ns := newNamespace(t)
 	dir := t.TempDir()
@@ -224,14 +224,20 @@ func TestPluginTerminalInTmux(t *testing.T) {
 	tm.send("echo status=$?", "Enter")
 	tm.waitFor("status=130")
 
+	// A full-screen program: keys typed while it starts or ends may be
+	// flushed with the terminal's input (TCSAFLUSH), so each waits for
+	// what the screen shows first.
+	prompts := strings.Count(tm.screen(), prompt)
 	tm.send("top -d 0.5", "Enter")
 	tm.waitFor("load average")
+	time.Sleep(time.Second)
 	tm.send("q")
-	tm.send("clear; echo top=left", "Enter")
-	tm.waitFor("top=left")
-	if s := tm.screen(); strings.Contains(s, "load average") {
-		t.Errorf("top's screen is still shown after q:\n%s", s)
-	}
+	// top leaves its last frame on the screen, as on a local terminal;
+	// left cleanly, the prompt is back and the terminal's modes are the
+	// shell's again (canonical input, echo).
+	tm.waitForN(prompt, prompts+1)
+	tm.send("echo sane=$(stty -a | tr ' ;' '\\n\\n' | grep -cxE 'icanon|echo')", "Enter")
+	tm.waitFor("sane=2")
 
 	tm.send("cd \"$(mktemp -d)\" && git init -q r && cd r && printf 'a\\n' > f && git add f && git -c user.name=t -c user.email=t@t commit -qm i && printf 'b\\n' > f && git add -p", "Enter")
 	tm.waitFor("Stage this hunk")
@@ -276,16 +282,18 @@ func TestPluginShellTerminalInTmux(t *testing.T) {
 	cmd := fmt.Sprintf("env KUBECONFIG=%s %s -n %s shell tw; echo plugin-exit=$? > %s; sleep 60",
 		filepath.Join(clusterDir, "kubeconfig"), filepath.Join(binDir, "kubectl-bashtask"), ns, status)
 	tm := startTmux(t, cmd)
-	tm.waitFor(":~$") // bash -il's prompt, in the workspace's root
+	const shellPrompt = ":~$" // bash -il's, in the workspace's root
+	tm.waitFor(shellPrompt)
 	tm.send("vim -u NONE -N notes.txt", "Enter")
 	tm.waitFor("[New")
+	time.Sleep(time.Second) // keys typed while vim starts may be flushed
 	tm.send("i", "hello from vim", "Escape")
 	tm.send(":wq", "Enter")
-	tm.send("clear; echo file=$(cat ~/notes.txt)", "Enter")
-	tm.waitFor("file=hello from vim")
-	if s := tm.screen(); strings.Contains(s, "~\n~\n") {
+	if s := tm.waitForN(shellPrompt, 2); strings.Contains(s, "~\n~\n") {
 		t.Errorf("vim's screen is still shown after :wq:\n%s", s)
 	}
+	tm.send("echo file=$(cat ~/notes.txt)", "Enter")
+	tm.waitFor("file=hello from vim")
 	tm.send("exit 3", "Enter")
 	deadline := time.Now().Add(time.Minute)
 	for {

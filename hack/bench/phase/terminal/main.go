@@ -206,4 +206,3 @@ func printTable(o options, lat []float64) phase.Figures {
 		"terminal.keys":        float64(o.keys),
 	}
 }
-
