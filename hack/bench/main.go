@@ -18,7 +18,7 @@
 //	           the executor's, the output's and the resume's figures (phase/system)
 //
 // -phases picks them; the default is what `make bench` runs: executor,
-// output, snapshot, resume (as root only), session and system.
+// output, snapshot, resume (as root only), session, terminal and system.
 //
 // The local cluster of the output, session, terminal and system phases is started once, when
 // the first of them needs it, through internal/rig/localcluster in this
@@ -79,9 +79,9 @@ func phases() []phase.Phase {
 // defaultPhases is what `make bench` runs; resume only as root.
 func defaultPhases() string {
 	if os.Geteuid() == 0 {
-		return "executor,output,snapshot,resume,session,system"
+		return "executor,output,snapshot,resume,session,terminal,system"
 	}
-	return "executor,output,snapshot,session,system"
+	return "executor,output,snapshot,session,terminal,system"
 }
 
 func main() {
