@@ -198,11 +198,12 @@ func (s *Server) openTerminal(ctx context.Context, task *bashtaskv1alpha1.BashTa
 		if finished(task) {
 			return nil, goneError(fmt.Sprintf("BashTask %s/%s has ended (%s): its terminal is closed", task.Namespace, task.Name, *task.Status.Reason))
 		}
-		var err error
 		if !dispatched(task) {
-			if task, err = s.waitDispatched(wctx, task); err != nil {
+			t, err := s.waitDispatched(wctx, task)
+			if err != nil {
 				return nil, s.attachWaitError(ctx, task, err)
 			}
+			task = t
 			continue
 		}
 		sess, err := s.attachAgent(ctx, ta, task)
@@ -213,9 +214,11 @@ func (s *Server) openTerminal(ctx context.Context, task *bashtaskv1alpha1.BashTa
 			return nil, s.attachWaitError(ctx, task, werr)
 		}
 		retry = min(2*retry, agentRetryInterval)
-		if task, err = s.refetch(ctx, task); err != nil {
+		t, err := s.refetch(ctx, task)
+		if err != nil {
 			return nil, s.attachWaitError(ctx, task, err)
 		}
+		task = t
 	}
 }
 

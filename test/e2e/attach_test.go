@@ -310,3 +310,18 @@ func TestPluginShellTerminalInTmux(t *testing.T) {
 		time.Sleep(100 * time.Millisecond)
 	}
 }
+
+// TestAttachToATaskNotRunning: a task that does not start (suspended)
+// is waited for, then refused as not running, naming the wait.
+func TestAttachToATaskNotRunning(t *testing.T) {
+	ns := newNamespace(t)
+	held := createTask(t, ns, "held", interactiveBash, withTTY, func(bt *v1.BashTask) { bt.Spec.Suspend = ptr.To(true) })
+	start := time.Now()
+	err := outputClient(t, adminConfig(t)).Attach(t.Context(), ns, held.Name, client.AttachOptions{Stdout: io.Discard})
+	if !isCode(err, http.StatusServiceUnavailable) || !strings.Contains(err.Error(), "is not running") {
+		t.Fatalf("a suspended task: %v, want 503 saying it is not running", err)
+	}
+	if d := time.Since(start); d < 25*time.Second {
+		t.Errorf("refused after %s, before the 30 s wait for a start", d)
+	}
+}
