@@ -92,7 +92,8 @@ type Server struct {
 // kube-apiserver treats pods/log (a read of a large finished stream takes
 // longer than 60 s too), every bashtasks/stdin POST, which bounds its own
 // wait (stdinRequestWait) and must not hold a slot of the max-in-flight
-// limit while a command does not read, and watches.
+// limit while a command does not read, every bashtasks/attach (a
+// terminal's session lasts as long as someone works in it), and watches.
 func LongRunning(r *http.Request, ri *apirequest.RequestInfo) bool {
 	if ri != nil && ri.IsResourceRequest && ri.Resource == "bashtasks" && (ri.Subresource == "log" || ri.Subresource == "stdin" || ri.Subresource == outputv1alpha1.SubresourceAttach) {
 		return true
