@@ -93,7 +93,7 @@ generate-proto: ## Generate the agent protocol's Go code (protoc + go tool proto
 	$(GO) build -o $(LOCALBIN)/protoc-gen-go-grpc google.golang.org/grpc/cmd/protoc-gen-go-grpc
 	protoc --plugin=protoc-gen-go=$(LOCALBIN)/protoc-gen-go --plugin=protoc-gen-go-grpc=$(LOCALBIN)/protoc-gen-go-grpc \
 	  -I $(PROTO_DIR) --go_out=$(PROTO_DIR) --go_opt=paths=source_relative \
-	  --go-grpc_out=$(PROTO_DIR) --go-grpc_opt=paths=source_relative $(PROTO_DIR)/agent.proto $(PROTO_DIR)/fence.proto $(PROTO_DIR)/workspace.proto $(PROTO_DIR)/snapshot.proto $(PROTO_DIR)/stdin.proto $(PROTO_DIR)/image.proto $(PROTO_DIR)/portforward.proto
+	  --go-grpc_out=$(PROTO_DIR) --go-grpc_opt=paths=source_relative $(PROTO_DIR)/agent.proto $(PROTO_DIR)/fence.proto $(PROTO_DIR)/workspace.proto $(PROTO_DIR)/snapshot.proto $(PROTO_DIR)/stdin.proto $(PROTO_DIR)/image.proto $(PROTO_DIR)/portforward.proto $(PROTO_DIR)/terminal.proto
 	sed -i -e 's|^// \tprotoc  *v.*$$|// \tprotoc        v$(PROTOC_VERSION)|' \
 	  -e 's|^// - protoc  *v.*$$|// - protoc             v$(PROTOC_VERSION)|' $(PROTO_DIR)/*.pb.go
 
@@ -320,6 +320,17 @@ bench-portforward: build envtest ## Throughput of 1 GiB and small-HTTP-request r
 	mkdir -p _output
 	$(BENCH) -phases=portforward -json _output/bench-portforward.json -portforward-args='$(BENCH_PORTFORWARD_ARGS)'
 
+# Keystroke echo through the API (the terminal phase; docs/terminal.md):
+# a byte written to a task's terminal through bashtasks/attach and its
+# echo read back, one at a time, on a local cluster.
+# BENCH_TERMINAL_ARGS passes flags, e.g. BENCH_TERMINAL_ARGS='-keys=2000'.
+BENCH_TERMINAL_ARGS ?=
+
+.PHONY: bench-terminal
+bench-terminal: build envtest ## Keystroke echo through bashtasks/attach on the local cluster: p50 and p99 (targets 10 ms, 50 ms).
+	mkdir -p _output
+	$(BENCH) -phases=terminal -json _output/bench-terminal.json -terminal-args='$(BENCH_TERMINAL_ARGS)'
+
 # The node's image store against `crane export | tar -x` (the images phase;
 # docs/performance.md): first use, a second pull and the disk, on the task
 # image of bin/images/task.tar (`go run ./hack/images -only task`) or a
@@ -351,7 +362,8 @@ bench-executor: ## Executor overhead, output throughput and memory, printed as a
 # all three on one local cluster (docs/performance.md); the system's table
 # takes in the executor's, the output API's, the resume's and the session's
 # figures. BENCH_SKIP_EXECUTOR=1, BENCH_SKIP_OUTPUT=1, BENCH_SKIP_SNAPSHOT=1,
-# BENCH_SKIP_RESUME=1 and BENCH_SKIP_SESSION=1 skip those phases for quick
+# BENCH_SKIP_RESUME=1, BENCH_SKIP_SESSION=1 and BENCH_SKIP_TERMINAL=1 (the
+# keystroke echo through bashtasks/attach) skip those phases for quick
 # iterations (BENCH_PHASES=... names the phases outright); BENCH_ARGS passes
 # flags to hack/bench, e.g. BENCH_ARGS='-controller-arg=--workers=16
 # -rss-tasks=0' (the system phase's flags and the cluster's),
@@ -360,26 +372,28 @@ bench-executor: ## Executor overhead, output throughput and memory, printed as a
 BENCH_SKIP_EXECUTOR ?=
 BENCH_SKIP_OUTPUT   ?=
 BENCH_SKIP_SESSION  ?=
+BENCH_SKIP_TERMINAL ?=
 BENCH_ARGS          ?=
 BENCH_OUTPUT_ARGS   ?=
 BENCH_SESSION_ARGS  ?=
 BENCH_EXECUTOR      := $(if $(filter 1 true yes,$(BENCH_SKIP_EXECUTOR)),,1)
 BENCH_OUTPUT        := $(if $(filter 1 true yes,$(BENCH_SKIP_OUTPUT)),,1)
 BENCH_SESSION       := $(if $(filter 1 true yes,$(BENCH_SKIP_SESSION)),,1)
+BENCH_TERMINAL      := $(if $(filter 1 true yes,$(BENCH_SKIP_TERMINAL)),,1)
 BENCH_SNAPSHOT      := $(if $(filter 1 true yes,$(BENCH_SKIP_SNAPSHOT)),,1)
 # The resume bench needs root (workspaces need the tenant level).
 BENCH_RESUME        := $(if $(filter 1 true yes,$(BENCH_SKIP_RESUME)),,$(if $(filter 0,$(shell id -u)),1))
 bench_empty         :=
 bench_space         := $(bench_empty) $(bench_empty)
 BENCH_PHASES        ?= $(subst $(bench_space),$(comma),$(strip $(if $(BENCH_EXECUTOR),executor) $(if $(BENCH_OUTPUT),output) \
-                       $(if $(BENCH_SNAPSHOT),snapshot) $(if $(BENCH_RESUME),resume) $(if $(BENCH_SESSION),session) system))
+                       $(if $(BENCH_SNAPSHOT),snapshot) $(if $(BENCH_RESUME),resume) $(if $(BENCH_SESSION),session) $(if $(BENCH_TERMINAL),terminal) system))
 comma               := ,
 
 .PHONY: bench
 bench: build envtest $(if $(BENCH_RESUME),setup-s3) ## Latency, throughput, writes per task, raw API limit and controller RSS on the local cluster (+ the executor, output API, snapshot, resume and session phases); writes _output/bench.json.
 	mkdir -p _output
 	$(BENCH) -phases=$(BENCH_PHASES) -json _output/bench.json -executor-args='$(BENCH_EXECUTOR_ARGS)' \
-	  -snapshot-args='$(BENCH_SNAPSHOT_ARGS)' -output-args='$(BENCH_OUTPUT_ARGS)' -resume-args='$(BENCH_RESUME_ARGS)' \
+	  -snapshot-args='$(BENCH_SNAPSHOT_ARGS)' -output-args='$(BENCH_OUTPUT_ARGS)' -resume-args='$(BENCH_RESUME_ARGS)' -terminal-args='$(BENCH_TERMINAL_ARGS)' \
 	  -session-args='$(BENCH_SESSION_ARGS)' $(BENCH_ARGS)
 
 # kube-apiserver CPU per task for variants of the CRD's validation rules and

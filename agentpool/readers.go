@@ -50,7 +50,9 @@ func (a *AgentReaders) Client(ctx context.Context, node string) (agentv1.Executo
 	return agentv1.NewExecutorClient(cc), nil
 }
 
-// conn is the connection to node's agent, made on first use.
+// conn returns the connection to node's agent, dialing it the first
+// time, or an error wrapping ErrAgentUnavailable when no ready endpoint
+// names the node.
 func (a *AgentReaders) conn(ctx context.Context, node string) (*grpc.ClientConn, error) {
 	addrs, err := agentAddresses(ctx, a.reader, a.namespace, a.service, a.pname)
 	if err != nil {

@@ -33,10 +33,11 @@ import (
 // Client talks to one cluster's API server. It is safe for concurrent use;
 // a platform makes one and keeps it.
 type Client struct {
+	// cfg is for the streaming upgrades of Attach and PortForward.
+	cfg  *rest.Config
 	base *url.URL
 	http *http.Client
 	k8s  ctrlclient.WithWatch
-	cfg  *rest.Config // for the streaming upgrades of PortForward
 }
 
 // RESTMapper maps the kinds of bashtask.dev/v1alpha1 (BashTask,

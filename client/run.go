@@ -74,6 +74,10 @@ type RunOptions struct {
 	// input at its EOF. Start ignores it. Run does not wait for a read of
 	// it that blocks past the task's end.
 	StdinStream io.Reader
+	// TTY is spec.tty: the task gets a terminal, whose input and window
+	// sizes Attach sends and whose screen is its stdout (docs/client.md,
+	// "A terminal"). Not with Stdin or StdinStream.
+	TTY bool
 	// Timeout is spec.timeoutSeconds, the command's own time limit once
 	// it runs, rounded up to whole seconds; zero means the API's default
 	// (120 s). The controller refuses one over its --max-timeout-seconds
@@ -222,6 +226,9 @@ func taskOf(opts RunOptions) (*bashtaskv1alpha1.BashTask, error) {
 	}
 	for _, k := range slices.Sorted(maps.Keys(opts.Env)) {
 		t.Spec.Env = append(t.Spec.Env, bashtaskv1alpha1.EnvVar{Name: k, Value: ptr.To(opts.Env[k])})
+	}
+	if opts.TTY {
+		t.Spec.TTY = ptr.To(true)
 	}
 	if opts.StdinStream != nil {
 		t.Spec.StdinStream = &bashtaskv1alpha1.StdinStream{}

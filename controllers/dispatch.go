@@ -496,6 +496,7 @@ func (r *BashTaskReconciler) taskSpec(bt *bashtaskv1alpha1.BashTask, in *resolve
 		Network:   string(ptr.Deref(bt.Spec.Network, "")),
 		Workspace: in.workspace,
 		Image:     in.image,
+		Tty:       ptr.Deref(bt.Spec.TTY, false),
 		ManagedEnv: []*agentv1.EnvVar{
 			{Name: ManagedEnvName, Value: bt.Name},
 			{Name: ManagedEnvNamespace, Value: bt.Namespace},

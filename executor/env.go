@@ -33,7 +33,18 @@ type EnvOptions struct {
 	Explicit []EnvVar
 	// Managed are the managed facts, applied last.
 	Managed []EnvVar
+	// Terminal replaces the fixed settings for a command without a
+	// terminal with TerminalTERM: the task has a terminal (Spec.Terminal)
+	// and a person at it.
+	Terminal bool
 }
+
+// TerminalTERM is TERM for a task with a terminal (Spec.Terminal), the
+// terminal type of the clients that attach (xterm and its descendants,
+// tmux, the terminal emulators of the browser), as `docker run -t` sets
+// it; a task's own env may set another. NO_COLOR, PAGER and GIT_PAGER are
+// not set: pagers and colours are for a person at a terminal.
+const TerminalTERM = "xterm-256color"
 
 // Fixed terminal settings (docs/executor.md, "Environment"): commands run
 // without a terminal, so tools must neither colour nor page their output.
@@ -173,7 +184,11 @@ func BuildEnv(o EnvOptions) ([]string, error) {
 		}
 		env[name] = value
 	}
-	for _, list := range [][]EnvVar{terminalEnv, o.Identity, o.Carried, o.Explicit, o.Managed} {
+	fixed := terminalEnv
+	if o.Terminal {
+		fixed = []EnvVar{{"TERM", TerminalTERM}}
+	}
+	for _, list := range [][]EnvVar{fixed, o.Identity, o.Carried, o.Explicit, o.Managed} {
 		for _, v := range list {
 			env[v.Name] = v.Value
 		}

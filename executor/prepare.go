@@ -67,6 +67,9 @@ func (e *Executor) prepare(spec Spec) (*prepared, error) {
 	if err := checkStdinStream(p); err != nil {
 		return nil, err
 	}
+	if err := checkTerminal(p); err != nil {
+		return nil, err
+	}
 	if err := e.prepareNetwork(p); err != nil {
 		return nil, err
 	}
@@ -91,7 +94,7 @@ func (e *Executor) prepare(spec Spec) (*prepared, error) {
 		carried = p.Workspace.Env
 	}
 	env, err := BuildEnv(EnvOptions{Mode: AmbientInherit, Defaults: e.defaultEnv(), Ambient: e.ambient, Identity: e.identityEnv(p),
-		Carried: carried, Explicit: p.Env, Managed: p.ManagedEnv})
+		Carried: carried, Explicit: p.Env, Managed: p.ManagedEnv, Terminal: p.Terminal != nil})
 	if err != nil {
 		return nil, err
 	}

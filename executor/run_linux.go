@@ -123,6 +123,9 @@ func (e *Executor) start(p *prepared) (_ *Task, err error) {
 			close(s.readersDone)
 		}
 	}
+	if p.Terminal != nil {
+		t.term = &Terminal{master: s.stdoutR}
+	}
 	go read(t.stdout, s.stdoutR)
 	go read(t.stderr, s.stderrR)
 	if p.StdinStream != nil {
@@ -166,8 +169,8 @@ func (e *Executor) startShell(t *Task) (err error) {
 	s, p := &t.sys, t.spec
 	var childFiles [3]*os.File
 	defer func() {
-		for _, f := range childFiles {
-			if f != nil {
+		for i, f := range childFiles {
+			if f != nil && (i == 0 || f != childFiles[i-1]) {
 				f.Close()
 			}
 		}
@@ -197,11 +200,19 @@ func (e *Executor) startShell(t *Task) (err error) {
 	if s.stderrR, childFiles[2], err = childPipe(true); err != nil {
 		return startErr(ErrProcessStart, "creating stderr pipe", err)
 	}
+	if p.Terminal != nil {
+		if err := useNodeTerminal(s, &childFiles, p); err != nil {
+			return err
+		}
+	}
 
 	sys := &syscall.SysProcAttr{
 		// A new session: its own process group, no controlling terminal,
 		// and a terminal's hang-up or ^C never reaches it.
 		Setsid: true,
+		// With a terminal, it is the session's controlling terminal
+		// (TIOCSCTTY on the child's descriptor 0).
+		Setctty: p.Terminal != nil,
 		// No Pdeathsig: it fires when the forking OS thread exits, not the
 		// agent, and would kill only the shell. A restarted agent finds and
 		// stops what is left of earlier tasks through their cgroups.

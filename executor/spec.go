@@ -172,6 +172,12 @@ type Spec struct {
 	// StdinStream, when set, makes fd 0 a pipe fed by [Task.WriteStdin]
 	// while the task runs; exclusive with Stdin.
 	StdinStream *StdinStream
+	// Terminal, when set, gives the task a terminal (docs/executor.md,
+	// "A terminal"): fds 0, 1 and 2 are one pseudo-terminal's slave, the
+	// shell's controlling terminal, and the master's output is the stdout
+	// stream; [Task.Terminal] writes input and window sizes. Exclusive
+	// with Stdin and StdinStream.
+	Terminal *TerminalSpec
 	// Env is the task's explicit environment (docs/executor.md,
 	// "Environment"): it wins over the ambient environment, even for names that look
 	// like credentials.

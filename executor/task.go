@@ -36,6 +36,7 @@ type Task struct {
 	result     Result // written once before done is closed
 
 	stdin *stdinFeeder // nil unless Spec.StdinStream
+	term  *Terminal    // nil unless Spec.Terminal
 
 	sys taskSys // platform part
 }

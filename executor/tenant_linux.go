@@ -50,6 +50,12 @@ type shimLaunch struct {
 	netns  int    // a workspace's network namespace to pass, -1 for none
 	userns int    // the image layers' idmap (shim.RootConfig.IDMapped) to pass, -1 for none
 	shimNS Network
+	// termSock is the config socket kept, its writing side shut down,
+	// to receive a terminal's master on (shim.TerminalConfig); nil for a
+	// task without a terminal.
+	termSock *os.File
+	// master is the terminal's master once received.
+	master *os.File
 	// lease fences a workspace task (window > 0): the shim stops the task
 	// when it had no renewal for window (see [Lease]).
 	lease  *Lease
@@ -85,6 +91,9 @@ func (e *Executor) newShimLaunch(p *prepared, cgroupPids bool) *shimLaunch {
 		netns:  -1,
 		userns: -1,
 		shimNS: p.Network,
+	}
+	if t := p.Terminal; t != nil {
+		l.cfg.Terminal = &shim.TerminalConfig{Rows: t.Size.Rows, Cols: t.Size.Cols}
 	}
 	if !e.noLandlock {
 		l.iso.LandlockABI = min(shim.LandlockABI(), 6)
@@ -225,6 +234,11 @@ func (e *Executor) startTenant(t *Task) error {
 	s.startTime = time.Now()
 	s.proc, s.pid, s.startTicks, s.exitCh, s.tenant = sp.proc, sp.proc.Pid, sp.startTicks, exitCh, ts
 	s.stdinW, s.stdoutR, s.stderrR = sp.stdinW, sp.stdoutR, sp.stderrR
+	if l.master != nil {
+		// The shim's stdout carries nothing: the terminal does.
+		s.stdoutR.Close()
+		s.stdoutR = l.master
+	}
 	return nil
 }
 
@@ -250,6 +264,9 @@ func (l *shimLaunch) handshake(sp *shimProc) (_ <-chan exitStatus, _ *tenantSys,
 		}
 		if leaseR != nil {
 			leaseR.Close()
+		}
+		if l.termSock != nil {
+			l.termSock.Close()
 		}
 		sp.discard()
 		if leaseW != nil {
@@ -282,6 +299,13 @@ func (l *shimLaunch) handshake(sp *shimProc) (_ <-chan exitStatus, _ *tenantSys,
 	if err != nil {
 		return nil, nil, err
 	}
+	if l.termSock != nil {
+		sock := l.termSock
+		l.termSock = nil
+		if l.master, err = receiveMaster(sock); err != nil {
+			return nil, nil, startErr(ErrIsolation, "", err)
+		}
+	}
 	if leaseW != nil {
 		l.lease.hold(leaseW, l.window)
 	}
@@ -309,6 +333,9 @@ func (l *shimLaunch) sendConfig(sp *shimProc, data []byte, tree int, leaseR *os.
 	}
 	cfgW := sp.cfgW
 	sp.cfgW = nil
+	if l.cfg.Terminal != nil {
+		l.termSock = cfgW // the master comes back on it
+	}
 	send := func() {
 		defer unix.Close(tree)
 		if leaseR != nil {
@@ -319,6 +346,12 @@ func (l *shimLaunch) sendConfig(sp *shimProc, data []byte, tree int, leaseR *os.
 		n, err := unix.SendmsgN(int(cfgW.Fd()), data, unix.UnixRights(fds...), nil, 0)
 		if err == nil && n < len(data) {
 			_, _ = cfgW.Write(data[n:])
+		}
+		if l.cfg.Terminal != nil {
+			// The Config's end for the shim, which then sends the
+			// master on the same socket.
+			_ = unix.Shutdown(int(cfgW.Fd()), unix.SHUT_WR)
+			return
 		}
 		_ = cfgW.Close()
 	}

@@ -22,7 +22,7 @@ func NewScheme() (*runtime.Scheme, serializer.CodecFactory, error) {
 	s := runtime.NewScheme()
 	gv := outputv1alpha1.SchemeGroupVersion
 	for _, gv := range []schema.GroupVersion{gv, {Group: outputv1alpha1.Group, Version: runtime.APIVersionInternal}} {
-		s.AddKnownTypes(gv, &outputv1alpha1.BashTask{}, &outputv1alpha1.LogOptions{}, &outputv1alpha1.StdinOptions{},
+		s.AddKnownTypes(gv, &outputv1alpha1.BashTask{}, &outputv1alpha1.LogOptions{}, &outputv1alpha1.StdinOptions{}, &outputv1alpha1.AttachOptions{},
 			&outputv1alpha1.BashWorkspace{}, &outputv1alpha1.PortForwardOptions{})
 	}
 	metav1.AddToGroupVersion(s, gv)
@@ -41,6 +41,11 @@ func NewScheme() (*runtime.Scheme, serializer.CodecFactory, error) {
 	}
 	if err := s.AddConversionFunc((*url.Values)(nil), (*outputv1alpha1.PortForwardOptions)(nil), func(a, b any, _ conversion.Scope) error {
 		return decodePortForwardOptions(*(a.(*url.Values)), b.(*outputv1alpha1.PortForwardOptions))
+	}); err != nil {
+		return nil, serializer.CodecFactory{}, err
+	}
+	if err := s.AddConversionFunc((*url.Values)(nil), (*outputv1alpha1.AttachOptions)(nil), func(a, b any, _ conversion.Scope) error {
+		return decodeAttachOptions(*(a.(*url.Values)), b.(*outputv1alpha1.AttachOptions))
 	}); err != nil {
 		return nil, serializer.CodecFactory{}, err
 	}

@@ -86,8 +86,9 @@ type Server struct {
 	bucketBase string
 	// dispatch wakes the requests waiting for their task's dispatch.
 	dispatch dispatchWaits
-	// authz is the delegated authorizer, for the second check of a
-	// port-forward GET (authorizeCreate).
+	// authz is the delegated authorizer, for what the REST machinery does
+	// not check: create on bashtasks/attach (attach.go) and the second
+	// check of a port-forward GET (authorizeCreate).
 	authz authorizer.Authorizer
 }
 
@@ -96,10 +97,12 @@ type Server struct {
 // kube-apiserver treats pods/log (a read of a large finished stream takes
 // longer than 60 s too), every bashtasks/stdin POST, which bounds its own
 // wait (stdinRequestWait) and must not hold a slot of the max-in-flight
-// limit while a command does not read, every bashworkspaces/portforward
-// (a connection that lives as long as its client), and watches.
+// limit while a command does not read, every bashtasks/attach (a
+// terminal's session lasts as long as someone works in it), every
+// bashworkspaces/portforward (a connection that lives as long as its
+// client), and watches.
 func LongRunning(r *http.Request, ri *apirequest.RequestInfo) bool {
-	if ri != nil && ri.IsResourceRequest && ri.Resource == "bashtasks" && (ri.Subresource == "log" || ri.Subresource == "stdin") {
+	if ri != nil && ri.IsResourceRequest && ri.Resource == "bashtasks" && (ri.Subresource == "log" || ri.Subresource == "stdin" || ri.Subresource == outputv1alpha1.SubresourceAttach) {
 		return true
 	}
 	if ri != nil && ri.IsResourceRequest && ri.Resource == outputv1alpha1.ResourceWorkspaces && ri.Subresource == outputv1alpha1.SubresourcePortForward {
@@ -167,6 +170,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 		"bashtasks":                  &bashTaskREST{s: s},
 		"bashtasks/log":              &logREST{s: s},
 		"bashtasks/stdin":            &stdinREST{s: s},
+		"bashtasks/attach":           &attachREST{s: s},
 		"bashworkspaces":             &bashWorkspaceREST{s: s},
 		"bashworkspaces/portforward": &portForwardREST{s: s},
 	}

@@ -95,6 +95,8 @@ type StdinStream struct {
 // +kubebuilder:validation:XValidation:rule="has(self.stdin) == has(oldSelf.stdin)",message="spec.stdin is immutable (it cannot be added or removed): a task runs its command once. To run a new command, create a task with a new name; Argo CD does that with the sync options Force=true,Replace=true or a hook with hook-delete-policy BeforeHookCreation, Flux with the annotation kustomize.toolkit.fluxcd.io/force: enabled"
 // +kubebuilder:validation:XValidation:rule="has(self.stdinFrom) == has(oldSelf.stdinFrom)",message="spec.stdinFrom is immutable (it cannot be added or removed): a task runs its command once. To run a new command, create a task with a new name; Argo CD does that with the sync options Force=true,Replace=true or a hook with hook-delete-policy BeforeHookCreation, Flux with the annotation kustomize.toolkit.fluxcd.io/force: enabled"
 // +kubebuilder:validation:XValidation:rule="!(has(self.stdinStream) && (has(self.stdin) || has(self.stdinFrom)))",message="stdinStream is exclusive with stdin and stdinFrom: a streamed task takes its input only through bashtasks/stdin"
+// +kubebuilder:validation:XValidation:rule="!(has(self.tty) && self.tty && (has(self.stdin) || has(self.stdinFrom) || has(self.stdinStream)))",message="spec.tty is exclusive with spec.stdin, spec.stdinFrom and spec.stdinStream: a task with a terminal takes its input through bashtasks/attach"
+// +kubebuilder:validation:XValidation:rule="has(self.tty) == has(oldSelf.tty)",message="spec.tty is immutable (it cannot be added or removed): a task runs its command once. To run a new command, create a task with a new name; Argo CD does that with the sync options Force=true,Replace=true or a hook with hook-delete-policy BeforeHookCreation, Flux with the annotation kustomize.toolkit.fluxcd.io/force: enabled"
 // +kubebuilder:validation:XValidation:rule="has(self.stdinStream) == has(oldSelf.stdinStream)",message="spec.stdinStream is immutable (it cannot be added or removed): a task runs its command once. To run a new command, create a task with a new name; Argo CD does that with the sync options Force=true,Replace=true or a hook with hook-delete-policy BeforeHookCreation, Flux with the annotation kustomize.toolkit.fluxcd.io/force: enabled"
 // +kubebuilder:validation:XValidation:rule="has(self.env) == has(oldSelf.env)",message="spec.env is immutable (it cannot be added or removed): a task runs its command once. To run a new command, create a task with a new name; Argo CD does that with the sync options Force=true,Replace=true or a hook with hook-delete-policy BeforeHookCreation, Flux with the annotation kustomize.toolkit.fluxcd.io/force: enabled"
 // +kubebuilder:validation:XValidation:rule="has(self.owner) == has(oldSelf.owner)",message="spec.owner is immutable (it cannot be added or removed): a task runs its command once. To run a new command, create a task with a new name; Argo CD does that with the sync options Force=true,Replace=true or a hook with hook-delete-policy BeforeHookCreation, Flux with the annotation kustomize.toolkit.fluxcd.io/force: enabled"
@@ -154,6 +156,17 @@ type BashTaskSpec struct {
 	// +optional
 	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="spec.stdinStream is immutable: a task runs its command once. To run a new command, create a task with a new name; Argo CD does that with the sync options Force=true,Replace=true or a hook with hook-delete-policy BeforeHookCreation, Flux with the annotation kustomize.toolkit.fluxcd.io/force: enabled"
 	StdinStream *StdinStream `json:"stdinStream,omitempty"`
+
+	// tty gives the command a terminal, as a container's tty does: its
+	// standard input, output and error are one pseudo-terminal on the
+	// node, its controlling terminal, and what the terminal shows is the
+	// task's stdout (stderr stays empty). Input and window sizes come
+	// through the bashtasks/attach subresource of output.bashtask.dev
+	// (docs/output.md, "A terminal"). Exclusive with stdin, stdinFrom and
+	// stdinStream. Immutable.
+	// +optional
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="spec.tty is immutable: a task runs its command once. To run a new command, create a task with a new name; Argo CD does that with the sync options Force=true,Replace=true or a hook with hook-delete-policy BeforeHookCreation, Flux with the annotation kustomize.toolkit.fluxcd.io/force: enabled"
+	TTY *bool `json:"tty,omitempty"`
 
 	// env lists environment variables for the command, the shape of a
 	// container's env. Explicit entries win over the agent's ambient

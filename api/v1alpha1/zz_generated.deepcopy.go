@@ -111,6 +111,11 @@ func (in *BashTaskSpec) DeepCopyInto(out *BashTaskSpec) {
 		*out = new(StdinStream)
 		(*in).DeepCopyInto(*out)
 	}
+	if in.TTY != nil {
+		in, out := &in.TTY, &out.TTY
+		*out = new(bool)
+		**out = **in
+	}
 	if in.Env != nil {
 		in, out := &in.Env, &out.Env
 		*out = make([]EnvVar, len(*in))

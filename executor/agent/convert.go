@@ -58,6 +58,9 @@ func (s *Server) toExecSpec(spec *agentv1.TaskSpec) executor.Spec {
 		es.Network = n
 	}
 	es.StdinStream = execStdinStream(spec.GetStdinStream())
+	if spec.GetTty() {
+		es.Terminal = &executor.TerminalSpec{Size: DefaultTerminalSize}
+	}
 	if in := spec.GetStdin(); in != nil {
 		es.Stdin = append([]byte{}, in.GetData()...) // non-nil: a pipe, even when empty
 	}

@@ -292,11 +292,12 @@ func (s *Server) Close() error {
 	return errors.Join(errs...)
 }
 
-// Register adds the Executor, Workspaces and PortForward services and the
+// Register adds the Executor, Workspaces, Terminal and PortForward services and the
 // health service to g.
 func (s *Server) Register(g grpc.ServiceRegistrar) {
 	agentv1.RegisterExecutorServer(g, s)
 	agentv1.RegisterWorkspacesServer(g, s.ws)
+	agentv1.RegisterTerminalServer(g, &terminalServer{s: s})
 	agentv1.RegisterPortForwardServer(g, s.pf)
 	healthpb.RegisterHealthServer(g, s.health)
 }

@@ -57,6 +57,9 @@ func landlockStep(st *state) error {
 	if st.cfg.Root != nil {
 		rw = append(rw, rootWritable()...)
 	}
+	if st.cfg.Terminal != nil {
+		rw = append(rw, "/dev/pts") // the task's own instance: its terminal by name (tty(1), /proc/self/fd/0)
+	}
 	files := devFiles
 	if ws := st.cfg.Workspace; ws != nil && ws.Carry {
 		// The shell's traps write the carry record.

@@ -44,7 +44,7 @@ var AllowedSyscalls = []SyscallGroup{
 		"read", "write", "readv", "writev", "pread64", "pwrite64", "preadv", "preadv2",
 		"pwritev", "pwritev2", "lseek", "sendfile", "splice", "tee", "vmsplice",
 		"copy_file_range", "close", "close_range", "dup", "dup2", "dup3", "pipe", "pipe2",
-		"ioctl", "flock", "fsync", "fdatasync", "sync", "syncfs", "sync_file_range",
+		"flock", "fsync", "fdatasync", "sync", "syncfs", "sync_file_range",
 		"fadvise64", "readahead", "fallocate", "ftruncate", "truncate",
 	}},
 	{"opening, naming and inspecting files (the mounts, Landlock and the file modes decide what is reachable)", []string{
@@ -161,6 +161,17 @@ const (
 // network namespace.
 var RefusedSocketFamilies = []uint32{unix.AF_ALG, unix.AF_VSOCK}
 
+// RefusedIoctls are the ioctl(2) requests a task may not make: TIOCSTI,
+// which pushes bytes into a terminal's input queue as if typed (a task
+// holding a descriptor of another terminal, or of its own terminal once
+// another program reads it, would type commands into it), and TIOCLINUX,
+// which among other things copies and pastes the virtual console's
+// selection (the same injection through the console). The kernel checks
+// TIOCSTI for CAP_SYS_ADMIN only where legacy_tiocsti is off; the filter
+// refuses both whatever the kernel's setting (docs/security.md, "The
+// task's terminal").
+var RefusedIoctls = []uint32{unix.TIOCSTI, unix.TIOCLINUX}
+
 // argTest is one test of a system call's argument: the low or high 32
 // bits of argument arg, equal to val (or, with bits, sharing a bit with
 // it), negated with not.
@@ -208,7 +219,12 @@ func argumentRules() []argRule {
 	for _, f := range RefusedSocketFamilies {
 		socket.clauses = append(socket.clauses, argClause{tests: []argTest{lowEq(0, f)}, ret: retEPERM})
 	}
+	ioctl := argRule{name: "ioctl", otherwise: retAllow, why: "every request but RefusedIoctls"}
+	for _, req := range RefusedIoctls {
+		ioctl.clauses = append(ioctl.clauses, argClause{tests: []argTest{lowEq(1, req)}, ret: retEPERM})
+	}
 	return []argRule{
+		ioctl,
 		{name: "fcntl", otherwise: retAllow,
 			why:     "all but F_SETSIG with a signal, which has the kernel send a file's owner (PID 1, after F_SETOWN) a signal with a code the Go runtime takes for a fault",
 			clauses: []argClause{{tests: []argTest{lowEq(1, unix.F_SETSIG), {arg: 2, not: true}}, ret: retEPERM}}},

@@ -281,6 +281,13 @@ func TestSeccompArgumentFilters(t *testing.T) {
 		{"rt_tgsigqueueinfo", []uint64{1, 1, uint64(unix.SIGSEGV), 0x1000}, allow, eperm, "PID 1 is the shim"},
 		{"rt_tgsigqueueinfo", []uint64{7, 7, uint64(unix.SIGUSR1), 0x1000}, allow, allow, ""},
 		{"pidfd_send_signal", []uint64{3, uint64(unix.SIGTERM), 0, 0}, allow, allow, ""},
+		// ioctl: no input pushed into a terminal.
+		{"ioctl", []uint64{0, unix.TCGETS}, allow, allow, ""},
+		{"ioctl", []uint64{0, unix.TIOCSWINSZ}, allow, allow, ""},
+		{"ioctl", []uint64{0, unix.TIOCSCTTY}, allow, allow, ""},
+		{"ioctl", []uint64{0, unix.TIOCSTI}, allow, eperm, "pushes input into a terminal as if typed"},
+		{"ioctl", []uint64{0, unix.TIOCLINUX}, allow, eperm, "the console's selection pasted as input"},
+		{"ioctl", []uint64{0, 1<<32 | unix.TIOCSTI}, allow, eperm, "the kernel reads an unsigned int: this is TIOCSTI"},
 		{"pidfd_send_signal", []uint64{3, uint64(unix.SIGSEGV), 0x1000, 0}, allow, eperm, "a siginfo of the sender's choosing, and the pidfd may be PID 1's"},
 		{"pidfd_send_signal", []uint64{3, uint64(unix.SIGSEGV), 0x7f00_0000_0000, 0}, allow, eperm, "as above, a pointer above 4 GiB"},
 	}

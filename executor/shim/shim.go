@@ -64,6 +64,9 @@ type Config struct {
 	// mount namespace: a shim started ahead of its task has the mounts of
 	// its start, not a file system mounted at WorkDir since.
 	WorkTree bool `json:"workTree,omitempty"`
+	// Terminal gives the shell a terminal instead of the shim's standard
+	// streams (see [TerminalConfig]); NullStdin is then ignored.
+	Terminal *TerminalConfig `json:"terminal,omitempty"`
 	// NullStdin gives the shell /dev/null as standard input, a character
 	// device (`test -c /dev/stdin` holds), instead of the shim's own
 	// standard input.
@@ -136,6 +139,27 @@ type Config struct {
 	// shell is the image's bash.
 	Root *RootConfig `json:"root,omitempty"`
 }
+
+// TerminalConfig is a task's terminal (docs/executor.md, "A terminal"):
+// the mount step puts a devpts instance of the task's own on /dev/pts
+// (/dev/ptmx a link to its pts/ptmx), the terminal step opens a
+// pseudo-terminal pair there as the task's UID, which so owns the slave,
+// sets its window size, and sends the master back on the config socket
+// ([ConfigFD]) as SCM_RIGHTS with the one byte [TerminalMessage], before
+// the "started" report; the shell gets the slave as descriptors 0, 1 and
+// 2 and as its controlling terminal (setsid, TIOCSCTTY), so the line
+// discipline turns ^C, ^Z and ^\ into signals to its foreground process
+// group. The shim keeps no copy of either end.
+type TerminalConfig struct {
+	// Rows and Cols are the initial window size in character cells; 0
+	// leaves the kernel's 0x0.
+	Rows uint16 `json:"rows,omitempty"`
+	Cols uint16 `json:"cols,omitempty"`
+}
+
+// TerminalMessage is the byte that carries the terminal's master on the
+// config socket.
+const TerminalMessage = 't'
 
 // RootConfig is the task's root file system (docs/images.md, "The
 // task's root file system"): an overlay of an image's layer directories
@@ -267,7 +291,7 @@ type StartDir struct {
 // does not understand; the ready report names the shim's Protocol and the
 // executor refuses a shim whose Protocol is not its own. Any change to
 // [Config] or to the reports bumps it.
-const Protocol = "6"
+const Protocol = "7"
 
 // ReadyLine is the shim's first report, written once it runs and before it
 // reads its Config: "ready" and the shim's [Protocol].

@@ -41,6 +41,7 @@ type state struct {
 	fence     fence             // a fenced task's (Config.LeaseMillis)
 	shell     string            // the shell's path, set by the shell step
 	files     int               // the task's files tmpfs (taskFiles), -1 until made
+	tty       int               // the terminal's slave (Config.Terminal), -1 for none
 	// closeAfterStart are descriptors closed once the shell started:
 	// closing a detached mount (the user step's tmpfs) unmounts it and
 	// waits for an RCU grace period, a fifth of a millisecond that need
@@ -60,6 +61,7 @@ var steps = []step{
 	{"loopback", loopbackStep},
 	{"limits", limitsStep},
 	{"identity", identityStep},
+	{"terminal", terminalStep},
 	{"workdir", workdirStep},
 	{"keyring", keyringStep},
 	{"no_new_privs", noNewPrivsStep},
@@ -85,7 +87,7 @@ func run() int {
 		fmt.Fprintf(report, "error %s: %v\n", name, err)
 		return 127
 	}
-	st := &state{report: report, wdTree: -1, netns: -1, userns: -1, files: -1, ws: wsState{tree: -1, root: -1, carry: -1}}
+	st := &state{report: report, wdTree: -1, netns: -1, userns: -1, files: -1, tty: -1, ws: wsState{tree: -1, root: -1, carry: -1}}
 	// Before the Config arrives, what costs time and does not depend on
 	// the task, so that it is done while the shim waits started ahead of
 	// its task. Signals first: PID 1 of a namespace drops a signal it has
@@ -115,9 +117,12 @@ func run() int {
 		return 127 // nobody reads the reports: the parent is gone
 	}
 	data, fds, err := readConfig(ConfigFD)
-	unix.Close(ConfigFD)
 	if err == nil {
 		err = json.Unmarshal(data, &st.cfg)
+	}
+	if err != nil || st.cfg.Terminal == nil {
+		// A terminal's master goes back on it (terminalStep).
+		unix.Close(ConfigFD)
 	}
 	if err == nil && st.cfg.WorkTree {
 		err = st.takeDescriptors(fds)
@@ -253,6 +258,9 @@ func mountStep(st *state) error {
 		return fmt.Errorf("mounting /proc: %w", err)
 	}
 	if err := mountDev(&clones); err != nil {
+		return err
+	}
+	if err := mountTerminalPts(st); err != nil {
 		return err
 	}
 	if err := mountRun(&clones); err != nil {
@@ -549,9 +557,20 @@ func superviseShell(st *state, sigs <-chan os.Signal) (int, error) {
 	if err := unix.CloseRange(3, ^uint(0), unix.CLOSE_RANGE_CLOEXEC); err != nil {
 		return 0, fmt.Errorf("marking descriptors close-on-exec: %w", err)
 	}
-	stdin := os.Stdin
+	files := []*os.File{os.Stdin, os.Stdout, os.Stderr}
 	if st.cfg.NullStdin {
-		stdin = devNull
+		files[0] = devNull
+	}
+	sys := &syscall.SysProcAttr{Setsid: true}
+	var tty *os.File
+	if st.tty >= 0 {
+		// The terminal's slave on 0, 1 and 2, and the controlling
+		// terminal of the shell's new session (TIOCSCTTY on the child's
+		// descriptor 0).
+		tty = os.NewFile(uintptr(st.tty), "tty")
+		st.tty = -1
+		files = []*os.File{tty, tty, tty}
+		sys.Setctty, sys.Ctty = true, 0
 	}
 	dir, env := st.cfg.WorkDir, st.cfg.Env
 	if ws := st.cfg.Workspace; ws != nil {
@@ -564,9 +583,12 @@ func superviseShell(st *state, sigs <-chan os.Signal) (int, error) {
 	proc, err := os.StartProcess(st.shell, []string{st.shell, "-c", st.cfg.Command}, &os.ProcAttr{
 		Dir:   dir,
 		Env:   env,
-		Files: []*os.File{stdin, os.Stdout, os.Stderr},
-		Sys:   &syscall.SysProcAttr{Setsid: true},
+		Files: files,
+		Sys:   sys,
 	})
+	if tty != nil {
+		tty.Close() // the shell's now: the master sees the end once the task's last copy closes
+	}
 	if err != nil {
 		return 0, err
 	}

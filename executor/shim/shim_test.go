@@ -44,10 +44,11 @@ func TestParseReport(t *testing.T) {
 // they read differently: a change to Config's fields fails this test until
 // Protocol is bumped and the list below updated with it.
 func TestProtocolCoversConfig(t *testing.T) {
-	const wantProtocol = "6"
+	const wantProtocol = "7"
 	want := strings.Join([]string{
 		"Shell string shell", "Command string command", "Env []string env",
-		"WorkDir string workDir", "WorkTree bool workTree,omitempty", "NullStdin bool nullStdin,omitempty",
+		"WorkDir string workDir", "WorkTree bool workTree,omitempty",
+		"Terminal *shim.TerminalConfig terminal,omitempty", "NullStdin bool nullStdin,omitempty",
 		"TmpSizeBytes int64 tmpSizeBytes,omitempty", "Mask []string mask,omitempty",
 		"Hostname string hostname,omitempty", "Loopback bool loopback,omitempty",
 		"ResolvConf string resolvConf,omitempty", "RunPaths []string runPaths,omitempty",

@@ -13,14 +13,15 @@
 //	resume     a Suspended workspace's resume, as root, on a cluster of its own (phase/resume)
 //	output     the output API on the shared cluster (phase/output)
 //	session    one command of a session through the plugin and the Go client, on the shared cluster (phase/session)
+//	terminal   keystroke echo through bashtasks/attach, on the shared cluster (phase/terminal)
 //	portforward  1 GiB and small HTTP requests through the client's PortForward into a workspace, on the shared cluster (phase/portforward)
 //	system     the whole system on the shared cluster; its table takes in
 //	           the executor's, the output's and the resume's figures (phase/system)
 //
 // -phases picks them; the default is what `make bench` runs: executor,
-// output, snapshot, resume (as root only), session and system.
+// output, snapshot, resume (as root only), session, terminal and system.
 //
-// The local cluster of the output, session and system phases is started once, when
+// The local cluster of the output, session, terminal and system phases is started once, when
 // the first of them needs it, through internal/rig/localcluster in this
 // process, and stopped after the last of them (and on error or Ctrl-C).
 // Its flags are this program's: -bin-dir, -assets-dir, -crd-dir,
@@ -66,6 +67,7 @@ import (
 	"github.com/bashtask/bashtask-operator/hack/bench/phase/session"
 	"github.com/bashtask/bashtask-operator/hack/bench/phase/snapshot"
 	"github.com/bashtask/bashtask-operator/hack/bench/phase/system"
+	"github.com/bashtask/bashtask-operator/hack/bench/phase/terminal"
 	"github.com/bashtask/bashtask-operator/hack/bench/phase/workspace"
 	"github.com/bashtask/bashtask-operator/hack/bench/report"
 )
@@ -73,15 +75,15 @@ import (
 // phases are every phase, in the order they run.
 func phases() []phase.Phase {
 	return []phase.Phase{&executor.Phase{}, &snapshot.Phase{}, &images.Phase{}, &workspace.Phase{}, &apiserver.Phase{},
-		&resume.Phase{}, &output.Phase{}, &session.Phase{}, &portforward.Phase{}, &system.Phase{}}
+		&resume.Phase{}, &output.Phase{}, &session.Phase{}, &terminal.Phase{}, &portforward.Phase{}, &system.Phase{}}
 }
 
 // defaultPhases is what `make bench` runs; resume only as root.
 func defaultPhases() string {
 	if os.Geteuid() == 0 {
-		return "executor,output,snapshot,resume,session,system"
+		return "executor,output,snapshot,resume,session,terminal,system"
 	}
-	return "executor,output,snapshot,session,system"
+	return "executor,output,snapshot,session,terminal,system"
 }
 
 func main() {

@@ -16,6 +16,7 @@ import (
 
 func GetOpenAPIDefinitions(ref common.ReferenceCallback) map[string]common.OpenAPIDefinition {
 	return map[string]common.OpenAPIDefinition{
+		v1alpha1.AttachOptions{}.OpenAPIModelName():             schema_bashtask_operator_api_output_v1alpha1_AttachOptions(ref),
 		v1alpha1.BashTask{}.OpenAPIModelName():                  schema_bashtask_operator_api_output_v1alpha1_BashTask(ref),
 		v1alpha1.BashTaskOutputStatus{}.OpenAPIModelName():      schema_bashtask_operator_api_output_v1alpha1_BashTaskOutputStatus(ref),
 		v1alpha1.BashWorkspace{}.OpenAPIModelName():             schema_bashtask_operator_api_output_v1alpha1_BashWorkspace(ref),
@@ -77,6 +78,40 @@ func GetOpenAPIDefinitions(ref common.ReferenceCallback) map[string]common.OpenA
 		runtime.TypeMeta{}.OpenAPIModelName():                   schema_k8sio_apimachinery_pkg_runtime_TypeMeta(ref),
 		runtime.Unknown{}.OpenAPIModelName():                    schema_k8sio_apimachinery_pkg_runtime_Unknown(ref),
 		version.Info{}.OpenAPIModelName():                       schema_k8sio_apimachinery_pkg_version_Info(ref),
+	}
+}
+
+func schema_bashtask_operator_api_output_v1alpha1_AttachOptions(ref common.ReferenceCallback) common.OpenAPIDefinition {
+	return common.OpenAPIDefinition{
+		Schema: spec.Schema{
+			SchemaProps: spec.SchemaProps{
+				Description: "AttachOptions are the query parameters of bashtasks/attach.",
+				Type:        []string{"object"},
+				Properties: map[string]spec.Schema{
+					"kind": {
+						SchemaProps: spec.SchemaProps{
+							Description: "Kind is a string value representing the REST resource this object represents. Servers may infer this from the endpoint the client submits requests to. Cannot be updated. In CamelCase. More info: https://git.k8s.io/community/contributors/devel/sig-architecture/api-conventions.md#types-kinds",
+							Type:        []string{"string"},
+							Format:      "",
+						},
+					},
+					"apiVersion": {
+						SchemaProps: spec.SchemaProps{
+							Description: "APIVersion defines the versioned schema of this representation of an object. Servers should convert recognized schemas to the latest internal value, and may reject unrecognized values. More info: https://git.k8s.io/community/contributors/devel/sig-architecture/api-conventions.md#resources",
+							Type:        []string{"string"},
+							Format:      "",
+						},
+					},
+					"stdin": {
+						SchemaProps: spec.SchemaProps{
+							Description: "stdin sends the client's input (channel 0) to the terminal; false watches the terminal only, its output and its end.",
+							Type:        []string{"boolean"},
+							Format:      "",
+						},
+					},
+				},
+			},
+		},
 	}
 }
 

@@ -184,7 +184,7 @@ func TestWorkspaceShellInTmux(t *testing.T) {
 	ns := newNamespace(t)
 	createWorkspace(t, ns, "sh1", "--network", "None")
 	status := filepath.Join(t.TempDir(), "status")
-	cmd := fmt.Sprintf("env KUBECONFIG=%s %s -n %s shell sh1; echo $? > %s; sleep 30",
+	cmd := fmt.Sprintf("env KUBECONFIG=%s %s -n %s shell --line-mode sh1; echo $? > %s; sleep 30",
 		filepath.Join(clusterDir, "kubeconfig"), filepath.Join(binDir, "kubectl-bashtask"), ns, status)
 	tm := startTmux(t, cmd)
 	const prompt = "sh1:~/proj/src$"

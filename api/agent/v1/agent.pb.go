@@ -696,7 +696,13 @@ type TaskSpec struct {
 	// image is the image the task runs in; unset with workspace (the
 	// workspace's image applies). Absent: the agent's --default-image, or
 	// the node's root file system.
-	Image         *ImageSpec `protobuf:"bytes,14,opt,name=image,proto3" json:"image,omitempty"`
+	Image *ImageSpec `protobuf:"bytes,14,opt,name=image,proto3" json:"image,omitempty"`
+	// tty gives the task a terminal (BashTask spec.tty; docs/agent.md,
+	// "Terminal"): its standard streams are one pseudo-terminal, whose
+	// output is the stdout stream; the Terminal service (terminal.proto)
+	// writes its input and window size. Exclusive with stdin and
+	// stdin_stream.
+	Tty           bool `protobuf:"varint,15,opt,name=tty,proto3" json:"tty,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -827,6 +833,13 @@ func (x *TaskSpec) GetImage() *ImageSpec {
 		return x.Image
 	}
 	return nil
+}
+
+func (x *TaskSpec) GetTty() bool {
+	if x != nil {
+		return x.Tty
+	}
+	return false
 }
 
 // Spill describes a stream's spill file and its upload.
@@ -2781,7 +2794,7 @@ const file_agent_proto_rawDesc = "" +
 	"\n" +
 	"cpu_millis\x18\x02 \x01(\x03R\tcpuMillis\x12\x12\n" +
 	"\x04pids\x18\x03 \x01(\x03R\x04pids\x126\n" +
-	"\x17ephemeral_storage_bytes\x18\x04 \x01(\x03R\x15ephemeralStorageBytes\"\xc2\x05\n" +
+	"\x17ephemeral_storage_bytes\x18\x04 \x01(\x03R\x15ephemeralStorageBytes\"\xd4\x05\n" +
 	"\bTaskSpec\x12,\n" +
 	"\x03ref\x18\x01 \x01(\v2\x1a.bashtask.agent.v1.TaskRefR\x03ref\x12\x18\n" +
 	"\acommand\x18\x02 \x01(\tR\acommand\x12.\n" +
@@ -2800,7 +2813,8 @@ const file_agent_proto_rawDesc = "" +
 	"\anetwork\x18\v \x01(\tR\anetwork\x12=\n" +
 	"\tworkspace\x18\f \x01(\v2\x1f.bashtask.agent.v1.WorkspaceRefR\tworkspace\x12A\n" +
 	"\fstdin_stream\x18\r \x01(\v2\x1e.bashtask.agent.v1.StdinStreamR\vstdinStream\x122\n" +
-	"\x05image\x18\x0e \x01(\v2\x1c.bashtask.agent.v1.ImageSpecR\x05image\"\xda\x01\n" +
+	"\x05image\x18\x0e \x01(\v2\x1c.bashtask.agent.v1.ImageSpecR\x05image\x12\x10\n" +
+	"\x03tty\x18\x0f \x01(\bR\x03tty\"\xda\x01\n" +
 	"\x05Spill\x12\x10\n" +
 	"\x03url\x18\x01 \x01(\tR\x03url\x12\x14\n" +
 	"\x05bytes\x18\x02 \x01(\x03R\x05bytes\x12\x1a\n" +

@@ -22,14 +22,14 @@ var (
 	// types.
 	SchemeBuilder = runtime.NewSchemeBuilder(addKnownTypes)
 
-	// AddToScheme adds BashTask, LogOptions, StdinOptions, BashWorkspace
-	// and PortForwardOptions in
+	// AddToScheme adds BashTask, LogOptions, StdinOptions, AttachOptions,
+	// BashWorkspace and PortForwardOptions in
 	// output.bashtask.dev/v1alpha1 to a runtime.Scheme.
 	AddToScheme = SchemeBuilder.AddToScheme
 )
 
 func addKnownTypes(s *runtime.Scheme) error {
-	s.AddKnownTypes(SchemeGroupVersion, &BashTask{}, &LogOptions{}, &StdinOptions{}, &BashWorkspace{}, &PortForwardOptions{})
+	s.AddKnownTypes(SchemeGroupVersion, &BashTask{}, &LogOptions{}, &StdinOptions{}, &AttachOptions{}, &BashWorkspace{}, &PortForwardOptions{})
 	metav1.AddToGroupVersion(s, SchemeGroupVersion)
 	return nil
 }

@@ -6,6 +6,11 @@
 package v1alpha1
 
 // OpenAPIModelName returns the OpenAPI model name for this type.
+func (in AttachOptions) OpenAPIModelName() string {
+	return "dev.bashtask.output.v1alpha1.AttachOptions"
+}
+
+// OpenAPIModelName returns the OpenAPI model name for this type.
 func (in BashTask) OpenAPIModelName() string {
 	return "dev.bashtask.output.v1alpha1.BashTask"
 }

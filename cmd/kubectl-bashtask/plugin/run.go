@@ -49,6 +49,14 @@ at the first byte it cannot deliver and exits 125 with a message naming the
 offset, why, and how the task ended; --tail-ok accepts the tail kept in
 status instead, after a note, and passes the task's exit code through.
 
+With -t the task gets a terminal (spec.tty) and run attaches the local
+terminal to it through bashtasks/attach (get and create on it in
+output.bashtask.dev), as "kubectl exec -it" does: the local terminal is in
+raw mode, every key reaches the task (^C interrupts its foreground program,
+not run), the window size follows the local one, and run exits with the
+task's exit code. Killing run detaches; the task runs on and
+"kubectl bashtask attach NAME" carries on.
+
 With -i --stream the task gets spec.stdinStream and the local stdin is sent
 while the command runs, through the output API's bashtasks/stdin (create on
 bashtasks/stdin in output.bashtask.dev): whatever a read of the local stdin
@@ -89,6 +97,9 @@ waiting for it to end; a second Ctrl-C stops waiting.
   # Transform local input on a node
   echo '{"a": 1}' | kubectl bashtask run -i -- 'jq .a'
 
+  # A shell with a terminal on a node: vim, top, Ctrl-C as on a local one
+  kubectl bashtask run -t -- bash -l
+
   # An interactive Python on a node, typed at from the local terminal
   kubectl bashtask run -i --stream -- python3 -i -u
 
@@ -117,6 +128,8 @@ waiting for it to end; a second Ctrl-C stops waiting.
 		},
 	}
 	fl := cmd.Flags()
+	fl.BoolVarP(&f.tty, "tty", "t", false, "give the task a terminal (spec.tty) and attach the local terminal to it, as kubectl exec -it does: "+
+		"raw keys, window size, the task's exit code; -i alongside changes nothing")
 	fl.BoolVarP(&f.stdin, "stdin", "i", false, "send the local stdin, read to its end, as the task's stdin (at most 262144 bytes of UTF-8)")
 	fl.BoolVar(&f.stream, "stream", false, "with -i: stream the local stdin to the running task as it is read (spec.stdinStream, any bytes, no size limit); "+
 		"EOF on the local stdin (Ctrl-D on a terminal) closes it")
@@ -166,6 +179,9 @@ func (a *app) run(ctx context.Context, f runFlags, timeoutSet bool, args []strin
 	}
 	if f.rm {
 		defer a.deleteTask(ctx, c, bt)
+	}
+	if f.tty {
+		return a.attachTerminal(ctx, oc, bt.Namespace, bt.Name)
 	}
 	if f.stream {
 		pctx, stopPump := context.WithCancel(ctx)
@@ -406,7 +422,7 @@ func (a *app) prepareTask(ctx context.Context, c client.Client, ns string, f run
 		}
 	}
 	var stdin *string
-	if f.stdin && !f.stream {
+	if f.stdin && !f.stream && !f.tty {
 		s, err := a.readStdinInterruptible(ctx)
 		if err != nil {
 			return nil, err

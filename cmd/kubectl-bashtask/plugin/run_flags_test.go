@@ -60,6 +60,8 @@ func TestRunWaitFlags(t *testing.T) {
 		{[]string{"--detach", "--wait-timeout", "1m"}, "--detach and --wait-timeout"},
 		{[]string{"--wait-timeout", "-1s"}, "--wait-timeout -1s: must not be negative"},
 		{[]string{"--ttl", "-1s"}, "--ttl -1s: must not be negative"},
+		{[]string{"-t", "-i", "--stream"}, "-t with --stream or --detach"},
+		{[]string{"-t", "--detach"}, "-t with --stream or --detach"},
 	} {
 		var out, errOut bytes.Buffer
 		args := append(append([]string{"--kubeconfig", "/nonexistent/kubeconfig", "run"}, tc.args...), "--", "true")

@@ -26,16 +26,27 @@ import (
 const shellCarryWait = 5 * time.Second
 
 type shellFlags struct {
-	timeout time.Duration
-	ttl     time.Duration
+	timeout  time.Duration
+	ttl      time.Duration
+	lineMode bool // --line-mode: each line a task, no terminal
 }
 
 func (a *app) shellCommand() *cobra.Command {
 	var f shellFlags
 	cmd := &cobra.Command{
 		Use:   "shell WORKSPACE",
-		Short: "An interactive prompt where each line runs as a task in a workspace",
-		Long: `shell reads command lines and runs each as a BashTask in the workspace,
+		Short: "A terminal in a workspace: an interactive bash of its own, or with --line-mode a task per line",
+		Long: `shell opens a terminal in the workspace: one BashTask with spec.tty runs an
+interactive bash ("bash -il") there, and the local terminal is attached to
+it as "run -t" does (raw mode, window size, ^C to the remote program; the
+shell's exit code is the plugin's). It takes get and create on
+bashtasks/attach in output.bashtask.dev. The task's time limit is --timeout
+(default 600s, the controller's default --max-timeout-seconds). Killing the
+plugin detaches: "kubectl bashtask attach TASK" carries on. What the
+interactive shell changes (its directory, its variables) is not carried to
+the workspace's next tasks.
+
+With --line-mode, shell reads command lines and runs each as a BashTask in the workspace,
 as "run --workspace" does: the output arrives as it is written, a non-zero
 exit code is shown after it, and the prompt shows the directory the next
 line starts in (the workspace's carried directory; ~ is its root). Each line
@@ -44,12 +55,20 @@ workspace carries: the working directory, and the exported variables with
 carryOver.environment. Ctrl-C cancels the running line; Ctrl-D, "exit" or
 "logout" leaves the shell (the workspace stays). Lines run with the
 workspace's owner.`,
-		Example: `  kubectl bashtask shell s1`,
-		Args:    cobra.ExactArgs(1),
+		Example: `  # A terminal in workspace s1
+  kubectl bashtask shell s1
+
+  # A prompt whose lines run as tasks, with no terminal
+  kubectl bashtask shell --line-mode s1`,
+		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if !f.lineMode {
+				return a.terminalShell(cmd.Context(), args[0], f, cmd.Flags().Changed("timeout"))
+			}
 			return a.shell(cmd.Context(), args[0], f)
 		},
 	}
+	cmd.Flags().BoolVar(&f.lineMode, "line-mode", false, "run each line as a task of its own, without a terminal, the working directory and exports carried from line to line")
 	cmd.Flags().DurationVar(&f.timeout, "timeout", 0, "spec.timeoutSeconds of each line (whole seconds; default the API's 120s; "+
 		"at most the controller's --max-timeout-seconds, 600s unless its administrator changed it)")
 	cmd.Flags().DurationVar(&f.ttl, "ttl", time.Hour, "delete each line's task this long after it ended (spec.ttlSecondsAfterFinished); 0 keeps them")

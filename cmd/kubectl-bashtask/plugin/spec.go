@@ -34,6 +34,7 @@ const (
 // runFlags are the flags of run that shape the task.
 type runFlags struct {
 	stdin          bool
+	tty            bool          // -t: spec.tty, the local terminal attached
 	stream         bool          // --stream: spec.stdinStream, fed live
 	stdinIdle      time.Duration // --stdin-idle-timeout; 0: the API's default
 	env            []string
@@ -178,6 +179,9 @@ func buildTask(ns string, f runFlags, timeoutSet bool, args []string, stdin *str
 	if err := charLimit("--node", "spec.nodeName", f.node); err != nil {
 		return nil, err
 	}
+	if f.tty && (f.stream || f.detach) {
+		return nil, errors.New("-t with --stream or --detach: a terminal is the task's input, attached until the task ends (attach again with kubectl bashtask attach)")
+	}
 	if f.stream && !f.stdin {
 		return nil, errors.New("--stream needs -i: it streams the local stdin to the task")
 	}
@@ -220,6 +224,10 @@ func buildTask(ns string, f runFlags, timeoutSet bool, args []string, stdin *str
 
 			TTLSecondsAfterFinished: ttl,
 		},
+	}
+	if f.tty {
+		bt.Spec.Stdin = nil
+		bt.Spec.TTY = ptr.To(true)
 	}
 	if f.stream {
 		bt.Spec.Stdin = nil

@@ -156,6 +156,24 @@ func TestCreateValidation(t *testing.T) {
 			},
 			wantErr: "stdinStream is exclusive with stdin and stdinFrom",
 		},
+		"tty alone": {
+			mutate: func(bt *v1.BashTask) { bt.Spec.TTY = ptr.To(true) },
+		},
+		"tty false with stdin": {
+			mutate: func(bt *v1.BashTask) { bt.Spec.TTY, bt.Spec.Stdin = ptr.To(false), ptr.To("x") },
+		},
+		"tty with stdin": {
+			mutate:  func(bt *v1.BashTask) { bt.Spec.TTY, bt.Spec.Stdin = ptr.To(true), ptr.To("x") },
+			wantErr: "spec.tty is exclusive with spec.stdin, spec.stdinFrom and spec.stdinStream",
+		},
+		"tty with stdinFrom": {
+			mutate:  func(bt *v1.BashTask) { bt.Spec.TTY, bt.Spec.StdinFrom = ptr.To(true), secretRef("s", "k") },
+			wantErr: "spec.tty is exclusive with spec.stdin, spec.stdinFrom and spec.stdinStream",
+		},
+		"tty with stdinStream": {
+			mutate:  func(bt *v1.BashTask) { bt.Spec.TTY, bt.Spec.StdinStream = ptr.To(true), &v1.StdinStream{} },
+			wantErr: "spec.tty is exclusive with spec.stdin, spec.stdinFrom and spec.stdinStream",
+		},
 		"stdinStream with stdinFrom": {
 			mutate: func(bt *v1.BashTask) {
 				bt.Spec.StdinFrom = secretRef("s", "k")
@@ -407,6 +425,9 @@ func TestUpdateValidation(t *testing.T) {
 		"stdinStream added":        {update: func(bt *v1.BashTask) { bt.Spec.StdinStream = &v1.StdinStream{} }, wantErr: "spec.stdinStream is immutable (it cannot be added or removed)"},
 		"stdinStream removed":      {initial: func(bt *v1.BashTask) { bt.Spec.StdinStream = &v1.StdinStream{} }, update: func(bt *v1.BashTask) { bt.Spec.StdinStream = nil }, wantErr: "spec.stdinStream is immutable (it cannot be added or removed)"},
 		"stdinStream changed":      {initial: func(bt *v1.BashTask) { bt.Spec.StdinStream = &v1.StdinStream{} }, update: func(bt *v1.BashTask) { bt.Spec.StdinStream.IdleTimeoutSeconds = ptr.To[int32](9) }, wantErr: "spec.stdinStream is immutable"},
+		"tty added":                {update: func(bt *v1.BashTask) { bt.Spec.TTY = ptr.To(true) }, wantErr: "spec.tty is immutable (it cannot be added or removed)"},
+		"tty changed":              {initial: func(bt *v1.BashTask) { bt.Spec.TTY = ptr.To(true) }, update: func(bt *v1.BashTask) { bt.Spec.TTY = ptr.To(false) }, wantErr: "spec.tty is immutable"},
+		"tty removed":              {initial: func(bt *v1.BashTask) { bt.Spec.TTY = ptr.To(true) }, update: func(bt *v1.BashTask) { bt.Spec.TTY = nil }, wantErr: "spec.tty is immutable (it cannot be added or removed)"},
 		"stdin added":              {update: func(bt *v1.BashTask) { bt.Spec.Stdin = ptr.To("x") }, wantErr: "spec.stdin is immutable (it cannot be added or removed)"},
 		"nodeName added":           {update: func(bt *v1.BashTask) { bt.Spec.NodeName = ptr.To("n") }, wantErr: "spec.nodeName is immutable (it cannot be added or removed)"},
 		"timeout changed":          {initial: func(bt *v1.BashTask) { bt.Spec.TimeoutSeconds = ptr.To[int32](5) }, update: func(bt *v1.BashTask) { bt.Spec.TimeoutSeconds = ptr.To[int32](7) }, wantErr: "spec.timeoutSeconds is immutable"},
