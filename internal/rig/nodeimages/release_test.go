@@ -53,3 +53,30 @@ func TestReleaseKinds(t *testing.T) {
 		t.Errorf("charts/bashtask/values.yaml does not name ghcr.io/bashtask/%s", spec(Task).name)
 	}
 }
+
+// TestRegistryImage assembles the one-node cluster's registry image around
+// a stand-in binary: its one program, a numeric user and no base, and it
+// is built only when named.
+func TestRegistryImage(t *testing.T) {
+	if slices.Contains(Kinds(), Registry) || slices.Contains(ReleaseKinds(), Registry) {
+		t.Errorf("the registry image is built by default (Kinds %v, ReleaseKinds %v); it is the test cluster's", Kinds(), ReleaseKinds())
+	}
+	o := testOptions(t, Registry)
+	work := t.TempDir()
+	fakeBinary(t, filepath.Join(work, "bin"), "registry")
+	got, err := writeImages(o, []Kind{Registry}, filepath.Join(work, "bin"), nil, work)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ref := "localhost/bashtask/registry:test"
+	if len(got) != 1 || got[0].Ref != ref || got[0].Kind != Registry {
+		t.Fatalf("writeImages() = %+v, want %s", got, ref)
+	}
+	_, cfg, layers := readArchive(t, got[0].Archive, ref)
+	if cfg.Config.User != "65532:65532" || !slices.Equal(cfg.Config.Entrypoint, []string{"/registry"}) {
+		t.Errorf("config: user %q, entrypoint %q; want 65532:65532 and /registry", cfg.Config.User, cfg.Config.Entrypoint)
+	}
+	if len(layers) != 1 || len(layers[0]) != 1 || layers[0][0].Name != "registry" {
+		t.Errorf("layers %+v, want the binary alone", layers)
+	}
+}
