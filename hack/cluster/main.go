@@ -2,8 +2,10 @@
 
 // Command cluster starts and stops the one-node cluster of
 // hack/cluster.sh: it builds the images, starts the node
-// (internal/rig/nodecluster), installs the operator from the Helm chart as
-// docs/install.md tells users, and prints the KUBECONFIG to use. `down`
+// (internal/rig/nodecluster) and a registry inside it that serves the task
+// images, installs the operator from the Helm chart as docs/install.md
+// tells users (the registry's Task image as agent.images.defaultImage),
+// and prints the KUBECONFIG to use. `down`
 // stops everything and puts the host back as it was.
 package main
 
