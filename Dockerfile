@@ -104,6 +104,6 @@ RUN apt-get update \
  && apt-get install -y --no-install-recommends \
       bash coreutils findutils grep sed gawk diffutils procps less file \
       tar gzip xz-utils bzip2 unzip zip ca-certificates curl jq git openssh-client \
-      python3 python3-venv \
+      python3 python3-venv python3-pip \
  && rm -rf /var/lib/apt/lists/*
 CMD ["/bin/bash"]
