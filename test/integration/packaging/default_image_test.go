@@ -1,4 +1,4 @@
-package packaging
+package packaging_test
 
 import (
 	"os"
