@@ -4,8 +4,9 @@
 #
 #   docker build --target controller -t bashtask-controller .
 #   docker build --target agent      -t bashtask-agent .
+#   docker build --target task       -t bashtask-task .
 #
-# `make docker-build` builds both with the version metadata below.
+# `make docker-build` builds the three with the version metadata below.
 
 ARG GO_VERSION=1.26.8
 ARG BUILDER_IMAGE=golang:${GO_VERSION}-bookworm
@@ -81,3 +82,28 @@ COPY --from=build /out/bashtask-shim /usr/local/bin/bashtask-shim
 # process a task started. docs/install.md explains each privilege.
 ENTRYPOINT ["/usr/local/bin/bashtask-agent"]
 CMD ["serve"]
+
+# The default image of tasks (the chart's agent.images.defaultImage): what
+# a task that names no image runs in. The same packages as the Task image
+# `make images` builds with debootstrap (internal/rig/nodeimages,
+# taskPackages; its tests compare the two lists), on bookworm-slim; no
+# user, no entrypoint: the agent runs `bash -c` in it as the task's own
+# user (docs/images.md).
+FROM ${AGENT_BASE_IMAGE} AS task
+ARG VERSION=dev
+ARG REVISION=unknown
+ARG CREATED=unknown
+LABEL org.opencontainers.image.title="bashtask-task" \
+      org.opencontainers.image.description="Debian bookworm with bash, git, curl and python3, for BashTasks" \
+      org.opencontainers.image.source="https://github.com/bashtask/bashtask-operator" \
+      org.opencontainers.image.version="${VERSION}" \
+      org.opencontainers.image.revision="${REVISION}" \
+      org.opencontainers.image.created="${CREATED}"
+# hadolint ignore=DL3008
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends \
+      bash coreutils findutils grep sed gawk diffutils procps less file \
+      tar gzip xz-utils bzip2 unzip zip ca-certificates curl jq git openssh-client \
+      python3 python3-venv python3-pip \
+ && rm -rf /var/lib/apt/lists/*
+CMD ["/bin/bash"]

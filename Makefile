@@ -250,8 +250,8 @@ KUSTOMIZE   := $(LOCALBIN)/kustomize
 KUBECONFORM := $(LOCALBIN)/kubeconform
 
 .PHONY: docker-build
-docker-build: ## Build the controller and agent images (Dockerfile targets) with version labels.
-	for target in controller agent; do \
+docker-build: ## Build the controller, agent and task images (Dockerfile targets) with version labels.
+	for target in controller agent task; do \
 	  $(CONTAINER_TOOL) build --target "$$target" \
 	    --build-arg VERSION=$(IMG_TAG) --build-arg REVISION="$$(git rev-parse HEAD)" \
 	    --build-arg CREATED="$$(date -u +%Y-%m-%dT%H:%M:%SZ)" \
@@ -259,12 +259,13 @@ docker-build: ## Build the controller and agent images (Dockerfile targets) with
 	done
 
 # `make images` needs no container engine: it builds the same images, plus
-# a pod sandbox (pause) image, as docker-archive files in bin/images for
-# `ctr -n k8s.io images import` (hack/images; docs/development.md). The
-# agent's Debian root file system is made with debootstrap, as root, once,
-# and cached in bin/images/cache.
+# a pod sandbox (pause) image and the Task image (bashtask-task, the
+# chart's default image of tasks), as docker-archive files in bin/images
+# for `ctr -n k8s.io images import` (hack/images; docs/development.md).
+# The agent's and the Task image's Debian trees are made with debootstrap,
+# as root, once, and cached in bin/images/cache.
 .PHONY: images
-images: ## Build the controller, agent and pause images as archives for containerd, without a container engine (root for the first agent build).
+images: ## Build the controller, agent, pause and task images as archives for containerd, without a container engine (root for the first build).
 	$(GO) run ./hack/images -out $(LOCALBIN)/images -tag $(IMG_TAG) \
 	  -revision "$$(git rev-parse HEAD 2>/dev/null || echo unknown)"
 
@@ -333,7 +334,7 @@ bench-terminal: build envtest ## Keystroke echo through bashtasks/attach on the 
 
 # The node's image store against `crane export | tar -x` (the images phase;
 # docs/performance.md): first use, a second pull and the disk, on the task
-# image of bin/images/task.tar (`go run ./hack/images -only task`) or a
+# image of bin/images/bashtask-task.tar (`go run ./hack/images -only task`) or a
 # generated one of 300 MiB; root only. BENCH_IMAGES_ARGS passes flags, e.g.
 # BENCH_IMAGES_ARGS='-rounds=5 -mib=500'.
 BENCH_IMAGES_ARGS ?=

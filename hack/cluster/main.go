@@ -2,8 +2,10 @@
 
 // Command cluster starts and stops the one-node cluster of
 // hack/cluster.sh: it builds the images, starts the node
-// (internal/rig/nodecluster), installs the operator from the Helm chart as
-// docs/install.md tells users, and prints the KUBECONFIG to use. `down`
+// (internal/rig/nodecluster) and a registry inside it that serves the task
+// images, installs the operator from the Helm chart as docs/install.md
+// tells users (the registry's Task image as agent.images.defaultImage),
+// and prints the KUBECONFIG to use. `down`
 // stops everything and puts the host back as it was.
 package main
 
@@ -14,6 +16,8 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"slices"
+	"strings"
 	"syscall"
 	"time"
 
@@ -92,12 +96,18 @@ func runUp(ctx context.Context, o *options) error {
 	if err := probe.CheckNotUp(); err != nil {
 		return err
 	}
-	images, err := nodeimages.Build(ctx, nodeimages.Options{RepoRoot: ".", OutDir: o.imagesDir, Tag: o.tag, Log: os.Stderr})
+	only := append(append(nodeimages.Kinds(), nodeimages.Registry), nodeimages.TaskKinds()...)
+	images, err := nodeimages.Build(ctx, nodeimages.Options{RepoRoot: ".", OutDir: o.imagesDir, Tag: o.tag, Log: os.Stderr, Only: only})
 	if err != nil {
 		return err
 	}
 	opts := nodecluster.Options{Dir: o.dir, BinDir: o.binDir}
+	built := map[nodeimages.Kind]nodeimages.Image{}
 	for _, img := range images {
+		built[img.Kind] = img
+		if slices.Contains(nodeimages.TaskKinds(), img.Kind) {
+			continue // pulled by the agent from the in-cluster registry
+		}
 		opts.Images = append(opts.Images, nodecluster.Image{Ref: img.Ref, Archive: img.Archive})
 		if img.Kind == nodeimages.Pause {
 			opts.SandboxImage = img.Ref
@@ -120,10 +130,14 @@ func runUp(ctx context.Context, o *options) error {
 	if err := c.Up(ctx); err != nil {
 		return fail(err)
 	}
+	imageArgs, refs, err := startRegistry(ctx, c, built, o.tag)
+	if err != nil {
+		return fail(err)
+	}
 	if o.install {
 		r := nodecluster.Release{
 			Name: o.release, Namespace: o.namespace, Chart: o.chart, Helm: o.helm,
-			Args: []string{"-f", o.values, "--set", "controller.image.tag=" + o.tag, "--set", "agent.image.tag=" + o.tag},
+			Args: append([]string{"-f", o.values, "--set", "controller.image.tag=" + o.tag, "--set", "agent.image.tag=" + o.tag}, imageArgs...),
 		}
 		if err := c.Install(ctx, r); err != nil {
 			return fail(err)
@@ -131,8 +145,12 @@ func runUp(ctx context.Context, o *options) error {
 	}
 	if !o.install {
 		fmt.Printf("\nThe operator is not installed; install it as docs/install.md says, with the images of this run:\n\n"+
-			"  helm install %s %s --namespace %s -f %s --set controller.image.tag=%s --set agent.image.tag=%s\n",
-			o.release, o.chart, o.namespace, o.values, o.tag, o.tag)
+			"  helm install %s %s --namespace %s -f %s --set controller.image.tag=%s --set agent.image.tag=%s %s\n",
+			o.release, o.chart, o.namespace, o.values, o.tag, o.tag, strings.Join(imageArgs, " "))
+	}
+	fmt.Printf("\nThe in-cluster registry serves, for spec.image:\n\n")
+	for _, r := range refs {
+		fmt.Printf("  %s\n", r)
 	}
 	fmt.Printf("\nThe one-node cluster is up in %.0fs (logs in %s/logs; stop it with make cluster-down).\n\n  export KUBECONFIG=%s\n  export PATH=%s:%s:$PATH\n\n",
 		time.Since(begin).Seconds(), absPath(o.dir), absPath(c.Kubeconfig()), absPath("bin"), absPath(o.binDir))
@@ -144,4 +162,35 @@ func absPath(p string) string {
 		return a
 	}
 	return p
+}
+
+// startRegistry starts the in-cluster registry, pushes the task images of
+// built to it (HOST/bashtask/task-small:TAG and HOST/bashtask/bashtask-task:TAG)
+// and returns the helm arguments that make the latter the agent's default
+// image, and the references pushed.
+func startRegistry(ctx context.Context, c *nodecluster.Cluster, built map[nodeimages.Kind]nodeimages.Image, tag string) ([]string, []string, error) {
+	host, err := c.RegistryHost()
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := c.StartRegistry(ctx, built[nodeimages.Registry].Ref); err != nil {
+		return nil, nil, err
+	}
+	var refs []string
+	for _, p := range []struct {
+		kind nodeimages.Kind
+		repo string
+	}{{nodeimages.TaskSmall, "bashtask/task-small"}, {nodeimages.Task, "bashtask/bashtask-task"}} {
+		img := built[p.kind]
+		if _, err := c.PushToRegistry(ctx, img.Archive, img.Ref, p.repo, tag, nil); err != nil {
+			return nil, nil, err
+		}
+		refs = append(refs, host+"/"+p.repo+":"+tag)
+	}
+	args := []string{
+		"--set", "agent.images.defaultImage.repository=" + host + "/bashtask/bashtask-task",
+		"--set", "agent.images.defaultImage.tag=" + tag,
+		"--set", "agent.images.insecureRegistries={" + host + "}",
+	}
+	return args, refs, nil
 }

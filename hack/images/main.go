@@ -1,5 +1,7 @@
-// Command images builds the controller, agent and pause images, and with
-// -only the task images (task-small, task), without a container engine
+// Command images builds what a release publishes (the controller, agent
+// and pause images and the Task image, bashtask-task, the chart's default
+// image of tasks), and with -only any of them, the task-small image or the
+// one-node cluster's registry, without a container engine
 // (internal/rig/nodeimages) and prints one line per image:
 //
 //	REF ARCHIVE
@@ -35,7 +37,7 @@ func main() {
 	flag.StringVar(&created, "created", "", "org.opencontainers.image.created label and creation time, RFC 3339; empty means now")
 	flag.StringVar(&o.Repository, "repository", nodeimages.DefaultRepository, "prefix of the images' names")
 	flag.StringVar(&o.DebianMirror, "debian-mirror", nodeimages.DefaultDebianMirror, "Debian archive of the agent's root file system")
-	flag.StringVar(&only, "only", "", "comma-separated images to build (controller, agent, pause, task-small, task); empty builds the controller, agent and pause images")
+	flag.StringVar(&only, "only", "", "comma-separated images to build (controller, agent, pause, registry, task-small, task); empty builds the controller, agent, pause and task images")
 	flag.Parse()
 	if flag.NArg() > 0 {
 		fatalf("unexpected arguments %q", flag.Args())
@@ -57,6 +59,9 @@ func main() {
 		if k = strings.TrimSpace(k); k != "" {
 			o.Only = append(o.Only, nodeimages.Kind(k))
 		}
+	}
+	if len(o.Only) == 0 {
+		o.Only = nodeimages.ReleaseKinds()
 	}
 	o.Log = os.Stderr
 

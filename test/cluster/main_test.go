@@ -17,10 +17,13 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"testing"
 	"time"
 
+	"github.com/google/go-containerregistry/pkg/authn"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1 "github.com/bashtask/bashtask-operator/api/v1alpha1"
@@ -28,6 +31,7 @@ import (
 	"github.com/bashtask/bashtask-operator/internal/rig/localcluster"
 	"github.com/bashtask/bashtask-operator/internal/rig/nodecluster"
 	"github.com/bashtask/bashtask-operator/internal/rig/nodeimages"
+	"github.com/bashtask/bashtask-operator/internal/rig/registry"
 	"github.com/bashtask/bashtask-operator/internal/rig/testenv"
 )
 
@@ -51,7 +55,54 @@ var (
 	// component writes.
 	counter *exampletasks.RunCounter
 	tag     = "cluster-test"
+	// built are the images of the run, by kind.
+	built map[nodeimages.Kind]nodeimages.Image
+	// registryHost is the in-cluster registry's HOST:PORT; taskSmallRef,
+	// privateRef and taskRef its images (by tag) that the tests name.
+	registryHost, taskSmallRef, privateRef, taskRef string
+	// digests are the digests of those references, as pushed.
+	digests = map[string]string{}
 )
+
+// imageKinds are the images the suite builds: the node's, the in-cluster
+// registry's and the task images it serves.
+func imageKinds() []nodeimages.Kind {
+	return append(append(nodeimages.Kinds(), nodeimages.Registry), nodeimages.TaskKinds()...)
+}
+
+// startRegistry starts the in-cluster registry and pushes the task images
+// to it: task-small twice (bashtask/task-small and, wanting the test's
+// credentials, bashtask/private/task-small) and the Task image, the
+// release's default image (bashtask/bashtask-task).
+func startRegistry(ctx context.Context) error {
+	var err error
+	if registryHost, err = cluster.RegistryHost(); err != nil {
+		return err
+	}
+	if err := cluster.StartRegistry(ctx, built[nodeimages.Registry].Ref); err != nil {
+		return err
+	}
+	small, task := built[nodeimages.TaskSmall], built[nodeimages.Task]
+	creds := &authn.Basic{Username: registry.TestUser, Password: registry.TestPassword}
+	for _, p := range []struct {
+		img  nodeimages.Image
+		repo string
+		auth authn.Authenticator
+		ref  *string
+	}{
+		{small, "bashtask/task-small", nil, &taskSmallRef},
+		{small, "bashtask/private/task-small", creds, &privateRef},
+		{task, "bashtask/bashtask-task", nil, &taskRef},
+	} {
+		byDigest, err := cluster.PushToRegistry(ctx, p.img.Archive, p.img.Ref, p.repo, tag, p.auth)
+		if err != nil {
+			return err
+		}
+		*p.ref = registryHost + "/" + p.repo + ":" + tag
+		digests[*p.ref] = digestOf(byDigest)
+	}
+	return nil
+}
 
 func TestMain(m *testing.M) { os.Exit(run(m)) }
 
@@ -73,14 +124,19 @@ func run(m *testing.M) (code int) {
 		}
 	}
 	begin := time.Now()
-	images, err := nodeimages.Build(ctx, nodeimages.Options{RepoRoot: root, OutDir: filepath.Join(root, "bin", "images"), Tag: tag, Log: os.Stderr})
+	images, err := nodeimages.Build(ctx, nodeimages.Options{RepoRoot: root, OutDir: filepath.Join(root, "bin", "images"), Tag: tag, Log: os.Stderr, Only: imageKinds()})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "cluster: building the images:", err)
 		return 1
 	}
 	fmt.Fprintf(os.Stderr, "cluster: images built in %.1fs\n", time.Since(begin).Seconds())
 	opts := nodecluster.Options{Dir: filepath.Join(root, ".bashtask", "cluster"), BinDir: filepath.Join(root, "bin", "k8s")}
+	built = map[nodeimages.Kind]nodeimages.Image{}
 	for _, img := range images {
+		built[img.Kind] = img
+		if slices.Contains(nodeimages.TaskKinds(), img.Kind) {
+			continue // pulled by the agent from the in-cluster registry
+		}
 		opts.Images = append(opts.Images, nodecluster.Image{Ref: img.Ref, Archive: img.Archive})
 		if img.Kind == nodeimages.Pause {
 			opts.SandboxImage = img.Ref
@@ -117,11 +173,19 @@ func run(m *testing.M) (code int) {
 		return 1
 	}
 	defer counter.Close()
+	if err := startRegistry(ctx); err != nil {
+		fmt.Fprintln(os.Stderr, "cluster:", err)
+		return 1
+	}
 	if err := install(ctx); err != nil {
 		fmt.Fprintln(os.Stderr, "cluster:", err)
 		return 1
 	}
 	if err := connect(ctx); err != nil {
+		fmt.Fprintln(os.Stderr, "cluster:", err)
+		return 1
+	}
+	if err := warmDefaultImage(ctx); err != nil {
 		fmt.Fprintln(os.Stderr, "cluster:", err)
 		return 1
 	}
@@ -155,6 +219,11 @@ func releaseArgs() []string {
 		"-f", filepath.Join(root, "hack", "cluster", "values.yaml"),
 		"--set", "controller.image.tag=" + tag, "--set", "agent.image.tag=" + tag,
 		"--set", "agent.bucket.existingSecret=bucket-credentials",
+		// The chart's default image of tasks, from the in-cluster registry
+		// (docs/install.md, "Images").
+		"--set", "agent.images.defaultImage.repository=" + registryHost + "/bashtask/bashtask-task",
+		"--set", "agent.images.defaultImage.tag=" + tag,
+		"--set", "agent.images.insecureRegistries={" + registryHost + "}",
 		// Short enough for the tests that wait on it.
 		"--set", "controller.progressInterval=500ms",
 	}
@@ -185,5 +254,38 @@ func connect(ctx context.Context) error {
 			return errors.Join(errors.New("BashTasks not served after a minute"), err)
 		}
 		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// warmDefaultImage runs a task without an image and waits up to 3 minutes
+// for it to succeed, so that the node pulls the chart's default image
+// (the Task image, about 94 MB compressed) once, before the tests whose
+// tasks wait a minute at most; it logs how long that took.
+func warmDefaultImage(ctx context.Context) error {
+	begin := time.Now()
+	bt := &v1.BashTask{}
+	bt.Namespace, bt.Name = "default", "warm-default-image"
+	bt.Spec.Command = "true"
+	if err := k8s.Create(ctx, bt); err != nil {
+		return fmt.Errorf("creating %s: %w", bt.Name, err)
+	}
+	defer func() { _ = k8s.Delete(context.WithoutCancel(ctx), bt) }()
+	deadline := time.Now().Add(3 * time.Minute)
+	for {
+		got := &v1.BashTask{}
+		if err := k8s.Get(ctx, client.ObjectKeyFromObject(bt), got); err != nil {
+			return err
+		}
+		if r := got.Status.Reason; r != nil {
+			if *r != v1.ReasonSucceeded {
+				return fmt.Errorf("task %s in the default image %s ended %s: %s", bt.Name, taskRef, *r, ptr.Deref(got.Status.Message, ""))
+			}
+			fmt.Fprintf(os.Stderr, "cluster: the first task in the default image %s took %.1fs (the pull)\n", taskRef, time.Since(begin).Seconds())
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("task %s in the default image %s not done after 3 minutes: %+v", bt.Name, taskRef, got.Status)
+		}
+		time.Sleep(500 * time.Millisecond)
 	}
 }

@@ -6,6 +6,8 @@
 // kube-proxy in nftables mode, all as host processes, with images imported
 // from archives (nothing is pulled). Unlike bashtask-local, pods really run:
 // the operator is installed from its Helm chart as users install it.
+// StartRegistry runs a registry inside the cluster (registry.go), from
+// which the agent pulls the task images.
 //
 // Up starts the processes in their own sessions and returns; they outlive
 // the caller. Down, from the same or another process, stops them through

@@ -32,6 +32,10 @@ const (
 	// Pause is the pod sandbox image: a process that holds the pod's
 	// namespaces, reaps orphans and exits on SIGTERM or SIGINT.
 	Pause Kind = "pause"
+	// Registry is the one-node cluster's registry (internal/rig/registry
+	// listening on every address of its pod) on an empty base; built only
+	// when Options.Only names it.
+	Registry Kind = "registry"
 )
 
 // Kinds returns the node's images, in the order Build makes them: what
@@ -39,8 +43,13 @@ const (
 // made only when Options.Only names them.
 func Kinds() []Kind { return []Kind{Pause, Controller, Agent} }
 
-// allKinds are the node's images, then the task images.
-func allKinds() []Kind { return append(Kinds(), TaskKinds()...) }
+// ReleaseKinds returns what a release builds and publishes: the node's
+// images and the Task image, the chart's default image of tasks
+// (agent.images.defaultImage; docs/install.md).
+func ReleaseKinds() []Kind { return append(Kinds(), Task) }
+
+// allKinds are the node's images, the registry, then the task images.
+func allKinds() []Kind { return append(append(Kinds(), Registry), TaskKinds()...) }
 
 // Defaults of Options.
 const (
@@ -162,6 +171,19 @@ func images() map[Kind]image {
 			// The agent starts it from beside its own binary as each
 			// task's shim at the tenant isolation level.
 			extra: []program{{binary: "bashtask-shim", path: "/usr/local/bin/bashtask-shim", pkg: "./cmd/bashtask-shim"}},
+		},
+		// Nothing but the program, as the controller's: the registry's
+		// directory is the pod's volume.
+		Registry: {
+			kind:        Registry,
+			name:        "registry",
+			title:       "bashtask-registry",
+			description: "OCI registry of the one-node test cluster (no authentication, no TLS)",
+			binary:      "registry",
+			path:        "/registry",
+			pkg:         "./internal/rig/nodeimages/registry",
+			user:        "65532:65532",
+			entrypoint:  []string{"/registry"},
 		},
 		// The group is given too: the image has no /etc/group to look the
 		// user's group up in. 65535 is the user of the upstream pause image.

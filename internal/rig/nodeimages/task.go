@@ -97,7 +97,7 @@ func taskImages() map[Kind]image {
 			cmd:         []string{"/bin/bash"},
 		},
 		Task: {
-			kind: Task, name: "task", title: "bashtask-task",
+			kind: Task, name: "bashtask-task", title: "bashtask-task",
 			description: "Debian bookworm with bash, git, curl and python3, for BashTasks",
 			cmd:         []string{"/bin/bash"},
 		},

@@ -42,8 +42,16 @@ type Options struct {
 	// (Dir/manifests); it is made when missing. Required.
 	Dir string
 	// Addr is the TCP address to listen on; empty means DefaultAddr. It
-	// must be a loopback address: the registry has no authentication.
+	// must be a loopback address unless AnyHost is set: the registry has
+	// no authentication.
 	Addr string
+	// AnyHost lets Addr name any host (":5000" listens on every address):
+	// for a registry inside a one-node cluster's pod, whose network only
+	// that node reaches (internal/rig/nodecluster).
+	AnyHost bool
+	// Wrap, when set, wraps the registry's handler (GuardPrivateForTest,
+	// for repositories that want credentials).
+	Wrap func(http.Handler) http.Handler
 	// Log receives one line per request; nil discards them.
 	Log io.Writer
 }
@@ -64,8 +72,10 @@ func Start(o Options) (*Registry, error) {
 		return nil, errors.New("registry: Options.Dir is required")
 	}
 	addr := cmp.Or(o.Addr, DefaultAddr)
-	if err := checkLoopback(addr); err != nil {
-		return nil, err
+	if !o.AnyHost {
+		if err := checkLoopback(addr); err != nil {
+			return nil, err
+		}
 	}
 	for _, d := range []string{blobDir(o.Dir), manifestDir(o.Dir)} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
@@ -81,10 +91,14 @@ func Start(o Options) (*Registry, error) {
 	if err != nil {
 		return nil, fmt.Errorf("registry: listening on %s: %w", addr, err)
 	}
+	handler := recordManifests(o.Dir, inner)
+	if o.Wrap != nil {
+		handler = o.Wrap(handler)
+	}
 	r := &Registry{
 		host: ln.Addr().String(),
 		dir:  o.Dir,
-		srv:  &http.Server{Handler: recordManifests(o.Dir, inner), ReadHeaderTimeout: 30 * time.Second},
+		srv:  &http.Server{Handler: handler, ReadHeaderTimeout: 30 * time.Second},
 		done: make(chan error, 1),
 	}
 	go func() { r.done <- r.srv.Serve(ln) }()
@@ -117,6 +131,17 @@ func (r *Registry) Dir() string { return r.dir }
 // Ref is the reference of repo:tag in this registry, e.g.
 // 127.0.0.1:41234/bashtask/task-small:dev.
 func (r *Registry) Ref(repo, tag string) string { return r.host + "/" + repo + ":" + tag }
+
+// Wait blocks until the registry stops serving, and returns why; a
+// registry stopped by Close returns nil.
+func (r *Registry) Wait() error {
+	err := <-r.done
+	r.done <- err
+	if errors.Is(err, http.ErrServerClosed) {
+		return nil
+	}
+	return err
+}
 
 // Close stops the registry, waiting up to 10 seconds for requests under
 // way. The directory stays.

@@ -2,11 +2,13 @@ package registry
 
 import (
 	"context"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
+	"github.com/google/go-containerregistry/pkg/authn"
 	"github.com/google/go-containerregistry/pkg/name"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/random"
@@ -127,5 +129,28 @@ func TestStartErrors(t *testing.T) {
 		if !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("Start(%+v) = %v, want an error with %q", tc.o, err, tc.want)
 		}
+	}
+}
+
+// TestAnyHostAndWrap starts a registry on every address (AnyHost) with
+// GuardPrivateForTest wrapped around it: a private repository refuses an
+// anonymous push and takes one with the test's credentials.
+func TestAnyHostAndWrap(t *testing.T) {
+	r, err := Start(Options{Dir: t.TempDir(), Addr: "0.0.0.0:0", AnyHost: true, Wrap: GuardPrivateForTest})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	_, port, _ := net.SplitHostPort(r.Host())
+	img, _ := random.Image(1<<10, 1)
+	ref, err := name.NewTag("127.0.0.1:" + port + "/bashtask/private/test:v1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := remote.Write(ref, img); err == nil || !strings.Contains(err.Error(), "401") {
+		t.Fatalf("anonymous push to a private repository: %v, want a 401", err)
+	}
+	if err := remote.Write(ref, img, remote.WithAuth(&authn.Basic{Username: TestUser, Password: TestPassword})); err != nil {
+		t.Fatalf("push with the test's credentials: %v", err)
 	}
 }

@@ -19,7 +19,7 @@
 //     -acquires Acquire and Release of the image: one copy whatever the
 //     number of uses.
 //
-// The image is bin/images/task.tar (the Debian task image, `go run
+// The image is bin/images/bashtask-task.tar (the Debian task image, `go run
 // ./hack/images -only task`) when it is there, else a generated image of
 // four layers of mixed files, -mib MiB of tar in all. Needs root (the
 // store keeps the layers' owners), tar and the Go toolchain (to build
@@ -57,7 +57,7 @@ func (*Phase) Name() string { return "images" }
 
 // Flags registers the phase's flags.
 func (p *Phase) Flags(fs *flag.FlagSet) {
-	fs.StringVar(&p.archive, "archive", filepath.Join("bin", "images", "task.tar"), "docker-archive of the image to pull; when missing, a generated image of -mib MiB")
+	fs.StringVar(&p.archive, "archive", filepath.Join("bin", "images", "bashtask-task.tar"), "docker-archive of the image to pull; when missing, a generated image of -mib MiB")
 	fs.IntVar(&p.mib, "mib", 300, "MiB of tar of the generated image")
 	fs.IntVar(&p.rounds, "rounds", 3, "rounds of the first use, ours and the reference's")
 	fs.IntVar(&p.cached, "cached", 50, "pulls of the image already in the store, by tag and by digest each")
