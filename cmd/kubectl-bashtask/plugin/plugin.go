@@ -169,7 +169,7 @@ cluster, user and namespace.
 	}
 	a.flags.AddFlags(root.PersistentFlags())
 	root.AddCommand(a.runCommand(), a.logsCommand(), a.cancelCommand(), a.waitCommand(), a.getCommand(),
-		a.workspaceCommand(), a.shellCommand(), a.cpCommand(), a.attachCommand(), a.portForwardCommand())
+		a.workspaceCommand(), a.shellCommand(), a.cpCommand(), a.attachCommand(), a.portForwardCommand(), a.mcpCommand())
 	return root
 }
 
