@@ -181,7 +181,7 @@ test-integration: envtest setup-s3 ## Integration tests against a real kube-apis
 	$(GO) test $(TEST_FLAGS) -timeout $(INTEGRATION_TIMEOUT) $(INTEGRATION_PKGS)
 
 .PHONY: test-e2e
-test-e2e: envtest setup-s3 build terminal ## End-to-end tests: bashtask-local with the controller, two agents and S3, as processes, at each of E2E_ISOLATIONS.
+test-e2e: envtest setup-s3 build terminal mcp-clients ## End-to-end tests: bashtask-local with the controller, two agents and S3, as processes, at each of E2E_ISOLATIONS.
 	@set -e; for level in $(E2E_ISOLATIONS); do \
 		echo "test-e2e: agents at isolation $$level"; \
 		E2E_ISOLATION=$$level $(GO) test $(TEST_FLAGS) -timeout $(E2E_TIMEOUT) $(E2E_PKGS); \
@@ -206,6 +206,10 @@ test-e2e-private-parent: envtest setup-s3 build
 terminal: ## Install tmux (Debian) for the terminal tests, when it is missing.
 	@command -v tmux >/dev/null || { echo "terminal: installing tmux from Debian"; \
 	  DEBIAN_FRONTEND=noninteractive apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq tmux >/dev/null; }
+
+.PHONY: mcp-clients
+mcp-clients: ## Install the MCP clients of the e2e tests (TypeScript SDK, Inspector CLI) from npm into test/e2e/mcpclients, when missing.
+	hack/mcp-clients.sh
 
 .PHONY: test-cluster
 test-cluster: build tools ## The Helm chart on a real one-node cluster (kubelet, containerd, runc; images built here); needs root.
