@@ -336,6 +336,14 @@ bench-terminal: build envtest ## Keystroke echo through bashtasks/attach on the 
 	mkdir -p _output
 	$(BENCH) -phases=terminal -json _output/bench-terminal.json -terminal-args='$(BENCH_TERMINAL_ARGS)'
 
+# One command through `kubectl bashtask mcp`'s run tool over stdio against
+# the plugin's `run -w W -- true` (the mcp phase; docs/performance.md), on a
+# local cluster. BENCH_MCP_ARGS passes flags, e.g. BENCH_MCP_ARGS='-runs=100'.
+.PHONY: bench-mcp
+bench-mcp: build envtest ## Request to result of an MCP run of true over stdio against kubectl-bashtask run of the same (root).
+	mkdir -p _output
+	$(BENCH) -phases=mcp -json _output/bench-mcp.json -mcp-args='$(BENCH_MCP_ARGS)'
+
 # The node's image store against `crane export | tar -x` (the images phase;
 # docs/performance.md): first use, a second pull and the disk, on the task
 # image of bin/images/bashtask-task.tar (`go run ./hack/images -only task`) or a
@@ -367,8 +375,8 @@ bench-executor: ## Executor overhead, output throughput and memory, printed as a
 # all three on one local cluster (docs/performance.md); the system's table
 # takes in the executor's, the output API's, the resume's and the session's
 # figures. BENCH_SKIP_EXECUTOR=1, BENCH_SKIP_OUTPUT=1, BENCH_SKIP_SNAPSHOT=1,
-# BENCH_SKIP_RESUME=1, BENCH_SKIP_SESSION=1 and BENCH_SKIP_TERMINAL=1 (the
-# keystroke echo through bashtasks/attach) skip those phases for quick
+# BENCH_SKIP_RESUME=1, BENCH_SKIP_SESSION=1, BENCH_SKIP_TERMINAL=1 (the
+# keystroke echo through bashtasks/attach) and BENCH_SKIP_MCP=1 skip those phases for quick
 # iterations (BENCH_PHASES=... names the phases outright); BENCH_ARGS passes
 # flags to hack/bench, e.g. BENCH_ARGS='-controller-arg=--workers=16
 # -rss-tasks=0' (the system phase's flags and the cluster's),
@@ -378,20 +386,23 @@ BENCH_SKIP_EXECUTOR ?=
 BENCH_SKIP_OUTPUT   ?=
 BENCH_SKIP_SESSION  ?=
 BENCH_SKIP_TERMINAL ?=
+BENCH_SKIP_MCP      ?=
 BENCH_ARGS          ?=
 BENCH_OUTPUT_ARGS   ?=
 BENCH_SESSION_ARGS  ?=
+BENCH_MCP_ARGS      ?=
 BENCH_EXECUTOR      := $(if $(filter 1 true yes,$(BENCH_SKIP_EXECUTOR)),,1)
 BENCH_OUTPUT        := $(if $(filter 1 true yes,$(BENCH_SKIP_OUTPUT)),,1)
 BENCH_SESSION       := $(if $(filter 1 true yes,$(BENCH_SKIP_SESSION)),,1)
 BENCH_TERMINAL      := $(if $(filter 1 true yes,$(BENCH_SKIP_TERMINAL)),,1)
+BENCH_MCP           := $(if $(filter 1 true yes,$(BENCH_SKIP_MCP)),,1)
 BENCH_SNAPSHOT      := $(if $(filter 1 true yes,$(BENCH_SKIP_SNAPSHOT)),,1)
 # The resume bench needs root (workspaces need the tenant level).
 BENCH_RESUME        := $(if $(filter 1 true yes,$(BENCH_SKIP_RESUME)),,$(if $(filter 0,$(shell id -u)),1))
 bench_empty         :=
 bench_space         := $(bench_empty) $(bench_empty)
 BENCH_PHASES        ?= $(subst $(bench_space),$(comma),$(strip $(if $(BENCH_EXECUTOR),executor) $(if $(BENCH_OUTPUT),output) \
-                       $(if $(BENCH_SNAPSHOT),snapshot) $(if $(BENCH_RESUME),resume) $(if $(BENCH_SESSION),session) $(if $(BENCH_TERMINAL),terminal) system))
+                       $(if $(BENCH_SNAPSHOT),snapshot) $(if $(BENCH_RESUME),resume) $(if $(BENCH_SESSION),session) $(if $(BENCH_TERMINAL),terminal) $(if $(BENCH_MCP),mcp) system))
 comma               := ,
 
 .PHONY: bench
@@ -399,7 +410,7 @@ bench: build envtest $(if $(BENCH_RESUME),setup-s3) ## Latency, throughput, writ
 	mkdir -p _output
 	$(BENCH) -phases=$(BENCH_PHASES) -json _output/bench.json -executor-args='$(BENCH_EXECUTOR_ARGS)' \
 	  -snapshot-args='$(BENCH_SNAPSHOT_ARGS)' -output-args='$(BENCH_OUTPUT_ARGS)' -resume-args='$(BENCH_RESUME_ARGS)' -terminal-args='$(BENCH_TERMINAL_ARGS)' \
-	  -session-args='$(BENCH_SESSION_ARGS)' $(BENCH_ARGS)
+	  -session-args='$(BENCH_SESSION_ARGS)' -mcp-args='$(BENCH_MCP_ARGS)' $(BENCH_ARGS)
 
 # kube-apiserver CPU per task for variants of the CRD's validation rules and
 # of the status writes (the apiserver phase; docs/performance.md), e.g.

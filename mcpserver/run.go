@@ -90,6 +90,9 @@ func (s *Server) run(ctx context.Context, req *mcp.CallToolRequest, in RunInput)
 	if err != nil {
 		return nil, RunOutput{}, err
 	}
+	if _, err := s.ownWorkspace(ctx, c, in.Workspace); err != nil {
+		return nil, RunOutput{}, err
+	}
 	task, err := c.Start(ctx, opts)
 	if err != nil {
 		return nil, RunOutput{}, explain(err)
@@ -97,7 +100,7 @@ func (s *Server) run(ctx context.Context, req *mcp.CallToolRequest, in RunInput)
 	n := clamp(in.TailBytes, defaultTailBytes, maxTailBytes)
 	stdout, stderr := &tailBuffer{max: n}, &tailBuffer{max: n}
 	stop := s.notifyProgress(ctx, req, task.Name, stdout, stderr)
-	res, err := c.Wait(ctx, task, btclient.RunOptions{Stdout: stdout, Stderr: stderr})
+	res, err := c.Wait(ctx, task, btclient.RunOptions{Stdout: stdout, Stderr: stderr, WaitTimeout: waitBound(in.TimeoutSeconds)})
 	stop()
 	if ctx.Err() != nil {
 		// The client cancelled the request (or went away): the command
@@ -109,6 +112,20 @@ func (s *Server) run(ctx context.Context, req *mcp.CallToolRequest, in RunInput)
 		return nil, RunOutput{}, explain(err)
 	}
 	return nil, runOutput(task.Name, res, stdout, stderr), nil
+}
+
+// pendingAllowance is how long run waits for its command to start, on
+// top of the command's own limit, before it cancels it: a workspace being
+// restored, a node at its limit of tasks.
+const pendingAllowance = 2 * time.Minute
+
+// waitBound is run's whole wait: the command's limit (the API's default,
+// 120 s, when unset) and pendingAllowance.
+func waitBound(timeoutSeconds int) time.Duration {
+	if timeoutSeconds == 0 {
+		timeoutSeconds = 120
+	}
+	return time.Duration(timeoutSeconds)*time.Second + pendingAllowance
 }
 
 func runOutput(name string, res *btclient.Result, stdout, stderr *tailBuffer) RunOutput {
@@ -167,6 +184,9 @@ func (s *Server) start(ctx context.Context, req *mcp.CallToolRequest, in RunInpu
 	}
 	opts, err := s.runOptions(in)
 	if err != nil {
+		return nil, StartOutput{}, err
+	}
+	if _, err := s.ownWorkspace(ctx, c, in.Workspace); err != nil {
 		return nil, StartOutput{}, err
 	}
 	if in.Stdin {

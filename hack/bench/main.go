@@ -15,11 +15,12 @@
 //	session    one command of a session through the plugin and the Go client, on the shared cluster (phase/session)
 //	terminal   keystroke echo through bashtasks/attach, on the shared cluster (phase/terminal)
 //	portforward  1 GiB and small HTTP requests through the client's PortForward into a workspace, on the shared cluster (phase/portforward)
+//	mcp        one command through kubectl bashtask mcp over stdio against the plugin, on the shared cluster (phase/mcp)
 //	system     the whole system on the shared cluster; its table takes in
 //	           the executor's, the output's and the resume's figures (phase/system)
 //
 // -phases picks them; the default is what `make bench` runs: executor,
-// output, snapshot, resume (as root only), session, terminal and system.
+// output, snapshot, resume (as root only), session, terminal, mcp and system.
 //
 // The local cluster of the output, session, terminal and system phases is started once, when
 // the first of them needs it, through internal/rig/localcluster in this
@@ -61,6 +62,7 @@ import (
 	"github.com/bashtask/bashtask-operator/hack/bench/phase/apiserver"
 	"github.com/bashtask/bashtask-operator/hack/bench/phase/executor"
 	"github.com/bashtask/bashtask-operator/hack/bench/phase/images"
+	mcpphase "github.com/bashtask/bashtask-operator/hack/bench/phase/mcp"
 	"github.com/bashtask/bashtask-operator/hack/bench/phase/output"
 	"github.com/bashtask/bashtask-operator/hack/bench/phase/portforward"
 	"github.com/bashtask/bashtask-operator/hack/bench/phase/resume"
@@ -75,15 +77,15 @@ import (
 // phases are every phase, in the order they run.
 func phases() []phase.Phase {
 	return []phase.Phase{&executor.Phase{}, &snapshot.Phase{}, &images.Phase{}, &workspace.Phase{}, &apiserver.Phase{},
-		&resume.Phase{}, &output.Phase{}, &session.Phase{}, &terminal.Phase{}, &portforward.Phase{}, &system.Phase{}}
+		&resume.Phase{}, &output.Phase{}, &session.Phase{}, &terminal.Phase{}, &portforward.Phase{}, &mcpphase.Phase{}, &system.Phase{}}
 }
 
 // defaultPhases is what `make bench` runs; resume only as root.
 func defaultPhases() string {
 	if os.Geteuid() == 0 {
-		return "executor,output,snapshot,resume,session,terminal,system"
+		return "executor,output,snapshot,resume,session,terminal,mcp,system"
 	}
-	return "executor,output,snapshot,session,terminal,system"
+	return "executor,output,snapshot,session,terminal,mcp,system"
 }
 
 func main() {

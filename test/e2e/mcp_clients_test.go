@@ -51,6 +51,15 @@ func TestMCPTypeScriptClient(t *testing.T) {
 		t.Fatalf("the TypeScript client failed: %v", err)
 	}
 	waitTaskCancelled(t, ns, "sleep 300")
+
+	// The session of docs/mcp.md.
+	cmd = exec.CommandContext(t.Context(), "node", filepath.Join(dir, "transcript.mjs"),
+		filepath.Join(binDir, "kubectl-bashtask"), filepath.Join(clusterDir, "kubeconfig"), ns, "agent-7")
+	out, err = cmd.CombinedOutput()
+	t.Logf("transcript.mjs:\n%s", out)
+	if err != nil {
+		t.Fatalf("the session of docs/mcp.md failed: %v", err)
+	}
 }
 
 // waitTaskCancelled waits until the task of command in ns ended

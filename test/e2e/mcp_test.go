@@ -245,9 +245,17 @@ func mcpBackground(t *testing.T, s *mcp.ClientSession) {
 func mcpOwnerRule(t *testing.T, ns string, s *mcp.ClientSession) {
 	t.Helper()
 	createWorkspace(t, ns, "other", "--owner", "o2", "--network", "None")
-	mustRefuse(t, s, "run", map[string]any{"workspace": "other", "command": "true", "owner": "o2"}, "InvalidSpec")
+	mustRefuse(t, s, "run", map[string]any{"workspace": "other", "command": "true", "owner": "o2"}, `belongs to owner "o2"`)
+	mustRefuse(t, s, "start", map[string]any{"workspace": "other", "command": "true", "owner": "o2"}, `belongs to owner "o2"`)
 	mustRefuse(t, s, "workspace_delete", map[string]any{"name": "other", "owner": "o2"}, `belongs to owner "o2"`)
 	mustRefuse(t, s, "read_file", map[string]any{"workspace": "other", "path": "x", "owner": "o2"}, `belongs to owner "o2"`)
+	name, errOut, code := plugin(t.Context(), "", "-n", ns, "run", "-w", "other", "--detach", "--", "sleep 30")
+	if name = strings.TrimSpace(name); code != 0 || name == "" {
+		t.Fatalf("a task of owner o2: exit %d, %q %q", code, name, errOut)
+	}
+	mustRefuse(t, s, "read_output", map[string]any{"task": name}, `belongs to owner "o2"`)
+	mustRefuse(t, s, "cancel", map[string]any{"task": name}, `belongs to owner "o2"`)
+	mustRefuse(t, s, "write_stdin", map[string]any{"task": name, "data": "x"}, `belongs to owner "o2"`)
 }
 
 // mcpCancellation: a client that cancels its run request cancels the
