@@ -119,7 +119,7 @@ func (s *Server) fetchFile(ctx context.Context, c *btclient.Client, workspace, p
 	if workspace == "" || p == "" {
 		return nil, errors.New("workspace and path are required")
 	}
-	if _, err := s.ownWorkspace(ctx, c, workspace); err != nil {
+	if err := s.ownWorkspace(ctx, c, workspace); err != nil {
 		return nil, err
 	}
 	dir, err := os.MkdirTemp("", "bashtask-mcp-")
@@ -154,7 +154,7 @@ func (s *Server) writeFile(ctx context.Context, req *mcp.CallToolRequest, in Wri
 	if err != nil {
 		return nil, WriteFileOutput{}, err
 	}
-	if _, err := s.ownWorkspace(ctx, c, in.Workspace); err != nil {
+	if err := s.ownWorkspace(ctx, c, in.Workspace); err != nil {
 		return nil, WriteFileOutput{}, err
 	}
 	dir, err := os.MkdirTemp("", "bashtask-mcp-")

@@ -90,7 +90,7 @@ func (s *Server) run(ctx context.Context, req *mcp.CallToolRequest, in RunInput)
 	if err != nil {
 		return nil, RunOutput{}, err
 	}
-	if _, err := s.ownWorkspace(ctx, c, in.Workspace); err != nil {
+	if err := s.ownWorkspace(ctx, c, in.Workspace); err != nil {
 		return nil, RunOutput{}, err
 	}
 	task, err := c.Start(ctx, opts)
@@ -186,7 +186,7 @@ func (s *Server) start(ctx context.Context, req *mcp.CallToolRequest, in RunInpu
 	if err != nil {
 		return nil, StartOutput{}, err
 	}
-	if _, err := s.ownWorkspace(ctx, c, in.Workspace); err != nil {
+	if err := s.ownWorkspace(ctx, c, in.Workspace); err != nil {
 		return nil, StartOutput{}, err
 	}
 	if in.Stdin {

@@ -142,7 +142,7 @@ func (s *Server) verify(ctx context.Context, token string, _ *http.Request) (*au
 	}
 	rev, err := cs.AuthenticationV1().SelfSubjectReviews().Create(ctx, &authnv1.SelfSubjectReview{}, metav1.CreateOptions{})
 	if err != nil {
-		return nil, fmt.Errorf("%w: the API server did not authenticate the bearer token: %v", auth.ErrInvalidToken, err)
+		return nil, fmt.Errorf("%w: the API server did not authenticate the bearer token: %w", auth.ErrInvalidToken, err)
 	}
 	return &auth.TokenInfo{UserID: rev.Status.UserInfo.Username, Extra: map[string]any{tokenKey: token}}, nil
 }

@@ -94,18 +94,18 @@ func (s *Server) createWorkspace(ctx context.Context, req *mcp.CallToolRequest, 
 }
 
 // ownWorkspace reads the workspace and refuses one of another owner.
-func (s *Server) ownWorkspace(ctx context.Context, c *btclient.Client, name string) (*bashtaskv1alpha1.BashWorkspace, error) {
+func (s *Server) ownWorkspace(ctx context.Context, c *btclient.Client, name string) error {
 	if name == "" {
-		return nil, fmt.Errorf("name is required")
+		return fmt.Errorf("name is required")
 	}
 	ws, err := c.GetWorkspace(ctx, s.cfg.Namespace, name)
 	if err != nil {
-		return nil, explain(err)
+		return explain(err)
 	}
 	if owner := ptr.Deref(ws.Spec.Owner, ""); owner != s.cfg.Owner {
-		return nil, fmt.Errorf("workspace %s belongs to owner %q, not to this server's owner %q: use a workspace of your own (workspace_create)", name, owner, s.cfg.Owner)
+		return fmt.Errorf("workspace %s belongs to owner %q, not to this server's owner %q: use a workspace of your own (workspace_create)", name, owner, s.cfg.Owner)
 	}
-	return ws, nil
+	return nil
 }
 
 func (s *Server) suspendWorkspace(ctx context.Context, req *mcp.CallToolRequest, in WorkspaceInput) (*mcp.CallToolResult, WorkspaceOutput, error) {
@@ -139,7 +139,7 @@ func (s *Server) workspaceVerb(ctx context.Context, req *mcp.CallToolRequest, in
 	if err != nil {
 		return nil, WorkspaceOutput{}, err
 	}
-	if _, err := s.ownWorkspace(ctx, c, in.Name); err != nil {
+	if err := s.ownWorkspace(ctx, c, in.Name); err != nil {
 		return nil, WorkspaceOutput{}, err
 	}
 	ws, err := verb(c)

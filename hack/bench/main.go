@@ -22,7 +22,7 @@
 // -phases picks them; the default is what `make bench` runs: executor,
 // output, snapshot, resume (as root only), session, terminal, mcp and system.
 //
-// The local cluster of the output, session, terminal and system phases is started once, when
+// The local cluster of the output, session, terminal, mcp and system phases is started once, when
 // the first of them needs it, through internal/rig/localcluster in this
 // process, and stopped after the last of them (and on error or Ctrl-C).
 // Its flags are this program's: -bin-dir, -assets-dir, -crd-dir,
