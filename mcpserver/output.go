@@ -117,7 +117,9 @@ func (s *Server) readOutput(ctx context.Context, req *mcp.CallToolRequest, in Re
 		if stream == "stderr" {
 			st = t.Status.Stderr
 		}
-		if st != nil {
+		// A task that ended before it ran has no stream: 0 bytes.
+		o.TotalBytes = ptr.To[int64](0)
+		if st != nil && st.TotalBytes != nil {
 			o.TotalBytes = st.TotalBytes
 		}
 	}
