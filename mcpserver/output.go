@@ -137,10 +137,12 @@ func readSlice(ctx context.Context, c *btclient.Client, ns string, in ReadOutput
 	if err != nil {
 		return nil, err
 	}
-	defer func() { _ = r.Close() }()
 	chunks := make(chan []byte)
 	errc := make(chan error, 1)
+	// The reader is the goroutine's alone, closed by it: collect may
+	// return while a Read is under way, which ctx's end then ends.
 	go func() {
+		defer func() { _ = r.Close() }()
 		for {
 			buf := make([]byte, 32<<10)
 			n, err := r.Read(buf)
