@@ -33,6 +33,7 @@ const (
 // +kubebuilder:validation:XValidation:rule="has(self.storage) == has(oldSelf.storage)",message="spec.storage of a BashWorkspace is immutable (it cannot be added or removed): its file system is made once"
 // +kubebuilder:validation:XValidation:rule="has(self.network) == has(oldSelf.network)",message="spec.network of a BashWorkspace is immutable (it cannot be added or removed): its tasks share one network namespace"
 // +kubebuilder:validation:XValidation:rule="has(self.image) == has(oldSelf.image)",message="spec.image of a BashWorkspace is immutable (it cannot be added or removed): its files are changes on top of that image; create a new workspace for another image"
+// +kubebuilder:validation:XValidation:rule="has(self.source) == has(oldSelf.source)",message="spec.source of a BashWorkspace is immutable (it cannot be added or removed): a workspace is copied once, when it is made"
 type BashWorkspaceSpec struct {
 	// owner is the opaque token of the one owner whose tasks may run here:
 	// a task naming this workspace with another spec.owner (or none, when
@@ -141,6 +142,83 @@ type BashWorkspaceSpec struct {
 	// the idle timeout.
 	// +optional
 	Snapshot *WorkspaceSnapshotPolicy `json:"snapshot,omitempty"`
+
+	// source makes the workspace a fork: a copy of another workspace's
+	// files and carried state as of one instant (docs/workspaces.md,
+	// "Forking a workspace"). Unset: the workspace starts empty.
+	// Immutable.
+	// +optional
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="spec.source of a BashWorkspace is immutable: a workspace is copied once, when it is made"
+	Source *WorkspaceSource `json:"source,omitempty"`
+}
+
+// WorkspaceSource names what a forked workspace is copied from.
+type WorkspaceSource struct {
+	// workspace is the name of the BashWorkspace in the same namespace
+	// whose files and carried state are copied. Ready: copied on its node
+	// while its writes are frozen (or through a snapshot when the fork is
+	// placed on another node); Suspended: restored from its last
+	// snapshot. Its spec.owner must be the fork's (docs/workspaces.md,
+	// "Forking a workspace"). 1 to 253 characters.
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	Workspace string `json:"workspace,omitempty"`
+}
+
+// WorkspaceForkMethod is how a fork's files were copied.
+// +kubebuilder:validation:Enum=Reflink;SparseCopy;Archive;Snapshot
+type WorkspaceForkMethod string
+
+const (
+	// WorkspaceForkReflink: the source's file system image was cloned
+	// (FICLONE) while frozen; its blocks are shared until written.
+	WorkspaceForkReflink WorkspaceForkMethod = "Reflink"
+	// WorkspaceForkSparseCopy: the data extents of the source's file
+	// system image (SEEK_DATA, SEEK_HOLE) were copied while frozen.
+	WorkspaceForkSparseCopy WorkspaceForkMethod = "SparseCopy"
+	// WorkspaceForkArchive: the source's tree was archived into the fork
+	// on the node, as a snapshot is, without a freeze (a source without a
+	// file system of its own).
+	WorkspaceForkArchive WorkspaceForkMethod = "Archive"
+	// WorkspaceForkSnapshot: the fork was restored from a snapshot of the
+	// source (another node, or a suspended source).
+	WorkspaceForkSnapshot WorkspaceForkMethod = "Snapshot"
+)
+
+// WorkspaceForkStatus says what a forked workspace was copied from, as of
+// when, and how long the source's writes were frozen for it.
+type WorkspaceForkStatus struct {
+	// workspace is the source BashWorkspace's name.
+	// +optional
+	// +kubebuilder:validation:MaxLength=253
+	Workspace *string `json:"workspace,omitempty"`
+	// uid is the source's metadata.uid.
+	// +optional
+	// +kubebuilder:validation:MaxLength=128
+	UID *string `json:"uid,omitempty"`
+	// nodeName is the node the source was copied on (its node).
+	// +optional
+	// +kubebuilder:validation:MaxLength=253
+	NodeName *string `json:"nodeName,omitempty"`
+	// method is how the files were copied.
+	// +optional
+	Method *WorkspaceForkMethod `json:"method,omitempty"`
+	// time is the instant the copy is of: the freeze, or the snapshot's
+	// start.
+	// +optional
+	Time *metav1.Time `json:"time,omitempty"`
+	// frozenMicroseconds is how long the source's writes were frozen
+	// (FIFREEZE) for the copy, in microseconds; 0 for a copy made without
+	// a freeze.
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	FrozenMicroseconds *int64 `json:"frozenMicroseconds,omitempty"`
+	// snapshotURL is the snapshot the fork was restored from (method
+	// Snapshot).
+	// +optional
+	// +kubebuilder:validation:MaxLength=2048
+	SnapshotURL *string `json:"snapshotURL,omitempty"`
 }
 
 // WorkspaceIdleAction is what a workspace's idle timeout does.
@@ -270,6 +348,13 @@ const (
 	// outside the workspace's own snapshots (another workspace's, or one
 	// of an earlier workspace of the same name); nothing was restored.
 	WorkspaceReasonSnapshotRefused = "SnapshotRefused"
+	// WorkspaceReasonForkRefused: spec.source names a workspace that
+	// cannot be forked into this one (another owner, not found, Failed
+	// or lost); the message says which.
+	WorkspaceReasonForkRefused = "ForkRefused"
+	// WorkspaceReasonForked: the workspace was made as a copy of
+	// spec.source (status.forkedFrom).
+	WorkspaceReasonForked = "Forked"
 )
 
 // BashWorkspaceStatus is what the controller observed of a workspace.
@@ -380,6 +465,11 @@ type BashWorkspaceStatus struct {
 	// from; unset for a copy made empty.
 	// +optional
 	RestoredFrom *WorkspaceRestoreStatus `json:"restoredFrom,omitempty"`
+
+	// forkedFrom says what the workspace was forked from (spec.source),
+	// as of when, and how long the source was frozen for the copy.
+	// +optional
+	ForkedFrom *WorkspaceForkStatus `json:"forkedFrom,omitempty"`
 
 	// nodeLoss is the loss of the node that held the workspace's last
 	// copy, while the workspace waits to be restored from its snapshot;

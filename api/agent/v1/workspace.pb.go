@@ -145,7 +145,17 @@ type WorkspaceSpec struct {
 	// image is the image the workspace's tasks run in; its changes live in
 	// the workspace (an upper directory on its file system) and go into its
 	// snapshots. Immutable.
-	Image         *ImageSpec `protobuf:"bytes,9,opt,name=image,proto3" json:"image,omitempty"`
+	Image *ImageSpec `protobuf:"bytes,9,opt,name=image,proto3" json:"image,omitempty"`
+	// fork_of, when set, makes a new workspace a copy of that workspace
+	// (docs/workspaces.md, "Forking a workspace"). With restore_from unset,
+	// the agent must hold fork_of: it copies its file system image while
+	// the source's writes are frozen, with its carried state, and the
+	// source keeps running (FAILED_PRECONDITION when it does not hold it or
+	// the source is being made or deleted). With restore_from set,
+	// restore_from must be a snapshot of fork_of (its key under fork_of's
+	// prefix) instead of ref's. Ignored for a workspace the agent holds
+	// already.
+	ForkOf        *WorkspaceRef `protobuf:"bytes,10,opt,name=fork_of,json=forkOf,proto3" json:"fork_of,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -243,6 +253,97 @@ func (x *WorkspaceSpec) GetImage() *ImageSpec {
 	return nil
 }
 
+func (x *WorkspaceSpec) GetForkOf() *WorkspaceRef {
+	if x != nil {
+		return x.ForkOf
+	}
+	return nil
+}
+
+// WorkspaceFork says what a forked workspace was copied from.
+type WorkspaceFork struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// source is the workspace copied.
+	Source *WorkspaceRef `protobuf:"bytes,1,opt,name=source,proto3" json:"source,omitempty"`
+	// method is "Reflink", "SparseCopy", "Archive" or "Snapshot" (the API's
+	// spelling, WorkspaceForkMethod).
+	Method string `protobuf:"bytes,2,opt,name=method,proto3" json:"method,omitempty"`
+	// time is the instant the copy is of: the freeze, or the snapshot's
+	// start.
+	Time *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=time,proto3" json:"time,omitempty"`
+	// frozen_microseconds is how long the source's writes were frozen.
+	FrozenMicroseconds int64 `protobuf:"varint,4,opt,name=frozen_microseconds,json=frozenMicroseconds,proto3" json:"frozen_microseconds,omitempty"`
+	// copied_bytes is the bytes of data the copy wrote (0 for a reflink).
+	CopiedBytes   int64 `protobuf:"varint,5,opt,name=copied_bytes,json=copiedBytes,proto3" json:"copied_bytes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WorkspaceFork) Reset() {
+	*x = WorkspaceFork{}
+	mi := &file_workspace_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WorkspaceFork) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WorkspaceFork) ProtoMessage() {}
+
+func (x *WorkspaceFork) ProtoReflect() protoreflect.Message {
+	mi := &file_workspace_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WorkspaceFork.ProtoReflect.Descriptor instead.
+func (*WorkspaceFork) Descriptor() ([]byte, []int) {
+	return file_workspace_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *WorkspaceFork) GetSource() *WorkspaceRef {
+	if x != nil {
+		return x.Source
+	}
+	return nil
+}
+
+func (x *WorkspaceFork) GetMethod() string {
+	if x != nil {
+		return x.Method
+	}
+	return ""
+}
+
+func (x *WorkspaceFork) GetTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Time
+	}
+	return nil
+}
+
+func (x *WorkspaceFork) GetFrozenMicroseconds() int64 {
+	if x != nil {
+		return x.FrozenMicroseconds
+	}
+	return 0
+}
+
+func (x *WorkspaceFork) GetCopiedBytes() int64 {
+	if x != nil {
+		return x.CopiedBytes
+	}
+	return 0
+}
+
 // WorkspaceStatus is a workspace's state on its agent.
 type WorkspaceStatus struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -293,14 +394,17 @@ type WorkspaceStatus struct {
 	RestoredFrom *WorkspaceSnapshot `protobuf:"bytes,17,opt,name=restored_from,json=restoredFrom,proto3" json:"restored_from,omitempty"`
 	// image is the image the workspace's tasks run in, with the digest it
 	// resolved to; absent on the node's root file system.
-	Image         *ImageStatus `protobuf:"bytes,18,opt,name=image,proto3" json:"image,omitempty"`
+	Image *ImageStatus `protobuf:"bytes,18,opt,name=image,proto3" json:"image,omitempty"`
+	// forked_from says what the copy was forked from; absent for a
+	// workspace that is no fork.
+	ForkedFrom    *WorkspaceFork `protobuf:"bytes,19,opt,name=forked_from,json=forkedFrom,proto3" json:"forked_from,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *WorkspaceStatus) Reset() {
 	*x = WorkspaceStatus{}
-	mi := &file_workspace_proto_msgTypes[2]
+	mi := &file_workspace_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -312,7 +416,7 @@ func (x *WorkspaceStatus) String() string {
 func (*WorkspaceStatus) ProtoMessage() {}
 
 func (x *WorkspaceStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_workspace_proto_msgTypes[2]
+	mi := &file_workspace_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -325,7 +429,7 @@ func (x *WorkspaceStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WorkspaceStatus.ProtoReflect.Descriptor instead.
 func (*WorkspaceStatus) Descriptor() ([]byte, []int) {
-	return file_workspace_proto_rawDescGZIP(), []int{2}
+	return file_workspace_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *WorkspaceStatus) GetRef() *WorkspaceRef {
@@ -454,6 +558,13 @@ func (x *WorkspaceStatus) GetImage() *ImageStatus {
 	return nil
 }
 
+func (x *WorkspaceStatus) GetForkedFrom() *WorkspaceFork {
+	if x != nil {
+		return x.ForkedFrom
+	}
+	return nil
+}
+
 // EnsureWorkspaceRequest asks for a workspace.
 type EnsureWorkspaceRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -467,7 +578,7 @@ type EnsureWorkspaceRequest struct {
 
 func (x *EnsureWorkspaceRequest) Reset() {
 	*x = EnsureWorkspaceRequest{}
-	mi := &file_workspace_proto_msgTypes[3]
+	mi := &file_workspace_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -479,7 +590,7 @@ func (x *EnsureWorkspaceRequest) String() string {
 func (*EnsureWorkspaceRequest) ProtoMessage() {}
 
 func (x *EnsureWorkspaceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_workspace_proto_msgTypes[3]
+	mi := &file_workspace_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -492,7 +603,7 @@ func (x *EnsureWorkspaceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EnsureWorkspaceRequest.ProtoReflect.Descriptor instead.
 func (*EnsureWorkspaceRequest) Descriptor() ([]byte, []int) {
-	return file_workspace_proto_rawDescGZIP(), []int{3}
+	return file_workspace_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *EnsureWorkspaceRequest) GetSpec() *WorkspaceSpec {
@@ -531,7 +642,7 @@ type EnsureWorkspaceResponse struct {
 
 func (x *EnsureWorkspaceResponse) Reset() {
 	*x = EnsureWorkspaceResponse{}
-	mi := &file_workspace_proto_msgTypes[4]
+	mi := &file_workspace_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -543,7 +654,7 @@ func (x *EnsureWorkspaceResponse) String() string {
 func (*EnsureWorkspaceResponse) ProtoMessage() {}
 
 func (x *EnsureWorkspaceResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_workspace_proto_msgTypes[4]
+	mi := &file_workspace_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -556,7 +667,7 @@ func (x *EnsureWorkspaceResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EnsureWorkspaceResponse.ProtoReflect.Descriptor instead.
 func (*EnsureWorkspaceResponse) Descriptor() ([]byte, []int) {
-	return file_workspace_proto_rawDescGZIP(), []int{4}
+	return file_workspace_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *EnsureWorkspaceResponse) GetStatus() *WorkspaceStatus {
@@ -598,7 +709,7 @@ type GetWorkspaceRequest struct {
 
 func (x *GetWorkspaceRequest) Reset() {
 	*x = GetWorkspaceRequest{}
-	mi := &file_workspace_proto_msgTypes[5]
+	mi := &file_workspace_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -610,7 +721,7 @@ func (x *GetWorkspaceRequest) String() string {
 func (*GetWorkspaceRequest) ProtoMessage() {}
 
 func (x *GetWorkspaceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_workspace_proto_msgTypes[5]
+	mi := &file_workspace_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -623,7 +734,7 @@ func (x *GetWorkspaceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetWorkspaceRequest.ProtoReflect.Descriptor instead.
 func (*GetWorkspaceRequest) Descriptor() ([]byte, []int) {
-	return file_workspace_proto_rawDescGZIP(), []int{5}
+	return file_workspace_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *GetWorkspaceRequest) GetUid() string {
@@ -644,7 +755,7 @@ type GetWorkspaceResponse struct {
 
 func (x *GetWorkspaceResponse) Reset() {
 	*x = GetWorkspaceResponse{}
-	mi := &file_workspace_proto_msgTypes[6]
+	mi := &file_workspace_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -656,7 +767,7 @@ func (x *GetWorkspaceResponse) String() string {
 func (*GetWorkspaceResponse) ProtoMessage() {}
 
 func (x *GetWorkspaceResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_workspace_proto_msgTypes[6]
+	mi := &file_workspace_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -669,7 +780,7 @@ func (x *GetWorkspaceResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetWorkspaceResponse.ProtoReflect.Descriptor instead.
 func (*GetWorkspaceResponse) Descriptor() ([]byte, []int) {
-	return file_workspace_proto_rawDescGZIP(), []int{6}
+	return file_workspace_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *GetWorkspaceResponse) GetStatus() *WorkspaceStatus {
@@ -688,7 +799,7 @@ type ListWorkspacesRequest struct {
 
 func (x *ListWorkspacesRequest) Reset() {
 	*x = ListWorkspacesRequest{}
-	mi := &file_workspace_proto_msgTypes[7]
+	mi := &file_workspace_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -700,7 +811,7 @@ func (x *ListWorkspacesRequest) String() string {
 func (*ListWorkspacesRequest) ProtoMessage() {}
 
 func (x *ListWorkspacesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_workspace_proto_msgTypes[7]
+	mi := &file_workspace_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -713,7 +824,7 @@ func (x *ListWorkspacesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListWorkspacesRequest.ProtoReflect.Descriptor instead.
 func (*ListWorkspacesRequest) Descriptor() ([]byte, []int) {
-	return file_workspace_proto_rawDescGZIP(), []int{7}
+	return file_workspace_proto_rawDescGZIP(), []int{8}
 }
 
 // ListWorkspacesResponse holds every workspace of the agent.
@@ -727,7 +838,7 @@ type ListWorkspacesResponse struct {
 
 func (x *ListWorkspacesResponse) Reset() {
 	*x = ListWorkspacesResponse{}
-	mi := &file_workspace_proto_msgTypes[8]
+	mi := &file_workspace_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -739,7 +850,7 @@ func (x *ListWorkspacesResponse) String() string {
 func (*ListWorkspacesResponse) ProtoMessage() {}
 
 func (x *ListWorkspacesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_workspace_proto_msgTypes[8]
+	mi := &file_workspace_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -752,7 +863,7 @@ func (x *ListWorkspacesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListWorkspacesResponse.ProtoReflect.Descriptor instead.
 func (*ListWorkspacesResponse) Descriptor() ([]byte, []int) {
-	return file_workspace_proto_rawDescGZIP(), []int{8}
+	return file_workspace_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ListWorkspacesResponse) GetWorkspaces() []*WorkspaceStatus {
@@ -775,7 +886,7 @@ type DeleteWorkspaceRequest struct {
 
 func (x *DeleteWorkspaceRequest) Reset() {
 	*x = DeleteWorkspaceRequest{}
-	mi := &file_workspace_proto_msgTypes[9]
+	mi := &file_workspace_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -787,7 +898,7 @@ func (x *DeleteWorkspaceRequest) String() string {
 func (*DeleteWorkspaceRequest) ProtoMessage() {}
 
 func (x *DeleteWorkspaceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_workspace_proto_msgTypes[9]
+	mi := &file_workspace_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -800,7 +911,7 @@ func (x *DeleteWorkspaceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteWorkspaceRequest.ProtoReflect.Descriptor instead.
 func (*DeleteWorkspaceRequest) Descriptor() ([]byte, []int) {
-	return file_workspace_proto_rawDescGZIP(), []int{9}
+	return file_workspace_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *DeleteWorkspaceRequest) GetUid() string {
@@ -828,7 +939,7 @@ type DeleteWorkspaceResponse struct {
 
 func (x *DeleteWorkspaceResponse) Reset() {
 	*x = DeleteWorkspaceResponse{}
-	mi := &file_workspace_proto_msgTypes[10]
+	mi := &file_workspace_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -840,7 +951,7 @@ func (x *DeleteWorkspaceResponse) String() string {
 func (*DeleteWorkspaceResponse) ProtoMessage() {}
 
 func (x *DeleteWorkspaceResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_workspace_proto_msgTypes[10]
+	mi := &file_workspace_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -853,7 +964,7 @@ func (x *DeleteWorkspaceResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteWorkspaceResponse.ProtoReflect.Descriptor instead.
 func (*DeleteWorkspaceResponse) Descriptor() ([]byte, []int) {
-	return file_workspace_proto_rawDescGZIP(), []int{10}
+	return file_workspace_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *DeleteWorkspaceResponse) GetCancelledTasks() int32 {
@@ -872,7 +983,7 @@ const file_workspace_proto_rawDesc = "" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x10\n" +
 	"\x03uid\x18\x03 \x01(\tR\x03uid\x12\x14\n" +
-	"\x05epoch\x18\x04 \x01(\x03R\x05epoch\"\xf5\x02\n" +
+	"\x05epoch\x18\x04 \x01(\x03R\x05epoch\"\xaf\x03\n" +
 	"\rWorkspaceSpec\x121\n" +
 	"\x03ref\x18\x01 \x01(\v2\x1f.bashtask.agent.v1.WorkspaceRefR\x03ref\x12#\n" +
 	"\rstorage_bytes\x18\x02 \x01(\x03R\fstorageBytes\x12\x18\n" +
@@ -882,7 +993,15 @@ const file_workspace_proto_rawDesc = "" +
 	"\x05owner\x18\x06 \x01(\tR\x05owner\x12G\n" +
 	"\frestore_from\x18\a \x01(\v2$.bashtask.agent.v1.WorkspaceSnapshotR\vrestoreFrom\x12\x16\n" +
 	"\x06pinned\x18\b \x01(\bR\x06pinned\x122\n" +
-	"\x05image\x18\t \x01(\v2\x1c.bashtask.agent.v1.ImageSpecR\x05image\"\xf4\x05\n" +
+	"\x05image\x18\t \x01(\v2\x1c.bashtask.agent.v1.ImageSpecR\x05image\x128\n" +
+	"\afork_of\x18\n" +
+	" \x01(\v2\x1f.bashtask.agent.v1.WorkspaceRefR\x06forkOf\"\xe4\x01\n" +
+	"\rWorkspaceFork\x127\n" +
+	"\x06source\x18\x01 \x01(\v2\x1f.bashtask.agent.v1.WorkspaceRefR\x06source\x12\x16\n" +
+	"\x06method\x18\x02 \x01(\tR\x06method\x12.\n" +
+	"\x04time\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\x12/\n" +
+	"\x13frozen_microseconds\x18\x04 \x01(\x03R\x12frozenMicroseconds\x12!\n" +
+	"\fcopied_bytes\x18\x05 \x01(\x03R\vcopiedBytes\"\xb7\x06\n" +
 	"\x0fWorkspaceStatus\x121\n" +
 	"\x03ref\x18\x01 \x01(\v2\x1f.bashtask.agent.v1.WorkspaceRefR\x03ref\x12\x1e\n" +
 	"\vrun_as_user\x18\x02 \x01(\rR\trunAsUser\x12\x12\n" +
@@ -905,7 +1024,9 @@ const file_workspace_proto_rawDesc = "" +
 	"\rlast_task_uid\x18\x0f \x01(\tR\vlastTaskUid\x12\x14\n" +
 	"\x05epoch\x18\x10 \x01(\x03R\x05epoch\x12I\n" +
 	"\rrestored_from\x18\x11 \x01(\v2$.bashtask.agent.v1.WorkspaceSnapshotR\frestoredFrom\x124\n" +
-	"\x05image\x18\x12 \x01(\v2\x1e.bashtask.agent.v1.ImageStatusR\x05image\"~\n" +
+	"\x05image\x18\x12 \x01(\v2\x1e.bashtask.agent.v1.ImageStatusR\x05image\x12A\n" +
+	"\vforked_from\x18\x13 \x01(\v2 .bashtask.agent.v1.WorkspaceForkR\n" +
+	"forkedFrom\"~\n" +
 	"\x16EnsureWorkspaceRequest\x124\n" +
 	"\x04spec\x18\x01 \x01(\v2 .bashtask.agent.v1.WorkspaceSpecR\x04spec\x12.\n" +
 	"\x05fence\x18\x02 \x01(\v2\x18.bashtask.agent.v1.FenceR\x05fence\"\xf4\x01\n" +
@@ -949,60 +1070,65 @@ func file_workspace_proto_rawDescGZIP() []byte {
 	return file_workspace_proto_rawDescData
 }
 
-var file_workspace_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
+var file_workspace_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
 var file_workspace_proto_goTypes = []any{
 	(*WorkspaceRef)(nil),              // 0: bashtask.agent.v1.WorkspaceRef
 	(*WorkspaceSpec)(nil),             // 1: bashtask.agent.v1.WorkspaceSpec
-	(*WorkspaceStatus)(nil),           // 2: bashtask.agent.v1.WorkspaceStatus
-	(*EnsureWorkspaceRequest)(nil),    // 3: bashtask.agent.v1.EnsureWorkspaceRequest
-	(*EnsureWorkspaceResponse)(nil),   // 4: bashtask.agent.v1.EnsureWorkspaceResponse
-	(*GetWorkspaceRequest)(nil),       // 5: bashtask.agent.v1.GetWorkspaceRequest
-	(*GetWorkspaceResponse)(nil),      // 6: bashtask.agent.v1.GetWorkspaceResponse
-	(*ListWorkspacesRequest)(nil),     // 7: bashtask.agent.v1.ListWorkspacesRequest
-	(*ListWorkspacesResponse)(nil),    // 8: bashtask.agent.v1.ListWorkspacesResponse
-	(*DeleteWorkspaceRequest)(nil),    // 9: bashtask.agent.v1.DeleteWorkspaceRequest
-	(*DeleteWorkspaceResponse)(nil),   // 10: bashtask.agent.v1.DeleteWorkspaceResponse
-	(*WorkspaceSnapshot)(nil),         // 11: bashtask.agent.v1.WorkspaceSnapshot
-	(*ImageSpec)(nil),                 // 12: bashtask.agent.v1.ImageSpec
-	(*timestamppb.Timestamp)(nil),     // 13: google.protobuf.Timestamp
-	(*ImageStatus)(nil),               // 14: bashtask.agent.v1.ImageStatus
-	(*Fence)(nil),                     // 15: bashtask.agent.v1.Fence
-	(*ImageFailure)(nil),              // 16: bashtask.agent.v1.ImageFailure
-	(*SnapshotWorkspaceRequest)(nil),  // 17: bashtask.agent.v1.SnapshotWorkspaceRequest
-	(*SnapshotWorkspaceResponse)(nil), // 18: bashtask.agent.v1.SnapshotWorkspaceResponse
+	(*WorkspaceFork)(nil),             // 2: bashtask.agent.v1.WorkspaceFork
+	(*WorkspaceStatus)(nil),           // 3: bashtask.agent.v1.WorkspaceStatus
+	(*EnsureWorkspaceRequest)(nil),    // 4: bashtask.agent.v1.EnsureWorkspaceRequest
+	(*EnsureWorkspaceResponse)(nil),   // 5: bashtask.agent.v1.EnsureWorkspaceResponse
+	(*GetWorkspaceRequest)(nil),       // 6: bashtask.agent.v1.GetWorkspaceRequest
+	(*GetWorkspaceResponse)(nil),      // 7: bashtask.agent.v1.GetWorkspaceResponse
+	(*ListWorkspacesRequest)(nil),     // 8: bashtask.agent.v1.ListWorkspacesRequest
+	(*ListWorkspacesResponse)(nil),    // 9: bashtask.agent.v1.ListWorkspacesResponse
+	(*DeleteWorkspaceRequest)(nil),    // 10: bashtask.agent.v1.DeleteWorkspaceRequest
+	(*DeleteWorkspaceResponse)(nil),   // 11: bashtask.agent.v1.DeleteWorkspaceResponse
+	(*WorkspaceSnapshot)(nil),         // 12: bashtask.agent.v1.WorkspaceSnapshot
+	(*ImageSpec)(nil),                 // 13: bashtask.agent.v1.ImageSpec
+	(*timestamppb.Timestamp)(nil),     // 14: google.protobuf.Timestamp
+	(*ImageStatus)(nil),               // 15: bashtask.agent.v1.ImageStatus
+	(*Fence)(nil),                     // 16: bashtask.agent.v1.Fence
+	(*ImageFailure)(nil),              // 17: bashtask.agent.v1.ImageFailure
+	(*SnapshotWorkspaceRequest)(nil),  // 18: bashtask.agent.v1.SnapshotWorkspaceRequest
+	(*SnapshotWorkspaceResponse)(nil), // 19: bashtask.agent.v1.SnapshotWorkspaceResponse
 }
 var file_workspace_proto_depIdxs = []int32{
 	0,  // 0: bashtask.agent.v1.WorkspaceSpec.ref:type_name -> bashtask.agent.v1.WorkspaceRef
-	11, // 1: bashtask.agent.v1.WorkspaceSpec.restore_from:type_name -> bashtask.agent.v1.WorkspaceSnapshot
-	12, // 2: bashtask.agent.v1.WorkspaceSpec.image:type_name -> bashtask.agent.v1.ImageSpec
-	0,  // 3: bashtask.agent.v1.WorkspaceStatus.ref:type_name -> bashtask.agent.v1.WorkspaceRef
-	13, // 4: bashtask.agent.v1.WorkspaceStatus.last_task_end:type_name -> google.protobuf.Timestamp
-	13, // 5: bashtask.agent.v1.WorkspaceStatus.create_time:type_name -> google.protobuf.Timestamp
-	11, // 6: bashtask.agent.v1.WorkspaceStatus.restored_from:type_name -> bashtask.agent.v1.WorkspaceSnapshot
-	14, // 7: bashtask.agent.v1.WorkspaceStatus.image:type_name -> bashtask.agent.v1.ImageStatus
-	1,  // 8: bashtask.agent.v1.EnsureWorkspaceRequest.spec:type_name -> bashtask.agent.v1.WorkspaceSpec
-	15, // 9: bashtask.agent.v1.EnsureWorkspaceRequest.fence:type_name -> bashtask.agent.v1.Fence
-	2,  // 10: bashtask.agent.v1.EnsureWorkspaceResponse.status:type_name -> bashtask.agent.v1.WorkspaceStatus
-	14, // 11: bashtask.agent.v1.EnsureWorkspaceResponse.image_pull:type_name -> bashtask.agent.v1.ImageStatus
-	16, // 12: bashtask.agent.v1.EnsureWorkspaceResponse.image_failure:type_name -> bashtask.agent.v1.ImageFailure
-	2,  // 13: bashtask.agent.v1.GetWorkspaceResponse.status:type_name -> bashtask.agent.v1.WorkspaceStatus
-	2,  // 14: bashtask.agent.v1.ListWorkspacesResponse.workspaces:type_name -> bashtask.agent.v1.WorkspaceStatus
-	15, // 15: bashtask.agent.v1.DeleteWorkspaceRequest.fence:type_name -> bashtask.agent.v1.Fence
-	3,  // 16: bashtask.agent.v1.Workspaces.EnsureWorkspace:input_type -> bashtask.agent.v1.EnsureWorkspaceRequest
-	5,  // 17: bashtask.agent.v1.Workspaces.GetWorkspace:input_type -> bashtask.agent.v1.GetWorkspaceRequest
-	7,  // 18: bashtask.agent.v1.Workspaces.ListWorkspaces:input_type -> bashtask.agent.v1.ListWorkspacesRequest
-	9,  // 19: bashtask.agent.v1.Workspaces.DeleteWorkspace:input_type -> bashtask.agent.v1.DeleteWorkspaceRequest
-	17, // 20: bashtask.agent.v1.Workspaces.SnapshotWorkspace:input_type -> bashtask.agent.v1.SnapshotWorkspaceRequest
-	4,  // 21: bashtask.agent.v1.Workspaces.EnsureWorkspace:output_type -> bashtask.agent.v1.EnsureWorkspaceResponse
-	6,  // 22: bashtask.agent.v1.Workspaces.GetWorkspace:output_type -> bashtask.agent.v1.GetWorkspaceResponse
-	8,  // 23: bashtask.agent.v1.Workspaces.ListWorkspaces:output_type -> bashtask.agent.v1.ListWorkspacesResponse
-	10, // 24: bashtask.agent.v1.Workspaces.DeleteWorkspace:output_type -> bashtask.agent.v1.DeleteWorkspaceResponse
-	18, // 25: bashtask.agent.v1.Workspaces.SnapshotWorkspace:output_type -> bashtask.agent.v1.SnapshotWorkspaceResponse
-	21, // [21:26] is the sub-list for method output_type
-	16, // [16:21] is the sub-list for method input_type
-	16, // [16:16] is the sub-list for extension type_name
-	16, // [16:16] is the sub-list for extension extendee
-	0,  // [0:16] is the sub-list for field type_name
+	12, // 1: bashtask.agent.v1.WorkspaceSpec.restore_from:type_name -> bashtask.agent.v1.WorkspaceSnapshot
+	13, // 2: bashtask.agent.v1.WorkspaceSpec.image:type_name -> bashtask.agent.v1.ImageSpec
+	0,  // 3: bashtask.agent.v1.WorkspaceSpec.fork_of:type_name -> bashtask.agent.v1.WorkspaceRef
+	0,  // 4: bashtask.agent.v1.WorkspaceFork.source:type_name -> bashtask.agent.v1.WorkspaceRef
+	14, // 5: bashtask.agent.v1.WorkspaceFork.time:type_name -> google.protobuf.Timestamp
+	0,  // 6: bashtask.agent.v1.WorkspaceStatus.ref:type_name -> bashtask.agent.v1.WorkspaceRef
+	14, // 7: bashtask.agent.v1.WorkspaceStatus.last_task_end:type_name -> google.protobuf.Timestamp
+	14, // 8: bashtask.agent.v1.WorkspaceStatus.create_time:type_name -> google.protobuf.Timestamp
+	12, // 9: bashtask.agent.v1.WorkspaceStatus.restored_from:type_name -> bashtask.agent.v1.WorkspaceSnapshot
+	15, // 10: bashtask.agent.v1.WorkspaceStatus.image:type_name -> bashtask.agent.v1.ImageStatus
+	2,  // 11: bashtask.agent.v1.WorkspaceStatus.forked_from:type_name -> bashtask.agent.v1.WorkspaceFork
+	1,  // 12: bashtask.agent.v1.EnsureWorkspaceRequest.spec:type_name -> bashtask.agent.v1.WorkspaceSpec
+	16, // 13: bashtask.agent.v1.EnsureWorkspaceRequest.fence:type_name -> bashtask.agent.v1.Fence
+	3,  // 14: bashtask.agent.v1.EnsureWorkspaceResponse.status:type_name -> bashtask.agent.v1.WorkspaceStatus
+	15, // 15: bashtask.agent.v1.EnsureWorkspaceResponse.image_pull:type_name -> bashtask.agent.v1.ImageStatus
+	17, // 16: bashtask.agent.v1.EnsureWorkspaceResponse.image_failure:type_name -> bashtask.agent.v1.ImageFailure
+	3,  // 17: bashtask.agent.v1.GetWorkspaceResponse.status:type_name -> bashtask.agent.v1.WorkspaceStatus
+	3,  // 18: bashtask.agent.v1.ListWorkspacesResponse.workspaces:type_name -> bashtask.agent.v1.WorkspaceStatus
+	16, // 19: bashtask.agent.v1.DeleteWorkspaceRequest.fence:type_name -> bashtask.agent.v1.Fence
+	4,  // 20: bashtask.agent.v1.Workspaces.EnsureWorkspace:input_type -> bashtask.agent.v1.EnsureWorkspaceRequest
+	6,  // 21: bashtask.agent.v1.Workspaces.GetWorkspace:input_type -> bashtask.agent.v1.GetWorkspaceRequest
+	8,  // 22: bashtask.agent.v1.Workspaces.ListWorkspaces:input_type -> bashtask.agent.v1.ListWorkspacesRequest
+	10, // 23: bashtask.agent.v1.Workspaces.DeleteWorkspace:input_type -> bashtask.agent.v1.DeleteWorkspaceRequest
+	18, // 24: bashtask.agent.v1.Workspaces.SnapshotWorkspace:input_type -> bashtask.agent.v1.SnapshotWorkspaceRequest
+	5,  // 25: bashtask.agent.v1.Workspaces.EnsureWorkspace:output_type -> bashtask.agent.v1.EnsureWorkspaceResponse
+	7,  // 26: bashtask.agent.v1.Workspaces.GetWorkspace:output_type -> bashtask.agent.v1.GetWorkspaceResponse
+	9,  // 27: bashtask.agent.v1.Workspaces.ListWorkspaces:output_type -> bashtask.agent.v1.ListWorkspacesResponse
+	11, // 28: bashtask.agent.v1.Workspaces.DeleteWorkspace:output_type -> bashtask.agent.v1.DeleteWorkspaceResponse
+	19, // 29: bashtask.agent.v1.Workspaces.SnapshotWorkspace:output_type -> bashtask.agent.v1.SnapshotWorkspaceResponse
+	25, // [25:30] is the sub-list for method output_type
+	20, // [20:25] is the sub-list for method input_type
+	20, // [20:20] is the sub-list for extension type_name
+	20, // [20:20] is the sub-list for extension extendee
+	0,  // [0:20] is the sub-list for field type_name
 }
 
 func init() { file_workspace_proto_init() }
@@ -1019,7 +1145,7 @@ func file_workspace_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_workspace_proto_rawDesc), len(file_workspace_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   11,
+			NumMessages:   12,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
