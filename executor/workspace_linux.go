@@ -30,6 +30,9 @@ type workspaceSys struct {
 	// without one or when it was not found.
 	loop   string
 	closed bool
+	// freezes counts the copies holding the file system frozen
+	// (CopyImageFrozen).
+	freezes int
 }
 
 // OpenWorkspace makes the workspace o describes, or takes up one made

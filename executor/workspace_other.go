@@ -40,3 +40,9 @@ func openUpper(*os.File) (*os.File, error) { return nil, nil }
 
 // DialLoopback is unsupported outside Linux.
 func (w *Workspace) DialLoopback(context.Context, int) (net.Conn, error) { return nil, ErrUnsupported }
+
+// CopyImageFrozen needs Linux: it returns ErrUnsupported.
+func (w *Workspace) CopyImageFrozen(string) (*ForkStats, error) { return nil, ErrUnsupported }
+
+// Adopt needs Linux: it returns ErrUnsupported.
+func (w *Workspace) Adopt(uint32, uint32) error { return ErrUnsupported }

@@ -74,6 +74,9 @@ type workspace struct {
 	snapshotting chan struct{}
 	// restoreFrom is the snapshot a workspace being made is filled from.
 	restoreFrom *agentv1.WorkspaceSnapshot
+	// forkFrom is the source a workspace being made is copied from on
+	// this node (workspace_fork.go); nil for none.
+	forkFrom *forkSource
 	// img holds the workspace's image (rec.Image) in the store while the
 	// workspace is on the node; nil on the node's root, or when it could
 	// not be acquired after a restart (its tasks then fail to start).
@@ -460,6 +463,10 @@ func (ws *workspaces) createLocked(ctx context.Context, spec *agentv1.WorkspaceS
 	}
 	w := newWorkspace(rec)
 	w.busy, w.restoreFrom, w.img = make(chan struct{}), spec.GetRestoreFrom(), img.im
+	if err := ws.forkLocked(w, spec); err != nil {
+		s.leases.release(taskUID)
+		return fail(err)
+	}
 	ws.byUID[uid] = w
 	ex := s.ex
 	s.mu.Unlock()
@@ -513,6 +520,9 @@ func (ws *workspaces) make(ctx context.Context, ex *executor.Executor, w *worksp
 	if err := ws.files.writeRecord(w.rec, true); err != nil {
 		_ = ws.files.remove(uid)
 		return nil, err
+	}
+	if w.forkFrom != nil {
+		return ws.makeFork(ctx, ex, w)
 	}
 	xw, err := ex.OpenWorkspace(ws.options(w))
 	if err != nil {
@@ -581,6 +591,7 @@ func (ws *workspaces) statusLocked(w *workspace) *agentv1.WorkspaceStatus {
 		CarryEnvNames:   slices.Clone(r.CarryEnvNames),
 		Epoch:           r.Epoch,
 		RestoredFrom:    r.RestoredFrom,
+		ForkedFrom:      r.ForkedFrom,
 		Image:           workspaceImageStatus(w),
 	}
 	if r.CarryWorkingDir {

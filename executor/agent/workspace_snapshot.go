@@ -178,6 +178,9 @@ func (ws *workspaces) restore(ctx context.Context, w *workspace, xw *executor.Wo
 	// The record names the workspace being made: only its own snapshots
 	// fill it, whatever the request says.
 	ref := &agentv1.WorkspaceRef{Namespace: w.rec.Namespace, Name: w.rec.Name, Uid: w.rec.UID}
+	if f := w.rec.ForkedFrom; f != nil {
+		ref = f.GetSource() // a fork is filled from its source's snapshot
+	}
 	if err := agentv1.CheckSnapshotKey(ref, key); err != nil {
 		return status.Errorf(codes.InvalidArgument, "spec.restore_from: %v; refusing to restore", err)
 	}
@@ -226,7 +229,9 @@ func (ws *workspaces) restore(ctx context.Context, w *workspace, xw *executor.Wo
 			r.CarryEnvNames = append(r.CarryEnvNames, v.Name)
 		}
 	}
-	r.RestoredFrom = from
+	if r.ForkedFrom == nil {
+		r.RestoredFrom = from
+	}
 	s.log.Info("workspace restored", "workspace", r.UID, "key", key, "bytes", st.ArchiveBytes, "files", st.Files,
 		"took", time.Since(began).Round(time.Millisecond))
 	return nil

@@ -82,6 +82,8 @@ type workspaceRecord struct {
 	// RestoredFrom is the snapshot the copy was filled from; nil for a
 	// workspace made empty.
 	RestoredFrom *agentv1.WorkspaceSnapshot `json:"restoredFrom,omitempty"`
+	// ForkedFrom is what the copy was forked from; nil for no fork.
+	ForkedFrom *agentv1.WorkspaceFork `json:"forkedFrom,omitempty"`
 	// Pinned is set when the workspace's placement names this node
 	// (WorkspaceSpec.pinned): a draining agent does not wait for it to
 	// move. Absent from a record of an earlier agent: the drain waits
