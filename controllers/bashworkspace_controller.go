@@ -1,6 +1,7 @@
 package controllers
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -238,6 +239,10 @@ func (r *BashWorkspaceReconciler) reconcilePending(ctx context.Context, ws *bash
 	if done {
 		return res, err
 	}
+	src, res, done, err := r.forkGate(ctx, ws, p)
+	if done {
+		return res, err
+	}
 	node := ptr.Deref(ws.Status.NodeName, "")
 	if node == "" {
 		if err := r.addFinalizer(ctx, ws); err != nil {
@@ -245,7 +250,7 @@ func (r *BashWorkspaceReconciler) reconcilePending(ctx context.Context, ws *bash
 		}
 		pl := placeAgent(ctx, r.client, r.agents, placementRequest{
 			what:         "the workspace",
-			nodeName:     ptr.Deref(ws.Spec.NodeName, ""),
+			nodeName:     cmp.Or(ptr.Deref(ws.Spec.NodeName, ""), forkPlacement(ws, src)),
 			nodeSelector: ws.Spec.NodeSelector,
 			network:      ptr.Deref(ws.Spec.Network, ""),
 			tolerations:  r.opts.AgentTolerations,
@@ -302,6 +307,12 @@ func (r *BashWorkspaceReconciler) reconcilePending(ctx context.Context, ws *bash
 	spec.RestoreFrom = from
 	// A workspace restored from its snapshot was made before.
 	spec.Image = workspaceImageSpec(ws, ws.Status.Snapshot != nil, secrets)
+	if src != nil {
+		if err := r.forkSpec(ctx, ws, src, node, spec, secrets); err != nil {
+			setWorkspacePhase(ws, bashtaskv1alpha1.WorkspacePending, err.Error()+"; retrying")
+			return reconcile.Result{}, err
+		}
+	}
 	resp, err := r.agents.EnsureWorkspace(ctx, node, spec)
 	if err != nil {
 		return r.ensureFailed(ws, node, err, p)
@@ -311,7 +322,9 @@ func (r *BashWorkspaceReconciler) reconcilePending(ctx context.Context, ws *bash
 	}
 	applyWorkspaceStatus(ws, resp.GetStatus(), node)
 	r.noteNoSnapshots(ws)
-	if from := resp.GetStatus().GetRestoredFrom(); from != nil && ws.Status.Snapshot != nil {
+	if f := resp.GetStatus().GetForkedFrom(); f != nil && src != nil {
+		r.forked(ws, src, f, spec.GetRestoreFrom(), p)
+	} else if from := resp.GetStatus().GetRestoredFrom(); from != nil && ws.Status.Snapshot != nil {
 		r.restored(ws, node, p)
 	} else {
 		p.event(corev1.EventTypeNormal, bashtaskv1alpha1.WorkspaceReasonReady, "Make", "Ready on node %s, running as UID %d", node, ptr.Deref(ws.Status.RunAsUser, 0))
