@@ -45,7 +45,7 @@ func (a *app) workspaceCommand() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:     "workspace",
 		Aliases: []string{"ws"},
-		Short:   "Create, list, snapshot, suspend, resume and delete BashWorkspaces, the homes that a session's tasks share",
+		Short:   "Create, list, fork, snapshot, suspend, resume and delete BashWorkspaces, the homes that a session's tasks share",
 		Long: `A BashWorkspace is a session's home on one node: a directory with a size
 limit, a UID leased for its life, a network its tasks share, and the working
 directory (and optionally the exported environment) carried from one task to
@@ -53,7 +53,8 @@ the next. Tasks run in it with "kubectl bashtask run --workspace W".
 See docs/workspaces.md.`,
 	}
 	cmd.AddCommand(a.workspaceCreateCommand(), a.workspaceGetCommand(), a.workspaceDeleteCommand(),
-		a.workspaceSnapshotCommand(), a.workspaceSuspendCommand(), a.workspaceResumeCommand())
+		a.workspaceSnapshotCommand(), a.workspaceSuspendCommand(), a.workspaceResumeCommand(),
+		a.workspaceForkCommand())
 	return cmd
 }
 
