@@ -307,6 +307,18 @@ bench-resume: build envtest setup-s3 ## Resume of a Suspended 100 MiB workspace 
 	mkdir -p _output
 	$(BENCH) -phases=resume -json _output/bench-resume.json -resume-args='$(BENCH_RESUME_ARGS)'
 
+# The fork of a workspace of 100 MiB in 2,000 files on its node until the
+# copies are Ready, one copy and 8 at once, against cp -a of the same tree
+# (the fork phase; docs/workspaces.md, "Forking a workspace"), on the shared
+# local cluster at the tenant level: root only. BENCH_FORK_ARGS passes
+# flags, e.g. BENCH_FORK_ARGS='-rounds=20 -count=16'.
+BENCH_FORK_ARGS ?=
+
+.PHONY: bench-fork
+bench-fork: build envtest ## Fork of a 100 MiB workspace on its node until Ready (1 and 8 copies) against cp -a, p50/p90 over rounds (root).
+	mkdir -p _output
+	$(BENCH) -phases=fork -json _output/bench-fork.json -fork-args='$(BENCH_FORK_ARGS)'
+
 # One command of a session (the session phase; docs/performance.md): the
 # plugin binary's `run -w W -- true` and the Go client's Run of `true` in a
 # workspace, one at a time, on a local cluster (at the tenant level as root,

@@ -11,6 +11,7 @@
 //	workspace  what 1000 idle workspaces cost one agent, as root (phase/workspace)
 //	apiserver  kube-apiserver CPU per task for CRD and status variants (phase/apiserver)
 //	resume     a Suspended workspace's resume, as root, on a cluster of its own (phase/resume)
+//	fork       a workspace's fork on its node against cp -a, as root, on the shared cluster (phase/fork)
 //	output     the output API on the shared cluster (phase/output)
 //	session    one command of a session through the plugin and the Go client, on the shared cluster (phase/session)
 //	terminal   keystroke echo through bashtasks/attach, on the shared cluster (phase/terminal)
@@ -20,7 +21,7 @@
 //	           the executor's, the output's and the resume's figures (phase/system)
 //
 // -phases picks them; the default is what `make bench` runs: executor,
-// output, snapshot, resume (as root only), session, terminal, mcp and system.
+// output, snapshot, resume and fork (as root only), session, terminal, mcp and system.
 //
 // The local cluster of the output, session, terminal, mcp and system phases is started once, when
 // the first of them needs it, through internal/rig/localcluster in this
@@ -61,6 +62,7 @@ import (
 	"github.com/bashtask/bashtask-operator/hack/bench/phase"
 	"github.com/bashtask/bashtask-operator/hack/bench/phase/apiserver"
 	"github.com/bashtask/bashtask-operator/hack/bench/phase/executor"
+	"github.com/bashtask/bashtask-operator/hack/bench/phase/fork"
 	"github.com/bashtask/bashtask-operator/hack/bench/phase/images"
 	mcpphase "github.com/bashtask/bashtask-operator/hack/bench/phase/mcp"
 	"github.com/bashtask/bashtask-operator/hack/bench/phase/output"
@@ -77,13 +79,13 @@ import (
 // phases are every phase, in the order they run.
 func phases() []phase.Phase {
 	return []phase.Phase{&executor.Phase{}, &snapshot.Phase{}, &images.Phase{}, &workspace.Phase{}, &apiserver.Phase{},
-		&resume.Phase{}, &output.Phase{}, &session.Phase{}, &terminal.Phase{}, &portforward.Phase{}, &mcpphase.Phase{}, &system.Phase{}}
+		&resume.Phase{}, &fork.Phase{}, &output.Phase{}, &session.Phase{}, &terminal.Phase{}, &portforward.Phase{}, &mcpphase.Phase{}, &system.Phase{}}
 }
 
 // defaultPhases is what `make bench` runs; resume only as root.
 func defaultPhases() string {
 	if os.Geteuid() == 0 {
-		return "executor,output,snapshot,resume,session,terminal,mcp,system"
+		return "executor,output,snapshot,resume,fork,session,terminal,mcp,system"
 	}
 	return "executor,output,snapshot,session,terminal,mcp,system"
 }
