@@ -171,17 +171,17 @@ type WorkspaceSource struct {
 type WorkspaceForkMethod string
 
 const (
-	// WorkspaceForkReflink: the source's file system image was cloned
+	// WorkspaceForkReflink means the source's file system image was cloned
 	// (FICLONE) while frozen; its blocks are shared until written.
 	WorkspaceForkReflink WorkspaceForkMethod = "Reflink"
-	// WorkspaceForkSparseCopy: the data extents of the source's file
+	// WorkspaceForkSparseCopy means the data extents of the source's file
 	// system image (SEEK_DATA, SEEK_HOLE) were copied while frozen.
 	WorkspaceForkSparseCopy WorkspaceForkMethod = "SparseCopy"
-	// WorkspaceForkArchive: the source's tree was archived into the fork
+	// WorkspaceForkArchive means the source's tree was archived into the fork
 	// on the node, as a snapshot is, without a freeze (a source without a
 	// file system of its own).
 	WorkspaceForkArchive WorkspaceForkMethod = "Archive"
-	// WorkspaceForkSnapshot: the fork was restored from a snapshot of the
+	// WorkspaceForkSnapshot means the fork was restored from a snapshot of the
 	// source (another node, or a suspended source).
 	WorkspaceForkSnapshot WorkspaceForkMethod = "Snapshot"
 )

@@ -123,8 +123,11 @@ func (b *bench) prepare(ctx context.Context) error {
 	fill := fmt.Sprintf(`mkdir -p tree && cd tree && for d in $(seq 0 39); do mkdir -p d$d; done && `+
 		`for i in $(seq 1 %d); do head -c %d /dev/urandom > d$((i %% 40))/f$i; done && export FILLED=1 && du -sm . | cut -f1`, b.p.files, per)
 	res, err := b.bc.Run(wctx, btclient.RunOptions{Namespace: namespace, Workspace: source, Command: fill, Timeout: b.p.timeout})
-	if err != nil || res.ExitCode != 0 {
-		return fmt.Errorf("the fill: %v (exit %d: %s)", err, res.ExitCode, res.Message)
+	if err != nil {
+		return fmt.Errorf("the fill: %w", err)
+	}
+	if res.ExitCode != 0 {
+		return fmt.Errorf("the fill: exit %d: %s", res.ExitCode, res.Message)
 	}
 	b.src = src
 	fmt.Printf("machine: %d CPUs, load average %s\nsource %s/%s on %s: %d files, %d MiB\n", runtime.NumCPU(), phase.LoadAvg(),
