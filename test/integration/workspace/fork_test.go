@@ -7,6 +7,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	v1 "github.com/bashtask/bashtask-operator/api/v1alpha1"
+	btclient "github.com/bashtask/bashtask-operator/client"
 	"github.com/bashtask/bashtask-operator/internal/rig/testutil"
 )
 
@@ -60,6 +61,21 @@ func TestForkSameNodeAndOwner(t *testing.T) {
 	done := runIn(t, ns, "read", "copy", "o1", `pwd; echo "$STAGE"; cat f; echo two > f`)
 	g.Expect(stdout(done)).To(Equal(v1.WorkspacePath + "/repo\nbuilt\none\n"))
 	g.Expect(stdout(runIn(t, ns, "again", "src", "o1", `cat f`))).To(Equal("one\n"), "the fork's write stays in the fork")
+
+	// The Go client's Fork: two copies at once, the source's owner and
+	// carry-over taken, both Ready when it returns.
+	bc, err := btclient.New(rig.Env.Config)
+	g.Expect(err).NotTo(HaveOccurred())
+	copies, err := bc.Fork(t.Context(), btclient.ForkOptions{Namespace: ns, Source: "src", Count: 2, NamePrefix: "try-"})
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(copies).To(HaveLen(2))
+	for _, c := range copies {
+		g.Expect(c.Name).To(HavePrefix("try-"))
+		g.Expect(c.Spec.Owner).To(HaveValue(Equal("o1")))
+		g.Expect(c.Status.Phase).To(HaveValue(Equal(v1.WorkspaceReady)))
+		g.Expect(c.Status.ForkedFrom).NotTo(BeNil())
+		g.Expect(stdout(runIn(t, ns, "read-"+c.Name, c.Name, "o1", `echo "$STAGE"; cat f`))).To(Equal("built\none\n"))
+	}
 
 	other := newWorkspace(ns, "theirs", forkOf("src"), func(ws *v1.BashWorkspace) { ws.Spec.Owner = ptr.To("o2") })
 	create(t, other)
