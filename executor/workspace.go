@@ -40,6 +40,13 @@ type WorkspaceOptions struct {
 	// workspace's own with loopback) or NetworkEgress (the same with a
 	// veth pair and NAT, held for the workspace's life).
 	Network Network
+	// TakeOver says that the workspace is taken up from an earlier
+	// process (an agent's restart): a file system image already mounted
+	// is thawed first, in case that process stopped between the freeze
+	// and the thaw of a fork's copy (Workspace.CopyImageFrozen), which
+	// would leave every write to it blocked. The caller must have no copy
+	// of its own under way.
+	TakeOver bool
 }
 
 // WorkspaceTask is the workspace part of a Spec ([Spec.Workspace]).
@@ -119,9 +126,16 @@ type Workspace struct {
 	size     int64  // the file system's size in bytes, 0 without
 	uid, gid uint32
 	network  Network
+	// thawedAtOpen: see ThawedAtOpen.
+	thawedAtOpen bool
 
 	sys workspaceSys // platform part
 }
+
+// ThawedAtOpen reports whether OpenWorkspace, taking the workspace over
+// (WorkspaceOptions.TakeOver), found its file system frozen and thawed
+// it.
+func (w *Workspace) ThawedAtOpen() bool { return w.thawedAtOpen }
 
 // ID is the workspace's name given at OpenWorkspace.
 func (w *Workspace) ID() string { return w.id }

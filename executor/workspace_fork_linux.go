@@ -101,6 +101,22 @@ func (w *Workspace) thaw() error {
 	return nil
 }
 
+// thawLeftover ends a freeze of the file system whose root is root that
+// no copy of this process holds (see WorkspaceOptions.TakeOver). It
+// reports whether the file system was frozen; EINVAL is the kernel's
+// answer for one that was not.
+func thawLeftover(root *os.File) (bool, error) {
+	_, _, errno := unix.Syscall(unix.SYS_IOCTL, root.Fd(), ioctlFITHAW, 0)
+	switch errno {
+	case 0:
+		return true, nil
+	case unix.EINVAL:
+		return false, nil
+	default:
+		return false, fmt.Errorf("thawing a freeze left by an earlier process (FITHAW): %w", errno)
+	}
+}
+
 // copySparse copies src's data extents to out at the same offsets and
 // gives out src's size: holes stay holes. It returns the bytes copied.
 func copySparse(out, src *os.File) (int64, error) {

@@ -90,6 +90,12 @@ func (e *Executor) OpenWorkspace(o WorkspaceOptions) (_ *Workspace, err error) {
 		return nil, fmt.Errorf("opening workspace root %s: %w", dir, err)
 	}
 	w.sys.root = root
+	if o.TakeOver && w.image != "" {
+		// Before anything writes to it: a write waits for the thaw.
+		if w.thawedAtOpen, err = thawLeftover(root); err != nil {
+			return nil, fmt.Errorf("workspace %s: %w", o.ID, err)
+		}
+	}
 	if err := root.Chown(int(o.UID), int(o.GID)); err != nil {
 		return nil, fmt.Errorf("chown of workspace root %s: %w", dir, err)
 	}

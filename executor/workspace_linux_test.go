@@ -290,3 +290,42 @@ func TestWorkspaceRemoveDoesNotFollowLinks(t *testing.T) {
 		t.Errorf("workspace directory after Remove: %v", err)
 	}
 }
+
+// A workspace taken over from an earlier process (WorkspaceOptions.
+// TakeOver) whose file system that process left frozen, as an agent that
+// stops between the freeze and the thaw of a fork's copy does, is thawed
+// before anything writes to it: without the thaw the take-over itself
+// blocks, and every task's write after it.
+func TestWorkspaceTakeOverThawsALeftFreeze(t *testing.T) {
+	t.Parallel()
+	ex, _ := quotaExecutor(t, 64<<20, 128<<20, 2000)
+	w := testWorkspace(t, ex, NetworkNone, true)
+	if err := w.freeze(); err != nil {
+		t.Fatal(err)
+	}
+	o := WorkspaceOptions{ID: w.ID(), Image: w.image, UID: w.UID(), GID: w.UID(), Network: NetworkNone, TakeOver: true}
+	opened := make(chan error, 1)
+	var again *Workspace
+	go func() {
+		var err error
+		again, err = ex.OpenWorkspace(o)
+		opened <- err
+	}()
+	select {
+	case err := <-opened:
+		if err != nil {
+			t.Fatalf("OpenWorkspace taking over: %v", err)
+		}
+	case <-time.After(20 * time.Second):
+		_ = w.thaw() // let the blocked open and the cleanup go on
+		t.Fatal("the take-over blocked on the frozen file system")
+	}
+	t.Cleanup(func() { _ = again.Close() })
+	if !again.ThawedAtOpen() {
+		t.Error("ThawedAtOpen is false after thawing a frozen file system")
+	}
+	if err := os.WriteFile(filepath.Join(w.Dir(), "after"), []byte("x"), 0o600); err != nil {
+		t.Errorf("writing after the take-over: %v", err)
+	}
+	w.sys.freezes = 0 // the freeze was the earlier process's, ended above
+}

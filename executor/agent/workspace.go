@@ -167,10 +167,15 @@ func (ws *workspaces) takeUp(ctx context.Context) {
 			}
 			continue
 		}
-		xw, err := ex.OpenWorkspace(ws.options(w))
+		o := ws.options(w)
+		o.TakeOver = true
+		xw, err := ex.OpenWorkspace(o)
 		if err != nil {
 			s.log.Error("taking up a workspace of an earlier incarnation", "workspace", w.rec.UID, "err", err)
 			continue
+		}
+		if xw.ThawedAtOpen() {
+			s.log.Warn("thawed a workspace's file system that an earlier incarnation left frozen (it stopped during a fork's copy)", "workspace", w.rec.UID)
 		}
 		s.mu.Lock()
 		w.ex = xw
