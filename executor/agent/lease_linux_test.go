@@ -30,14 +30,18 @@ func TestTenantTasksLeaseTheirOwnUID(t *testing.T) {
 	r := newRig(t, tenantLevel(2100000, 2100001))
 	_, next := r.watch()
 	ctx := t.Context()
+	// The tasks' first output, by task, from progress events: kept as
+	// they come, since waiting for one task's event passes the other's.
+	seen := map[string]string{}
 	uidOf := func(task string) string {
 		t.Helper()
-		for {
+		for seen[task] == "" {
 			ev := until(t, next, agentv1.EventType_EVENT_TYPE_PROGRESS)
-			if ev.GetStatus().GetRef().GetUid() == task && ev.GetStatus().GetStdout().GetTail() != "" {
-				return strings.TrimSpace(ev.GetStatus().GetStdout().GetTail())
+			if tail := ev.GetStatus().GetStdout().GetTail(); tail != "" {
+				seen[ev.GetStatus().GetRef().GetUid()] = strings.TrimSpace(tail)
 			}
 		}
+		return seen[task]
 	}
 	for _, task := range []string{"a", "b"} {
 		if _, err := r.client.Start(ctx, &agentv1.StartRequest{Spec: taskSpec(task, "id -u; exec sleep 30")}); err != nil {
