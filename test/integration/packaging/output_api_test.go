@@ -341,8 +341,10 @@ func checkOutputAPIRBAC(t *testing.T, o outputAPIObjects, namespace string) {
 	if !grantsLog {
 		t.Errorf("ClusterRole %s grants no get on %s bashtasks/log: %+v", readers[0].Name, outputGroup, readers[0].Rules)
 	}
-	// Writing a streamed stdin is in edit, as pods/exec is: create on
-	// bashtasks/stdin and nothing else.
+	// Writing a streamed stdin, a task's terminal and a workspace's
+	// port-forward are in edit, as pods/exec, pods/attach and
+	// pods/portforward are: create on bashtasks/stdin, get and create on
+	// bashtasks/attach and bashworkspaces/portforward, nothing else.
 	var writers []*rbacv1.ClusterRole
 	for _, r := range o.clusterRoles {
 		if r.Labels["rbac.authorization.k8s.io/aggregate-to-edit"] == "true" {
@@ -352,7 +354,11 @@ func checkOutputAPIRBAC(t *testing.T, o outputAPIObjects, namespace string) {
 	if len(writers) != 1 {
 		t.Fatalf("want one ClusterRole aggregated to edit, have %d", len(writers))
 	}
-	want := []rbacv1.PolicyRule{{APIGroups: []string{outputGroup}, Resources: []string{"bashtasks/stdin"}, Verbs: []string{"create"}}}
+	want := []rbacv1.PolicyRule{
+		{APIGroups: []string{outputGroup}, Resources: []string{"bashtasks/stdin"}, Verbs: []string{"create"}},
+		{APIGroups: []string{outputGroup}, Resources: []string{"bashtasks/attach"}, Verbs: []string{"get", "create"}},
+		{APIGroups: []string{outputGroup}, Resources: []string{"bashworkspaces/portforward"}, Verbs: []string{"get", "create"}},
+	}
 	if !reflect.DeepEqual(writers[0].Rules, want) {
 		t.Errorf("ClusterRole %s aggregated to edit grants %+v, want %+v", writers[0].Name, writers[0].Rules, want)
 	}

@@ -83,7 +83,7 @@ func renderings() []rendering {
 	}
 	// The output API (output-api.yaml, output-api-rbac.yaml): its Service,
 	// the APIService, the server's two delegation bindings, the readers'
-	// ClusterRole and the stdin writers'; its serving certificate is one
+	// ClusterRole and the writers' (stdin, attach, port-forward); its serving certificate is one
 	// Secret (helm) or Certificate (cert-manager) more.
 	withOutputAPI := func(m map[string]int) map[string]int {
 		for k, v := range map[string]int{"Service": 1, "APIService": 1, "ClusterRoleBinding": 1, "RoleBinding": 1, "ClusterRole": 2} {
