@@ -5,6 +5,7 @@ import (
 
 	. "github.com/onsi/gomega"
 	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1 "github.com/bashtask/bashtask-operator/api/v1alpha1"
 	btclient "github.com/bashtask/bashtask-operator/client"
@@ -36,6 +37,7 @@ func runIn(t *testing.T, ns, name, ws, o, command string) *v1.BashTask {
 // reach the source. A fork naming another owner is refused, naming both.
 func TestForkSameNodeAndOwner(t *testing.T) {
 	ns := newNamespace(t)
+	deleteWorkspacesAtEnd(t, ns)
 	carry := func(ws *v1.BashWorkspace) {
 		ws.Spec.Owner = ptr.To("o1")
 		ws.Spec.CarryOver = &v1.CarryOver{Environment: ptr.To(true)}
@@ -90,6 +92,7 @@ func TestForkSameNodeAndOwner(t *testing.T) {
 // workspace is restored from its last snapshot.
 func TestForkAcrossNodesAndSuspended(t *testing.T) {
 	ns := newNamespace(t)
+	deleteWorkspacesAtEnd(t, ns)
 	src := newWorkspace(ns, "src", func(ws *v1.BashWorkspace) { ws.Spec.NodeName = ptr.To("node-a") })
 	create(t, src)
 	waitPhase(t, src, v1.WorkspaceReady)
@@ -114,4 +117,26 @@ func TestForkAcrossNodesAndSuspended(t *testing.T) {
 	g.Expect(got.Status.ForkedFrom.Method).To(HaveValue(Equal(v1.WorkspaceForkSnapshot)))
 	g.Expect(stdout(runIn(t, ns, "read-late", "late", "", `cat f`))).To(Equal("one\n"))
 	g.Expect(getWorkspace(g, src).Status.Phase).To(HaveValue(Equal(v1.WorkspaceSuspended)), "the source stays suspended")
+}
+
+// deleteWorkspacesAtEnd deletes ns's workspaces when the test ends and
+// waits until they are gone, so that the agents hold none of them when a
+// later test of the package runs (TestAgentShutdownMovesWorkspaces counts
+// the workspaces a draining agent would move).
+func deleteWorkspacesAtEnd(t *testing.T, ns string) {
+	t.Cleanup(func() {
+		var list v1.BashWorkspaceList
+		if err := k8s.List(ctxBackground(), &list, client.InNamespace(ns)); err != nil {
+			t.Errorf("listing the workspaces of %s: %v", ns, err)
+			return
+		}
+		for i := range list.Items {
+			if err := k8s.Delete(ctxBackground(), &list.Items[i]); client.IgnoreNotFound(err) != nil {
+				t.Errorf("deleting workspace %s: %v", list.Items[i].Name, err)
+			}
+		}
+		for i := range list.Items {
+			waitGone(t, &list.Items[i], waitLong)
+		}
+	})
 }
