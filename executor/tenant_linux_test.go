@@ -3,6 +3,8 @@
 package executor
 
 import (
+	"github.com/bashtask/bashtask-operator/internal/rig/testutil"
+
 	"errors"
 	"fmt"
 	"os"
@@ -377,10 +379,10 @@ C
 func TestTenantRenameAcrossDirectories(t *testing.T) {
 	t.Parallel()
 	if abi := shim.LandlockABI(); abi < 2 {
-		t.Skipf("Landlock ABI %d: before ABI 2 the kernel refuses every rename across directories under Landlock", abi)
+		testutil.SkipUnlessStrictf(t, "Landlock ABI %d: before ABI 2 the kernel refuses every rename across directories under Landlock", abi)
 	}
 	if _, err := os.Stat("/usr/bin/python3"); err != nil {
-		t.Skipf("/usr/bin/python3 is not installed: %v", err)
+		testutil.SkipUnlessStrictf(t, "/usr/bin/python3 is not installed: %v", err)
 	}
 	ex := newTestExecutor(t, CgroupAuto, func(c *Config) { c.Isolation = IsolationTenant; c.TmpSizeBytes = 64 << 20 })
 	spec := testSpec(t, `for d in "$PWD" /tmp /dev/shm; do /usr/bin/python3 -c '

@@ -3,6 +3,8 @@
 package agent
 
 import (
+	"github.com/bashtask/bashtask-operator/internal/rig/testutil"
+
 	"context"
 	"os"
 	"strconv"
@@ -29,7 +31,7 @@ func forkRef(uid string) *agentv1.WorkspaceRef {
 // meanwhile, and the fork's writes stay in the fork.
 func TestWorkspaceForkWhileWriting(t *testing.T) {
 	if _, err := os.Stat("/dev/loop-control"); err != nil {
-		t.Skipf("no loop devices: %v", err)
+		testutil.SkipUnlessStrictf(t, "no loop devices: %v", err)
 	}
 	quota := func(c *Config) { c.Executor.DiskQuotaBytes, c.Executor.DiskQuotaCapBytes = 64<<20, 128<<20 }
 	r := newRig(t, tenantLevel(2101500, 2101509), quota)
@@ -37,7 +39,7 @@ func TestWorkspaceForkWhileWriting(t *testing.T) {
 	deleteAtEnd(t, wc, "fs", "ff")
 	src := ensure(t, wc, "fs", "None", true)
 	if !src.GetStorageEnforced() {
-		t.Skip("the node gives workspaces no file system of their own")
+		testutil.SkipUnlessStrict(t, "the node gives workspaces no file system of their own: a fork copies no image and nothing is frozen")
 	}
 	if res := r.runTask(wsTask("f-t1", "fs", `mkdir -p repo/seq && cd repo && export STAGE=built`)); res.GetReason() != "Succeeded" {
 		t.Fatalf("f-t1: %s %s", res.GetReason(), res.GetMessage())
