@@ -59,6 +59,7 @@ const (
 // machinery authenticates, authorizes get on bashtasks/attach and decodes
 // AttachOptions; serveAttach authorizes create besides.
 type attachREST struct {
+	subresource
 	s *Server
 }
 
@@ -68,15 +69,6 @@ var (
 	_ rest.Scoper               = (*attachREST)(nil)
 	_ rest.SingularNameProvider = (*attachREST)(nil)
 )
-
-func (a *attachREST) New() runtime.Object      { return &outputv1alpha1.AttachOptions{} }
-func (a *attachREST) Destroy()                 {}
-func (a *attachREST) NamespaceScoped() bool    { return true }
-func (a *attachREST) GetSingularName() string  { return "bashtask" }
-func (a *attachREST) ConnectMethods() []string { return []string{http.MethodGet} }
-func (a *attachREST) NewConnectOptions() (runtime.Object, bool, string) {
-	return &outputv1alpha1.AttachOptions{}, false, ""
-}
 
 // Connect implements rest.Connecter.
 func (a *attachREST) Connect(ctx context.Context, name string, opts runtime.Object, r rest.Responder) (http.Handler, error) {

@@ -21,6 +21,7 @@ import (
 // response needs for its headers and trailers. A rest.ResourceStreamer
 // would only get to return a body: no response headers, no trailers.
 type logREST struct {
+	subresource
 	s *Server
 }
 
@@ -30,15 +31,6 @@ var (
 	_ rest.Scoper               = (*logREST)(nil)
 	_ rest.SingularNameProvider = (*logREST)(nil)
 )
-
-func (l *logREST) New() runtime.Object      { return &outputv1alpha1.LogOptions{} }
-func (l *logREST) Destroy()                 {}
-func (l *logREST) NamespaceScoped() bool    { return true }
-func (l *logREST) GetSingularName() string  { return "bashtask" }
-func (l *logREST) ConnectMethods() []string { return []string{http.MethodGet} }
-func (l *logREST) NewConnectOptions() (runtime.Object, bool, string) {
-	return &outputv1alpha1.LogOptions{}, false, ""
-}
 
 // Connect implements rest.Connecter.
 func (l *logREST) Connect(ctx context.Context, name string, opts runtime.Object, r rest.Responder) (http.Handler, error) {

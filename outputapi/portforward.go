@@ -55,6 +55,7 @@ const (
 // protocol (GET), each authorized as create on bashworkspaces/portforward
 // of output.bashtask.dev.
 type portForwardREST struct {
+	subresource
 	s *Server
 }
 
@@ -64,15 +65,6 @@ var (
 	_ rest.Scoper               = (*portForwardREST)(nil)
 	_ rest.SingularNameProvider = (*portForwardREST)(nil)
 )
-
-func (p *portForwardREST) New() runtime.Object      { return &outputv1alpha1.PortForwardOptions{} }
-func (p *portForwardREST) Destroy()                 {}
-func (p *portForwardREST) NamespaceScoped() bool    { return true }
-func (p *portForwardREST) GetSingularName() string  { return "bashworkspace" }
-func (p *portForwardREST) ConnectMethods() []string { return []string{http.MethodGet, http.MethodPost} }
-func (p *portForwardREST) NewConnectOptions() (runtime.Object, bool, string) {
-	return &outputv1alpha1.PortForwardOptions{}, false, ""
-}
 
 // Connect implements rest.Connecter: the caller must also be allowed to
 // create bashworkspaces/portforward (a GET, which a WebSocket is, was

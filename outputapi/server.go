@@ -168,11 +168,11 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	info := genericapiserver.NewDefaultAPIGroupInfo(outputv1alpha1.Group, scheme, runtime.NewParameterCodec(scheme), codecs)
 	info.VersionedResourcesStorageMap[outputv1alpha1.Version] = map[string]rest.Storage{
 		"bashtasks":                  &bashTaskREST{s: s},
-		"bashtasks/log":              &logREST{s: s},
-		"bashtasks/stdin":            &stdinREST{s: s},
-		"bashtasks/attach":           &attachREST{s: s},
+		"bashtasks/log":              &logREST{subresource: newSubresource("bashtask", func() runtime.Object { return &outputv1alpha1.LogOptions{} }, http.MethodGet), s: s},
+		"bashtasks/stdin":            &stdinREST{subresource: newSubresource("bashtask", func() runtime.Object { return &outputv1alpha1.StdinOptions{} }, http.MethodPost), s: s},
+		"bashtasks/attach":           &attachREST{subresource: newSubresource("bashtask", func() runtime.Object { return &outputv1alpha1.AttachOptions{} }, http.MethodGet), s: s},
 		"bashworkspaces":             &bashWorkspaceREST{s: s},
-		"bashworkspaces/portforward": &portForwardREST{s: s},
+		"bashworkspaces/portforward": &portForwardREST{subresource: newSubresource("bashworkspace", func() runtime.Object { return &outputv1alpha1.PortForwardOptions{} }, http.MethodGet, http.MethodPost), s: s},
 	}
 	if err := g.InstallAPIGroup(&info); err != nil {
 		return nil, fmt.Errorf("output API: installing %s: %w", outputv1alpha1.SchemeGroupVersion, err)

@@ -40,6 +40,7 @@ const stdinQueryTimeout = 10 * time.Second
 // output.bashtask.dev, as pods/exec is a create), decodes StdinOptions and
 // hands over the request with its raw body.
 type stdinREST struct {
+	subresource
 	s *Server
 }
 
@@ -49,15 +50,6 @@ var (
 	_ rest.Scoper               = (*stdinREST)(nil)
 	_ rest.SingularNameProvider = (*stdinREST)(nil)
 )
-
-func (l *stdinREST) New() runtime.Object      { return &outputv1alpha1.StdinOptions{} }
-func (l *stdinREST) Destroy()                 {}
-func (l *stdinREST) NamespaceScoped() bool    { return true }
-func (l *stdinREST) GetSingularName() string  { return "bashtask" }
-func (l *stdinREST) ConnectMethods() []string { return []string{http.MethodPost} }
-func (l *stdinREST) NewConnectOptions() (runtime.Object, bool, string) {
-	return &outputv1alpha1.StdinOptions{}, false, ""
-}
 
 // Connect implements rest.Connecter.
 func (l *stdinREST) Connect(ctx context.Context, name string, opts runtime.Object, r rest.Responder) (http.Handler, error) {
