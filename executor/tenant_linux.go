@@ -158,6 +158,9 @@ func (l *shimLaunch) workspace(p *prepared) {
 	if fd, err := wt.Workspace.netnsFD(); err == nil && fd >= 0 {
 		l.netns, l.cfg.NetNS = fd, true
 	}
+	if rc := wt.Workspace.resolvConf(); rc != "" {
+		l.cfg.ResolvConf = rc
+	}
 }
 
 // startTenant starts t at the tenant level: it takes a shim started ahead

@@ -1,0 +1,93 @@
+//go:build linux
+
+package executor
+
+import (
+	"net/netip"
+	"slices"
+	"sync"
+	"testing"
+)
+
+// A workspace's egress policy, served by the test internet's resolver
+// (names under probe.test. resolve to its address): names are allowed and
+// refused exactly and by wildcard, a direct IP that no allowed name
+// resolved to is dropped, a port outside an allow rule's is dropped, a
+// policy change applies to the next connections, and a default Allow
+// refuses only the denied names.
+func TestWorkspaceEgressPolicy(t *testing.T) {
+	requireEgressHost(t)
+	ti := newTestInternet(t)
+	ex := tenantExecutor(t, func(c *Config) { c.Egress = egressTestConfig(ti) })
+	if !ex.Capabilities().Egress {
+		t.Fatalf("no egress capability: %v", ex.EgressError())
+	}
+	w := testWorkspace(t, ex, NetworkEgress, false)
+	ip := netip.AddrPortFrom(ti.addr, internetPort).String()
+	probe := func(what string, targets map[string]string, want map[string]string) {
+		t.Helper()
+		got, rest := runProbesAs(t, ex, wsSpec(t, w, "", "", false), targets, "")
+		for name, outcome := range want {
+			if got[name] != outcome {
+				t.Errorf("%s: %s %q, want %q (all: %v, rest: %q)", what, name, got[name], outcome, got, rest)
+			}
+		}
+	}
+	var mu sync.Mutex
+	var refused []string
+	onRefused := func(r EgressRefusal) {
+		mu.Lock()
+		refused = append(refused, r.Name)
+		mu.Unlock()
+	}
+	set := func(p *EgressPolicy) {
+		t.Helper()
+		if err := w.SetEgressPolicy(p, onRefused); err != nil {
+			t.Fatalf("SetEgressPolicy(%+v): %v", p, err)
+		}
+	}
+
+	// Positive control: without a policy the address is reached.
+	probe("no policy", map[string]string{"ip": ip}, map[string]string{"ip": "reached internet"})
+
+	set(&EgressPolicy{DefaultDeny: true, Allow: []EgressRule{{Domain: "ok.probe.test"}, {Domain: "*.wild.probe.test"}}})
+	probe("deny by default, nothing resolved", map[string]string{"ip": ip}, map[string]string{"ip": "blocked"})
+	probe("deny by default", map[string]string{"ok": "ok.probe.test:8080", "wild": "a.b.wild.probe.test:8080", "no": "no.probe.test:8080", "base": "wild.probe.test:8080"},
+		map[string]string{"ok": "reached internet", "wild": "reached internet", "no": "blocked", "base": "blocked"})
+	mu.Lock()
+	if !slices.Contains(refused, "no.probe.test") || !slices.Contains(refused, "wild.probe.test") || slices.Contains(refused, "ok.probe.test") {
+		t.Errorf("refusals reported: %q, want no.probe.test and wild.probe.test, not ok.probe.test", refused)
+	}
+	mu.Unlock()
+
+	// A change: the name is still allowed, on another port only; the
+	// wildcard is gone, so the address it resolved to is no more.
+	set(&EgressPolicy{DefaultDeny: true, Allow: []EgressRule{{Domain: "ok.probe.test", Ports: []uint16{9}}}})
+	probe("port 9 only", map[string]string{"ok": "ok.probe.test:8080", "ip": ip}, map[string]string{"ok": "blocked", "ip": "blocked"})
+	set(&EgressPolicy{DefaultDeny: true, Allow: []EgressRule{{Domain: "ok.probe.test", Ports: []uint16{9, internetPort}}}})
+	probe("port 8080 too", map[string]string{"ok": "ok.probe.test:8080"}, map[string]string{"ok": "reached internet"})
+
+	set(&EgressPolicy{Deny: []EgressRule{{Domain: "no.probe.test"}}})
+	probe("allow by default", map[string]string{"ok": "ok.probe.test:8080", "no": "no.probe.test:8080", "ip": ip},
+		map[string]string{"ok": "reached internet", "no": "blocked", "ip": "reached internet"})
+}
+
+// A policy on a workspace of network None, or an invalid one, is refused
+// naming the rule.
+func TestWorkspaceEgressPolicyRefused(t *testing.T) {
+	ex := tenantExecutor(t)
+	w := testWorkspace(t, ex, NetworkNone, false)
+	if err := w.SetEgressPolicy(&EgressPolicy{DefaultDeny: true}, nil); err == nil {
+		t.Error("a policy on a workspace of network None was accepted")
+	}
+	for _, p := range []EgressPolicy{
+		{Allow: []EgressRule{{Domain: "Example.com"}}},
+		{Allow: []EgressRule{{Domain: "a.*.example.com"}}},
+		{Deny: []EgressRule{{Domain: "example.com", Ports: []uint16{80}}}},
+		{Allow: []EgressRule{{Domain: "example.com", Ports: []uint16{0}}}},
+	} {
+		if err := p.Validate(); err == nil {
+			t.Errorf("policy %+v accepted", p)
+		}
+	}
+}
