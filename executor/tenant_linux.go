@@ -229,8 +229,20 @@ func (e *Executor) startTenant(t *Task) error {
 		sp.stdinW.Close()
 		sp.stdinW = nil
 	}
+	if p.Egress != nil && sp.net != nil {
+		g, err := e.egress.guard(sp.net, *p.Egress, p.EgressRefused)
+		if err != nil {
+			sp.discard()
+			return startErr(ErrIsolation, "the task's egress policy", err)
+		}
+		s.guard, l.cfg.ResolvConf = g, g.resolvPath
+	}
 	exitCh, ts, err := l.handshake(sp)
 	if err != nil {
+		if s.guard != nil {
+			s.guard.close()
+			s.guard = nil
+		}
 		return err
 	}
 	s.net, sp.net = sp.net, nil

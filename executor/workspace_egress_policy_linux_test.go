@@ -3,6 +3,7 @@
 package executor
 
 import (
+	"errors"
 	"net/netip"
 	"slices"
 	"sync"
@@ -89,5 +90,42 @@ func TestWorkspaceEgressPolicyRefused(t *testing.T) {
 		if err := p.Validate(); err == nil {
 			t.Errorf("policy %+v accepted", p)
 		}
+	}
+}
+
+// A task of network Egress without a workspace follows its Spec.Egress:
+// the allowed name is reached, the refused one and the bare address are
+// not; the task's resolver is gone with the task.
+func TestTaskEgressPolicy(t *testing.T) {
+	requireEgressHost(t)
+	ti := newTestInternet(t)
+	ex := tenantExecutor(t, func(c *Config) { c.Egress = egressTestConfig(ti) })
+	var refused []string
+	var mu sync.Mutex
+	newSpec := func() Spec {
+		spec := testSpec(t, "")
+		spec.Network = NetworkEgress
+		spec.Egress = &EgressPolicy{DefaultDeny: true, Allow: []EgressRule{{Domain: "ok.probe.test"}}}
+		spec.EgressRefused = func(r EgressRefusal) { mu.Lock(); refused = append(refused, r.Name); mu.Unlock() }
+		return spec
+	}
+	ip := netip.AddrPortFrom(ti.addr, internetPort).String()
+	got, rest := runProbesAs(t, ex, newSpec(), map[string]string{"ip": ip}, "")
+	if got["ip"] != "blocked" {
+		t.Errorf("the bare address before any lookup: %q (%q), want blocked", got["ip"], rest)
+	}
+	got, rest = runProbesAs(t, ex, newSpec(), map[string]string{"ok": "ok.probe.test:8080", "no": "no.probe.test:8080"}, "")
+	if got["ok"] != "reached internet" || got["no"] != "blocked" {
+		t.Errorf("names: %v (%q), want ok reached and no blocked", got, rest)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if !slices.Contains(refused, "no.probe.test") {
+		t.Errorf("refusals %q, want no.probe.test", refused)
+	}
+	spec := newSpec()
+	spec.Workspace = &WorkspaceTask{}
+	if _, err := ex.Start(spec); !errors.Is(err, ErrInvalidSpec) {
+		t.Errorf("Start with Egress and a workspace: %v, want ErrInvalidSpec", err)
 	}
 }

@@ -137,3 +137,24 @@ func (ws *workspaces) updateEgressLocked(w *workspace, spec *agentv1.EgressPolic
 	w.egressApplied = w.ex != nil
 	return nil
 }
+
+// execEgress converts a task's policy unchecked: the executor's Start
+// checks it and fails the task naming the rule. A port over 65535
+// becomes 0, which that check refuses, rather than wrapping around.
+func execEgress(p *agentv1.EgressPolicy) *executor.EgressPolicy {
+	conv := func(rules []*agentv1.EgressRule) []executor.EgressRule {
+		var out []executor.EgressRule
+		for _, r := range rules {
+			er := executor.EgressRule{Domain: r.GetDomain()}
+			for _, port := range r.GetPorts() {
+				if port > 65535 {
+					port = 0
+				}
+				er.Ports = append(er.Ports, uint16(port))
+			}
+			out = append(out, er)
+		}
+		return out
+	}
+	return &executor.EgressPolicy{DefaultDeny: p.GetDefaultDeny(), Allow: conv(p.GetAllow()), Deny: conv(p.GetDeny())}
+}

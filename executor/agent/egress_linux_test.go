@@ -67,7 +67,7 @@ func testResolver(t *testing.T) string {
 // zone and refuses the others, the refusals are in the workspace's
 // status, a new policy in EnsureWorkspace applies to the next lookups,
 // and a policy for another network or with a bad rule is refused naming
-// the field.
+// the field. A task without a workspace follows its TaskSpec's policy.
 func TestWorkspaceEgressPolicyService(t *testing.T) {
 	resolver := testResolver(t)
 	pid := os.Getpid()
@@ -132,5 +132,12 @@ func TestWorkspaceEgressPolicyService(t *testing.T) {
 	}
 	if _, err := wc.DeleteWorkspace(t.Context(), &agentv1.DeleteWorkspaceRequest{Uid: "we"}); err != nil {
 		t.Fatal(err)
+	}
+	// A task without a workspace, with a policy of its own.
+	spec := taskSpec("e3", lookups)
+	spec.Network, spec.Egress = "Egress", allow("*.wild.zone.test")
+	res = r.runTask(spec)
+	if want := "ok.zone.test refused\na.wild.zone.test " + egressZoneAddr + "\nno.zone.test refused\n"; res.GetStdout().GetTail() != want {
+		t.Errorf("lookups of a task with spec.egress: %q (%s %q), want %q", res.GetStdout().GetTail(), res.GetReason(), res.GetMessage(), want)
 	}
 }
