@@ -72,7 +72,7 @@ type EgressRule struct {
 	// +kubebuilder:validation:MinLength=1
 	// +kubebuilder:validation:MaxLength=253
 	// +kubebuilder:validation:XValidation:rule="self.matches('^(\\\\*\\\\.)?([a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?\\\\.)*[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$')",message="domain must be a lower-case DNS name such as example.com, or *. followed by one such as *.example.com (labels of letters, digits and hyphens, 1 to 63 characters each)"
-	Domain string `json:"domain"`
+	Domain string `json:"domain,omitempty"`
 
 	// ports are the TCP and UDP destination ports an allow rule lets
 	// through, 1 to 65535, at most 16. Unset: every port and protocol.
