@@ -3,6 +3,7 @@
 package executor
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"maps"
@@ -200,11 +201,12 @@ func (g *egressGuard) serve() error {
 	if err != nil {
 		return fmt.Errorf("the workspace's resolver on %s: %w", addr, err)
 	}
-	g.servers = append(g.servers, &dns.Server{PacketConn: pc, Handler: g})
 	l, err := net.Listen("tcp4", addr)
 	if err != nil {
+		pc.Close()
 		return fmt.Errorf("the workspace's resolver on %s/tcp: %w", addr, err)
 	}
+	g.servers = append(g.servers, &dns.Server{PacketConn: pc, Handler: g})
 	g.servers = append(g.servers, &dns.Server{Listener: l, Handler: g})
 	for _, s := range g.servers {
 		started := make(chan struct{})
@@ -349,7 +351,10 @@ func appendKey(a, p []nftables.SetElement, k egressKey) ([]nftables.SetElement, 
 // nftables objects and resolv.conf. Safe on a guard half made.
 func (g *egressGuard) close() {
 	for _, s := range g.servers {
-		_ = s.Shutdown()
+		// Bounded: a query in flight may wait for an upstream resolver.
+		ctx, cancel := context.WithTimeout(context.Background(), egressUpstreamTimeout)
+		_ = s.ShutdownContext(ctx)
+		cancel()
 	}
 	close(g.stop)
 	g.stopped.Wait()

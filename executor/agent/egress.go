@@ -73,25 +73,25 @@ func (ws *workspaces) applyEgress(w *workspace) error {
 	if w.ex == nil {
 		return nil
 	}
-	if err := w.ex.SetEgressPolicy(w.rec.Egress, ws.egressRefused(w.rec.UID)); err != nil {
+	if err := w.ex.SetEgressPolicy(w.rec.Egress, ws.egressRefused(w)); err != nil {
 		return status.Errorf(codes.Internal, "applying workspace %s's egress policy: %v", w.rec.UID, err)
 	}
 	return nil
 }
 
-// egressRefused counts a refusal of workspace uid's resolver and keeps it
-// among the workspace's recent refusals (WorkspaceStatus.egress_refusals).
-func (ws *workspaces) egressRefused(uid string) func(executor.EgressRefusal) {
+// egressRefused counts a refusal of w's resolver and keeps it among the
+// workspace's recent refusals (WorkspaceStatus.egress_refusals). It takes
+// refusalsMu only, never s.mu: the resolver's shutdown, which waits for
+// this, may run under s.mu.
+func (ws *workspaces) egressRefused(w *workspace) func(executor.EgressRefusal) {
 	s := ws.s
 	return func(r executor.EgressRefusal) {
 		if s.metrics != nil {
 			s.metrics.EgressRefusals.WithLabelValues("dns").Inc()
 		}
-		s.mu.Lock()
-		defer s.mu.Unlock()
-		if w := ws.byUID[uid]; w != nil {
-			w.refusals = noteRefusal(w.refusals, r.Name, time.Now())
-		}
+		ws.refusalsMu.Lock()
+		w.refusals = noteRefusal(w.refusals, r.Name, time.Now())
+		ws.refusalsMu.Unlock()
 	}
 }
 

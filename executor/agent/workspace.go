@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"google.golang.org/grpc/codes"
@@ -47,6 +48,9 @@ type workspaces struct {
 
 	byUID  map[string]*workspace
 	taskWS map[string]*workspace // running task UID -> its workspace
+	// refusalsMu guards each workspace's refusals, which its resolver's
+	// goroutines write without s.mu.
+	refusalsMu sync.Mutex
 	// taskFresh are the managed variables' names each running task of a
 	// workspace was started with: set anew for every task, they never
 	// carry and the carry message does not name them.
@@ -81,7 +85,8 @@ type workspace struct {
 	// workspace is on the node; nil on the node's root, or when it could
 	// not be acquired after a restart (its tasks then fail to start).
 	img *image.Image
-	// refusals are the names its egress policy refused most recently.
+	// refusals are the names its egress policy refused most recently,
+	// under workspaces.refusalsMu.
 	refusals []*agentv1.EgressRefusal
 	// egressApplied is set once the executor enforces rec.Egress.
 	egressApplied bool
@@ -622,9 +627,11 @@ func (ws *workspaces) statusLocked(w *workspace) *agentv1.WorkspaceStatus {
 		ForkedFrom:      r.ForkedFrom,
 		Image:           workspaceImageStatus(w),
 	}
+	ws.refusalsMu.Lock()
 	for _, x := range w.refusals {
 		st.EgressRefusals = append(st.EgressRefusals, &agentv1.EgressRefusal{Name: x.GetName(), Count: x.GetCount(), LastUnixMillis: x.GetLastUnixMillis()})
 	}
+	ws.refusalsMu.Unlock()
 	if r.CarryWorkingDir {
 		st.WorkingDir = executor.WorkspaceView(r.CarriedDir)
 	}
