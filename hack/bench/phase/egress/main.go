@@ -84,8 +84,7 @@ func (p *Phase) Run(ctx context.Context, _ *phase.Env) (phase.Figures, error) {
 	if err != nil {
 		return nil, err
 	}
-	defer plain.Remove()
-	defer policed.Remove()
+	defer func() { _ = plain.Remove(); _ = policed.Remove() }()
 	var a, b []time.Duration
 	for i := range p.rounds {
 		for _, v := range []struct {
@@ -126,7 +125,7 @@ func (p *Phase) executor(dir string, resolver netip.Addr) (*executor.Executor, e
 	}
 	if !ex.Capabilities().Egress {
 		ex.Close()
-		return nil, fmt.Errorf("egress: network Egress is not available: %v", ex.EgressError())
+		return nil, fmt.Errorf("egress: network Egress is not available: %w", ex.EgressError())
 	}
 	return ex, nil
 }
@@ -139,13 +138,13 @@ func workspaces(ex *executor.Executor) (plain, policed *executor.Workspace, err 
 		return nil, nil, err
 	}
 	if policed, err = ex.OpenWorkspace(executor.WorkspaceOptions{ID: "bench-egress-policy", UID: base + 1, GID: base + 1, Network: executor.NetworkEgress}); err != nil {
-		plain.Remove()
+		_ = plain.Remove()
 		return nil, nil, err
 	}
 	pol := &executor.EgressPolicy{DefaultDeny: true, Allow: []executor.EgressRule{{Domain: serverName, Ports: []uint16{serverPort}}}}
 	if err := policed.SetEgressPolicy(pol, nil); err != nil {
-		plain.Remove()
-		policed.Remove()
+		_ = plain.Remove()
+		_ = policed.Remove()
 		return nil, nil, err
 	}
 	return plain, policed, nil
