@@ -3,11 +3,16 @@
 package executor
 
 import (
+	"bufio"
 	"errors"
+	"fmt"
+	"net"
 	"net/netip"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
+	"time"
 )
 
 // A workspace's egress policy, served by the test internet's resolver
@@ -127,5 +132,64 @@ func TestTaskEgressPolicy(t *testing.T) {
 	spec.Workspace = &WorkspaceTask{}
 	if _, err := ex.Start(spec); !errors.Is(err, ErrInvalidSpec) {
 		t.Errorf("Start with Egress and a workspace: %v, want ErrInvalidSpec", err)
+	}
+}
+
+// A connection open when the policy changes stays open, while a new one
+// to the address its name resolved to is dropped.
+func TestWorkspaceEgressPolicyKeepsOpenConnections(t *testing.T) {
+	requireEgressHost(t)
+	ti := newTestInternet(t)
+	ex := tenantExecutor(t, func(c *Config) { c.Egress = egressTestConfig(ti) })
+	w := testWorkspace(t, ex, NetworkEgress, false)
+	if err := w.SetEgressPolicy(&EgressPolicy{DefaultDeny: true, Allow: []EgressRule{{Domain: "ok.probe.test"}}}, nil); err != nil {
+		t.Fatal(err)
+	}
+	// A server that says a line, waits until the test changed the
+	// policy, says go, waits for the task's line and answers it: the
+	// task's packets after the change cross the policy's chain.
+	accepted, changed := make(chan struct{}), make(chan struct{})
+	if err := inNetns(ti.ns, func() error {
+		l, err := net.Listen("tcp4", netip.AddrPortFrom(ti.addr, 8081).String())
+		if err != nil {
+			return err
+		}
+		t.Cleanup(func() { l.Close() })
+		go func() {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			defer c.Close()
+			fmt.Fprintln(c, "before")
+			close(accepted)
+			<-changed
+			fmt.Fprintln(c, "go")
+			_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+			if line, err := bufio.NewReader(c).ReadString('\n'); err == nil {
+				fmt.Fprintln(c, "after "+strings.TrimSpace(line))
+			}
+		}()
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	task, err := ex.Start(wsSpec(t, w, `exec 3<>/dev/tcp/ok.probe.test/8081 && read -t 5 a <&3 && read -t 5 g <&3 && echo ping >&3 && read -t 5 b <&3; echo "$a $b"
+if timeout 3 bash -c 'exec 3<>/dev/tcp/`+ti.addr.String()+`/8080'; then echo new reached; else echo new blocked; fi`, "", false))
+	if err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-accepted:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the task did not connect")
+	}
+	if err := w.SetEgressPolicy(&EgressPolicy{DefaultDeny: true, Allow: []EgressRule{{Domain: "other.probe.test"}}}, nil); err != nil {
+		t.Fatal(err)
+	}
+	close(changed)
+	res := wait(t, task)
+	if got := res.Stdout.Tail; got != "before after ping\nnew blocked\n" {
+		t.Errorf("stdout %q (stderr %q), want the open connection's two lines and the new one blocked", got, res.Stderr.Tail)
 	}
 }
