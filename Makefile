@@ -411,9 +411,11 @@ BENCH_MCP           := $(if $(filter 1 true yes,$(BENCH_SKIP_MCP)),,1)
 BENCH_SNAPSHOT      := $(if $(filter 1 true yes,$(BENCH_SKIP_SNAPSHOT)),,1)
 # The resume bench needs root (workspaces need the tenant level).
 BENCH_RESUME        := $(if $(filter 1 true yes,$(BENCH_SKIP_RESUME)),,$(if $(filter 0,$(shell id -u)),1))
+# The egress bench needs root too (network namespaces, nftables).
+BENCH_EGRESS        := $(if $(filter 1 true yes,$(BENCH_SKIP_EGRESS)),,$(if $(filter 0,$(shell id -u)),1))
 bench_empty         :=
 bench_space         := $(bench_empty) $(bench_empty)
-BENCH_PHASES        ?= $(subst $(bench_space),$(comma),$(strip $(if $(BENCH_EXECUTOR),executor) $(if $(BENCH_OUTPUT),output) \
+BENCH_PHASES        ?= $(subst $(bench_space),$(comma),$(strip $(if $(BENCH_EXECUTOR),executor) $(if $(BENCH_EGRESS),egress) $(if $(BENCH_OUTPUT),output) \
                        $(if $(BENCH_SNAPSHOT),snapshot) $(if $(BENCH_RESUME),resume) $(if $(BENCH_SESSION),session) $(if $(BENCH_TERMINAL),terminal) $(if $(BENCH_MCP),mcp) system))
 comma               := ,
 

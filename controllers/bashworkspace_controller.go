@@ -77,6 +77,9 @@ type BashWorkspaceReconciler struct {
 
 	keptMu sync.Mutex
 	kept   map[types.NamespacedName]types.UID // managed workspaces kept past their idle timeout, with the event sent
+
+	refusedMu sync.Mutex
+	refused   map[types.UID]map[string]int64 // egress refusals reported as events: name -> agent's count
 }
 
 // NewBashWorkspaceReconciler returns a reconciler. c is the manager's
@@ -86,7 +89,7 @@ type BashWorkspaceReconciler struct {
 func NewBashWorkspaceReconciler(c client.Client, apiReader client.Reader, agents WorkspaceAgents, recorder events.EventRecorder, clk clock.PassiveClock, opts Options) *BashWorkspaceReconciler {
 	return &BashWorkspaceReconciler{
 		client: c, apiReader: apiReader, agents: agents, recorder: recorder, clock: clk, opts: opts,
-		kept: map[types.NamespacedName]types.UID{},
+		kept: map[types.NamespacedName]types.UID{}, refused: map[types.UID]map[string]int64{},
 	}
 }
 
@@ -321,6 +324,7 @@ func (r *BashWorkspaceReconciler) reconcilePending(ctx context.Context, ws *bash
 		return res, err
 	}
 	applyWorkspaceStatus(ws, resp.GetStatus(), node)
+	setEgressCondition(ws)
 	r.noteNoSnapshots(ws)
 	if f := resp.GetStatus().GetForkedFrom(); f != nil && src != nil {
 		r.forked(ws, src, f, spec.GetRestoreFrom(), p)
@@ -393,6 +397,8 @@ func (r *BashWorkspaceReconciler) reconcileReady(ctx context.Context, ws *bashta
 		return reconcile.Result{}, fmt.Errorf("reading workspace %s: %w", klog.KObj(ws), err)
 	}
 	applyWorkspaceStatus(ws, st, node)
+	setEgressCondition(ws)
+	r.egressRefusalEvents(ws, st, p)
 	r.noteNoSnapshots(ws)
 	res, done, err := r.snapshots(ctx, ws, p)
 	if done || err != nil {
@@ -652,6 +658,7 @@ func (r *BashWorkspaceReconciler) removeFinalizer(ctx context.Context, ws *basht
 		return nil
 	}
 	patch := client.MergeFromWithOptions(ws.DeepCopy(), client.MergeFromWithOptimisticLock{})
+	r.forgetRefusals(ws.UID)
 	controllerutil.RemoveFinalizer(ws, WorkspaceFinalizer)
 	if err := r.client.Patch(ctx, ws, patch); err != nil && !apierrors.IsNotFound(err) {
 		return fmt.Errorf("removing finalizer from %s: %w", klog.KObj(ws), err)

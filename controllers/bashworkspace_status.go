@@ -38,6 +38,7 @@ func workspaceSpec(ws *bashtaskv1alpha1.BashWorkspace) *agentv1.WorkspaceSpec {
 		// A draining agent waits only for the workspaces the controller
 		// moves (drained).
 		Pinned: ptr.Deref(ws.Spec.NodeName, "") != "",
+		Egress: egressPolicySpec(ws.Spec.Egress),
 	}
 	if ws.Spec.Storage != nil {
 		spec.StorageBytes = ws.Spec.Storage.Value()

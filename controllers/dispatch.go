@@ -494,6 +494,7 @@ func (r *BashTaskReconciler) taskSpec(bt *bashtaskv1alpha1.BashTask, in *resolve
 		KillGrace: durationpb.New(taskKillGrace(&bt.Spec)),
 		Output:    out,
 		Network:   string(ptr.Deref(bt.Spec.Network, "")),
+		Egress:    egressPolicySpec(bt.Spec.Egress),
 		Workspace: in.workspace,
 		Image:     in.image,
 		Tty:       ptr.Deref(bt.Spec.TTY, false),

@@ -46,7 +46,10 @@ import (
 //     destination in the denied ranges (BuiltinEgressDeny, the task range,
 //     EgressConfig.Deny) is dropped, but DNS to a resolver; to a task link
 //     only replies (conntrack established or related) pass;
-//   - postrouting (nat): the task range is masqueraded.
+//   - postrouting (nat): the task range is masqueraded;
+//   - policy and policydns, regular chains the forward chain (after the
+//     IPv6 rule) and the input chain (before its drop) jump to, where a
+//     workspace's egress policy adds its rules (egressGuard).
 //
 // A drop in any base chain of any table is final in netfilter, so rules of
 // other tables (kube-proxy, a CNI) cannot let through what these drop.
@@ -172,6 +175,9 @@ func (e *egress) writeTable() error {
 	accept := nftables.ChainPolicyAccept
 	input := c.AddChain(&nftables.Chain{Name: "input", Table: t, Type: nftables.ChainTypeFilter, Hooknum: nftables.ChainHookInput, Priority: nftables.ChainPriorityFilter, Policy: &accept})
 	forward := c.AddChain(&nftables.Chain{Name: "forward", Table: t, Type: nftables.ChainTypeFilter, Hooknum: nftables.ChainHookForward, Priority: nftables.ChainPriorityFilter, Policy: &accept})
+	// The workspaces' egress policies (egressGuard) hang from these.
+	policy := c.AddChain(&nftables.Chain{Name: egressPolicyChain, Table: t})
+	policyDNS := c.AddChain(&nftables.Chain{Name: egressPolicyDNSChain, Table: t})
 	post := c.AddChain(&nftables.Chain{Name: "postrouting", Table: t, Type: nftables.ChainTypeNAT, Hooknum: nftables.ChainHookPostrouting, Priority: nftables.ChainPriorityNATSource, Policy: &accept})
 	rule := func(ch *nftables.Chain, exprs ...[]expr.Any) {
 		var all []expr.Any
@@ -191,12 +197,14 @@ func (e *egress) writeTable() error {
 			rule(input, fromTask, ipv4Dst(netip.PrefixFrom(r, 32)), dport(proto, 53), accepted)
 		}
 	}
+	rule(input, fromTask, jump(policyDNS))
 	rule(input, fromTask, dropped)
 
 	// forward: no task to task, no IPv6, DNS to the resolvers, no denied
 	// range; replies only towards tasks.
 	rule(forward, fromTask, toTask, dropped)
 	rule(forward, fromTask, nfproto(unix.NFPROTO_IPV6), dropped)
+	rule(forward, fromTask, jump(policy))
 	for _, r := range p.resolvers {
 		for _, proto := range []byte{unix.IPPROTO_UDP, unix.IPPROTO_TCP} {
 			rule(forward, fromTask, ipv4Dst(netip.PrefixFrom(r, 32)), dport(proto, 53), accepted)
@@ -274,6 +282,10 @@ func ctReply() []expr.Any {
 }
 
 func verdict(k expr.VerdictKind) []expr.Any { return []expr.Any{&expr.Verdict{Kind: k}} }
+
+func jump(ch *nftables.Chain) []expr.Any {
+	return []expr.Any{&expr.Verdict{Kind: expr.VerdictJump, Chain: ch.Name}}
+}
 
 // close deletes the table and every task link left, and the resolv.conf.
 func (e *egress) close() error {

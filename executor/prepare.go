@@ -177,5 +177,13 @@ func (e *Executor) prepareNetwork(p *prepared) error {
 		}
 		return startErr(ErrIsolation, "network egress is not available: this executor was not configured for it", nil)
 	}
+	if p.Egress != nil {
+		if network != NetworkEgress || p.Workspace != nil {
+			return startErr(ErrInvalidSpec, "an egress policy needs network Egress and no workspace (a workspace's tasks follow the workspace's)", nil)
+		}
+		if err := p.Egress.Validate(); err != nil {
+			return startErr(ErrInvalidSpec, "", err)
+		}
+	}
 	return nil
 }

@@ -61,7 +61,8 @@ type taskSys struct {
 	tenant      *tenantSys // nil at the process level
 	pooledShim  bool       // the task's shim was started ahead of it
 	iso         IsolationResult
-	net         *egressLink // NetworkEgress: the task's veth pair, released when it ended
+	net         *egressLink  // NetworkEgress: the task's veth pair, released when it ended
+	guard       *egressGuard // Spec.Egress: its enforcement on net, closed when the task ended
 
 	stdinW           *os.File // nil when stdin is /dev/null
 	stdoutR, stderrR *os.File
@@ -388,6 +389,9 @@ func (t *Task) supervise() {
 		}
 	}
 	// Every process of the task is gone: its address may be reused.
+	if s.guard != nil {
+		s.guard.close()
+	}
 	s.net.release()
 	_ = s.proc.Release()
 	stdout, err := t.stdout.finish()

@@ -222,6 +222,14 @@ type Spec struct {
 	// NetworkNone needs IsolationTenant, else Start fails with
 	// ErrInvalidSpec.
 	Network Network
+	// Egress limits the names a task of NetworkEgress without a Workspace
+	// reaches, as [Workspace.SetEgressPolicy] does for a workspace's; nil
+	// allows everything. With another network or a Workspace, Start fails
+	// with ErrInvalidSpec.
+	Egress *EgressPolicy
+	// EgressRefused, when not nil, is called for each name the task's
+	// resolver refuses under Egress.
+	EgressRefused func(EgressRefusal)
 	// Workspace runs the task in a workspace (IsolationTenant only): as
 	// its UID and GID, in its network, with its root at WorkspaceHome
 	// (also HOME), starting in its Dir. WorkingDir, Network, User and

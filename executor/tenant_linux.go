@@ -158,6 +158,9 @@ func (l *shimLaunch) workspace(p *prepared) {
 	if fd, err := wt.Workspace.netnsFD(); err == nil && fd >= 0 {
 		l.netns, l.cfg.NetNS = fd, true
 	}
+	if rc := wt.Workspace.resolvConf(); rc != "" {
+		l.cfg.ResolvConf = rc
+	}
 }
 
 // startTenant starts t at the tenant level: it takes a shim started ahead
@@ -226,8 +229,20 @@ func (e *Executor) startTenant(t *Task) error {
 		sp.stdinW.Close()
 		sp.stdinW = nil
 	}
+	if p.Egress != nil && sp.net != nil {
+		g, err := e.egress.guard(sp.net, *p.Egress, p.EgressRefused)
+		if err != nil {
+			sp.discard()
+			return startErr(ErrIsolation, "the task's egress policy", err)
+		}
+		s.guard, l.cfg.ResolvConf = g, g.resolvPath
+	}
 	exitCh, ts, err := l.handshake(sp)
 	if err != nil {
+		if s.guard != nil {
+			s.guard.close()
+			s.guard = nil
+		}
 		return err
 	}
 	s.net, sp.net = sp.net, nil

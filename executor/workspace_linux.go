@@ -21,10 +21,11 @@ import (
 
 // workspaceSys is what the executor holds of a workspace on Linux.
 type workspaceSys struct {
-	mu   sync.Mutex
-	root *os.File       // the root directory, opened without following links; nil once closed
-	ns   netns.NsHandle // the workspace's network namespace; -1 for NetworkNode or once closed
-	link *egressLink    // NetworkEgress: its veth pair and address slot
+	mu    sync.Mutex
+	root  *os.File       // the root directory, opened without following links; nil once closed
+	ns    netns.NsHandle // the workspace's network namespace; -1 for NetworkNode or once closed
+	link  *egressLink    // NetworkEgress: its veth pair and address slot
+	guard *egressGuard   // NetworkEgress with an egress policy set: its enforcement
 	// loop is the loop device (/dev/loopN) of the workspace's file
 	// system as it was mounted when the executor took the workspace; ""
 	// without one or when it was not found.
@@ -307,6 +308,10 @@ func (w *Workspace) Close() error {
 	if w.sys.ns >= 0 {
 		w.sys.ns.Close()
 		w.sys.ns = -1
+	}
+	if w.sys.guard != nil {
+		w.sys.guard.close()
+		w.sys.guard = nil
 	}
 	w.sys.link.release()
 	w.sys.link = nil

@@ -46,3 +46,11 @@ func (w *Workspace) CopyImageFrozen(string) (*ForkStats, error) { return nil, Er
 
 // Adopt needs Linux: it returns ErrUnsupported.
 func (w *Workspace) Adopt(uint32, uint32) error { return ErrUnsupported }
+
+// SetEgressPolicy needs Linux: it returns ErrUnsupported for a policy.
+func (w *Workspace) SetEgressPolicy(p *EgressPolicy, _ func(EgressRefusal)) error {
+	if p == nil {
+		return nil
+	}
+	return ErrUnsupported
+}

@@ -116,6 +116,8 @@ type StdinStream struct {
 // +kubebuilder:validation:XValidation:rule="!has(self.workspace) || (!has(self.nodeName) && !has(self.nodeSelector))",message="spec.nodeName and spec.nodeSelector must be unset with spec.workspace: the task runs on the workspace's node"
 // +kubebuilder:validation:XValidation:rule="!has(self.workspace) || (!has(self.image) && !has(self.imagePullSecrets))",message="spec.image and spec.imagePullSecrets must be unset with spec.workspace: the task runs in the workspace's image (its spec.image)"
 // +kubebuilder:validation:XValidation:rule="has(self.image) == has(oldSelf.image)",message="spec.image is immutable (it cannot be added or removed): a task runs its command once. To run a new command, create a task with a new name; Argo CD does that with the sync options Force=true,Replace=true or a hook with hook-delete-policy BeforeHookCreation, Flux with the annotation kustomize.toolkit.fluxcd.io/force: enabled"
+// +kubebuilder:validation:XValidation:rule="!has(self.egress) || (!has(self.workspace) && has(self.network) && self.network == 'Egress')",message="spec.egress needs spec.network Egress and no spec.workspace (a workspace's tasks follow its spec.egress)"
+// +kubebuilder:validation:XValidation:rule="has(self.egress) == has(oldSelf.egress)",message="spec.egress is immutable (it cannot be added or removed): a task runs its command once; a workspace's spec.egress may change"
 // +kubebuilder:validation:XValidation:rule="!has(self.workspace) || !has(self.network)",message="spec.network must be unset with spec.workspace: the task gets the workspace's network (its spec.network)"
 // +kubebuilder:validation:XValidation:rule="!has(self.workspace) || !has(self.resources) || !has(self.resources.ephemeralStorage)",message="spec.resources.ephemeralStorage must be unset with spec.workspace: the task writes to the workspace, whose size is its spec.storage"
 // +kubebuilder:validation:XValidation:rule="!has(self.workingDir) || has(self.workspace) || self.workingDir.startsWith('/')",message="workingDir must be an absolute path (start with /); with spec.workspace it may also be relative to the workspace's root"
@@ -290,6 +292,13 @@ type BashTaskSpec struct {
 	// +optional
 	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="spec.network is immutable: a task runs its command once. To run a new command, create a task with a new name; Argo CD does that with the sync options Force=true,Replace=true or a hook with hook-delete-policy BeforeHookCreation, Flux with the annotation kustomize.toolkit.fluxcd.io/force: enabled"
 	Network *TaskNetwork `json:"network,omitempty"`
+
+	// egress limits the domain names the task reaches (docs/egress.md):
+	// needs network Egress and no workspace (a workspace's tasks follow
+	// its spec.egress). Unset: no limit by name. Immutable.
+	// +optional
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="spec.egress of a BashTask is immutable: a workspace's spec.egress is the one that may change"
+	Egress *EgressPolicy `json:"egress,omitempty"`
 
 	// workspace names a BashWorkspace in the task's namespace to run in:
 	// as its UID, in its network, with its HOME, starting in the directory

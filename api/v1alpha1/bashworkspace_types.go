@@ -32,6 +32,7 @@ const (
 // +kubebuilder:validation:XValidation:rule="has(self.nodeSelector) == has(oldSelf.nodeSelector)",message="spec.nodeSelector of a BashWorkspace is immutable (it cannot be added or removed): the workspace's files live on its node"
 // +kubebuilder:validation:XValidation:rule="has(self.storage) == has(oldSelf.storage)",message="spec.storage of a BashWorkspace is immutable (it cannot be added or removed): its file system is made once"
 // +kubebuilder:validation:XValidation:rule="has(self.network) == has(oldSelf.network)",message="spec.network of a BashWorkspace is immutable (it cannot be added or removed): its tasks share one network namespace"
+// +kubebuilder:validation:XValidation:rule="!has(self.egress) || (has(self.network) && self.network == 'Egress')",message="spec.egress needs spec.network Egress: only that network's connections go through the agent's resolver and rules"
 // +kubebuilder:validation:XValidation:rule="has(self.image) == has(oldSelf.image)",message="spec.image of a BashWorkspace is immutable (it cannot be added or removed): its files are changes on top of that image; create a new workspace for another image"
 // +kubebuilder:validation:XValidation:rule="has(self.source) == has(oldSelf.source)",message="spec.source of a BashWorkspace is immutable (it cannot be added or removed): a workspace is copied once, when it is made"
 type BashWorkspaceSpec struct {
@@ -82,6 +83,14 @@ type BashWorkspaceSpec struct {
 	// +optional
 	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="spec.network of a BashWorkspace is immutable: its tasks share one network namespace"
 	Network *TaskNetwork `json:"network,omitempty"`
+
+	// egress limits the domain names the workspace's tasks reach
+	// (docs/egress.md); needs network Egress. It may change while the
+	// workspace lives: new connections follow within a second, open ones
+	// stay open, and the EgressPolicy condition names the generation in
+	// force. Unset: no limit by name.
+	// +optional
+	Egress *EgressPolicy `json:"egress,omitempty"`
 
 	// image is the OCI image whose file system the workspace's tasks run
 	// in: its layers are the read-only lower layers of the tasks' root,

@@ -57,6 +57,14 @@ func (s *Server) toExecSpec(spec *agentv1.TaskSpec) executor.Spec {
 	if n, ok := execNetwork(spec.GetNetwork()); ok {
 		es.Network = n
 	}
+	if p := spec.GetEgress(); p != nil {
+		es.Egress = execEgress(p)
+		es.EgressRefused = func(executor.EgressRefusal) {
+			if s.metrics != nil {
+				s.metrics.EgressRefusals.WithLabelValues("dns").Inc()
+			}
+		}
+	}
 	es.StdinStream = execStdinStream(spec.GetStdinStream())
 	if spec.GetTty() {
 		es.Terminal = &executor.TerminalSpec{Size: DefaultTerminalSize}

@@ -34,6 +34,9 @@ type Metrics struct {
 	// LeaderEpoch is the newest leader epoch seen (the Lease's
 	// leaseTransitions of the controller that sent it); 0 before any.
 	LeaderEpoch prometheus.Gauge
+	// EgressRefusals counts what workspaces' egress policies refused, by
+	// reason: "dns" for a name the resolver refused (docs/egress.md).
+	EgressRefusals *prometheus.CounterVec
 }
 
 // NewMetrics creates the metrics and registers them with reg (nil: not
@@ -59,9 +62,11 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			Name: "fenced_requests_total", Help: "Requests refused because they came from a leader epoch older than the newest seen, by RPC."}, []string{"rpc"}),
 		LeaderEpoch: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub,
 			Name: "leader_epoch", Help: "Newest controller leader epoch (Lease transitions) this agent has seen."}),
+		EgressRefusals: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
+			Name: "egress_refusals_total", Help: "Refusals of workspaces' egress policies, by reason (dns: a name the resolver refused)."}, []string{"reason"}),
 	}
 	if reg != nil {
-		for _, c := range []prometheus.Collector{m.Running, m.Finished, m.OutputBytes, m.LeftoverKilled, m.Uploads, m.UploadBacklog, m.TaskShims, m.FencedRequests, m.LeaderEpoch} {
+		for _, c := range []prometheus.Collector{m.Running, m.Finished, m.OutputBytes, m.LeftoverKilled, m.Uploads, m.UploadBacklog, m.TaskShims, m.FencedRequests, m.LeaderEpoch, m.EgressRefusals} {
 			if err := reg.Register(c); err != nil {
 				return nil, err
 			}

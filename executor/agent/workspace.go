@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"google.golang.org/grpc/codes"
@@ -47,6 +48,9 @@ type workspaces struct {
 
 	byUID  map[string]*workspace
 	taskWS map[string]*workspace // running task UID -> its workspace
+	// refusalsMu guards each workspace's refusals, which its resolver's
+	// goroutines write without s.mu.
+	refusalsMu sync.Mutex
 	// taskFresh are the managed variables' names each running task of a
 	// workspace was started with: set anew for every task, they never
 	// carry and the carry message does not name them.
@@ -81,6 +85,11 @@ type workspace struct {
 	// workspace is on the node; nil on the node's root, or when it could
 	// not be acquired after a restart (its tasks then fail to start).
 	img *image.Image
+	// refusals are the names its egress policy refused most recently,
+	// under workspaces.refusalsMu.
+	refusals []*agentv1.EgressRefusal
+	// egressApplied is set once the executor enforces rec.Egress.
+	egressApplied bool
 }
 
 // newWorkspace returns a table entry for rec.
@@ -179,6 +188,11 @@ func (ws *workspaces) takeUp(ctx context.Context) {
 		}
 		s.mu.Lock()
 		w.ex = xw
+		if err := ws.applyEgress(w); err != nil {
+			s.log.Error("applying a taken-up workspace's egress policy", "workspace", w.rec.UID, "err", err)
+		} else {
+			w.egressApplied = true
+		}
 		s.mu.Unlock()
 	}
 }
@@ -368,6 +382,9 @@ func (ws *workspaces) updateLocked(w *workspace, spec *agentv1.WorkspaceSpec) (*
 		return nil, status.Errorf(codes.FailedPrecondition, "workspace %s has storage of %d bytes, the request asks for %d: the storage is immutable",
 			w.rec.UID, w.rec.StorageBytes, size)
 	}
+	if err := ws.updateEgressLocked(w, spec.GetEgress()); err != nil {
+		return nil, err
+	}
 	if w.rec.CarryWorkingDir != spec.GetCarryWorkingDir() || w.rec.CarryEnv != spec.GetCarryEnv() || w.rec.Owner != spec.GetOwner() || w.rec.Pinned != spec.GetPinned() {
 		w.rec.CarryWorkingDir, w.rec.CarryEnv, w.rec.Owner = spec.GetCarryWorkingDir(), spec.GetCarryEnv(), spec.GetOwner()
 		w.rec.Pinned = spec.GetPinned()
@@ -445,6 +462,10 @@ func (ws *workspaces) createLocked(ctx context.Context, spec *agentv1.WorkspaceS
 	if err != nil {
 		return fail(err)
 	}
+	egress, err := egressPolicy(spec.GetEgress(), network)
+	if err != nil {
+		return fail(err)
+	}
 	size := ws.storage(spec.GetStorageBytes())
 	if capBytes := s.ex.DiskCap(); capBytes > 0 && size > capBytes {
 		return fail(status.Errorf(codes.InvalidArgument, "spec.storage_bytes %d is over the agent's cap of %d bytes (--task-disk-cap)", size, capBytes))
@@ -461,6 +482,7 @@ func (ws *workspaces) createLocked(ctx context.Context, spec *agentv1.WorkspaceS
 		StorageBytes: size, StorageEnforced: size > 0, Network: network,
 		CarryWorkingDir: spec.GetCarryWorkingDir(), CarryEnv: spec.GetCarryEnv(),
 		TaskUID: taskUID, CreateTime: time.Now().UTC(), Epoch: ref.GetEpoch(), Pinned: spec.GetPinned(),
+		Egress: egress,
 	}
 	rec.ImageNamed = spec.GetImage().GetNodeRoot() || spec.GetImage().GetReference() != ""
 	if im := img.im; im != nil {
@@ -500,6 +522,12 @@ func (ws *workspaces) createLocked(ctx context.Context, spec *agentv1.WorkspaceS
 		return nil, status.Errorf(code, "making workspace %s: %v", uid, err)
 	}
 	w.ex = xw
+	if err := ws.applyEgress(w); err != nil {
+		// Kept: the next EnsureWorkspace applies it again.
+		s.log.Error("applying a new workspace's egress policy", "workspace", uid, "err", err)
+		return nil, err
+	}
+	w.egressApplied = true
 	rec.StorageEnforced = xw.StorageEnforced()
 	if !rec.StorageEnforced {
 		rec.StorageBytes = 0
@@ -599,6 +627,11 @@ func (ws *workspaces) statusLocked(w *workspace) *agentv1.WorkspaceStatus {
 		ForkedFrom:      r.ForkedFrom,
 		Image:           workspaceImageStatus(w),
 	}
+	ws.refusalsMu.Lock()
+	for _, x := range w.refusals {
+		st.EgressRefusals = append(st.EgressRefusals, &agentv1.EgressRefusal{Name: x.GetName(), Count: x.GetCount(), LastUnixMillis: x.GetLastUnixMillis()})
+	}
+	ws.refusalsMu.Unlock()
 	if r.CarryWorkingDir {
 		st.WorkingDir = executor.WorkspaceView(r.CarriedDir)
 	}

@@ -84,6 +84,9 @@ type workspaceRecord struct {
 	RestoredFrom *agentv1.WorkspaceSnapshot `json:"restoredFrom,omitempty"`
 	// ForkedFrom is what the copy was forked from; nil for no fork.
 	ForkedFrom *agentv1.WorkspaceFork `json:"forkedFrom,omitempty"`
+	// Egress is the workspace's egress policy, applied again when a
+	// restarted agent takes the workspace up; nil for none.
+	Egress *executor.EgressPolicy `json:"egress,omitempty"`
 	// Pinned is set when the workspace's placement names this node
 	// (WorkspaceSpec.pinned): a draining agent does not wait for it to
 	// move. Absent from a record of an earlier agent: the drain waits

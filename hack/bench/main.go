@@ -9,6 +9,7 @@
 //	snapshot   a workspace snapshot and restore against tar | zstd (phase/snapshot)
 //	images     the node's image store against crane export | tar -x, as root (phase/images)
 //	workspace  what 1000 idle workspaces cost one agent, as root (phase/workspace)
+//	egress     a connection's setup with and without a workspace's egress policy, as root (phase/egress)
 //	apiserver  kube-apiserver CPU per task for CRD and status variants (phase/apiserver)
 //	resume     a Suspended workspace's resume, as root, on a cluster of its own (phase/resume)
 //	fork       a workspace's fork on its node against cp -a, as root, on the shared cluster (phase/fork)
@@ -21,7 +22,8 @@
 //	           the executor's, the output's and the resume's figures (phase/system)
 //
 // -phases picks them; the default is what `make bench` runs: executor,
-// output, snapshot, resume and fork (as root only), session, terminal, mcp and system.
+// egress, resume and fork (as root only), output, snapshot, session,
+// terminal, mcp and system.
 //
 // The local cluster of the output, session, terminal, mcp and system phases is started once, when
 // the first of them needs it, through internal/rig/localcluster in this
@@ -61,6 +63,7 @@ import (
 	"github.com/bashtask/bashtask-operator/executor/shim"
 	"github.com/bashtask/bashtask-operator/hack/bench/phase"
 	"github.com/bashtask/bashtask-operator/hack/bench/phase/apiserver"
+	"github.com/bashtask/bashtask-operator/hack/bench/phase/egress"
 	"github.com/bashtask/bashtask-operator/hack/bench/phase/executor"
 	"github.com/bashtask/bashtask-operator/hack/bench/phase/fork"
 	"github.com/bashtask/bashtask-operator/hack/bench/phase/images"
@@ -78,14 +81,14 @@ import (
 
 // phases are every phase, in the order they run.
 func phases() []phase.Phase {
-	return []phase.Phase{&executor.Phase{}, &snapshot.Phase{}, &images.Phase{}, &workspace.Phase{}, &apiserver.Phase{},
+	return []phase.Phase{&executor.Phase{}, &snapshot.Phase{}, &images.Phase{}, &workspace.Phase{}, &egress.Phase{}, &apiserver.Phase{},
 		&resume.Phase{}, &fork.Phase{}, &output.Phase{}, &session.Phase{}, &terminal.Phase{}, &portforward.Phase{}, &mcpphase.Phase{}, &system.Phase{}}
 }
 
 // defaultPhases is what `make bench` runs; resume only as root.
 func defaultPhases() string {
 	if os.Geteuid() == 0 {
-		return "executor,output,snapshot,resume,fork,session,terminal,mcp,system"
+		return "executor,egress,output,snapshot,resume,fork,session,terminal,mcp,system"
 	}
 	return "executor,output,snapshot,session,terminal,mcp,system"
 }

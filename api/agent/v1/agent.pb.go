@@ -702,7 +702,11 @@ type TaskSpec struct {
 	// output is the stdout stream; the Terminal service (terminal.proto)
 	// writes its input and window size. Exclusive with stdin and
 	// stdin_stream.
-	Tty           bool `protobuf:"varint,15,opt,name=tty,proto3" json:"tty,omitempty"`
+	Tty bool `protobuf:"varint,15,opt,name=tty,proto3" json:"tty,omitempty"`
+	// egress limits the names a task of network Egress without a workspace
+	// reaches (BashTask spec.egress, docs/egress.md); with another network
+	// or a workspace the task ends StartFailed. Absent: every name.
+	Egress        *EgressPolicy `protobuf:"bytes,16,opt,name=egress,proto3" json:"egress,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -840,6 +844,13 @@ func (x *TaskSpec) GetTty() bool {
 		return x.Tty
 	}
 	return false
+}
+
+func (x *TaskSpec) GetEgress() *EgressPolicy {
+	if x != nil {
+		return x.Egress
+	}
+	return nil
 }
 
 // Spill describes a stream's spill file and its upload.
@@ -2794,7 +2805,7 @@ const file_agent_proto_rawDesc = "" +
 	"\n" +
 	"cpu_millis\x18\x02 \x01(\x03R\tcpuMillis\x12\x12\n" +
 	"\x04pids\x18\x03 \x01(\x03R\x04pids\x126\n" +
-	"\x17ephemeral_storage_bytes\x18\x04 \x01(\x03R\x15ephemeralStorageBytes\"\xd4\x05\n" +
+	"\x17ephemeral_storage_bytes\x18\x04 \x01(\x03R\x15ephemeralStorageBytes\"\x8d\x06\n" +
 	"\bTaskSpec\x12,\n" +
 	"\x03ref\x18\x01 \x01(\v2\x1a.bashtask.agent.v1.TaskRefR\x03ref\x12\x18\n" +
 	"\acommand\x18\x02 \x01(\tR\acommand\x12.\n" +
@@ -2814,7 +2825,8 @@ const file_agent_proto_rawDesc = "" +
 	"\tworkspace\x18\f \x01(\v2\x1f.bashtask.agent.v1.WorkspaceRefR\tworkspace\x12A\n" +
 	"\fstdin_stream\x18\r \x01(\v2\x1e.bashtask.agent.v1.StdinStreamR\vstdinStream\x122\n" +
 	"\x05image\x18\x0e \x01(\v2\x1c.bashtask.agent.v1.ImageSpecR\x05image\x12\x10\n" +
-	"\x03tty\x18\x0f \x01(\bR\x03tty\"\xda\x01\n" +
+	"\x03tty\x18\x0f \x01(\bR\x03tty\x127\n" +
+	"\x06egress\x18\x10 \x01(\v2\x1f.bashtask.agent.v1.EgressPolicyR\x06egress\"\xda\x01\n" +
 	"\x05Spill\x12\x10\n" +
 	"\x03url\x18\x01 \x01(\tR\x03url\x12\x14\n" +
 	"\x05bytes\x18\x02 \x01(\x03R\x05bytes\x12\x1a\n" +
@@ -3060,13 +3072,14 @@ var file_agent_proto_goTypes = []any{
 	(*WorkspaceRef)(nil),              // 35: bashtask.agent.v1.WorkspaceRef
 	(*StdinStream)(nil),               // 36: bashtask.agent.v1.StdinStream
 	(*ImageSpec)(nil),                 // 37: bashtask.agent.v1.ImageSpec
-	(*timestamppb.Timestamp)(nil),     // 38: google.protobuf.Timestamp
-	(*ImageStatus)(nil),               // 39: bashtask.agent.v1.ImageStatus
-	(*StdinState)(nil),                // 40: bashtask.agent.v1.StdinState
-	(*Fence)(nil),                     // 41: bashtask.agent.v1.Fence
-	(*ImageFailure)(nil),              // 42: bashtask.agent.v1.ImageFailure
-	(*WriteStdinRequest)(nil),         // 43: bashtask.agent.v1.WriteStdinRequest
-	(*WriteStdinResponse)(nil),        // 44: bashtask.agent.v1.WriteStdinResponse
+	(*EgressPolicy)(nil),              // 38: bashtask.agent.v1.EgressPolicy
+	(*timestamppb.Timestamp)(nil),     // 39: google.protobuf.Timestamp
+	(*ImageStatus)(nil),               // 40: bashtask.agent.v1.ImageStatus
+	(*StdinState)(nil),                // 41: bashtask.agent.v1.StdinState
+	(*Fence)(nil),                     // 42: bashtask.agent.v1.Fence
+	(*ImageFailure)(nil),              // 43: bashtask.agent.v1.ImageFailure
+	(*WriteStdinRequest)(nil),         // 44: bashtask.agent.v1.WriteStdinRequest
+	(*WriteStdinResponse)(nil),        // 45: bashtask.agent.v1.WriteStdinResponse
 }
 var file_agent_proto_depIdxs = []int32{
 	0,  // 0: bashtask.agent.v1.OutputSettings.upload:type_name -> bashtask.agent.v1.UploadPolicy
@@ -3081,60 +3094,61 @@ var file_agent_proto_depIdxs = []int32{
 	35, // 9: bashtask.agent.v1.TaskSpec.workspace:type_name -> bashtask.agent.v1.WorkspaceRef
 	36, // 10: bashtask.agent.v1.TaskSpec.stdin_stream:type_name -> bashtask.agent.v1.StdinStream
 	37, // 11: bashtask.agent.v1.TaskSpec.image:type_name -> bashtask.agent.v1.ImageSpec
-	2,  // 12: bashtask.agent.v1.Spill.upload_state:type_name -> bashtask.agent.v1.UploadState
-	11, // 13: bashtask.agent.v1.StreamStatus.spill:type_name -> bashtask.agent.v1.Spill
-	5,  // 14: bashtask.agent.v1.TaskStatus.ref:type_name -> bashtask.agent.v1.TaskRef
-	1,  // 15: bashtask.agent.v1.TaskStatus.state:type_name -> bashtask.agent.v1.TaskState
-	38, // 16: bashtask.agent.v1.TaskStatus.start_time:type_name -> google.protobuf.Timestamp
-	38, // 17: bashtask.agent.v1.TaskStatus.completion_time:type_name -> google.protobuf.Timestamp
-	12, // 18: bashtask.agent.v1.TaskStatus.stdout:type_name -> bashtask.agent.v1.StreamStatus
-	12, // 19: bashtask.agent.v1.TaskStatus.stderr:type_name -> bashtask.agent.v1.StreamStatus
-	39, // 20: bashtask.agent.v1.TaskStatus.image:type_name -> bashtask.agent.v1.ImageStatus
-	14, // 21: bashtask.agent.v1.TaskStatus.isolation:type_name -> bashtask.agent.v1.TaskIsolation
-	40, // 22: bashtask.agent.v1.TaskStatus.stdin:type_name -> bashtask.agent.v1.StdinState
-	12, // 23: bashtask.agent.v1.TaskStatus.order:type_name -> bashtask.agent.v1.StreamStatus
-	10, // 24: bashtask.agent.v1.StartRequest.spec:type_name -> bashtask.agent.v1.TaskSpec
-	41, // 25: bashtask.agent.v1.StartRequest.fence:type_name -> bashtask.agent.v1.Fence
-	13, // 26: bashtask.agent.v1.StartResponse.status:type_name -> bashtask.agent.v1.TaskStatus
-	39, // 27: bashtask.agent.v1.StartResponse.image_pull:type_name -> bashtask.agent.v1.ImageStatus
-	42, // 28: bashtask.agent.v1.StartResponse.image_failure:type_name -> bashtask.agent.v1.ImageFailure
-	41, // 29: bashtask.agent.v1.CancelRequest.fence:type_name -> bashtask.agent.v1.Fence
-	13, // 30: bashtask.agent.v1.CancelResponse.status:type_name -> bashtask.agent.v1.TaskStatus
-	13, // 31: bashtask.agent.v1.GetResponse.status:type_name -> bashtask.agent.v1.TaskStatus
-	13, // 32: bashtask.agent.v1.ListResponse.tasks:type_name -> bashtask.agent.v1.TaskStatus
-	41, // 33: bashtask.agent.v1.WatchRequest.fence:type_name -> bashtask.agent.v1.Fence
-	26, // 34: bashtask.agent.v1.AgentInfo.readiness:type_name -> bashtask.agent.v1.Readiness
-	41, // 35: bashtask.agent.v1.AgentInfo.fence:type_name -> bashtask.agent.v1.Fence
-	3,  // 36: bashtask.agent.v1.TaskEvent.type:type_name -> bashtask.agent.v1.EventType
-	13, // 37: bashtask.agent.v1.TaskEvent.status:type_name -> bashtask.agent.v1.TaskStatus
-	27, // 38: bashtask.agent.v1.WatchResponse.agent:type_name -> bashtask.agent.v1.AgentInfo
-	28, // 39: bashtask.agent.v1.WatchResponse.task:type_name -> bashtask.agent.v1.TaskEvent
-	4,  // 40: bashtask.agent.v1.ReadOutputRequest.stream:type_name -> bashtask.agent.v1.OutputStream
-	32, // 41: bashtask.agent.v1.OutputChunk.header:type_name -> bashtask.agent.v1.OutputState
-	32, // 42: bashtask.agent.v1.OutputChunk.end:type_name -> bashtask.agent.v1.OutputState
-	15, // 43: bashtask.agent.v1.Executor.Start:input_type -> bashtask.agent.v1.StartRequest
-	17, // 44: bashtask.agent.v1.Executor.Cancel:input_type -> bashtask.agent.v1.CancelRequest
-	19, // 45: bashtask.agent.v1.Executor.Get:input_type -> bashtask.agent.v1.GetRequest
-	21, // 46: bashtask.agent.v1.Executor.List:input_type -> bashtask.agent.v1.ListRequest
-	23, // 47: bashtask.agent.v1.Executor.Forget:input_type -> bashtask.agent.v1.ForgetRequest
-	25, // 48: bashtask.agent.v1.Executor.Watch:input_type -> bashtask.agent.v1.WatchRequest
-	30, // 49: bashtask.agent.v1.Executor.ReadOutput:input_type -> bashtask.agent.v1.ReadOutputRequest
-	31, // 50: bashtask.agent.v1.Executor.ReadCombinedOutput:input_type -> bashtask.agent.v1.ReadCombinedOutputRequest
-	43, // 51: bashtask.agent.v1.Executor.WriteStdin:input_type -> bashtask.agent.v1.WriteStdinRequest
-	16, // 52: bashtask.agent.v1.Executor.Start:output_type -> bashtask.agent.v1.StartResponse
-	18, // 53: bashtask.agent.v1.Executor.Cancel:output_type -> bashtask.agent.v1.CancelResponse
-	20, // 54: bashtask.agent.v1.Executor.Get:output_type -> bashtask.agent.v1.GetResponse
-	22, // 55: bashtask.agent.v1.Executor.List:output_type -> bashtask.agent.v1.ListResponse
-	24, // 56: bashtask.agent.v1.Executor.Forget:output_type -> bashtask.agent.v1.ForgetResponse
-	29, // 57: bashtask.agent.v1.Executor.Watch:output_type -> bashtask.agent.v1.WatchResponse
-	33, // 58: bashtask.agent.v1.Executor.ReadOutput:output_type -> bashtask.agent.v1.OutputChunk
-	33, // 59: bashtask.agent.v1.Executor.ReadCombinedOutput:output_type -> bashtask.agent.v1.OutputChunk
-	44, // 60: bashtask.agent.v1.Executor.WriteStdin:output_type -> bashtask.agent.v1.WriteStdinResponse
-	52, // [52:61] is the sub-list for method output_type
-	43, // [43:52] is the sub-list for method input_type
-	43, // [43:43] is the sub-list for extension type_name
-	43, // [43:43] is the sub-list for extension extendee
-	0,  // [0:43] is the sub-list for field type_name
+	38, // 12: bashtask.agent.v1.TaskSpec.egress:type_name -> bashtask.agent.v1.EgressPolicy
+	2,  // 13: bashtask.agent.v1.Spill.upload_state:type_name -> bashtask.agent.v1.UploadState
+	11, // 14: bashtask.agent.v1.StreamStatus.spill:type_name -> bashtask.agent.v1.Spill
+	5,  // 15: bashtask.agent.v1.TaskStatus.ref:type_name -> bashtask.agent.v1.TaskRef
+	1,  // 16: bashtask.agent.v1.TaskStatus.state:type_name -> bashtask.agent.v1.TaskState
+	39, // 17: bashtask.agent.v1.TaskStatus.start_time:type_name -> google.protobuf.Timestamp
+	39, // 18: bashtask.agent.v1.TaskStatus.completion_time:type_name -> google.protobuf.Timestamp
+	12, // 19: bashtask.agent.v1.TaskStatus.stdout:type_name -> bashtask.agent.v1.StreamStatus
+	12, // 20: bashtask.agent.v1.TaskStatus.stderr:type_name -> bashtask.agent.v1.StreamStatus
+	40, // 21: bashtask.agent.v1.TaskStatus.image:type_name -> bashtask.agent.v1.ImageStatus
+	14, // 22: bashtask.agent.v1.TaskStatus.isolation:type_name -> bashtask.agent.v1.TaskIsolation
+	41, // 23: bashtask.agent.v1.TaskStatus.stdin:type_name -> bashtask.agent.v1.StdinState
+	12, // 24: bashtask.agent.v1.TaskStatus.order:type_name -> bashtask.agent.v1.StreamStatus
+	10, // 25: bashtask.agent.v1.StartRequest.spec:type_name -> bashtask.agent.v1.TaskSpec
+	42, // 26: bashtask.agent.v1.StartRequest.fence:type_name -> bashtask.agent.v1.Fence
+	13, // 27: bashtask.agent.v1.StartResponse.status:type_name -> bashtask.agent.v1.TaskStatus
+	40, // 28: bashtask.agent.v1.StartResponse.image_pull:type_name -> bashtask.agent.v1.ImageStatus
+	43, // 29: bashtask.agent.v1.StartResponse.image_failure:type_name -> bashtask.agent.v1.ImageFailure
+	42, // 30: bashtask.agent.v1.CancelRequest.fence:type_name -> bashtask.agent.v1.Fence
+	13, // 31: bashtask.agent.v1.CancelResponse.status:type_name -> bashtask.agent.v1.TaskStatus
+	13, // 32: bashtask.agent.v1.GetResponse.status:type_name -> bashtask.agent.v1.TaskStatus
+	13, // 33: bashtask.agent.v1.ListResponse.tasks:type_name -> bashtask.agent.v1.TaskStatus
+	42, // 34: bashtask.agent.v1.WatchRequest.fence:type_name -> bashtask.agent.v1.Fence
+	26, // 35: bashtask.agent.v1.AgentInfo.readiness:type_name -> bashtask.agent.v1.Readiness
+	42, // 36: bashtask.agent.v1.AgentInfo.fence:type_name -> bashtask.agent.v1.Fence
+	3,  // 37: bashtask.agent.v1.TaskEvent.type:type_name -> bashtask.agent.v1.EventType
+	13, // 38: bashtask.agent.v1.TaskEvent.status:type_name -> bashtask.agent.v1.TaskStatus
+	27, // 39: bashtask.agent.v1.WatchResponse.agent:type_name -> bashtask.agent.v1.AgentInfo
+	28, // 40: bashtask.agent.v1.WatchResponse.task:type_name -> bashtask.agent.v1.TaskEvent
+	4,  // 41: bashtask.agent.v1.ReadOutputRequest.stream:type_name -> bashtask.agent.v1.OutputStream
+	32, // 42: bashtask.agent.v1.OutputChunk.header:type_name -> bashtask.agent.v1.OutputState
+	32, // 43: bashtask.agent.v1.OutputChunk.end:type_name -> bashtask.agent.v1.OutputState
+	15, // 44: bashtask.agent.v1.Executor.Start:input_type -> bashtask.agent.v1.StartRequest
+	17, // 45: bashtask.agent.v1.Executor.Cancel:input_type -> bashtask.agent.v1.CancelRequest
+	19, // 46: bashtask.agent.v1.Executor.Get:input_type -> bashtask.agent.v1.GetRequest
+	21, // 47: bashtask.agent.v1.Executor.List:input_type -> bashtask.agent.v1.ListRequest
+	23, // 48: bashtask.agent.v1.Executor.Forget:input_type -> bashtask.agent.v1.ForgetRequest
+	25, // 49: bashtask.agent.v1.Executor.Watch:input_type -> bashtask.agent.v1.WatchRequest
+	30, // 50: bashtask.agent.v1.Executor.ReadOutput:input_type -> bashtask.agent.v1.ReadOutputRequest
+	31, // 51: bashtask.agent.v1.Executor.ReadCombinedOutput:input_type -> bashtask.agent.v1.ReadCombinedOutputRequest
+	44, // 52: bashtask.agent.v1.Executor.WriteStdin:input_type -> bashtask.agent.v1.WriteStdinRequest
+	16, // 53: bashtask.agent.v1.Executor.Start:output_type -> bashtask.agent.v1.StartResponse
+	18, // 54: bashtask.agent.v1.Executor.Cancel:output_type -> bashtask.agent.v1.CancelResponse
+	20, // 55: bashtask.agent.v1.Executor.Get:output_type -> bashtask.agent.v1.GetResponse
+	22, // 56: bashtask.agent.v1.Executor.List:output_type -> bashtask.agent.v1.ListResponse
+	24, // 57: bashtask.agent.v1.Executor.Forget:output_type -> bashtask.agent.v1.ForgetResponse
+	29, // 58: bashtask.agent.v1.Executor.Watch:output_type -> bashtask.agent.v1.WatchResponse
+	33, // 59: bashtask.agent.v1.Executor.ReadOutput:output_type -> bashtask.agent.v1.OutputChunk
+	33, // 60: bashtask.agent.v1.Executor.ReadCombinedOutput:output_type -> bashtask.agent.v1.OutputChunk
+	45, // 61: bashtask.agent.v1.Executor.WriteStdin:output_type -> bashtask.agent.v1.WriteStdinResponse
+	53, // [53:62] is the sub-list for method output_type
+	44, // [44:53] is the sub-list for method input_type
+	44, // [44:44] is the sub-list for extension type_name
+	44, // [44:44] is the sub-list for extension extendee
+	0,  // [0:44] is the sub-list for field type_name
 }
 
 func init() { file_agent_proto_init() }

@@ -155,7 +155,13 @@ type WorkspaceSpec struct {
 	// restore_from must be a snapshot of fork_of (its key under fork_of's
 	// prefix) instead of ref's. Ignored for a workspace the agent holds
 	// already.
-	ForkOf        *WorkspaceRef `protobuf:"bytes,10,opt,name=fork_of,json=forkOf,proto3" json:"fork_of,omitempty"`
+	ForkOf *WorkspaceRef `protobuf:"bytes,10,opt,name=fork_of,json=forkOf,proto3" json:"fork_of,omitempty"`
+	// egress is the workspace's egress policy (spec.egress, docs/egress.md),
+	// for network Egress only (else INVALID_ARGUMENT); absent allows every
+	// name. Unlike the fields above it may change: EnsureWorkspace of a
+	// workspace the agent holds applies the request's policy before it
+	// returns (new connections follow it, open ones stay open).
+	Egress        *EgressPolicy `protobuf:"bytes,11,opt,name=egress,proto3" json:"egress,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -260,6 +266,13 @@ func (x *WorkspaceSpec) GetForkOf() *WorkspaceRef {
 	return nil
 }
 
+func (x *WorkspaceSpec) GetEgress() *EgressPolicy {
+	if x != nil {
+		return x.Egress
+	}
+	return nil
+}
+
 // WorkspaceFork says what a forked workspace was copied from.
 type WorkspaceFork struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -344,6 +357,130 @@ func (x *WorkspaceFork) GetCopiedBytes() int64 {
 	return 0
 }
 
+// EgressPolicy limits the domain names a workspace's tasks reach.
+type EgressPolicy struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// default_deny refuses the names no allow rule matches and every
+	// address no allowed name resolved to; false allows the names no deny
+	// rule matches, and any address.
+	DefaultDeny bool `protobuf:"varint,1,opt,name=default_deny,json=defaultDeny,proto3" json:"default_deny,omitempty"`
+	// allow lists the allowed domains (at most 64).
+	Allow []*EgressRule `protobuf:"bytes,2,rep,name=allow,proto3" json:"allow,omitempty"`
+	// deny lists the refused domains (at most 64, without ports); a deny
+	// rule wins over an allow rule.
+	Deny          []*EgressRule `protobuf:"bytes,3,rep,name=deny,proto3" json:"deny,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EgressPolicy) Reset() {
+	*x = EgressPolicy{}
+	mi := &file_workspace_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EgressPolicy) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EgressPolicy) ProtoMessage() {}
+
+func (x *EgressPolicy) ProtoReflect() protoreflect.Message {
+	mi := &file_workspace_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EgressPolicy.ProtoReflect.Descriptor instead.
+func (*EgressPolicy) Descriptor() ([]byte, []int) {
+	return file_workspace_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *EgressPolicy) GetDefaultDeny() bool {
+	if x != nil {
+		return x.DefaultDeny
+	}
+	return false
+}
+
+func (x *EgressPolicy) GetAllow() []*EgressRule {
+	if x != nil {
+		return x.Allow
+	}
+	return nil
+}
+
+func (x *EgressPolicy) GetDeny() []*EgressRule {
+	if x != nil {
+		return x.Deny
+	}
+	return nil
+}
+
+// EgressRule matches a domain name and the ports a connection to its
+// addresses may use.
+type EgressRule struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// domain is a lower-case DNS name, or "*." and one for its subdomains.
+	Domain string `protobuf:"bytes,1,opt,name=domain,proto3" json:"domain,omitempty"`
+	// ports are TCP and UDP destination ports, 1 to 65535 (at most 16);
+	// empty: every port and protocol.
+	Ports         []uint32 `protobuf:"varint,2,rep,packed,name=ports,proto3" json:"ports,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EgressRule) Reset() {
+	*x = EgressRule{}
+	mi := &file_workspace_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EgressRule) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EgressRule) ProtoMessage() {}
+
+func (x *EgressRule) ProtoReflect() protoreflect.Message {
+	mi := &file_workspace_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EgressRule.ProtoReflect.Descriptor instead.
+func (*EgressRule) Descriptor() ([]byte, []int) {
+	return file_workspace_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *EgressRule) GetDomain() string {
+	if x != nil {
+		return x.Domain
+	}
+	return ""
+}
+
+func (x *EgressRule) GetPorts() []uint32 {
+	if x != nil {
+		return x.Ports
+	}
+	return nil
+}
+
 // WorkspaceStatus is a workspace's state on its agent.
 type WorkspaceStatus struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -397,14 +534,18 @@ type WorkspaceStatus struct {
 	Image *ImageStatus `protobuf:"bytes,18,opt,name=image,proto3" json:"image,omitempty"`
 	// forked_from says what the copy was forked from; absent for a
 	// workspace that is no fork.
-	ForkedFrom    *WorkspaceFork `protobuf:"bytes,19,opt,name=forked_from,json=forkedFrom,proto3" json:"forked_from,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	ForkedFrom *WorkspaceFork `protobuf:"bytes,19,opt,name=forked_from,json=forkedFrom,proto3" json:"forked_from,omitempty"`
+	// egress_refusals are the names the workspace's resolver refused most
+	// recently (at most 16, the most recent last), with how often since the
+	// agent started; the controller reports new ones as events.
+	EgressRefusals []*EgressRefusal `protobuf:"bytes,20,rep,name=egress_refusals,json=egressRefusals,proto3" json:"egress_refusals,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *WorkspaceStatus) Reset() {
 	*x = WorkspaceStatus{}
-	mi := &file_workspace_proto_msgTypes[3]
+	mi := &file_workspace_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -416,7 +557,7 @@ func (x *WorkspaceStatus) String() string {
 func (*WorkspaceStatus) ProtoMessage() {}
 
 func (x *WorkspaceStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_workspace_proto_msgTypes[3]
+	mi := &file_workspace_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -429,7 +570,7 @@ func (x *WorkspaceStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WorkspaceStatus.ProtoReflect.Descriptor instead.
 func (*WorkspaceStatus) Descriptor() ([]byte, []int) {
-	return file_workspace_proto_rawDescGZIP(), []int{3}
+	return file_workspace_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *WorkspaceStatus) GetRef() *WorkspaceRef {
@@ -565,6 +706,78 @@ func (x *WorkspaceStatus) GetForkedFrom() *WorkspaceFork {
 	return nil
 }
 
+func (x *WorkspaceStatus) GetEgressRefusals() []*EgressRefusal {
+	if x != nil {
+		return x.EgressRefusals
+	}
+	return nil
+}
+
+// EgressRefusal is a name a workspace's egress policy refused.
+type EgressRefusal struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// name is the refused name, without the trailing dot.
+	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// count is how often it was refused since the agent started.
+	Count int64 `protobuf:"varint,2,opt,name=count,proto3" json:"count,omitempty"`
+	// last_unix_millis is the last refusal's time, in milliseconds since
+	// the Unix epoch.
+	LastUnixMillis int64 `protobuf:"varint,3,opt,name=last_unix_millis,json=lastUnixMillis,proto3" json:"last_unix_millis,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *EgressRefusal) Reset() {
+	*x = EgressRefusal{}
+	mi := &file_workspace_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EgressRefusal) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EgressRefusal) ProtoMessage() {}
+
+func (x *EgressRefusal) ProtoReflect() protoreflect.Message {
+	mi := &file_workspace_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EgressRefusal.ProtoReflect.Descriptor instead.
+func (*EgressRefusal) Descriptor() ([]byte, []int) {
+	return file_workspace_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *EgressRefusal) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *EgressRefusal) GetCount() int64 {
+	if x != nil {
+		return x.Count
+	}
+	return 0
+}
+
+func (x *EgressRefusal) GetLastUnixMillis() int64 {
+	if x != nil {
+		return x.LastUnixMillis
+	}
+	return 0
+}
+
 // EnsureWorkspaceRequest asks for a workspace.
 type EnsureWorkspaceRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -578,7 +791,7 @@ type EnsureWorkspaceRequest struct {
 
 func (x *EnsureWorkspaceRequest) Reset() {
 	*x = EnsureWorkspaceRequest{}
-	mi := &file_workspace_proto_msgTypes[4]
+	mi := &file_workspace_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -590,7 +803,7 @@ func (x *EnsureWorkspaceRequest) String() string {
 func (*EnsureWorkspaceRequest) ProtoMessage() {}
 
 func (x *EnsureWorkspaceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_workspace_proto_msgTypes[4]
+	mi := &file_workspace_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -603,7 +816,7 @@ func (x *EnsureWorkspaceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EnsureWorkspaceRequest.ProtoReflect.Descriptor instead.
 func (*EnsureWorkspaceRequest) Descriptor() ([]byte, []int) {
-	return file_workspace_proto_rawDescGZIP(), []int{4}
+	return file_workspace_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *EnsureWorkspaceRequest) GetSpec() *WorkspaceSpec {
@@ -642,7 +855,7 @@ type EnsureWorkspaceResponse struct {
 
 func (x *EnsureWorkspaceResponse) Reset() {
 	*x = EnsureWorkspaceResponse{}
-	mi := &file_workspace_proto_msgTypes[5]
+	mi := &file_workspace_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -654,7 +867,7 @@ func (x *EnsureWorkspaceResponse) String() string {
 func (*EnsureWorkspaceResponse) ProtoMessage() {}
 
 func (x *EnsureWorkspaceResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_workspace_proto_msgTypes[5]
+	mi := &file_workspace_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -667,7 +880,7 @@ func (x *EnsureWorkspaceResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EnsureWorkspaceResponse.ProtoReflect.Descriptor instead.
 func (*EnsureWorkspaceResponse) Descriptor() ([]byte, []int) {
-	return file_workspace_proto_rawDescGZIP(), []int{5}
+	return file_workspace_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *EnsureWorkspaceResponse) GetStatus() *WorkspaceStatus {
@@ -709,7 +922,7 @@ type GetWorkspaceRequest struct {
 
 func (x *GetWorkspaceRequest) Reset() {
 	*x = GetWorkspaceRequest{}
-	mi := &file_workspace_proto_msgTypes[6]
+	mi := &file_workspace_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -721,7 +934,7 @@ func (x *GetWorkspaceRequest) String() string {
 func (*GetWorkspaceRequest) ProtoMessage() {}
 
 func (x *GetWorkspaceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_workspace_proto_msgTypes[6]
+	mi := &file_workspace_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -734,7 +947,7 @@ func (x *GetWorkspaceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetWorkspaceRequest.ProtoReflect.Descriptor instead.
 func (*GetWorkspaceRequest) Descriptor() ([]byte, []int) {
-	return file_workspace_proto_rawDescGZIP(), []int{6}
+	return file_workspace_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *GetWorkspaceRequest) GetUid() string {
@@ -755,7 +968,7 @@ type GetWorkspaceResponse struct {
 
 func (x *GetWorkspaceResponse) Reset() {
 	*x = GetWorkspaceResponse{}
-	mi := &file_workspace_proto_msgTypes[7]
+	mi := &file_workspace_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -767,7 +980,7 @@ func (x *GetWorkspaceResponse) String() string {
 func (*GetWorkspaceResponse) ProtoMessage() {}
 
 func (x *GetWorkspaceResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_workspace_proto_msgTypes[7]
+	mi := &file_workspace_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -780,7 +993,7 @@ func (x *GetWorkspaceResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetWorkspaceResponse.ProtoReflect.Descriptor instead.
 func (*GetWorkspaceResponse) Descriptor() ([]byte, []int) {
-	return file_workspace_proto_rawDescGZIP(), []int{7}
+	return file_workspace_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *GetWorkspaceResponse) GetStatus() *WorkspaceStatus {
@@ -799,7 +1012,7 @@ type ListWorkspacesRequest struct {
 
 func (x *ListWorkspacesRequest) Reset() {
 	*x = ListWorkspacesRequest{}
-	mi := &file_workspace_proto_msgTypes[8]
+	mi := &file_workspace_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -811,7 +1024,7 @@ func (x *ListWorkspacesRequest) String() string {
 func (*ListWorkspacesRequest) ProtoMessage() {}
 
 func (x *ListWorkspacesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_workspace_proto_msgTypes[8]
+	mi := &file_workspace_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -824,7 +1037,7 @@ func (x *ListWorkspacesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListWorkspacesRequest.ProtoReflect.Descriptor instead.
 func (*ListWorkspacesRequest) Descriptor() ([]byte, []int) {
-	return file_workspace_proto_rawDescGZIP(), []int{8}
+	return file_workspace_proto_rawDescGZIP(), []int{11}
 }
 
 // ListWorkspacesResponse holds every workspace of the agent.
@@ -838,7 +1051,7 @@ type ListWorkspacesResponse struct {
 
 func (x *ListWorkspacesResponse) Reset() {
 	*x = ListWorkspacesResponse{}
-	mi := &file_workspace_proto_msgTypes[9]
+	mi := &file_workspace_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -850,7 +1063,7 @@ func (x *ListWorkspacesResponse) String() string {
 func (*ListWorkspacesResponse) ProtoMessage() {}
 
 func (x *ListWorkspacesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_workspace_proto_msgTypes[9]
+	mi := &file_workspace_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -863,7 +1076,7 @@ func (x *ListWorkspacesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListWorkspacesResponse.ProtoReflect.Descriptor instead.
 func (*ListWorkspacesResponse) Descriptor() ([]byte, []int) {
-	return file_workspace_proto_rawDescGZIP(), []int{9}
+	return file_workspace_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *ListWorkspacesResponse) GetWorkspaces() []*WorkspaceStatus {
@@ -886,7 +1099,7 @@ type DeleteWorkspaceRequest struct {
 
 func (x *DeleteWorkspaceRequest) Reset() {
 	*x = DeleteWorkspaceRequest{}
-	mi := &file_workspace_proto_msgTypes[10]
+	mi := &file_workspace_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -898,7 +1111,7 @@ func (x *DeleteWorkspaceRequest) String() string {
 func (*DeleteWorkspaceRequest) ProtoMessage() {}
 
 func (x *DeleteWorkspaceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_workspace_proto_msgTypes[10]
+	mi := &file_workspace_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -911,7 +1124,7 @@ func (x *DeleteWorkspaceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteWorkspaceRequest.ProtoReflect.Descriptor instead.
 func (*DeleteWorkspaceRequest) Descriptor() ([]byte, []int) {
-	return file_workspace_proto_rawDescGZIP(), []int{10}
+	return file_workspace_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *DeleteWorkspaceRequest) GetUid() string {
@@ -939,7 +1152,7 @@ type DeleteWorkspaceResponse struct {
 
 func (x *DeleteWorkspaceResponse) Reset() {
 	*x = DeleteWorkspaceResponse{}
-	mi := &file_workspace_proto_msgTypes[11]
+	mi := &file_workspace_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -951,7 +1164,7 @@ func (x *DeleteWorkspaceResponse) String() string {
 func (*DeleteWorkspaceResponse) ProtoMessage() {}
 
 func (x *DeleteWorkspaceResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_workspace_proto_msgTypes[11]
+	mi := &file_workspace_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -964,7 +1177,7 @@ func (x *DeleteWorkspaceResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteWorkspaceResponse.ProtoReflect.Descriptor instead.
 func (*DeleteWorkspaceResponse) Descriptor() ([]byte, []int) {
-	return file_workspace_proto_rawDescGZIP(), []int{11}
+	return file_workspace_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *DeleteWorkspaceResponse) GetCancelledTasks() int32 {
@@ -983,7 +1196,7 @@ const file_workspace_proto_rawDesc = "" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x10\n" +
 	"\x03uid\x18\x03 \x01(\tR\x03uid\x12\x14\n" +
-	"\x05epoch\x18\x04 \x01(\x03R\x05epoch\"\xaf\x03\n" +
+	"\x05epoch\x18\x04 \x01(\x03R\x05epoch\"\xe8\x03\n" +
 	"\rWorkspaceSpec\x121\n" +
 	"\x03ref\x18\x01 \x01(\v2\x1f.bashtask.agent.v1.WorkspaceRefR\x03ref\x12#\n" +
 	"\rstorage_bytes\x18\x02 \x01(\x03R\fstorageBytes\x12\x18\n" +
@@ -995,13 +1208,22 @@ const file_workspace_proto_rawDesc = "" +
 	"\x06pinned\x18\b \x01(\bR\x06pinned\x122\n" +
 	"\x05image\x18\t \x01(\v2\x1c.bashtask.agent.v1.ImageSpecR\x05image\x128\n" +
 	"\afork_of\x18\n" +
-	" \x01(\v2\x1f.bashtask.agent.v1.WorkspaceRefR\x06forkOf\"\xe4\x01\n" +
+	" \x01(\v2\x1f.bashtask.agent.v1.WorkspaceRefR\x06forkOf\x127\n" +
+	"\x06egress\x18\v \x01(\v2\x1f.bashtask.agent.v1.EgressPolicyR\x06egress\"\xe4\x01\n" +
 	"\rWorkspaceFork\x127\n" +
 	"\x06source\x18\x01 \x01(\v2\x1f.bashtask.agent.v1.WorkspaceRefR\x06source\x12\x16\n" +
 	"\x06method\x18\x02 \x01(\tR\x06method\x12.\n" +
 	"\x04time\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\x12/\n" +
 	"\x13frozen_microseconds\x18\x04 \x01(\x03R\x12frozenMicroseconds\x12!\n" +
-	"\fcopied_bytes\x18\x05 \x01(\x03R\vcopiedBytes\"\xb7\x06\n" +
+	"\fcopied_bytes\x18\x05 \x01(\x03R\vcopiedBytes\"\x99\x01\n" +
+	"\fEgressPolicy\x12!\n" +
+	"\fdefault_deny\x18\x01 \x01(\bR\vdefaultDeny\x123\n" +
+	"\x05allow\x18\x02 \x03(\v2\x1d.bashtask.agent.v1.EgressRuleR\x05allow\x121\n" +
+	"\x04deny\x18\x03 \x03(\v2\x1d.bashtask.agent.v1.EgressRuleR\x04deny\":\n" +
+	"\n" +
+	"EgressRule\x12\x16\n" +
+	"\x06domain\x18\x01 \x01(\tR\x06domain\x12\x14\n" +
+	"\x05ports\x18\x02 \x03(\rR\x05ports\"\x82\a\n" +
 	"\x0fWorkspaceStatus\x121\n" +
 	"\x03ref\x18\x01 \x01(\v2\x1f.bashtask.agent.v1.WorkspaceRefR\x03ref\x12\x1e\n" +
 	"\vrun_as_user\x18\x02 \x01(\rR\trunAsUser\x12\x12\n" +
@@ -1026,7 +1248,12 @@ const file_workspace_proto_rawDesc = "" +
 	"\rrestored_from\x18\x11 \x01(\v2$.bashtask.agent.v1.WorkspaceSnapshotR\frestoredFrom\x124\n" +
 	"\x05image\x18\x12 \x01(\v2\x1e.bashtask.agent.v1.ImageStatusR\x05image\x12A\n" +
 	"\vforked_from\x18\x13 \x01(\v2 .bashtask.agent.v1.WorkspaceForkR\n" +
-	"forkedFrom\"~\n" +
+	"forkedFrom\x12I\n" +
+	"\x0fegress_refusals\x18\x14 \x03(\v2 .bashtask.agent.v1.EgressRefusalR\x0eegressRefusals\"c\n" +
+	"\rEgressRefusal\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
+	"\x05count\x18\x02 \x01(\x03R\x05count\x12(\n" +
+	"\x10last_unix_millis\x18\x03 \x01(\x03R\x0elastUnixMillis\"~\n" +
 	"\x16EnsureWorkspaceRequest\x124\n" +
 	"\x04spec\x18\x01 \x01(\v2 .bashtask.agent.v1.WorkspaceSpecR\x04spec\x12.\n" +
 	"\x05fence\x18\x02 \x01(\v2\x18.bashtask.agent.v1.FenceR\x05fence\"\xf4\x01\n" +
@@ -1070,65 +1297,72 @@ func file_workspace_proto_rawDescGZIP() []byte {
 	return file_workspace_proto_rawDescData
 }
 
-var file_workspace_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
+var file_workspace_proto_msgTypes = make([]protoimpl.MessageInfo, 15)
 var file_workspace_proto_goTypes = []any{
 	(*WorkspaceRef)(nil),              // 0: bashtask.agent.v1.WorkspaceRef
 	(*WorkspaceSpec)(nil),             // 1: bashtask.agent.v1.WorkspaceSpec
 	(*WorkspaceFork)(nil),             // 2: bashtask.agent.v1.WorkspaceFork
-	(*WorkspaceStatus)(nil),           // 3: bashtask.agent.v1.WorkspaceStatus
-	(*EnsureWorkspaceRequest)(nil),    // 4: bashtask.agent.v1.EnsureWorkspaceRequest
-	(*EnsureWorkspaceResponse)(nil),   // 5: bashtask.agent.v1.EnsureWorkspaceResponse
-	(*GetWorkspaceRequest)(nil),       // 6: bashtask.agent.v1.GetWorkspaceRequest
-	(*GetWorkspaceResponse)(nil),      // 7: bashtask.agent.v1.GetWorkspaceResponse
-	(*ListWorkspacesRequest)(nil),     // 8: bashtask.agent.v1.ListWorkspacesRequest
-	(*ListWorkspacesResponse)(nil),    // 9: bashtask.agent.v1.ListWorkspacesResponse
-	(*DeleteWorkspaceRequest)(nil),    // 10: bashtask.agent.v1.DeleteWorkspaceRequest
-	(*DeleteWorkspaceResponse)(nil),   // 11: bashtask.agent.v1.DeleteWorkspaceResponse
-	(*WorkspaceSnapshot)(nil),         // 12: bashtask.agent.v1.WorkspaceSnapshot
-	(*ImageSpec)(nil),                 // 13: bashtask.agent.v1.ImageSpec
-	(*timestamppb.Timestamp)(nil),     // 14: google.protobuf.Timestamp
-	(*ImageStatus)(nil),               // 15: bashtask.agent.v1.ImageStatus
-	(*Fence)(nil),                     // 16: bashtask.agent.v1.Fence
-	(*ImageFailure)(nil),              // 17: bashtask.agent.v1.ImageFailure
-	(*SnapshotWorkspaceRequest)(nil),  // 18: bashtask.agent.v1.SnapshotWorkspaceRequest
-	(*SnapshotWorkspaceResponse)(nil), // 19: bashtask.agent.v1.SnapshotWorkspaceResponse
+	(*EgressPolicy)(nil),              // 3: bashtask.agent.v1.EgressPolicy
+	(*EgressRule)(nil),                // 4: bashtask.agent.v1.EgressRule
+	(*WorkspaceStatus)(nil),           // 5: bashtask.agent.v1.WorkspaceStatus
+	(*EgressRefusal)(nil),             // 6: bashtask.agent.v1.EgressRefusal
+	(*EnsureWorkspaceRequest)(nil),    // 7: bashtask.agent.v1.EnsureWorkspaceRequest
+	(*EnsureWorkspaceResponse)(nil),   // 8: bashtask.agent.v1.EnsureWorkspaceResponse
+	(*GetWorkspaceRequest)(nil),       // 9: bashtask.agent.v1.GetWorkspaceRequest
+	(*GetWorkspaceResponse)(nil),      // 10: bashtask.agent.v1.GetWorkspaceResponse
+	(*ListWorkspacesRequest)(nil),     // 11: bashtask.agent.v1.ListWorkspacesRequest
+	(*ListWorkspacesResponse)(nil),    // 12: bashtask.agent.v1.ListWorkspacesResponse
+	(*DeleteWorkspaceRequest)(nil),    // 13: bashtask.agent.v1.DeleteWorkspaceRequest
+	(*DeleteWorkspaceResponse)(nil),   // 14: bashtask.agent.v1.DeleteWorkspaceResponse
+	(*WorkspaceSnapshot)(nil),         // 15: bashtask.agent.v1.WorkspaceSnapshot
+	(*ImageSpec)(nil),                 // 16: bashtask.agent.v1.ImageSpec
+	(*timestamppb.Timestamp)(nil),     // 17: google.protobuf.Timestamp
+	(*ImageStatus)(nil),               // 18: bashtask.agent.v1.ImageStatus
+	(*Fence)(nil),                     // 19: bashtask.agent.v1.Fence
+	(*ImageFailure)(nil),              // 20: bashtask.agent.v1.ImageFailure
+	(*SnapshotWorkspaceRequest)(nil),  // 21: bashtask.agent.v1.SnapshotWorkspaceRequest
+	(*SnapshotWorkspaceResponse)(nil), // 22: bashtask.agent.v1.SnapshotWorkspaceResponse
 }
 var file_workspace_proto_depIdxs = []int32{
 	0,  // 0: bashtask.agent.v1.WorkspaceSpec.ref:type_name -> bashtask.agent.v1.WorkspaceRef
-	12, // 1: bashtask.agent.v1.WorkspaceSpec.restore_from:type_name -> bashtask.agent.v1.WorkspaceSnapshot
-	13, // 2: bashtask.agent.v1.WorkspaceSpec.image:type_name -> bashtask.agent.v1.ImageSpec
+	15, // 1: bashtask.agent.v1.WorkspaceSpec.restore_from:type_name -> bashtask.agent.v1.WorkspaceSnapshot
+	16, // 2: bashtask.agent.v1.WorkspaceSpec.image:type_name -> bashtask.agent.v1.ImageSpec
 	0,  // 3: bashtask.agent.v1.WorkspaceSpec.fork_of:type_name -> bashtask.agent.v1.WorkspaceRef
-	0,  // 4: bashtask.agent.v1.WorkspaceFork.source:type_name -> bashtask.agent.v1.WorkspaceRef
-	14, // 5: bashtask.agent.v1.WorkspaceFork.time:type_name -> google.protobuf.Timestamp
-	0,  // 6: bashtask.agent.v1.WorkspaceStatus.ref:type_name -> bashtask.agent.v1.WorkspaceRef
-	14, // 7: bashtask.agent.v1.WorkspaceStatus.last_task_end:type_name -> google.protobuf.Timestamp
-	14, // 8: bashtask.agent.v1.WorkspaceStatus.create_time:type_name -> google.protobuf.Timestamp
-	12, // 9: bashtask.agent.v1.WorkspaceStatus.restored_from:type_name -> bashtask.agent.v1.WorkspaceSnapshot
-	15, // 10: bashtask.agent.v1.WorkspaceStatus.image:type_name -> bashtask.agent.v1.ImageStatus
-	2,  // 11: bashtask.agent.v1.WorkspaceStatus.forked_from:type_name -> bashtask.agent.v1.WorkspaceFork
-	1,  // 12: bashtask.agent.v1.EnsureWorkspaceRequest.spec:type_name -> bashtask.agent.v1.WorkspaceSpec
-	16, // 13: bashtask.agent.v1.EnsureWorkspaceRequest.fence:type_name -> bashtask.agent.v1.Fence
-	3,  // 14: bashtask.agent.v1.EnsureWorkspaceResponse.status:type_name -> bashtask.agent.v1.WorkspaceStatus
-	15, // 15: bashtask.agent.v1.EnsureWorkspaceResponse.image_pull:type_name -> bashtask.agent.v1.ImageStatus
-	17, // 16: bashtask.agent.v1.EnsureWorkspaceResponse.image_failure:type_name -> bashtask.agent.v1.ImageFailure
-	3,  // 17: bashtask.agent.v1.GetWorkspaceResponse.status:type_name -> bashtask.agent.v1.WorkspaceStatus
-	3,  // 18: bashtask.agent.v1.ListWorkspacesResponse.workspaces:type_name -> bashtask.agent.v1.WorkspaceStatus
-	16, // 19: bashtask.agent.v1.DeleteWorkspaceRequest.fence:type_name -> bashtask.agent.v1.Fence
-	4,  // 20: bashtask.agent.v1.Workspaces.EnsureWorkspace:input_type -> bashtask.agent.v1.EnsureWorkspaceRequest
-	6,  // 21: bashtask.agent.v1.Workspaces.GetWorkspace:input_type -> bashtask.agent.v1.GetWorkspaceRequest
-	8,  // 22: bashtask.agent.v1.Workspaces.ListWorkspaces:input_type -> bashtask.agent.v1.ListWorkspacesRequest
-	10, // 23: bashtask.agent.v1.Workspaces.DeleteWorkspace:input_type -> bashtask.agent.v1.DeleteWorkspaceRequest
-	18, // 24: bashtask.agent.v1.Workspaces.SnapshotWorkspace:input_type -> bashtask.agent.v1.SnapshotWorkspaceRequest
-	5,  // 25: bashtask.agent.v1.Workspaces.EnsureWorkspace:output_type -> bashtask.agent.v1.EnsureWorkspaceResponse
-	7,  // 26: bashtask.agent.v1.Workspaces.GetWorkspace:output_type -> bashtask.agent.v1.GetWorkspaceResponse
-	9,  // 27: bashtask.agent.v1.Workspaces.ListWorkspaces:output_type -> bashtask.agent.v1.ListWorkspacesResponse
-	11, // 28: bashtask.agent.v1.Workspaces.DeleteWorkspace:output_type -> bashtask.agent.v1.DeleteWorkspaceResponse
-	19, // 29: bashtask.agent.v1.Workspaces.SnapshotWorkspace:output_type -> bashtask.agent.v1.SnapshotWorkspaceResponse
-	25, // [25:30] is the sub-list for method output_type
-	20, // [20:25] is the sub-list for method input_type
-	20, // [20:20] is the sub-list for extension type_name
-	20, // [20:20] is the sub-list for extension extendee
-	0,  // [0:20] is the sub-list for field type_name
+	3,  // 4: bashtask.agent.v1.WorkspaceSpec.egress:type_name -> bashtask.agent.v1.EgressPolicy
+	0,  // 5: bashtask.agent.v1.WorkspaceFork.source:type_name -> bashtask.agent.v1.WorkspaceRef
+	17, // 6: bashtask.agent.v1.WorkspaceFork.time:type_name -> google.protobuf.Timestamp
+	4,  // 7: bashtask.agent.v1.EgressPolicy.allow:type_name -> bashtask.agent.v1.EgressRule
+	4,  // 8: bashtask.agent.v1.EgressPolicy.deny:type_name -> bashtask.agent.v1.EgressRule
+	0,  // 9: bashtask.agent.v1.WorkspaceStatus.ref:type_name -> bashtask.agent.v1.WorkspaceRef
+	17, // 10: bashtask.agent.v1.WorkspaceStatus.last_task_end:type_name -> google.protobuf.Timestamp
+	17, // 11: bashtask.agent.v1.WorkspaceStatus.create_time:type_name -> google.protobuf.Timestamp
+	15, // 12: bashtask.agent.v1.WorkspaceStatus.restored_from:type_name -> bashtask.agent.v1.WorkspaceSnapshot
+	18, // 13: bashtask.agent.v1.WorkspaceStatus.image:type_name -> bashtask.agent.v1.ImageStatus
+	2,  // 14: bashtask.agent.v1.WorkspaceStatus.forked_from:type_name -> bashtask.agent.v1.WorkspaceFork
+	6,  // 15: bashtask.agent.v1.WorkspaceStatus.egress_refusals:type_name -> bashtask.agent.v1.EgressRefusal
+	1,  // 16: bashtask.agent.v1.EnsureWorkspaceRequest.spec:type_name -> bashtask.agent.v1.WorkspaceSpec
+	19, // 17: bashtask.agent.v1.EnsureWorkspaceRequest.fence:type_name -> bashtask.agent.v1.Fence
+	5,  // 18: bashtask.agent.v1.EnsureWorkspaceResponse.status:type_name -> bashtask.agent.v1.WorkspaceStatus
+	18, // 19: bashtask.agent.v1.EnsureWorkspaceResponse.image_pull:type_name -> bashtask.agent.v1.ImageStatus
+	20, // 20: bashtask.agent.v1.EnsureWorkspaceResponse.image_failure:type_name -> bashtask.agent.v1.ImageFailure
+	5,  // 21: bashtask.agent.v1.GetWorkspaceResponse.status:type_name -> bashtask.agent.v1.WorkspaceStatus
+	5,  // 22: bashtask.agent.v1.ListWorkspacesResponse.workspaces:type_name -> bashtask.agent.v1.WorkspaceStatus
+	19, // 23: bashtask.agent.v1.DeleteWorkspaceRequest.fence:type_name -> bashtask.agent.v1.Fence
+	7,  // 24: bashtask.agent.v1.Workspaces.EnsureWorkspace:input_type -> bashtask.agent.v1.EnsureWorkspaceRequest
+	9,  // 25: bashtask.agent.v1.Workspaces.GetWorkspace:input_type -> bashtask.agent.v1.GetWorkspaceRequest
+	11, // 26: bashtask.agent.v1.Workspaces.ListWorkspaces:input_type -> bashtask.agent.v1.ListWorkspacesRequest
+	13, // 27: bashtask.agent.v1.Workspaces.DeleteWorkspace:input_type -> bashtask.agent.v1.DeleteWorkspaceRequest
+	21, // 28: bashtask.agent.v1.Workspaces.SnapshotWorkspace:input_type -> bashtask.agent.v1.SnapshotWorkspaceRequest
+	8,  // 29: bashtask.agent.v1.Workspaces.EnsureWorkspace:output_type -> bashtask.agent.v1.EnsureWorkspaceResponse
+	10, // 30: bashtask.agent.v1.Workspaces.GetWorkspace:output_type -> bashtask.agent.v1.GetWorkspaceResponse
+	12, // 31: bashtask.agent.v1.Workspaces.ListWorkspaces:output_type -> bashtask.agent.v1.ListWorkspacesResponse
+	14, // 32: bashtask.agent.v1.Workspaces.DeleteWorkspace:output_type -> bashtask.agent.v1.DeleteWorkspaceResponse
+	22, // 33: bashtask.agent.v1.Workspaces.SnapshotWorkspace:output_type -> bashtask.agent.v1.SnapshotWorkspaceResponse
+	29, // [29:34] is the sub-list for method output_type
+	24, // [24:29] is the sub-list for method input_type
+	24, // [24:24] is the sub-list for extension type_name
+	24, // [24:24] is the sub-list for extension extendee
+	0,  // [0:24] is the sub-list for field type_name
 }
 
 func init() { file_workspace_proto_init() }
@@ -1145,7 +1379,7 @@ func file_workspace_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_workspace_proto_rawDesc), len(file_workspace_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   12,
+			NumMessages:   15,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

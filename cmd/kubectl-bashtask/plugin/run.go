@@ -155,6 +155,7 @@ waiting for it to end; a second Ctrl-C stops waiting.
 	fl.StringVar(&f.name, "name", "", "the task's name (default: generated, "+generateNamePrefix+"xxxxx)")
 	fl.BoolVar(&f.rm, "rm", false, "delete the task when it ended")
 	fl.BoolVar(&tailOK, "tail-ok", false, tailOKHelp)
+	f.egress.add(fl)
 	return cmd
 }
 

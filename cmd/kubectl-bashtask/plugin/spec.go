@@ -59,6 +59,9 @@ type runFlags struct {
 	// spec.imagePullSecrets (--image-pull-secret, repeatable).
 	image            string
 	imagePullSecrets []string
+	// egress is --egress-allow and --egress-deny: spec.egress, with
+	// network Egress.
+	egress egressFlagValues
 }
 
 // commandFromArgs joins the words after `--` with spaces into the string
@@ -224,6 +227,9 @@ func buildTask(ns string, f runFlags, timeoutSet bool, args []string, stdin *str
 
 			TTLSecondsAfterFinished: ttl,
 		},
+	}
+	if err := taskEgress(bt, f); err != nil {
+		return nil, err
 	}
 	if f.tty {
 		bt.Spec.Stdin = nil

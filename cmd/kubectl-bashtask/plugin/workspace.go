@@ -39,6 +39,7 @@ type workspaceCreateFlags struct {
 	// spec.imagePullSecrets.
 	image            string
 	imagePullSecrets []string
+	egress           egressFlagValues
 }
 
 func (a *app) workspaceCommand() *cobra.Command {
@@ -85,6 +86,7 @@ func (a *app) workspaceCreateCommand() *cobra.Command {
 	fl.StringVar(&f.image, "image", "", "spec.image: the OCI image the workspace's tasks run in, resolved to a digest once (default: the agent's default image, or the node's root)")
 	fl.StringArrayVar(&f.imagePullSecrets, "image-pull-secret", nil, "spec.imagePullSecrets: a Secret of type kubernetes.io/dockerconfigjson whose credentials pull --image (repeatable)")
 	fl.DurationVar(&f.snapshotEvery, "snapshot-interval", 0, "spec.snapshot.intervalSeconds: snapshot this often while a task runs, 1m to 24h (whole seconds)")
+	f.egress.add(fl)
 	fl.DurationVar(&f.snapshotAfterTask, "snapshot-after-task", -1, "spec.snapshot.afterTaskSeconds: snapshot this long after the last task ended when a task changed the workspace, up to 24h (whole seconds); 0 turns it off (default: the controller's, 5m)")
 	return cmd
 }
@@ -138,6 +140,15 @@ func workspaceSpec(f workspaceCreateFlags) (bashtaskv1alpha1.BashWorkspaceSpec, 
 		return spec, err
 	}
 	spec.Image, spec.ImagePullSecrets = image, secrets
+	if spec.Egress, err = f.egress.policy(); err != nil {
+		return spec, err
+	}
+	if spec.Egress != nil {
+		if spec.Network != nil && *spec.Network != bashtaskv1alpha1.NetworkEgress {
+			return spec, fmt.Errorf("--egress-allow and --egress-deny need --network Egress, not %s", *spec.Network)
+		}
+		spec.Network = ptr.To(bashtaskv1alpha1.NetworkEgress)
+	}
 	snap, err := snapshotPolicy(f)
 	spec.Snapshot = snap
 	return spec, err

@@ -1,0 +1,389 @@
+// Package egress is the egress phase of hack/bench: the cost of a
+// workspace's egress policy by domain name (docs/egress.md) on a
+// connection's setup. Two workspaces of network Egress on one tenant
+// executor, one without a policy and one whose policy allows only the
+// name of the server, connect to a server in a network namespace of the
+// phase's own (an address of the benchmark range 198.18.0.0/15, so no
+// packet leaves the machine) in alternating rounds; each task first
+// resolves the name, then times its connections with bash's /dev/tcp
+// and $EPOCHREALTIME. The table gives the p50 of both and the
+// difference, against the target of at most +1 ms.
+package egress
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"runtime"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/miekg/dns"
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+
+	"github.com/bashtask/bashtask-operator/executor"
+	"github.com/bashtask/bashtask-operator/hack/bench/phase"
+	"github.com/bashtask/bashtask-operator/hack/bench/stats"
+	"github.com/bashtask/bashtask-operator/internal/rig/testshim"
+)
+
+// Phase is the egress phase.
+type Phase struct {
+	n, rounds int
+	shimBin   string
+}
+
+// Name is "egress".
+func (*Phase) Name() string { return "egress" }
+
+// Flags registers the phase's flags.
+func (p *Phase) Flags(fs *flag.FlagSet) {
+	fs.IntVar(&p.n, "n", 200, "connections per task")
+	fs.IntVar(&p.rounds, "rounds", 5, "tasks per workspace, alternating between the two")
+	fs.StringVar(&p.shimBin, "shim", "", "the tenant level's shim binary: empty builds ./cmd/bashtask-shim from this tree; self is this binary")
+}
+
+// serverName is the name the phase's resolver answers with the server's
+// address.
+const serverName = "bench.egress.test"
+
+// serverPort is the port the server accepts connections on.
+const serverPort = 8080
+
+// Run measures and prints the phase's table. It needs root.
+func (p *Phase) Run(ctx context.Context, _ *phase.Env) (phase.Figures, error) {
+	if os.Geteuid() != 0 {
+		return nil, errors.New("egress: needs root (network namespaces, veth pairs, nftables)")
+	}
+	dir, err := os.MkdirTemp("", "bench-egress-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(dir)
+	if err := os.Chmod(dir, 0o755); err != nil { // tasks' UIDs traverse it
+		return nil, err
+	}
+	srv, err := newServer()
+	if err != nil {
+		return nil, err
+	}
+	defer srv.close()
+	ex, err := p.executor(dir, srv.addr)
+	if err != nil {
+		return nil, err
+	}
+	defer ex.Close()
+	plain, policed, err := workspaces(ex)
+	if err != nil {
+		return nil, err
+	}
+	defer func() { _ = plain.Remove(); _ = policed.Remove() }()
+	var a, b []time.Duration
+	for i := range p.rounds {
+		for _, v := range []struct {
+			w   *executor.Workspace
+			out *[]time.Duration
+		}{{plain, &a}, {policed, &b}} {
+			ds, err := connectTimes(ctx, ex, v.w, srv.addr, p.n, fmt.Sprintf("%s/spill-%d-%s", dir, i, v.w.ID()))
+			if err != nil {
+				return nil, err
+			}
+			*v.out = append(*v.out, ds...)
+		}
+	}
+	return report(a, b), nil
+}
+
+// executor is a tenant executor with network Egress of an ID and a task
+// range of this process's own, whose resolver is the phase's.
+func (p *Phase) executor(dir string, resolver netip.Addr) (*executor.Executor, error) {
+	shimPath := p.shimBin
+	switch shimPath {
+	case "self":
+		shimPath = executor.DefaultShimPath
+	case "":
+		out, err := testshim.Build(dir)
+		if err != nil {
+			return nil, fmt.Errorf("bashtask-shim (run from the repository, or give -shim): %w", err)
+		}
+		shimPath = out
+	}
+	pid := os.Getpid()
+	egress := &executor.EgressConfig{ID: fmt.Sprintf("g%x", pid%(1<<24)),
+		CIDR: fmt.Sprintf("100.%d.%d.0/24", 64+((pid>>8)+7)%64, pid%256), Resolvers: []string{resolver.String()}}
+	ex, err := executor.New(executor.Config{Cgroups: executor.CgroupAuto, CgroupParent: fmt.Sprintf("bashtask-bench-egress-%d", pid),
+		WorkDirRoot: dir, Isolation: executor.IsolationTenant, ShimPath: shimPath, Egress: egress})
+	if err != nil {
+		return nil, err
+	}
+	if !ex.Capabilities().Egress {
+		ex.Close()
+		return nil, fmt.Errorf("egress: network Egress is not available: %w", ex.EgressError())
+	}
+	return ex, nil
+}
+
+// workspaces opens the two workspaces: without a policy, and with one
+// that allows only serverName.
+func workspaces(ex *executor.Executor) (plain, policed *executor.Workspace, err error) {
+	base := uint32(2_102_000 + os.Getpid()%1000*2)
+	if plain, err = ex.OpenWorkspace(executor.WorkspaceOptions{ID: "bench-egress-plain", UID: base, GID: base, Network: executor.NetworkEgress}); err != nil {
+		return nil, nil, err
+	}
+	if policed, err = ex.OpenWorkspace(executor.WorkspaceOptions{ID: "bench-egress-policy", UID: base + 1, GID: base + 1, Network: executor.NetworkEgress}); err != nil {
+		_ = plain.Remove()
+		return nil, nil, err
+	}
+	pol := &executor.EgressPolicy{DefaultDeny: true, Allow: []executor.EgressRule{{Domain: serverName, Ports: []uint16{serverPort}}}}
+	if err := policed.SetEgressPolicy(pol, nil); err != nil {
+		_ = plain.Remove()
+		_ = policed.Remove()
+		return nil, nil, err
+	}
+	return plain, policed, nil
+}
+
+// connectTimes runs a task of w that resolves serverName and then
+// connects n times to the server, and returns the connections' setup
+// times.
+func connectTimes(ctx context.Context, ex *executor.Executor, w *executor.Workspace, addr netip.Addr, n int, spill string) ([]time.Duration, error) {
+	cmd := fmt.Sprintf(`getent ahostsv4 %s >/dev/null || { echo "cannot resolve %s" >&2; exit 1; }
+for ((i = 0; i < %d; i++)); do
+  t0=$EPOCHREALTIME; exec 3<>/dev/tcp/%s/%d || exit 1; t1=$EPOCHREALTIME; exec 3<&-
+  echo $(( ${t1/./} - ${t0/./} ))
+done`, serverName, serverName, n, addr, serverPort)
+	t, err := ex.Start(executor.Spec{Command: cmd, SpillDir: spill, TailBytes: 64 << 10, Timeout: time.Minute,
+		Workspace: &executor.WorkspaceTask{Workspace: w}})
+	if err != nil {
+		return nil, err
+	}
+	res, err := t.Wait(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if res.Reason != executor.ReasonSucceeded {
+		return nil, fmt.Errorf("egress: the connecting task of %s: %s %s: %s", w.ID(), res.Reason, res.Message, res.Stderr.Tail)
+	}
+	var out []time.Duration
+	for _, line := range strings.Fields(res.Stdout.Tail) {
+		us, err := strconv.ParseInt(line, 10, 64)
+		if err != nil {
+			return nil, fmt.Errorf("egress: the task's output %q: %w", line, err)
+		}
+		out = append(out, time.Duration(us)*time.Microsecond)
+	}
+	if len(out) != n {
+		return nil, fmt.Errorf("egress: %d of %d connections timed", len(out), n)
+	}
+	return out, nil
+}
+
+// report prints the table and returns the figures.
+func report(plain, policed []time.Duration) phase.Figures {
+	p50a, p50b := stats.MedianDuration(plain), stats.MedianDuration(policed)
+	p99a, p99b := stats.PercentileDuration(plain, 99), stats.PercentileDuration(policed, 99)
+	w := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', tabwriter.Debug)
+	fmt.Fprintln(w, "egress: TCP connection setup from a workspace task (bash /dev/tcp)\tp50\tp99\ttarget\t")
+	fmt.Fprintf(w, "network Egress, no policy (%d connections)\t%v\t%v\t\t\n", len(plain), p50a, p99a)
+	fmt.Fprintf(w, "network Egress, policy allowing the name on its port (%d connections)\t%v\t%v\t\t\n", len(policed), p50b, p99b)
+	fmt.Fprintf(w, "difference\t%s\t%s\t<= +1ms p50\t\n", signed(p50b-p50a), signed(p99b-p99a))
+	_ = w.Flush()
+	ms := func(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+	return phase.Figures{
+		"egress.connect_p50_ms_plain":   ms(p50a),
+		"egress.connect_p50_ms_policy":  ms(p50b),
+		"egress.policy_overhead_p50_ms": ms(p50b - p50a),
+	}
+}
+
+// signed is d with its sign, +0s for zero.
+func signed(d time.Duration) string {
+	if d < 0 {
+		return d.String()
+	}
+	return "+" + d.String()
+}
+
+// server is the phase's stand-in for the internet: a network namespace
+// with a veth pair to this one, a TCP server that accepts and closes, and
+// a resolver answering serverName with the server's address.
+type server struct {
+	name     string
+	ns       netns.NsHandle
+	link     netlink.Link
+	addr     netip.Addr
+	listener net.Listener
+	dns      *dns.Server
+}
+
+// newServer sets the server up; close takes it down.
+func newServer() (_ *server, err error) {
+	pid := os.Getpid()
+	s := &server{name: fmt.Sprintf("bt-bench-egress-%d", pid), ns: -1}
+	defer func() {
+		if err != nil {
+			s.close()
+		}
+	}()
+	base := netip.MustParseAddr("198.18.0.0").As4()
+	v := uint32(base[0])<<24 | uint32(base[1])<<16 | uint32((pid+8192)%32768)<<2
+	at := func(off uint32) netip.Addr {
+		x := v + off
+		return netip.AddrFrom4([4]byte{byte(x >> 24), byte(x >> 16), byte(x >> 8), byte(x)})
+	}
+	hostSide := at(1)
+	s.addr = at(2)
+	if s.ns, err = newNamedNetns(s.name); err != nil {
+		return nil, fmt.Errorf("egress: network namespace %s: %w", s.name, err)
+	}
+	veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: fmt.Sprintf("vbe%d", pid%1000000)}, PeerName: "eth0", PeerNamespace: netlink.NsFd(int(s.ns))}
+	if err := netlink.LinkAdd(veth); err != nil {
+		return nil, fmt.Errorf("egress: veth: %w", err)
+	}
+	s.link = veth
+	if err := addrUp(nil, veth.Name, hostSide); err != nil {
+		return nil, err
+	}
+	h, err := netlink.NewHandleAt(s.ns)
+	if err != nil {
+		return nil, err
+	}
+	defer h.Close()
+	if err := addrUp(h, "eth0", s.addr); err != nil {
+		return nil, err
+	}
+	return s, inNetns(s.ns, s.listen)
+}
+
+// addrUp gives link name (through h, nil for this namespace) a /30
+// address a and brings it up.
+func addrUp(h *netlink.Handle, name string, a netip.Addr) error {
+	if h == nil {
+		var err error
+		if h, err = netlink.NewHandle(); err != nil {
+			return err
+		}
+		defer h.Close()
+	}
+	l, err := h.LinkByName(name)
+	if err != nil {
+		return err
+	}
+	if err := h.AddrAdd(l, &netlink.Addr{IPNet: &net.IPNet{IP: a.AsSlice(), Mask: net.CIDRMask(30, 32)}}); err != nil {
+		return fmt.Errorf("egress: address %s on %s: %w", a, name, err)
+	}
+	return h.LinkSetUp(l)
+}
+
+// listen starts the TCP server and the resolver; it runs in the
+// server's namespace.
+func (s *server) listen() error {
+	lo, err := netlink.LinkByName("lo")
+	if err == nil {
+		err = netlink.LinkSetUp(lo)
+	}
+	if err != nil {
+		return err
+	}
+	if s.listener, err = net.Listen("tcp4", netip.AddrPortFrom(s.addr, serverPort).String()); err != nil {
+		return err
+	}
+	go func() {
+		for {
+			c, err := s.listener.Accept()
+			if err != nil {
+				return
+			}
+			c.Close()
+		}
+	}()
+	pc, err := net.ListenPacket("udp4", netip.AddrPortFrom(s.addr, 53).String())
+	if err != nil {
+		return err
+	}
+	answer := s.addr.AsSlice()
+	s.dns = &dns.Server{PacketConn: pc, Handler: dns.HandlerFunc(func(w dns.ResponseWriter, r *dns.Msg) {
+		m := new(dns.Msg)
+		m.SetReply(r)
+		if q := r.Question[0]; q.Qtype == dns.TypeA && strings.EqualFold(q.Name, serverName+".") {
+			m.Answer = append(m.Answer, &dns.A{Hdr: dns.RR_Header{Name: q.Name, Rrtype: dns.TypeA, Class: dns.ClassINET, Ttl: 300}, A: answer})
+		}
+		_ = w.WriteMsg(m)
+	})}
+	go func() { _ = s.dns.ActivateAndServe() }()
+	return nil
+}
+
+func (s *server) close() {
+	if s.dns != nil {
+		_ = s.dns.Shutdown()
+	}
+	if s.listener != nil {
+		s.listener.Close()
+	}
+	if s.link != nil {
+		_ = netlink.LinkDel(s.link)
+	}
+	if s.ns >= 0 {
+		s.ns.Close()
+		_ = netns.DeleteNamed(s.name)
+	}
+}
+
+// inNetns runs f on a thread switched to ns. A thread that cannot be
+// switched back stays locked, so the runtime ends it with the goroutine.
+func inNetns(ns netns.NsHandle, f func() error) error {
+	errc := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		orig, err := netns.Get()
+		if err != nil {
+			errc <- err
+			return
+		}
+		defer orig.Close()
+		if err := netns.Set(ns); err != nil {
+			errc <- err
+			return
+		}
+		err = f()
+		if netns.Set(orig) == nil {
+			runtime.UnlockOSThread()
+		}
+		errc <- err
+	}()
+	return <-errc
+}
+
+// newNamedNetns creates the network namespace /run/netns/name without
+// moving the calling goroutine into it.
+func newNamedNetns(name string) (netns.NsHandle, error) {
+	type result struct {
+		ns  netns.NsHandle
+		err error
+	}
+	c := make(chan result, 1)
+	go func() {
+		runtime.LockOSThread()
+		orig, err := netns.Get()
+		if err != nil {
+			c <- result{err: err}
+			return
+		}
+		defer orig.Close()
+		ns, err := netns.NewNamed(name)
+		if err == nil && netns.Set(orig) == nil {
+			runtime.UnlockOSThread()
+		}
+		c <- result{ns, err}
+	}()
+	r := <-c
+	return r.ns, r.err
+}
