@@ -52,6 +52,19 @@ func TestAgentShutdownMovesWorkspaces(t *testing.T) {
 	g.Eventually(func(g Gomega) string { return stdout(getTask(g, running)) }).WithTimeout(waitLong).Should(Equal("started\n"))
 	g.Expect(getWorkspace(g, ws).Status.Snapshot).To(BeNil(), "no snapshot before the stop")
 
+	// Only this test's two workspaces are on the node when it stops: an
+	// earlier test's workspace still being deleted would count as movable.
+	g.Eventually(func(g Gomega) []string {
+		held, err := rig.Registry.ListWorkspaces(t.Context(), first)
+		g.Expect(err).NotTo(HaveOccurred())
+		var names []string
+		for _, w := range held {
+			names = append(names, w.GetRef().GetNamespace()+"/"+w.GetRef().GetName())
+		}
+		return names
+	}).WithTimeout(waitLong).WithPolling(50*time.Millisecond).Should(ConsistOf(ns+"/moves", ns+"/stays"),
+		"the agent on %s holds only this test's workspaces", first)
+
 	a := rig.Agents[first]
 	restarted := false
 	t.Cleanup(func() {
