@@ -77,6 +77,28 @@ func (s *termSession) expect(want string) {
 	}
 }
 
+// typeUntil types input every 250 ms until the terminal shows want,
+// for a key whose target takes the terminal at a moment that nothing
+// shows; it fails the test after 20 s.
+func (s *termSession) typeUntil(input, want string) {
+	s.t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for next := time.Now(); ; time.Sleep(5 * time.Millisecond) {
+		out := s.output()
+		if i := strings.Index(out[s.seen:], want); i >= 0 {
+			s.seen += i + len(want)
+			return
+		}
+		if time.Now().After(deadline) {
+			s.t.Fatalf("timed out typing %q for %q; the terminal showed %q", input, want, out[s.seen:])
+		}
+		if time.Now().After(next) {
+			s.typeIn(input)
+			next = time.Now().Add(250 * time.Millisecond)
+		}
+	}
+}
+
 // output is the stdout stream so far (the tests stay within the tail).
 func (s *termSession) output() string {
 	snap := s.task.Snapshot().Stdout
@@ -148,9 +170,11 @@ func TestTerminalSignalsTheForegroundGroup(t *testing.T) {
 	t.Parallel()
 	forEachTerminalLevel(t, func(t *testing.T, ex *Executor) {
 		s := startTerminal(t, ex)
-		s.typeIn("sleep 300\r")
-		s.expect("sleep 300\r\n")
-		time.Sleep(100 * time.Millisecond) // sleep runs in the foreground
+		// The job says when it runs: bash's child takes the terminal
+		// before it runs the job, so a key typed after the job's line
+		// reaches it, however long the fork took.
+		s.typeIn(`sh -c 'echo job=$((300+1)); exec sleep 300'` + "\r")
+		s.expect("job=301")
 		start := time.Now()
 		s.typeIn("\x03")
 		s.expect("^C")
@@ -159,16 +183,16 @@ func TestTerminalSignalsTheForegroundGroup(t *testing.T) {
 		if d := time.Since(start); d > 10*time.Second {
 			t.Errorf("^C took %v", d)
 		}
-		s.typeIn("sleep 301\r")
-		s.expect("sleep 301\r\n")
-		time.Sleep(100 * time.Millisecond)
+		s.typeIn(`sh -c 'echo job=$((300+2)); exec sleep 301'` + "\r")
+		s.expect("job=302")
 		s.typeIn("\x1a")
 		s.expect("Stopped")
+		s.expect("$ ") // the shell drops what was typed before its prompt
 		s.typeIn("fg\r")
 		s.expect("sleep 301")
-		time.Sleep(100 * time.Millisecond)
-		s.typeIn("\x1c")
-		s.expect("Quit")
+		// fg prints the job before it gives the job the terminal: ^\ until
+		// the job has it (the shell itself ignores SIGQUIT).
+		s.typeUntil("\x1c", "Quit")
 		s.typeIn("echo alive=$((2+3))\r")
 		s.expect("alive=5")
 	})
@@ -182,9 +206,8 @@ func TestTerminalResize(t *testing.T) {
 		s := startTerminal(t, ex)
 		s.typeIn("echo cols=$(tput cols) lines=$(tput lines)\r")
 		s.expect("cols=80 lines=24")
-		s.typeIn(`trap 'echo winch=$(tput cols)x$(tput lines)' WINCH; sleep 300 & wait` + "\r")
-		s.expect("wait\r\n")
-		time.Sleep(100 * time.Millisecond)
+		s.typeIn(`trap 'echo winch=$(tput cols)x$(tput lines)' WINCH; echo armed=$((1+1)); sleep 300 & wait` + "\r")
+		s.expect("armed=2") // the trap is set
 		if err := s.term.Resize(WindowSize{Rows: 50, Cols: 132}); err != nil {
 			t.Fatal(err)
 		}

@@ -218,8 +218,9 @@ func TestPluginTerminalInTmux(t *testing.T) {
 	tm.send("echo size=$(tput cols)x$(tput lines)", "Enter")
 	tm.waitFor("size=120x40")
 
-	tm.send("sleep 300", "Enter")
-	time.Sleep(300 * time.Millisecond)
+	// The job says when it runs, and so holds the terminal.
+	tm.send("sh -c 'echo job=$((1+1)); exec sleep 300'", "Enter")
+	tm.waitFor("job=2")
 	tm.send("C-c")
 	tm.send("echo status=$?", "Enter")
 	tm.waitFor("status=130")
