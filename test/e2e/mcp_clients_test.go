@@ -38,13 +38,16 @@ func mcpClientsDir(t *testing.T) string {
 
 // TestMCPTypeScriptClient drives each tool of `kubectl bashtask mcp` from
 // the official TypeScript SDK (test/e2e/mcpclients/client.mjs), including
-// a request the client aborts, whose task must end Cancelled.
+// a request the client aborts, whose task must end Cancelled, forks changed
+// each its own way, and another owner's workspace refused; then the session
+// of docs/mcp.md (transcript.mjs), which it prints.
 func TestMCPTypeScriptClient(t *testing.T) {
 	needWorkspaces(t)
 	ns := newNamespace(t)
 	dir := mcpClientsDir(t)
+	createWorkspace(t, ns, "theirs", "--owner", "o2", "--network", "None")
 	cmd := exec.CommandContext(t.Context(), "node", filepath.Join(dir, "client.mjs"),
-		filepath.Join(binDir, "kubectl-bashtask"), filepath.Join(clusterDir, "kubeconfig"), ns, "o1")
+		filepath.Join(binDir, "kubectl-bashtask"), filepath.Join(clusterDir, "kubeconfig"), ns, "o1", "theirs")
 	out, err := cmd.CombinedOutput()
 	t.Logf("client.mjs:\n%s", out)
 	if err != nil {
