@@ -54,6 +54,17 @@ func TestMCPTypeScriptClient(t *testing.T) {
 		t.Fatalf("the TypeScript client failed: %v", err)
 	}
 	waitTaskCancelled(t, ns, "sleep 300")
+	// The owner the model gave (someone-else) was ignored: every task of
+	// the session, the forks' included, is the server's owner's.
+	var tasks v1.BashTaskList
+	if err := k8s.List(t.Context(), &tasks, client.InNamespace(ns)); err != nil || len(tasks.Items) == 0 {
+		t.Fatalf("the session's tasks: %d (%v)", len(tasks.Items), err)
+	}
+	for _, task := range tasks.Items {
+		if o := ptr.Deref(task.Spec.Owner, ""); o != "o1" {
+			t.Errorf("task %s (%q): owner %q, want the server's o1", task.Name, task.Spec.Command, o)
+		}
+	}
 
 	// The session of docs/mcp.md.
 	cmd = exec.CommandContext(t.Context(), "node", filepath.Join(dir, "transcript.mjs"),

@@ -50,7 +50,7 @@ r = await call("list_dir", { workspace: "ts1" });
 check("list_dir", r.entries.some((e) => e.name === "t.sh" && e.type === "file" && e.mode === "755"), r);
 
 let progress = 0;
-r = await call("run", { workspace: "ts1", command: "./t.sh; sleep 2.5" }, { onprogress: () => progress++ });
+r = await call("run", { workspace: "ts1", command: "./t.sh; sleep 2.5", owner: "someone-else" }, { onprogress: () => progress++ });
 check("run", r.exit_code === 0 && r.stdout === "from-ts\n" && r.stdout_bytes === 8, r);
 check("run progress notifications", progress > 0, progress);
 
