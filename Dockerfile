@@ -5,8 +5,9 @@
 #   docker build --target controller -t bashtask-controller .
 #   docker build --target agent      -t bashtask-agent .
 #   docker build --target task       -t bashtask-task .
+#   docker build --target mcp        -t bashtask-mcp .
 #
-# `make docker-build` builds the three with the version metadata below.
+# `make docker-build` builds the four with the version metadata below.
 
 ARG GO_VERSION=1.26.8
 ARG BUILDER_IMAGE=golang:${GO_VERSION}-bookworm
@@ -30,12 +31,13 @@ COPY agentpool/ agentpool/
 COPY controllers/ controllers/
 COPY executor/ executor/
 COPY internal/ internal/
+COPY mcpserver/ mcpserver/
 COPY operator/ operator/
 COPY outputapi/ outputapi/
 # Static binaries (no cgo): the controller's base has no C library.
 RUN --mount=type=cache,target=/go/pkg/mod --mount=type=cache,target=/root/.cache/go-build \
     CGO_ENABLED=0 GOOS=${TARGETOS} GOARCH=${TARGETARCH} \
-    go build -trimpath -ldflags='-s -w' -o /out/ ./cmd/bashtask-controller ./cmd/bashtask-agent ./cmd/bashtask-shim
+    go build -trimpath -ldflags='-s -w' -o /out/ ./cmd/bashtask-controller ./cmd/bashtask-agent ./cmd/bashtask-shim ./cmd/kubectl-bashtask
 
 FROM ${CONTROLLER_BASE_IMAGE} AS controller
 ARG VERSION=dev
@@ -107,3 +109,20 @@ RUN apt-get update \
       python3 python3-venv python3-pip \
  && rm -rf /var/lib/apt/lists/*
 CMD ["/bin/bash"]
+
+# The MCP server over Streamable HTTP (`kubectl-bashtask mcp --http`, the
+# chart's mcp values; docs/mcp.md): the plugin's static binary and nothing
+# else. It holds no credentials of its own: each request's bearer token.
+FROM ${CONTROLLER_BASE_IMAGE} AS mcp
+ARG VERSION=dev
+ARG REVISION=unknown
+ARG CREATED=unknown
+LABEL org.opencontainers.image.title="bashtask-mcp" \
+      org.opencontainers.image.description="Model Context Protocol server over BashWorkspaces (kubectl-bashtask mcp)" \
+      org.opencontainers.image.source="https://github.com/bashtask/bashtask-operator" \
+      org.opencontainers.image.version="${VERSION}" \
+      org.opencontainers.image.revision="${REVISION}" \
+      org.opencontainers.image.created="${CREATED}"
+COPY --from=build /out/kubectl-bashtask /kubectl-bashtask
+USER 65532:65532
+ENTRYPOINT ["/kubectl-bashtask"]

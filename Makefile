@@ -254,8 +254,8 @@ KUSTOMIZE   := $(LOCALBIN)/kustomize
 KUBECONFORM := $(LOCALBIN)/kubeconform
 
 .PHONY: docker-build
-docker-build: ## Build the controller, agent and task images (Dockerfile targets) with version labels.
-	for target in controller agent task; do \
+docker-build: ## Build the controller, agent, task and MCP server images (Dockerfile targets) with version labels.
+	for target in controller agent task mcp; do \
 	  $(CONTAINER_TOOL) build --target "$$target" \
 	    --build-arg VERSION=$(IMG_TAG) --build-arg REVISION="$$(git rev-parse HEAD)" \
 	    --build-arg CREATED="$$(date -u +%Y-%m-%dT%H:%M:%SZ)" \

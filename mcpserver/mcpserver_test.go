@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"k8s.io/client-go/rest"
 )
 
@@ -65,5 +66,63 @@ func TestFileContentBounds(t *testing.T) {
 	}
 	if b, err := fileContent(WriteFileInput{Workspace: "w", Path: "x", Content: "AP8=", Encoding: "base64"}); err != nil || string(b) != "\x00\xff" {
 		t.Errorf("base64 content: %q %v", b, err)
+	}
+}
+
+// TestForkInputRefusals: workspace_fork refuses a missing source, a count
+// out of 1..MaxForkCount and a name prefix that cannot start a workspace's
+// name, as tool errors naming the field and the bound, before any API
+// call (the server here has no cluster).
+func TestForkInputRefusals(t *testing.T) {
+	srv, err := New(Config{REST: &rest.Config{Host: "http://127.0.0.1:1"}, Namespace: "ns", Owner: "o1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ct, st := mcp.NewInMemoryTransports()
+	if _, err := srv.mcp.Connect(t.Context(), st, nil); err != nil {
+		t.Fatal(err)
+	}
+	cs, err := mcp.NewClient(&mcp.Implementation{Name: "test", Version: "v0"}, nil).Connect(t.Context(), ct, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = cs.Close() }()
+	for _, c := range []struct {
+		args map[string]any
+		want string
+	}{
+		{map[string]any{"count": 2}, `missing properties: ["source"]`},
+		{map[string]any{"source": "w", "count": MaxForkCount + 1}, "count 17 is out of range: 1 to 16 copies"},
+		{map[string]any{"source": "w", "count": -1}, "count -1 is out of range"},
+		{map[string]any{"source": "w", "name_prefix": "Try_"}, `name_prefix "Try_"`},
+		{map[string]any{"source": "w", "name_prefix": strings.Repeat("a", 59)}, "at most 58 characters"},
+	} {
+		res, err := cs.CallTool(t.Context(), &mcp.CallToolParams{Name: "workspace_fork", Arguments: c.args})
+		if err != nil {
+			t.Fatalf("workspace_fork %v: %v, want a tool error", c.args, err)
+		}
+		text := ""
+		for _, content := range res.Content {
+			if tc, ok := content.(*mcp.TextContent); ok {
+				text += tc.Text
+			}
+		}
+		if !res.IsError || !strings.Contains(text, c.want) {
+			t.Errorf("workspace_fork %v: isError %v, %q; want a tool error containing %q", c.args, res.IsError, text, c.want)
+		}
+	}
+}
+
+// TestForkOptions: the client's options of a valid input carry the
+// server's namespace, and a count of 0 is one copy.
+func TestForkOptions(t *testing.T) {
+	s := &Server{cfg: Config{Namespace: "ns", Owner: "o1"}}
+	o, err := s.forkOptions(ForkInput{Source: "w", NamePrefix: "try-"})
+	if err != nil || o.Namespace != "ns" || o.Source != "w" || o.Count != 1 || o.NamePrefix != "try-" {
+		t.Errorf("forkOptions: %+v %v", o, err)
+	}
+	raw, _ := json.Marshal(inputSchema[ForkInput]())
+	if strings.Contains(string(raw), `"owner"`) || !strings.Contains(string(raw), `"source"`) {
+		t.Errorf("workspace_fork's schema: %s", raw)
 	}
 }

@@ -1,5 +1,5 @@
 // Package mcpserver is the Model Context Protocol server of `kubectl
-// bashtask mcp`: tools that create, suspend, resume and delete
+// bashtask mcp`: tools that create, fork, suspend, resume and delete
 // BashWorkspaces, run and start commands in them, read their output by
 // byte offset, write their standard input, cancel them, and read, write
 // and list files, plus each workspace's files as resources. It is built on
@@ -77,6 +77,7 @@ func New(cfg Config) (*Server, error) {
 		Instructions: instructions(cfg),
 	})
 	s.addWorkspaceTools()
+	s.addForkTool()
 	s.addRunTools()
 	s.addOutputTools()
 	s.addFileTools()
@@ -88,6 +89,7 @@ func New(cfg Config) (*Server, error) {
 func instructions(cfg Config) string {
 	return fmt.Sprintf("Shell workspaces of owner %q in namespace %q. Create a workspace (workspace_create), "+
 		"then run commands in it (run), or start long ones (start) and read their output by byte offset (read_output). "+
+		"To try changes side by side, copy a workspace with workspace_fork. "+
 		"Files: write_file, read_file, list_dir; paths are relative to the workspace's home, /home/task. "+
 		"Files persist across commands; the working directory and exported variables may too.", cfg.Owner, cfg.Namespace)
 }

@@ -38,19 +38,33 @@ func mcpClientsDir(t *testing.T) string {
 
 // TestMCPTypeScriptClient drives each tool of `kubectl bashtask mcp` from
 // the official TypeScript SDK (test/e2e/mcpclients/client.mjs), including
-// a request the client aborts, whose task must end Cancelled.
+// a request the client aborts, whose task must end Cancelled, forks changed
+// each its own way, and another owner's workspace refused; then the session
+// of docs/mcp.md (transcript.mjs), which it prints.
 func TestMCPTypeScriptClient(t *testing.T) {
 	needWorkspaces(t)
 	ns := newNamespace(t)
 	dir := mcpClientsDir(t)
+	createWorkspace(t, ns, "theirs", "--owner", "o2", "--network", "None")
 	cmd := exec.CommandContext(t.Context(), "node", filepath.Join(dir, "client.mjs"),
-		filepath.Join(binDir, "kubectl-bashtask"), filepath.Join(clusterDir, "kubeconfig"), ns, "o1")
+		filepath.Join(binDir, "kubectl-bashtask"), filepath.Join(clusterDir, "kubeconfig"), ns, "o1", "theirs")
 	out, err := cmd.CombinedOutput()
 	t.Logf("client.mjs:\n%s", out)
 	if err != nil {
 		t.Fatalf("the TypeScript client failed: %v", err)
 	}
 	waitTaskCancelled(t, ns, "sleep 300")
+	// The owner the model gave (someone-else) was ignored: every task of
+	// the session, the forks' included, is the server's owner's.
+	var tasks v1.BashTaskList
+	if err := k8s.List(t.Context(), &tasks, client.InNamespace(ns)); err != nil || len(tasks.Items) == 0 {
+		t.Fatalf("the session's tasks: %d (%v)", len(tasks.Items), err)
+	}
+	for _, task := range tasks.Items {
+		if o := ptr.Deref(task.Spec.Owner, ""); o != "o1" {
+			t.Errorf("task %s (%q): owner %q, want the server's o1", task.Name, task.Spec.Command, o)
+		}
+	}
 
 	// The session of docs/mcp.md.
 	cmd = exec.CommandContext(t.Context(), "node", filepath.Join(dir, "transcript.mjs"),
@@ -104,10 +118,11 @@ func TestMCPInspectorCLI(t *testing.T) {
 	}
 }
 
-// TestMCPHTTPIdentity serves Streamable HTTP and calls it with bearer
-// tokens: none and an unknown one are refused (401); a ServiceAccount of
-// another namespace is authenticated but RBAC refuses its every call; a
-// ServiceAccount with a Role in the namespace runs its command.
+// TestMCPHTTPIdentity serves Streamable HTTP without credentials of its
+// own, as the chart runs it, and calls it with bearer tokens: none and an
+// unknown one are refused (401); a ServiceAccount of another namespace is
+// authenticated but RBAC refuses its every call (workspace_fork too); a
+// ServiceAccount with a Role in the namespace runs its command and forks.
 func TestMCPHTTPIdentity(t *testing.T) {
 	needWorkspaces(t)
 	ns, other := newNamespace(t), newNamespace(t)
@@ -129,6 +144,7 @@ func TestMCPHTTPIdentity(t *testing.T) {
 	}
 	mustRefuse(t, s, "run", map[string]any{"workspace": "h1", "command": "echo intruder"}, "forbidden")
 	mustRefuse(t, s, "workspace_delete", map[string]any{"name": "h1"}, "forbidden")
+	mustRefuse(t, s, "workspace_fork", map[string]any{"source": "h1"}, "forbidden")
 	if s, err = httpSession(t, url, member); err != nil {
 		t.Fatalf("the member's session: %v", err)
 	}
@@ -137,6 +153,12 @@ func TestMCPHTTPIdentity(t *testing.T) {
 	if r.ExitCode != 0 || r.Stdout != "member\n" {
 		t.Errorf("the member's run: %+v", r)
 	}
+	var f struct{ Workspaces []mcpWorkspace }
+	mustCall(t, s, "workspace_fork", map[string]any{"source": "h1"}, &f)
+	if len(f.Workspaces) != 1 || f.Workspaces[0].Phase != string(v1.WorkspaceReady) {
+		t.Fatalf("the member's fork: %+v", f)
+	}
+	mustCall(t, s, "workspace_delete", map[string]any{"name": f.Workspaces[0].Name}, nil)
 }
 
 func adminClientset(t *testing.T) *kubernetes.Clientset {
@@ -183,7 +205,9 @@ func serviceAccountToken(t *testing.T, cs *kubernetes.Clientset, ns, name string
 	return tr.Status.Token
 }
 
-// startMCPHTTP runs `kubectl-bashtask mcp --http` on a free port and
+// startMCPHTTP runs `kubectl-bashtask mcp --http` on a free port, as the
+// chart's mcp values run it: no kubeconfig and no credentials, only the
+// API server's URL (--server) and CA (--certificate-authority). It
 // returns its URL once it listens.
 func startMCPHTTP(t *testing.T, ns string) string {
 	t.Helper()
@@ -193,8 +217,11 @@ func startMCPHTTP(t *testing.T, ns string) string {
 	}
 	addr := l.Addr().String()
 	_ = l.Close()
+	server, caFile := apiServerAndCA(t)
 	ctx, cancel := context.WithCancel(context.Background())
-	cmd := exec.CommandContext(ctx, filepath.Join(binDir, "kubectl-bashtask"), "--kubeconfig", filepath.Join(clusterDir, "kubeconfig"), "-n", ns, "mcp", "--owner", "o1", "--http", addr)
+	cmd := exec.CommandContext(ctx, filepath.Join(binDir, "kubectl-bashtask"), "--server", server, "--certificate-authority", caFile,
+		"-n", ns, "mcp", "--owner", "o1", "--http", addr)
+	cmd.Env = append(os.Environ(), "KUBECONFIG=", "HOME="+t.TempDir())
 	cmd.Stderr = os.Stderr
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -210,6 +237,24 @@ func startMCPHTTP(t *testing.T, ns string) string {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+// apiServerAndCA returns the cluster's API server URL and a file of its
+// CA, from the administrator's kubeconfig.
+func apiServerAndCA(t *testing.T) (server, caFile string) {
+	t.Helper()
+	cfg, err := clientcmd.BuildConfigFromFlags("", filepath.Join(clusterDir, "kubeconfig"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	caFile = cfg.CAFile
+	if len(cfg.CAData) > 0 {
+		caFile = filepath.Join(t.TempDir(), "ca.crt")
+		if err := os.WriteFile(caFile, cfg.CAData, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return cfg.Host, caFile
 }
 
 // bearer adds a bearer token to each request.

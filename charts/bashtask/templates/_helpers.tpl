@@ -70,3 +70,12 @@ app.kubernetes.io/component: {{ .component }}
 {{- define "bashtask.outputAPI.tlsSecret" -}}{{ include "bashtask.fullname" . }}-output-api-tls{{- end -}}
 {{/* Where the controller reads that Secret (--output-api-cert-dir). */}}
 {{- define "bashtask.outputAPI.certDir" -}}/etc/bashtask/output-api-tls{{- end -}}
+
+{{/* The MCP server over HTTP (mcp values, mcp-server.yaml): its objects' name, namespace and ServiceAccount. */}}
+{{- define "bashtask.mcp.fullname" -}}{{ include "bashtask.fullname" . }}-mcp{{- end -}}
+{{- define "bashtask.mcp.namespace" -}}{{ default .Release.Namespace .Values.mcp.namespace }}{{- end -}}
+{{- define "bashtask.mcp.serviceAccountName" -}}
+{{- default (include "bashtask.mcp.fullname" .) .Values.mcp.serviceAccount.name -}}
+{{- end -}}
+{{/* Where the pod reads the API server's CA (the namespace's kube-root-ca.crt ConfigMap). */}}
+{{- define "bashtask.mcp.caDir" -}}/etc/bashtask/kube-ca{{- end -}}

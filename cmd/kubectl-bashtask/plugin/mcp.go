@@ -13,8 +13,8 @@ func (a *app) mcpCommand() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "mcp --owner OWNER [--http ADDR]",
 		Short: "Serve workspaces to a model as a Model Context Protocol server",
-		Long: `mcp serves the Model Context Protocol: tools that create, suspend, resume
-and delete workspaces, run and start commands in them, read their output by
+		Long: `mcp serves the Model Context Protocol: tools that create, fork, suspend,
+resume and delete workspaces, run and start commands in them, read their output by
 byte offset, write their standard input, cancel them, and read, write and
 list files; each workspace's files are also resources
 (bashtask://WORKSPACE/PATH). It serves stdio by default, for a client that

@@ -1,6 +1,7 @@
 // transcript.mjs is the session of docs/mcp.md, driven from the official
 // TypeScript MCP SDK: create a workspace, write a file and its tests, run
-// the tests, read their output by offset, fix the file, run them again. It
+// the tests, read their output by offset, fix the file, run them again,
+// fork the workspace into two copies and try a different change in each. It
 // prints each call and its structured result, and exits non-zero when the
 // session does not go as the transcript says.
 // Usage: node transcript.mjs KUBECTL_BASHTASK KUBECONFIG NAMESPACE OWNER
@@ -36,5 +37,19 @@ await call("write_file", { workspace: "demo", path: "proj/calc.py", content: cal
 r = await call("run", { workspace: "demo", working_dir: "proj", command: "python3 -B test_calc.py" });
 if (r.exit_code !== 0) process.exit(1);
 await call("list_dir", { workspace: "demo", path: "proj" });
-await call("workspace_delete", { name: "demo" });
+// Two ways to write add, tried side by side in two copies of the workspace.
+const f = await call("workspace_fork", { source: "demo", count: 2, name_prefix: "demo-try-" });
+if (f.workspaces.length !== 2) process.exit(1);
+const [a, b] = f.workspaces.map((w) => w.name);
+await call("write_file", { workspace: a, path: "proj/calc.py", content: "def add(a, b):\n    return sum((a, b))\n" });
+r = await call("run", { workspace: a, working_dir: "proj", command: "python3 -B test_calc.py", tail_bytes: 20 });
+if (r.exit_code !== 0) process.exit(1);
+await call("write_file", { workspace: b, path: "proj/calc.py", content: "def add(a, b):\n    return int(f'{a}{b}')\n" });
+r = await call("run", { workspace: b, working_dir: "proj", command: "python3 -B test_calc.py", tail_bytes: 20 });
+if (r.exit_code !== 1) process.exit(1);
+r = await call("read_file", { workspace: "demo", path: "proj/calc.py" });
+if (r.content !== calc.replace("a - b", "a + b")) process.exit(1);
+for (const name of [a, b, "demo"]) {
+  await call("workspace_delete", { name });
+}
 await client.close();

@@ -15,7 +15,7 @@ import (
 // TestDockerfile stands in for building the images where no container
 // engine runs: every COPY source exists in the repository or is an earlier
 // stage, the copied directories hold every package the three binaries are
-// built from, .dockerignore lets them through, and the targets the Makefile
+// built from (the plugin's too, for the MCP server's image), .dockerignore lets them through, and the targets the Makefile
 // builds exist.
 func TestDockerfile(t *testing.T) {
 	data, err := os.ReadFile(filepath.Join(root, "Dockerfile"))
@@ -87,7 +87,7 @@ func TestDockerfile(t *testing.T) {
 	// Every package of the module the binaries need is under a copied
 	// directory.
 	cmd := exec.CommandContext(t.Context(), "go", "list", "-deps", "-f", "{{if .Module}}{{if .Module.Main}}{{.Dir}}{{end}}{{end}}",
-		"./cmd/bashtask-controller", "./cmd/bashtask-agent", "./cmd/bashtask-shim")
+		"./cmd/bashtask-controller", "./cmd/bashtask-agent", "./cmd/bashtask-shim", "./cmd/kubectl-bashtask")
 	cmd.Dir = root
 	out, err := cmd.Output()
 	if err != nil {
