@@ -34,10 +34,27 @@ import (
 const (
 	namespace = "bench-portforward"
 	workspace = "pf"
-	// server is the workspace's task: on 8001 it sends the byte count
-	// each connection asks for (a decimal line), on 8000 it is
-	// `python3 -m http.server` speaking HTTP/1.1 (keep-alive).
-	server = `echo ok > index.html && exec python3 -u -c '
+	// bytesPort and httpPort are the server's ports on the workspace's
+	// loopback.
+	bytesPort, httpPort = 8001, 8000
+	// listenBacklog is the server's listen backlog, above any number of
+	// connections the phase opens at once.
+	listenBacklog = 128
+)
+
+// serverScript is the workspace's task: on bytesPort it sends the byte
+// count each connection asks for (a decimal line), on httpPort it is
+// `python3 -m http.server` speaking HTTP/1.1 (keep-alive). Two of
+// Python's defaults are changed, as servers built for load set them: a
+// listen backlog of listenBacklog instead of socketserver's 5 (connections
+// arriving at once past the backlog have their SYN dropped, and the
+// client's kernel sends it again after 1 s, then 3 s), and TCP_NODELAY on
+// each connection (http.server writes the headers and the body apart, and
+// Nagle's algorithm holds the body until the headers' delayed ACK, 40 ms
+// on Linux). Both costs would be the server's, not the port-forward's
+// (docs/portforward.md, "Figures").
+func serverScript(bytesPort, httpPort int) string {
+	return fmt.Sprintf(`echo ok > index.html && exec python3 -u -c '
 import http.server, socketserver, threading
 class Zeros(socketserver.BaseRequestHandler):
     def handle(self):
@@ -46,12 +63,15 @@ class Zeros(socketserver.BaseRequestHandler):
         while n > 0:
             k = min(n, len(chunk)); self.request.sendall(chunk[:k]); n -= k
 socketserver.ThreadingTCPServer.allow_reuse_address = True
-threading.Thread(target=socketserver.ThreadingTCPServer(("127.0.0.1", 8001), Zeros).serve_forever, daemon=True).start()
+socketserver.ThreadingTCPServer.request_queue_size = %[3]d
+http.server.ThreadingHTTPServer.request_queue_size = %[3]d
+http.server.SimpleHTTPRequestHandler.disable_nagle_algorithm = True
+threading.Thread(target=socketserver.ThreadingTCPServer(("127.0.0.1", %[1]d), Zeros).serve_forever, daemon=True).start()
 print("Serving", flush=True)
 http.server.SimpleHTTPRequestHandler.protocol_version = "HTTP/1.1"
-http.server.ThreadingHTTPServer(("127.0.0.1", 8000), http.server.SimpleHTTPRequestHandler).serve_forever()
-'`
-)
+http.server.ThreadingHTTPServer(("127.0.0.1", %[2]d), http.server.SimpleHTTPRequestHandler).serve_forever()
+'`, bytesPort, httpPort, listenBacklog)
+}
 
 type options struct {
 	bytes       int64
@@ -132,7 +152,7 @@ func setup(ctx context.Context, k8s ctrlclient.Client, oc *client.Client, timeou
 		return err
 	}
 	bt := &v1.BashTask{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, GenerateName: "server-"}}
-	bt.Spec.Command, bt.Spec.Workspace, bt.Spec.TimeoutSeconds = server, ptr.To(workspace), ptr.To[int32](600)
+	bt.Spec.Command, bt.Spec.Workspace, bt.Spec.TimeoutSeconds = serverScript(bytesPort, httpPort), ptr.To(workspace), ptr.To[int32](600)
 	if err := k8s.Create(ctx, bt); err != nil {
 		return err
 	}
@@ -157,7 +177,7 @@ func forward(ctx context.Context, oc *client.Client) ([]client.ForwardedPort, <-
 	ready := make(chan []client.ForwardedPort, 1)
 	done := make(chan error, 1)
 	go func() {
-		done <- oc.PortForward(ctx, namespace, workspace, []string{"0:8001", "0:8000"}, client.PortForwardOptions{
+		done <- oc.PortForward(ctx, namespace, workspace, []string{fmt.Sprintf("0:%d", bytesPort), fmt.Sprintf("0:%d", httpPort)}, client.PortForwardOptions{
 			Ready: func(p []client.ForwardedPort) { ready <- p },
 		})
 	}()
