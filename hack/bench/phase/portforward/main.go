@@ -33,16 +33,17 @@ import (
 
 const (
 	namespace = "bench-portforward"
-	workspace = "pf"
-	// bytesPort and httpPort are the server's ports on the workspace's
-	// loopback.
-	bytesPort, httpPort = 8001, 8000
+	// Workspace is the name of the workspace Setup makes.
+	Workspace = "pf"
+	// BytesPort and HTTPPort are the ports of the server that Setup
+	// starts (ServerScript).
+	BytesPort, HTTPPort = 8001, 8000
 	// listenBacklog is the server's listen backlog, above any number of
 	// connections the phase opens at once.
 	listenBacklog = 128
 )
 
-// serverScript is the workspace's task: on bytesPort it sends the byte
+// ServerScript is the workspace's task: on bytesPort it sends the byte
 // count each connection asks for (a decimal line), on httpPort it is
 // `python3 -m http.server` speaking HTTP/1.1 (keep-alive). Two of
 // Python's defaults are changed, as servers built for load set them: a
@@ -53,7 +54,7 @@ const (
 // Nagle's algorithm holds the body until the headers' delayed ACK, 40 ms
 // on Linux). Both costs would be the server's, not the port-forward's
 // (docs/portforward.md, "Figures").
-func serverScript(bytesPort, httpPort int) string {
+func ServerScript(bytesPort, httpPort int) string {
 	return fmt.Sprintf(`echo ok > index.html && exec python3 -u -c '
 import http.server, socketserver, threading
 class Zeros(socketserver.BaseRequestHandler):
@@ -118,9 +119,9 @@ func (p *Phase) Run(ctx context.Context, env *phase.Env) (phase.Figures, error) 
 	defer func() {
 		dctx, cancel := context.WithTimeout(context.Background(), p.o.timeout)
 		defer cancel()
-		_ = oc.DeleteWorkspace(dctx, namespace, workspace)
+		_ = oc.DeleteWorkspace(dctx, namespace, Workspace)
 	}()
-	if err := setup(ctx, k8s, oc, p.o.timeout); err != nil {
+	if err := Setup(ctx, k8s, oc, namespace, p.o.timeout); err != nil {
 		return nil, err
 	}
 	fctx, stop := context.WithCancel(ctx)
@@ -137,22 +138,23 @@ func (p *Phase) Run(ctx context.Context, env *phase.Env) (phase.Figures, error) 
 	return figs, err
 }
 
-// setup makes the workspace (network None) and starts the server.
-func setup(ctx context.Context, k8s ctrlclient.Client, oc *client.Client, timeout time.Duration) error {
-	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: namespace}}
-	if err := k8s.Create(ctx, ns); err != nil && !apierrors.IsAlreadyExists(err) {
+// Setup makes workspace "pf" (network None) in namespace ns and starts
+// the server (ServerScript) in it, waiting at most timeout for each.
+func Setup(ctx context.Context, k8s ctrlclient.Client, oc *client.Client, ns string, timeout time.Duration) error {
+	nso := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}
+	if err := k8s.Create(ctx, nso); err != nil && !apierrors.IsAlreadyExists(err) {
 		return err
 	}
-	if _, err := oc.CreateWorkspace(ctx, client.WorkspaceOptions{Namespace: namespace, Name: workspace, Network: string(v1.NetworkNone)}); err != nil && !apierrors.IsAlreadyExists(err) {
+	if _, err := oc.CreateWorkspace(ctx, client.WorkspaceOptions{Namespace: ns, Name: Workspace, Network: string(v1.NetworkNone)}); err != nil && !apierrors.IsAlreadyExists(err) {
 		return err
 	}
 	wctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	if _, err := oc.WaitWorkspaceReady(wctx, namespace, workspace); err != nil {
+	if _, err := oc.WaitWorkspaceReady(wctx, ns, Workspace); err != nil {
 		return err
 	}
-	bt := &v1.BashTask{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, GenerateName: "server-"}}
-	bt.Spec.Command, bt.Spec.Workspace, bt.Spec.TimeoutSeconds = serverScript(bytesPort, httpPort), ptr.To(workspace), ptr.To[int32](600)
+	bt := &v1.BashTask{ObjectMeta: metav1.ObjectMeta{Namespace: ns, GenerateName: "server-"}}
+	bt.Spec.Command, bt.Spec.Workspace, bt.Spec.TimeoutSeconds = ServerScript(BytesPort, HTTPPort), ptr.To(Workspace), ptr.To[int32](600)
 	if err := k8s.Create(ctx, bt); err != nil {
 		return err
 	}
@@ -177,7 +179,7 @@ func forward(ctx context.Context, oc *client.Client) ([]client.ForwardedPort, <-
 	ready := make(chan []client.ForwardedPort, 1)
 	done := make(chan error, 1)
 	go func() {
-		done <- oc.PortForward(ctx, namespace, workspace, []string{fmt.Sprintf("0:%d", bytesPort), fmt.Sprintf("0:%d", httpPort)}, client.PortForwardOptions{
+		done <- oc.PortForward(ctx, namespace, Workspace, []string{fmt.Sprintf("0:%d", BytesPort), fmt.Sprintf("0:%d", HTTPPort)}, client.PortForwardOptions{
 			Ready: func(p []client.ForwardedPort) { ready <- p },
 		})
 	}()
@@ -191,15 +193,15 @@ func forward(ctx context.Context, oc *client.Client) ([]client.ForwardedPort, <-
 
 // measure carries the bytes, then the requests, and prints the figures.
 func (p *Phase) measure(ctx context.Context, ports []client.ForwardedPort) (phase.Figures, error) {
-	mibs, err := throughput(ctx, ports[0].Local, p.o.bytes)
+	mibs, err := Throughput(ctx, ports[0].Local, p.o.bytes)
 	if err != nil {
 		return nil, fmt.Errorf("throughput: %w", err)
 	}
-	rps, err := requestRate(ctx, ports[1].Local, p.o.requests, p.o.concurrency, true)
+	rps, err := RequestRate(ctx, ports[1].Local, p.o.requests, p.o.concurrency, true)
 	if err != nil {
 		return nil, fmt.Errorf("requests: %w", err)
 	}
-	cps, err := requestRate(ctx, ports[1].Local, p.o.requests/10, p.o.concurrency, false)
+	cps, err := RequestRate(ctx, ports[1].Local, p.o.requests/10, p.o.concurrency, false)
 	if err != nil {
 		return nil, fmt.Errorf("requests on new connections: %w", err)
 	}
@@ -212,9 +214,9 @@ func (p *Phase) measure(ctx context.Context, ports []client.ForwardedPort) (phas
 		"portforward.http_new_connections_per_s": cps}, nil
 }
 
-// throughput asks the server for n bytes through local port and reads
+// Throughput asks the server for n bytes through local port and reads
 // them, in MiB/s.
-func throughput(ctx context.Context, port uint16, n int64) (float64, error) {
+func Throughput(ctx context.Context, port uint16, n int64) (float64, error) {
 	var d net.Dialer
 	conn, err := d.DialContext(ctx, "tcp", fmt.Sprintf("127.0.0.1:%d", port))
 	if err != nil {
@@ -235,9 +237,9 @@ func throughput(ctx context.Context, port uint16, n int64) (float64, error) {
 	return float64(n) / (1 << 20) / time.Since(start).Seconds(), nil
 }
 
-// requestRate makes total GETs with concurrency clients, each keeping its
+// RequestRate makes total GETs with concurrency clients, each keeping its
 // connection or making a new one per request, in requests per second.
-func requestRate(ctx context.Context, port uint16, total, concurrency int, keepAlive bool) (float64, error) {
+func RequestRate(ctx context.Context, port uint16, total, concurrency int, keepAlive bool) (float64, error) {
 	url := fmt.Sprintf("http://127.0.0.1:%d/index.html", port)
 	var next atomic.Int64
 	var wg sync.WaitGroup

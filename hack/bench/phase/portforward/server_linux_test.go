@@ -49,11 +49,11 @@ func TestServerBacklogAndNoDelay(t *testing.T) {
 	}
 }
 
-// startServer runs serverScript in a temporary directory until it prints
+// startServer runs ServerScript in a temporary directory until it prints
 // Serving; the test's end kills it.
 func startServer(t *testing.T, bytesPort, httpPort int) *exec.Cmd {
 	t.Helper()
-	cmd := exec.Command("bash", "-c", serverScript(bytesPort, httpPort))
+	cmd := exec.Command("bash", "-c", ServerScript(bytesPort, httpPort))
 	cmd.Dir = t.TempDir()
 	cmd.Stderr = os.Stderr
 	out, err := cmd.StdoutPipe()
