@@ -278,7 +278,12 @@ func spdyForward(t *testing.T, ns, ws string, remote int) uint16 {
 	}
 	done := make(chan error, 1)
 	go func() { done <- fw.ForwardPorts() }()
-	t.Cleanup(func() { close(stop); <-done })
+	t.Cleanup(func() {
+		close(stop)
+		if err := <-done; err != nil {
+			t.Errorf("the SPDY port-forward after its stop: %v", err)
+		}
+	})
 	select {
 	case <-ready:
 	case err := <-done:

@@ -141,6 +141,8 @@ func (t *targets) forwarded(ctx context.Context, forward func(context.Context) (
 		return fmt.Errorf("requests on new connections: %w", err)
 	}
 	stop()
-	<-done
+	if err := <-done; err != nil {
+		return fmt.Errorf("the forward ended: %w", err)
+	}
 	return nil
 }

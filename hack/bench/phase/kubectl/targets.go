@@ -194,7 +194,11 @@ func (t *targets) forwardPod(ctx context.Context) ([]uint16, <-chan error, error
 	ports, err := readForwardedPorts(bufio.NewScanner(out))
 	go func() {
 		_, _ = io.Copy(io.Discard, out)
-		done <- cmd.Wait()
+		err := cmd.Wait()
+		if ctx.Err() != nil {
+			err = nil // stopped, as asked
+		}
+		done <- err
 	}()
 	if err != nil {
 		return nil, nil, errors.Join(err, <-done)
@@ -216,7 +220,7 @@ func readForwardedPorts(sc *bufio.Scanner) ([]uint16, error) {
 		byRemote[remote] = uint16(local)
 	}
 	if len(byRemote) < 2 {
-		return nil, fmt.Errorf("kubectl port-forward ended before both ports listened (%v)", sc.Err())
+		return nil, fmt.Errorf("kubectl port-forward ended before both ports listened (reading its output: %w)", sc.Err())
 	}
 	return []uint16{byRemote[portforward.BytesPort], byRemote[portforward.HTTPPort]}, nil
 }

@@ -35,15 +35,18 @@ const (
 	namespace = "bench-portforward"
 	// Workspace is the name of the workspace Setup makes.
 	Workspace = "pf"
-	// BytesPort and HTTPPort are the ports of the server that Setup
-	// starts (ServerScript).
-	BytesPort, HTTPPort = 8001, 8000
+	// BytesPort is the port of the server that Setup starts
+	// (ServerScript) that sends the bytes asked for.
+	BytesPort = 8001
+	// HTTPPort is the server's HTTP port.
+	HTTPPort = 8000
 	// listenBacklog is the server's listen backlog, above any number of
 	// connections the phase opens at once.
 	listenBacklog = 128
 )
 
-// ServerScript is the workspace's task: on bytesPort it sends the byte
+// ServerScript is the server's script, the workspace's task (and the
+// kubectl phase's pod's command): on bytesPort it sends the byte
 // count each connection asks for (a decimal line), on httpPort it is
 // `python3 -m http.server` speaking HTTP/1.1 (keep-alive). Two of
 // Python's defaults are changed, as servers built for load set them: a
