@@ -212,7 +212,7 @@ func (p *Phase) measure(ctx context.Context, ports []client.ForwardedPort) (phas
 	fmt.Printf("  %-44s %10.1f MiB/s\n", fmt.Sprintf("throughput, %d MiB through one connection", p.o.bytes>>20), mibs)
 	fmt.Printf("  %-44s %10.0f req/s\n", fmt.Sprintf("small HTTP GETs, %d in flight, keep-alive", p.o.concurrency), rps)
 	fmt.Printf("  %-44s %10.0f req/s\n", fmt.Sprintf("small HTTP GETs, %d in flight, new connection each", p.o.concurrency), cps)
-	fmt.Printf("  kubectl port-forward to a pod: not measured (the local cluster runs no kubelet)\n")
+	fmt.Printf("  kubectl port-forward to a pod: not measured here (the local cluster runs no kubelet); make bench-cluster-interactive measures it on the one-node cluster\n")
 	return phase.Figures{"portforward.throughput_mib_s": mibs, "portforward.http_requests_per_s": rps,
 		"portforward.http_new_connections_per_s": cps}, nil
 }
