@@ -337,6 +337,17 @@ bench-portforward: build envtest ## Throughput of 1 GiB and small-HTTP-request r
 	mkdir -p _output
 	$(BENCH) -phases=portforward -json _output/bench-portforward.json -portforward-args='$(BENCH_PORTFORWARD_ARGS)'
 
+# The terminal and port-forward side by side with kubectl exec -it and
+# kubectl port-forward to a pod (the kubectl phase; docs/performance.md), on
+# the one-node cluster that `make cluster-up` started (root).
+# BENCH_CLUSTER_INTERACTIVE_ARGS passes flags, e.g. '-keys=1000 -bytes=268435456'.
+BENCH_CLUSTER_INTERACTIVE_ARGS ?=
+
+.PHONY: bench-cluster-interactive
+bench-cluster-interactive: ## Echo p50/p99 and port-forward throughput and requests/s against kubectl exec -it and port-forward, on the running one-node cluster (root).
+	mkdir -p _output
+	$(BENCH) -phases=kubectl -json _output/bench-cluster-interactive.json -kubectl-args='$(BENCH_CLUSTER_INTERACTIVE_ARGS)'
+
 # Keystroke echo through the API (the terminal phase; docs/terminal.md):
 # a byte written to a task's terminal through bashtasks/attach and its
 # echo read back, one at a time, on a local cluster.

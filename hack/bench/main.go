@@ -17,6 +17,7 @@
 //	session    one command of a session through the plugin and the Go client, on the shared cluster (phase/session)
 //	terminal   keystroke echo through bashtasks/attach, on the shared cluster (phase/terminal)
 //	portforward  1 GiB and small HTTP requests through the client's PortForward into a workspace, on the shared cluster (phase/portforward)
+//	kubectl    the terminal and port-forward against kubectl exec -it and port-forward to a pod, on the one-node cluster of make cluster-up (phase/kubectl)
 //	mcp        one command through kubectl bashtask mcp over stdio against the plugin, on the shared cluster (phase/mcp)
 //	system     the whole system on the shared cluster; its table takes in
 //	           the executor's, the output's and the resume's figures (phase/system)
@@ -67,6 +68,7 @@ import (
 	"github.com/bashtask/bashtask-operator/hack/bench/phase/executor"
 	"github.com/bashtask/bashtask-operator/hack/bench/phase/fork"
 	"github.com/bashtask/bashtask-operator/hack/bench/phase/images"
+	"github.com/bashtask/bashtask-operator/hack/bench/phase/kubectl"
 	mcpphase "github.com/bashtask/bashtask-operator/hack/bench/phase/mcp"
 	"github.com/bashtask/bashtask-operator/hack/bench/phase/output"
 	"github.com/bashtask/bashtask-operator/hack/bench/phase/portforward"
@@ -82,7 +84,7 @@ import (
 // phases are every phase, in the order they run.
 func phases() []phase.Phase {
 	return []phase.Phase{&executor.Phase{}, &snapshot.Phase{}, &images.Phase{}, &workspace.Phase{}, &egress.Phase{}, &apiserver.Phase{},
-		&resume.Phase{}, &fork.Phase{}, &output.Phase{}, &session.Phase{}, &terminal.Phase{}, &portforward.Phase{}, &mcpphase.Phase{}, &system.Phase{}}
+		&resume.Phase{}, &fork.Phase{}, &output.Phase{}, &session.Phase{}, &terminal.Phase{}, &portforward.Phase{}, &kubectl.Phase{}, &mcpphase.Phase{}, &system.Phase{}}
 }
 
 // defaultPhases is what `make bench` runs; resume only as root.

@@ -6,7 +6,9 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"os/exec"
+	"path"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -16,9 +18,12 @@ import (
 
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/tools/portforward"
+	"k8s.io/client-go/transport/spdy"
 	"k8s.io/utils/ptr"
 	ctrlclient "sigs.k8s.io/controller-runtime/pkg/client"
 
+	outputv1alpha1 "github.com/bashtask/bashtask-operator/api/output/v1alpha1"
 	v1 "github.com/bashtask/bashtask-operator/api/v1alpha1"
 	"github.com/bashtask/bashtask-operator/client"
 	"github.com/bashtask/bashtask-operator/internal/rig/syncbuf"
@@ -155,6 +160,12 @@ func TestPortForward(t *testing.T) {
 			t.Errorf("PortForward after its context ended: %v", err)
 		}
 	})
+	t.Run("SPDY, as clients before the WebSocket tunneling", func(t *testing.T) {
+		local := spdyForward(t, ns, "pf1", 8000)
+		if got, err := fetch(fmt.Sprintf("http://127.0.0.1:%d/index.html", local)); err != nil || got != "hello-from-pf1\n" {
+			t.Errorf("through SPDY: %q %v", got, err)
+		}
+	})
 	t.Run("not another workspace's port", func(t *testing.T) {
 		local, stderr, done := pluginForward(t, ns, "pf2", "", 8000)
 		if local == "" {
@@ -240,4 +251,47 @@ func TestPortForwardAuthorization(t *testing.T) {
 	if code == 0 || !strings.Contains(errOut, "create") || !strings.Contains(strings.ToLower(errOut), "forbidden") {
 		t.Errorf("port-forward as a user with get but not create on bashworkspaces/portforward: exit %d, stderr %q; want forbidden naming create", code, errOut)
 	}
+}
+
+// spdyForward forwards a free local port to remote of workspace ws over
+// SPDY alone (a POST upgraded to SPDY/3.1, what kubectl port-forward spoke
+// before it tunneled SPDY through a WebSocket), and returns the local port
+// once it listens; the test's end stops it.
+func spdyForward(t *testing.T, ns, ws string, remote int) uint16 {
+	t.Helper()
+	cfg := adminConfig(t)
+	rt, upgrader, err := spdy.RoundTripperFor(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u, err := url.Parse(cfg.Host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.Path = path.Join("/apis", outputv1alpha1.Group, outputv1alpha1.Version, "namespaces", ns,
+		outputv1alpha1.ResourceWorkspaces, ws, outputv1alpha1.SubresourcePortForward)
+	dialer := spdy.NewDialer(upgrader, &http.Client{Transport: rt}, http.MethodPost, u)
+	stop, ready := make(chan struct{}), make(chan struct{})
+	fw, err := portforward.New(dialer, []string{fmt.Sprintf("0:%d", remote)}, stop, ready, io.Discard, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- fw.ForwardPorts() }()
+	t.Cleanup(func() {
+		close(stop)
+		if err := <-done; err != nil {
+			t.Errorf("the SPDY port-forward after its stop: %v", err)
+		}
+	})
+	select {
+	case <-ready:
+	case err := <-done:
+		t.Fatalf("the SPDY port-forward ended before it listened: %v", err)
+	}
+	ports, err := fw.GetPorts()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ports[0].Local
 }

@@ -33,11 +33,32 @@ import (
 
 const (
 	namespace = "bench-portforward"
-	workspace = "pf"
-	// server is the workspace's task: on 8001 it sends the byte count
-	// each connection asks for (a decimal line), on 8000 it is
-	// `python3 -m http.server` speaking HTTP/1.1 (keep-alive).
-	server = `echo ok > index.html && exec python3 -u -c '
+	// Workspace is the name of the workspace Setup makes.
+	Workspace = "pf"
+	// BytesPort is the port of the server that Setup starts
+	// (ServerScript) that sends the bytes asked for.
+	BytesPort = 8001
+	// HTTPPort is the server's HTTP port.
+	HTTPPort = 8000
+	// listenBacklog is the server's listen backlog, above any number of
+	// connections the phase opens at once.
+	listenBacklog = 128
+)
+
+// ServerScript is the server's script, the workspace's task (and the
+// kubectl phase's pod's command): on bytesPort it sends the byte
+// count each connection asks for (a decimal line), on httpPort it is
+// `python3 -m http.server` speaking HTTP/1.1 (keep-alive). Two of
+// Python's defaults are changed, as servers built for load set them: a
+// listen backlog of listenBacklog instead of socketserver's 5 (connections
+// arriving at once past the backlog have their SYN dropped, and the
+// client's kernel sends it again after 1 s, then 3 s), and TCP_NODELAY on
+// each connection (http.server writes the headers and the body apart, and
+// Nagle's algorithm holds the body until the headers' delayed ACK, 40 ms
+// on Linux). Both costs would be the server's, not the port-forward's
+// (docs/portforward.md, "Figures").
+func ServerScript(bytesPort, httpPort int) string {
+	return fmt.Sprintf(`echo ok > index.html && exec python3 -u -c '
 import http.server, socketserver, threading
 class Zeros(socketserver.BaseRequestHandler):
     def handle(self):
@@ -46,12 +67,15 @@ class Zeros(socketserver.BaseRequestHandler):
         while n > 0:
             k = min(n, len(chunk)); self.request.sendall(chunk[:k]); n -= k
 socketserver.ThreadingTCPServer.allow_reuse_address = True
-threading.Thread(target=socketserver.ThreadingTCPServer(("127.0.0.1", 8001), Zeros).serve_forever, daemon=True).start()
+socketserver.ThreadingTCPServer.request_queue_size = %[3]d
+http.server.ThreadingHTTPServer.request_queue_size = %[3]d
+http.server.SimpleHTTPRequestHandler.disable_nagle_algorithm = True
+threading.Thread(target=socketserver.ThreadingTCPServer(("127.0.0.1", %[1]d), Zeros).serve_forever, daemon=True).start()
 print("Serving", flush=True)
 http.server.SimpleHTTPRequestHandler.protocol_version = "HTTP/1.1"
-http.server.ThreadingHTTPServer(("127.0.0.1", 8000), http.server.SimpleHTTPRequestHandler).serve_forever()
-'`
-)
+http.server.ThreadingHTTPServer(("127.0.0.1", %[2]d), http.server.SimpleHTTPRequestHandler).serve_forever()
+'`, bytesPort, httpPort, listenBacklog)
+}
 
 type options struct {
 	bytes       int64
@@ -98,9 +122,9 @@ func (p *Phase) Run(ctx context.Context, env *phase.Env) (phase.Figures, error) 
 	defer func() {
 		dctx, cancel := context.WithTimeout(context.Background(), p.o.timeout)
 		defer cancel()
-		_ = oc.DeleteWorkspace(dctx, namespace, workspace)
+		_ = oc.DeleteWorkspace(dctx, namespace, Workspace)
 	}()
-	if err := setup(ctx, k8s, oc, p.o.timeout); err != nil {
+	if err := Setup(ctx, k8s, oc, namespace, p.o.timeout); err != nil {
 		return nil, err
 	}
 	fctx, stop := context.WithCancel(ctx)
@@ -117,22 +141,23 @@ func (p *Phase) Run(ctx context.Context, env *phase.Env) (phase.Figures, error) 
 	return figs, err
 }
 
-// setup makes the workspace (network None) and starts the server.
-func setup(ctx context.Context, k8s ctrlclient.Client, oc *client.Client, timeout time.Duration) error {
-	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: namespace}}
-	if err := k8s.Create(ctx, ns); err != nil && !apierrors.IsAlreadyExists(err) {
+// Setup makes workspace "pf" (network None) in namespace ns and starts
+// the server (ServerScript) in it, waiting at most timeout for each.
+func Setup(ctx context.Context, k8s ctrlclient.Client, oc *client.Client, ns string, timeout time.Duration) error {
+	nso := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}
+	if err := k8s.Create(ctx, nso); err != nil && !apierrors.IsAlreadyExists(err) {
 		return err
 	}
-	if _, err := oc.CreateWorkspace(ctx, client.WorkspaceOptions{Namespace: namespace, Name: workspace, Network: string(v1.NetworkNone)}); err != nil && !apierrors.IsAlreadyExists(err) {
+	if _, err := oc.CreateWorkspace(ctx, client.WorkspaceOptions{Namespace: ns, Name: Workspace, Network: string(v1.NetworkNone)}); err != nil && !apierrors.IsAlreadyExists(err) {
 		return err
 	}
 	wctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	if _, err := oc.WaitWorkspaceReady(wctx, namespace, workspace); err != nil {
+	if _, err := oc.WaitWorkspaceReady(wctx, ns, Workspace); err != nil {
 		return err
 	}
-	bt := &v1.BashTask{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, GenerateName: "server-"}}
-	bt.Spec.Command, bt.Spec.Workspace, bt.Spec.TimeoutSeconds = server, ptr.To(workspace), ptr.To[int32](600)
+	bt := &v1.BashTask{ObjectMeta: metav1.ObjectMeta{Namespace: ns, GenerateName: "server-"}}
+	bt.Spec.Command, bt.Spec.Workspace, bt.Spec.TimeoutSeconds = ServerScript(BytesPort, HTTPPort), ptr.To(Workspace), ptr.To[int32](600)
 	if err := k8s.Create(ctx, bt); err != nil {
 		return err
 	}
@@ -157,7 +182,7 @@ func forward(ctx context.Context, oc *client.Client) ([]client.ForwardedPort, <-
 	ready := make(chan []client.ForwardedPort, 1)
 	done := make(chan error, 1)
 	go func() {
-		done <- oc.PortForward(ctx, namespace, workspace, []string{"0:8001", "0:8000"}, client.PortForwardOptions{
+		done <- oc.PortForward(ctx, namespace, Workspace, []string{fmt.Sprintf("0:%d", BytesPort), fmt.Sprintf("0:%d", HTTPPort)}, client.PortForwardOptions{
 			Ready: func(p []client.ForwardedPort) { ready <- p },
 		})
 	}()
@@ -171,15 +196,15 @@ func forward(ctx context.Context, oc *client.Client) ([]client.ForwardedPort, <-
 
 // measure carries the bytes, then the requests, and prints the figures.
 func (p *Phase) measure(ctx context.Context, ports []client.ForwardedPort) (phase.Figures, error) {
-	mibs, err := throughput(ctx, ports[0].Local, p.o.bytes)
+	mibs, err := Throughput(ctx, ports[0].Local, p.o.bytes)
 	if err != nil {
 		return nil, fmt.Errorf("throughput: %w", err)
 	}
-	rps, err := requestRate(ctx, ports[1].Local, p.o.requests, p.o.concurrency, true)
+	rps, err := RequestRate(ctx, ports[1].Local, p.o.requests, p.o.concurrency, true)
 	if err != nil {
 		return nil, fmt.Errorf("requests: %w", err)
 	}
-	cps, err := requestRate(ctx, ports[1].Local, p.o.requests/10, p.o.concurrency, false)
+	cps, err := RequestRate(ctx, ports[1].Local, p.o.requests/10, p.o.concurrency, false)
 	if err != nil {
 		return nil, fmt.Errorf("requests on new connections: %w", err)
 	}
@@ -187,14 +212,14 @@ func (p *Phase) measure(ctx context.Context, ports []client.ForwardedPort) (phas
 	fmt.Printf("  %-44s %10.1f MiB/s\n", fmt.Sprintf("throughput, %d MiB through one connection", p.o.bytes>>20), mibs)
 	fmt.Printf("  %-44s %10.0f req/s\n", fmt.Sprintf("small HTTP GETs, %d in flight, keep-alive", p.o.concurrency), rps)
 	fmt.Printf("  %-44s %10.0f req/s\n", fmt.Sprintf("small HTTP GETs, %d in flight, new connection each", p.o.concurrency), cps)
-	fmt.Printf("  kubectl port-forward to a pod: not measured (the local cluster runs no kubelet)\n")
+	fmt.Printf("  kubectl port-forward to a pod: not measured here (the local cluster runs no kubelet); make bench-cluster-interactive measures it on the one-node cluster\n")
 	return phase.Figures{"portforward.throughput_mib_s": mibs, "portforward.http_requests_per_s": rps,
 		"portforward.http_new_connections_per_s": cps}, nil
 }
 
-// throughput asks the server for n bytes through local port and reads
+// Throughput asks the server for n bytes through local port and reads
 // them, in MiB/s.
-func throughput(ctx context.Context, port uint16, n int64) (float64, error) {
+func Throughput(ctx context.Context, port uint16, n int64) (float64, error) {
 	var d net.Dialer
 	conn, err := d.DialContext(ctx, "tcp", fmt.Sprintf("127.0.0.1:%d", port))
 	if err != nil {
@@ -215,9 +240,9 @@ func throughput(ctx context.Context, port uint16, n int64) (float64, error) {
 	return float64(n) / (1 << 20) / time.Since(start).Seconds(), nil
 }
 
-// requestRate makes total GETs with concurrency clients, each keeping its
+// RequestRate makes total GETs with concurrency clients, each keeping its
 // connection or making a new one per request, in requests per second.
-func requestRate(ctx context.Context, port uint16, total, concurrency int, keepAlive bool) (float64, error) {
+func RequestRate(ctx context.Context, port uint16, total, concurrency int, keepAlive bool) (float64, error) {
 	url := fmt.Sprintf("http://127.0.0.1:%d/index.html", port)
 	var next atomic.Int64
 	var wg sync.WaitGroup

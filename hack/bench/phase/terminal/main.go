@@ -141,42 +141,75 @@ func (p *Phase) Run(ctx context.Context, env *phase.Env) (phase.Figures, error) 
 
 // measure attaches to task and times -warmup + -keys echoes.
 func (p *Phase) measure(ctx context.Context, oc *client.Client, task *v1.BashTask) ([]float64, error) {
+	return Echo(ctx, EchoOptions{Keys: p.o.keys, Warmup: p.o.warmup, Timeout: p.o.timeout},
+		func(ctx context.Context, stdin io.Reader, stdout io.Writer) error {
+			return oc.Attach(ctx, namespace, task.Name, client.AttachOptions{Stdin: stdin, Stdout: stdout})
+		})
+}
+
+// EchoOptions tune Echo.
+type EchoOptions struct {
+	// Keys is the number of timed keystrokes, Warmup the untimed ones
+	// before them.
+	Keys, Warmup int
+	// Timeout bounds the wait for one echo.
+	Timeout time.Duration
+}
+
+// Attacher connects stdin and stdout to a terminal until ctx ends (or the
+// terminal's side ends, an error or nil).
+type Attacher func(ctx context.Context, stdin io.Reader, stdout io.Writer) error
+
+// Echo attaches with attach to a terminal whose program echoes nothing
+// itself (`cat > /dev/null`: the line discipline echoes) and times
+// o.Warmup + o.Keys keystrokes, one at a time, each from the write of its
+// byte to the arrival of its echo, in milliseconds; the warm-up ones are
+// left out.
+func Echo(ctx context.Context, o EchoOptions, attach Attacher) ([]float64, error) {
 	actx, detach := context.WithCancel(ctx)
 	defer detach()
 	pr, pw := io.Pipe()
 	defer pw.Close()
 	out := &echoes{wake: make(chan struct{}, 1)}
 	done := make(chan error, 1)
-	go func() { done <- oc.Attach(actx, namespace, task.Name, client.AttachOptions{Stdin: pr, Stdout: out}) }()
+	go func() { done <- attach(actx, pr, out) }()
 	var lat []float64
 	seen := 0
-	for i := range p.o.warmup + p.o.keys {
+	for i := range o.Warmup + o.Keys {
 		key := byte('a' + i%26)
 		start := time.Now()
 		if _, err := pw.Write([]byte{key}); err != nil {
 			return nil, fmt.Errorf("typing key %d: %w", i, err)
 		}
-		deadline := time.After(p.o.timeout)
-		for {
-			var ok bool
-			if seen, ok = out.after(seen, key); ok {
-				break
-			}
-			select {
-			case <-out.wake:
-			case err := <-done:
-				return nil, fmt.Errorf("the attach ended at key %d: %w", i, cmpErr(err))
-			case <-deadline:
-				return nil, fmt.Errorf("no echo of key %d within %s", i, p.o.timeout)
-			case <-ctx.Done():
-				return nil, ctx.Err()
-			}
+		var err error
+		if seen, err = out.wait(ctx, seen, key, o.Timeout, done); err != nil {
+			return nil, fmt.Errorf("key %d: %w", i, err)
 		}
-		if i >= p.o.warmup {
+		if i >= o.Warmup {
 			lat = append(lat, float64(time.Since(start))/float64(time.Millisecond))
 		}
 	}
 	return lat, nil
+}
+
+// wait waits until key arrives at or after offset from, returning the
+// offset after it.
+func (e *echoes) wait(ctx context.Context, from int, key byte, timeout time.Duration, done <-chan error) (int, error) {
+	deadline := time.After(timeout)
+	for {
+		if next, ok := e.after(from, key); ok {
+			return next, nil
+		}
+		select {
+		case <-e.wake:
+		case err := <-done:
+			return from, fmt.Errorf("the attach ended: %w", cmpErr(err))
+		case <-deadline:
+			return from, fmt.Errorf("no echo within %s", timeout)
+		case <-ctx.Done():
+			return from, ctx.Err()
+		}
+	}
 }
 
 func cmpErr(err error) error {
