@@ -3,7 +3,6 @@
 package executor
 
 import (
-	"debug/elf"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -11,138 +10,16 @@ import (
 	"testing"
 
 	"github.com/bashtask/bashtask-operator/executor/shim"
-	"github.com/bashtask/bashtask-operator/internal/rig/testutil"
+	"github.com/bashtask/bashtask-operator/internal/rig/registry"
 )
 
-// dpkgImagePrograms are the node's programs a dpkg image holds, with the
-// libraries they load: dpkg and apt-get and what they run.
-var dpkgImagePrograms = []string{
-	"/usr/bin/dpkg", "/usr/bin/dpkg-deb", "/usr/bin/dpkg-query", "/usr/bin/dpkg-split", "/usr/bin/dpkg-divert",
-	"/usr/bin/dpkg-trigger", "/usr/bin/dpkg-maintscript-helper", "/usr/bin/apt-get", "/usr/bin/apt-config",
-	"/usr/lib/apt/methods/file", "/usr/lib/apt/methods/copy", "/usr/lib/apt/methods/store",
-	"/usr/bin/tar", "/usr/sbin/ldconfig", "/usr/sbin/start-stop-daemon",
-}
-
-// dpkgImageApplets are the busybox applets of a dpkg image.
-var dpkgImageApplets = []string{"sh", "cat", "ls", "id", "grep", "stat", "sleep", "mkdir", "printf", "echo", "rm",
-	"diff", "mount", "unshare", "chroot", "touch", "test", "true", "head", "tr", "sed", "mv", "chmod", "chown", "cp"}
-
-// libDirs are where buildDpkgImage looks for a program's libraries.
-var libDirs = []string{"/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64", "/usr/lib"}
-
-// buildDpkgImage builds a one-layer image with Debian's dpkg and apt-get
-// from the node's own (usr-merged: /bin, /sbin, /lib and /lib64 link into
-// /usr), bash-static as /bin/bash, busybox's applets, an empty dpkg
-// database, and apt's partial directories owned by uid 100, mode 0700,
-// as Debian's _apt owns them. It skips without dpkg, apt-get or the
-// static programs.
+// buildDpkgImage builds registry.DpkgTreeForTest's image as a layer
+// directory others may traverse.
 func buildDpkgImage(t *testing.T) testImage {
 	t.Helper()
-	for _, p := range append([]string{staticBash, staticBusybox}, dpkgImagePrograms...) {
-		if _, err := os.Stat(p); err != nil {
-			testutil.SkipUnlessStrictf(t, "%s missing (a Debian node has dpkg and apt; hack/test-packages.sh installs the static programs): %v", p, err)
-		}
-	}
 	layer := filepath.Join(traversableTempDir(t), "layer")
-	for _, d := range []string{"usr/bin", "usr/sbin", "usr/lib", "usr/lib64", "etc/apt/apt.conf.d", "etc/apt/sources.list.d", "etc/apt/preferences.d", "etc/dpkg/dpkg.cfg.d", "usr/share/dpkg",
-		"var/lib/dpkg/info", "var/lib/dpkg/updates", "var/lib/dpkg/triggers", "var/lib/dpkg/alternatives",
-		"var/lib/apt/lists", "var/cache/apt/archives", "var/log/apt", "tmp", "root"} {
-		mkdirAll(t, filepath.Join(layer, d), 0o755)
-	}
-	mustChmod(t, filepath.Join(layer, "tmp"), 0o1777)
-	for _, l := range []string{"bin", "sbin", "lib", "lib64"} {
-		if err := os.Symlink("usr/"+l, filepath.Join(layer, l)); err != nil {
-			t.Fatal(err)
-		}
-	}
-	for _, d := range []string{"var/lib/apt/lists/partial", "var/cache/apt/archives/partial"} {
-		mkdirAll(t, filepath.Join(layer, d), 0o700)
-		if err := os.Chown(filepath.Join(layer, d), 100, 0); err != nil {
-			t.Fatal(err)
-		}
-	}
-	copyFile(t, staticBash, filepath.Join(layer, "usr/bin/bash"), 0o755)
-	copyFile(t, staticBusybox, filepath.Join(layer, "usr/bin/busybox"), 0o755)
-	for _, a := range dpkgImageApplets {
-		if err := os.Symlink("busybox", filepath.Join(layer, "usr/bin", a)); err != nil {
-			t.Fatal(err)
-		}
-	}
-	for _, table := range []string{"cputable", "ostable", "tupletable", "abitable"} {
-		copyFile(t, "/usr/share/dpkg/"+table, filepath.Join(layer, "usr/share/dpkg", table), 0o644)
-	}
-	copied := map[string]bool{}
-	for _, p := range dpkgImagePrograms {
-		copyWithLibraries(t, layer, p, copied)
-	}
-	for name, content := range map[string]string{
-		"etc/passwd":               "root:x:0:0:root:/root:/bin/bash\n_apt:x:100:65534::/nonexistent:/usr/sbin/nologin\n",
-		"etc/group":                "root:x:0:\n",
-		"etc/os-release":           "ID=bashtask-dpkg-image\n",
-		"etc/apt/sources.list":     "",
-		"var/lib/dpkg/status":      "",
-		"var/lib/dpkg/available":   "",
-		"var/lib/dpkg/arch-native": "",
-	} {
-		writeFile(t, filepath.Join(layer, name), content)
-	}
+	registry.DpkgTreeForTest(t, layer)
 	return testImage{ref: "localhost/bashtask/dpkg-test:1", layers: []string{layer}}
-}
-
-// copyWithLibraries copies the node's program p into layer at its path
-// (/lib64 and the like taken as their /usr paths), with its ELF
-// interpreter and the libraries it needs, found in libDirs, once each.
-func copyWithLibraries(t *testing.T, layer, p string, copied map[string]bool) {
-	t.Helper()
-	if copied[p] {
-		return
-	}
-	copied[p] = true
-	real, err := filepath.EvalSymlinks(p)
-	if err != nil {
-		t.Fatal(err)
-	}
-	dst := filepath.Join(layer, usrMerged(p))
-	mkdirAll(t, filepath.Dir(dst), 0o755)
-	copyFile(t, real, dst, 0o755)
-	f, err := elf.Open(real)
-	if err != nil {
-		return // a script (dpkg-maintscript-helper)
-	}
-	defer f.Close()
-	for _, prog := range f.Progs {
-		if prog.Type == elf.PT_INTERP {
-			b := make([]byte, prog.Filesz)
-			if _, err := prog.ReadAt(b, 0); err == nil {
-				copyWithLibraries(t, layer, strings.TrimRight(string(b), "\x00"), copied)
-			}
-		}
-	}
-	libs, _ := f.ImportedLibraries()
-	for _, lib := range libs {
-		found := ""
-		for _, d := range libDirs {
-			if _, err := os.Stat(filepath.Join(d, lib)); err == nil {
-				found = filepath.Join(d, lib)
-				break
-			}
-		}
-		if found == "" {
-			t.Fatalf("library %s of %s not found in %v", lib, p, libDirs)
-		}
-		copyWithLibraries(t, layer, found, copied)
-	}
-}
-
-// usrMerged is p with /bin, /sbin, /lib and /lib64 taken as their /usr
-// paths, as in a usr-merged image.
-func usrMerged(p string) string {
-	for _, d := range []string{"/bin/", "/sbin/", "/lib/", "/lib64/"} {
-		if strings.HasPrefix(p, d) {
-			return "/usr" + p
-		}
-	}
-	return p
 }
 
 // debBuild is a task's script that builds the package bashtask-hello
