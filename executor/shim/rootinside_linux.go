@@ -130,13 +130,13 @@ type landlockRuleset struct {
 // argv. It returns only on a failure, with 127.
 func execInside(args []string) int {
 	runtime.LockOSThread()
-	if err := insideSteps(args); err != nil {
-		fmt.Fprintf(os.Stderr, "bashtask: starting the task as root inside its user namespace: %v\n", err)
-		return 127
-	}
-	return 0 // not reached
+	err := insideSteps(args) // returns only on a failure: the shell replaced it otherwise
+	fmt.Fprintf(os.Stderr, "bashtask: starting the task as root inside its user namespace: %v\n", err)
+	return 127
 }
 
+// insideSteps does the second stage's steps and executes the shell; it
+// returns only the error that stopped it.
 func insideSteps(args []string) error {
 	if len(args) < 3 {
 		return fmt.Errorf("want the seccomp switch, the Landlock flags and the shell's argv, got %d arguments", len(args))

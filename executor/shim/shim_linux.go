@@ -511,8 +511,8 @@ func identityStep(st *state) error {
 		// Root stays root until the fork into the task's user namespace
 		// (insideLaunch), but the steps before it (the terminal, the
 		// start directory) touch files as the task: fsuid and fsgid.
-		unix.RawSyscall(unix.SYS_SETFSGID, g, 0, 0)
-		unix.RawSyscall(unix.SYS_SETFSUID, u, 0, 0)
+		_, _, _ = unix.RawSyscall(unix.SYS_SETFSGID, g, 0, 0)
+		_, _, _ = unix.RawSyscall(unix.SYS_SETFSUID, u, 0, 0)
 		return nil
 	}
 	if _, _, e := unix.RawSyscall(unix.SYS_SETRESGID, g, g, g); e != 0 {
@@ -597,8 +597,8 @@ func superviseShell(st *state, sigs <-chan os.Signal) (int, error) {
 	if st.rootInside() {
 		path, argv, files = insideLaunch(st, argv, files, sys)
 		// Root again for the namespace's maps, which the fork writes.
-		unix.RawSyscall(unix.SYS_SETFSUID, 0, 0, 0)
-		unix.RawSyscall(unix.SYS_SETFSGID, 0, 0, 0)
+		_, _, _ = unix.RawSyscall(unix.SYS_SETFSUID, 0, 0, 0)
+		_, _, _ = unix.RawSyscall(unix.SYS_SETFSGID, 0, 0, 0)
 	}
 	proc, err := os.StartProcess(path, argv, &os.ProcAttr{
 		Dir:   dir,
