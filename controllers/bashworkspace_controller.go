@@ -260,6 +260,7 @@ func (r *BashWorkspaceReconciler) reconcilePending(ctx context.Context, ws *bash
 			workspace:    true,
 			restore:      ws.Status.Snapshot != nil,
 			image:        ws.Spec.Image != nil || ws.Status.Image != nil,
+			rootInside:   ptr.Deref(ws.Spec.RootInside, false),
 			anyCapacity:  true,
 			load:         r.workspaceLoad(ctx),
 		})

@@ -260,6 +260,10 @@ type placementRequest struct {
 	// capability (the tenant isolation level, docs/images.md). An agent
 	// without one would run the object on the node's root.
 	image bool
+	// rootInside asks for an agent whose tasks may be root inside their
+	// image (the "root-inside" capability: an image store and user
+	// namespaces on the node, docs/images.md "Root inside").
+	rootInside bool
 	// anyCapacity places on an agent that runs its maximum of tasks:
 	// a workspace runs nothing by itself.
 	anyCapacity bool
@@ -353,6 +357,9 @@ func chooseAgent(p placementRequest, candidates []agentpool.AgentState, unschedu
 		}
 		if m == "" && p.image && !slices.Contains(a.Capabilities, "images") {
 			m = "spec.image needs an agent with an image store (the images capability: the tenant isolation level, docs/images.md)"
+		}
+		if m == "" && p.rootInside && !slices.Contains(a.Capabilities, "root-inside") {
+			m = "spec.rootInside needs an agent whose node allows user namespaces, with an image store (the root-inside capability, docs/images.md)"
 		}
 		if m == "" && p.restore && !slices.Contains(a.Capabilities, "snapshots") {
 			m = "restoring a workspace needs an agent with a bucket the nodes share (--output-bucket-url; the snapshots capability)"

@@ -91,7 +91,23 @@ func taskImageSpec(bt *bashtaskv1alpha1.BashTask, secrets [][]byte) *agentv1.Ima
 // without an image (made is true and status.image is absent) asks for
 // the node's root, so that an agent's --default-image never changes what
 // its files sit on. Otherwise spec.image, or nil without one.
+//
+// spec.rootInside goes with every one of them (root_inside): a
+// workspace without spec.image then asks for the agent's default image
+// with root inside, which an agent without one refuses.
 func workspaceImageSpec(ws *bashtaskv1alpha1.BashWorkspace, made bool, secrets [][]byte) *agentv1.ImageSpec {
+	spec := workspaceImageRef(ws, made, secrets)
+	if ptr.Deref(ws.Spec.RootInside, false) {
+		if spec == nil {
+			spec = &agentv1.ImageSpec{}
+		}
+		spec.RootInside = true
+	}
+	return spec
+}
+
+// workspaceImageRef is workspaceImageSpec without spec.rootInside.
+func workspaceImageRef(ws *bashtaskv1alpha1.BashWorkspace, made bool, secrets [][]byte) *agentv1.ImageSpec {
 	if im := ws.Status.Image; im != nil && ptr.Deref(im.Digest, "") != "" {
 		ref := ptr.Deref(im.Requested, "")
 		if ref == "" && ws.Spec.Image != nil {

@@ -76,6 +76,10 @@ func TestWorkspaceImageSpec(t *testing.T) {
 		w.Status.Image = st
 		return w
 	}
+	rootInside := func(w *bashtaskv1alpha1.BashWorkspace) *bashtaskv1alpha1.BashWorkspace {
+		w.Spec.RootInside = ptr.To(true)
+		return w
+	}
 	recorded := &bashtaskv1alpha1.ImageStatus{Requested: ptr.To("bash:5"), Digest: ptr.To(testDigest)}
 	tests := map[string]struct {
 		ws   *bashtaskv1alpha1.BashWorkspace
@@ -88,6 +92,9 @@ func TestWorkspaceImageSpec(t *testing.T) {
 		"restore with the digest":          {ws: ws("bash:5", recorded), made: true, want: &agentv1.ImageSpec{Reference: "bash:5", Digest: testDigest, PullSecrets: secrets}},
 		"agent's default image, restored":  {ws: ws("", &bashtaskv1alpha1.ImageStatus{Requested: ptr.To("ubuntu:24.04"), Digest: ptr.To(testDigest)}), made: true, want: &agentv1.ImageSpec{Reference: "ubuntu:24.04", Digest: testDigest, PullSecrets: secrets}},
 		"made on the node's root, restore": {ws: ws("", nil), made: true, want: &agentv1.ImageSpec{NodeRoot: true}},
+		"root inside, first make":          {ws: rootInside(ws("bash:5", nil)), want: &agentv1.ImageSpec{Reference: "bash:5", PullSecrets: secrets, RootInside: true}},
+		"root inside, restore":             {ws: rootInside(ws("bash:5", recorded)), made: true, want: &agentv1.ImageSpec{Reference: "bash:5", Digest: testDigest, PullSecrets: secrets, RootInside: true}},
+		"root inside, the default image":   {ws: rootInside(ws("", nil)), want: &agentv1.ImageSpec{RootInside: true}},
 	}
 	for name, tt := range tests {
 		t.Run(name, func(t *testing.T) {
@@ -261,5 +268,20 @@ func TestChooseAgentForImage(t *testing.T) {
 	}
 	if pl := chooseAgent(placementRequest{what: "the task"}, []agentpool.AgentState{plain}, nil); pl.agent == nil {
 		t.Errorf("without an image: %+v", pl)
+	}
+}
+
+// A workspace root inside its image goes only to an agent with the
+// root-inside capability (an image store and user namespaces).
+func TestChooseAgentForRootInside(t *testing.T) {
+	store := agentpool.AgentState{Node: "a", Ready: true, Isolation: "tenant", Capabilities: []string{"workspaces", "images"}}
+	userns := agentpool.AgentState{Node: "b", Ready: true, Isolation: "tenant", Capabilities: []string{"workspaces", "images", "root-inside"}, Running: 5}
+	req := placementRequest{what: "the workspace", workspace: true, image: true, rootInside: true, anyCapacity: true}
+	if pl := chooseAgent(req, []agentpool.AgentState{store, userns}, nil); pl.agent == nil || pl.agent.Node != "b" {
+		t.Errorf("placed on %+v, want node b, the one with user namespaces", pl.agent)
+	}
+	pl := chooseAgent(req, []agentpool.AgentState{store}, nil)
+	if pl.agent != nil || pl.reason != ReasonNoAgent || !strings.Contains(pl.why, "spec.rootInside") || !strings.Contains(pl.why, "root-inside capability") {
+		t.Errorf("without user namespaces: %+v", pl)
 	}
 }

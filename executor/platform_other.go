@@ -67,3 +67,6 @@ type idmaps struct{}
 
 // close does nothing outside Linux.
 func (*idmaps) close() {}
+
+// UserNamespaces returns ErrUnsupported outside Linux.
+func UserNamespaces() error { return ErrUnsupported }

@@ -47,6 +47,9 @@ func (e *Executor) prepareRoot(p *prepared) error {
 	if err := check.Validate(); err != nil {
 		return startErr(ErrInvalidSpec, "spec.root", err)
 	}
+	if err := checkRootInside(p); err != nil {
+		return err
+	}
 	for _, d := range r.LowerDirs {
 		if fi, err := os.Stat(d); err != nil || !fi.IsDir() {
 			return startErr(ErrInvalidSpec, fmt.Sprintf("spec.root: layer directory %s of image %s is not a directory", d, r.Image), err)
@@ -115,6 +118,22 @@ func (p *prepared) removeRoot() error {
 	}
 	if err := os.RemoveAll(p.ownRoot); err != nil {
 		return fmt.Errorf("removing the task's root directories %s: %w", p.ownRoot, err)
+	}
+	return nil
+}
+
+// checkRootInside checks what p.Root.RootInside needs: the task's own
+// UID (Spec.User), which uid 0 of its user namespace maps to, and user
+// namespaces on the node ([UserNamespaces]).
+func checkRootInside(p *prepared) error {
+	if !p.Root.RootInside {
+		return nil
+	}
+	if p.User == nil {
+		return startErr(ErrInvalidSpec, "spec.root.rootInside needs a UID of the task's own (spec.user): uid 0 inside maps to it", nil)
+	}
+	if err := UserNamespaces(); err != nil {
+		return startErr(ErrInvalidSpec, "spec.root.rootInside", err)
 	}
 	return nil
 }

@@ -330,14 +330,15 @@ func BenchmarkImageRootStart(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
-	p50 := map[string]time.Duration{}
-	for _, kind := range []string{"node", "image"} {
+	p50, runs := map[string]time.Duration{}, map[string]time.Duration{}
+	for _, kind := range []string{"node", "image", "rootinside"} {
 		b.Run(kind, func(b *testing.B) {
-			var starts []time.Duration
+			var starts, ends []time.Duration
 			for i := range b.N {
 				spec := Spec{Command: "true", SpillDir: filepath.Join(b.TempDir(), "spill"), User: &User{UID: uint32(2000460 + i%benchUIDs), GID: uint32(2000460 + i%benchUIDs)}}
-				if kind == "image" {
+				if kind != "node" {
 					spec.Root = img.root()
+					spec.Root.RootInside = kind == "rootinside"
 				}
 				t0 := time.Now()
 				task, err := ex.Start(spec)
@@ -348,12 +349,17 @@ func BenchmarkImageRootStart(b *testing.B) {
 				if res, err := task.Wait(b.Context()); err != nil || res.Reason != ReasonSucceeded {
 					b.Fatalf("%v: %s %s", err, res.Reason, res.Message)
 				}
+				ends = append(ends, time.Since(t0))
 			}
 			slices.Sort(starts)
-			p50[kind] = starts[len(starts)/2]
+			slices.Sort(ends)
+			p50[kind], runs[kind] = starts[len(starts)/2], ends[len(ends)/2]
 			b.ReportMetric(float64(p50[kind].Microseconds()), "p50-start-µs")
 			b.ReportMetric(float64(starts[len(starts)*9/10].Microseconds()), "p90-start-µs")
 		})
 	}
 	b.Logf("start p50: node root %v, image root %v, difference %v (target ≤ 2ms)", p50["node"], p50["image"], p50["image"]-p50["node"])
+	// A root-inside task's shell starts after its second stage (a Go
+	// program's start): the whole run, start to reaped, shows it.
+	b.Logf("run p50 (start to reaped): node root %v, image root %v, image root inside %v", runs["node"], runs["image"], runs["rootinside"])
 }

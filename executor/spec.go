@@ -263,6 +263,12 @@ type Root struct {
 	// resolved there without following symbolic links (see
 	// [Workspace.RootDirs]), or absolute node paths.
 	UpperDir, WorkDir string
+	// RootInside runs the task as uid 0 of a user namespace of its own
+	// that maps 0 to its UID and GID alone, without capabilities, so that
+	// apt-get and dpkg run (docs/images.md, "Root inside"). Requires
+	// Spec.User (a UID of the task's own) and user namespaces on the node
+	// ([UserNamespaces]); else ErrInvalidSpec naming spec.root.rootInside.
+	RootInside bool
 }
 
 // Result is everything known about a finished task.

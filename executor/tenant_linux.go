@@ -116,7 +116,7 @@ func (e *Executor) newShimLaunch(p *prepared, cgroupPids bool) *shimLaunch {
 		l.iso.UID = &uid
 	}
 	if r := p.Root; r != nil {
-		l.cfg.Root = &shim.RootConfig{Image: r.Image, LowerDirs: r.LowerDirs, UpperDir: r.UpperDir, WorkDir: r.WorkDir}
+		l.cfg.Root = &shim.RootConfig{Image: r.Image, LowerDirs: r.LowerDirs, UpperDir: r.UpperDir, WorkDir: r.WorkDir, RootInside: r.RootInside}
 	}
 	if p.Workspace != nil {
 		l.workspace(p)

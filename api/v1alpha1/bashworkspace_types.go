@@ -34,6 +34,7 @@ const (
 // +kubebuilder:validation:XValidation:rule="has(self.network) == has(oldSelf.network)",message="spec.network of a BashWorkspace is immutable (it cannot be added or removed): its tasks share one network namespace"
 // +kubebuilder:validation:XValidation:rule="!has(self.egress) || (has(self.network) && self.network == 'Egress')",message="spec.egress needs spec.network Egress: only that network's connections go through the agent's resolver and rules"
 // +kubebuilder:validation:XValidation:rule="has(self.image) == has(oldSelf.image)",message="spec.image of a BashWorkspace is immutable (it cannot be added or removed): its files are changes on top of that image; create a new workspace for another image"
+// +kubebuilder:validation:XValidation:rule="has(self.rootInside) == has(oldSelf.rootInside)",message="spec.rootInside of a BashWorkspace is immutable (it cannot be added or removed): the files its tasks installed are owned accordingly"
 // +kubebuilder:validation:XValidation:rule="has(self.source) == has(oldSelf.source)",message="spec.source of a BashWorkspace is immutable (it cannot be added or removed): a workspace is copied once, when it is made"
 type BashWorkspaceSpec struct {
 	// owner is the opaque token of the one owner whose tasks may run here:
@@ -112,6 +113,19 @@ type BashWorkspaceSpec struct {
 	// +listType=atomic
 	// +kubebuilder:validation:MaxItems=16
 	ImagePullSecrets []ImagePullSecret `json:"imagePullSecrets,omitempty"`
+
+	// rootInside runs the workspace's tasks as root inside their image:
+	// uid 0 of a user namespace of their own that maps 0 to the
+	// workspace's UID and GID alone, without capabilities, so that
+	// apt-get and dpkg install packages into the workspace
+	// (docs/images.md, "Root inside"). The kernel still sees the
+	// workspace's UID and every tenant rule holds. Needs an image
+	// (spec.image, or the agent's default image) and an agent whose node
+	// allows user namespaces (the root-inside capability). Immutable.
+	// Unset: false, the tasks run as the workspace's UID.
+	// +optional
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="spec.rootInside of a BashWorkspace is immutable: the files its tasks installed are owned accordingly"
+	RootInside *bool `json:"rootInside,omitempty"`
 
 	// carryOver says what the workspace keeps from one task to the next.
 	// Unset: the working directory carries over, the environment does not.

@@ -441,6 +441,11 @@ func (in *BashWorkspaceSpec) DeepCopyInto(out *BashWorkspaceSpec) {
 		*out = make([]ImagePullSecret, len(*in))
 		copy(*out, *in)
 	}
+	if in.RootInside != nil {
+		in, out := &in.RootInside, &out.RootInside
+		*out = new(bool)
+		**out = **in
+	}
 	if in.CarryOver != nil {
 		in, out := &in.CarryOver, &out.CarryOver
 		*out = new(CarryOver)

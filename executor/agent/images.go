@@ -20,6 +20,7 @@ import (
 
 	agentv1 "github.com/bashtask/bashtask-operator/api/agent/v1"
 	"github.com/bashtask/bashtask-operator/api/v1alpha1"
+	"github.com/bashtask/bashtask-operator/executor"
 	"github.com/bashtask/bashtask-operator/executor/image"
 )
 
@@ -115,6 +116,9 @@ type imageTarget struct {
 	// keychain their credentials.
 	creds    string
 	keychain authn.Keychain
+	// rootInside is the request's image.root_inside (docs/images.md,
+	// "Root inside").
+	rootInside bool
 }
 
 // newImages opens the store at the tenant level, holding the digests of
@@ -178,21 +182,26 @@ func (m *images) close() error {
 // INVALID_ARGUMENT naming the field; an image at the process level is
 // refused.
 func (m *images) target(spec *agentv1.ImageSpec) (imageTarget, error) {
-	t := imageTarget{reference: spec.GetReference()}
+	t := imageTarget{reference: spec.GetReference(), rootInside: spec.GetRootInside()}
 	switch {
 	case spec.GetNodeRoot():
-		return imageTarget{}, nil
+		return imageTarget{}, errRootInsideNodeRoot(spec)
 	case spec == nil || spec.GetReference() == "":
 		if spec.GetDigest() != "" {
 			return imageTarget{}, status.Error(codes.InvalidArgument, "image.digest needs image.reference")
 		}
 		if m.cfg.DefaultImage == "" {
-			return imageTarget{}, nil
+			return imageTarget{}, errRootInsideNodeRoot(spec)
 		}
 		t.reference = m.cfg.DefaultImage
 	}
 	if m.store == nil {
 		return imageTarget{}, errImagesNeedTenant
+	}
+	if t.rootInside {
+		if err := executor.UserNamespaces(); err != nil {
+			return imageTarget{}, status.Errorf(codes.FailedPrecondition, "image.root_inside: %v", err)
+		}
 	}
 	r, err := name.ParseReference(t.reference)
 	if err != nil {
@@ -443,4 +452,15 @@ func failureMessage(ref string, err error) string {
 		return msg
 	}
 	return "image " + ref + ": " + msg
+}
+
+// errRootInsideNodeRoot is the INVALID_ARGUMENT of image.root_inside on
+// the node's root file system (node_root, or no image and no
+// --default-image), nil without root_inside: root inside needs an
+// image's idmapped layers.
+func errRootInsideNodeRoot(spec *agentv1.ImageSpec) error {
+	if !spec.GetRootInside() {
+		return nil
+	}
+	return status.Error(codes.InvalidArgument, "image.root_inside needs an image (a reference, or the agent's --default-image), not the node's root file system")
 }

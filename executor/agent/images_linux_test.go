@@ -24,6 +24,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/authn"
 	"github.com/google/go-containerregistry/pkg/name"
 	"github.com/google/go-containerregistry/pkg/registry"
+	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -73,6 +74,13 @@ func (r *testRegistry) push(t *testing.T, repoTag, arch string, withBash bool) (
 		Dirs:  []string{"usr/", "usr/local/", "usr/local/bin/"},
 		Files: map[string]string{"etc/os-release": "ID=" + repoTag + "\n", "etc/gone": "an image file a task deletes\n"},
 	}.BuildForTest(t)
+	return r.pushImage(t, repoTag, img)
+}
+
+// pushImage pushes img as repoTag; it returns the reference and the
+// image's digest.
+func (r *testRegistry) pushImage(t *testing.T, repoTag string, img v1.Image) (string, string) {
+	t.Helper()
 	ref := r.host + "/" + repoTag
 	nr, err := name.ParseReference(ref)
 	if err != nil {

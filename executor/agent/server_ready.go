@@ -32,6 +32,9 @@ func (s *Server) agentInfoLocked() *agentv1.AgentInfo {
 		r.Capabilities = append(r.Capabilities, s.ws.capabilitiesLocked()...)
 		if s.images.store != nil {
 			r.Capabilities = append(r.Capabilities, "images")
+			if executor.UserNamespaces() == nil {
+				r.Capabilities = append(r.Capabilities, "root-inside")
+			}
 		}
 		r.LandlockAbi = int32(caps.LandlockABI)
 		r.DiskCapBytes = s.ex.DiskCap()

@@ -204,7 +204,7 @@ func (op *startOp) newRecordLocked(digest string) {
 	if im := op.img.im; im != nil {
 		// A private upper directory, the executor's, made and removed
 		// with the task.
-		op.es.Root = &executor.Root{Image: op.img.target.reference, LowerDirs: im.Layers}
+		op.es.Root = &executor.Root{Image: op.img.target.reference, LowerDirs: im.Layers, RootInside: op.img.target.rootInside}
 	}
 	op.st = &agentv1.TaskStatus{
 		Ref:           proto.CloneOf(spec.GetRef()),

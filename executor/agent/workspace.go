@@ -347,7 +347,7 @@ func imageMismatch(r *workspaceRecord, spec *agentv1.ImageSpec) error {
 		want = "no image (the agent's default)"
 	default:
 		if r.Image != nil && r.ImageNamed && r.Image.Reference == spec.GetReference() && (spec.GetDigest() == "" || spec.GetDigest() == r.Image.Digest) {
-			return nil
+			return rootInsideMismatch(r, spec)
 		}
 		want = "image " + spec.GetReference()
 		if spec.GetDigest() != "" {
@@ -355,6 +355,17 @@ func imageMismatch(r *workspaceRecord, spec *agentv1.ImageSpec) error {
 		}
 	}
 	return status.Errorf(codes.FailedPrecondition, "workspace %s runs in %s, the request asks for %s: the image is immutable", r.UID, have, want)
+}
+
+// rootInsideMismatch is the FAILED_PRECONDITION of an EnsureWorkspace
+// whose image.root_inside differs from the workspace's: what its tasks
+// installed as root inside is owned accordingly, so it is fixed when the
+// workspace is made.
+func rootInsideMismatch(r *workspaceRecord, spec *agentv1.ImageSpec) error {
+	if have := r.Image != nil && r.Image.RootInside; have != spec.GetRootInside() {
+		return status.Errorf(codes.FailedPrecondition, "workspace %s runs with root inside %t, the request asks for %t: it is fixed when the workspace is made", r.UID, have, spec.GetRootInside())
+	}
+	return nil
 }
 
 // updateLocked answers an EnsureWorkspace of a known workspace: the same
@@ -486,7 +497,7 @@ func (ws *workspaces) createLocked(ctx context.Context, spec *agentv1.WorkspaceS
 	}
 	rec.ImageNamed = spec.GetImage().GetNodeRoot() || spec.GetImage().GetReference() != ""
 	if im := img.im; im != nil {
-		rec.Image = &workspaceImage{Reference: img.target.reference, Digest: im.Digest, ManifestDigest: im.ManifestDigest}
+		rec.Image = &workspaceImage{Reference: img.target.reference, Digest: im.Digest, ManifestDigest: im.ManifestDigest, RootInside: img.target.rootInside}
 	}
 	w := newWorkspace(rec)
 	w.busy, w.restoreFrom, w.img = make(chan struct{}), spec.GetRestoreFrom(), img.im
@@ -866,7 +877,7 @@ func (ws *workspaces) rootLocked(w *workspace, name string, es *executor.Spec) e
 	if err != nil {
 		return &executor.StartError{Kind: executor.ErrProcessStart, Subject: "the workspace's image root", Cause: err}
 	}
-	es.Root = &executor.Root{Image: r.Reference, LowerDirs: w.img.Layers, UpperDir: upper, WorkDir: work}
+	es.Root = &executor.Root{Image: r.Reference, LowerDirs: w.img.Layers, UpperDir: upper, WorkDir: work, RootInside: r.RootInside}
 	return nil
 }
 

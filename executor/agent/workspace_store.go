@@ -112,6 +112,10 @@ type workspaceImage struct {
 	// node's platform.
 	Digest         string `json:"digest"`
 	ManifestDigest string `json:"manifestDigest"`
+	// RootInside runs the workspace's tasks root inside their image
+	// (ImageSpec.root_inside; docs/images.md, "Root inside"): fixed when
+	// the workspace is made.
+	RootInside bool `json:"rootInside,omitempty"`
 }
 
 // workspaceFiles is the state directory of the workspaces:

@@ -18,8 +18,8 @@ import (
 // namespace flags, exec, wait4, kill, the Go runtime's futexes, memory
 // and signal calls) is all allowed.
 func seccompStep(st *state) error {
-	if !st.cfg.Seccomp {
-		return nil
+	if !st.cfg.Seccomp || st.rootInside() {
+		return nil // a root-inside task's second stage loads it (execInside)
 	}
 	// no_new_privs, which an unprivileged filter requires, is set by an
 	// earlier step.
@@ -85,6 +85,12 @@ func landlockStep(st *state) error {
 	}
 	if fd < 0 {
 		return nil // no Landlock in this kernel
+	}
+	if st.rootInside() {
+		// Applied by the second stage, in the task's user namespace: the
+		// shim's binary it executes lies outside the rules' hierarchies.
+		st.landlock = landlockRuleset{fd: fd, flags: flags}
+		return nil
 	}
 	defer unix.Close(fd)
 	// no_new_privs, which Landlock requires of the caller, is set by the

@@ -68,6 +68,11 @@ func enterRoot(st *state, tree int) error {
 			return fmt.Errorf("mounting the task's /etc/resolv.conf: %w", err)
 		}
 	}
+	if st.rootInside() {
+		if err := writeAptSandboxConf(st); err != nil {
+			return err
+		}
+	}
 	return rootHosts(st)
 }
 

@@ -36,6 +36,13 @@ import (
 // [Main] at the start of its main function (and of TestMain).
 const Arg0 = "bashtask-shim"
 
+// ExecArg0 is the argv[0] of the shim's second stage for a task that is
+// root inside ([RootConfig.RootInside]): the process the shim forks
+// into the task's user namespace, which drops every capability there,
+// joins a session keyring of its own, applies the Landlock ruleset and
+// the seccomp filter, and executes the shell. [Main] runs it too.
+const ExecArg0 = "bashtask-shim-exec"
+
 // Descriptors the parent passes besides 0, 1 and 2.
 const (
 	// ConfigFD is the shim's end of a Unix stream socket carrying the
@@ -190,6 +197,15 @@ type RootConfig struct {
 	// that it may change them (in the upper directory); the upper
 	// directory's root becomes the task's too. Requires UID and GID.
 	IDMapped bool `json:"idMapped,omitempty"`
+	// RootInside runs the task as root inside a user namespace of its
+	// own that maps uid and gid 0 to the task's UID and GID and nothing
+	// else (setgroups denied), with no capability (docs/images.md, "Root
+	// inside"): programs that insist on uid 0 (apt-get, dpkg) run, while
+	// the kernel sees the task's UID. The namespace is made when the
+	// shell is forked ([ExecArg0]), which also applies Landlock and
+	// seccomp in it. Requires IDMapped, so that uid 0 inside owns the
+	// image's root-owned files.
+	RootInside bool `json:"rootInside,omitempty"`
 }
 
 // MaxLowerDirs is the most layer directories a [RootConfig] may name:
@@ -354,10 +370,15 @@ func init() { Main() }
 // other process it returns at once. The package's init calls it; calling
 // it first in main as well documents that the binary is a shim too.
 func Main() {
-	if len(os.Args) == 0 || os.Args[0] != Arg0 {
+	if len(os.Args) == 0 {
 		return
 	}
-	os.Exit(run())
+	switch os.Args[0] {
+	case Arg0:
+		os.Exit(run())
+	case ExecArg0:
+		os.Exit(execInside(os.Args[1:]))
+	}
 }
 
 // Validate checks what the passwd format and Config.User require: a

@@ -42,6 +42,7 @@ type state struct {
 	shell     string            // the shell's path, set by the shell step
 	files     int               // the task's files tmpfs (taskFiles), -1 until made
 	tty       int               // the terminal's slave (Config.Terminal), -1 for none
+	landlock  landlockRuleset   // a root-inside task's ruleset, for the second stage (RootConfig.RootInside)
 	// closeAfterStart are descriptors closed once the shell started:
 	// closing a detached mount (the user step's tmpfs) unmounts it and
 	// waits for an RCU grace period, a fifth of a millisecond that need
@@ -87,7 +88,7 @@ func run() int {
 		fmt.Fprintf(report, "error %s: %v\n", name, err)
 		return 127
 	}
-	st := &state{report: report, wdTree: -1, netns: -1, userns: -1, files: -1, tty: -1, ws: wsState{tree: -1, root: -1, carry: -1}}
+	st := &state{report: report, wdTree: -1, netns: -1, userns: -1, files: -1, tty: -1, landlock: landlockRuleset{fd: -1}, ws: wsState{tree: -1, root: -1, carry: -1}}
 	// Before the Config arrives, what costs time and does not depend on
 	// the task, so that it is done while the shim waits started ahead of
 	// its task. Signals first: PID 1 of a namespace drops a signal it has
@@ -130,6 +131,9 @@ func run() int {
 	}
 	if err == nil && st.cfg.NetNS && !st.cfg.WorkTree {
 		err = errors.New("a network namespace without a work tree")
+	}
+	if err == nil {
+		err = st.checkRootInside()
 	}
 	for _, fd := range fds {
 		unix.Close(fd)
@@ -503,6 +507,14 @@ func identityStep(st *state) error {
 		return fmt.Errorf("clearing the ambient capabilities: %w", e)
 	}
 	g, u := uintptr(*st.cfg.GID), uintptr(*st.cfg.UID)
+	if st.rootInside() {
+		// Root stays root until the fork into the task's user namespace
+		// (insideLaunch), but the steps before it (the terminal, the
+		// start directory) touch files as the task: fsuid and fsgid.
+		_, _, _ = unix.RawSyscall(unix.SYS_SETFSGID, g, 0, 0)
+		_, _, _ = unix.RawSyscall(unix.SYS_SETFSUID, u, 0, 0)
+		return nil
+	}
 	if _, _, e := unix.RawSyscall(unix.SYS_SETRESGID, g, g, g); e != 0 {
 		return fmt.Errorf("setresgid %d: %w", g, e)
 	}
@@ -519,7 +531,8 @@ func identityStep(st *state) error {
 // cannot put anything in it or in its UID's keyrings, which the kernel
 // keeps per UID across tasks.
 func keyringStep(st *state) error {
-	if st.cfg.UID == nil {
+	if st.cfg.UID == nil || st.rootInside() {
+		// A root-inside task's second stage joins one as the task.
 		return nil
 	}
 	if _, _, e := unix.RawSyscall(unix.SYS_KEYCTL, unix.KEYCTL_JOIN_SESSION_KEYRING, 0, 0); e != 0 {
@@ -562,6 +575,7 @@ func superviseShell(st *state, sigs <-chan os.Signal) (int, error) {
 		files[0] = devNull
 	}
 	sys := &syscall.SysProcAttr{Setsid: true}
+	path, argv := st.shell, []string{st.shell, "-c", st.cfg.Command}
 	var tty *os.File
 	if st.tty >= 0 {
 		// The terminal's slave on 0, 1 and 2, and the controlling
@@ -580,7 +594,13 @@ func superviseShell(st *state, sigs <-chan os.Signal) (int, error) {
 			env = withEnv(env, "BASH_ENV", RCPath)
 		}
 	}
-	proc, err := os.StartProcess(st.shell, []string{st.shell, "-c", st.cfg.Command}, &os.ProcAttr{
+	if st.rootInside() {
+		path, argv, files = insideLaunch(st, argv, files, sys)
+		// Root again for the namespace's maps, which the fork writes.
+		_, _, _ = unix.RawSyscall(unix.SYS_SETFSUID, 0, 0, 0)
+		_, _, _ = unix.RawSyscall(unix.SYS_SETFSGID, 0, 0, 0)
+	}
+	proc, err := os.StartProcess(path, argv, &os.ProcAttr{
 		Dir:   dir,
 		Env:   env,
 		Files: files,

@@ -17,3 +17,8 @@ func LandlockABI() int { return 0 }
 
 // SeccompSupported is false: seccomp is Linux only.
 func SeccompSupported() bool { return false }
+
+func execInside([]string) int {
+	fmt.Fprintln(os.Stderr, "the task shim runs on Linux only")
+	return 127
+}

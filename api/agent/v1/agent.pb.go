@@ -2022,7 +2022,8 @@ type Readiness struct {
 	// landlock_abi), "seccomp", "cgroup", "pids" (the pids controller for
 	// task cgroups), "disk-quota" (fresh working directories have a size
 	// and an inode limit), "images" (the tenant level's image store: tasks
-	// and workspaces may name an image, docs/images.md).
+	// and workspaces may name an image, docs/images.md), "root-inside"
+	// (with "images", the node has user namespaces: image.root_inside).
 	Capabilities []string `protobuf:"bytes,9,rep,name=capabilities,proto3" json:"capabilities,omitempty"`
 	// landlock_abi is the kernel's Landlock ABI version, 0 without Landlock.
 	LandlockAbi int32 `protobuf:"varint,10,opt,name=landlock_abi,json=landlockAbi,proto3" json:"landlock_abi,omitempty"`

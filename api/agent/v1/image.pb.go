@@ -44,7 +44,14 @@ type ImageSpec struct {
 	// node_root asks for the node's root file system even where the agent
 	// has a --default-image: a workspace first made without an image stays
 	// without one wherever it is restored.
-	NodeRoot      bool `protobuf:"varint,4,opt,name=node_root,json=nodeRoot,proto3" json:"node_root,omitempty"`
+	NodeRoot bool `protobuf:"varint,4,opt,name=node_root,json=nodeRoot,proto3" json:"node_root,omitempty"`
+	// root_inside runs the tasks as uid 0 of a user namespace of their own
+	// that maps 0 to the task's UID and GID alone, without capabilities
+	// (docs/images.md, "Root inside"). With node_root, or without an image
+	// (no reference and no --default-image), it is INVALID_ARGUMENT; on a
+	// node without user namespaces FAILED_PRECONDITION. A workspace keeps
+	// what it was made with: a later request must ask the same.
+	RootInside    bool `protobuf:"varint,5,opt,name=root_inside,json=rootInside,proto3" json:"root_inside,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -103,6 +110,13 @@ func (x *ImageSpec) GetPullSecrets() [][]byte {
 func (x *ImageSpec) GetNodeRoot() bool {
 	if x != nil {
 		return x.NodeRoot
+	}
+	return false
+}
+
+func (x *ImageSpec) GetRootInside() bool {
+	if x != nil {
+		return x.RootInside
 	}
 	return false
 }
@@ -263,12 +277,14 @@ var File_image_proto protoreflect.FileDescriptor
 
 const file_image_proto_rawDesc = "" +
 	"\n" +
-	"\vimage.proto\x12\x11bashtask.agent.v1\"\x81\x01\n" +
+	"\vimage.proto\x12\x11bashtask.agent.v1\"\xa2\x01\n" +
 	"\tImageSpec\x12\x1c\n" +
 	"\treference\x18\x01 \x01(\tR\treference\x12\x16\n" +
 	"\x06digest\x18\x02 \x01(\tR\x06digest\x12!\n" +
 	"\fpull_secrets\x18\x03 \x03(\fR\vpullSecrets\x12\x1b\n" +
-	"\tnode_root\x18\x04 \x01(\bR\bnodeRoot\"\xc1\x01\n" +
+	"\tnode_root\x18\x04 \x01(\bR\bnodeRoot\x12\x1f\n" +
+	"\vroot_inside\x18\x05 \x01(\bR\n" +
+	"rootInside\"\xc1\x01\n" +
 	"\vImageStatus\x12\x1c\n" +
 	"\treference\x18\x01 \x01(\tR\treference\x12\x16\n" +
 	"\x06digest\x18\x02 \x01(\tR\x06digest\x12)\n" +

@@ -61,6 +61,13 @@ func TestWorkspaceImageFlags(t *testing.T) {
 	if _, err := workspaceSpec(workspaceCreateFlags{snapshotAfterTask: -1, image: "a:b:c"}); err == nil || !strings.Contains(err.Error(), `--image "a:b:c"`) {
 		t.Errorf("bad --image: %v", err)
 	}
+	if spec.RootInside != nil {
+		t.Errorf("spec.rootInside %v without --root-inside, want unset", *spec.RootInside)
+	}
+	spec, err = workspaceSpec(workspaceCreateFlags{snapshotAfterTask: -1, image: "ghcr.io/org/tools:1", rootInside: true})
+	if err != nil || !ptr.Deref(spec.RootInside, false) {
+		t.Errorf("--root-inside: spec %+v, %v", spec, err)
+	}
 }
 
 func TestPrintWorkspacesImage(t *testing.T) {

@@ -39,7 +39,9 @@ type workspaceCreateFlags struct {
 	// spec.imagePullSecrets.
 	image            string
 	imagePullSecrets []string
-	egress           egressFlagValues
+	// rootInside is spec.rootInside.
+	rootInside bool
+	egress     egressFlagValues
 }
 
 func (a *app) workspaceCommand() *cobra.Command {
@@ -85,6 +87,7 @@ func (a *app) workspaceCreateCommand() *cobra.Command {
 	fl.DurationVar(&f.wait, "wait", time.Minute, "how long to wait for Ready (an image's pull included); 0 returns at once")
 	fl.StringVar(&f.image, "image", "", "spec.image: the OCI image the workspace's tasks run in, resolved to a digest once (default: the agent's default image, or the node's root)")
 	fl.StringArrayVar(&f.imagePullSecrets, "image-pull-secret", nil, "spec.imagePullSecrets: a Secret of type kubernetes.io/dockerconfigjson whose credentials pull --image (repeatable)")
+	fl.BoolVar(&f.rootInside, "root-inside", false, "spec.rootInside: run the tasks as uid 0 of a user namespace of their own, mapped to the workspace's UID, so that apt-get install works in the image")
 	fl.DurationVar(&f.snapshotEvery, "snapshot-interval", 0, "spec.snapshot.intervalSeconds: snapshot this often while a task runs, 1m to 24h (whole seconds)")
 	f.egress.add(fl)
 	fl.DurationVar(&f.snapshotAfterTask, "snapshot-after-task", -1, "spec.snapshot.afterTaskSeconds: snapshot this long after the last task ended when a task changed the workspace, up to 24h (whole seconds); 0 turns it off (default: the controller's, 5m)")
@@ -140,6 +143,9 @@ func workspaceSpec(f workspaceCreateFlags) (bashtaskv1alpha1.BashWorkspaceSpec, 
 		return spec, err
 	}
 	spec.Image, spec.ImagePullSecrets = image, secrets
+	if f.rootInside {
+		spec.RootInside = ptr.To(true)
+	}
 	if spec.Egress, err = f.egress.policy(); err != nil {
 		return spec, err
 	}

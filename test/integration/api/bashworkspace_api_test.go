@@ -129,6 +129,8 @@ func TestWorkspaceUpdateValidation(t *testing.T) {
 		"network removed":      {update: func(ws *v1.BashWorkspace) { ws.Spec.Network = nil }, wantErr: "spec.network of a BashWorkspace is immutable (it cannot be added or removed)"},
 		"image added":          {update: func(ws *v1.BashWorkspace) { ws.Spec.Image = ptr.To[v1.ImageReference]("debian:bookworm") }, wantErr: "spec.image of a BashWorkspace is immutable (it cannot be added or removed)"},
 		"image changed":        {initial: func(ws *v1.BashWorkspace) { ws.Spec.Image = ptr.To[v1.ImageReference]("debian:bookworm") }, update: func(ws *v1.BashWorkspace) { ws.Spec.Image = ptr.To[v1.ImageReference]("debian:trixie") }, wantErr: "spec.image of a BashWorkspace is immutable"},
+		"rootInside added":     {update: func(ws *v1.BashWorkspace) { ws.Spec.RootInside = ptr.To(true) }, wantErr: "spec.rootInside of a BashWorkspace is immutable (it cannot be added or removed)"},
+		"rootInside changed":   {initial: func(ws *v1.BashWorkspace) { ws.Spec.RootInside = ptr.To(true) }, update: func(ws *v1.BashWorkspace) { ws.Spec.RootInside = ptr.To(false) }, wantErr: "spec.rootInside of a BashWorkspace is immutable"},
 		"pull secrets changed": {update: func(ws *v1.BashWorkspace) { ws.Spec.ImagePullSecrets = []v1.ImagePullSecret{{Name: "rotated"}} }},
 		"carryOver changed":    {update: func(ws *v1.BashWorkspace) { ws.Spec.CarryOver = &v1.CarryOver{Environment: ptr.To(true)} }},
 		"idle timeout added":   {update: func(ws *v1.BashWorkspace) { ws.Spec.IdleTimeoutSeconds = ptr.To[int32](60) }},
