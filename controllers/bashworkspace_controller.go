@@ -80,6 +80,8 @@ type BashWorkspaceReconciler struct {
 
 	refusedMu sync.Mutex
 	refused   map[types.UID]map[string]int64 // egress refusals reported as events: name -> agent's count
+
+	injected sync.Map // types.UID -> the digest of the injection values the agent last got (egressGate)
 }
 
 // NewBashWorkspaceReconciler returns a reconciler. c is the manager's
@@ -246,6 +248,10 @@ func (r *BashWorkspaceReconciler) reconcilePending(ctx context.Context, ws *bash
 	if done {
 		return res, err
 	}
+	inject, res, done, err := r.egressGate(ctx, ws, p)
+	if done {
+		return res, err
+	}
 	node := ptr.Deref(ws.Status.NodeName, "")
 	if node == "" {
 		if err := r.addFinalizer(ctx, ws); err != nil {
@@ -302,6 +308,7 @@ func (r *BashWorkspaceReconciler) reconcilePending(ctx context.Context, ws *bash
 		return reconcile.Result{RequeueAfter: max(r.opts.AgentLostAfter-agent.UnreachableFor, r.opts.RetryInterval)}, nil
 	}
 	spec := workspaceSpec(ws)
+	withInjections(spec, inject)
 	from, err := restoreSource(ws)
 	if err != nil {
 		setWorkspaceFailed(ws, bashtaskv1alpha1.WorkspaceReasonSnapshotRefused, err.Error())
@@ -321,6 +328,7 @@ func (r *BashWorkspaceReconciler) reconcilePending(ctx context.Context, ws *bash
 	if err != nil {
 		return r.ensureFailed(ws, node, err, p)
 	}
+	r.injected.Store(ws.UID, injectionDigest(inject))
 	if res, done, err := r.imageAnswer(ws, node, resp, p); done {
 		return res, err
 	}
@@ -373,14 +381,21 @@ func (r *BashWorkspaceReconciler) reconcileReady(ctx context.Context, ws *bashta
 	}
 	uid := string(ws.UID)
 	var st *agentv1.WorkspaceStatus
-	var err error
-	if ptr.Deref(ws.Status.ObservedGeneration, 0) != ws.Generation {
-		// spec.carryOver changed: the agent applies it from the next task.
+	inject, missing, err := r.egressInjections(ctx, ws)
+	if err != nil {
+		return reconcile.Result{}, err
+	}
+	if missing == nil && (ptr.Deref(ws.Status.ObservedGeneration, 0) != ws.Generation || r.injectionsChanged(ws.UID, inject)) {
+		// spec.carryOver or spec.egress changed, or a Secret of
+		// spec.egress.inject: the agent applies it from the next task
+		// (the policy at once).
 		var resp *agentv1.EnsureWorkspaceResponse
 		spec := workspaceSpec(ws)
+		withInjections(spec, inject)
 		spec.Image = workspaceImageSpec(ws, true, nil)
 		if resp, err = r.agents.EnsureWorkspace(ctx, node, spec); err == nil {
 			st = resp.GetStatus()
+			r.injected.Store(ws.UID, injectionDigest(inject))
 		}
 		if err == nil && st == nil {
 			// An answer without the workspace's state (a pull, which a
@@ -399,6 +414,9 @@ func (r *BashWorkspaceReconciler) reconcileReady(ctx context.Context, ws *bashta
 	}
 	applyWorkspaceStatus(ws, st, node)
 	setEgressCondition(ws)
+	if missing != nil {
+		setEgressMissing(ws, missing)
+	}
 	r.egressRefusalEvents(ws, st, p)
 	r.noteNoSnapshots(ws)
 	res, done, err := r.snapshots(ctx, ws, p)
@@ -406,6 +424,9 @@ func (r *BashWorkspaceReconciler) reconcileReady(ctx context.Context, ws *bashta
 		return res, err
 	}
 	next, err := r.idle(ctx, ws, p)
+	if missing != nil {
+		next = soonest(next, reconcile.Result{RequeueAfter: r.opts.RetryInterval})
+	}
 	return soonest(res, next), err
 }
 
@@ -660,6 +681,7 @@ func (r *BashWorkspaceReconciler) removeFinalizer(ctx context.Context, ws *basht
 	}
 	patch := client.MergeFromWithOptions(ws.DeepCopy(), client.MergeFromWithOptimisticLock{})
 	r.forgetRefusals(ws.UID)
+	r.injected.Delete(ws.UID)
 	controllerutil.RemoveFinalizer(ws, WorkspaceFinalizer)
 	if err := r.client.Patch(ctx, ws, patch); err != nil && !apierrors.IsNotFound(err) {
 		return fmt.Errorf("removing finalizer from %s: %w", klog.KObj(ws), err)

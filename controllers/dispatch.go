@@ -105,11 +105,18 @@ func (r *BashTaskReconciler) resolve(ctx context.Context, bt *bashtaskv1alpha1.B
 
 // lookup returns the bytes of one Secret or ConfigMap key.
 func (r *BashTaskReconciler) lookup(ctx context.Context, ns, field string, src *bashtaskv1alpha1.ValueSource) ([]byte, error) {
+	return lookupKey(ctx, r.apiReader, ns, field, src)
+}
+
+// lookupKey returns the bytes of one Secret or ConfigMap key of namespace
+// ns read through reader; a missing object or key is a
+// *missingReferenceError naming field.
+func lookupKey(ctx context.Context, reader client.Reader, ns, field string, src *bashtaskv1alpha1.ValueSource) ([]byte, error) {
 	switch {
 	case src.SecretKeyRef != nil:
 		ref := src.SecretKeyRef
 		var s corev1.Secret
-		if err := r.apiReader.Get(ctx, types.NamespacedName{Namespace: ns, Name: ref.Name}, &s); err != nil {
+		if err := reader.Get(ctx, types.NamespacedName{Namespace: ns, Name: ref.Name}, &s); err != nil {
 			if apierrors.IsNotFound(err) {
 				return nil, &missingReferenceError{field: field, kind: "Secret", name: ref.Name, key: ref.Key, objectMissing: true}
 			}
@@ -123,7 +130,7 @@ func (r *BashTaskReconciler) lookup(ctx context.Context, ns, field string, src *
 	case src.ConfigMapKeyRef != nil:
 		ref := src.ConfigMapKeyRef
 		var cm corev1.ConfigMap
-		if err := r.apiReader.Get(ctx, types.NamespacedName{Namespace: ns, Name: ref.Name}, &cm); err != nil {
+		if err := reader.Get(ctx, types.NamespacedName{Namespace: ns, Name: ref.Name}, &cm); err != nil {
 			if apierrors.IsNotFound(err) {
 				return nil, &missingReferenceError{field: field, kind: "ConfigMap", name: ref.Name, key: ref.Key, objectMissing: true}
 			}

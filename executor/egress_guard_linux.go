@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/google/nftables"
+	"github.com/google/nftables/binaryutil"
 	"github.com/google/nftables/expr"
 	"github.com/miekg/dns"
 	"golang.org/x/sys/unix"
@@ -43,7 +44,8 @@ type egressGuard struct {
 	chain      string
 	addrSet    *nftables.Set
 	portSet    *nftables.Set
-	resolvPath string // the workspace's resolv.conf, naming the host end
+	icptSet    *nftables.Set // addresses of intercepted names, port 443 to the proxy
+	resolvPath string        // the workspace's resolv.conf, naming the host end
 	servers    []*dns.Server
 	stop       chan struct{}
 	stopped    sync.WaitGroup
@@ -51,15 +53,18 @@ type egressGuard struct {
 	mu        sync.Mutex
 	policy    EgressPolicy
 	onRefused func(EgressRefusal)
+	proxy     *egressProxy                        // once the policy had injection rules
 	resolved  map[string]map[netip.Addr]time.Time // allowed name -> address -> expiry
 	have      map[egressKey]bool                  // the sets' elements
 	closed    bool
 }
 
-// egressKey is an element of a guard's sets: port 0 is the address set's.
+// egressKey is an element of a guard's sets: port 0 is the address set's,
+// intercept the intercepted addresses'.
 type egressKey struct {
-	addr netip.Addr
-	port uint16
+	addr      netip.Addr
+	port      uint16
+	intercept bool
 }
 
 // egressMinTTL is the shortest time an answer's addresses stay in the
@@ -73,6 +78,7 @@ const egressUpstreamTimeout = 3 * time.Second
 const (
 	egressPolicyChain    = "policy"
 	egressPolicyDNSChain = "policydns"
+	egressPolicyNATChain = "policynat"
 )
 
 // guard starts enforcing p on the workspace link l: the nftables objects,
@@ -97,6 +103,9 @@ func (e *egress) guard(l *egressLink, p EgressPolicy, onRefused func(EgressRefus
 	if err := g.serve(); err != nil {
 		return nil, err
 	}
+	if err := g.startProxy(); err != nil {
+		return nil, err
+	}
 	g.stopped.Add(1)
 	go g.sweep()
 	return g, nil
@@ -117,7 +126,8 @@ func (g *egressGuard) addTables() error {
 	g.addrSet = &nftables.Set{Table: t, Name: "a" + g.chain[1:], KeyType: nftables.TypeIPAddr}
 	g.portSet = &nftables.Set{Table: t, Name: "p" + g.chain[1:], Concatenation: true,
 		KeyType: nftables.MustConcatSetType(nftables.TypeIPAddr, nftables.TypeInetService)}
-	for _, s := range []*nftables.Set{g.addrSet, g.portSet} {
+	g.icptSet = &nftables.Set{Table: t, Name: "i" + g.chain[1:], KeyType: nftables.TypeIPAddr}
+	for _, s := range []*nftables.Set{g.addrSet, g.portSet, g.icptSet} {
 		if err := c.AddSet(s, nil); err != nil {
 			return err
 		}
@@ -131,7 +141,24 @@ func (g *egressGuard) addTables() error {
 		c.AddRule(&nftables.Rule{Table: t, Chain: &nftables.Chain{Name: egressPolicyDNSChain, Table: t}, UserData: g.tag,
 			Exprs: join(fromLink, ipv4Dst(netip.PrefixFrom(g.link.host, 32)), dport(proto, 53), verdict(expr.VerdictAccept))})
 	}
+	g.interceptRules(c, fromLink)
 	return c.Flush()
+}
+
+// interceptRules redirect the link's TCP to port 443 of an intercepted
+// address to the proxy's port on the host end, and let it in.
+func (g *egressGuard) interceptRules(c *nftables.Conn, fromLink []expr.Any) {
+	t := g.table()
+	c.AddRule(&nftables.Rule{Table: t, Chain: &nftables.Chain{Name: egressPolicyNATChain, Table: t}, UserData: g.tag,
+		Exprs: join(fromLink, nfproto(unix.NFPROTO_IPV4), []expr.Any{
+			&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 16, Len: 4},
+			&expr.Lookup{SourceRegister: 1, SetName: g.icptSet.Name, SetID: g.icptSet.ID},
+		}, dport(unix.IPPROTO_TCP, 443), []expr.Any{
+			&expr.Immediate{Register: 1, Data: binaryutil.BigEndian.PutUint16(egressProxyPort)},
+			&expr.Redir{RegisterProtoMin: 1},
+		})})
+	c.AddRule(&nftables.Rule{Table: t, Chain: &nftables.Chain{Name: egressPolicyDNSChain, Table: t}, UserData: g.tag,
+		Exprs: join(fromLink, ipv4Dst(netip.PrefixFrom(g.link.host, 32)), dport(unix.IPPROTO_TCP, egressProxyPort), verdict(expr.VerdictAccept))})
 }
 
 // policyRules writes the chain's rules for g.policy: under DefaultDeny
@@ -223,6 +250,9 @@ func (g *egressGuard) setPolicy(p EgressPolicy, onRefused func(EgressRefusal)) e
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	g.policy, g.onRefused = p, onRefused
+	if err := g.startProxyLocked(); err != nil {
+		return err
+	}
 	c, err := nftables.New()
 	if err != nil {
 		return err
@@ -285,6 +315,14 @@ func (g *egressGuard) syncLocked() error {
 		return nil
 	}
 	want := map[egressKey]bool{}
+	for name, addrs := range g.resolved {
+		if g.policy.injection(name) == nil || !g.policy.grant(name).allowed {
+			continue
+		}
+		for a := range addrs {
+			want[egressKey{addr: a, intercept: true}] = true
+		}
+	}
 	if g.policy.DefaultDeny {
 		for name, addrs := range g.resolved {
 			gr := g.policy.grant(name)
@@ -301,18 +339,20 @@ func (g *egressGuard) syncLocked() error {
 			}
 		}
 	}
-	var addA, addP, delA, delP []nftables.SetElement
+	add, del := map[*nftables.Set][]nftables.SetElement{}, map[*nftables.Set][]nftables.SetElement{}
 	for k := range want {
 		if !g.have[k] {
-			addA, addP = appendKey(addA, addP, k)
+			s, e := g.setElement(k)
+			add[s] = append(add[s], e)
 		}
 	}
 	for k := range g.have {
 		if !want[k] {
-			delA, delP = appendKey(delA, delP, k)
+			s, e := g.setElement(k)
+			del[s] = append(del[s], e)
 		}
 	}
-	if len(addA)+len(addP)+len(delA)+len(delP) == 0 {
+	if len(add)+len(del) == 0 {
 		return nil
 	}
 	c, err := nftables.New()
@@ -323,7 +363,8 @@ func (g *egressGuard) syncLocked() error {
 		f    func(*nftables.Set, []nftables.SetElement) error
 		s    *nftables.Set
 		elem []nftables.SetElement
-	}{{c.SetDeleteElements, g.addrSet, delA}, {c.SetDeleteElements, g.portSet, delP}, {c.SetAddElements, g.addrSet, addA}, {c.SetAddElements, g.portSet, addP}} {
+	}{{c.SetDeleteElements, g.addrSet, del[g.addrSet]}, {c.SetDeleteElements, g.portSet, del[g.portSet]}, {c.SetDeleteElements, g.icptSet, del[g.icptSet]},
+		{c.SetAddElements, g.addrSet, add[g.addrSet]}, {c.SetAddElements, g.portSet, add[g.portSet]}, {c.SetAddElements, g.icptSet, add[g.icptSet]}} {
 		if len(op.elem) > 0 {
 			if err := op.f(op.s, op.elem); err != nil {
 				return err
@@ -337,14 +378,16 @@ func (g *egressGuard) syncLocked() error {
 	return nil
 }
 
-// appendKey appends k's element to the address or the port set's list.
-func appendKey(a, p []nftables.SetElement, k egressKey) ([]nftables.SetElement, []nftables.SetElement) {
+// setElement is k's set and element.
+func (g *egressGuard) setElement(k egressKey) (*nftables.Set, nftables.SetElement) {
 	ip := k.addr.As4()
-	if k.port == 0 {
-		return append(a, nftables.SetElement{Key: ip[:]}), p
+	switch {
+	case k.intercept:
+		return g.icptSet, nftables.SetElement{Key: ip[:]}
+	case k.port == 0:
+		return g.addrSet, nftables.SetElement{Key: ip[:]}
 	}
-	key := append(ip[:], byte(k.port>>8), byte(k.port), 0, 0)
-	return a, append(p, nftables.SetElement{Key: key})
+	return g.portSet, nftables.SetElement{Key: append(ip[:], byte(k.port>>8), byte(k.port), 0, 0)}
 }
 
 // close stops the DNS server and the sweeper and deletes the guard's
@@ -358,6 +401,10 @@ func (g *egressGuard) close() {
 	}
 	close(g.stop)
 	g.stopped.Wait()
+	g.mu.Lock()
+	px := g.proxy
+	g.mu.Unlock()
+	px.close()
 	g.mu.Lock()
 	g.closed = true
 	g.mu.Unlock()
@@ -375,7 +422,7 @@ func (g *egressGuard) deleteTables() error {
 		return err
 	}
 	t := g.table()
-	for _, name := range []string{egressPolicyChain, egressPolicyDNSChain} {
+	for _, name := range []string{egressPolicyChain, egressPolicyDNSChain, egressPolicyNATChain} {
 		rules, err := c.GetRules(t, &nftables.Chain{Name: name, Table: t})
 		if err != nil {
 			return err
@@ -392,6 +439,7 @@ func (g *egressGuard) deleteTables() error {
 		c.DelChain(ch)
 		c.DelSet(g.addrSet)
 		c.DelSet(g.portSet)
+		c.DelSet(g.icptSet)
 	}
 	if err := c.Flush(); err != nil && !errors.Is(err, unix.ENOENT) {
 		return err

@@ -47,6 +47,8 @@ import (
 //     EgressConfig.Deny) is dropped, but DNS to a resolver; to a task link
 //     only replies (conntrack established or related) pass;
 //   - postrouting (nat): the task range is masqueraded;
+//   - prerouting (nat): jumps to policynat, where a workspace's
+//     injection rules redirect HTTPS to its intercepting proxy;
 //   - policy and policydns, regular chains the forward chain (after the
 //     IPv6 rule) and the input chain (before its drop) jump to, where a
 //     workspace's egress policy adds its rules (egressGuard).
@@ -178,6 +180,10 @@ func (e *egress) writeTable() error {
 	// The workspaces' egress policies (egressGuard) hang from these.
 	policy := c.AddChain(&nftables.Chain{Name: egressPolicyChain, Table: t})
 	policyDNS := c.AddChain(&nftables.Chain{Name: egressPolicyDNSChain, Table: t})
+	// Connections to intercepted names go to the guards' proxies
+	// (egressProxy) from here.
+	pre := c.AddChain(&nftables.Chain{Name: "prerouting", Table: t, Type: nftables.ChainTypeNAT, Hooknum: nftables.ChainHookPrerouting, Priority: nftables.ChainPriorityNATDest, Policy: &accept})
+	policyNAT := c.AddChain(&nftables.Chain{Name: egressPolicyNATChain, Table: t})
 	post := c.AddChain(&nftables.Chain{Name: "postrouting", Table: t, Type: nftables.ChainTypeNAT, Hooknum: nftables.ChainHookPostrouting, Priority: nftables.ChainPriorityNATSource, Policy: &accept})
 	rule := func(ch *nftables.Chain, exprs ...[]expr.Any) {
 		var all []expr.Any
@@ -216,6 +222,8 @@ func (e *egress) writeTable() error {
 	rule(forward, fromTask, accepted)
 	rule(forward, toTask, ctReply(), accepted)
 	rule(forward, toTask, dropped)
+
+	rule(pre, fromTask, jump(policyNAT))
 
 	// postrouting: the task range goes out behind the outgoing interface's
 	// address.

@@ -1,10 +1,13 @@
 package executor
 
 import (
+	"crypto/x509"
 	"fmt"
 	"regexp"
 	"slices"
 	"strings"
+
+	"golang.org/x/net/http/httpguts"
 )
 
 // EgressPolicy limits the names a workspace of [NetworkEgress] reaches
@@ -21,6 +24,54 @@ type EgressPolicy struct {
 	// Allow and Deny are the rules; a name a Deny rule matches is refused
 	// whatever Allow says. Deny rules have no ports.
 	Allow, Deny []EgressRule
+	// Inject are the credential injection rules (docs/egress.md): HTTPS
+	// to their domains goes through the workspace's intercepting proxy,
+	// which adds the header. Workspaces only; at most MaxEgressInjections.
+	Inject []EgressInjection
+}
+
+// MaxEgressInjections is the most injection rules one policy holds
+// (api/v1alpha1 MaxEgressInjections).
+const MaxEgressInjections = 16
+
+// EgressInjection attaches a header to the HTTPS requests of a workspace
+// to a domain, at the workspace's intercepting proxy: the task never
+// holds the value.
+type EgressInjection struct {
+	// Domain is an exact name or "*." and one, as EgressRule.Domain; the
+	// policy must allow it on port 443.
+	Domain string
+	// Header is the header's name, an HTTP token (RFC 9110 section 5.1).
+	Header string
+	// Value is the header's value (a Secret key's), without CR, LF or
+	// NUL; never logged.
+	Value string
+	// CABundle is PEM certificates that verify the upstream server
+	// instead of the node's roots; empty: the node's roots.
+	CABundle []byte
+	// ScrubResponses replaces Value in the responses' headers and bodies
+	// (identity-encoded) with [EgressScrubbed], for a domain that echoes.
+	ScrubResponses bool
+}
+
+// EgressScrubbed replaces an injected value in the responses of a rule
+// with ScrubResponses.
+const EgressScrubbed = "[scrubbed by bashtask]"
+
+// String leaves the value out, so that a printed rule never shows it.
+func (r EgressInjection) String() string {
+	return fmt.Sprintf("{%s %s: (%d bytes) scrub=%t}", r.Domain, r.Header, len(r.Value), r.ScrubResponses)
+}
+
+// injection is the rule of p whose domain matches name (lower case), or
+// nil; the first one wins.
+func (p *EgressPolicy) injection(name string) *EgressInjection {
+	for i := range p.Inject {
+		if (EgressRule{Domain: p.Inject[i].Domain}).matches(name) {
+			return &p.Inject[i]
+		}
+	}
+	return nil
 }
 
 // EgressRule matches a domain name and, in an allow rule, the ports a
@@ -67,6 +118,39 @@ func (p *EgressPolicy) Validate() error {
 				return bad(l.name, i, "port 0 is not a port (1 to 65535)")
 			}
 		}
+	}
+	if len(p.Inject) > MaxEgressInjections {
+		return fmt.Errorf("%w: egress.inject has %d rules, at most %d", ErrInvalidSpec, len(p.Inject), MaxEgressInjections)
+	}
+	for i, r := range p.Inject {
+		if err := p.checkInjection(r); err != nil {
+			return bad("inject", i, "%v", err)
+		}
+	}
+	return nil
+}
+
+// checkInjection checks one injection rule of p: its domain, header and
+// value, its CA bundle, and that p lets the domain be reached on port
+// 443 (a wildcard's subdomains are checked with one of them).
+func (p *EgressPolicy) checkInjection(r EgressInjection) error {
+	switch {
+	case len(r.Domain) > 253 || !egressDomain.MatchString(r.Domain):
+		return fmt.Errorf("domain %q is not a lower-case DNS name, or *. and one", r.Domain)
+	case !httpguts.ValidHeaderFieldName(r.Header):
+		return fmt.Errorf("header %q is not an HTTP header name (token characters)", r.Header)
+	case r.Value == "" || !httpguts.ValidHeaderFieldValue(r.Value):
+		return fmt.Errorf("the value of header %s is empty or holds control characters (CR, LF, NUL)", r.Header)
+	}
+	if len(r.CABundle) > 0 && !x509.NewCertPool().AppendCertsFromPEM(r.CABundle) {
+		return fmt.Errorf("the CA bundle of %s holds no PEM certificate", r.Domain)
+	}
+	name := r.Domain
+	if rest, ok := strings.CutPrefix(name, "*."); ok {
+		name = "a." + rest
+	}
+	if g := p.grant(name); !g.allowed || (!g.any && !slices.Contains(g.ports, 443)) {
+		return fmt.Errorf("the policy does not let %s be reached on port 443, so no header can be injected there", r.Domain)
 	}
 	return nil
 }

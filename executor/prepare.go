@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 )
 
@@ -90,11 +91,15 @@ func (e *Executor) prepare(spec Spec) (*prepared, error) {
 		return nil, startErr(ErrArgumentTooLong, fmt.Sprintf("command is %d bytes, limit %d", len(p.Command), MaxArgStrlen-1), nil)
 	}
 	var carried []EnvVar
+	managed := p.ManagedEnv
 	if p.Workspace != nil {
 		carried = p.Workspace.Env
+		if b := p.Workspace.Workspace.trustBundle(); b != "" {
+			managed = append(slices.Clip(managed), trustEnv(b)...)
+		}
 	}
 	env, err := BuildEnv(EnvOptions{Mode: AmbientInherit, Defaults: e.defaultEnv(), Ambient: e.ambient, Identity: e.identityEnv(p),
-		Carried: carried, Explicit: p.Env, Managed: p.ManagedEnv, Terminal: p.Terminal != nil})
+		Carried: carried, Explicit: p.Env, Managed: managed, Terminal: p.Terminal != nil})
 	if err != nil {
 		return nil, err
 	}
@@ -183,6 +188,9 @@ func (e *Executor) prepareNetwork(p *prepared) error {
 		}
 		if err := p.Egress.Validate(); err != nil {
 			return startErr(ErrInvalidSpec, "", err)
+		}
+		if len(p.Egress.Inject) > 0 {
+			return startErr(ErrInvalidSpec, "egress.inject needs a workspace: its tasks get the workspace's CA in their trust store", nil)
 		}
 	}
 	return nil

@@ -161,6 +161,9 @@ func (l *shimLaunch) workspace(p *prepared) {
 	if rc := wt.Workspace.resolvConf(); rc != "" {
 		l.cfg.ResolvConf = rc
 	}
+	if b := wt.Workspace.trustBundle(); b != "" {
+		l.cfg.RunPaths = append(slices.Clip(l.cfg.RunPaths), b)
+	}
 }
 
 // startTenant starts t at the tenant level: it takes a shim started ahead

@@ -56,3 +56,16 @@ func (w *Workspace) resolvConf() string {
 	}
 	return w.sys.guard.resolvPath
 }
+
+// trustBundle is the path of the workspace's trust bundle (its CA's
+// certificate after the node's roots) once its egress policy had
+// injection rules, else "".
+func (w *Workspace) trustBundle() string {
+	w.sys.mu.Lock()
+	g := w.sys.guard
+	w.sys.mu.Unlock()
+	if g == nil {
+		return ""
+	}
+	return g.trustBundle()
+}

@@ -54,3 +54,6 @@ func (w *Workspace) SetEgressPolicy(p *EgressPolicy, _ func(EgressRefusal)) erro
 	}
 	return ErrUnsupported
 }
+
+// trustBundle needs Linux: there is none.
+func (w *Workspace) trustBundle() string { return "" }

@@ -46,10 +46,25 @@ func egressPolicy(p *agentv1.EgressPolicy, network executor.Network) (*executor.
 			*l.dst = append(*l.dst, rule)
 		}
 	}
+	if len(p.GetInject()) > executor.MaxEgressInjections {
+		return nil, status.Errorf(codes.InvalidArgument, "spec.egress.inject has %d rules, at most %d", len(p.GetInject()), executor.MaxEgressInjections)
+	}
+	out.Inject = execInjections(p.GetInject())
 	if err := out.Validate(); err != nil {
 		return nil, status.Errorf(codes.InvalidArgument, "spec.%v", err)
 	}
 	return out, nil
+}
+
+// execInjections converts injection rules; Validate checks them (its
+// errors never hold a value).
+func execInjections(rules []*agentv1.EgressInjection) []executor.EgressInjection {
+	var out []executor.EgressInjection
+	for _, r := range rules {
+		out = append(out, executor.EgressInjection{Domain: r.GetDomain(), Header: r.GetHeader(), Value: r.GetValue(),
+			CABundle: r.GetCaBundle(), ScrubResponses: r.GetScrubResponses()})
+	}
+	return out
 }
 
 // egressRule converts one rule; field names it in errors.
@@ -156,5 +171,5 @@ func execEgress(p *agentv1.EgressPolicy) *executor.EgressPolicy {
 		}
 		return out
 	}
-	return &executor.EgressPolicy{DefaultDeny: p.GetDefaultDeny(), Allow: conv(p.GetAllow()), Deny: conv(p.GetDeny())}
+	return &executor.EgressPolicy{DefaultDeny: p.GetDefaultDeny(), Allow: conv(p.GetAllow()), Deny: conv(p.GetDeny()), Inject: execInjections(p.GetInject())}
 }

@@ -85,7 +85,9 @@ type workspaceRecord struct {
 	// ForkedFrom is what the copy was forked from; nil for no fork.
 	ForkedFrom *agentv1.WorkspaceFork `json:"forkedFrom,omitempty"`
 	// Egress is the workspace's egress policy, applied again when a
-	// restarted agent takes the workspace up; nil for none.
+	// restarted agent takes the workspace up; nil for none. Its
+	// injection rules' values are secrets: the record is the agent's
+	// (mode 0600 in a 0700 directory), never the workspace's.
 	Egress *executor.EgressPolicy `json:"egress,omitempty"`
 	// Pinned is set when the workspace's placement names this node
 	// (WorkspaceSpec.pinned): a draining agent does not wait for it to

@@ -9,7 +9,7 @@
 //	snapshot   a workspace snapshot and restore against tar | zstd (phase/snapshot)
 //	images     the node's image store against crane export | tar -x, as root (phase/images)
 //	workspace  what 1000 idle workspaces cost one agent, as root (phase/workspace)
-//	egress     a connection's setup with and without a workspace's egress policy, as root (phase/egress)
+//	egress     a connection's setup with and without a workspace's egress policy, and an HTTPS download direct and through the intercepting proxy, as root (phase/egress)
 //	apiserver  kube-apiserver CPU per task for CRD and status variants (phase/apiserver)
 //	resume     a Suspended workspace's resume, as root, on a cluster of its own (phase/resume)
 //	fork       a workspace's fork on its node against cp -a, as root, on the shared cluster (phase/fork)

@@ -368,7 +368,11 @@ type EgressPolicy struct {
 	Allow []*EgressRule `protobuf:"bytes,2,rep,name=allow,proto3" json:"allow,omitempty"`
 	// deny lists the refused domains (at most 64, without ports); a deny
 	// rule wins over an allow rule.
-	Deny          []*EgressRule `protobuf:"bytes,3,rep,name=deny,proto3" json:"deny,omitempty"`
+	Deny []*EgressRule `protobuf:"bytes,3,rep,name=deny,proto3" json:"deny,omitempty"`
+	// inject are the credential injection rules (at most 16): HTTPS
+	// requests to their domains get a header at the agent's intercepting
+	// proxy. Their values are secrets: the agent never logs them.
+	Inject        []*EgressInjection `protobuf:"bytes,4,rep,name=inject,proto3" json:"inject,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -424,6 +428,99 @@ func (x *EgressPolicy) GetDeny() []*EgressRule {
 	return nil
 }
 
+func (x *EgressPolicy) GetInject() []*EgressInjection {
+	if x != nil {
+		return x.Inject
+	}
+	return nil
+}
+
+// EgressInjection attaches a header to a workspace's HTTPS requests to a
+// domain (docs/egress.md).
+type EgressInjection struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// domain is a lower-case DNS name, or "*." and one for its subdomains.
+	Domain string `protobuf:"bytes,1,opt,name=domain,proto3" json:"domain,omitempty"`
+	// header is the header's name, an HTTP token.
+	Header string `protobuf:"bytes,2,opt,name=header,proto3" json:"header,omitempty"`
+	// value is the header's value (the rule's prefix and the Secret key's
+	// value): a secret, never logged.
+	Value string `protobuf:"bytes,3,opt,name=value,proto3" json:"value,omitempty"`
+	// ca_bundle is PEM certificates that verify the upstream server
+	// instead of the node's trust store; empty: the node's.
+	CaBundle []byte `protobuf:"bytes,4,opt,name=ca_bundle,json=caBundle,proto3" json:"ca_bundle,omitempty"`
+	// scrub_responses replaces the value in the responses' headers and
+	// bodies.
+	ScrubResponses bool `protobuf:"varint,5,opt,name=scrub_responses,json=scrubResponses,proto3" json:"scrub_responses,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *EgressInjection) Reset() {
+	*x = EgressInjection{}
+	mi := &file_workspace_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EgressInjection) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EgressInjection) ProtoMessage() {}
+
+func (x *EgressInjection) ProtoReflect() protoreflect.Message {
+	mi := &file_workspace_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EgressInjection.ProtoReflect.Descriptor instead.
+func (*EgressInjection) Descriptor() ([]byte, []int) {
+	return file_workspace_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *EgressInjection) GetDomain() string {
+	if x != nil {
+		return x.Domain
+	}
+	return ""
+}
+
+func (x *EgressInjection) GetHeader() string {
+	if x != nil {
+		return x.Header
+	}
+	return ""
+}
+
+func (x *EgressInjection) GetValue() string {
+	if x != nil {
+		return x.Value
+	}
+	return ""
+}
+
+func (x *EgressInjection) GetCaBundle() []byte {
+	if x != nil {
+		return x.CaBundle
+	}
+	return nil
+}
+
+func (x *EgressInjection) GetScrubResponses() bool {
+	if x != nil {
+		return x.ScrubResponses
+	}
+	return false
+}
+
 // EgressRule matches a domain name and the ports a connection to its
 // addresses may use.
 type EgressRule struct {
@@ -439,7 +536,7 @@ type EgressRule struct {
 
 func (x *EgressRule) Reset() {
 	*x = EgressRule{}
-	mi := &file_workspace_proto_msgTypes[4]
+	mi := &file_workspace_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -451,7 +548,7 @@ func (x *EgressRule) String() string {
 func (*EgressRule) ProtoMessage() {}
 
 func (x *EgressRule) ProtoReflect() protoreflect.Message {
-	mi := &file_workspace_proto_msgTypes[4]
+	mi := &file_workspace_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -464,7 +561,7 @@ func (x *EgressRule) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EgressRule.ProtoReflect.Descriptor instead.
 func (*EgressRule) Descriptor() ([]byte, []int) {
-	return file_workspace_proto_rawDescGZIP(), []int{4}
+	return file_workspace_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *EgressRule) GetDomain() string {
@@ -545,7 +642,7 @@ type WorkspaceStatus struct {
 
 func (x *WorkspaceStatus) Reset() {
 	*x = WorkspaceStatus{}
-	mi := &file_workspace_proto_msgTypes[5]
+	mi := &file_workspace_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -557,7 +654,7 @@ func (x *WorkspaceStatus) String() string {
 func (*WorkspaceStatus) ProtoMessage() {}
 
 func (x *WorkspaceStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_workspace_proto_msgTypes[5]
+	mi := &file_workspace_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -570,7 +667,7 @@ func (x *WorkspaceStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WorkspaceStatus.ProtoReflect.Descriptor instead.
 func (*WorkspaceStatus) Descriptor() ([]byte, []int) {
-	return file_workspace_proto_rawDescGZIP(), []int{5}
+	return file_workspace_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *WorkspaceStatus) GetRef() *WorkspaceRef {
@@ -729,7 +826,7 @@ type EgressRefusal struct {
 
 func (x *EgressRefusal) Reset() {
 	*x = EgressRefusal{}
-	mi := &file_workspace_proto_msgTypes[6]
+	mi := &file_workspace_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -741,7 +838,7 @@ func (x *EgressRefusal) String() string {
 func (*EgressRefusal) ProtoMessage() {}
 
 func (x *EgressRefusal) ProtoReflect() protoreflect.Message {
-	mi := &file_workspace_proto_msgTypes[6]
+	mi := &file_workspace_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -754,7 +851,7 @@ func (x *EgressRefusal) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EgressRefusal.ProtoReflect.Descriptor instead.
 func (*EgressRefusal) Descriptor() ([]byte, []int) {
-	return file_workspace_proto_rawDescGZIP(), []int{6}
+	return file_workspace_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *EgressRefusal) GetName() string {
@@ -791,7 +888,7 @@ type EnsureWorkspaceRequest struct {
 
 func (x *EnsureWorkspaceRequest) Reset() {
 	*x = EnsureWorkspaceRequest{}
-	mi := &file_workspace_proto_msgTypes[7]
+	mi := &file_workspace_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -803,7 +900,7 @@ func (x *EnsureWorkspaceRequest) String() string {
 func (*EnsureWorkspaceRequest) ProtoMessage() {}
 
 func (x *EnsureWorkspaceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_workspace_proto_msgTypes[7]
+	mi := &file_workspace_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -816,7 +913,7 @@ func (x *EnsureWorkspaceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EnsureWorkspaceRequest.ProtoReflect.Descriptor instead.
 func (*EnsureWorkspaceRequest) Descriptor() ([]byte, []int) {
-	return file_workspace_proto_rawDescGZIP(), []int{7}
+	return file_workspace_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *EnsureWorkspaceRequest) GetSpec() *WorkspaceSpec {
@@ -855,7 +952,7 @@ type EnsureWorkspaceResponse struct {
 
 func (x *EnsureWorkspaceResponse) Reset() {
 	*x = EnsureWorkspaceResponse{}
-	mi := &file_workspace_proto_msgTypes[8]
+	mi := &file_workspace_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -867,7 +964,7 @@ func (x *EnsureWorkspaceResponse) String() string {
 func (*EnsureWorkspaceResponse) ProtoMessage() {}
 
 func (x *EnsureWorkspaceResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_workspace_proto_msgTypes[8]
+	mi := &file_workspace_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -880,7 +977,7 @@ func (x *EnsureWorkspaceResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EnsureWorkspaceResponse.ProtoReflect.Descriptor instead.
 func (*EnsureWorkspaceResponse) Descriptor() ([]byte, []int) {
-	return file_workspace_proto_rawDescGZIP(), []int{8}
+	return file_workspace_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *EnsureWorkspaceResponse) GetStatus() *WorkspaceStatus {
@@ -922,7 +1019,7 @@ type GetWorkspaceRequest struct {
 
 func (x *GetWorkspaceRequest) Reset() {
 	*x = GetWorkspaceRequest{}
-	mi := &file_workspace_proto_msgTypes[9]
+	mi := &file_workspace_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -934,7 +1031,7 @@ func (x *GetWorkspaceRequest) String() string {
 func (*GetWorkspaceRequest) ProtoMessage() {}
 
 func (x *GetWorkspaceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_workspace_proto_msgTypes[9]
+	mi := &file_workspace_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -947,7 +1044,7 @@ func (x *GetWorkspaceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetWorkspaceRequest.ProtoReflect.Descriptor instead.
 func (*GetWorkspaceRequest) Descriptor() ([]byte, []int) {
-	return file_workspace_proto_rawDescGZIP(), []int{9}
+	return file_workspace_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *GetWorkspaceRequest) GetUid() string {
@@ -968,7 +1065,7 @@ type GetWorkspaceResponse struct {
 
 func (x *GetWorkspaceResponse) Reset() {
 	*x = GetWorkspaceResponse{}
-	mi := &file_workspace_proto_msgTypes[10]
+	mi := &file_workspace_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -980,7 +1077,7 @@ func (x *GetWorkspaceResponse) String() string {
 func (*GetWorkspaceResponse) ProtoMessage() {}
 
 func (x *GetWorkspaceResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_workspace_proto_msgTypes[10]
+	mi := &file_workspace_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -993,7 +1090,7 @@ func (x *GetWorkspaceResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetWorkspaceResponse.ProtoReflect.Descriptor instead.
 func (*GetWorkspaceResponse) Descriptor() ([]byte, []int) {
-	return file_workspace_proto_rawDescGZIP(), []int{10}
+	return file_workspace_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *GetWorkspaceResponse) GetStatus() *WorkspaceStatus {
@@ -1012,7 +1109,7 @@ type ListWorkspacesRequest struct {
 
 func (x *ListWorkspacesRequest) Reset() {
 	*x = ListWorkspacesRequest{}
-	mi := &file_workspace_proto_msgTypes[11]
+	mi := &file_workspace_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1024,7 +1121,7 @@ func (x *ListWorkspacesRequest) String() string {
 func (*ListWorkspacesRequest) ProtoMessage() {}
 
 func (x *ListWorkspacesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_workspace_proto_msgTypes[11]
+	mi := &file_workspace_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1037,7 +1134,7 @@ func (x *ListWorkspacesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListWorkspacesRequest.ProtoReflect.Descriptor instead.
 func (*ListWorkspacesRequest) Descriptor() ([]byte, []int) {
-	return file_workspace_proto_rawDescGZIP(), []int{11}
+	return file_workspace_proto_rawDescGZIP(), []int{12}
 }
 
 // ListWorkspacesResponse holds every workspace of the agent.
@@ -1051,7 +1148,7 @@ type ListWorkspacesResponse struct {
 
 func (x *ListWorkspacesResponse) Reset() {
 	*x = ListWorkspacesResponse{}
-	mi := &file_workspace_proto_msgTypes[12]
+	mi := &file_workspace_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1063,7 +1160,7 @@ func (x *ListWorkspacesResponse) String() string {
 func (*ListWorkspacesResponse) ProtoMessage() {}
 
 func (x *ListWorkspacesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_workspace_proto_msgTypes[12]
+	mi := &file_workspace_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1076,7 +1173,7 @@ func (x *ListWorkspacesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListWorkspacesResponse.ProtoReflect.Descriptor instead.
 func (*ListWorkspacesResponse) Descriptor() ([]byte, []int) {
-	return file_workspace_proto_rawDescGZIP(), []int{12}
+	return file_workspace_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ListWorkspacesResponse) GetWorkspaces() []*WorkspaceStatus {
@@ -1099,7 +1196,7 @@ type DeleteWorkspaceRequest struct {
 
 func (x *DeleteWorkspaceRequest) Reset() {
 	*x = DeleteWorkspaceRequest{}
-	mi := &file_workspace_proto_msgTypes[13]
+	mi := &file_workspace_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1111,7 +1208,7 @@ func (x *DeleteWorkspaceRequest) String() string {
 func (*DeleteWorkspaceRequest) ProtoMessage() {}
 
 func (x *DeleteWorkspaceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_workspace_proto_msgTypes[13]
+	mi := &file_workspace_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1124,7 +1221,7 @@ func (x *DeleteWorkspaceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteWorkspaceRequest.ProtoReflect.Descriptor instead.
 func (*DeleteWorkspaceRequest) Descriptor() ([]byte, []int) {
-	return file_workspace_proto_rawDescGZIP(), []int{13}
+	return file_workspace_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *DeleteWorkspaceRequest) GetUid() string {
@@ -1152,7 +1249,7 @@ type DeleteWorkspaceResponse struct {
 
 func (x *DeleteWorkspaceResponse) Reset() {
 	*x = DeleteWorkspaceResponse{}
-	mi := &file_workspace_proto_msgTypes[14]
+	mi := &file_workspace_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1164,7 +1261,7 @@ func (x *DeleteWorkspaceResponse) String() string {
 func (*DeleteWorkspaceResponse) ProtoMessage() {}
 
 func (x *DeleteWorkspaceResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_workspace_proto_msgTypes[14]
+	mi := &file_workspace_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1177,7 +1274,7 @@ func (x *DeleteWorkspaceResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteWorkspaceResponse.ProtoReflect.Descriptor instead.
 func (*DeleteWorkspaceResponse) Descriptor() ([]byte, []int) {
-	return file_workspace_proto_rawDescGZIP(), []int{14}
+	return file_workspace_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *DeleteWorkspaceResponse) GetCancelledTasks() int32 {
@@ -1215,11 +1312,18 @@ const file_workspace_proto_rawDesc = "" +
 	"\x06method\x18\x02 \x01(\tR\x06method\x12.\n" +
 	"\x04time\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\x12/\n" +
 	"\x13frozen_microseconds\x18\x04 \x01(\x03R\x12frozenMicroseconds\x12!\n" +
-	"\fcopied_bytes\x18\x05 \x01(\x03R\vcopiedBytes\"\x99\x01\n" +
+	"\fcopied_bytes\x18\x05 \x01(\x03R\vcopiedBytes\"\xd5\x01\n" +
 	"\fEgressPolicy\x12!\n" +
 	"\fdefault_deny\x18\x01 \x01(\bR\vdefaultDeny\x123\n" +
 	"\x05allow\x18\x02 \x03(\v2\x1d.bashtask.agent.v1.EgressRuleR\x05allow\x121\n" +
-	"\x04deny\x18\x03 \x03(\v2\x1d.bashtask.agent.v1.EgressRuleR\x04deny\":\n" +
+	"\x04deny\x18\x03 \x03(\v2\x1d.bashtask.agent.v1.EgressRuleR\x04deny\x12:\n" +
+	"\x06inject\x18\x04 \x03(\v2\".bashtask.agent.v1.EgressInjectionR\x06inject\"\x9d\x01\n" +
+	"\x0fEgressInjection\x12\x16\n" +
+	"\x06domain\x18\x01 \x01(\tR\x06domain\x12\x16\n" +
+	"\x06header\x18\x02 \x01(\tR\x06header\x12\x14\n" +
+	"\x05value\x18\x03 \x01(\tR\x05value\x12\x1b\n" +
+	"\tca_bundle\x18\x04 \x01(\fR\bcaBundle\x12'\n" +
+	"\x0fscrub_responses\x18\x05 \x01(\bR\x0escrubResponses\":\n" +
 	"\n" +
 	"EgressRule\x12\x16\n" +
 	"\x06domain\x18\x01 \x01(\tR\x06domain\x12\x14\n" +
@@ -1297,72 +1401,74 @@ func file_workspace_proto_rawDescGZIP() []byte {
 	return file_workspace_proto_rawDescData
 }
 
-var file_workspace_proto_msgTypes = make([]protoimpl.MessageInfo, 15)
+var file_workspace_proto_msgTypes = make([]protoimpl.MessageInfo, 16)
 var file_workspace_proto_goTypes = []any{
 	(*WorkspaceRef)(nil),              // 0: bashtask.agent.v1.WorkspaceRef
 	(*WorkspaceSpec)(nil),             // 1: bashtask.agent.v1.WorkspaceSpec
 	(*WorkspaceFork)(nil),             // 2: bashtask.agent.v1.WorkspaceFork
 	(*EgressPolicy)(nil),              // 3: bashtask.agent.v1.EgressPolicy
-	(*EgressRule)(nil),                // 4: bashtask.agent.v1.EgressRule
-	(*WorkspaceStatus)(nil),           // 5: bashtask.agent.v1.WorkspaceStatus
-	(*EgressRefusal)(nil),             // 6: bashtask.agent.v1.EgressRefusal
-	(*EnsureWorkspaceRequest)(nil),    // 7: bashtask.agent.v1.EnsureWorkspaceRequest
-	(*EnsureWorkspaceResponse)(nil),   // 8: bashtask.agent.v1.EnsureWorkspaceResponse
-	(*GetWorkspaceRequest)(nil),       // 9: bashtask.agent.v1.GetWorkspaceRequest
-	(*GetWorkspaceResponse)(nil),      // 10: bashtask.agent.v1.GetWorkspaceResponse
-	(*ListWorkspacesRequest)(nil),     // 11: bashtask.agent.v1.ListWorkspacesRequest
-	(*ListWorkspacesResponse)(nil),    // 12: bashtask.agent.v1.ListWorkspacesResponse
-	(*DeleteWorkspaceRequest)(nil),    // 13: bashtask.agent.v1.DeleteWorkspaceRequest
-	(*DeleteWorkspaceResponse)(nil),   // 14: bashtask.agent.v1.DeleteWorkspaceResponse
-	(*WorkspaceSnapshot)(nil),         // 15: bashtask.agent.v1.WorkspaceSnapshot
-	(*ImageSpec)(nil),                 // 16: bashtask.agent.v1.ImageSpec
-	(*timestamppb.Timestamp)(nil),     // 17: google.protobuf.Timestamp
-	(*ImageStatus)(nil),               // 18: bashtask.agent.v1.ImageStatus
-	(*Fence)(nil),                     // 19: bashtask.agent.v1.Fence
-	(*ImageFailure)(nil),              // 20: bashtask.agent.v1.ImageFailure
-	(*SnapshotWorkspaceRequest)(nil),  // 21: bashtask.agent.v1.SnapshotWorkspaceRequest
-	(*SnapshotWorkspaceResponse)(nil), // 22: bashtask.agent.v1.SnapshotWorkspaceResponse
+	(*EgressInjection)(nil),           // 4: bashtask.agent.v1.EgressInjection
+	(*EgressRule)(nil),                // 5: bashtask.agent.v1.EgressRule
+	(*WorkspaceStatus)(nil),           // 6: bashtask.agent.v1.WorkspaceStatus
+	(*EgressRefusal)(nil),             // 7: bashtask.agent.v1.EgressRefusal
+	(*EnsureWorkspaceRequest)(nil),    // 8: bashtask.agent.v1.EnsureWorkspaceRequest
+	(*EnsureWorkspaceResponse)(nil),   // 9: bashtask.agent.v1.EnsureWorkspaceResponse
+	(*GetWorkspaceRequest)(nil),       // 10: bashtask.agent.v1.GetWorkspaceRequest
+	(*GetWorkspaceResponse)(nil),      // 11: bashtask.agent.v1.GetWorkspaceResponse
+	(*ListWorkspacesRequest)(nil),     // 12: bashtask.agent.v1.ListWorkspacesRequest
+	(*ListWorkspacesResponse)(nil),    // 13: bashtask.agent.v1.ListWorkspacesResponse
+	(*DeleteWorkspaceRequest)(nil),    // 14: bashtask.agent.v1.DeleteWorkspaceRequest
+	(*DeleteWorkspaceResponse)(nil),   // 15: bashtask.agent.v1.DeleteWorkspaceResponse
+	(*WorkspaceSnapshot)(nil),         // 16: bashtask.agent.v1.WorkspaceSnapshot
+	(*ImageSpec)(nil),                 // 17: bashtask.agent.v1.ImageSpec
+	(*timestamppb.Timestamp)(nil),     // 18: google.protobuf.Timestamp
+	(*ImageStatus)(nil),               // 19: bashtask.agent.v1.ImageStatus
+	(*Fence)(nil),                     // 20: bashtask.agent.v1.Fence
+	(*ImageFailure)(nil),              // 21: bashtask.agent.v1.ImageFailure
+	(*SnapshotWorkspaceRequest)(nil),  // 22: bashtask.agent.v1.SnapshotWorkspaceRequest
+	(*SnapshotWorkspaceResponse)(nil), // 23: bashtask.agent.v1.SnapshotWorkspaceResponse
 }
 var file_workspace_proto_depIdxs = []int32{
 	0,  // 0: bashtask.agent.v1.WorkspaceSpec.ref:type_name -> bashtask.agent.v1.WorkspaceRef
-	15, // 1: bashtask.agent.v1.WorkspaceSpec.restore_from:type_name -> bashtask.agent.v1.WorkspaceSnapshot
-	16, // 2: bashtask.agent.v1.WorkspaceSpec.image:type_name -> bashtask.agent.v1.ImageSpec
+	16, // 1: bashtask.agent.v1.WorkspaceSpec.restore_from:type_name -> bashtask.agent.v1.WorkspaceSnapshot
+	17, // 2: bashtask.agent.v1.WorkspaceSpec.image:type_name -> bashtask.agent.v1.ImageSpec
 	0,  // 3: bashtask.agent.v1.WorkspaceSpec.fork_of:type_name -> bashtask.agent.v1.WorkspaceRef
 	3,  // 4: bashtask.agent.v1.WorkspaceSpec.egress:type_name -> bashtask.agent.v1.EgressPolicy
 	0,  // 5: bashtask.agent.v1.WorkspaceFork.source:type_name -> bashtask.agent.v1.WorkspaceRef
-	17, // 6: bashtask.agent.v1.WorkspaceFork.time:type_name -> google.protobuf.Timestamp
-	4,  // 7: bashtask.agent.v1.EgressPolicy.allow:type_name -> bashtask.agent.v1.EgressRule
-	4,  // 8: bashtask.agent.v1.EgressPolicy.deny:type_name -> bashtask.agent.v1.EgressRule
-	0,  // 9: bashtask.agent.v1.WorkspaceStatus.ref:type_name -> bashtask.agent.v1.WorkspaceRef
-	17, // 10: bashtask.agent.v1.WorkspaceStatus.last_task_end:type_name -> google.protobuf.Timestamp
-	17, // 11: bashtask.agent.v1.WorkspaceStatus.create_time:type_name -> google.protobuf.Timestamp
-	15, // 12: bashtask.agent.v1.WorkspaceStatus.restored_from:type_name -> bashtask.agent.v1.WorkspaceSnapshot
-	18, // 13: bashtask.agent.v1.WorkspaceStatus.image:type_name -> bashtask.agent.v1.ImageStatus
-	2,  // 14: bashtask.agent.v1.WorkspaceStatus.forked_from:type_name -> bashtask.agent.v1.WorkspaceFork
-	6,  // 15: bashtask.agent.v1.WorkspaceStatus.egress_refusals:type_name -> bashtask.agent.v1.EgressRefusal
-	1,  // 16: bashtask.agent.v1.EnsureWorkspaceRequest.spec:type_name -> bashtask.agent.v1.WorkspaceSpec
-	19, // 17: bashtask.agent.v1.EnsureWorkspaceRequest.fence:type_name -> bashtask.agent.v1.Fence
-	5,  // 18: bashtask.agent.v1.EnsureWorkspaceResponse.status:type_name -> bashtask.agent.v1.WorkspaceStatus
-	18, // 19: bashtask.agent.v1.EnsureWorkspaceResponse.image_pull:type_name -> bashtask.agent.v1.ImageStatus
-	20, // 20: bashtask.agent.v1.EnsureWorkspaceResponse.image_failure:type_name -> bashtask.agent.v1.ImageFailure
-	5,  // 21: bashtask.agent.v1.GetWorkspaceResponse.status:type_name -> bashtask.agent.v1.WorkspaceStatus
-	5,  // 22: bashtask.agent.v1.ListWorkspacesResponse.workspaces:type_name -> bashtask.agent.v1.WorkspaceStatus
-	19, // 23: bashtask.agent.v1.DeleteWorkspaceRequest.fence:type_name -> bashtask.agent.v1.Fence
-	7,  // 24: bashtask.agent.v1.Workspaces.EnsureWorkspace:input_type -> bashtask.agent.v1.EnsureWorkspaceRequest
-	9,  // 25: bashtask.agent.v1.Workspaces.GetWorkspace:input_type -> bashtask.agent.v1.GetWorkspaceRequest
-	11, // 26: bashtask.agent.v1.Workspaces.ListWorkspaces:input_type -> bashtask.agent.v1.ListWorkspacesRequest
-	13, // 27: bashtask.agent.v1.Workspaces.DeleteWorkspace:input_type -> bashtask.agent.v1.DeleteWorkspaceRequest
-	21, // 28: bashtask.agent.v1.Workspaces.SnapshotWorkspace:input_type -> bashtask.agent.v1.SnapshotWorkspaceRequest
-	8,  // 29: bashtask.agent.v1.Workspaces.EnsureWorkspace:output_type -> bashtask.agent.v1.EnsureWorkspaceResponse
-	10, // 30: bashtask.agent.v1.Workspaces.GetWorkspace:output_type -> bashtask.agent.v1.GetWorkspaceResponse
-	12, // 31: bashtask.agent.v1.Workspaces.ListWorkspaces:output_type -> bashtask.agent.v1.ListWorkspacesResponse
-	14, // 32: bashtask.agent.v1.Workspaces.DeleteWorkspace:output_type -> bashtask.agent.v1.DeleteWorkspaceResponse
-	22, // 33: bashtask.agent.v1.Workspaces.SnapshotWorkspace:output_type -> bashtask.agent.v1.SnapshotWorkspaceResponse
-	29, // [29:34] is the sub-list for method output_type
-	24, // [24:29] is the sub-list for method input_type
-	24, // [24:24] is the sub-list for extension type_name
-	24, // [24:24] is the sub-list for extension extendee
-	0,  // [0:24] is the sub-list for field type_name
+	18, // 6: bashtask.agent.v1.WorkspaceFork.time:type_name -> google.protobuf.Timestamp
+	5,  // 7: bashtask.agent.v1.EgressPolicy.allow:type_name -> bashtask.agent.v1.EgressRule
+	5,  // 8: bashtask.agent.v1.EgressPolicy.deny:type_name -> bashtask.agent.v1.EgressRule
+	4,  // 9: bashtask.agent.v1.EgressPolicy.inject:type_name -> bashtask.agent.v1.EgressInjection
+	0,  // 10: bashtask.agent.v1.WorkspaceStatus.ref:type_name -> bashtask.agent.v1.WorkspaceRef
+	18, // 11: bashtask.agent.v1.WorkspaceStatus.last_task_end:type_name -> google.protobuf.Timestamp
+	18, // 12: bashtask.agent.v1.WorkspaceStatus.create_time:type_name -> google.protobuf.Timestamp
+	16, // 13: bashtask.agent.v1.WorkspaceStatus.restored_from:type_name -> bashtask.agent.v1.WorkspaceSnapshot
+	19, // 14: bashtask.agent.v1.WorkspaceStatus.image:type_name -> bashtask.agent.v1.ImageStatus
+	2,  // 15: bashtask.agent.v1.WorkspaceStatus.forked_from:type_name -> bashtask.agent.v1.WorkspaceFork
+	7,  // 16: bashtask.agent.v1.WorkspaceStatus.egress_refusals:type_name -> bashtask.agent.v1.EgressRefusal
+	1,  // 17: bashtask.agent.v1.EnsureWorkspaceRequest.spec:type_name -> bashtask.agent.v1.WorkspaceSpec
+	20, // 18: bashtask.agent.v1.EnsureWorkspaceRequest.fence:type_name -> bashtask.agent.v1.Fence
+	6,  // 19: bashtask.agent.v1.EnsureWorkspaceResponse.status:type_name -> bashtask.agent.v1.WorkspaceStatus
+	19, // 20: bashtask.agent.v1.EnsureWorkspaceResponse.image_pull:type_name -> bashtask.agent.v1.ImageStatus
+	21, // 21: bashtask.agent.v1.EnsureWorkspaceResponse.image_failure:type_name -> bashtask.agent.v1.ImageFailure
+	6,  // 22: bashtask.agent.v1.GetWorkspaceResponse.status:type_name -> bashtask.agent.v1.WorkspaceStatus
+	6,  // 23: bashtask.agent.v1.ListWorkspacesResponse.workspaces:type_name -> bashtask.agent.v1.WorkspaceStatus
+	20, // 24: bashtask.agent.v1.DeleteWorkspaceRequest.fence:type_name -> bashtask.agent.v1.Fence
+	8,  // 25: bashtask.agent.v1.Workspaces.EnsureWorkspace:input_type -> bashtask.agent.v1.EnsureWorkspaceRequest
+	10, // 26: bashtask.agent.v1.Workspaces.GetWorkspace:input_type -> bashtask.agent.v1.GetWorkspaceRequest
+	12, // 27: bashtask.agent.v1.Workspaces.ListWorkspaces:input_type -> bashtask.agent.v1.ListWorkspacesRequest
+	14, // 28: bashtask.agent.v1.Workspaces.DeleteWorkspace:input_type -> bashtask.agent.v1.DeleteWorkspaceRequest
+	22, // 29: bashtask.agent.v1.Workspaces.SnapshotWorkspace:input_type -> bashtask.agent.v1.SnapshotWorkspaceRequest
+	9,  // 30: bashtask.agent.v1.Workspaces.EnsureWorkspace:output_type -> bashtask.agent.v1.EnsureWorkspaceResponse
+	11, // 31: bashtask.agent.v1.Workspaces.GetWorkspace:output_type -> bashtask.agent.v1.GetWorkspaceResponse
+	13, // 32: bashtask.agent.v1.Workspaces.ListWorkspaces:output_type -> bashtask.agent.v1.ListWorkspacesResponse
+	15, // 33: bashtask.agent.v1.Workspaces.DeleteWorkspace:output_type -> bashtask.agent.v1.DeleteWorkspaceResponse
+	23, // 34: bashtask.agent.v1.Workspaces.SnapshotWorkspace:output_type -> bashtask.agent.v1.SnapshotWorkspaceResponse
+	30, // [30:35] is the sub-list for method output_type
+	25, // [25:30] is the sub-list for method input_type
+	25, // [25:25] is the sub-list for extension type_name
+	25, // [25:25] is the sub-list for extension extendee
+	0,  // [0:25] is the sub-list for field type_name
 }
 
 func init() { file_workspace_proto_init() }
@@ -1379,7 +1485,7 @@ func file_workspace_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_workspace_proto_rawDesc), len(file_workspace_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   15,
+			NumMessages:   16,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -121,3 +121,59 @@ func TestEgressPolicyUpdateAndTask(t *testing.T) {
 	bt.Spec.Egress = &v1.EgressPolicy{Allow: []v1.EgressRule{{Domain: "github.com"}}}
 	wantInvalid(t, env.Client.Update(t.Context(), bt), "spec.egress of a BashTask is immutable")
 }
+
+// spec.egress.inject: the header is a token, the domain a DNS name the
+// policy lets be reached on port 443 (not denied, allowed under a
+// default of Deny), the workspace's network Egress (a rule on network
+// Node is refused), and a task gets none.
+func TestEgressInjectionValidation(t *testing.T) {
+	ns := newNamespace(t)
+	inj := func(domain, header string) v1.EgressInjection {
+		return v1.EgressInjection{Domain: domain, Header: header, ValuePrefix: ptr.To("Bearer "), SecretKeyRef: v1.KeySelector{Name: "gh", Key: "token"}}
+	}
+	pol := func(p v1.EgressPolicy, rules ...v1.EgressInjection) func(*v1.BashWorkspace) {
+		p.Inject = rules
+		return egressOn(p)
+	}
+	allowAPI := v1.EgressPolicy{Allow: []v1.EgressRule{{Domain: "*.github.com", Ports: []int32{443}}}}
+	tests := map[string]struct {
+		mutate  func(*v1.BashWorkspace)
+		wantErr string
+	}{
+		"allowed":          {mutate: pol(allowAPI, inj("api.github.com", "Authorization"))},
+		"default allow":    {mutate: pol(v1.EgressPolicy{}, inj("pypi.org", "X-Api-Key"))},
+		"ca bundle":        {mutate: pol(allowAPI, v1.EgressInjection{Domain: "api.github.com", Header: "Authorization", SecretKeyRef: v1.KeySelector{Name: "gh", Key: "token"}, CABundle: &v1.ValueSource{ConfigMapKeyRef: &v1.KeySelector{Name: "ca", Key: "ca.crt"}}})},
+		"header space":     {mutate: pol(allowAPI, inj("api.github.com", "Bad Header")), wantErr: "spec.egress.inject[0].header"},
+		"header colon":     {mutate: pol(allowAPI, inj("api.github.com", "Authorization:")), wantErr: "header must be an HTTP header name"},
+		"malformed domain": {mutate: pol(allowAPI, inj("API.github.com", "Authorization")), wantErr: "spec.egress.inject[0].domain"},
+		"denied domain": {mutate: pol(v1.EgressPolicy{Deny: []v1.EgressRule{{Domain: "*.github.com"}}}, inj("api.github.com", "Authorization")),
+			wantErr: "a header cannot be injected for a domain the policy denies"},
+		"not allowed":  {mutate: pol(allowAPI, inj("pypi.org", "Authorization")), wantErr: "is not allowed on port 443"},
+		"not on 443":   {mutate: pol(v1.EgressPolicy{Allow: []v1.EgressRule{{Domain: "api.github.com", Ports: []int32{80}}}}, inj("api.github.com", "Authorization")), wantErr: "is not allowed on port 443"},
+		"no secret":    {mutate: pol(allowAPI, v1.EgressInjection{Domain: "api.github.com", Header: "Authorization"}), wantErr: "spec.egress.inject[0].secretKeyRef"},
+		"prefix CR LF": {mutate: pol(allowAPI, v1.EgressInjection{Domain: "api.github.com", Header: "Authorization", ValuePrefix: ptr.To("a\r\nX: y"), SecretKeyRef: v1.KeySelector{Name: "gh", Key: "token"}}), wantErr: "spec.egress.inject[0].valuePrefix"},
+		"network Node": {mutate: func(ws *v1.BashWorkspace) {
+			pol(allowAPI, inj("api.github.com", "Authorization"))(ws)
+			ws.Spec.Network = ptr.To(v1.NetworkNode)
+		}, wantErr: "spec.egress needs spec.network Egress"},
+	}
+	i := 0
+	for name, tc := range tests {
+		i++
+		t.Run(name, func(t *testing.T) {
+			err := env.Client.Create(t.Context(), workspace(ns, fmt.Sprintf("i%d", i), tc.mutate))
+			if tc.wantErr == "" {
+				if err != nil {
+					t.Fatalf("valid workspace rejected: %v", err)
+				}
+				return
+			}
+			wantInvalid(t, err, tc.wantErr)
+		})
+	}
+	bt := task(ns, "t-inject", func(bt *v1.BashTask) {
+		bt.Spec.Network = ptr.To(v1.NetworkEgress)
+		bt.Spec.Egress = &v1.EgressPolicy{Inject: []v1.EgressInjection{inj("pypi.org", "Authorization")}}
+	})
+	wantInvalid(t, env.Client.Create(t.Context(), bt), "spec.egress.inject needs a BashWorkspace")
+}
