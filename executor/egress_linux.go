@@ -16,6 +16,7 @@ import (
 	"github.com/google/nftables/binaryutil"
 	"github.com/google/nftables/expr"
 	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netlink/nl"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 )
@@ -364,10 +365,15 @@ func (e *egress) attachNS(ns netns.NsHandle) (_ *egressLink, err error) {
 	if err := netlink.LinkAdd(veth); err != nil {
 		return nil, fmt.Errorf("adding veth %s: %w", l.name, err)
 	}
-	// No IPv6 on the host end: no link-local address a task could reach.
-	// A kernel without IPv6 has no such file.
-	if err := os.WriteFile("/proc/sys/net/ipv6/conf/"+l.name+"/disable_ipv6", []byte("1"), 0o644); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return nil, fmt.Errorf("disabling IPv6 on %s: %w", l.name, err)
+	// No IPv6 address on the host end: no link-local address a task
+	// could reach (nothing from a task link reaches the host's input, of
+	// either family, anyway). The address generation mode set through
+	// netlink, not disable_ipv6 in /proc/sys: that write spins on the
+	// routing lock while another link is being removed, a millisecond
+	// of the agent's CPU per task and more (docs/performance.md). A
+	// kernel without IPv6 refuses the attribute.
+	if err := netlink.LinkSetIP6AddrGenMode(veth, nl.IN6_ADDR_GEN_MODE_NONE); err != nil && !ipv6Missing(err) {
+		return nil, fmt.Errorf("no IPv6 address on %s: %w", l.name, err)
 	}
 	if err := netlink.AddrAdd(veth, addr(l.host)); err != nil {
 		return nil, fmt.Errorf("addressing %s: %w", l.name, err)
@@ -394,6 +400,12 @@ func (e *egress) attachNS(ns netns.NsHandle) (_ *egressLink, err error) {
 		return nil, fmt.Errorf("the task's default route via %s: %w", l.host, err)
 	}
 	return l, nil
+}
+
+// ipv6Missing reports whether err is a kernel's without IPv6 refusing an
+// IPv6 attribute.
+func ipv6Missing(err error) bool {
+	return errors.Is(err, unix.EAFNOSUPPORT) || errors.Is(err, unix.EOPNOTSUPP)
 }
 
 func addr(a netip.Addr) *netlink.Addr {
