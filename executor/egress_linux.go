@@ -16,6 +16,7 @@ import (
 	"github.com/google/nftables/binaryutil"
 	"github.com/google/nftables/expr"
 	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netlink/nl"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 )
@@ -65,6 +66,21 @@ type egress struct {
 	next int    // where the search for a free slot starts: slots are reused last
 
 	releasing sync.WaitGroup // deletions of pairs under way
+
+	// rt is one route netlink socket in the agent's namespace for the
+	// host ends' requests: a new socket per request (the netlink
+	// package's functions) was a fifth of the link set-up's CPU. Its
+	// requests take turns, as the kernel's routing lock has them do.
+	rt *netlink.Handle
+}
+
+// handle is e.rt, or without it (an egress of a test) the netlink
+// package's default of a socket per request.
+func (e *egress) handle() *netlink.Handle {
+	if e.rt == nil {
+		return &netlink.Handle{}
+	}
+	return e.rt
 }
 
 // egressLink is one task's veth pair.
@@ -93,6 +109,9 @@ func newEgress(plan *egressPlan) (_ *egress, err error) {
 			_ = e.close()
 		}
 	}()
+	if e.rt, err = netlink.NewHandle(unix.NETLINK_ROUTE); err != nil {
+		return nil, fail("a netlink socket", err)
+	}
 	if err := e.removeStaleLinks(); err != nil {
 		return nil, fail("removing the links of an earlier run", err)
 	}
@@ -313,6 +332,10 @@ func (e *egress) close() error {
 	if e.resolvDir != "" {
 		errs = append(errs, os.RemoveAll(e.resolvDir))
 	}
+	if e.rt != nil {
+		e.rt.Close()
+		e.rt = nil
+	}
 	return errors.Join(errs...)
 }
 
@@ -369,18 +392,24 @@ func (e *egress) attachNS(ns netns.NsHandle) (_ *egressLink, err error) {
 		LinkAttrs: netlink.LinkAttrs{Name: l.name},
 		PeerName:  EgressTaskLink, PeerNamespace: netlink.NsFd(int(ns)),
 	}
-	if err := netlink.LinkAdd(veth); err != nil {
+	rt := e.handle()
+	if err := rt.LinkAdd(veth); err != nil {
 		return nil, fmt.Errorf("adding veth %s: %w", l.name, err)
 	}
-	// No IPv6 on the host end: no link-local address a task could reach.
-	// A kernel without IPv6 has no such file.
-	if err := os.WriteFile("/proc/sys/net/ipv6/conf/"+l.name+"/disable_ipv6", []byte("1"), 0o644); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return nil, fmt.Errorf("disabling IPv6 on %s: %w", l.name, err)
+	// No IPv6 address on the host end: no link-local address a task
+	// could reach (nothing from a task link reaches the host's input, of
+	// either family, anyway). The address generation mode set through
+	// netlink, not disable_ipv6 in /proc/sys: that write spins on the
+	// routing lock while another link is being removed, a millisecond
+	// of the agent's CPU per task and more (docs/performance.md). A
+	// kernel without IPv6 refuses the attribute.
+	if err := rt.LinkSetIP6AddrGenMode(veth, nl.IN6_ADDR_GEN_MODE_NONE); err != nil && !ipv6Missing(err) {
+		return nil, fmt.Errorf("no IPv6 address on %s: %w", l.name, err)
 	}
-	if err := netlink.AddrAdd(veth, addr(l.host)); err != nil {
+	if err := rt.AddrAdd(veth, addr(l.host)); err != nil {
 		return nil, fmt.Errorf("addressing %s: %w", l.name, err)
 	}
-	if err := netlink.LinkSetUp(veth); err != nil {
+	if err := rt.LinkSetUp(veth); err != nil {
 		return nil, fmt.Errorf("bringing %s up: %w", l.name, err)
 	}
 	h, err := netlink.NewHandleAt(ns, unix.NETLINK_ROUTE)
@@ -404,6 +433,12 @@ func (e *egress) attachNS(ns netns.NsHandle) (_ *egressLink, err error) {
 	return l, nil
 }
 
+// ipv6Missing reports whether err is a kernel's without IPv6 refusing an
+// IPv6 attribute.
+func ipv6Missing(err error) bool {
+	return errors.Is(err, unix.EAFNOSUPPORT) || errors.Is(err, unix.EOPNOTSUPP)
+}
+
 func addr(a netip.Addr) *netlink.Addr {
 	return &netlink.Addr{IPNet: &net.IPNet{IP: a.AsSlice(), Mask: net.CIDRMask(32-egressSlotBits, 32)}}
 }
@@ -422,8 +457,9 @@ func (l *egressLink) release() {
 	e.releasing.Add(1)
 	go func() {
 		defer e.releasing.Done()
-		if link, err := netlink.LinkByName(name); err == nil {
-			_ = netlink.LinkDel(link)
+		rt := e.handle()
+		if link, err := rt.LinkByName(name); err == nil {
+			_ = rt.LinkDel(link)
 		}
 		e.free(slot)
 	}()

@@ -557,3 +557,51 @@ func TestEgressRefusedWhenSetupFails(t *testing.T) {
 		t.Errorf("a None task beside it: %s %s", res.Reason, res.Message)
 	}
 }
+
+// The host end of a task's veth pair has no IPv6 address, not even a
+// link-local one, once it is up: nothing of the host a task could reach
+// over IPv6.
+func TestEgressHostEndHasNoIPv6Address(t *testing.T) {
+	requireEgressHost(t)
+	ti := newTestInternet(t)
+	cfg := egressTestConfig(ti)
+	plan, err := planEgress(*cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ex := newTestExecutor(t, CgroupAuto, func(c *Config) { c.Isolation = IsolationTenant; c.Egress = cfg; c.ShimPoolSize = 1 })
+	if !ex.Capabilities().Egress {
+		t.Fatalf("no egress capability: %v", ex.EgressError())
+	}
+	spec := testSpec(t, "sleep 1")
+	spec.Network = NetworkEgress
+	task, err := ex.Start(spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer wait(t, task)
+	// The pool's shim of network Egress and the task's: links up a
+	// moment, long enough for a link-local address to appear.
+	time.Sleep(300 * time.Millisecond)
+	ls, err := linkList()
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, l := range ls {
+		if !strings.HasPrefix(l.Attrs().Name, plan.prefix) || l.Attrs().OperState != netlink.OperUp {
+			continue
+		}
+		n++
+		addrs, err := netlink.AddrList(l, netlink.FAMILY_V6)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(addrs) > 0 {
+			t.Errorf("host end %s has IPv6 addresses %v, want none", l.Attrs().Name, addrs)
+		}
+	}
+	if n == 0 {
+		t.Fatal("no host end of a task link up")
+	}
+}

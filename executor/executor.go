@@ -117,6 +117,8 @@ type Config struct {
 	// loopControl replaces /dev/loop-control in tests of a node without
 	// loop devices.
 	loopControl string
+	// mkfs replaces mkfs.ext4 in tests that count its runs.
+	mkfs string
 	// ShimReportTimeout bounds each wait for one of a shim's first
 	// reports at IsolationTenant: "ready" after its start, then the
 	// shell's start or a failed step after its Config. A shim that stays

@@ -4,7 +4,6 @@ package executor
 
 import (
 	"bufio"
-	"bytes"
 	"cmp"
 	"errors"
 	"fmt"
@@ -39,8 +38,12 @@ type diskQuota struct {
 	defBytes int64
 	capBytes int64
 	inodes   int64
-	mkfs     string
+	mkfsPath string
 	loopCtl  string // /dev/loop-control
+	// template is the file system of defBytes the others of that size
+	// are copies of (quota_template_linux.go); "" where each is made by
+	// mkfs.ext4.
+	template string
 
 	pool chan *quotaFS // ready file systems of defBytes
 	stop chan struct{}
@@ -104,8 +107,11 @@ func newDiskQuota(cfg Config, workRoot string) (*diskQuota, error) {
 		return nil, fmt.Errorf("removing the file systems of an earlier executor: %w", err)
 	}
 	var err error
-	if q.mkfs, err = exec.LookPath("mkfs.ext4"); err != nil {
+	if q.mkfsPath, err = exec.LookPath(cmp.Or(cfg.mkfs, "mkfs.ext4")); err != nil {
 		return nil, errNoQuota(fmt.Errorf("no mkfs.ext4 (e2fsprogs): %w", err))
+	}
+	if err := q.makeTemplate(); err != nil {
+		return nil, errNoQuota(err)
 	}
 	first, err := q.make(q.defBytes)
 	if err != nil {
@@ -197,30 +203,15 @@ func (q *diskQuota) make(size int64) (_ *quotaFS, err error) {
 
 // makeImageFS creates the sparse image file image (which must not
 // exist) of size bytes with an ext4 file system of at most q.inodes
-// inodes, and mounts it at the existing directory dir (mountImage). On
-// error the caller removes what is left (the image, a mount at dir).
+// inodes, a copy of the template for the default size, and mounts it at
+// the existing directory dir (mountImage). On error the caller removes
+// what is left (the image, a mount at dir).
 func (q *diskQuota) makeImageFS(image, dir string, size int64) error {
-	img, err := os.OpenFile(image, os.O_RDWR|os.O_CREATE|os.O_EXCL|unix.O_NOFOLLOW, 0o600)
+	img, err := q.newImage(image, size)
 	if err != nil {
 		return err
 	}
 	defer img.Close()
-	if err := img.Truncate(size); err != nil {
-		return fmt.Errorf("sizing %s: %w", image, err)
-	}
-	// Whole blocks of 4 KiB; at most one inode per block (ext4's limit).
-	inodes := min(q.inodes, size/4096)
-	// No journal: the file system never outlives its task or a crash of
-	// the node (the executor removes every image at start). No reserved
-	// blocks for root: the task is the only user. lazy_itable_init with
-	// the noinit_itable mount option: the sparse file reads as zeros, so
-	// the inode tables need no writing, neither now nor in the kernel's
-	// background thread later.
-	out, err := runHelper(q.mkfs, "-q", "-F", "-t", "ext4", "-O", "^has_journal", "-m", "0",
-		"-b", "4096", "-N", strconv.FormatInt(inodes, 10), "-E", "lazy_itable_init=1,nodiscard", image)
-	if err != nil {
-		return fmt.Errorf("mkfs.ext4 %s: %w: %s", image, err, bytes.TrimSpace(out))
-	}
 	if err := mountImage(q.loopCtl, img, dir); err != nil {
 		return err
 	}
@@ -229,6 +220,24 @@ func (q *diskQuota) makeImageFS(image, dir string, size int64) error {
 		return fmt.Errorf("removing lost+found of %s: %w", dir, err)
 	}
 	return nil
+}
+
+// newImage creates the image file image of size bytes with its file
+// system, a copy of the template where there is one of that size, and
+// returns it open.
+func (q *diskQuota) newImage(image string, size int64) (*os.File, error) {
+	if q.template == "" || size != q.defBytes {
+		return q.mkfs(image, size)
+	}
+	img, err := os.OpenFile(image, os.O_RDWR|os.O_CREATE|os.O_EXCL|unix.O_NOFOLLOW, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	if err := q.copyTemplate(img); err != nil {
+		img.Close()
+		return nil, err
+	}
+	return img, nil
 }
 
 // mountImage attaches the open image img to a free loop device and

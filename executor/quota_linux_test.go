@@ -143,9 +143,9 @@ dd if=/dev/zero of=f bs=1M count=100 2>&1; echo rc=$?; df -B1 --output=size . | 
 	if _, err := ex.Start(over); !errors.Is(err, ErrInvalidSpec) || !strings.Contains(err.Error(), "spec.resources.ephemeralStorage") || !strings.Contains(err.Error(), strconv.Itoa(128<<20)) {
 		t.Errorf("over the cap: %v, want ErrInvalidSpec naming the field and the cap", err)
 	}
-	waitFor(t, 30*time.Second, "no more images than the pool's and the one its filler holds", func() bool {
+	waitFor(t, 30*time.Second, "no more images than the template, the pool's and the one its filler holds", func() bool {
 		entries, _ := os.ReadDir(images)
-		return len(entries) <= diskPoolSize+1
+		return len(entries) <= diskPoolSize+2
 	})
 }
 

@@ -171,7 +171,10 @@ func run(iters int, dir, shell, shimBin string, stream bool, rounds int) (phase.
 	}
 	tenantDisk, err := executor.New(executor.Config{Shell: shell, Cgroups: executor.CgroupAuto, CgroupParent: fmt.Sprintf("bashtask-bench-disk-%d", os.Getpid()),
 		WorkDirRoot: dir, Isolation: executor.IsolationTenant, ShimPath: shimPath,
-		DiskQuotaBytes: 10 << 30, DiskQuotaCapBytes: 20 << 30, DiskImageDir: images})
+		DiskQuotaBytes: 10 << 30, DiskQuotaCapBytes: 20 << 30, DiskImageDir: images,
+		// The agent's default network too, for the CPU of a task at the
+		// agent's defaults: a range and an ID of its own beside tenant's.
+		Egress: &executor.EgressConfig{ID: fmt.Sprintf("d%x", pid%(1<<24)), CIDR: fmt.Sprintf("100.%d.%d.0/24", 64+((pid>>8)+32)%64, pid%256)}})
 	if err != nil {
 		return nil, err
 	}
@@ -201,8 +204,10 @@ func run(iters int, dir, shell, shimBin string, stream bool, rounds int) (phase.
 		func(i int) (time.Duration, error) { return timeTask(withCg, dir, i) },
 		func(i int) (time.Duration, error) { return timeTenant(tenant, dir, i, executor.NetworkNode) },
 		func(i int) (time.Duration, error) { return timeTenant(tenant, dir, i, executor.NetworkNone) },
-		func(i int) (time.Duration, error) { return timeTenantDisk(tenantDisk, dir, i, 0) },
-		func(i int) (time.Duration, error) { return timeTenantDisk(tenantDisk, dir, i, 1<<30) },
+		func(i int) (time.Duration, error) { return timeTenantDisk(tenantDisk, dir, i, 0, executor.NetworkNode) },
+		func(i int) (time.Duration, error) {
+			return timeTenantDisk(tenantDisk, dir, i, 1<<30, executor.NetworkNode)
+		},
 	}
 	// A task of a workspace (network None, its directory carried over)
 	// against a plain tenant task of network None: the workspace's
@@ -272,6 +277,19 @@ func run(iters int, dir, shell, shimBin string, stream bool, rounds int) (phase.
 	if err != nil {
 		return nil, err
 	}
+	// At the agent's defaults: network Egress where it is offered and a
+	// file system of the default size, as a task of the shared cluster.
+	defaultNet := executor.NetworkNode
+	if tenantDisk.Capabilities().Egress {
+		defaultNet = executor.NetworkEgress
+	}
+	cpuDefault, err := taskCPU(iters, func(i int) error {
+		_, err := timeTenantDisk(tenantDisk, dir, iters+10+i, 0, defaultNet)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
 	cpuWorkspace, err := taskCPU(iters, func(i int) error {
 		_, err := timeWorkspace(tenant, dir, iters+10+i, ws)
 		return err
@@ -326,6 +344,8 @@ func run(iters int, dir, shell, shimBin string, stream bool, rounds int) (phase.
 		cgName, iters, cpuTenant.task, cpuCg.task, cpuTenant.task-cpuCg.task)
 	fmt.Fprintf(w, "CPU of a task `true`, the executor's, tenant (Node) against %s (mean of %d), ms\t%.2f\t%.2f\t+%.2f\t\t\n",
 		cgName, iters, cpuTenant.executor, cpuCg.executor, cpuTenant.executor-cpuCg.executor)
+	fmt.Fprintf(w, "CPU of a task `true`, tenant at the agent's defaults (network %s, %s 10Gi), its processes + the executor's, against tenant (Node) (mean of %d), ms\t%.2f\t%.2f\t%+.2f\t\t\n",
+		defaultNet, diskName, iters, cpuDefault.task+cpuDefault.executor, cpuTenant.task+cpuTenant.executor, cpuDefault.task+cpuDefault.executor-cpuTenant.task-cpuTenant.executor)
 	fmt.Fprintf(w, "CPU of a task `true` in a workspace, its processes, against tenant (Node) (mean of %d), ms\t%.2f\t%.2f\t%+.2f\t\t\n",
 		iters, cpuWorkspace.task, cpuTenant.task, cpuWorkspace.task-cpuTenant.task)
 	fmt.Fprintf(w, "CPU of a task `true` in a workspace, the executor's, against tenant (Node) (mean of %d), ms\t%.2f\t%.2f\t%+.2f\t\t\n",
@@ -353,6 +373,7 @@ func run(iters int, dir, shell, shimBin string, stream bool, rounds int) (phase.
 			"executor.tenant_disk_quota_overhead_ms":   round(float64(mDisk-mTenant) / float64(time.Millisecond)),
 			"executor.task_cpu_ms":                     round(cpuCg.task),
 			"executor.tenant_task_cpu_ms":              round(cpuTenant.task),
+			"executor.tenant_default_task_cpu_ms":      round(cpuDefault.task + cpuDefault.executor),
 			"executor.workspace_task_overhead_ms":      round(float64(wsOverNone) / float64(time.Millisecond)),
 			"executor.workspace_task_overhead_node_ms": round(float64(wsOverNode) / float64(time.Millisecond)),
 			"executor.workspace_task_cpu_ms":           round(cpuWorkspace.task),
@@ -510,10 +531,10 @@ func timeCreate(ex *executor.Executor, n int) (time.Duration, error) {
 }
 
 // timeTenantDisk times `true` at the tenant level with a working
-// directory of size bytes (0: the executor's default).
-func timeTenantDisk(ex *executor.Executor, dir string, i int, size int64) (time.Duration, error) {
+// directory of size bytes (0: the executor's default) and network.
+func timeTenantDisk(ex *executor.Executor, dir string, i int, size int64, network executor.Network) (time.Duration, error) {
 	spill := filepath.Join(dir, "spill-"+strconv.Itoa(i)+"-disk-"+strconv.FormatInt(size, 10))
-	d, _, err := timeStart(ex, executor.Spec{Command: "true", SpillDir: spill, Limits: executor.Limits{DiskBytes: size}, User: &executor.User{UID: benchUID, GID: benchUID}},
+	d, _, err := timeStart(ex, executor.Spec{Command: "true", SpillDir: spill, Network: network, Limits: executor.Limits{DiskBytes: size}, User: &executor.User{UID: benchUID, GID: benchUID}},
 		"true at the tenant level with a disk quota")
 	return d, err
 }
