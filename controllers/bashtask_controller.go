@@ -229,7 +229,10 @@ func (r *BashTaskReconciler) SetupWithManager(mgr ctrl.Manager, agentEvents <-ch
 		return err
 	}
 	b := ctrl.NewControllerManagedBy(mgr).
-		For(&bashtaskv1alpha1.BashTask{}).
+		// A task created while the controller runs is queued behind the
+		// events of the tasks already under way (newTasksLast).
+		For(&bashtaskv1alpha1.BashTask{}, builder.WithPredicates(notNewTask())).
+		Watches(&bashtaskv1alpha1.BashTask{}, newTasksLast()).
 		Named("bashtask").
 		WithOptions(controller.Options{MaxConcurrentReconciles: workers}).
 		Watches(&bashtaskv1alpha1.BashTask{}, handler.EnqueueRequestsFromMapFunc(r.waitingForOwnerSlot)).
