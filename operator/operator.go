@@ -139,7 +139,8 @@ type Operator struct {
 // CacheOptions returns the manager cache options the controller expects:
 // managedFields stripped from every cached object (the controller never
 // reads them, and at thousands of tasks they are a large share of the
-// memory) and, of the EndpointSlices, only the agents' Service's in its
+// memory), of the Nodes' status only what placement reads (StripNode)
+// and, of the EndpointSlices, only the agents' Service's in its
 // namespace. Build the manager with them before calling Setup.
 func CacheOptions(o Options) cache.Options {
 	return cache.Options{
@@ -150,8 +151,26 @@ func CacheOptions(o Options) cache.Options {
 				Label:      labels.SelectorFromSet(labels.Set{discoveryv1.LabelServiceName: o.AgentService}),
 				Field:      fields.Everything(),
 			},
+			&corev1.Node{}: {Transform: StripNode},
 		},
 	}
+}
+
+// StripNode is the cache transform of Nodes: managedFields and the status
+// lists the controller never reads (images, which a kubelet reports up
+// to 50 of with every name and size, the volumes in use and attached)
+// removed. Placement reads the labels, spec.unschedulable, spec.taints and
+// the Ready condition, which stay. Other objects pass unchanged.
+func StripNode(obj any) (any, error) {
+	n, ok := obj.(*corev1.Node)
+	if !ok {
+		return obj, nil
+	}
+	n.ManagedFields = nil
+	n.Status.Images = nil
+	n.Status.VolumesInUse = nil
+	n.Status.VolumesAttached = nil
+	return n, nil
 }
 
 // Setup adds the controller to mgr, which must not have started: the
