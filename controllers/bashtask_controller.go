@@ -127,13 +127,14 @@ type Options struct {
 }
 
 // DefaultFinishedTaskTTLSeconds is the default of
-// --default-ttl-seconds-after-finished, in seconds: a finished task is
-// kept a day, so that the day's tasks stay in "kubectl get" for people
-// and scripts, and etcd holds at most a day of finished tasks (the rate
-// of creates times a day times a task's size: docs/performance.md,
-// "Finished tasks and etcd"). The output outlives the object in the
-// output bucket (docs/output.md, "After the task is deleted").
-const DefaultFinishedTaskTTLSeconds int32 = 24 * 60 * 60
+// --default-ttl-seconds-after-finished, in seconds: an hour, the TTL the
+// plugin and the Go client already give the tasks they create. etcd then
+// holds at most an hour of finished tasks, the rate of creates times an
+// hour times a task's size (about 3 KiB, more with long status tails):
+// docs/performance.md, "Finished tasks and etcd". The output outlives the
+// object in the output bucket (docs/output.md, "After the task is
+// deleted").
+const DefaultFinishedTaskTTLSeconds int32 = 60 * 60
 
 // DefaultOptions returns the flag defaults of bashtask-controller.
 func DefaultOptions() Options {

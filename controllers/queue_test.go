@@ -24,11 +24,12 @@ const (
 
 // TestBurstOfCreatesKeepsStatus: a burst of creates does not hold back
 // the status of a task already running. Its end is reported while
-// hundreds of new tasks wait for their dispatch; the terminal status must
-// be written ahead of most of them (NewTaskPriority), where a queue in
-// order of arrival would write it after every create queued before the
-// report. The order comes from one watch of the namespace (the order of
-// the writes), not from the clock.
+// hundreds of new tasks wait for their dispatch, and its terminal status
+// must be written while most of them still wait. The order comes from one
+// watch of the namespace (the order of the writes), not from the clock.
+// The order of the work queue itself (NewTaskPriority) is pinned by
+// TestNewTasksQueueLast: here the agents' task slots, not the queue, may
+// be what the burst waits for.
 func TestBurstOfCreatesKeepsStatus(t *testing.T) {
 	ns := newNamespace(t)
 	gate := filepath.Join(t.TempDir(), "go")

@@ -86,8 +86,8 @@ func TestLogsAfterTTL(t *testing.T) {
 }
 
 // TestFinishedTaskKeptWithoutTTL: a finished task without
-// ttlSecondsAfterFinished is kept under the controller's default TTL of a
-// day, while a task with TTL 0 that ended after it is already gone.
+// ttlSecondsAfterFinished is kept under the controller's default TTL of an
+// hour, while a task with TTL 0 that ended after it is already gone.
 func TestFinishedTaskKeptWithoutTTL(t *testing.T) {
 	ns := newNamespace(t)
 	kept := &bashtaskv1alpha1.BashTask{
