@@ -56,6 +56,11 @@ type LogOptions struct {
 	// Follow keeps reading while the task runs, until it has ended and
 	// every byte was read.
 	Follow bool
+	// UID, when set, reads the task with this metadata.uid: the live task
+	// when it has it, else the record of a deleted one (docs/output.md,
+	// "After the task is deleted"). Empty reads the live task, else the
+	// newest deleted one of the name.
+	UID types.UID
 	// MaxRetries bounds the reconnects in a row that bring no byte and
 	// no answer (transport errors, 503); 0 means 30. Reconnects wait 100
 	// ms, doubling up to 2 s.
@@ -145,6 +150,9 @@ func (r *LogReader) logURL() string {
 	q.Set(outputv1alpha1.ParamStream, r.opts.Stream)
 	q.Set(outputv1alpha1.ParamOffset, strconv.FormatInt(r.offset, 10))
 	q.Set(outputv1alpha1.ParamFollow, strconv.FormatBool(r.opts.Follow))
+	if r.opts.UID != "" {
+		q.Set(outputv1alpha1.ParamUID, string(r.opts.UID))
+	}
 	u.RawQuery = q.Encode()
 	return u.String()
 }

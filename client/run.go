@@ -85,9 +85,9 @@ type RunOptions struct {
 	Timeout time.Duration
 	// TTL is spec.ttlSecondsAfterFinished, rounded up to whole seconds:
 	// how long the task is kept after it ended. Zero means DefaultTTL; a
-	// negative TTL leaves the field unset, which keeps the task until it
-	// is deleted (unless the controller runs with a
-	// --default-ttl-seconds-after-finished).
+	// negative TTL leaves the field unset: the controller's
+	// --default-ttl-seconds-after-finished applies (an hour by default; a
+	// negative value there keeps the task).
 	TTL time.Duration
 	// WaitTimeout bounds Run's whole wait, from the create to the task's
 	// end, its time pending included (which Timeout does not count).

@@ -81,7 +81,8 @@ type Options struct {
 	// is no cap.
 	MaxTimeoutSeconds int32
 	// DefaultTTLSecondsAfterFinished applies when a task sets no
-	// ttlSecondsAfterFinished; nil keeps such tasks.
+	// ttlSecondsAfterFinished, in seconds after its completionTime; nil
+	// keeps such tasks. DefaultOptions sets DefaultFinishedTaskTTLSeconds.
 	DefaultTTLSecondsAfterFinished *int32
 	// RetryInterval is how soon a task waiting for a reference, an agent or
 	// an owner slot is looked at again.
@@ -113,12 +114,27 @@ type Options struct {
 	// adds): a node with a NoSchedule or NoExecute taint none of them
 	// tolerates gets no new task or workspace (see nodeUnschedulable).
 	AgentTolerations []corev1.Toleration
+	// Records, when set, keeps the record of a finished task in the output
+	// bucket before its finalizer is removed, so that its output stays
+	// readable once the object is gone (docs/output.md, "After the task is
+	// deleted"). Not a flag: the binary opens it from --output-bucket-url.
+	Records TaskRecords
 	// Fence, when set (leader election on), is asked before every status
 	// write and before a task's finalizer is added: while this controller
 	// is not sure it leads, it writes nothing (see LeaderFence). Not a
 	// flag: the binary sets it from its leader election.
 	Fence agentpool.Fencer
 }
+
+// DefaultFinishedTaskTTLSeconds is the default of
+// --default-ttl-seconds-after-finished, in seconds: an hour, the TTL the
+// plugin and the Go client already give the tasks they create. etcd then
+// holds at most an hour of finished tasks, the rate of creates times an
+// hour times a task's size (about 3 KiB, more with long status tails):
+// docs/performance.md, "Finished tasks and etcd". The output outlives the
+// object in the output bucket (docs/output.md, "After the task is
+// deleted").
+const DefaultFinishedTaskTTLSeconds int32 = 60 * 60
 
 // DefaultOptions returns the flag defaults of bashtask-controller.
 func DefaultOptions() Options {
@@ -131,6 +147,8 @@ func DefaultOptions() Options {
 		FairShare:           true,
 		RunningStatusDelay:  500 * time.Millisecond,
 		OrphanCheckInterval: time.Minute,
+
+		DefaultTTLSecondsAfterFinished: ptr.To(DefaultFinishedTaskTTLSeconds),
 
 		WorkspaceRefreshInterval:   30 * time.Second,
 		WorkspaceSnapshotAfterTask: 5 * time.Minute,
@@ -212,7 +230,10 @@ func (r *BashTaskReconciler) SetupWithManager(mgr ctrl.Manager, agentEvents <-ch
 		return err
 	}
 	b := ctrl.NewControllerManagedBy(mgr).
-		For(&bashtaskv1alpha1.BashTask{}).
+		// A task created while the controller runs is queued behind the
+		// events of the tasks already under way (newTasksLast).
+		For(&bashtaskv1alpha1.BashTask{}, builder.WithPredicates(notNewTask())).
+		Watches(&bashtaskv1alpha1.BashTask{}, newTasksLast()).
 		Named("bashtask").
 		WithOptions(controller.Options{MaxConcurrentReconciles: workers}).
 		Watches(&bashtaskv1alpha1.BashTask{}, handler.EnqueueRequestsFromMapFunc(r.waitingForOwnerSlot)).
@@ -747,6 +768,7 @@ func (r *BashTaskReconciler) reconcileFinished(ctx context.Context, bt *bashtask
 	plan, wait := planFinish(bt, finishState{
 		held:       connected && !uploadPending(bt) && held,
 		running:    ts.GetState() == agentv1.TaskState_TASK_STATE_RUNNING,
+		uploading:  connected && uploadPending(bt),
 		defaultTTL: r.opts.DefaultTTLSecondsAfterFinished,
 		now:        r.clock.Now(),
 	})
@@ -774,6 +796,9 @@ func (r *BashTaskReconciler) finish(ctx context.Context, bt *bashtaskv1alpha1.Ba
 	}
 	switch {
 	case p.removeFinalizer:
+		if err := r.keepRecord(ctx, bt); err != nil {
+			return err
+		}
 		return r.removeFinalizer(ctx, bt)
 	case p.ttlDue && !r.keepManaged(bt, p.ttl):
 		// The UID precondition keeps a task recreated under the same name safe.

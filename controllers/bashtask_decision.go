@@ -236,8 +236,9 @@ type finishPlan struct {
 // finishState is what planFinish needs to know besides the task.
 type finishState struct {
 	// held: the connected agent still reports the task and no upload is
-	// pending; running: it reports the command running.
-	held, running bool
+	// pending; running: it reports the command running; uploading: the
+	// connected agent still uploads its output (OutputUploaded False).
+	held, running, uploading bool
 	// defaultTTL is --default-ttl-seconds-after-finished, nil for none.
 	defaultTTL *int32
 	now        time.Time
@@ -255,6 +256,11 @@ func planFinish(bt *bashtaskv1alpha1.BashTask, s finishState) (finishPlan, time.
 		p.agent = finishForget
 	}
 	if !bt.DeletionTimestamp.IsZero() {
+		if s.uploading && s.now.Sub(bt.DeletionTimestamp.Time) < RecordGiveUpAfter {
+			// The status, and the record kept of it, must say where the
+			// output went: the upload's report ends the wait.
+			return p, uploadWait
+		}
 		p.removeFinalizer = true
 		return p, 0
 	}
@@ -269,6 +275,14 @@ func planFinish(bt *bashtaskv1alpha1.BashTask, s finishState) (finishPlan, time.
 	if wait := due.Sub(s.now); wait > 0 {
 		return p, wait
 	}
+	if s.uploading {
+		return p, uploadWait
+	}
 	p.ttlDue, p.ttl = true, *ttl
 	return p, 0
 }
+
+// uploadWait is how soon a finished task whose deletion or TTL waits for
+// its uploads is looked at again; the agent's report of the upload
+// normally comes first.
+const uploadWait = 5 * time.Second

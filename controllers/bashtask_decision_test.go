@@ -137,6 +137,15 @@ func TestPlanFinish(t *testing.T) {
 		"TTL due":                      {bt: task(ptr.To[int32](5), false), want: finishPlan{ttlDue: true, ttl: 5}},
 		"default TTL applies":          {bt: task(nil, false), state: finishState{defaultTTL: ptr.To[int32](1)}, want: finishPlan{ttlDue: true, ttl: 1}},
 		"spec TTL wins over default":   {bt: task(ptr.To[int32](20), false), state: finishState{defaultTTL: ptr.To[int32](1)}, wantWait: 10 * time.Second},
+		// The status, and the record kept of it, must say where the output
+		// went before the object goes.
+		"TTL due waits for the upload":  {bt: task(ptr.To[int32](5), false), state: finishState{uploading: true}, wantWait: uploadWait},
+		"deletion waits for the upload": {bt: task(ptr.To[int32](0), true), state: finishState{uploading: true}, wantWait: uploadWait},
+		"deletion waits for the upload, not forever": {bt: func() *bashtaskv1alpha1.BashTask {
+			bt := task(ptr.To[int32](0), true)
+			bt.DeletionTimestamp = ptr.To(metav1.NewTime(t0.Add(-RecordGiveUpAfter)))
+			return bt
+		}(), state: finishState{uploading: true}, want: finishPlan{removeFinalizer: true}},
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {

@@ -15,6 +15,7 @@ import (
 	"net"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"gocloud.dev/blob"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	"k8s.io/apimachinery/pkg/fields"
@@ -29,6 +30,7 @@ import (
 	"github.com/bashtask/bashtask-operator/agentpool"
 	bashtaskv1alpha1 "github.com/bashtask/bashtask-operator/api/v1alpha1"
 	"github.com/bashtask/bashtask-operator/controllers"
+	"github.com/bashtask/bashtask-operator/internal/taskrecord"
 	"github.com/bashtask/bashtask-operator/outputapi"
 )
 
@@ -129,12 +131,16 @@ type Operator struct {
 
 	// readers are the output API's agent connections; nil without it.
 	readers *agentpool.AgentReaders
+	// records is the output bucket the reconciler writes finished tasks'
+	// records to; nil without an output API bucket.
+	records *blob.Bucket
 }
 
 // CacheOptions returns the manager cache options the controller expects:
 // managedFields stripped from every cached object (the controller never
 // reads them, and at thousands of tasks they are a large share of the
-// memory) and, of the EndpointSlices, only the agents' Service's in its
+// memory), of the Nodes' status only what placement reads (StripNode)
+// and, of the EndpointSlices, only the agents' Service's in its
 // namespace. Build the manager with them before calling Setup.
 func CacheOptions(o Options) cache.Options {
 	return cache.Options{
@@ -145,8 +151,26 @@ func CacheOptions(o Options) cache.Options {
 				Label:      labels.SelectorFromSet(labels.Set{discoveryv1.LabelServiceName: o.AgentService}),
 				Field:      fields.Everything(),
 			},
+			&corev1.Node{}: {Transform: StripNode},
 		},
 	}
+}
+
+// StripNode is the cache transform of Nodes: managedFields and the status
+// lists the controller never reads (images, which a kubelet reports up
+// to 50 of with every name and size, the volumes in use and attached)
+// removed. Placement reads the labels, spec.unschedulable, spec.taints and
+// the Ready condition, which stay. Other objects pass unchanged.
+func StripNode(obj any) (any, error) {
+	n, ok := obj.(*corev1.Node)
+	if !ok {
+		return obj, nil
+	}
+	n.ManagedFields = nil
+	n.Status.Images = nil
+	n.Status.VolumesInUse = nil
+	n.Status.VolumesAttached = nil
+	return n, nil
 }
 
 // Setup adds the controller to mgr, which must not have started: the
@@ -215,6 +239,13 @@ func Setup(ctx context.Context, mgr ctrl.Manager, o Options) (op *Operator, err 
 		return op, err
 	}
 
+	if o.OutputAPI.Port > 0 && o.OutputAPI.BucketURL != "" {
+		// The output API reads a deleted task's record from this bucket.
+		if op.records, err = blob.OpenBucket(ctx, o.OutputAPI.BucketURL); err != nil {
+			return op, fmt.Errorf("opening the output bucket for task records: %w", err)
+		}
+		ropts.Records = bucketRecords{op.records}
+	}
 	recorder := mgr.GetEventRecorder(RecorderName)
 	op.Tasks = controllers.NewBashTaskReconciler(mgr.GetClient(), mgr.GetAPIReader(), registry, recorder, clk, ropts, op.Metrics)
 	if err := op.Tasks.SetupWithManager(mgr, taskEvents, workers); err != nil {
@@ -306,9 +337,24 @@ func (op *Operator) addOutputAPI(ctx context.Context, mgr ctrl.Manager, o Option
 // it too; Close is for a manager that never started (or to be sure), and
 // may be called more than once.
 func (op *Operator) Close() {
-	if op != nil && op.readers != nil {
+	if op == nil {
+		return
+	}
+	if op.readers != nil {
 		op.readers.Close()
 	}
+	if op.records != nil {
+		_ = op.records.Close()
+		op.records = nil
+	}
+}
+
+// bucketRecords writes task records (internal/taskrecord) to a bucket.
+type bucketRecords struct{ b *blob.Bucket }
+
+// Write implements controllers.TaskRecords.
+func (r bucketRecords) Write(ctx context.Context, bt *bashtaskv1alpha1.BashTask) error {
+	return taskrecord.Write(ctx, r.b, bt)
 }
 
 // outputAPIRunnable serves the output API and closes its agent

@@ -34,7 +34,9 @@ func (b *bashTaskREST) GetSingularName() string { return "bashtask" }
 // missing task.
 func (b *bashTaskREST) Get(ctx context.Context, name string, _ *metav1.GetOptions) (runtime.Object, error) {
 	ns, _ := genericapirequest.NamespaceFrom(ctx)
-	t, err := b.s.getTask(ctx, ns, name)
+	// A deleted task answers from its record (docs/output.md, "After the
+	// task is deleted").
+	t, _, err := b.s.lookupTask(ctx, ns, name, "")
 	if err != nil {
 		return nil, err
 	}

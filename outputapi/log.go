@@ -8,6 +8,7 @@ import (
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
 	genericapirequest "k8s.io/apiserver/pkg/endpoints/request"
 	"k8s.io/apiserver/pkg/registry/rest"
 
@@ -53,16 +54,20 @@ func (s *Server) serveLog(w http.ResponseWriter, req *http.Request, r rest.Respo
 	if o.Stream == "stderr" {
 		stream = agentv1.OutputStream_OUTPUT_STREAM_STDERR
 	}
-	task, err := s.getTask(ctx, ns, name)
+	task, recorded, err := s.lookupTask(ctx, ns, name, types.UID(o.UID))
 	if err != nil {
 		r.Error(err)
 		return
 	}
 	uid := task.UID
-	if o.Follow {
-		go s.watchTask(ctx, cancel, ns, name, uid)
+	if recorded {
+		err = s.recordedLog(ctx, lr, task, stream, o)
+	} else {
+		if o.Follow {
+			go s.watchTask(ctx, cancel, ns, name, uid)
+		}
+		err = s.streamLog(ctx, lr, task, stream, o)
 	}
-	err = s.streamLog(ctx, lr, task, stream, o)
 	if err == nil {
 		return
 	}

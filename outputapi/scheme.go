@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/url"
 	"strconv"
+	"strings"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/conversion"
@@ -82,8 +83,17 @@ func decodeLogOptions(q url.Values, o *outputv1alpha1.LogOptions) error {
 			return fmt.Errorf("follow %q: must be true or false", v)
 		}
 	}
+	o.UID = q.Get(outputv1alpha1.ParamUID)
+	if len(o.UID) > maxUIDBytes || strings.ContainsAny(o.UID, "/") {
+		return fmt.Errorf("uid %q: must be a metadata.uid, at most %d bytes without '/'", o.UID, maxUIDBytes)
+	}
 	return nil
 }
+
+// maxUIDBytes bounds the uid parameter, in bytes: a metadata.uid is a
+// 36-byte UUID; the bound leaves room for other UID forms and keeps the
+// parameter out of other keys in the bucket.
+const maxUIDBytes = 128
 
 // decodeStdinOptions reads the query parameters; a bad value is an error
 // naming the parameter.

@@ -18,6 +18,7 @@ import (
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/tools/leaderelection/resourcelock"
 	"k8s.io/utils/clock"
+	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
@@ -115,7 +116,7 @@ func newCommand() *cobra.Command {
 	f.DurationVar(&o.orphanCheckInterval, "orphan-check-interval", d.OrphanCheckInterval, "time between two checks of every task the agents hold against the API; a task whose BashTask no longer exists is stopped and forgotten (also checked on every agent connect and deletion); 0 disables the periodic check")
 	f.IntVar(&o.statusBudget, "status-budget-bytes", d.StatusBudgetBytes, "largest JSON encoding of a task's status, in bytes; tails are shortened from the front to fit")
 	f.Int32Var(&o.maxTimeout, "max-timeout-seconds", d.MaxTimeoutSeconds, "longest timeout a task may ask for, in seconds (spec.timeoutSeconds, or spec.timeoutMilliseconds): a task over it ends InvalidSpec before dispatch, never cut short; a task that asks for none gets 120 s or this, whichever is less; 0 is no cap")
-	f.Int32Var(&o.defaultTTL, "default-ttl-seconds-after-finished", -1, "seconds after which finished tasks without spec.ttlSecondsAfterFinished are deleted; negative keeps them")
+	f.Int32Var(&o.defaultTTL, "default-ttl-seconds-after-finished", ptr.Deref(d.DefaultTTLSecondsAfterFinished, -1), "seconds after which finished tasks without spec.ttlSecondsAfterFinished are deleted (their output stays readable through the output API from --output-bucket-url); negative keeps them")
 	f.BoolVar(&o.ttlDeletesGitOpsManaged, "ttl-deletes-gitops-managed", false, "let the TTL delete tasks an Argo CD or Flux annotation or label marks as managed; by default they are kept, since the tool would create them again and re-run the command")
 	f.StringVar(&o.agentTolerations, "agent-tolerations", "", `the agent pods' tolerations as configured (a JSON array of core/v1 Tolerations; the chart renders it from agent.tolerations), without the ones the DaemonSet controller adds: a node with a NoSchedule or NoExecute taint none of them tolerates gets no new task or workspace; empty means none`)
 	f.IntVar(&o.outputAPIPort, "output-api-port", 0, "HTTPS port of the output.bashtask.dev aggregated API (bashtasks/log, docs/output.md), served on every replica; 0 disables it")
@@ -260,6 +261,7 @@ func (o *options) reconcilerOptions(tolerations []corev1.Toleration) controllers
 	ropts.MaxTimeoutSeconds = o.maxTimeout
 	ropts.TTLDeletesGitOpsManaged = o.ttlDeletesGitOpsManaged
 	ropts.AgentTolerations = tolerations
+	ropts.DefaultTTLSecondsAfterFinished = nil
 	if o.defaultTTL >= 0 {
 		ttl := o.defaultTTL
 		ropts.DefaultTTLSecondsAfterFinished = &ttl

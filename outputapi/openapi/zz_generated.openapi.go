@@ -328,6 +328,13 @@ func schema_bashtask_operator_api_output_v1alpha1_LogOptions(ref common.Referenc
 							Format:      "",
 						},
 					},
+					"uid": {
+						SchemaProps: spec.SchemaProps{
+							Description: "uid selects the task with this metadata.uid: the live task when it has it, else the record of a deleted task of the name with it (docs/output.md, \"After the task is deleted\"). Empty takes the live task, else the newest record under the name.",
+							Type:        []string{"string"},
+							Format:      "",
+						},
+					},
 				},
 			},
 		},

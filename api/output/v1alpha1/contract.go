@@ -51,6 +51,8 @@ const (
 	ParamLimitBytes = "limitBytes"
 	// ParamFollow is LogOptions.Follow, true or false.
 	ParamFollow = "follow"
+	// ParamUID is LogOptions.UID, a task's metadata.uid.
+	ParamUID = "uid"
 	// ParamClose is StdinOptions.Close, true or false.
 	ParamClose = "close"
 )

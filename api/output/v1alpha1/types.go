@@ -65,6 +65,12 @@ type LogOptions struct {
 	// the task has ended and every byte has been sent.
 	// +optional
 	Follow bool `json:"follow,omitempty"`
+	// uid selects the task with this metadata.uid: the live task when it
+	// has it, else the record of a deleted task of the name with it
+	// (docs/output.md, "After the task is deleted"). Empty takes the live
+	// task, else the newest record under the name.
+	// +optional
+	UID string `json:"uid,omitempty"`
 }
 
 // StdinOptions are the query parameters of bashtasks/stdin (docs/stdin.md).

@@ -126,7 +126,7 @@ func (a *app) cp(ctx context.Context, src, dest string, f cpFlags) error {
 	ctx, stop := a.cancelOnInterrupt(ctx)
 	defer stop()
 	if f.ttl < 0 {
-		return fmt.Errorf("--ttl %s: must not be negative (0 keeps the task)", f.ttl)
+		return fmt.Errorf("--ttl %s: must not be negative (0 leaves the controller's default TTL, an hour unless configured)", f.ttl)
 	}
 	opts := btclient.CopyOptions{Timeout: f.timeout, TTL: f.ttl, SameOwner: f.sameOwner}
 	if f.ttl == 0 {

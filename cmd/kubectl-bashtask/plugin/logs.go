@@ -18,6 +18,8 @@ import (
 type logsFlags struct {
 	stderr, full, follow, tailOK, tailOnly bool
 	stream                                 string
+	// uid is --uid: the task with this metadata.uid, live or deleted.
+	uid string
 }
 
 func (a *app) logsCommand() *cobra.Command {
@@ -53,6 +55,12 @@ with a message naming the offset and why, so "logs > out" never leaves a
 short file behind an exit status of 0. --tail-ok accepts the last bytes kept
 in status instead: the tail follows a note and the exit status is 0.
 
+A task deleted after it ended (its TTL, or kubectl delete) is read from the
+record the controller kept in the output bucket: by name, the task of that
+name deleted last; --uid picks one by its metadata.uid (docs/output.md,
+"After the task is deleted"). Its bytes are checked by the output API
+against what the record says, not here.
+
 --tail-only prints only the tail kept in the task's status
 (status.stdout.tail), with a note when the stream is longer; it needs no
 access to the output API, only get on bashtasks.`,
@@ -60,7 +68,8 @@ access to the output API, only get on bashtasks.`,
   kubectl bashtask logs run-x7k2p --stderr -f
   kubectl bashtask logs run-x7k2p --stream all -f
   kubectl bashtask logs big-report --full > report.txt
-  kubectl bashtask logs run-x7k2p --tail-only`,
+  kubectl bashtask logs run-x7k2p --tail-only
+  kubectl bashtask logs nightly --uid 6f1c2a0e-3b1d-4c55-9a43-2f7f7f0b9e21`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return a.logs(cmd.Context(), args[0], f)
@@ -73,12 +82,13 @@ access to the output API, only get on bashtasks.`,
 	fl.BoolVarP(&f.follow, "follow", "f", false, "follow the stream until the task ends")
 	fl.BoolVar(&f.tailOK, "tail-ok", false, tailOKHelp)
 	fl.BoolVar(&f.tailOnly, "tail-only", false, "print only the tail kept in the task's status, without the output API")
+	fl.StringVar(&f.uid, "uid", "", "read the task with this metadata.uid, also one deleted since (from its record in the output bucket)")
 	return cmd
 }
 
 func (a *app) logs(ctx context.Context, name string, f logsFlags) error {
-	if f.tailOnly && (f.full || f.follow || f.tailOK) {
-		return errors.New("--tail-only prints the tail kept in status; it cannot be combined with --full, -f or --tail-ok")
+	if f.tailOnly && (f.full || f.follow || f.tailOK || f.uid != "") {
+		return errors.New("--tail-only prints the tail kept in status; it cannot be combined with --full, -f, --tail-ok or --uid")
 	}
 	stream, err := logsStream(f)
 	if err != nil {
@@ -102,6 +112,12 @@ func (a *app) logs(ctx context.Context, name string, f logsFlags) error {
 		return err
 	}
 	key := types.NamespacedName{Namespace: ns, Name: name}
+	if gone, err := deletedTask(ctx, c, key, f.uid); err != nil || gone {
+		if err != nil {
+			return err
+		}
+		return a.logsDeleted(ctx, oc, key, types.UID(f.uid), target)
+	}
 	if f.follow {
 		final, results, err := a.followOutput(ctx, c, oc, key, nil, nil, target)
 		if err != nil {
@@ -170,6 +186,12 @@ func (a *app) logsAll(ctx context.Context, name string, f logsFlags) error {
 		return err
 	}
 	key := types.NamespacedName{Namespace: ns, Name: name}
+	if gone, err := deletedTask(ctx, c, key, f.uid); err != nil || gone {
+		if err != nil {
+			return err
+		}
+		return a.logsDeletedAll(ctx, oc, key, types.UID(f.uid))
+	}
 	bt, err := a.logsTask(ctx, c, key, f)
 	if err != nil {
 		return err

@@ -85,7 +85,8 @@ exits 0 at once. Its output is read later, from any offset, with
 "kubectl bashtask logs NAME".
 
 Tasks that run makes are deleted --ttl (1h) after they end
-(spec.ttlSecondsAfterFinished); --ttl 0 keeps them.
+(spec.ttlSecondsAfterFinished); --ttl 0 leaves them to the controller's
+default TTL (an hour unless the cluster configured another).
 
 Ctrl-C requests cancellation of the task (spec.cancelRequested) and keeps
 waiting for it to end; a second Ctrl-C stops waiting.
@@ -144,7 +145,7 @@ waiting for it to end; a second Ctrl-C stops waiting.
 	fl.DurationVar(&f.waitTimeout, "wait-timeout", 0, "bound the whole wait, from the create to the task's end, pending time included: "+
 		"when it passes, cancel the task and exit 124 (default: no bound)")
 	fl.BoolVar(&f.detach, "detach", false, "create the task, print its name and exit 0 at once; it runs on (read it with logs, stop it with cancel)")
-	fl.DurationVar(&f.ttl, "ttl", time.Hour, "delete the task this long after it ended (spec.ttlSecondsAfterFinished, rounded up to seconds); 0 keeps it")
+	fl.DurationVar(&f.ttl, "ttl", time.Hour, "delete the task this long after it ended (spec.ttlSecondsAfterFinished, rounded up to seconds); 0 leaves the controller's default TTL, an hour unless configured")
 	fl.StringVar(&f.owner, "owner", "", "spec.owner: an opaque token naming who the task belongs to (default with --workspace: the workspace's owner)")
 	fl.StringVar(&f.node, "node", "", "run on the agent of this node (spec.nodeName)")
 	fl.StringVarP(&f.workspace, "workspace", "w", "", "run in this BashWorkspace (spec.workspace): its files, UID and network, starting where its last task ended")

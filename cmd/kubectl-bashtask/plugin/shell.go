@@ -71,7 +71,7 @@ workspace's owner.`,
 	cmd.Flags().BoolVar(&f.lineMode, "line-mode", false, "run each line as a task of its own, without a terminal, the working directory and exports carried from line to line")
 	cmd.Flags().DurationVar(&f.timeout, "timeout", 0, "spec.timeoutSeconds of each line (whole seconds; default the API's 120s; "+
 		"at most the controller's --max-timeout-seconds, 600s unless its administrator changed it)")
-	cmd.Flags().DurationVar(&f.ttl, "ttl", time.Hour, "delete each line's task this long after it ended (spec.ttlSecondsAfterFinished); 0 keeps them")
+	cmd.Flags().DurationVar(&f.ttl, "ttl", time.Hour, "delete each line's task this long after it ended (spec.ttlSecondsAfterFinished); 0 leaves the controller's default TTL, an hour unless configured")
 	return cmd
 }
 

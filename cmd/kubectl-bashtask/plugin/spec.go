@@ -53,7 +53,8 @@ type runFlags struct {
 	waitTimeout time.Duration
 	// detach creates the task and returns (--detach).
 	detach bool
-	// ttl is spec.ttlSecondsAfterFinished (--ttl); 0 keeps the task.
+	// ttl is spec.ttlSecondsAfterFinished (--ttl); 0 leaves it unset (the
+	// controller's default TTL).
 	ttl time.Duration
 	// image is spec.image (--image), imagePullSecrets
 	// spec.imagePullSecrets (--image-pull-secret, repeatable).
@@ -333,7 +334,7 @@ func checkWaitFlags(f runFlags) error {
 // to whole seconds; nil for 0, which keeps the task.
 func ttlSeconds(d time.Duration) (*int32, error) {
 	if d < 0 {
-		return nil, fmt.Errorf("--ttl %s: must not be negative (0 keeps the task)", d)
+		return nil, fmt.Errorf("--ttl %s: must not be negative (0 leaves the controller's default TTL, an hour unless configured)", d)
 	}
 	if d == 0 {
 		return nil, nil

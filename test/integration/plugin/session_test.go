@@ -168,7 +168,8 @@ func TestRunDetach(t *testing.T) {
 }
 
 // TestRunTTL: the tasks run makes are deleted an hour after their end
-// unless --ttl says otherwise; --ttl 0 keeps them.
+// unless --ttl says otherwise; --ttl 0 leaves the field unset (the
+// controller's default TTL).
 func TestRunTTL(t *testing.T) {
 	t.Parallel()
 	ns := newNamespace(t)
