@@ -151,7 +151,7 @@ func (a *Agent) infoLocked() *agentv1.AgentInfo {
 		NodeName: a.o.Node, PodName: "simagent-" + a.o.Node, IncarnationId: a.incarnation,
 		Capacity: int32(a.o.Capacity), Running: int32(a.running),
 		Readiness: &agentv1.Readiness{
-			Ready: true, AmbientEnv: "none", Mechanism: "simulated", Shell: "/bin/bash",
+			Ready: true, AmbientEnv: "none", Mechanism: "processGroup", Shell: "/bin/bash",
 			Isolation: "tenant", TaskNetwork: "Node", AllowedNetworks: []string{"Node", "None"},
 			Capabilities: []string{"namespaces", "workspaces"},
 		},
@@ -226,7 +226,7 @@ func (a *Agent) Start(_ context.Context, req *agentv1.StartRequest) (*agentv1.St
 	}
 	now := timestamppb.Now()
 	st := &agentv1.TaskStatus{Ref: proto.CloneOf(spec.GetRef()), State: agentv1.TaskState_TASK_STATE_RUNNING,
-		StartTime: now, IncarnationId: a.incarnation, Mechanism: "simulated",
+		StartTime: now, IncarnationId: a.incarnation, Mechanism: "processGroup",
 		Stdout: &agentv1.StreamStatus{}, Stderr: &agentv1.StreamStatus{}}
 	a.tasks[uid] = st
 	a.running++
