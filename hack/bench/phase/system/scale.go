@@ -160,7 +160,6 @@ type scaleRow struct {
 	apiCPUms, etcdCPUms, etcdDBMiB float64
 	leaderDispatchS, nodeLostS     float64
 	wsReadyS                       float64
-	leaderFromSim, nodeLostFromSim bool
 }
 
 func newRow(pt scalePoint) scaleRow {

@@ -113,7 +113,7 @@ func (sc *scaleCluster) leaderRestart(ctx context.Context, b *bench, o scaleOpti
 	}
 	first := b.firstDispatch(names)
 	if pt.simulated {
-		first, r.leaderFromSim = time.Unix(0, sc.firstStart.Load()), true
+		first = time.Unix(0, sc.firstStart.Load())
 	}
 	r.leaderDispatchS = first.Sub(started).Seconds()
 	fmt.Printf("controller restarted with %d tasks pending: start to first dispatch %.2f s (%s)\n", o.restartTasks, r.leaderDispatchS,
