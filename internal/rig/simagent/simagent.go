@@ -17,6 +17,7 @@ import (
 	"cmp"
 	"context"
 	"crypto/rand"
+	"crypto/tls"
 	"encoding/hex"
 	"fmt"
 	"net"
@@ -30,6 +31,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -102,13 +104,26 @@ func Start(o Options) (*Agent, error) {
 	id := make([]byte, 8)
 	_, _ = rand.Read(id)
 	a := &Agent{o: o, incarnation: hex.EncodeToString(id), lis: lis,
-		srv:   grpc.NewServer(grpc.Creds(credentials.NewTLS(tlsCfg)), grpc.MaxRecvMsgSize(agentv1.MaxRequestBytes)),
+		srv:   newGRPCServer(tlsCfg),
 		tasks: map[string]*agentv1.TaskStatus{}, workspaces: map[string]*agentv1.WorkspaceStatus{},
 		watchers: map[chan *agentv1.WatchResponse]struct{}{}, timers: map[string]*time.Timer{}}
 	agentv1.RegisterExecutorServer(a.srv, a)
 	agentv1.RegisterWorkspacesServer(a.srv, a)
 	go func() { _ = a.srv.Serve(lis) }()
 	return a, nil
+}
+
+// newGRPCServer is the real agent's server settings (cmd/bashtask-agent):
+// mutual TLS, the protocol's request size limit, and keepalives that take
+// the controller's pings (every 10 s, with or without a stream) instead
+// of ending its connection with too_many_pings.
+func newGRPCServer(tlsCfg *tls.Config) *grpc.Server {
+	return grpc.NewServer(
+		grpc.Creds(credentials.NewTLS(tlsCfg)),
+		grpc.MaxRecvMsgSize(agentv1.MaxRequestBytes),
+		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 10 * time.Second}),
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
+	)
 }
 
 // Close stops the agent at once, as a lost node: its streams and
