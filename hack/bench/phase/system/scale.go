@@ -62,7 +62,7 @@ func (p *ScalePhase) Flags(fs *flag.FlagSet) {
 	fs.Float64Var(&o.rate, "rate", 100, "tasks created per second, steadily, at every point")
 	fs.IntVar(&o.longEvery, "long-every", 10, "every Nth task is long (`sleep -long-seconds`), the others `true` (0: none)")
 	fs.Float64Var(&o.longSeconds, "long-seconds", 2, "run time of a long task, in seconds")
-	fs.IntVar(&o.workspaces, "workspaces", 10000, "BashWorkspaces made before the tasks at a point of simulated agents (real agents at the process level hold none)")
+	fs.IntVar(&o.workspaces, "workspaces", 1000, "BashWorkspaces made before the tasks at a point of simulated agents (real agents at the process level hold none); 10000 waits on the controller's workspace placement, whose cost grows with the workspaces (docs/scaling.md)")
 	fs.IntVar(&o.wsEvery, "workspace-every", 10, "at a point with workspaces, every Nth task runs in one of them, round robin (0: none)")
 	fs.IntVar(&o.restartTasks, "restart-tasks", 200, "tasks created while the controller is down at the end of each point, for the new leader's first dispatch")
 	fs.DurationVar(&o.agentLostAfter, "agent-lost-after", 15*time.Second, "the controllers' --agent-lost-after: the node-loss figure is this plus the controller's reaction")
