@@ -87,6 +87,19 @@ func (sc *scaleCluster) leaderRestart(ctx context.Context, b *bench, o scaleOpti
 	if err := p.Kill(down); err != nil {
 		return err
 	}
+	// The new run's start and the agents' Starts are watched from now
+	// on, while the tasks are created: no Start comes before the new run.
+	sc.mark.Store(time.Now().UnixNano())
+	restarted := make(chan time.Time, 1)
+	go func() {
+		for deadline := time.Now().Add(time.Minute); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+			if pid := p.PID(); pid != 0 && pid != old {
+				restarted <- time.Now()
+				return
+			}
+		}
+		close(restarted)
+	}()
 	names := make([]string, o.restartTasks)
 	for i := range names {
 		names[i] = fmt.Sprintf("r-%05d", i)
@@ -96,24 +109,22 @@ func (sc *scaleCluster) leaderRestart(ctx context.Context, b *bench, o scaleOpti
 	}); err != nil {
 		return fmt.Errorf("restart tasks: %w", err)
 	}
-	sc.mark.Store(time.Now().UnixNano())
-	var started time.Time
-	for deadline := time.Now().Add(time.Minute); ; {
-		if pid := p.PID(); pid != 0 && pid != old {
-			started = time.Now()
-			break
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("the controller did not start again within a minute")
-		}
-		time.Sleep(5 * time.Millisecond)
+	started, ok := <-restarted
+	if !ok {
+		return fmt.Errorf("the controller did not start again within a minute")
 	}
 	if err := b.waitTerminal(ctx, names, time.Now().Add(10*time.Minute), "restart"); err != nil {
 		return err
 	}
 	first := b.firstDispatch(names)
 	if pt.simulated {
-		first = time.Unix(0, sc.firstStart.Load())
+		first = time.Time{}
+		if ns := sc.firstStart.Load(); ns > 0 {
+			first = time.Unix(0, ns)
+		}
+	}
+	if first.IsZero() {
+		return fmt.Errorf("the restarted controller's first dispatch was not seen")
 	}
 	r.leaderDispatchS = first.Sub(started).Seconds()
 	fmt.Printf("controller restarted with %d tasks pending: start to first dispatch %.2f s (%s)\n", o.restartTasks, r.leaderDispatchS,
