@@ -285,7 +285,7 @@ test-packaging: envtest tools ## Render the chart and config/default, validate t
 ##@ Benchmarks
 
 # Every benchmark is a phase of one harness, hack/bench (docs/performance.md):
-# executor, snapshot, images, workspace, apiserver, resume, output, session and system,
+# executor, snapshot, images, workspace, apiserver, resume, output, session, system and scale,
 # chosen with -phases; `go run ./hack/bench -help` lists every flag. Each phase
 # prints its table, and the run writes one JSON file with a section per phase.
 # The output, session and system phases share one local cluster, started once.
@@ -436,6 +436,18 @@ bench: build envtest $(if $(BENCH_RESUME),setup-s3) ## Latency, throughput, writ
 	$(BENCH) -phases=$(BENCH_PHASES) -json _output/bench.json -executor-args='$(BENCH_EXECUTOR_ARGS)' \
 	  -snapshot-args='$(BENCH_SNAPSHOT_ARGS)' -output-args='$(BENCH_OUTPUT_ARGS)' -resume-args='$(BENCH_RESUME_ARGS)' -terminal-args='$(BENCH_TERMINAL_ARGS)' \
 	  -session-args='$(BENCH_SESSION_ARGS)' -mcp-args='$(BENCH_MCP_ARGS)' $(BENCH_ARGS)
+
+# The scale curve (the scale phase; docs/scaling.md): 2 and 10 real agents
+# and 100 simulated ones, 1k, 10k and 100k tasks at a steady rate, 1k
+# workspaces (-workspaces=10000 for 10k), each point on a cluster of its own;
+# one row per point in _output/bench-scale.json. One point:
+# BENCH_SCALE_ARGS='-points=100sim:1000'.
+BENCH_SCALE_ARGS ?=
+
+.PHONY: bench-scale
+bench-scale: build envtest ## Scale curve: 2, 10 real and 100 simulated agents, 1k to 100k tasks, workspaces; one row per point (docs/scaling.md).
+	mkdir -p _output
+	$(BENCH) -phases=scale -json _output/bench-scale.json -scale-args='$(BENCH_SCALE_ARGS)'
 
 # kube-apiserver CPU per task for variants of the CRD's validation rules and
 # of the status writes (the apiserver phase; docs/performance.md), e.g.

@@ -21,6 +21,8 @@
 //	mcp        one command through kubectl bashtask mcp over stdio against the plugin, on the shared cluster (phase/mcp)
 //	system     the whole system on the shared cluster; its table takes in
 //	           the executor's, the output's and the resume's figures (phase/system)
+//	scale      2, 10 and 100 agents (real and simulated), 1k to 100k tasks, on
+//	           clusters of its own (phase/system, docs/scaling.md)
 //
 // -phases picks them; the default is what `make bench` runs: executor,
 // egress, resume and fork (as root only), output, snapshot, session,
@@ -84,7 +86,7 @@ import (
 // phases are every phase, in the order they run.
 func phases() []phase.Phase {
 	return []phase.Phase{&executor.Phase{}, &snapshot.Phase{}, &images.Phase{}, &workspace.Phase{}, &egress.Phase{}, &apiserver.Phase{},
-		&resume.Phase{}, &fork.Phase{}, &output.Phase{}, &session.Phase{}, &terminal.Phase{}, &portforward.Phase{}, &kubectl.Phase{}, &mcpphase.Phase{}, &system.Phase{}}
+		&resume.Phase{}, &fork.Phase{}, &output.Phase{}, &session.Phase{}, &terminal.Phase{}, &portforward.Phase{}, &kubectl.Phase{}, &mcpphase.Phase{}, &system.Phase{}, &system.ScalePhase{}}
 }
 
 // defaultPhases is what `make bench` runs; resume only as root.

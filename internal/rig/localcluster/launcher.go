@@ -79,6 +79,12 @@ type LauncherOptions struct {
 	// passes a TCP proxy it can cut, to partition an agent from the
 	// controllers without touching the agent. Down closes what it returns.
 	AgentFront func(a Agent, listen, agent string) (io.Closer, error)
+	// AgentServer, when set, replaces every agent process: it is called
+	// with the agent, the address its EndpointSlice entry lists and the
+	// cluster's certificates, and serves the agent protocol there (the
+	// scale benchmark's simulated agents, internal/rig/simagent). Down
+	// closes what it returns.
+	AgentServer func(a Agent, listen string, certs *Certs) (io.Closer, error)
 	// Log receives progress messages.
 	Log *slog.Logger
 }
@@ -453,6 +459,15 @@ func (c *Cluster) startAgent(ctx context.Context, i, servicePort int) error {
 	o := c.opts
 	ap := c.AgentProcesses[i]
 	a := ap.Agent
+	if o.AgentServer != nil {
+		ap.Addr = net.JoinHostPort(a.IP, strconv.Itoa(servicePort))
+		srv, err := o.AgentServer(a, ap.Addr, c.certs)
+		if err != nil {
+			return fmt.Errorf("the simulated agent of %s: %w", a.Node, err)
+		}
+		ap.Front = srv
+		return nil
+	}
 	// Without a front the agent listens on the EndpointSlice's port;
 	// with one, on a port of its own behind it.
 	port := servicePort

@@ -38,11 +38,13 @@ type bench struct {
 	mu       sync.Mutex
 	created  map[string]time.Time // when the create call returned
 	terminal map[string]time.Time // when the first terminal event arrived
-	reasons  map[string]v1.Reason
-	samples  map[string][]v1.BashTaskStatus // status sequences of a few throughput tasks
-	last     map[string]string              // the last status seen, in short
-	stall    time.Duration
-	watchErr error
+	// dispatched is when the watch first saw a task with a node.
+	dispatched map[string]time.Time
+	reasons    map[string]v1.Reason
+	samples    map[string][]v1.BashTaskStatus // status sequences of a few throughput tasks
+	last       map[string]string              // the last status seen, in short
+	stall      time.Duration
+	watchErr   error
 }
 
 func newBench(ctx context.Context, cfg *rest.Config, o options) (*bench, error) {
@@ -80,7 +82,7 @@ func newBench(ctx context.Context, cfg *rest.Config, o options) (*bench, error) 
 		return nil, err
 	}
 	b := &bench{c: c, cs: cs, bc: bc,
-		created: map[string]time.Time{}, terminal: map[string]time.Time{},
+		created: map[string]time.Time{}, terminal: map[string]time.Time{}, dispatched: map[string]time.Time{},
 		reasons: map[string]v1.Reason{}, samples: map[string][]v1.BashTaskStatus{},
 		last: map[string]string{}, stall: o.stall}
 	wctx, cancel := context.WithCancel(ctx)
@@ -177,6 +179,9 @@ func (b *bench) observe(bt *v1.BashTask, now time.Time) {
 				b.samples[bt.Name] = append(seq, *bt.Status.DeepCopy())
 			}
 		}
+	}
+	if _, ok := b.dispatched[bt.Name]; !ok && bt.Status.NodeName != nil {
+		b.dispatched[bt.Name] = now
 	}
 	b.last[bt.Name] = fmt.Sprintf("phase %q, node %q, reason %q, resourceVersion %s",
 		ptr.Deref(bt.Status.Phase, ""), ptr.Deref(bt.Status.NodeName, ""), ptr.Deref(bt.Status.Reason, ""), bt.ResourceVersion)
