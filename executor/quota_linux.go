@@ -7,6 +7,7 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -17,6 +18,11 @@ import (
 
 	"golang.org/x/sys/unix"
 )
+
+// loopAttachAttempts bounds the tries to attach a workspace's or task's
+// file system to a free loop device, each lost to another process that
+// took the same free device first (EBUSY from LOOP_CONFIGURE).
+const loopAttachAttempts = 64
 
 // diskQuota gives each fresh working directory at IsolationTenant a file
 // system of its own with a size and an inode limit: an ext4 image, a
@@ -265,7 +271,13 @@ func attachLoop(control string, img *os.File) (*os.File, error) {
 		return nil, fmt.Errorf("loop devices: %w", err)
 	}
 	defer ctl.Close()
-	for range 16 {
+	for attempt := range loopAttachAttempts {
+		if attempt > 0 {
+			// LOOP_CTL_GET_FREE gives every concurrent caller the same
+			// device: stagger the retries so that a burst of starts
+			// spreads over the devices instead of colliding again.
+			time.Sleep(time.Duration(rand.Int64N(int64(attempt)*int64(200*time.Microsecond)) + 1))
+		}
 		n, err := unix.IoctlRetInt(int(ctl.Fd()), unix.LOOP_CTL_GET_FREE)
 		if err != nil {
 			return nil, fmt.Errorf("finding a free loop device: %w", err)
@@ -296,7 +308,7 @@ func attachLoop(control string, img *os.File) (*os.File, error) {
 		}
 		return dev, nil
 	}
-	return nil, errors.New("attaching a loop device: every free device was taken by another process first, 16 times")
+	return nil, fmt.Errorf("attaching a loop device: every free device was taken by another process first, %d times", loopAttachAttempts)
 }
 
 // retire ends a task's use of the file system: its root goes back to root
