@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/bashtask/bashtask-operator/internal/rig/testutil"
 )
 
 // countingMkfs is an mkfs.ext4 that appends a line to the returned file
@@ -18,7 +20,7 @@ func countingMkfs(t *testing.T) (script, count string) {
 	t.Helper()
 	real, err := exec.LookPath("mkfs.ext4")
 	if err != nil {
-		t.Skipf("no mkfs.ext4: %v", err)
+		testutil.SkipUnlessStrictf(t, "no mkfs.ext4: %v", err)
 	}
 	dir := t.TempDir()
 	script, count = filepath.Join(dir, "mkfs.ext4"), filepath.Join(dir, "runs")
@@ -50,7 +52,7 @@ func superField(t *testing.T, image string, off int) []byte {
 func TestDiskQuotaTemplate(t *testing.T) {
 	t.Parallel()
 	if _, err := os.Stat("/dev/loop-control"); err != nil {
-		t.Skipf("no loop devices: %v", err)
+		testutil.SkipUnlessStrictf(t, "no loop devices: %v", err)
 	}
 	mkfs, count := countingMkfs(t)
 	images, root := t.TempDir(), t.TempDir()
@@ -97,10 +99,10 @@ func TestDiskQuotaTemplateCopyChecks(t *testing.T) {
 	t.Parallel()
 	e2fsck, err := exec.LookPath("e2fsck")
 	if err != nil {
-		t.Skipf("no e2fsck: %v", err)
+		testutil.SkipUnlessStrictf(t, "no e2fsck: %v", err)
 	}
 	if _, err := exec.LookPath("mkfs.ext4"); err != nil {
-		t.Skipf("no mkfs.ext4: %v", err)
+		testutil.SkipUnlessStrictf(t, "no mkfs.ext4: %v", err)
 	}
 	dir := t.TempDir()
 	q := &diskQuota{imageDir: dir, defBytes: 64 << 20, inodes: 4096, mkfsPath: "mkfs.ext4"}
