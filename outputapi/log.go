@@ -14,6 +14,7 @@ import (
 
 	agentv1 "github.com/bashtask/bashtask-operator/api/agent/v1"
 	outputv1alpha1 "github.com/bashtask/bashtask-operator/api/output/v1alpha1"
+	"github.com/bashtask/bashtask-operator/internal/taskrecord"
 )
 
 // logREST serves bashtasks/log as a rest.Connecter: the REST machinery
@@ -67,6 +68,14 @@ func (s *Server) serveLog(w http.ResponseWriter, req *http.Request, r rest.Respo
 			go s.watchTask(ctx, cancel, ns, name, uid)
 		}
 		err = s.streamLog(ctx, lr, task, stream, o)
+		if errors.Is(err, errTaskGone) && !lr.started && s.bucket != nil && req.Context().Err() == nil {
+			// The task was deleted between the lookup (a cache may lag)
+			// and the read: serve it from the record the controller kept
+			// of it, as a lookup a moment later would have.
+			if rec, rerr := taskrecord.Read(req.Context(), s.bucket, ns, name, uid); rerr == nil {
+				err = s.recordedLog(req.Context(), lr, rec, stream, o)
+			}
+		}
 	}
 	if err == nil {
 		return
