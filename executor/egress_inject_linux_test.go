@@ -4,18 +4,12 @@ package executor
 
 import (
 	"bytes"
-	"crypto/ecdsa"
-	"crypto/elliptic"
 	"crypto/rand"
 	"crypto/tls"
-	"crypto/x509"
-	"crypto/x509/pkix"
 	"encoding/hex"
-	"encoding/pem"
 	"fmt"
 	"io"
 	"io/fs"
-	"math/big"
 	"net"
 	"net/http"
 	"net/netip"
@@ -25,6 +19,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/bashtask/bashtask-operator/internal/rig/upstream"
 )
 
 // injectServer is an HTTPS server in the test internet's namespace, on
@@ -48,7 +44,7 @@ func newInjectServer(t *testing.T, ti *testInternet, token string) *injectServer
 	cert, caPEM := testServerCert(t, []string{"api.probe.test", "scrub.probe.test", "plain.probe.test", "bad.probe.test", "no.probe.test"})
 	s.caPEM = caPEM
 	srv := &http.Server{Handler: s, TLSConfig: &tls.Config{Certificates: []tls.Certificate{cert}}}
-	if err := inNetns(ti.ns, func() error {
+	if err := upstream.InNetns(ti.ns, func() error {
 		l, err := net.Listen("tcp4", netip.AddrPortFrom(ti.addr, 443).String())
 		if err != nil {
 			return err
@@ -98,23 +94,11 @@ func (s *injectServer) saw(hostPath, client string) (string, bool) {
 // testServerCert is a CA and a server certificate for names signed by it.
 func testServerCert(t *testing.T, names []string) (tls.Certificate, []byte) {
 	t.Helper()
-	caKey, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	caTmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "test server CA"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour), IsCA: true, BasicConstraintsValid: true,
-		KeyUsage: x509.KeyUsageCertSign}
-	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
+	cert, caPEM, err := upstream.ServerCert(names, time.Hour)
 	if err != nil {
 		t.Fatal(err)
 	}
-	ca, _ := x509.ParseCertificate(caDER)
-	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: names[0]}, DNSNames: names,
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour), ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &key.PublicKey, caKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER})
+	return cert, caPEM
 }
 
 // randomToken is a token no file holds by chance.

@@ -10,7 +10,6 @@ import (
 	"net"
 	"net/netip"
 	"os"
-	"runtime"
 	"slices"
 	"strings"
 	"syscall"
@@ -21,6 +20,8 @@ import (
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/net/dns/dnsmessage"
+
+	"github.com/bashtask/bashtask-operator/internal/rig/upstream"
 )
 
 // requireEgressHost skips where the host cannot run NetworkEgress tests:
@@ -37,57 +38,6 @@ func requireEgressHost(t *testing.T) {
 	if err != nil {
 		t.Skipf("network Egress needs nf_tables: %v", err)
 	}
-}
-
-// inNetns runs f on a thread switched to ns. A thread that cannot be
-// switched back stays locked, so the runtime ends it with the goroutine.
-func inNetns(ns netns.NsHandle, f func() error) error {
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		orig, err := netns.Get()
-		if err != nil {
-			errc <- err
-			return
-		}
-		defer orig.Close()
-		if err := netns.Set(ns); err != nil {
-			errc <- err
-			return
-		}
-		err = f()
-		if netns.Set(orig) == nil {
-			runtime.UnlockOSThread()
-		}
-		errc <- err
-	}()
-	return <-errc
-}
-
-// newNamedNetns creates the network namespace /run/netns/name without
-// moving the calling goroutine into it.
-func newNamedNetns(name string) (netns.NsHandle, error) {
-	type result struct {
-		ns  netns.NsHandle
-		err error
-	}
-	c := make(chan result, 1)
-	go func() {
-		runtime.LockOSThread()
-		orig, err := netns.Get()
-		if err != nil {
-			c <- result{err: err}
-			return
-		}
-		defer orig.Close()
-		ns, err := netns.NewNamed(name) // switches this thread to it
-		if err == nil && netns.Set(orig) == nil {
-			runtime.UnlockOSThread()
-		}
-		c <- result{ns, err}
-	}()
-	r := <-c
-	return r.ns, r.err
 }
 
 // serveLine answers every TCP connection on l with line and closes it.
@@ -187,7 +137,7 @@ func newTestInternet(t *testing.T) *testInternet {
 		return netip.AddrFrom4([4]byte{byte(v >> 24), byte(v >> 16), byte(v >> 8), byte(v)})
 	}
 	ti := &testInternet{hostSide: at(pid, 1), addr: at(pid, 2), denied: at(pid+16384, 1), metadata: netip.MustParseAddr("169.254.169.254")}
-	ns, err := newNamedNetns(name)
+	ns, err := upstream.NewNamedNetns(name)
 	if err != nil {
 		t.Fatalf("creating network namespace %s: %v", name, err)
 	}
@@ -245,7 +195,7 @@ func newTestInternet(t *testing.T) *testInternet {
 		}
 		t.Cleanup(func() { _ = netlink.RouteDel(r) })
 	}
-	if err := inNetns(ti.ns, func() error {
+	if err := upstream.InNetns(ti.ns, func() error {
 		l, err := net.Listen("tcp4", fmt.Sprintf(":%d", internetPort))
 		if err != nil {
 			return err
@@ -375,7 +325,7 @@ func TestEgressReachesOnlyTheOutside(t *testing.T) {
 	}
 	defer otherNS.Close()
 	otherAddr := netip.AddrPortFrom(otherTask.sys.net.task, 9090).String()
-	if err := inNetns(otherNS, func() error {
+	if err := upstream.InNetns(otherNS, func() error {
 		l, err := net.Listen("tcp4", otherAddr)
 		if err != nil {
 			return err
@@ -405,7 +355,7 @@ func TestEgressReachesOnlyTheOutside(t *testing.T) {
 			return err
 		}
 		if name == "task" {
-			err = inNetns(otherNS, dial)
+			err = upstream.InNetns(otherNS, dial)
 		} else {
 			err = dial()
 		}

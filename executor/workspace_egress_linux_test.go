@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/vishvananda/netlink"
+
+	"github.com/bashtask/bashtask-operator/internal/rig/upstream"
 )
 
 // A workspace of network Egress holds a veth pair and an address slot of
@@ -56,7 +58,7 @@ func TestWorkspaceEgress(t *testing.T) {
 	// A listener in the first workspace's namespace on its egress address,
 	// as a dev server a task of it would start on 0.0.0.0.
 	w1Addr := netip.AddrPortFrom(l1.task, 9091).String()
-	if err := inNetns(w1.sys.ns, func() error {
+	if err := upstream.InNetns(w1.sys.ns, func() error {
 		l, err := net.Listen("tcp4", w1Addr)
 		if err != nil {
 			return err
@@ -67,7 +69,7 @@ func TestWorkspaceEgress(t *testing.T) {
 		t.Fatalf("listening in the first workspace's namespace: %v", err)
 	}
 	// Positive control: the listener answers inside its namespace.
-	if err := inNetns(w1.sys.ns, func() error {
+	if err := upstream.InNetns(w1.sys.ns, func() error {
 		line, err := dialLine(w1Addr)
 		if err == nil && line != "w1" {
 			err = errors.New("answer " + line)

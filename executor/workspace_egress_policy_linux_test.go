@@ -13,6 +13,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/bashtask/bashtask-operator/internal/rig/upstream"
 )
 
 // A workspace's egress policy, served by the test internet's resolver
@@ -149,7 +151,7 @@ func TestWorkspaceEgressPolicyKeepsOpenConnections(t *testing.T) {
 	// policy, says go, waits for the task's line and answers it: the
 	// task's packets after the change cross the policy's chain.
 	accepted, changed := make(chan struct{}), make(chan struct{})
-	if err := inNetns(ti.ns, func() error {
+	if err := upstream.InNetns(ti.ns, func() error {
 		l, err := net.Listen("tcp4", netip.AddrPortFrom(ti.addr, 8081).String())
 		if err != nil {
 			return err

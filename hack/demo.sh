@@ -8,7 +8,9 @@
 # session in a workspace, and, as root (images need the tenant level),
 # runs one command in workspaces of two images from a local registry and
 # keeps a pip-installed package across a suspend and a resume
-# (examples/images), then shuts the cluster down. It fails when a task
+# (examples/images), calls a private HTTPS service with a token the task
+# never sees and is refused a name its egress policy does not allow
+# (examples/egress), then shuts the cluster down. It fails when a task
 # ends differently from its bashtask.dev/expect-reason annotation, or an
 # outcome differs from the one it checks.
 set -euo pipefail
@@ -57,12 +59,35 @@ if [[ "$(id -u)" == 0 ]]; then
 else
   no_images="not root: the agents run at the process level, which has no images"
 fi
-bin/bashtask-local up --dir "${DIR}" --agents 2 --agent-env DEMO_API_KEY=agent-only-secret "${images[@]}" >"${DIR}/launcher.log" 2>&1 &
+# Egress by name (examples/egress) needs the tenant level too: a private
+# HTTPS service in a network namespace of its own (hack/demo-upstream),
+# whose resolver the agents forward the workspaces' allowed names to.
+egress=()
+upstream=""
+if [[ "$(id -u)" == 0 ]]; then
+  go build -o bin/demo-upstream ./hack/demo-upstream
+  (umask 077 && head -c 24 /dev/urandom | base64 | tr -d '/+=' >"${DIR}/api-token")
+  bin/demo-upstream --token-file "${DIR}/api-token" --ca-file "${DIR}/upstream-ca.pem" >"${DIR}/upstream.log" 2>&1 &
+  upstream=$!
+  for _ in $(seq 100); do
+    grep -q "upstream is up" "${DIR}/upstream.log" && break
+    kill -0 "${upstream}" 2>/dev/null || break
+    sleep 0.1
+  done
+  resolver=$(sed -n 's/^upstream is up: resolver \([0-9.]*\),.*/\1/p' "${DIR}/upstream.log")
+  [[ -n "${resolver}" ]] || { cat "${DIR}/upstream.log" >&2; die "hack/demo-upstream did not come up"; }
+  egress=(--agent-arg=--egress-resolver="${resolver}")
+fi
+bin/bashtask-local up --dir "${DIR}" --agents 2 --agent-env DEMO_API_KEY=agent-only-secret "${images[@]}" "${egress[@]}" >"${DIR}/launcher.log" 2>&1 &
 launcher=$!
 cleanup() {
   say "Stopping the local cluster"
   kill -TERM "${launcher}" 2>/dev/null || true
   wait "${launcher}" 2>/dev/null || true
+  if [[ -n "${upstream}" ]]; then
+    kill -TERM "${upstream}" 2>/dev/null || true
+    wait "${upstream}" 2>/dev/null || true
+  fi
 }
 trap cleanup EXIT
 
@@ -179,6 +204,32 @@ kill "${pf}"; wait "${pf}" 2>/dev/null || true
 
 say "kubectl bashtask workspace delete demo-session"
 "${PLUGIN}" workspace delete demo-session
+
+if ((${#egress[@]})); then
+  say "Egress by name, with a token the task never sees (examples/egress, docs/egress.md)"
+  echo "$(sed -n 's/^upstream is up: //p' "${DIR}/upstream.log") (hack/demo-upstream, in a network namespace of its own)"
+  "${KUBECTL}" create secret generic demo-api --from-file=token="${DIR}/api-token" >/dev/null
+  "${KUBECTL}" create configmap demo-upstream-ca --from-file=ca.crt="${DIR}/upstream-ca.pem" >/dev/null
+  "${KUBECTL}" apply -f examples/egress/workspace.yaml
+  "${KUBECTL}" wait --for=jsonpath='{.status.phase}'=Ready bashworkspace/demo-egress --timeout=120s
+  "${KUBECTL}" apply -f examples/egress/tasks.yaml
+  for _ in $(seq 600); do
+    [[ -n "$("${KUBECTL}" get bt call-api -o jsonpath='{.status.reason}')" && -n "$("${KUBECTL}" get bt denied-name -o jsonpath='{.status.reason}')" ]] && break
+    sleep 0.1
+  done
+  api_out=$("${KUBECTL}" get bt call-api -o jsonpath='{.status.stdout.tail}')
+  api_reason=$("${KUBECTL}" get bt call-api -o jsonpath='{.status.reason}')
+  denied_err=$("${KUBECTL}" get bt denied-name -o jsonpath='{.status.stderr.tail}')
+  denied_reason=$("${KUBECTL}" get bt denied-name -o jsonpath='{.status.reason}')
+  printf -- '--- call-api (%s)\n%s\n--- denied-name (%s, stderr)\n%s\n' "${api_reason}" "${api_out}" "${denied_reason}" "${denied_err}"
+  token=$(cat "${DIR}/api-token")
+  [[ "${api_reason}" == Succeeded && "${api_out}" == *"200, the request carried the token"* ]] || die "call-api did not reach api.demo.test with the token"
+  [[ "${api_out}" == *"> GET /hello"* && "${api_out}" != *"uthorization"* && "${api_out}" != *"${token}"* ]] ||
+    die "the request as call-api sent it holds the token, or curl printed no request"
+  [[ "${denied_reason}" == NonZeroExit && "${denied_err}" == *"Could not resolve host: other.demo.test"* ]] ||
+    die "denied-name did not fail on the name the policy refuses"
+  "${PLUGIN}" workspace delete demo-egress
+fi
 
 if ((${#images[@]})); then
   say "Two workspaces of two images (examples/images), the same command in each"

@@ -2,18 +2,9 @@ package egress
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
-	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
 	"fmt"
-	"math/big"
-	"net"
 	"net/http"
-	"net/netip"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -23,6 +14,7 @@ import (
 
 	"github.com/bashtask/bashtask-operator/executor"
 	"github.com/bashtask/bashtask-operator/hack/bench/phase"
+	"github.com/bashtask/bashtask-operator/internal/rig/upstream"
 )
 
 // downloadToken is the header value the intercepting proxy injects in the
@@ -39,21 +31,18 @@ type httpsServer struct {
 
 // serveHTTPS starts the HTTPS server in s's namespace.
 func (s *server) serveHTTPS() (*httpsServer, error) {
-	cert, caPEM, err := serverCert(serverName)
+	cert, caPEM, err := upstream.ServerCert([]string{serverName}, 24*time.Hour)
 	if err != nil {
 		return nil, err
 	}
 	hs := &httpsServer{caPEM: caPEM}
 	hs.srv = &http.Server{Handler: http.HandlerFunc(blob), TLSConfig: &tls.Config{Certificates: []tls.Certificate{cert}}, ReadHeaderTimeout: time.Minute}
-	err = inNetns(s.ns, func() error {
-		l, err := net.Listen("tcp4", netip.AddrPortFrom(s.addr, 443).String())
-		if err != nil {
-			return err
-		}
-		go func() { _ = hs.srv.ServeTLS(l, "", "") }()
-		return nil
-	})
-	return hs, err
+	l, err := s.Listen(443)
+	if err != nil {
+		return nil, err
+	}
+	go func() { _ = hs.srv.ServeTLS(l, "", "") }()
+	return hs, nil
 }
 
 // blob writes the zero bytes /blob asks for.
@@ -76,37 +65,6 @@ func blob(w http.ResponseWriter, r *http.Request) {
 		}
 		n -= int64(k)
 	}
-}
-
-// serverCert is a certificate for name signed by a new CA, and the CA's
-// certificate in PEM.
-func serverCert(name string) (tls.Certificate, []byte, error) {
-	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		return tls.Certificate{}, nil, err
-	}
-	now := time.Now()
-	caTmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "bench egress CA"}, NotBefore: now.Add(-time.Hour),
-		NotAfter: now.Add(24 * time.Hour), IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign}
-	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
-	if err != nil {
-		return tls.Certificate{}, nil, err
-	}
-	ca, err := x509.ParseCertificate(caDER)
-	if err != nil {
-		return tls.Certificate{}, nil, err
-	}
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		return tls.Certificate{}, nil, err
-	}
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: name}, DNSNames: []string{name},
-		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(24 * time.Hour), ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &key.PublicKey, caKey)
-	if err != nil {
-		return tls.Certificate{}, nil, err
-	}
-	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER}), nil
 }
 
 // downloads measures the HTTPS download of size bytes with curl from a

@@ -23,20 +23,16 @@ import (
 	"net"
 	"net/netip"
 	"os"
-	"runtime"
 	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
 
-	"github.com/miekg/dns"
-	"github.com/vishvananda/netlink"
-	"github.com/vishvananda/netns"
-
 	"github.com/bashtask/bashtask-operator/executor"
 	"github.com/bashtask/bashtask-operator/hack/bench/phase"
 	"github.com/bashtask/bashtask-operator/hack/bench/stats"
 	"github.com/bashtask/bashtask-operator/internal/rig/testshim"
+	"github.com/bashtask/bashtask-operator/internal/rig/upstream"
 )
 
 // Phase is the egress phase.
@@ -84,7 +80,7 @@ func (p *Phase) Run(ctx context.Context, _ *phase.Env) (phase.Figures, error) {
 		return nil, err
 	}
 	defer srv.close()
-	ex, err := p.executor(dir, srv.addr)
+	ex, err := p.executor(dir, srv.Addr)
 	if err != nil {
 		return nil, err
 	}
@@ -100,7 +96,7 @@ func (p *Phase) Run(ctx context.Context, _ *phase.Env) (phase.Figures, error) {
 			w   *executor.Workspace
 			out *[]time.Duration
 		}{{plain, &a}, {policed, &b}} {
-			ds, err := connectTimes(ctx, ex, v.w, srv.addr, p.n, fmt.Sprintf("%s/spill-%d-%s", dir, i, v.w.ID()))
+			ds, err := connectTimes(ctx, ex, v.w, srv.Addr, p.n, fmt.Sprintf("%s/spill-%d-%s", dir, i, v.w.ID()))
 			if err != nil {
 				return nil, err
 			}
@@ -228,89 +224,26 @@ func signed(d time.Duration) string {
 	return "+" + d.String()
 }
 
-// server is the phase's stand-in for the internet: a network namespace
-// with a veth pair to this one, a TCP server that accepts and closes, and
-// a resolver answering serverName with the server's address.
+// server is the phase's stand-in for the internet: an upstream
+// (internal/rig/upstream) whose resolver answers serverName, with a TCP
+// server on serverPort that accepts and closes.
 type server struct {
-	name     string
-	ns       netns.NsHandle
-	link     netlink.Link
-	addr     netip.Addr
+	*upstream.Upstream
 	listener net.Listener
-	dns      *dns.Server
 }
 
 // newServer sets the server up; close takes it down.
-func newServer() (_ *server, err error) {
+func newServer() (*server, error) {
 	pid := os.Getpid()
-	s := &server{name: fmt.Sprintf("bt-bench-egress-%d", pid), ns: -1}
-	defer func() {
-		if err != nil {
-			s.close()
-		}
-	}()
-	base := netip.MustParseAddr("198.18.0.0").As4()
-	v := uint32(base[0])<<24 | uint32(base[1])<<16 | uint32((pid+8192)%32768)<<2
-	at := func(off uint32) netip.Addr {
-		x := v + off
-		return netip.AddrFrom4([4]byte{byte(x >> 24), byte(x >> 16), byte(x >> 8), byte(x)})
-	}
-	hostSide := at(1)
-	s.addr = at(2)
-	if s.ns, err = newNamedNetns(s.name); err != nil {
-		return nil, fmt.Errorf("egress: network namespace %s: %w", s.name, err)
-	}
-	veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: fmt.Sprintf("vbe%d", pid%1000000)}, PeerName: "eth0", PeerNamespace: netlink.NsFd(int(s.ns))}
-	if err := netlink.LinkAdd(veth); err != nil {
-		return nil, fmt.Errorf("egress: veth: %w", err)
-	}
-	s.link = veth
-	if err := addrUp(nil, veth.Name, hostSide); err != nil {
-		return nil, err
-	}
-	h, err := netlink.NewHandleAt(s.ns)
+	u, err := upstream.Start(upstream.Config{Name: fmt.Sprintf("bt-bench-egress-%d", pid), Link: fmt.Sprintf("vbe%d", pid%1000000),
+		Slot: (pid + 8192) % upstream.Slots, Domains: []string{serverName}})
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("egress: %w", err)
 	}
-	defer h.Close()
-	if err := addrUp(h, "eth0", s.addr); err != nil {
-		return nil, err
-	}
-	return s, inNetns(s.ns, s.listen)
-}
-
-// addrUp gives link name (through h, nil for this namespace) a /30
-// address a and brings it up.
-func addrUp(h *netlink.Handle, name string, a netip.Addr) error {
-	if h == nil {
-		var err error
-		if h, err = netlink.NewHandle(); err != nil {
-			return err
-		}
-		defer h.Close()
-	}
-	l, err := h.LinkByName(name)
-	if err != nil {
-		return err
-	}
-	if err := h.AddrAdd(l, &netlink.Addr{IPNet: &net.IPNet{IP: a.AsSlice(), Mask: net.CIDRMask(30, 32)}}); err != nil {
-		return fmt.Errorf("egress: address %s on %s: %w", a, name, err)
-	}
-	return h.LinkSetUp(l)
-}
-
-// listen starts the TCP server and the resolver; it runs in the
-// server's namespace.
-func (s *server) listen() error {
-	lo, err := netlink.LinkByName("lo")
-	if err == nil {
-		err = netlink.LinkSetUp(lo)
-	}
-	if err != nil {
-		return err
-	}
-	if s.listener, err = net.Listen("tcp4", netip.AddrPortFrom(s.addr, serverPort).String()); err != nil {
-		return err
+	s := &server{Upstream: u}
+	if s.listener, err = u.Listen(serverPort); err != nil {
+		u.Close()
+		return nil, fmt.Errorf("egress: listening on port %d: %w", serverPort, err)
 	}
 	go func() {
 		for {
@@ -321,86 +254,10 @@ func (s *server) listen() error {
 			c.Close()
 		}
 	}()
-	pc, err := net.ListenPacket("udp4", netip.AddrPortFrom(s.addr, 53).String())
-	if err != nil {
-		return err
-	}
-	answer := s.addr.AsSlice()
-	s.dns = &dns.Server{PacketConn: pc, Handler: dns.HandlerFunc(func(w dns.ResponseWriter, r *dns.Msg) {
-		m := new(dns.Msg)
-		m.SetReply(r)
-		if q := r.Question[0]; q.Qtype == dns.TypeA && strings.EqualFold(q.Name, serverName+".") {
-			m.Answer = append(m.Answer, &dns.A{Hdr: dns.RR_Header{Name: q.Name, Rrtype: dns.TypeA, Class: dns.ClassINET, Ttl: 300}, A: answer})
-		}
-		_ = w.WriteMsg(m)
-	})}
-	go func() { _ = s.dns.ActivateAndServe() }()
-	return nil
+	return s, nil
 }
 
 func (s *server) close() {
-	if s.dns != nil {
-		_ = s.dns.Shutdown()
-	}
-	if s.listener != nil {
-		s.listener.Close()
-	}
-	if s.link != nil {
-		_ = netlink.LinkDel(s.link)
-	}
-	if s.ns >= 0 {
-		s.ns.Close()
-		_ = netns.DeleteNamed(s.name)
-	}
-}
-
-// inNetns runs f on a thread switched to ns. A thread that cannot be
-// switched back stays locked, so the runtime ends it with the goroutine.
-func inNetns(ns netns.NsHandle, f func() error) error {
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		orig, err := netns.Get()
-		if err != nil {
-			errc <- err
-			return
-		}
-		defer orig.Close()
-		if err := netns.Set(ns); err != nil {
-			errc <- err
-			return
-		}
-		err = f()
-		if netns.Set(orig) == nil {
-			runtime.UnlockOSThread()
-		}
-		errc <- err
-	}()
-	return <-errc
-}
-
-// newNamedNetns creates the network namespace /run/netns/name without
-// moving the calling goroutine into it.
-func newNamedNetns(name string) (netns.NsHandle, error) {
-	type result struct {
-		ns  netns.NsHandle
-		err error
-	}
-	c := make(chan result, 1)
-	go func() {
-		runtime.LockOSThread()
-		orig, err := netns.Get()
-		if err != nil {
-			c <- result{err: err}
-			return
-		}
-		defer orig.Close()
-		ns, err := netns.NewNamed(name)
-		if err == nil && netns.Set(orig) == nil {
-			runtime.UnlockOSThread()
-		}
-		c <- result{ns, err}
-	}()
-	r := <-c
-	return r.ns, r.err
+	s.listener.Close()
+	s.Close()
 }
