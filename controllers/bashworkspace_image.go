@@ -28,24 +28,11 @@ func (r *BashWorkspaceReconciler) imageGate(ctx context.Context, ws *bashtaskv1a
 		return nil, reconcile.Result{}, true, reconcile.TerminalError(errors.New(msg))
 	}
 	secrets, err = pullSecrets(ctx, r.apiReader, ws.Namespace, ws.Spec.ImagePullSecrets)
-	var missing *missingReferenceError
-	var invalid *invalidValueError
-	switch {
-	case errors.As(err, &missing):
-		setWorkspacePhase(ws, bashtaskv1alpha1.WorkspacePending, missing.Error())
-		setWorkspaceImageCondition(ws, false, ReasonMissingReference, missing.Error())
-		return nil, reconcile.Result{RequeueAfter: r.opts.RetryInterval}, true, nil
-	case errors.As(err, &invalid):
-		setWorkspacePhase(ws, bashtaskv1alpha1.WorkspaceFailed, invalid.Error())
-		p.event(corev1.EventTypeWarning, bashtaskv1alpha1.WorkspaceReasonInvalidSpec, "Place", "%s", invalid.Error())
-		return nil, reconcile.Result{}, true, reconcile.TerminalError(err)
-	case err != nil:
-		return nil, reconcile.Result{}, true, err
+	res, done, err = r.referenceOutcome(ws, p, bashtaskv1alpha1.ConditionImagePulled, err)
+	if done {
+		return nil, res, true, err
 	}
-	if c := meta.FindStatusCondition(ws.Status.Conditions, bashtaskv1alpha1.ConditionImagePulled); c != nil && c.Reason == ReasonMissingReference {
-		meta.RemoveStatusCondition(&ws.Status.Conditions, bashtaskv1alpha1.ConditionImagePulled)
-	}
-	return secrets, reconcile.Result{}, false, nil
+	return secrets, res, false, nil
 }
 
 // imageAnswer decides on an EnsureWorkspace that the agent answered with

@@ -76,23 +76,43 @@ func ignoreMissing(err error) error {
 // looked at again every --retry-interval; an invalid value fails it.
 func (r *BashWorkspaceReconciler) egressGate(ctx context.Context, ws *bashtaskv1alpha1.BashWorkspace, p *workspacePass) ([]*agentv1.EgressInjection, reconcile.Result, bool, error) {
 	inject, missing, err := r.egressInjections(ctx, ws)
+	if missing != nil {
+		err = missing
+	}
+	res, done, err := r.referenceOutcome(ws, p, bashtaskv1alpha1.ConditionEgressPolicy, err)
+	return inject, res, done, err
+}
+
+// referenceOutcome is the outcome of resolving the objects a workspace
+// refers to (Secrets, ConfigMaps) for a gate whose condition is condType:
+// a missingReferenceError keeps the workspace Pending, condType False
+// with reason MissingReference naming it, looked at again every
+// --retry-interval; an invalidValueError fails it (InvalidSpec, with a
+// Warning event, not retried); another error is returned for the
+// workqueue's backoff. With err nil, done is false and a MissingReference
+// condType is removed.
+func (r *BashWorkspaceReconciler) referenceOutcome(ws *bashtaskv1alpha1.BashWorkspace, p *workspacePass, condType string, err error) (reconcile.Result, bool, error) {
+	var missing *missingReferenceError
 	var invalid *invalidValueError
 	switch {
-	case missing != nil:
+	case errors.As(err, &missing):
 		setWorkspacePhase(ws, bashtaskv1alpha1.WorkspacePending, missing.Error())
-		setEgressMissing(ws, missing)
-		return nil, reconcile.Result{RequeueAfter: r.opts.RetryInterval}, true, nil
+		meta.SetStatusCondition(&ws.Status.Conditions, metav1.Condition{
+			Type: condType, Status: metav1.ConditionFalse, ObservedGeneration: ws.Generation,
+			Reason: ReasonMissingReference, Message: truncateMessage(missing.Error()),
+		})
+		return reconcile.Result{RequeueAfter: r.opts.RetryInterval}, true, nil
 	case errors.As(err, &invalid):
 		setWorkspacePhase(ws, bashtaskv1alpha1.WorkspaceFailed, invalid.Error())
 		p.event(corev1.EventTypeWarning, bashtaskv1alpha1.WorkspaceReasonInvalidSpec, "Place", "%s", invalid.Error())
-		return nil, reconcile.Result{}, true, reconcile.TerminalError(err)
+		return reconcile.Result{}, true, reconcile.TerminalError(err)
 	case err != nil:
-		return nil, reconcile.Result{}, true, err
+		return reconcile.Result{}, true, err
 	}
-	if c := meta.FindStatusCondition(ws.Status.Conditions, bashtaskv1alpha1.ConditionEgressPolicy); c != nil && c.Reason == ReasonMissingReference {
-		meta.RemoveStatusCondition(&ws.Status.Conditions, bashtaskv1alpha1.ConditionEgressPolicy)
+	if c := meta.FindStatusCondition(ws.Status.Conditions, condType); c != nil && c.Reason == ReasonMissingReference {
+		meta.RemoveStatusCondition(&ws.Status.Conditions, condType)
 	}
-	return inject, reconcile.Result{}, false, nil
+	return reconcile.Result{}, false, nil
 }
 
 // setEgressMissing sets the condition EgressPolicy False, reason

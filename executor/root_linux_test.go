@@ -167,7 +167,7 @@ func TestImageRoot(t *testing.T) {
 		"base=base top=top\n",
 		"gone=absent\n",
 		"node=hidden\n",
-		"top-level=bin dev etc home proc run srv tmp usr\n",
+		"top-level=" + topLevel(ex.workRoot, "bin", "dev", "etc", "home", "proc", "run", "srv", "tmp", "usr") + "\n",
 		"whoami=task passwd=1\n",
 		"homewrite=ok\n",
 		"euid=2000441 uid=2000441\n",
@@ -185,15 +185,29 @@ func TestImageRoot(t *testing.T) {
 			t.Errorf("stdout lacks %q:\n%s\nstderr:\n%s", want, res.Stdout.Tail, res.Stderr.Tail)
 		}
 	}
-	checkRootMount(t, res.Stdout.Tail)
+	checkRootMount(t, res.Stdout.Tail, ex.workRoot)
 	if left, _ := filepath.Glob(filepath.Join(ex.workRoot, privateRootPrefix+"*")); len(left) > 0 {
 		t.Errorf("the task's private root directories are left: %v", left)
 	}
 }
 
+// topLevel is what `ls /` lists in an image root of the directories dirs:
+// those and the first directory of workRoot, which the task's work
+// directory is mounted under at its path, sorted.
+func topLevel(workRoot string, dirs ...string) string {
+	first, _, _ := strings.Cut(strings.TrimPrefix(workRoot, "/"), "/")
+	if !slices.Contains(dirs, first) {
+		dirs = append(dirs, first)
+	}
+	slices.Sort(dirs)
+	return strings.Join(dirs, " ")
+}
+
 // checkRootMount checks the rootmount= and mounts= lines of imageView:
-// the root is nosuid and nodev, and every mount is the task's.
-func checkRootMount(t *testing.T, out string) {
+// the root is nosuid and nodev, and every mount is the task's: its
+// system paths, or its work directory at its path under workRoot (the
+// executor's, under $TMPDIR, which need not be /tmp).
+func checkRootMount(t *testing.T, out, workRoot string) {
 	t.Helper()
 	for line := range strings.Lines(out) {
 		switch {
@@ -206,7 +220,7 @@ func checkRootMount(t *testing.T, out string) {
 			for _, m := range strings.Fields(strings.TrimPrefix(line, "mounts=")) {
 				ok := m == "/" || m == "/tmp" || m == "/home" || strings.HasPrefix(m, "/proc") ||
 					strings.HasPrefix(m, "/dev") || strings.HasPrefix(m, "/run") || strings.HasPrefix(m, "/etc/") ||
-					strings.HasPrefix(m, "/tmp/")
+					strings.HasPrefix(m, "/tmp/") || strings.HasPrefix(m, workRoot+"/")
 				if !ok {
 					t.Errorf("mount point %s in the task's root: not one of the task's", m)
 				}

@@ -63,6 +63,27 @@ func listParts(t *testing.T, b *blob.Bucket, prefix string) ([]storedPart, []byt
 	return parts, data
 }
 
+// partKeys lists the part keys under prefix without reading them: for a
+// wait on the parts' deletion, during which a listed part may be gone
+// before it could be read.
+func partKeys(t *testing.T, b *blob.Bucket, prefix string) []string {
+	t.Helper()
+	var keys []string
+	it := b.List(&blob.ListOptions{Prefix: prefix})
+	for {
+		obj, err := it.Next(t.Context())
+		if errors.Is(err, io.EOF) {
+			return keys
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, ok := outputkey.ParsePart(prefix, obj.Key); ok {
+			keys = append(keys, obj.Key)
+		}
+	}
+}
+
 // waitKept polls the task until its stdout's kept bytes are want.
 func waitKept(t *testing.T, r *rig, uid string, want int64) *agentv1.TaskStatus {
 	t.Helper()
@@ -152,7 +173,7 @@ func TestPartsBySizeAndTime(t *testing.T) {
 	}
 	// The parts go after the UPLOADED event.
 	for deadline := time.Now().Add(20 * time.Second); ; {
-		parts, _ := listParts(t, b, prefix)
+		parts := partKeys(t, b, prefix)
 		if len(parts) == 0 {
 			break
 		}
@@ -354,7 +375,7 @@ func TestOrderJournalParts(t *testing.T) {
 	// The parts go after the final object's UPLOADED event, which Forget
 	// may follow at once: their deletion is not on the event's path.
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		parts, _ := listParts(t, b, prefix)
+		parts := partKeys(t, b, prefix)
 		if len(parts) == 0 {
 			break
 		}
