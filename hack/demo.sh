@@ -224,7 +224,7 @@ if ((${#egress[@]})); then
   printf -- '--- call-api (%s)\n%s\n--- denied-name (%s, stderr)\n%s\n' "${api_reason}" "${api_out}" "${denied_reason}" "${denied_err}"
   token=$(cat "${DIR}/api-token")
   [[ "${api_reason}" == Succeeded && "${api_out}" == *"200, the request carried the token"* ]] || die "call-api did not reach api.demo.test with the token"
-  [[ "${api_out}" == *"> GET /hello"* && "${api_out}" != *"uthorization"* && "${api_out}" != *"${token}"* ]] ||
+  [[ "${api_out}" == *"> GET /hello"* && "${api_out}" != *"> Authorization"* && "${api_out}" != *"${token}"* ]] ||
     die "the request as call-api sent it holds the token, or curl printed no request"
   [[ "${denied_reason}" == NonZeroExit && "${denied_err}" == *"Could not resolve host: other.demo.test"* ]] ||
     die "denied-name did not fail on the name the policy refuses"
