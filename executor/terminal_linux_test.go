@@ -206,13 +206,17 @@ func TestTerminalResize(t *testing.T) {
 		s := startTerminal(t, ex)
 		s.typeIn("echo cols=$(tput cols) lines=$(tput lines)\r")
 		s.expect("cols=80 lines=24")
-		s.typeIn(`trap 'echo winch=$(tput cols)x$(tput lines)' WINCH; echo armed=$((1+1)); sleep 300 & wait` + "\r")
+		// SIGWINCH goes to the terminal's foreground process group, so
+		// the shell waits on background sleeps to stay in it; a short one
+		// at a time, since a signal that comes before a wait begins does
+		// not break that wait.
+		s.typeIn(`trap 'echo winch=$(tput cols)x$(tput lines); w=1' WINCH; echo armed=$((1+1)); until [ -n "$w" ]; do sleep 1 & wait $!; done` + "\r")
 		s.expect("armed=2") // the trap is set
 		if err := s.term.Resize(WindowSize{Rows: 50, Cols: 132}); err != nil {
 			t.Fatal(err)
 		}
 		s.expect("winch=132x50")
-		s.expect("$ ") // the trap ended the wait
+		s.expect("$ ") // the trap ended the loop
 		s.typeIn("echo cols=$(tput cols)\r")
 		s.expect("cols=132")
 	})
