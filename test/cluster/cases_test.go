@@ -627,9 +627,12 @@ func TestNamespaceDeletion(t *testing.T) {
 
 // TestHelmUninstall: `helm uninstall` with tasks still running stops them,
 // leaves no task process on the node and no task that cannot be deleted;
-// the CRD stays (Helm never deletes the CRDs of a chart's crds/).
+// the CRD stays (Helm never deletes the CRDs of a chart's crds/). The
+// release is installed again at its end, so that the tests after it
+// (go test runs them in file order) find it.
 func TestHelmUninstall(t *testing.T) {
 	ns := newNamespace(t)
+	t.Cleanup(func() { reinstall(t) })
 	newTask(t, ns, "running-at-uninstall", "sleep 303")
 	newTask(t, ns, "finished-before", "true")
 	waitTaskUntil(t, ns, "running-at-uninstall", "Running", time.Minute, func(bt *v1.BashTask) bool { return ptr.Deref(bt.Status.Phase, "") == v1.PhaseRunning })
@@ -662,5 +665,20 @@ func TestHelmUninstall(t *testing.T) {
 			t.Fatalf("pods left in %s 2 minutes after helm uninstall: %s", releaseNS, pods)
 		}
 		time.Sleep(500 * time.Millisecond)
+	}
+}
+
+// reinstall installs the suite's release again after TestHelmUninstall,
+// with the values of the first install, and waits until its pods are
+// Ready. It runs at cleanup, when the test's context is already done.
+func reinstall(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	args := append([]string{"install", releaseName, filepath.Join(root, "charts", "bashtask"), "--namespace", releaseNS}, releaseArgs()...)
+	if _, err := cluster.Run(ctx, filepath.Join(root, "bin", "helm"), args...); err != nil {
+		t.Fatalf("installing the release again: %v", err)
+	}
+	if err := cluster.WaitReleaseReady(ctx, releaseNS, 3*time.Minute); err != nil {
+		t.Fatalf("the release installed again: %v", err)
 	}
 }
