@@ -310,24 +310,34 @@ func (o *ownerCounts) of(ctx context.Context, owner string) (int, error) {
 	if err := o.reader.List(ctx, &list, client.MatchingFields{IndexRunningOwner: owner}, client.UnsafeDisableDeepCopy); err != nil {
 		return 0, fmt.Errorf("counting the running tasks of owner %q: %w", owner, err)
 	}
-	n := len(list.Items)
-	for key, p := range o.placed {
-		if p.owner == owner && !listed(&list, key) {
-			n++ // placed, and not in the cache's count yet
-		}
-	}
+	n := len(list.Items) + placedUnlisted(o.placed, owner, list.Items)
 	o.n[owner] = n
 	return n, nil
 }
 
-// listed reports whether list holds the task key.
-func listed(list *bashtaskv1alpha1.BashTaskList, key types.NamespacedName) bool {
-	for i := range list.Items {
-		if list.Items[i].Name == key.Name && list.Items[i].Namespace == key.Namespace {
-			return true
+// placedUnlisted counts the tasks of owner in placed that items, the
+// owner's running tasks in the cache, do not hold yet: placed but not in
+// the cache's count. One pass over each (a set of the listed keys, made
+// only when owner has placed tasks), so a decision costs O(running +
+// placed), not their product.
+func placedUnlisted(placed map[types.NamespacedName]*placedTask, owner string, items []bashtaskv1alpha1.BashTask) int {
+	var listed map[types.NamespacedName]struct{}
+	n := 0
+	for key, p := range placed {
+		if p.owner != owner {
+			continue
+		}
+		if listed == nil {
+			listed = make(map[types.NamespacedName]struct{}, len(items))
+			for i := range items {
+				listed[types.NamespacedName{Namespace: items[i].Namespace, Name: items[i].Name}] = struct{}{}
+			}
+		}
+		if _, ok := listed[key]; !ok {
+			n++
 		}
 	}
-	return false
+	return n
 }
 
 // enter records bt as waiting for a slot on one of nodes (measured by fits
