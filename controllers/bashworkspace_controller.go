@@ -18,12 +18,14 @@ import (
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
+	toolscache "k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/events"
 	"k8s.io/klog/v2"
 	"k8s.io/utils/clock"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
@@ -82,6 +84,11 @@ type BashWorkspaceReconciler struct {
 	refused   map[types.UID]map[string]int64 // egress refusals reported as events: name -> agent's count
 
 	injected sync.Map // types.UID -> the digest of the injection values the agent last got (egressGate)
+
+	// byNode is the workspace informer's store, indexed by node
+	// (workspaceNodeIndex), for placement's counts; nil until
+	// SetupWithManager finds it, when the counts list the cache instead.
+	byNode toolscache.Indexer
 }
 
 // NewBashWorkspaceReconciler returns a reconciler. c is the manager's
@@ -110,6 +117,9 @@ func (r *BashWorkspaceReconciler) SetupWithManager(mgr ctrl.Manager, agentChange
 			return nil
 		}); err != nil {
 		return fmt.Errorf("indexing BashWorkspaces by %s: %w", IndexWorkspaceNode, err)
+	}
+	if err := r.indexByNode(mgr.GetCache()); err != nil {
+		return err
 	}
 	b := ctrl.NewControllerManagedBy(mgr).
 		For(&bashtaskv1alpha1.BashWorkspace{}).
@@ -589,13 +599,56 @@ func (r *BashWorkspaceReconciler) forgetKept(key types.NamespacedName) {
 // workspaceLoad ranks agents for a new workspace by the workspaces their
 // node holds already, from the cache.
 func (r *BashWorkspaceReconciler) workspaceLoad(ctx context.Context) func(a *agentpool.AgentState) int {
-	return func(a *agentpool.AgentState) int {
-		var list bashtaskv1alpha1.BashWorkspaceList
-		if err := r.client.List(ctx, &list, client.MatchingFields{IndexWorkspaceNode: a.Node}); err != nil {
-			return 0
-		}
-		return len(list.Items)
+	return func(a *agentpool.AgentState) int { return r.workspacesOn(ctx, a.Node) }
+}
+
+// workspaceNodeIndex names the index of the workspace informer's store
+// that placement counts by: a workspace's status.nodeName.
+const workspaceNodeIndex = "bashtask.dev/workspace-node"
+
+// indexByNode adds workspaceNodeIndex to the workspace informer of c and
+// keeps its store, so that placement counts a node's workspaces from the
+// index's keys without listing (and copying) them. A cache whose informer
+// has no store of its own (one per namespace) leaves r.byNode nil.
+func (r *BashWorkspaceReconciler) indexByNode(c cache.Cache) error {
+	inf, err := c.GetInformer(context.Background(), &bashtaskv1alpha1.BashWorkspace{})
+	if err != nil {
+		return fmt.Errorf("the BashWorkspace informer: %w", err)
 	}
+	if err := inf.AddIndexers(toolscache.Indexers{workspaceNodeIndex: workspaceNode}); err != nil {
+		return fmt.Errorf("indexing BashWorkspaces by node for placement: %w", err)
+	}
+	if s, ok := inf.(interface{ GetIndexer() toolscache.Indexer }); ok {
+		r.byNode = s.GetIndexer()
+	}
+	return nil
+}
+
+// workspaceNode is the index function of workspaceNodeIndex: a
+// workspace's status.nodeName, none before it is placed.
+func workspaceNode(o any) ([]string, error) {
+	if ws, ok := o.(*bashtaskv1alpha1.BashWorkspace); ok && ptr.Deref(ws.Status.NodeName, "") != "" {
+		return []string{*ws.Status.NodeName}, nil
+	}
+	return nil, nil
+}
+
+// workspacesOn counts the workspaces the cache places on node: the keys
+// of workspaceNodeIndex, without a copy of any workspace, so that placing
+// one workspace costs O(agents), not O(workspaces) (docs/scaling.md).
+// Without the index it lists the cache without deep copies; 0 when that
+// fails.
+func (r *BashWorkspaceReconciler) workspacesOn(ctx context.Context, node string) int {
+	if r.byNode != nil {
+		if keys, err := r.byNode.IndexKeys(workspaceNodeIndex, node); err == nil {
+			return len(keys)
+		}
+	}
+	var list bashtaskv1alpha1.BashWorkspaceList
+	if err := r.client.List(ctx, &list, client.MatchingFields{IndexWorkspaceNode: node}, client.UnsafeDisableDeepCopy); err != nil {
+		return 0
+	}
+	return len(list.Items)
 }
 
 // reconcileDelete stops the workspace's running tasks and removes it from

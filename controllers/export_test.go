@@ -1,0 +1,9 @@
+package controllers
+
+import "context"
+
+// WorkspacesOn is the reconciler's count of the workspaces placed on
+// node, as placement ranks agents by it.
+func WorkspacesOn(r *BashWorkspaceReconciler, ctx context.Context, node string) int {
+	return r.workspacesOn(ctx, node)
+}
