@@ -430,8 +430,14 @@ BENCH_PHASES        ?= $(subst $(bench_space),$(comma),$(strip $(if $(BENCH_EXEC
                        $(if $(BENCH_SNAPSHOT),snapshot) $(if $(BENCH_RESUME),resume) $(if $(BENCH_SESSION),session) $(if $(BENCH_TERMINAL),terminal) $(if $(BENCH_MCP),mcp) system))
 comma               := ,
 
+# The controller's Go benchmarks: the costs per placement decision that
+# the scale curve depends on (docs/scaling.md).
+.PHONY: bench-controllers
+bench-controllers: envtest ## Go benchmarks of the controller's placement counts (workspaces per node, an owner's running tasks).
+	$(GO) test ./controllers -run '^$$' -bench . -benchmem -count=1
+
 .PHONY: bench
-bench: build envtest $(if $(BENCH_RESUME),setup-s3) ## Latency, throughput, writes per task, raw API limit and controller RSS on the local cluster (+ the executor, output API, snapshot, resume and session phases); writes _output/bench.json.
+bench: build envtest bench-controllers $(if $(BENCH_RESUME),setup-s3) ## Latency, throughput, writes per task, raw API limit and controller RSS on the local cluster (+ the executor, output API, snapshot, resume and session phases); writes _output/bench.json.
 	mkdir -p _output
 	$(BENCH) -phases=$(BENCH_PHASES) -json _output/bench.json -executor-args='$(BENCH_EXECUTOR_ARGS)' \
 	  -snapshot-args='$(BENCH_SNAPSHOT_ARGS)' -output-args='$(BENCH_OUTPUT_ARGS)' -resume-args='$(BENCH_RESUME_ARGS)' -terminal-args='$(BENCH_TERMINAL_ARGS)' \

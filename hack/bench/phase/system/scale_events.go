@@ -91,10 +91,15 @@ func (sc *scaleCluster) leaderRestart(ctx context.Context, b *bench, o scaleOpti
 	// on, while the tasks are created: no Start comes before the new run.
 	sc.mark.Store(time.Now().UnixNano())
 	restarted := make(chan time.Time, 1)
+	var profiled func()
 	go func() {
 		for deadline := time.Now().Add(time.Minute); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
 			if pid := p.PID(); pid != 0 && pid != old {
-				restarted <- time.Now()
+				at := time.Now()
+				if o.profileDir != "" {
+					profiled = sc.profileStart(ctx, b, o.profileDir+"/"+pt.String()+"/restart", o.profileFor)
+				}
+				restarted <- at
 				return
 			}
 		}
@@ -116,6 +121,9 @@ func (sc *scaleCluster) leaderRestart(ctx context.Context, b *bench, o scaleOpti
 	if err := b.waitTerminal(ctx, names, time.Now().Add(10*time.Minute), "restart"); err != nil {
 		return err
 	}
+	if profiled != nil {
+		profiled()
+	}
 	first := b.firstDispatch(names)
 	if pt.simulated {
 		first = time.Time{}
@@ -130,6 +138,25 @@ func (sc *scaleCluster) leaderRestart(ctx context.Context, b *bench, o scaleOpti
 	fmt.Printf("controller restarted with %d tasks pending: start to first dispatch %.2f s (%s)\n", o.restartTasks, r.leaderDispatchS,
 		map[bool]string{true: "the first Start RPC a simulated agent admitted", false: "the first task the watch saw with a node"}[pt.simulated])
 	return nil
+}
+
+// profileStart starts CPU profiles of a restarted controller and the API
+// server into dir as soon as the controller's profiler answers (within
+// 10 s of its start), for where a new leader's time before its first
+// dispatch goes; it returns a function that waits for them.
+func (sc *scaleCluster) profileStart(ctx context.Context, b *bench, dir string, d time.Duration) func() {
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		cs := components(sc.dir, sc.cpPIDs)
+		for _, c := range cs {
+			if c.name == "controller" && c.pprofURL != "" {
+				if _, err := httpGet(ctx, c.pprofURL+"/"); err == nil {
+					return b.startProfiles(ctx, cs, dir, d)
+				}
+			}
+		}
+	}
+	fmt.Println("profile of the restarted controller: its profiler did not answer within 10 s")
+	return func() {}
 }
 
 // firstDispatch is the earliest time the watch saw one of names with a
