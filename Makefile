@@ -444,14 +444,15 @@ bench: build envtest bench-controllers $(if $(BENCH_RESUME),setup-s3) ## Latency
 	  -session-args='$(BENCH_SESSION_ARGS)' -mcp-args='$(BENCH_MCP_ARGS)' $(BENCH_ARGS)
 
 # The scale curve (the scale phase; docs/scaling.md): 2 and 10 real agents
-# and 100 simulated ones, 1k, 10k and 100k tasks at a steady rate, 1k
-# workspaces (-workspaces=10000 for 10k), each point on a cluster of its own;
-# one row per point in _output/bench-scale.json. One point:
+# and 100 simulated ones, 1k and 10k tasks at a steady rate, 10k
+# workspaces, each point on a cluster of its own, in about 15 minutes;
+# one row per point in _output/bench-scale.json. The 100k-task point:
+# BENCH_SCALE_ARGS='-large' (about half an hour more). One point:
 # BENCH_SCALE_ARGS='-points=100sim:1000'.
 BENCH_SCALE_ARGS ?=
 
 .PHONY: bench-scale
-bench-scale: build envtest ## Scale curve: 2, 10 real and 100 simulated agents, 1k to 100k tasks, workspaces; one row per point (docs/scaling.md).
+bench-scale: build envtest ## Scale curve: 2, 10 real and 100 simulated agents, 1k and 10k tasks, 10k workspaces (-large: 100k tasks); one row per point (docs/scaling.md).
 	mkdir -p _output
 	$(BENCH) -phases=scale -json _output/bench-scale.json -scale-args='$(BENCH_SCALE_ARGS)'
 

@@ -34,6 +34,7 @@ type ScalePhase struct{ o scaleOptions }
 
 type scaleOptions struct {
 	points         string
+	large          bool
 	rate           float64
 	longEvery      int
 	longSeconds    float64
@@ -57,12 +58,13 @@ func (*ScalePhase) Name() string { return "scale" }
 // Flags registers the scale phase's flags.
 func (p *ScalePhase) Flags(fs *flag.FlagSet) {
 	o := &p.o
-	fs.StringVar(&o.points, "points", "2:1000,10:10000,100sim:100000",
+	fs.StringVar(&o.points, "points", defaultScalePoints,
 		"points to run, comma-separated AGENTS[sim]:TASKS (sim: simulated agents), e.g. -scale.points=100sim:1000 for one point")
+	fs.BoolVar(&o.large, "large", false, "add the point "+largeScalePoint+" after -points: about half an hour more on a 2-core machine (docs/scaling.md)")
 	fs.Float64Var(&o.rate, "rate", 100, "tasks created per second, steadily, at every point")
 	fs.IntVar(&o.longEvery, "long-every", 10, "every Nth task is long (`sleep -long-seconds`), the others `true` (0: none)")
 	fs.Float64Var(&o.longSeconds, "long-seconds", 2, "run time of a long task, in seconds")
-	fs.IntVar(&o.workspaces, "workspaces", 1000, "BashWorkspaces made before the tasks at a point of simulated agents (real agents at the process level hold none); 10000 waits on the controller's workspace placement, whose cost grows with the workspaces (docs/scaling.md)")
+	fs.IntVar(&o.workspaces, "workspaces", 10000, "BashWorkspaces made before the tasks at a point of simulated agents (real agents at the process level hold none)")
 	fs.IntVar(&o.wsEvery, "workspace-every", 10, "at a point with workspaces, every Nth task runs in one of them, round robin (0: none)")
 	fs.IntVar(&o.restartTasks, "restart-tasks", 200, "tasks created while the controller is down at the end of each point, for the new leader's first dispatch")
 	fs.DurationVar(&o.agentLostAfter, "agent-lost-after", 15*time.Second, "the controllers' --agent-lost-after: the node-loss figure is this plus the controller's reaction")
@@ -75,6 +77,14 @@ func (p *ScalePhase) Flags(fs *flag.FlagSet) {
 	fs.DurationVar(&o.profileFor, "profile-duration", 10*time.Second, "length of the CPU profiles of -profile-dir")
 	fs.BoolVar(&o.keep, "keep", false, "keep each point's cluster directory (logs) after a successful point")
 }
+
+// defaultScalePoints are the points of `make bench-scale`, chosen to fit
+// in 40 minutes on a 2-core machine (docs/scaling.md); largeScalePoint is
+// the 100,000-task point that -large adds.
+const (
+	defaultScalePoints = "2:1000,10:10000,100sim:10000"
+	largeScalePoint    = "100sim:100000"
+)
 
 // scalePoint is one point of the curve.
 type scalePoint struct {
@@ -128,6 +138,9 @@ func parsePoints(s string) ([]scalePoint, error) {
 // Run runs every point in order and prints the table.
 func (p *ScalePhase) Run(ctx context.Context, env *phase.Env) (phase.Figures, error) {
 	o := p.o
+	if o.large {
+		o.points += "," + largeScalePoint
+	}
 	points, err := parsePoints(o.points)
 	if err != nil {
 		return nil, err
