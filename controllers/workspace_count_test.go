@@ -37,9 +37,9 @@ func TestWorkspaceCountCopiesNothing(t *testing.T) {
 	t.Cleanup(func() {
 		_ = k8s.DeleteAllOf(ctxBackground(), &v1.BashWorkspace{}, client.InNamespace(ns))
 	})
-	g.Eventually(func() int { return controllers.WorkspacesOn(rig.Workspaces, ctx, node) }).
+	g.Eventually(func() int { return controllers.WorkspacesOn(ctx, rig.Workspaces, node) }).
 		WithTimeout(waitLong).Should(Equal(n))
-	allocs := testing.AllocsPerRun(20, func() { controllers.WorkspacesOn(rig.Workspaces, ctx, node) })
+	allocs := testing.AllocsPerRun(20, func() { controllers.WorkspacesOn(ctx, rig.Workspaces, node) })
 	if allocs > n/4 {
 		t.Errorf("counting %d workspaces took %.0f allocations: the count copies them", n, allocs)
 	}
