@@ -73,7 +73,7 @@ func (p *ScalePhase) Flags(fs *flag.FlagSet) {
 	fs.IntVar(&o.workers, "workers", 16, "client workers creating workspaces")
 	fs.DurationVar(&o.wsTimeout, "workspace-timeout", 10*time.Minute, "limit for the workspaces of a point to become Ready")
 	fs.DurationVar(&o.stall, "stall-timeout", 3*time.Minute, "fail a point when none of its missing tasks became terminal for this long")
-	fs.StringVar(&o.profileDir, "profile-dir", "", "take CPU profiles of kube-apiserver and the controller mid-way through each point's tasks into <dir>/<point> (empty: none)")
+	fs.StringVar(&o.profileDir, "profile-dir", "", "take CPU profiles of kube-apiserver and the controller mid-way through each point's tasks into <dir>/<point>, and from the restarted controller's start into <dir>/<point>/restart (empty: none)")
 	fs.DurationVar(&o.profileFor, "profile-duration", 10*time.Second, "length of the CPU profiles of -profile-dir")
 	fs.BoolVar(&o.keep, "keep", false, "keep each point's cluster directory (logs) after a successful point")
 }
