@@ -70,14 +70,14 @@ func TestPlacedUnlistedMatchesBruteForce(t *testing.T) {
 // TestPlacedUnlistedIsLinear pins the cost of the owner count: eight
 // times the listed and placed tasks cost about eight times the time, not
 // 64 times as a search of the list per placed task does. The fastest of
-// five runs of each size is compared, against a bound of 24 that leaves
+// 15 runs of each size is compared, against a bound of 24 that leaves
 // room for a loaded machine.
 func TestPlacedUnlistedIsLinear(t *testing.T) {
 	r := rand.New(rand.NewPCG(38, 3))
 	small, large := randomCountState(r, 1000), randomCountState(r, 8000)
 	fastest := func(s countState) time.Duration {
 		best := time.Duration(1<<63 - 1)
-		for range 5 {
+		for range 15 {
 			start := time.Now()
 			placedUnlisted(s.placed, "", s.items)
 			best = min(best, time.Since(start))

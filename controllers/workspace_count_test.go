@@ -2,6 +2,7 @@ package controllers_test
 
 import (
 	"fmt"
+	"math"
 	"testing"
 
 	. "github.com/onsi/gomega"
@@ -39,7 +40,12 @@ func TestWorkspaceCountCopiesNothing(t *testing.T) {
 	})
 	g.Eventually(func() int { return controllers.WorkspacesOn(ctx, rig.Workspaces, node) }).
 		WithTimeout(waitLong).Should(Equal(n))
-	allocs := testing.AllocsPerRun(20, func() { controllers.WorkspacesOn(ctx, rig.Workspaces, node) })
+	// AllocsPerRun counts the whole process's allocations, the running
+	// controller's too: the fewest of several samples is the count's own.
+	allocs := math.Inf(1)
+	for range 5 {
+		allocs = min(allocs, testing.AllocsPerRun(50, func() { controllers.WorkspacesOn(ctx, rig.Workspaces, node) }))
+	}
 	if allocs > n/4 {
 		t.Errorf("counting %d workspaces took %.0f allocations: the count copies them", n, allocs)
 	}
