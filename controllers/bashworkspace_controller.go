@@ -183,6 +183,10 @@ func (r *BashWorkspaceReconciler) workspacesOnNode(ctx context.Context, o client
 type workspacePass struct {
 	events     []workspaceEvent
 	deleteIdle bool
+	// onSent record what the events told, once they are sent: a pass
+	// whose status write fails sends no event, and the next pass must
+	// find them still untold.
+	onSent []func()
 }
 
 type workspaceEvent struct {
@@ -191,6 +195,16 @@ type workspaceEvent struct {
 
 func (p *workspacePass) event(typ, reason, action, format string, args ...any) {
 	p.events = append(p.events, workspaceEvent{typ: typ, reason: reason, action: action, note: truncateMessage(fmt.Sprintf(format, args...))})
+}
+
+// afterSend runs f once the pass's events are sent.
+func (p *workspacePass) afterSend(f func()) { p.onSent = append(p.onSent, f) }
+
+// sent runs what afterSend registered.
+func (p *workspacePass) sent() {
+	for _, f := range p.onSent {
+		f()
+	}
 }
 
 // Reconcile moves one workspace one step through its life.
@@ -240,6 +254,7 @@ func (r *BashWorkspaceReconciler) reconcile(ctx context.Context, ws *bashtaskv1a
 	for _, e := range p.events {
 		r.recorder.Eventf(ws, nil, e.typ, e.reason, e.action, "%s", e.note)
 	}
+	p.sent()
 	if p.deleteIdle {
 		return reconcile.Result{}, r.deleteIdle(ctx, ws)
 	}
@@ -526,7 +541,8 @@ func (r *BashWorkspaceReconciler) idle(ctx context.Context, ws *bashtaskv1alpha1
 		return r.suspend(ctx, ws, fmt.Sprintf("idle for %ds (spec.idleTimeoutSeconds)", *timeout), p)
 	case ptr.Deref(action, "") == bashtaskv1alpha1.WorkspaceIdleSuspend:
 		// Asked for, and impossible here: kept rather than deleted.
-		if r.keptIdle(ws) {
+		if !r.keptIdle(ws) {
+			p.afterSend(func() { r.markKept(ws) })
 			p.event(corev1.EventTypeWarning, ReasonKeptPastIdleTimeout, "Suspend",
 				"Not suspended after its idle timeout of %ds: the agent on node %s has no bucket the nodes share (--output-bucket-url) to snapshot to", *timeout, ptr.Deref(ws.Status.NodeName, ""))
 		}
@@ -534,7 +550,8 @@ func (r *BashWorkspaceReconciler) idle(ctx context.Context, ws *bashtaskv1alpha1
 	}
 	// idleAction unset where no snapshot is possible, or Delete.
 	if by := GitOpsManager(ws); by != "" {
-		if r.keptIdle(ws) {
+		if !r.keptIdle(ws) {
+			p.afterSend(func() { r.markKept(ws) })
 			p.event(corev1.EventTypeNormal, ReasonKeptPastIdleTimeout, "Delete",
 				"Not deleted after its idle timeout of %ds: it is managed by %s, whose next sync would create it again, empty. Remove it through the tool", *timeout, by)
 		}
@@ -576,18 +593,22 @@ func (r *BashWorkspaceReconciler) deleteIdle(ctx context.Context, ws *bashtaskv1
 	return nil
 }
 
-// keptIdle records, once per workspace and controller process, that a
-// managed workspace was kept past its idle timeout; it reports whether
-// this is the first time, when the event is due.
+// keptIdle reports whether this controller process sent ws (by UID) its
+// KeptPastIdleTimeout event already: one event per workspace, not one
+// per pass.
 func (r *BashWorkspaceReconciler) keptIdle(ws *bashtaskv1alpha1.BashWorkspace) bool {
-	key := client.ObjectKeyFromObject(ws)
 	r.keptMu.Lock()
 	defer r.keptMu.Unlock()
-	if r.kept[key] == ws.UID {
-		return false
-	}
-	r.kept[key] = ws.UID
-	return true
+	return r.kept[client.ObjectKeyFromObject(ws)] == ws.UID
+}
+
+// markKept records that ws's KeptPastIdleTimeout event was sent. It runs
+// after the pass's status write, so that a pass whose write failed (a
+// conflict) sends the event on the next one rather than never.
+func (r *BashWorkspaceReconciler) markKept(ws *bashtaskv1alpha1.BashWorkspace) {
+	r.keptMu.Lock()
+	defer r.keptMu.Unlock()
+	r.kept[client.ObjectKeyFromObject(ws)] = ws.UID
 }
 
 func (r *BashWorkspaceReconciler) forgetKept(key types.NamespacedName) {

@@ -2,6 +2,7 @@ package controllers
 
 import (
 	"fmt"
+	"maps"
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
@@ -64,31 +65,38 @@ func setEgressCondition(ws *bashtaskv1alpha1.BashWorkspace) {
 }
 
 // egressRefusalEvents adds a Warning event for each name the agent
-// reports refused since the last report this controller saw (one per
-// name and status read, so at most one per name each
-// --workspace-refresh-interval).
+// reports refused since the last event of this controller named it (one
+// per name and status read, so at most one per name each
+// --workspace-refresh-interval). The counts are recorded once the event
+// is sent: a pass whose status write failed tells them again.
 func (r *BashWorkspaceReconciler) egressRefusalEvents(ws *bashtaskv1alpha1.BashWorkspace, st *agentv1.WorkspaceStatus, p *workspacePass) {
 	refusals := st.GetEgressRefusals()
 	if len(refusals) == 0 {
 		return
 	}
 	r.refusedMu.Lock()
-	defer r.refusedMu.Unlock()
-	seen := r.refused[ws.UID]
-	if seen == nil {
-		seen = map[string]int64{}
-		r.refused[ws.UID] = seen
-	}
+	seen := maps.Clone(r.refused[ws.UID])
+	r.refusedMu.Unlock()
 	var names []string
+	told := map[string]int64{}
 	for _, x := range refusals {
 		if x.GetCount() > seen[x.GetName()] {
 			names = append(names, fmt.Sprintf("%s (%s)", x.GetName(), timesText(x.GetCount()-seen[x.GetName()])))
-			seen[x.GetName()] = x.GetCount()
+			told[x.GetName()] = x.GetCount()
 		}
 	}
-	if len(names) > 0 {
-		p.event(corev1.EventTypeWarning, ReasonEgressRefused, "Resolve", "the workspace's egress policy (spec.egress) refused to resolve %s", strings.Join(names, ", "))
+	if len(names) == 0 {
+		return
 	}
+	p.event(corev1.EventTypeWarning, ReasonEgressRefused, "Resolve", "the workspace's egress policy (spec.egress) refused to resolve %s", strings.Join(names, ", "))
+	p.afterSend(func() {
+		r.refusedMu.Lock()
+		defer r.refusedMu.Unlock()
+		if r.refused[ws.UID] == nil {
+			r.refused[ws.UID] = map[string]int64{}
+		}
+		maps.Copy(r.refused[ws.UID], told)
+	})
 }
 
 // forgetRefusals drops what egressRefusalEvents remembers of workspace

@@ -71,13 +71,22 @@ func TestEgressConditionAndEvents(t *testing.T) {
 	}
 
 	r := &BashWorkspaceReconciler{refused: map[types.UID]map[string]int64{}}
-	read := func(refusals ...*agentv1.EgressRefusal) []workspaceEvent {
+	// pass reads the refusals in a pass whose events are sent, or not
+	// (its status write failed).
+	pass := func(send bool, refusals ...*agentv1.EgressRefusal) []workspaceEvent {
 		p := &workspacePass{}
 		r.egressRefusalEvents(ws, &agentv1.WorkspaceStatus{EgressRefusals: refusals}, p)
+		if send {
+			p.sent()
+		}
 		return p.events
 	}
+	read := func(refusals ...*agentv1.EgressRefusal) []workspaceEvent { return pass(true, refusals...) }
+	if ev := pass(false, &agentv1.EgressRefusal{Name: "evil.example", Count: 2}); len(ev) != 1 {
+		t.Errorf("a pass whose status write fails: %+v", ev)
+	}
 	if ev := read(&agentv1.EgressRefusal{Name: "evil.example", Count: 2}); len(ev) != 1 || ev[0].reason != ReasonEgressRefused || !strings.Contains(ev[0].note, "evil.example (2 times)") {
-		t.Errorf("first read: %+v", ev)
+		t.Errorf("first read after a pass that sent nothing: %+v, want the refusals told", ev)
 	}
 	if ev := read(&agentv1.EgressRefusal{Name: "evil.example", Count: 2}); len(ev) != 0 {
 		t.Errorf("the same refusals again: %+v, want no event", ev)
