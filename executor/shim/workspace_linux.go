@@ -151,33 +151,54 @@ func workspaceTmp(root int) error {
 // mode 1777, as a node's /tmp) when it is missing. Whatever else a task
 // left at the name (a symbolic link, a file) is unlinked, never
 // followed, and the directory made in its place; a directory the task
-// made there itself is the task's own and is used as it is.
+// made there itself is the task's own and is used as it is. Tasks of one
+// workspace that start at once race to make it: a start that finds it
+// made by another (EEXIST) opens that one.
 func openWorkspaceTmp(root int) (int, error) {
 	how := tmpHow
-	fd, err := unix.Openat2(root, WorkspaceTmpDir, &how)
-	switch {
-	case err == nil:
-		return fd, nil
-	case errors.Is(err, unix.ELOOP) || errors.Is(err, unix.ENOTDIR):
-		if err := unix.Unlinkat(root, WorkspaceTmpDir, 0); err != nil && !errors.Is(err, unix.ENOENT) {
-			return -1, fmt.Errorf("removing what is at the workspace's %s: %w", WorkspaceTmpDir, err)
+	for attempt := 0; ; attempt++ {
+		fd, err := unix.Openat2(root, WorkspaceTmpDir, &how)
+		switch {
+		case err == nil:
+			if err := settleTmpMode(fd); err != nil {
+				unix.Close(fd)
+				return -1, err
+			}
+			return fd, nil
+		case errors.Is(err, unix.ELOOP) || errors.Is(err, unix.ENOTDIR):
+			if err := unix.Unlinkat(root, WorkspaceTmpDir, 0); err != nil && !errors.Is(err, unix.ENOENT) {
+				return -1, fmt.Errorf("removing what is at the workspace's %s: %w", WorkspaceTmpDir, err)
+			}
+		case !errors.Is(err, unix.ENOENT):
+			return -1, fmt.Errorf("opening the workspace's %s: %w", WorkspaceTmpDir, err)
 		}
-	case !errors.Is(err, unix.ENOENT):
-		return -1, fmt.Errorf("opening the workspace's %s: %w", WorkspaceTmpDir, err)
+		err = unix.Mkdirat(root, WorkspaceTmpDir, 0o700)
+		if errors.Is(err, unix.EEXIST) && attempt < 3 {
+			continue
+		}
+		if err != nil {
+			return -1, fmt.Errorf("making the workspace's %s: %w", WorkspaceTmpDir, err)
+		}
 	}
-	if err := unix.Mkdirat(root, WorkspaceTmpDir, 0o700); err != nil {
-		return -1, fmt.Errorf("making the workspace's %s: %w", WorkspaceTmpDir, err)
+}
+
+// settleTmpMode gives the opened temporary directory mode 1777 when it is
+// root's (made by a start: mkdir's mode passed the umask, and another
+// start may not have set the mode yet), by the descriptor, which the task
+// cannot have replaced. A directory of another owner, the task's own, is
+// left as it is.
+func settleTmpMode(fd int) error {
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return fmt.Errorf("stat of the workspace's %s: %w", WorkspaceTmpDir, err)
 	}
-	if fd, err = unix.Openat2(root, WorkspaceTmpDir, &how); err != nil {
-		return -1, fmt.Errorf("opening the workspace's %s: %w", WorkspaceTmpDir, err)
+	if st.Uid != 0 || st.Mode&0o7777 == 0o1777 {
+		return nil
 	}
-	// By the descriptor just opened: mkdir's mode passed the umask, and
-	// the task cannot have replaced what the descriptor holds.
 	if err := unix.Chmod(fmt.Sprintf("/proc/self/fd/%d", fd), 0o1777); err != nil {
-		unix.Close(fd)
-		return -1, fmt.Errorf("chmod of the workspace's %s: %w", WorkspaceTmpDir, err)
+		return fmt.Errorf("chmod of the workspace's %s: %w", WorkspaceTmpDir, err)
 	}
-	return fd, nil
+	return nil
 }
 
 // workdirStep changes to a workspace task's start directory as the task's

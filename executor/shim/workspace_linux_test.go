@@ -7,6 +7,8 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+
+	"golang.org/x/sys/unix"
 )
 
 // readCarry takes the whole record up to the bound and says when there
@@ -64,5 +66,44 @@ func TestPreadFull(t *testing.T) {
 	buf = make([]byte, 200)
 	if n := preadFull(int(f.Fd()), buf); n != 100 {
 		t.Errorf("preadFull into 200 bytes of a 100-byte file: %d", n)
+	}
+}
+
+// Tasks of one workspace that start at once all get its temporary
+// directory: the starts that lose the race to make it open the one the
+// winner made, and it ends with the mode of a node's /tmp.
+func TestOpenWorkspaceTmpConcurrently(t *testing.T) {
+	for round := range 50 {
+		dir := t.TempDir()
+		root, err := unix.Open(dir, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		start := make(chan struct{})
+		errs := make(chan error, 8)
+		for range 8 {
+			go func() {
+				<-start
+				fd, err := openWorkspaceTmp(root)
+				if err == nil {
+					unix.Close(fd)
+				}
+				errs <- err
+			}()
+		}
+		close(start)
+		for range 8 {
+			if err := <-errs; err != nil {
+				t.Fatalf("round %d: %v", round, err)
+			}
+		}
+		unix.Close(root)
+		fi, err := os.Stat(filepath.Join(dir, WorkspaceTmpDir))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if os.Geteuid() == 0 && fi.Mode()&(os.ModePerm|os.ModeSticky) != os.ModePerm|os.ModeSticky {
+			t.Fatalf("round %d: mode %v, want drwxrwxrwt", round, fi.Mode())
+		}
 	}
 }
