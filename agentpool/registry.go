@@ -129,9 +129,12 @@ type AgentRegistryOptions struct {
 	Notify chan<- event.TypedGenericEvent[*bashtaskv1alpha1.BashTask]
 	// AgentChanged, when set, receives the agent's Node (only its name
 	// set) each time an agent repeats its info on its Watch stream (its
-	// readiness changed), and when a stream begins with the agent
-	// draining, so that the workspaces of that node are reconciled: a
-	// draining agent's workspaces move at once, not at their next
+	// readiness changed), when a stream that had begun ends (the agent
+	// became unreachable), and when a stream begins with the agent
+	// draining or after an earlier one (the agent is back, maybe as a new
+	// incarnation without its workspaces), so that the workspaces of that
+	// node are reconciled: a draining agent's workspaces move at once, and
+	// a lost one's count toward --agent-lost-after, not at their next
 	// refresh.
 	AgentChanged chan<- event.TypedGenericEvent[*corev1.Node]
 	// Held, when set, receives each task an agent lists at the start of a
@@ -709,13 +712,21 @@ func (a *agentConn) watchLoop(ctx context.Context, r *AgentRegistry) {
 	for ctx.Err() == nil {
 		healthy, err := a.watchOnce(ctx, r)
 		a.mu.Lock()
-		if a.connected {
+		was := a.connected
+		if was {
 			a.unreachableSince = r.opts.Clock.Now()
 		}
 		a.connected = false
 		a.mu.Unlock()
 		if ctx.Err() != nil {
 			return
+		}
+		if was {
+			// The node's workspaces begin to count the agent's absence
+			// now, not at their next refresh.
+			if r.agentChanged(ctx, a.node) != nil {
+				return
+			}
 		}
 		if healthy {
 			backoff = wait.Backoff{Duration: 100 * time.Millisecond, Factor: 2, Jitter: 0.2, Steps: 1 << 30, Cap: 5 * time.Second}
@@ -769,6 +780,7 @@ func (a *agentConn) watchOnce(ctx context.Context, r *AgentRegistry) (healthy bo
 	// start from nothing so tasks it no longer holds are not remembered.
 	a.running = map[string]bool{}
 	a.latest = map[string]*agentv1.TaskStatus{}
+	back := a.info != nil // an agent seen before: it returns, maybe as a new incarnation
 	a.info = info
 	a.connected = true
 	a.unreachableSince = time.Time{}
@@ -776,7 +788,7 @@ func (a *agentConn) watchOnce(ctx context.Context, r *AgentRegistry) (healthy bo
 	r.opts.Log.Info("Agent connected", "node", a.node, "pod", info.GetPodName(), "incarnation", info.GetIncarnationId(),
 		"capacity", info.GetCapacity(), "ready", info.GetReadiness().GetReady(), "ambientEnv", info.GetReadiness().GetAmbientEnv(),
 		"draining", info.GetReadiness().GetDraining())
-	if info.GetReadiness().GetDraining() {
+	if back || info.GetReadiness().GetDraining() {
 		if err := r.agentChanged(ctx, a.node); err != nil {
 			return true, err
 		}

@@ -103,6 +103,13 @@ type Options struct {
 	// workspace's state on its agent (bytes used, running tasks) when no
 	// task of it changed meanwhile.
 	WorkspaceRefreshInterval time.Duration
+	// WorkspaceIdleRefreshInterval replaces WorkspaceRefreshInterval for
+	// a Ready workspace that runs no task and injects no Secret into its
+	// egress (spec.egress.inject): nothing on its agent changes until a
+	// task of it starts, its agent disconnects or comes back, or its Node
+	// goes, and each of those reconciles it at once. Zero or less uses
+	// WorkspaceRefreshInterval (docs/scaling.md, "Live workspaces").
+	WorkspaceIdleRefreshInterval time.Duration
 	// WorkspaceSnapshotAfterTask is how long after its last task ended a
 	// workspace that changed since its last snapshot is snapshotted,
 	// when its spec.snapshot.afterTaskSeconds is unset; zero or less
@@ -150,8 +157,9 @@ func DefaultOptions() Options {
 
 		DefaultTTLSecondsAfterFinished: ptr.To(DefaultFinishedTaskTTLSeconds),
 
-		WorkspaceRefreshInterval:   30 * time.Second,
-		WorkspaceSnapshotAfterTask: 5 * time.Minute,
+		WorkspaceRefreshInterval:     30 * time.Second,
+		WorkspaceIdleRefreshInterval: 10 * time.Minute,
+		WorkspaceSnapshotAfterTask:   5 * time.Minute,
 	}
 }
 

@@ -93,8 +93,8 @@ type BashWorkspaceReconciler struct {
 
 // NewBashWorkspaceReconciler returns a reconciler. c is the manager's
 // cached client, apiReader reads uncached (mgr.GetAPIReader). Of opts it
-// uses AgentLostAfter, AgentTolerations, RetryInterval, WorkspaceRefreshInterval
-// and Fence.
+// uses AgentLostAfter, AgentTolerations, RetryInterval,
+// WorkspaceRefreshInterval, WorkspaceIdleRefreshInterval and Fence.
 func NewBashWorkspaceReconciler(c client.Client, apiReader client.Reader, agents WorkspaceAgents, recorder events.EventRecorder, clk clock.PassiveClock, opts Options) *BashWorkspaceReconciler {
 	return &BashWorkspaceReconciler{
 		client: c, apiReader: apiReader, agents: agents, recorder: recorder, clock: clk, opts: opts,
@@ -507,7 +507,7 @@ func (r *BashWorkspaceReconciler) setNodeLost(ws *bashtaskv1alpha1.BashWorkspace
 // has not finished (also one waiting to be dispatched) keeps it. A workspace a GitOps tool manages is never deleted
 // for idleness: the tool's next sync would create it again, empty.
 func (r *BashWorkspaceReconciler) idle(ctx context.Context, ws *bashtaskv1alpha1.BashWorkspace, p *workspacePass) (reconcile.Result, error) {
-	refresh := reconcile.Result{RequeueAfter: r.opts.WorkspaceRefreshInterval}
+	refresh := reconcile.Result{RequeueAfter: r.refreshInterval(ws)}
 	timeout := ws.Spec.IdleTimeoutSeconds
 	if timeout == nil || ptr.Deref(ws.Status.RunningTasks, 0) > 0 {
 		return refresh, nil
@@ -526,14 +526,14 @@ func (r *BashWorkspaceReconciler) idle(ctx context.Context, ws *bashtaskv1alpha1
 		since = c.LastTransitionTime.Time
 	}
 	if wait := since.Add(time.Duration(*timeout) * time.Second).Sub(r.clock.Now()); wait > 0 {
-		return reconcile.Result{RequeueAfter: min(wait, r.opts.WorkspaceRefreshInterval)}, nil
+		return reconcile.Result{RequeueAfter: min(wait, refresh.RequeueAfter)}, nil
 	}
 	// Read live, not from the cache: a task created a moment ago that the
 	// cache has not seen yet would otherwise be dispatched to a copy the
 	// suspend or the deletion is about to remove.
 	active, err := r.hasUnfinishedTasks(ctx, r.apiReader, ws)
 	if err != nil || active {
-		return refresh, err
+		return reconcile.Result{RequeueAfter: r.opts.WorkspaceRefreshInterval}, err
 	}
 	canSnapshot := slices.Contains(r.agents.Agent(ptr.Deref(ws.Status.NodeName, "")).Capabilities, "snapshots")
 	switch action := ws.Spec.IdleAction; {
@@ -559,6 +559,26 @@ func (r *BashWorkspaceReconciler) idle(ctx context.Context, ws *bashtaskv1alpha1
 	}
 	p.deleteIdle = true
 	return reconcile.Result{}, nil
+}
+
+// refreshInterval is the time until the next read of Ready workspace ws
+// from its agent, with ws.Status as this pass read it there.
+//
+// A workspace that runs no task is quiet: its files, bytes used and egress
+// refusals change only through a task, and a task's creation and each
+// change of its phase reconcile the workspace (taskPhaseChanged), as do
+// its agent's disconnect and return (AgentRegistryOptions.AgentChanged)
+// and its Node's deletion. Such a workspace is read every
+// WorkspaceIdleRefreshInterval, so that held workspaces cost the
+// controller and the agents little while they wait (docs/scaling.md,
+// "Live workspaces"). One with spec.egress.inject is not quiet: a changed
+// Secret value reaches its agent at the next read.
+func (r *BashWorkspaceReconciler) refreshInterval(ws *bashtaskv1alpha1.BashWorkspace) time.Duration {
+	quiet := ptr.Deref(ws.Status.RunningTasks, 0) == 0 && (ws.Spec.Egress == nil || len(ws.Spec.Egress.Inject) == 0)
+	if quiet && r.opts.WorkspaceIdleRefreshInterval > 0 {
+		return r.opts.WorkspaceIdleRefreshInterval
+	}
+	return r.opts.WorkspaceRefreshInterval
 }
 
 // hasUnfinishedTasks reports whether a task naming ws has not finished,

@@ -50,6 +50,7 @@ type options struct {
 	progressInterval, agentLost    time.Duration
 	runningDelay                   time.Duration
 	workspaceRefresh               time.Duration
+	workspaceIdleRefresh           time.Duration
 	workspaceSnapshotAfterTask     time.Duration
 	orphanCheckInterval            time.Duration
 	statusBudget                   int
@@ -111,6 +112,7 @@ func newCommand() *cobra.Command {
 	f.DurationVar(&o.progressInterval, "progress-interval", d.ProgressInterval, "shortest time between two output-tail refreshes of a running task's status")
 	f.DurationVar(&o.runningDelay, "running-status-delay", d.RunningStatusDelay, "how long after dispatch the first Running status is held back; a task that ends sooner is written once, terminal")
 	f.DurationVar(&o.workspaceRefresh, "workspace-refresh-interval", d.WorkspaceRefreshInterval, "time between two reads of a Ready BashWorkspace's state on its agent (bytes used, running tasks) when none of its tasks changed")
+	f.DurationVar(&o.workspaceIdleRefresh, "workspace-idle-refresh-interval", d.WorkspaceIdleRefreshInterval, "time between two reads of a Ready BashWorkspace that runs no task and has no spec.egress.inject: its state changes only with a task, its agent's disconnect or return, or its Node's deletion, each of which reads it at once; 0 uses --workspace-refresh-interval")
 	f.DurationVar(&o.workspaceSnapshotAfterTask, "workspace-snapshot-after-task", d.WorkspaceSnapshotAfterTask, "how long after its last task ended a BashWorkspace that changed since its last snapshot is snapshotted, unless its spec.snapshot.afterTaskSeconds says otherwise; 0 turns it off")
 	f.DurationVar(&o.agentLost, "agent-lost-after", d.AgentLostAfter, "time an agent may be unreachable before its running tasks become AgentLost")
 	f.DurationVar(&o.orphanCheckInterval, "orphan-check-interval", d.OrphanCheckInterval, "time between two checks of every task the agents hold against the API; a task whose BashTask no longer exists is stopped and forgotten (also checked on every agent connect and deletion); 0 disables the periodic check")
@@ -254,6 +256,7 @@ func (o *options) reconcilerOptions(tolerations []corev1.Toleration) controllers
 	ropts.ProgressInterval = o.progressInterval
 	ropts.AgentLostAfter = o.agentLost
 	ropts.WorkspaceRefreshInterval = o.workspaceRefresh
+	ropts.WorkspaceIdleRefreshInterval = o.workspaceIdleRefresh
 	ropts.WorkspaceSnapshotAfterTask = o.workspaceSnapshotAfterTask
 	ropts.RunningStatusDelay = o.runningDelay
 	ropts.OrphanCheckInterval = o.orphanCheckInterval

@@ -43,6 +43,10 @@ func run(m *testing.M) int {
 	opts.AgentLostAfter = agentLostAfter
 	opts.RetryInterval = 500 * time.Millisecond
 	opts.ProgressInterval = 500 * time.Millisecond
+	// Workspaces that run a task are read every second; quiet ones keep
+	// the default --workspace-idle-refresh-interval (minutes), so that a
+	// lost agent or Node is seen through the events that reconcile its
+	// workspaces, not through a read that happens to come.
 	opts.WorkspaceRefreshInterval = time.Second
 	var err error
 	rig, err = testrig.Start(testrig.Options{

@@ -321,6 +321,9 @@ func TestIdleTimeout(t *testing.T) {
 // A workspace whose agent stays unreachable past --agent-lost-after is
 // NodeLost: the object is kept, tasks naming it are refused
 // (WorkspaceUnavailable), and deleting it does not wait for the agent.
+// The workspace runs no task, so only the agent's disconnect, not a
+// periodic read, can start the count in time (the idle refresh is
+// minutes, waitPhase waits 30 s).
 func TestAgentLost(t *testing.T) {
 	ns := newNamespace(t)
 	ws := newWorkspace(ns, "far", func(ws *v1.BashWorkspace) { ws.Spec.NodeName = ptr.To("node-c") })
