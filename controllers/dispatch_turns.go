@@ -48,11 +48,11 @@ func (r *BashTaskReconciler) takeTurn(ctx context.Context, bt *bashtaskv1alpha1.
 	if pl.reason == ReasonNoAgent && pl.invalid == "" {
 		f.enter(bt, now, fits)
 		if w := f.waiting[key]; w != nil && len(w.nodes) == 0 {
-			delete(f.waiting, key) // it fits no agent: no slot helps
+			f.unwait(key) // it fits no agent: no slot helps
 		}
 		return pl, nil
 	}
-	delete(f.waiting, key)
+	f.unwait(key)
 	return pl, nil
 }
 

@@ -43,8 +43,10 @@ type fairShare struct {
 	// mu serializes placement decisions: a decision reads the waiting
 	// tasks and the held slots and changes them before the next starts.
 	mu sync.Mutex
-	// waiting are the tasks waiting for a slot, by key.
+	// waiting are the tasks waiting for a slot, by key; queue holds the
+	// same tasks in turn order. Change both through wait and unwait.
 	waiting map[types.NamespacedName]*waiter
+	queue   waitQueue
 	// placed are the tasks placed by this process whose dispatch the
 	// cache may not show yet, by key.
 	placed map[types.NamespacedName]*placedTask
@@ -124,32 +126,54 @@ func turnOrder(a, b contender) int {
 	)
 }
 
-// claimSlots gives the free slots (node to free slots) to the claimants,
-// which come in turn order: each takes one slot on the agent among its
-// nodes with the most slots left (ties by node name), as placement would
-// take the least loaded. It returns the slots claimed per node and who
-// claimed them. A claimant that fits no node with a slot left claims
-// nothing; the rest go on.
-func claimSlots(free map[string]int, ahead []claimant) (map[string]int, []types.NamespacedName) {
-	left := maps.Clone(free)
-	claimed := map[string]int{}
-	var winners []types.NamespacedName
-	nodes := slices.Sorted(maps.Keys(left))
-	for _, c := range ahead {
-		best := ""
-		for _, n := range nodes {
-			if left[n] > 0 && c.nodes[n] && (best == "" || left[n] > left[best]) {
-				best = n
-			}
-		}
-		if best == "" {
-			continue
-		}
-		left[best]--
-		claimed[best]++
-		winners = append(winners, c.key)
+// slotClaims gives free slots (node to free slots) to claimants that
+// come in turn order: each takes one slot on the agent among its nodes
+// with the most slots left (ties by node name), as placement would take
+// the least loaded. A claimant that fits no node with a slot left claims
+// nothing.
+type slotClaims struct {
+	left      map[string]int
+	nodes     []string
+	remaining int
+	// claimed are the slots claimed per node, winners who claimed them.
+	claimed map[string]int
+	winners []types.NamespacedName
+}
+
+func newSlotClaims(free map[string]int) *slotClaims {
+	cl := &slotClaims{left: maps.Clone(free), nodes: slices.Sorted(maps.Keys(free)), claimed: map[string]int{}}
+	for _, k := range free {
+		cl.remaining += max(k, 0)
 	}
-	return claimed, winners
+	return cl
+}
+
+// claim gives c a slot if one of its nodes has one left.
+func (cl *slotClaims) claim(c claimant) {
+	best := ""
+	for _, n := range cl.nodes {
+		if cl.left[n] > 0 && c.nodes[n] && (best == "" || cl.left[n] > cl.left[best]) {
+			best = n
+		}
+	}
+	if best == "" {
+		return
+	}
+	cl.left[best]--
+	cl.remaining--
+	cl.claimed[best]++
+	cl.winners = append(cl.winners, c.key)
+}
+
+// claimSlots gives the free slots to the claimants, which come in turn
+// order (see slotClaims), and returns the slots claimed per node and who
+// claimed them.
+func claimSlots(free map[string]int, ahead []claimant) (map[string]int, []types.NamespacedName) {
+	cl := newSlotClaims(free)
+	for _, c := range ahead {
+		cl.claim(c)
+	}
+	return cl.claimed, cl.winners
 }
 
 // slotView is the agents as one placement sees them: each agent's running
@@ -208,11 +232,10 @@ func (f *fairShare) views(ctx context.Context, c client.Reader, agents agentList
 	if err != nil {
 		return v, err
 	}
-	ahead, err := f.ahead(ctx, &counts, me, free)
+	claimed, winners, err := f.ahead(ctx, &counts, me, free)
 	if err != nil {
 		return v, err
 	}
-	claimed, winners := claimSlots(free, ahead)
 	extra := maps.Clone(held)
 	for n, k := range claimed {
 		extra[n] += k
@@ -251,40 +274,27 @@ func (f *fairShare) contenderOf(ctx context.Context, counts *ownerCounts, bt *ba
 	return contender{key: key, running: n, created: bt.CreationTimestamp.Time, since: since}, nil
 }
 
-// ahead returns the waiting tasks before me in the turn order that fit
-// an agent with a free slot, in turn order.
-func (f *fairShare) ahead(ctx context.Context, counts *ownerCounts, me contender, free map[string]int) ([]claimant, error) {
-	type ranked struct {
-		contender
-		nodes map[string]bool
-	}
-	var before []ranked
-	for key, w := range f.waiting {
-		if key == me.key || !fitsAny(w.nodes, free) {
-			continue
+// ahead gives the free slots to the waiting tasks before me in the turn
+// order, as claimSlots does, and returns the slots claimed per node and
+// who claimed them. It stops at me or once no slot is left, so that it
+// reads the tasks that claim a slot, not every waiting task.
+func (f *fairShare) ahead(ctx context.Context, counts *ownerCounts, me contender, free map[string]int) (map[string]int, []types.NamespacedName, error) {
+	cl := newSlotClaims(free)
+	fits := func(w *waiter) bool { return w.key != me.key && fitsAny(w.nodes, cl.left) }
+	err := f.queue.inTurn(ctx, counts, fits, func(c contender, w *waiter) bool {
+		if turnOrder(c, me) >= 0 {
+			return false
 		}
-		n, err := counts.of(ctx, w.owner)
-		if err != nil {
-			return nil, err
-		}
-		c := w.contender
-		c.running = w.ownRunning(n)
-		if turnOrder(c, me) < 0 {
-			before = append(before, ranked{c, w.nodes})
-		}
-	}
-	slices.SortFunc(before, func(a, b ranked) int { return turnOrder(a.contender, b.contender) })
-	out := make([]claimant, len(before))
-	for i, r := range before {
-		out[i] = claimant{key: r.key, nodes: r.nodes}
-	}
-	return out, nil
+		cl.claim(claimant{key: c.key, nodes: w.nodes})
+		return cl.remaining > 0
+	})
+	return cl.claimed, cl.winners, err
 }
 
 // fitsAny reports whether one of nodes has a free slot.
 func fitsAny(nodes map[string]bool, free map[string]int) bool {
-	for n := range free {
-		if nodes[n] {
+	for n, k := range free {
+		if k > 0 && nodes[n] {
 			return true
 		}
 	}
@@ -354,7 +364,7 @@ func (f *fairShare) enter(bt *bashtaskv1alpha1.BashTask, now time.Time, fits fun
 			contender: contender{key: key, created: bt.CreationTimestamp.Time, since: now},
 			owner:     ptr.Deref(bt.Spec.Owner, ""),
 		}
-		f.waiting[key] = w
+		f.wait(w)
 	}
 	if w.nodes == nil || now.Sub(w.measured) > waiterRefresh {
 		w.nodes, w.measured = fits(), now
@@ -379,7 +389,7 @@ func (f *fairShare) hold(key types.NamespacedName, node, owner string, now time.
 	if w := f.waiting[key]; w != nil {
 		p.since = w.since
 	}
-	delete(f.waiting, key)
+	f.unwait(key)
 	f.placed[key] = p
 }
 
@@ -402,9 +412,25 @@ func (f *fairShare) refused(bt *bashtaskv1alpha1.BashTask, node string, now time
 	w := f.waiting[key]
 	if w == nil {
 		w = &waiter{contender: contender{key: key, created: bt.CreationTimestamp.Time, since: since}, owner: ptr.Deref(bt.Spec.Owner, "")}
-		f.waiting[key] = w
+	} else {
+		f.unwait(key) // its stream changes
 	}
 	w.nodes, w.measured, w.assigned = map[string]bool{node: true}, now, true
+	f.wait(w)
+}
+
+// wait records w as waiting. The caller holds f.mu.
+func (f *fairShare) wait(w *waiter) {
+	f.waiting[w.key] = w
+	f.queue.add(w)
+}
+
+// unwait removes key from the waiting tasks. The caller holds f.mu.
+func (f *fairShare) unwait(key types.NamespacedName) {
+	if w := f.waiting[key]; w != nil {
+		delete(f.waiting, key)
+		f.queue.remove(w)
+	}
 }
 
 // assignedWaiting reports whether key is an assigned waiter (see refused).
@@ -436,7 +462,7 @@ func (f *fairShare) drop(key types.NamespacedName) {
 func (f *fairShare) leave(key types.NamespacedName) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	delete(f.waiting, key)
+	f.unwait(key)
 }
 
 // seen notes that the cache shows key dispatched or terminal: it no
@@ -446,7 +472,7 @@ func (f *fairShare) seen(key types.NamespacedName, terminal bool) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if w := f.waiting[key]; w != nil && (!w.assigned || terminal) {
-		delete(f.waiting, key)
+		f.unwait(key)
 	}
 	if p := f.placed[key]; p != nil && p.started {
 		delete(f.placed, key)
@@ -457,7 +483,7 @@ func (f *fairShare) seen(key types.NamespacedName, terminal bool) {
 func (f *fairShare) forget(key types.NamespacedName) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	delete(f.waiting, key)
+	f.unwait(key)
 	delete(f.placed, key)
 }
 
@@ -489,24 +515,20 @@ func (f *fairShare) next(ctx context.Context, c client.Reader, a agentpool.Agent
 		}
 	}
 	slots := max(1, a.Capacity-a.Running-held)
-	counts := ownerCounts{reader: c, placed: f.placed, n: map[string]int{}}
-	var cands []contender
-	for _, w := range f.waiting {
-		if !w.nodes[a.Node] {
-			continue
-		}
-		n, err := counts.of(ctx, w.owner)
-		if err != nil {
-			return nil, err
-		}
-		cw := w.contender
-		cw.running = w.ownRunning(n)
-		cands = append(cands, cw)
-	}
-	slices.SortFunc(cands, turnOrder)
-	out := make([]types.NamespacedName, 0, min(slots, len(cands)))
-	for _, cw := range cands[:min(slots, len(cands))] {
-		out = append(out, cw.key)
+	return f.first(ctx, &ownerCounts{reader: c, placed: f.placed, n: map[string]int{}}, a.Node, slots)
+}
+
+// first returns the first slots waiting tasks that fit node, in turn
+// order. The caller holds f.mu.
+func (f *fairShare) first(ctx context.Context, counts *ownerCounts, node string, slots int) ([]types.NamespacedName, error) {
+	var out []types.NamespacedName
+	fits := func(w *waiter) bool { return w.nodes[node] }
+	err := f.queue.inTurn(ctx, counts, fits, func(c contender, _ *waiter) bool {
+		out = append(out, c.key)
+		return len(out) < slots
+	})
+	if err != nil {
+		return nil, err
 	}
 	return out, nil
 }
