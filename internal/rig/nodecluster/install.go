@@ -88,11 +88,17 @@ func (c *Cluster) Install(ctx context.Context, r Release) error {
 
 // WaitReleaseReady waits until the namespace has pods and all of them run
 // and are Ready, and there is no pod of an older revision left terminating.
+// A container that waits for a reason no retry changes (ErrImageNeverPull,
+// InvalidImageName) ends the wait at once; one that waits for a reason the
+// kubelet retries (a Secret its cache has not synced yet, an image pull, a
+// crash loop) ends it only once it has waited for that reason for
+// stuckWaitingGrace.
 func (c *Cluster) WaitReleaseReady(ctx context.Context, namespace string, timeout time.Duration) error {
 	cs, err := c.Clientset()
 	if err != nil {
 		return err
 	}
+	stuck := stuckWaiting{since: map[string]time.Time{}}
 	return c.waitFor(ctx, "the pods of namespace "+namespace+" Ready", "", timeout, func(ctx context.Context) error {
 		pods, err := cs.CoreV1().Pods(namespace).List(ctx, metav1.ListOptions{})
 		if err != nil {
@@ -101,13 +107,11 @@ func (c *Cluster) WaitReleaseReady(ctx context.Context, namespace string, timeou
 		if len(pods.Items) == 0 {
 			return fmt.Errorf("no pods in %s yet", namespace)
 		}
+		now := time.Now()
 		for _, p := range pods.Items {
 			for _, s := range p.Status.ContainerStatuses {
-				if w := s.State.Waiting; w != nil {
-					switch w.Reason {
-					case "CrashLoopBackOff", "ErrImageNeverPull", "ImagePullBackOff", "ErrImagePull", "CreateContainerConfigError", "CreateContainerError", "InvalidImageName":
-						return stopWaiting{fmt.Errorf("pod %s/%s: container %s is %s: %s", namespace, p.Name, s.Name, w.Reason, w.Message)}
-					}
+				if err := stuck.check(now, namespace, p.Name, s); err != nil {
+					return err
 				}
 			}
 			if p.DeletionTimestamp != nil {
@@ -188,3 +192,46 @@ func (c *Cluster) Diagnose(ctx context.Context, w io.Writer) {
 }
 
 func ptr[T any](v T) *T { return &v }
+
+// stuckWaitingGrace is how long a container may wait for a reason the
+// kubelet retries before a wait for the release gives up on it. The
+// kubelet's Secret and ConfigMap caches time out after about two minutes
+// of a slow API server and then sync on the next attempt; a minute covers
+// a start-up with the API server busy and still ends a real fault early.
+const stuckWaitingGrace = time.Minute
+
+// stuckWaiting remembers since when each container has waited for the
+// reason it waits for now.
+type stuckWaiting struct {
+	since map[string]time.Time // "pod/container/reason" to the first time seen
+}
+
+// check returns a stopWaiting error when the container waits for a reason
+// no retry changes, or has waited for a retried one for longer than
+// stuckWaitingGrace; a plain error (wait on) while it waits for a retried
+// one; nil when it does not wait or waits for another reason
+// (ContainerCreating, PodInitializing).
+func (s stuckWaiting) check(now time.Time, namespace, pod string, st corev1.ContainerStatus) error {
+	w := st.State.Waiting
+	if w == nil {
+		return nil
+	}
+	fail := stopWaiting{fmt.Errorf("pod %s/%s: container %s is %s: %s", namespace, pod, st.Name, w.Reason, w.Message)}
+	switch w.Reason {
+	case "ErrImageNeverPull", "InvalidImageName":
+		return fail
+	case "CrashLoopBackOff", "ImagePullBackOff", "ErrImagePull", "CreateContainerConfigError", "CreateContainerError":
+		key := pod + "/" + st.Name + "/" + w.Reason
+		first, ok := s.since[key]
+		if !ok {
+			s.since[key] = now
+			return fail.error
+		}
+		if now.Sub(first) > stuckWaitingGrace {
+			fail.error = fmt.Errorf("%w (for %s)", fail.error, now.Sub(first).Round(time.Second))
+			return fail
+		}
+		return fail.error // retried: waited on, and named if the wait times out
+	}
+	return nil
+}
