@@ -167,9 +167,12 @@ type Executor struct {
 	taskProcs  int64
 	noLandlock bool
 	noSeccomp  bool
-	caps       Capabilities
-	pool       *shimPool // nil: every tenant task starts its own shim
-	idmaps     idmaps    // the user namespaces of image roots' idmapped layers
+	// seccompFilter is the tenant level's seccomp filter as shim.EncodeFilter
+	// encodes it, assembled once by detectCapabilities; nil with noSeccomp.
+	seccompFilter []byte
+	caps          Capabilities
+	pool          *shimPool // nil: every tenant task starts its own shim
+	idmaps        idmaps    // the user namespaces of image roots' idmapped layers
 
 	quota       *diskQuota // nil: no disk quota
 	quotaWanted bool       // Config.DiskQuotaBytes set; with quota nil the node cannot

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/bashtask/bashtask-operator/executor/seccomp"
 	"github.com/bashtask/bashtask-operator/executor/shim"
 )
 
@@ -20,15 +21,23 @@ const probeTimeout = 30 * time.Second
 func (e *Executor) detectCapabilities() error {
 	e.caps = Capabilities{
 		LandlockABI: shim.LandlockABI(),
-		Seccomp:     shim.SeccompSupported(),
+		Seccomp:     seccomp.Supported(),
 		Cgroup:      e.cg != nil,
 		Pids:        slices.Contains(e.Controllers(), "pids"),
 	}
 	if e.isolation != IsolationTenant {
 		return nil
 	}
-	if !e.noSeccomp && !e.caps.Seccomp {
-		return fmt.Errorf("%w: the kernel has no seccomp filters", ErrIsolation)
+	if !e.noSeccomp {
+		if !e.caps.Seccomp {
+			return fmt.Errorf("%w: the kernel has no seccomp filters", ErrIsolation)
+		}
+		// Assembled once here and handed to every shim in its Config.
+		prog, err := seccomp.Assemble()
+		if err != nil {
+			return fmt.Errorf("%w: %w", ErrIsolation, err)
+		}
+		e.seccompFilter = shim.EncodeFilter(prog)
 	}
 	task, err := e.Start(Spec{Command: "exit 0", Network: NetworkNone, Timeout: probeTimeout, SpillDir: "", TailBytes: 1024, SpillLimitBytes: 1})
 	if err != nil {

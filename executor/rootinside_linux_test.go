@@ -53,7 +53,8 @@ func TestImageRootInsideAptGet(t *testing.T) {
 apt-get install -y /tmp/hello.deb 2>&1; echo apt=$?
 ls -ln /tmp /tmp/hello.deb
 echo owner=$(stat -c %u:%g /usr/share/bashtask-hello/greeting)
-while [ ! -e ~/go ]; do sleep 0.05; done`, "", false)
+while [ ! -e ~/go ]; do sleep 0.05; done
+echo seccomp=$(awk '/^Seccomp:/{print $2}' /proc/self/status)`, "", false)
 	spec.Root = root
 	task, err := ex.Start(spec)
 	if err != nil {
@@ -105,7 +106,8 @@ func readShellStatus(t *testing.T, shim int) string {
 // Root inside keeps the tenant rules: the task, uid 0 of its namespace,
 // cannot mount, make a user namespace, read a file of another UID
 // (0600), write where Landlock forbids (/proc/sys) or gain anything
-// from a set-user-ID file.
+// from a set-user-ID file; and it runs under the seccomp filter, which the
+// second stage reads from its memfd.
 func TestImageRootInsideTenantRules(t *testing.T) {
 	t.Parallel()
 	img := buildDpkgImage(t)
@@ -132,11 +134,12 @@ unshare -m true 2>/dev/null && echo mountns=yes || echo mountns=no
 cat ~/secret 2>/dev/null && echo read=yes || echo read=no
 echo 1 > /proc/sys/kernel/hostname 2>/dev/null && echo procsys=yes || echo procsys=no
 echo suid=$(suid-bash -pc 'grep -E "^(Uid|CapEff)" /proc/self/status' | tr -d '\t\n')
-chroot / true 2>/dev/null && echo chroot=yes || echo chroot=no`, "", false)
+chroot / true 2>/dev/null && echo chroot=yes || echo chroot=no
+echo seccomp=$(awk '/^Seccomp:/{print $2}' /proc/self/status)`, "", false)
 	spec.Root = root
 	res := run(t, ex, spec)
 	wants := []string{"mount=no\n", "userns=no\n", "mountns=no\n", "read=no\n", "procsys=no\n",
-		"suid=Uid:0000CapEff:0000000000000000\n", "chroot=no\n"}
+		"suid=Uid:0000CapEff:0000000000000000\n", "chroot=no\n", "seccomp=2\n"}
 	for _, want := range wants {
 		if res.Reason != ReasonSucceeded || !strings.Contains(res.Stdout.Tail, want) {
 			t.Errorf("%s: %s: stdout lacks %q:\n%s\nstderr:\n%s", res.Reason, res.Message, want, res.Stdout.Tail, res.Stderr.Tail)

@@ -4,30 +4,24 @@ package shim
 
 import (
 	"fmt"
-	"unsafe"
 
-	seccomp "github.com/elastic/go-seccomp-bpf"
 	"github.com/landlock-lsm/go-landlock/landlock"
 	llsyscall "github.com/landlock-lsm/go-landlock/landlock/syscall"
 	"golang.org/x/sys/unix"
 )
 
-// seccompStep installs the filter, assembled before the Config arrived,
+// seccompStep installs the Config's filter (assembled once by the agent)
 // on this thread (see run), so the shell and everything it starts inherit
 // it. It is the last step: the shim's own remaining work (fork without
 // namespace flags, exec, wait4, kill, the Go runtime's futexes, memory
 // and signal calls) is all allowed.
 func seccompStep(st *state) error {
-	if !st.cfg.Seccomp || st.rootInside() {
+	if st.seccomp == nil || st.rootInside() {
 		return nil // a root-inside task's second stage loads it (execInside)
 	}
 	// no_new_privs, which an unprivileged filter requires, is set by an
 	// earlier step.
-	prog := unix.SockFprog{Len: uint16(len(st.seccomp)), Filter: &st.seccomp[0]}
-	if _, _, e := unix.Syscall(unix.SYS_SECCOMP, unix.SECCOMP_SET_MODE_FILTER, 0, uintptr(unsafe.Pointer(&prog))); e != 0 {
-		return fmt.Errorf("loading the seccomp filter: %w", e)
-	}
-	return nil
+	return loadFilter(st.seccomp)
 }
 
 // devFiles are the device files a task may write to.
@@ -110,6 +104,3 @@ func LandlockABI() int {
 	}
 	return int(v)
 }
-
-// SeccompSupported reports whether the kernel offers seccomp filters.
-func SeccompSupported() bool { return seccomp.Supported() }

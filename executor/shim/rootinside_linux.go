@@ -97,9 +97,10 @@ func writeAptSandboxConf(st *state) error {
 }
 
 // insideLaunch turns the shell's start into the second stage's: argv,
-// the ruleset's descriptor among files, and the user namespace's clone
-// flag, maps and IDs in sys.
-func insideLaunch(st *state, argv []string, files []*os.File, sys *syscall.SysProcAttr) (string, []string, []*os.File) {
+// the ruleset's and the seccomp filter's descriptors among files, and the
+// user namespace's clone flag, maps and IDs in sys. It returns an error
+// when the filter's memfd cannot be made.
+func insideLaunch(st *state, argv []string, files []*os.File, sys *syscall.SysProcAttr) (string, []string, []*os.File, error) {
 	uid, gid := int(*st.cfg.UID), int(*st.cfg.GID)
 	sys.Cloneflags |= unix.CLONE_NEWUSER
 	sys.UidMappings = []syscall.SysProcIDMap{{ContainerID: 0, HostID: uid, Size: 1}}
@@ -111,11 +112,44 @@ func insideLaunch(st *state, argv []string, files []*os.File, sys *syscall.SysPr
 		landlock = strconv.FormatUint(uint64(st.landlock.flags), 10)
 		files = append(files, os.NewFile(uintptr(st.landlock.fd), "landlock"))
 	}
-	seccomp := "0"
-	if st.cfg.Seccomp {
-		seccomp = "1"
+	seccomp := "-"
+	if st.seccomp != nil {
+		// The second stage cannot read the Config: the filter goes to it
+		// in a memfd, read and closed before the shell starts.
+		fd, err := unix.MemfdCreate("bashtask-seccomp", unix.MFD_CLOEXEC)
+		if err != nil {
+			return "", nil, nil, fmt.Errorf("a memfd for the seccomp filter: %w", err)
+		}
+		if _, err := unix.Pwrite(fd, st.cfg.SeccompFilter, 0); err != nil {
+			unix.Close(fd)
+			return "", nil, nil, fmt.Errorf("writing the seccomp filter's memfd: %w", err)
+		}
+		seccomp = strconv.Itoa(len(files))
+		files = append(files, os.NewFile(uintptr(fd), "seccomp"))
 	}
-	return "/proc/self/exe", append([]string{ExecArg0, seccomp, landlock}, argv...), files
+	return "/proc/self/exe", append([]string{ExecArg0, seccomp, landlock}, argv...), files, nil
+}
+
+// readFilter reads and closes the second stage's seccomp filter from the
+// memfd whose descriptor arg names.
+func readFilter(arg string) ([]unix.SockFilter, error) {
+	fd, err := strconv.Atoi(arg)
+	if err != nil || fd < 3 {
+		return nil, fmt.Errorf("the seccomp filter's descriptor %q: not a descriptor past the streams", arg)
+	}
+	defer unix.Close(fd)
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return nil, fmt.Errorf("the seccomp filter's memfd: %w", err)
+	}
+	if st.Size > maxFilterInsns*sockFilterSize {
+		return nil, fmt.Errorf("the seccomp filter's memfd holds %d bytes, more than %d instructions", st.Size, maxFilterInsns)
+	}
+	b := make([]byte, st.Size)
+	if n, err := unix.Pread(fd, b, 0); err != nil || n != len(b) {
+		return nil, fmt.Errorf("reading the seccomp filter's memfd: %d of %d bytes: %v", n, len(b), err)
+	}
+	return decodeFilter(b)
 }
 
 // landlockRuleset is a Landlock ruleset made by the landlock step and
@@ -125,8 +159,8 @@ type landlockRuleset struct {
 	flags uint32
 }
 
-// execInside is the second stage (ExecArg0): args are the seccomp switch
-// ("1" or "0"), the Landlock flags ("-" for no ruleset), then the shell's
+// execInside is the second stage (ExecArg0): args are the seccomp filter's
+// descriptor ("-" for no filter), the Landlock flags ("-" for no ruleset), then the shell's
 // argv. It returns only on a failure, with 127.
 func execInside(args []string) int {
 	runtime.LockOSThread()
@@ -139,7 +173,16 @@ func execInside(args []string) int {
 // returns only the error that stopped it.
 func insideSteps(args []string) error {
 	if len(args) < 3 {
-		return fmt.Errorf("want the seccomp switch, the Landlock flags and the shell's argv, got %d arguments", len(args))
+		return fmt.Errorf("want the seccomp filter's descriptor, the Landlock flags and the shell's argv, got %d arguments", len(args))
+	}
+	// Read first: with no Landlock ruleset the filter's descriptor may be
+	// insideLandlockFD's number.
+	var filter []unix.SockFilter
+	if args[0] != "-" {
+		var err error
+		if filter, err = readFilter(args[0]); err != nil {
+			return err
+		}
 	}
 	if err := dropCapabilities(); err != nil {
 		return err
@@ -155,16 +198,11 @@ func insideSteps(args []string) error {
 		if err := llsyscall.LandlockRestrictSelf(insideLandlockFD, uint32(flags)); err != nil {
 			return fmt.Errorf("landlock_restrict_self: %w", err)
 		}
+		unix.Close(insideLandlockFD)
 	}
-	unix.Close(insideLandlockFD)
-	if args[0] == "1" {
-		prog, err := assembleSeccomp()
-		if err != nil {
+	if filter != nil {
+		if err := loadFilter(filter); err != nil {
 			return err
-		}
-		fprog := unix.SockFprog{Len: uint16(len(prog)), Filter: &prog[0]}
-		if _, _, e := unix.Syscall(unix.SYS_SECCOMP, unix.SECCOMP_SET_MODE_FILTER, 0, uintptr(unsafe.Pointer(&fprog))); e != 0 {
-			return fmt.Errorf("loading the seccomp filter: %w", e)
 		}
 	}
 	argv := args[2:]

@@ -121,8 +121,10 @@ type Config struct {
 	// Landlock applies the Landlock rules best effort (nothing on a kernel
 	// without Landlock).
 	Landlock bool `json:"landlock,omitempty"`
-	// Seccomp installs the seccomp filter (see [AllowedSyscalls]).
-	Seccomp bool `json:"seccomp,omitempty"`
+	// SeccompFilter is the seccomp filter the shim installs on the shell,
+	// as [EncodeFilter] encodes it: the program the agent assembled once
+	// from its tables (package executor/seccomp); empty for none.
+	SeccompFilter []byte `json:"seccompFilter,omitempty"`
 	// NetNS says that the Config's descriptors carry, after the work
 	// tree (and before RootConfig.IDMapped's and the lease's), a network namespace (a workspace's) that the shim joins
 	// with setns(2) before its first other step; the shim is then started
@@ -307,7 +309,7 @@ type StartDir struct {
 // does not understand; the ready report names the shim's Protocol and the
 // executor refuses a shim whose Protocol is not its own. Any change to
 // [Config] or to the reports bumps it.
-const Protocol = "7"
+const Protocol = "8"
 
 // ReadyLine is the shim's first report, written once it runs and before it
 // reads its Config: "ready" and the shim's [Protocol].

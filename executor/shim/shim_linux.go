@@ -36,7 +36,7 @@ type state struct {
 	netns     int               // the workspace's network namespace (Config.NetNS), -1 once joined
 	userns    int               // the layers' idmap (RootConfig.IDMapped), -1 for none
 	ws        wsState           // a workspace task's (Config.Workspace)
-	seccomp   []unix.SockFilter // the filter, assembled before the Config arrives
+	seccomp   []unix.SockFilter // the filter of the Config; nil for none
 	nodeUsers nodeUserFiles     // the node's passwd and group, read before the Config arrives
 	fence     fence             // a fenced task's (Config.LeaseMillis)
 	shell     string            // the shell's path, set by the shell step
@@ -108,11 +108,6 @@ func run() int {
 	// A workspace task's rc files, both kinds: made on the start's path,
 	// the first run of their code was a twentieth of a millisecond.
 	st.ws.rc = [2][]byte{CarryRC(false), CarryRC(true)}
-	prog, err := assembleSeccomp()
-	if err != nil {
-		return fail("seccomp", err)
-	}
-	st.seccomp = prog
 	st.nodeUsers = readNodeUserFiles()
 	if _, err := io.WriteString(report, ReadyLine); err != nil {
 		return 127 // nobody reads the reports: the parent is gone
@@ -134,6 +129,9 @@ func run() int {
 	}
 	if err == nil {
 		err = st.checkRootInside()
+	}
+	if err == nil && len(st.cfg.SeccompFilter) > 0 {
+		st.seccomp, err = decodeFilter(st.cfg.SeccompFilter)
 	}
 	for _, fd := range fds {
 		unix.Close(fd)
@@ -595,7 +593,9 @@ func superviseShell(st *state, sigs <-chan os.Signal) (int, error) {
 		}
 	}
 	if st.rootInside() {
-		path, argv, files = insideLaunch(st, argv, files, sys)
+		if path, argv, files, err = insideLaunch(st, argv, files, sys); err != nil {
+			return 0, err
+		}
 		// Root again for the namespace's maps, which the fork writes.
 		_, _, _ = unix.RawSyscall(unix.SYS_SETFSUID, 0, 0, 0)
 		_, _, _ = unix.RawSyscall(unix.SYS_SETFSGID, 0, 0, 0)

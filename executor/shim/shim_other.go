@@ -15,9 +15,6 @@ func run() int {
 // LandlockABI is 0: Landlock is Linux only.
 func LandlockABI() int { return 0 }
 
-// SeccompSupported is false: seccomp is Linux only.
-func SeccompSupported() bool { return false }
-
 func execInside([]string) int {
 	fmt.Fprintln(os.Stderr, "the task shim runs on Linux only")
 	return 127

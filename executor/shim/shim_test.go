@@ -44,7 +44,7 @@ func TestParseReport(t *testing.T) {
 // they read differently: a change to Config's fields fails this test until
 // Protocol is bumped and the list below updated with it.
 func TestProtocolCoversConfig(t *testing.T) {
-	const wantProtocol = "7"
+	const wantProtocol = "8"
 	want := strings.Join([]string{
 		"Shell string shell", "Command string command", "Env []string env",
 		"WorkDir string workDir", "WorkTree bool workTree,omitempty",
@@ -54,7 +54,7 @@ func TestProtocolCoversConfig(t *testing.T) {
 		"ResolvConf string resolvConf,omitempty", "RunPaths []string runPaths,omitempty",
 		"NProc uint64 nproc,omitempty", "UID *uint32 uid,omitempty", "GID *uint32 gid,omitempty",
 		"User *shim.UserEntry user,omitempty",
-		"Landlock bool landlock,omitempty", "Seccomp bool seccomp,omitempty",
+		"Landlock bool landlock,omitempty", "SeccompFilter []uint8 seccompFilter,omitempty",
 		"NetNS bool netns,omitempty", "Workspace *shim.WorkspaceConfig workspace,omitempty",
 		"LeaseMillis int64 leaseMillis,omitempty", "Root *shim.RootConfig root,omitempty",
 	}, "\n")

@@ -1,12 +1,13 @@
 //go:build linux
 
-package shim
+package seccomp
 
 import (
 	"encoding/binary"
 	"fmt"
 	"slices"
 
+	seccompbpf "github.com/elastic/go-seccomp-bpf"
 	"github.com/elastic/go-seccomp-bpf/arch"
 	"golang.org/x/net/bpf"
 	"golang.org/x/sys/unix"
@@ -373,7 +374,12 @@ func actions(a *arch.Info) (map[uint32]uint32, map[uint32]*argRule, error) {
 	return acts, rules, nil
 }
 
-// assembleSeccomp assembles the filter for the agent's architecture. The
+// Assemble assembles the filter for the agent's architecture, as the
+// kernel's struct sock_filter array that seccomp(2) loads; the agent does
+// it once and hands the result to each task's shim in its Config (see
+// shim.EncodeFilter), so that no shim builds the system-call tables
+// again. It returns an error when the architecture has no table here or
+// the program does not assemble. The
 // first check refuses, with ENOSYS, every system call made through another
 // architecture's entry (the 32-bit int 0x80 on x86-64, AArch32 on arm64),
 // whose numbers mean other calls. Then a binary search over the call
@@ -382,7 +388,7 @@ func actions(a *arch.Info) (map[uint32]uint32, map[uint32]*argRule, error) {
 // calls allowed whatever their arguments cost nothing after the first:
 // the kernel (from 5.11) finds the filter's constant answers for them when
 // it is loaded and skips the filter for those.
-func assembleSeccomp() ([]unix.SockFilter, error) {
+func Assemble() ([]unix.SockFilter, error) {
 	insts, err := seccompProgram()
 	if err != nil {
 		return nil, err
@@ -467,3 +473,7 @@ func search(spans []span) []bpf.Instruction {
 	out = append(out, left...)
 	return append(out, right...)
 }
+
+// Supported reports whether the kernel offers seccomp filters
+// (CONFIG_SECCOMP_FILTER).
+func Supported() bool { return seccompbpf.Supported() }
