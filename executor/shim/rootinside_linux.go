@@ -146,8 +146,12 @@ func readFilter(arg string) ([]unix.SockFilter, error) {
 		return nil, fmt.Errorf("the seccomp filter's memfd holds %d bytes, more than %d instructions", st.Size, maxFilterInsns)
 	}
 	b := make([]byte, st.Size)
-	if n, err := unix.Pread(fd, b, 0); err != nil || n != len(b) {
-		return nil, fmt.Errorf("reading the seccomp filter's memfd: %d of %d bytes: %v", n, len(b), err)
+	n, err := unix.Pread(fd, b, 0)
+	switch {
+	case err != nil:
+		return nil, fmt.Errorf("reading the seccomp filter's memfd: %w", err)
+	case n != len(b):
+		return nil, fmt.Errorf("reading the seccomp filter's memfd: %d of %d bytes", n, len(b))
 	}
 	return decodeFilter(b)
 }
