@@ -57,7 +57,7 @@ func decodeFilter(b []byte) ([]unix.SockFilter, error) {
 func loadFilter(prog []unix.SockFilter) error {
 	fprog := unix.SockFprog{Len: uint16(len(prog)), Filter: &prog[0]}
 	if _, _, e := unix.Syscall(unix.SYS_SECCOMP, unix.SECCOMP_SET_MODE_FILTER, 0, uintptr(unsafe.Pointer(&fprog))); e != 0 {
-		return fmt.Errorf("loading the seccomp filter: %w", e)
+		return fmt.Errorf("loading the seccomp filter of %d instructions: %w", len(prog), e)
 	}
 	return nil
 }

@@ -116,18 +116,39 @@ func insideLaunch(st *state, argv []string, files []*os.File, sys *syscall.SysPr
 	if st.seccomp != nil {
 		// The second stage cannot read the Config: the filter goes to it
 		// in a memfd, read and closed before the shell starts.
-		fd, err := unix.MemfdCreate("bashtask-seccomp", unix.MFD_CLOEXEC)
+		fd, err := filterMemfd(st.cfg.SeccompFilter)
 		if err != nil {
-			return "", nil, nil, fmt.Errorf("a memfd for the seccomp filter: %w", err)
+			return "", nil, nil, err
 		}
-		if _, err := unix.Pwrite(fd, st.cfg.SeccompFilter, 0); err != nil {
-			unix.Close(fd)
-			return "", nil, nil, fmt.Errorf("writing the seccomp filter's memfd: %w", err)
-		}
+		st.insideFilter = os.NewFile(uintptr(fd), "seccomp")
 		seccomp = strconv.Itoa(len(files))
-		files = append(files, os.NewFile(uintptr(fd), "seccomp"))
+		files = append(files, st.insideFilter)
 	}
 	return "/proc/self/exe", append([]string{ExecArg0, seccomp, landlock}, argv...), files, nil
+}
+
+// filterMemfd returns a close-on-exec memfd holding filter. It asks for a
+// memfd that can never be made executable (MFD_NOEXEC_SEAL, Linux 6.3),
+// which a kernel with vm.memfd_noexec=2 requires, and makes a plain one
+// where the kernel does not know the flag (EINVAL).
+func filterMemfd(filter []byte) (int, error) {
+	fd, err := unix.MemfdCreate("bashtask-seccomp", unix.MFD_CLOEXEC|unix.MFD_NOEXEC_SEAL)
+	if errors.Is(err, unix.EINVAL) {
+		fd, err = unix.MemfdCreate("bashtask-seccomp", unix.MFD_CLOEXEC)
+	}
+	if err != nil {
+		return -1, fmt.Errorf("a memfd for the seccomp filter: %w", err)
+	}
+	n, err := unix.Pwrite(fd, filter, 0)
+	switch {
+	case err != nil:
+		unix.Close(fd)
+		return -1, fmt.Errorf("writing the seccomp filter's memfd: %w", err)
+	case n != len(filter):
+		unix.Close(fd)
+		return -1, fmt.Errorf("writing the seccomp filter's memfd: wrote %d of %d bytes", n, len(filter))
+	}
+	return fd, nil
 }
 
 // readFilter reads and closes the second stage's seccomp filter from the
@@ -143,7 +164,7 @@ func readFilter(arg string) ([]unix.SockFilter, error) {
 		return nil, fmt.Errorf("the seccomp filter's memfd: %w", err)
 	}
 	if st.Size > maxFilterInsns*sockFilterSize {
-		return nil, fmt.Errorf("the seccomp filter's memfd holds %d bytes, more than %d instructions", st.Size, maxFilterInsns)
+		return nil, fmt.Errorf("the seccomp filter's memfd holds %d bytes, more than %d (BPF_MAXINSNS instructions of %d bytes)", st.Size, maxFilterInsns*sockFilterSize, sockFilterSize)
 	}
 	b := make([]byte, st.Size)
 	n, err := unix.Pread(fd, b, 0)

@@ -48,6 +48,9 @@ type state struct {
 	// waits for an RCU grace period, a fifth of a millisecond that need
 	// not delay the start.
 	closeAfterStart []int
+	// insideFilter is the memfd of the seccomp filter for a root-inside
+	// task's second stage, closed once the shell started; nil otherwise.
+	insideFilter *os.File
 }
 
 // steps is the fixed order of the tenant level: mounts, then the
@@ -608,6 +611,9 @@ func superviseShell(st *state, sigs <-chan os.Signal) (int, error) {
 	})
 	if tty != nil {
 		tty.Close() // the shell's now: the master sees the end once the task's last copy closes
+	}
+	if st.insideFilter != nil {
+		st.insideFilter.Close() // the second stage has its own copy
 	}
 	if err != nil {
 		return 0, err
