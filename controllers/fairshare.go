@@ -165,17 +165,6 @@ func (cl *slotClaims) claim(c claimant) {
 	cl.winners = append(cl.winners, c.key)
 }
 
-// claimSlots gives the free slots to the claimants, which come in turn
-// order (see slotClaims), and returns the slots claimed per node and who
-// claimed them.
-func claimSlots(free map[string]int, ahead []claimant) (map[string]int, []types.NamespacedName) {
-	cl := newSlotClaims(free)
-	for _, c := range ahead {
-		cl.claim(c)
-	}
-	return cl.claimed, cl.winners
-}
-
 // slotView is the agents as one placement sees them: each agent's running
 // count raised by extra, the slots held for tasks placed by this process
 // and those claimed by waiting tasks ahead of the one placed.
@@ -275,7 +264,7 @@ func (f *fairShare) contenderOf(ctx context.Context, counts *ownerCounts, bt *ba
 }
 
 // ahead gives the free slots to the waiting tasks before me in the turn
-// order, as claimSlots does, and returns the slots claimed per node and
+// order (see slotClaims), and returns the slots claimed per node and
 // who claimed them. It stops at me or once no slot is left, so that it
 // reads the tasks that claim a slot, not every waiting task.
 func (f *fairShare) ahead(ctx context.Context, counts *ownerCounts, me contender, free map[string]int) (map[string]int, []types.NamespacedName, error) {

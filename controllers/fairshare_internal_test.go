@@ -199,3 +199,14 @@ func TestRefusedStartWaitsInTurn(t *testing.T) {
 		t.Errorf("without the turns: placed %v, waiting %v; want neither", off.placed[key], off.waiting[key])
 	}
 }
+
+// claimSlots gives the free slots to the claimants, which come in turn
+// order (see slotClaims), and returns the slots claimed per node and who
+// claimed them: the claims of a decision by their definition.
+func claimSlots(free map[string]int, ahead []claimant) (map[string]int, []types.NamespacedName) {
+	cl := newSlotClaims(free)
+	for _, c := range ahead {
+		cl.claim(c)
+	}
+	return cl.claimed, cl.winners
+}

@@ -5,7 +5,6 @@ import (
 	"slices"
 
 	"github.com/google/btree"
-	"k8s.io/apimachinery/pkg/types"
 )
 
 // waitStream names one ordered stream of waiting tasks: those of one
@@ -133,13 +132,4 @@ func (q *waitQueue) inTurn(ctx context.Context, counts *ownerCounts, fits func(*
 		heads = slices.Insert(heads, i, nh)
 	}
 	return nil
-}
-
-// keys returns every waiting task's key, for tests.
-func (q *waitQueue) keys() []types.NamespacedName {
-	var out []types.NamespacedName
-	for _, t := range q.streams {
-		t.Ascend(func(w *waiter) bool { out = append(out, w.key); return true })
-	}
-	return out
 }

@@ -238,3 +238,12 @@ func BenchmarkTurnDecision(b *testing.B) {
 		})
 	}
 }
+
+// keys returns every waiting task's key in the queue.
+func (q *waitQueue) keys() []types.NamespacedName {
+	var out []types.NamespacedName
+	for _, t := range q.streams {
+		t.Ascend(func(w *waiter) bool { out = append(out, w.key); return true })
+	}
+	return out
+}

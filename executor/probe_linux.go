@@ -37,7 +37,9 @@ func (e *Executor) detectCapabilities() error {
 		if err != nil {
 			return fmt.Errorf("%w: %w", ErrIsolation, err)
 		}
-		e.seccompFilter = shim.EncodeFilter(prog)
+		if e.seccompFilter, err = shim.EncodeFilter(prog); err != nil {
+			return fmt.Errorf("%w: %w", ErrIsolation, err)
+		}
 	}
 	task, err := e.Start(Spec{Command: "exit 0", Network: NetworkNone, Timeout: probeTimeout, SpillDir: "", TailBytes: 1024, SpillLimitBytes: 1})
 	if err != nil {

@@ -397,9 +397,6 @@ func Assemble() ([]unix.SockFilter, error) {
 	if err != nil {
 		return nil, fmt.Errorf("assembling the seccomp filter: %w", err)
 	}
-	if len(raw) > maxInsns {
-		return nil, fmt.Errorf("the seccomp filter has %d instructions; the kernel loads at most %d (BPF_MAXINSNS)", len(raw), maxInsns)
-	}
 	prog := make([]unix.SockFilter, len(raw))
 	for i, r := range raw {
 		prog[i] = unix.SockFilter{Code: r.Op, Jt: r.Jt, Jf: r.Jf, K: r.K}
@@ -480,7 +477,3 @@ func search(spans []span) []bpf.Instruction {
 // Supported reports whether the kernel offers seccomp filters
 // (CONFIG_SECCOMP_FILTER).
 func Supported() bool { return seccompbpf.Supported() }
-
-// maxInsns is the kernel's limit on a classic BPF program's instructions
-// (BPF_MAXINSNS, include/uapi/linux/bpf_common.h).
-const maxInsns = 4096

@@ -20,15 +20,20 @@ const maxFilterInsns = 4096
 
 // EncodeFilter encodes a seccomp filter for [Config.SeccompFilter]: each
 // instruction as the kernel's struct sock_filter, 8 bytes in the host's
-// byte order (the agent and its shim run on one host).
-func EncodeFilter(prog []unix.SockFilter) []byte {
+// byte order (the agent and its shim run on one host). It returns an
+// error for no instruction and for more than the kernel's BPF_MAXINSNS,
+// which the shim would refuse.
+func EncodeFilter(prog []unix.SockFilter) ([]byte, error) {
+	if len(prog) == 0 || len(prog) > maxFilterInsns {
+		return nil, fmt.Errorf("a seccomp filter of %d instructions: the kernel loads 1 to %d (BPF_MAXINSNS)", len(prog), maxFilterInsns)
+	}
 	out := make([]byte, 0, len(prog)*sockFilterSize)
 	for _, in := range prog {
 		out = binary.NativeEndian.AppendUint16(out, in.Code)
 		out = append(out, in.Jt, in.Jf)
 		out = binary.NativeEndian.AppendUint32(out, in.K)
 	}
-	return out
+	return out, nil
 }
 
 // decodeFilter is [EncodeFilter]'s inverse. It returns an error for a

@@ -12,15 +12,20 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/bashtask/bashtask-operator/executor/seccomp"
+	"github.com/bashtask/bashtask-operator/internal/rig/testutil"
 )
 
 // The filter the agent assembles comes out of the Config as it went in.
 func TestFilterRoundTrip(t *testing.T) {
 	prog, err := seccomp.Assemble()
 	if err != nil {
-		t.Skipf("no filter for this architecture: %v", err)
+		// The agent refuses the tenant level on such an architecture.
+		testutil.SkipUnlessStrictf(t, "no seccomp filter for this architecture: %v", err)
 	}
-	b := EncodeFilter(prog)
+	b, err := EncodeFilter(prog)
+	if err != nil {
+		t.Fatal(err)
+	}
 	if len(b) != len(prog)*8 {
 		t.Fatalf("%d instructions encoded in %d bytes, want 8 each", len(prog), len(b))
 	}
@@ -32,7 +37,10 @@ func TestFilterRoundTrip(t *testing.T) {
 		t.Errorf("(-assembled +decoded)\n%s", diff)
 	}
 	// Each field lands in its own place.
-	one := EncodeFilter([]unix.SockFilter{{Code: 0x1234, Jt: 5, Jf: 6, K: 0x789abcde}})
+	one, err := EncodeFilter([]unix.SockFilter{{Code: 0x1234, Jt: 5, Jf: 6, K: 0x789abcde}})
+	if err != nil {
+		t.Fatal(err)
+	}
 	back, err := decodeFilter(one)
 	if err != nil || back[0] != (unix.SockFilter{Code: 0x1234, Jt: 5, Jf: 6, K: 0x789abcde}) {
 		t.Errorf("one instruction: %+v, %v", back, err)
@@ -55,6 +63,12 @@ func TestFilterDecodeRefuses(t *testing.T) {
 			t.Errorf("%s: %v, want an error with %q", tc.name, err, tc.want)
 		}
 	}
+	// The agent's side refuses the same bounds when it encodes.
+	for _, n := range []int{0, maxFilterInsns + 1} {
+		if _, err := EncodeFilter(make([]unix.SockFilter, n)); err == nil || !strings.Contains(err.Error(), "BPF_MAXINSNS") {
+			t.Errorf("encoding %d instructions: %v, want an error naming BPF_MAXINSNS", n, err)
+		}
+	}
 }
 
 // The shim's binary loads the filter it is given: it must not link the
@@ -63,7 +77,7 @@ func TestFilterDecodeRefuses(t *testing.T) {
 func TestShimBinaryLinksNoSyscallTables(t *testing.T) {
 	goTool, err := exec.LookPath("go")
 	if err != nil {
-		t.Skipf("no go tool: %v", err)
+		testutil.SkipUnlessStrictf(t, "no go tool to list the shim binary's packages: %v", err)
 	}
 	out, err := exec.Command(goTool, "list", "-deps", "github.com/bashtask/bashtask-operator/cmd/bashtask-shim").CombinedOutput()
 	if err != nil {

@@ -194,10 +194,10 @@ func (c *Cluster) Diagnose(ctx context.Context, w io.Writer) {
 func ptr[T any](v T) *T { return &v }
 
 // stuckWaitingGrace is how long a container may wait for a reason the
-// kubelet retries before a wait for the release gives up on it. The
-// kubelet's Secret and ConfigMap caches time out after about two minutes
-// of a slow API server and then sync on the next attempt; a minute covers
-// a start-up with the API server busy and still ends a real fault early.
+// kubelet retries before a wait for the release gives up on it. A release
+// installed again right after its uninstall met its Secret cache not yet
+// synced for some seconds; a minute covers that on a busy API server and
+// still ends a real fault early.
 const stuckWaitingGrace = time.Minute
 
 // stuckWaiting remembers since when each container has waited for the
