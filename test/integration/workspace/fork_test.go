@@ -1,6 +1,8 @@
 package workspace_test
 
 import (
+	"time"
+
 	"testing"
 
 	. "github.com/onsi/gomega"
@@ -59,7 +61,7 @@ func TestForkSameNodeAndOwner(t *testing.T) {
 	g.Expect(f.UID).To(HaveValue(Equal(string(ready.UID))))
 	g.Expect(f.Method).To(HaveValue(BeElementOf(v1.WorkspaceForkSparseCopy, v1.WorkspaceForkReflink, v1.WorkspaceForkArchive)))
 	g.Expect(f.Time).NotTo(BeNil())
-	g.Expect(eventReasons(g, ns, "copy")).To(ContainElement(v1.WorkspaceReasonForked))
+	g.Eventually(func(g Gomega) []string { return eventReasons(g, ns, "copy") }).WithTimeout(10 * time.Second).Should(ContainElement(v1.WorkspaceReasonForked))
 	done := runIn(t, ns, "read", "copy", "o1", `pwd; echo "$STAGE"; cat f; echo two > f`)
 	g.Expect(stdout(done)).To(Equal(v1.WorkspacePath + "/repo\nbuilt\none\n"))
 	g.Expect(stdout(runIn(t, ns, "again", "src", "o1", `cat f`))).To(Equal("one\n"), "the fork's write stays in the fork")
@@ -84,7 +86,7 @@ func TestForkSameNodeAndOwner(t *testing.T) {
 	refused := waitPhase(t, other, v1.WorkspaceFailed)
 	g.Expect(refused.Status.Message).To(HaveValue(And(ContainSubstring(`owner "o1"`), ContainSubstring(`owner "o2"`), ContainSubstring("spec.source.workspace"))))
 	g.Expect(refused.Status.RunAsUser).To(BeNil(), "nothing was made")
-	g.Expect(eventReasons(g, ns, "theirs")).To(ContainElement(v1.WorkspaceReasonForkRefused))
+	g.Eventually(func(g Gomega) []string { return eventReasons(g, ns, "theirs") }).WithTimeout(10 * time.Second).Should(ContainElement(v1.WorkspaceReasonForkRefused))
 }
 
 // A fork placed on another node than its source goes through a snapshot

@@ -1,6 +1,8 @@
 package workspace_test
 
 import (
+	"time"
+
 	"testing"
 
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -44,7 +46,7 @@ func TestRestoreRefusesAnotherWorkspacesSnapshot(t *testing.T) {
 
 	failed := waitPhase(t, b, v1.WorkspaceFailed)
 	g.Expect(ptr.Deref(failed.Status.Message, "")).To(And(ContainSubstring(*snapA.URL), ContainSubstring("is not one of workspace "+ns+"/b")))
-	g.Expect(eventReasons(g, ns, "b")).To(ContainElement(v1.WorkspaceReasonSnapshotRefused))
+	g.Eventually(func(g Gomega) []string { return eventReasons(g, ns, "b") }).WithTimeout(10 * time.Second).Should(ContainElement(v1.WorkspaceReasonSnapshotRefused))
 	for _, typ := range []string{v1.ConditionReady, v1.ConditionStalled} {
 		c := meta.FindStatusCondition(failed.Status.Conditions, typ)
 		g.Expect(c).NotTo(BeNil(), typ)

@@ -94,7 +94,7 @@ func TestIdleSuspendAndRestoreOnTask(t *testing.T) {
 	g.Expect(done.Status.Reason).To(HaveValue(Equal(v1.ReasonSucceeded)), "status: %v", done.Status)
 	g.Expect(stdout(done)).To(Equal("from-before\n"))
 	g.Expect(done.Status.NodeName).NotTo(BeNil())
-	g.Expect(eventReasons(g, ns, "idle")).To(ContainElements(v1.WorkspaceReasonSuspended, v1.WorkspaceReasonRestored))
+	g.Eventually(func(g Gomega) []string { return eventReasons(g, ns, "idle") }).WithTimeout(10 * time.Second).Should(ContainElements(v1.WorkspaceReasonSuspended, v1.WorkspaceReasonRestored))
 }
 
 func setSuspend(t *testing.T, ws *v1.BashWorkspace, on bool) {
